@@ -1,0 +1,3 @@
+// Package ginmw provides Gin middleware for per-resource mutual exclusion (Lock)
+// and stampede-safe response caching (Cache) on Redis.
+package ginmw
