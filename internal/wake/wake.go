@@ -135,11 +135,12 @@ const (
 )
 
 type channel struct {
-	name  string
-	state state
-	again bool          // a listener arrived while unsubscribing: subscribe again
-	ready chan struct{} // closed when the current subscription is confirmed
-	subs  map[*Sub]bool
+	name   string
+	linger *time.Timer // pending unsubscribe of an idle channel
+	state  state
+	again  bool          // a listener arrived while unsubscribing: subscribe again
+	ready  chan struct{} // closed when the current subscription is confirmed
+	subs   map[*Sub]bool
 }
 
 type conn struct {
@@ -148,8 +149,9 @@ type conn struct {
 	done chan struct{}
 	stop context.CancelFunc
 
-	mu    sync.Mutex // guards chans
-	chans map[string]*channel
+	mu      sync.Mutex // guards chans, closing
+	chans   map[string]*channel
+	closing bool
 }
 
 func (h *Hub) newConn(slot int, first string) *conn {
@@ -197,6 +199,10 @@ func (c *conn) add(name string) *Sub {
 	} else if ch.state == unsubscribing && len(ch.subs) == 0 {
 		ch.again = true
 	}
+	if ch.linger != nil {
+		ch.linger.Stop()
+		ch.linger = nil
+	}
 	s := &Sub{c: c, ch: ch, msgs: make(chan string, 4)}
 	ch.subs[s] = true
 	c.mu.Unlock()
@@ -210,16 +216,28 @@ func (c *conn) release(s *Sub) {
 	c.mu.Lock()
 	ch := s.ch
 	delete(ch.subs, s)
-	send := false
 	if len(ch.subs) == 0 {
 		ch.again = false
-		if ch.state == subscribed {
-			ch.state = unsubscribing
-			send = true
-		} else if ch.state == subscribing {
-			// The confirmation is still on its way; unsubscribe once it arrives.
-			ch.state = subscribing
+		// An idle channel stays subscribed for a moment: a lock under steady
+		// contention is waited for again at once, and re-subscribing each time
+		// would cost two round trips per wait. (A channel still being
+		// subscribed is unsubscribed when its confirmation arrives.)
+		if ch.state == subscribed && ch.linger == nil && !c.closing {
+			ch.linger = time.AfterFunc(linger, func() { c.idle(ch) })
 		}
+	}
+	c.mu.Unlock()
+}
+
+// linger is how long an idle channel stays subscribed.
+const linger = 2 * time.Second
+
+func (c *conn) idle(ch *channel) {
+	c.mu.Lock()
+	send := ch.state == subscribed && len(ch.subs) == 0 && ch.linger != nil && !c.closing
+	ch.linger = nil
+	if send {
+		ch.state = unsubscribing
 	}
 	c.mu.Unlock()
 	if send {
@@ -321,6 +339,15 @@ func (c *conn) deliver(channel, payload string) {
 }
 
 func (c *conn) close() {
+	c.mu.Lock()
+	c.closing = true
+	for _, ch := range c.chans {
+		if ch.linger != nil {
+			ch.linger.Stop()
+			ch.linger = nil
+		}
+	}
+	c.mu.Unlock()
 	c.stop()
 	c.ps.Close()
 }

@@ -1,0 +1,507 @@
+package locks
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/wake"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed extend.lua
+	extendLua string
+
+	acquireScript = redis.NewScript(acquireLua)
+	releaseScript = redis.NewScript(releaseLua)
+	extendScript  = redis.NewScript(extendLua)
+)
+
+// placeTTL is how long a waiter's place in a lock's queue lasts without being
+// refreshed; a waiter refreshes it at about half that. A waiter that dies thus
+// stops blocking the queue within placeTTL.
+const placeTTL = 2 * time.Second
+
+// Locker is what ginmw, gormplugin and applications need of a lock service;
+// *Client and *Redlock implement it.
+type Locker interface {
+	// Lock waits until the lock is held, the wait budget ends, or ctx ends.
+	Lock(ctx context.Context, name string, opts ...Option) (*Lock, error)
+	// TryLock makes one attempt.
+	TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error)
+	// MonotonicFences reports whether Fence tokens strictly increase per name
+	// across all holders (true for Client, false for Redlock).
+	MonotonicFences() bool
+}
+
+var _ Locker = (*Client)(nil)
+
+// Client takes locks on one Redis deployment: a single server, a Sentinel-managed
+// master (redis.NewFailoverClient) or a Redis Cluster. It is safe for concurrent
+// use; make one per process and share it. Close stops its background work.
+type Client struct {
+	rdb redis.UniversalClient
+	cfg config
+	hub *wake.Hub
+	ren *renewer
+	pub string // PUBLISH or SPUBLISH (cluster)
+
+	mu     sync.Mutex       // guards gates, closed
+	gates  map[string]*gate // per lock key: one waiting caller per process in default mode
+	closed bool
+}
+
+// New returns a Client on rdb with the given defaults. It panics with a
+// "locks:" message when rdb is nil or an option is invalid (programmer error).
+func New(rdb redis.UniversalClient, opts ...Option) *Client {
+	if rdb == nil {
+		panic("locks: New called with a nil redis client")
+	}
+	cfg := defaults()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err.Error())
+	}
+	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), gates: map[string]*gate{}, pub: "PUBLISH"}
+	if c.hub.Sharded() {
+		c.pub = "SPUBLISH"
+	}
+	c.ren = newRenewer(c.renewBatch)
+	return c
+}
+
+// MonotonicFences reports true: a Client's fence tokens strictly increase per name.
+func (c *Client) MonotonicFences() bool { return true }
+
+// Close stops the renewal loop and the shared subscription. Locks still held
+// stop being renewed and count as lost (their Lost channels close); they expire
+// in Redis when their lease ends. Close does not close rdb.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.ren.close()
+	c.hub.Close()
+	return nil
+}
+
+// Held returns how many locks this client is keeping alive.
+func (c *Client) Held() int { return c.ren.len() }
+
+func (c *Client) renewer() *renewer { return c.ren }
+
+// TryLock makes one attempt to take the lock name; ErrNotObtained (as a
+// *NotObtainedError with the holder's remaining lease) when it is held.
+func (c *Client) TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+	cfg, err := c.callConfig(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, name, cfg, false)
+}
+
+// Lock takes the lock name, waiting while it is held until it is released to
+// this caller, the wait budget ends (WithWait; 30s by default) or ctx ends.
+// Waiting is woken by push: a release hands the lock straight to the waiter
+// that has waited longest and tells it, so a waiter costs no polling.
+func (c *Client) Lock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+	cfg, err := c.callConfig(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, name, cfg, cfg.wait > 0)
+}
+
+func (c *Client) callConfig(name string, opts []Option) (config, error) {
+	if c == nil {
+		return config{}, invalid("nil Client")
+	}
+	if err := validName(name); err != nil {
+		return config{}, err
+	}
+	cfg := c.cfg
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return config{}, err
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return config{}, ErrClosed
+	}
+	return cfg, nil
+}
+
+// keys returns the lock's keys, all under one hash tag so they share a slot.
+func keys(prefix, name string) []string {
+	tag := "{" + name + "}"
+	return []string{prefix + "lock:" + tag, prefix + "fence:" + tag, prefix + "q:" + tag, prefix + "qt:" + tag}
+}
+
+func channel(prefix, name string) string { return prefix + "wake:{" + name + "}" }
+
+type attemptResult struct {
+	ok    bool
+	fence uint64
+	holds int64
+	pttl  time.Duration
+}
+
+func (c *Client) attempt(ctx context.Context, ks []string, owner, acq string, cfg config, place time.Duration) (attemptResult, error) {
+	fair := "0"
+	if cfg.fair {
+		fair = "1"
+	}
+	args := []any{owner, acq, cfg.lease.Milliseconds(), place.Milliseconds(), cfg.fenceRetention.Milliseconds(), fair}
+	if cfg.replicas > 0 {
+		return c.attemptWait(ctx, ks, args, owner, cfg)
+	}
+	v, err := acquireScript.Run(ctx, c.rdb, ks, args...).Slice()
+	if err != nil {
+		return attemptResult{}, err
+	}
+	return parseAttempt(v)
+}
+
+func parseAttempt(v []any) (attemptResult, error) {
+	if len(v) < 2 {
+		return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %v", v)
+	}
+	a, _ := v[0].(int64)
+	b, _ := v[1].(int64)
+	if a == 1 {
+		n := int64(1)
+		if len(v) > 2 {
+			n, _ = v[2].(int64)
+		}
+		return attemptResult{ok: true, fence: uint64(b), holds: n}, nil
+	}
+	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
+}
+
+// attemptWait runs the acquire script and WAIT in one pipeline on one
+// connection to the master that owns the lock's slot: WAIT only counts the
+// writes of its own connection, and a keyless WAIT routed to another master of
+// a cluster would succeed without waiting for anything.
+func (c *Client) attemptWait(ctx context.Context, ks []string, args []any, owner string, cfg config) (attemptResult, error) {
+	var node *redis.Client
+	switch r := c.rdb.(type) {
+	case *redis.ClusterClient:
+		n, err := r.MasterForKey(ctx, ks[0])
+		if err != nil {
+			return attemptResult{}, err
+		}
+		node = n
+	case *redis.Client:
+		node = r
+	default:
+		return attemptResult{}, invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+	}
+	for try := 0; ; try++ {
+		pipe := node.Pipeline()
+		ev := pipe.EvalSha(ctx, acquireScript.Hash(), ks, args...)
+		wait := pipe.Do(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		if err := ev.Err(); err != nil {
+			if try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+				if err := acquireScript.Load(ctx, node).Err(); err != nil {
+					return attemptResult{}, err
+				}
+				continue
+			}
+			return attemptResult{}, err
+		}
+		v, err := ev.Slice()
+		if err != nil {
+			return attemptResult{}, err
+		}
+		res, err := parseAttempt(v)
+		if err != nil || !res.ok {
+			return res, err
+		}
+		acks, werr := wait.Int()
+		if werr == nil && acks >= cfg.replicas {
+			return res, nil
+		}
+		// Too few replicas have the lock: a failover now could grant it twice.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		c.releaseRaw(rctx, ks, owner, cfg, "")
+		cancel()
+		if werr != nil {
+			return attemptResult{}, werr
+		}
+		return attemptResult{}, &ReplicaError{Want: cfg.replicas, Got: acks}
+	}
+}
+
+func (c *Client) releaseRaw(ctx context.Context, ks []string, owner string, cfg config, mine string) (int64, error) {
+	return releaseScript.Run(ctx, c.rdb, ks, owner, cfg.fenceRetention.Milliseconds(),
+		channel(cfg.prefix, nameOf(ks)), c.pub, mine).Int64()
+}
+
+// nameOf recovers the lock name from its hash-tagged key.
+func nameOf(ks []string) string {
+	k := ks[0]
+	i := strings.IndexByte(k, '{')
+	return k[i+1 : len(k)-1]
+}
+
+func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+	start := time.Now()
+	owner, _ := OwnerFrom(ctx)
+	reentrant := owner != ""
+	if !reentrant {
+		owner = token()
+	}
+	acq := token()
+	ks := keys(cfg.prefix, name)
+	fail := func(pttl time.Duration, err error) (*Lock, error) {
+		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
+		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
+		return nil, e
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(0, err)
+	}
+
+	// Fast path: one attempt, unless another caller of this process is already
+	// waiting for the name (then the attempt would only fail) or fair mode
+	// (where the first attempt must also queue).
+	var g *gate
+	if !cfg.fair {
+		g = c.gate(ks[0])
+		defer c.ungate(ks[0], g)
+	}
+	if !wait || (!cfg.fair && (reentrant || !g.busy())) {
+		sent := time.Now()
+		res, err := c.attempt(ctx, ks, owner, acq, cfg, 0)
+		if err != nil {
+			return fail(0, err)
+		}
+		if res.ok {
+			return c.granted(name, ks, owner, res.fence, cfg, sent, start), nil
+		}
+		if !wait {
+			return fail(res.pttl, nil)
+		}
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
+	defer cancel()
+	if g != nil {
+		if err := g.enter(wctx); err != nil {
+			return fail(0, waitErr(ctx))
+		}
+		defer g.leave()
+	}
+	sub, err := c.hub.Subscribe(wctx, channel(cfg.prefix, name))
+	if err != nil {
+		if wctx.Err() != nil {
+			return fail(0, waitErr(ctx))
+		}
+		return fail(0, err)
+	}
+	defer sub.Close()
+
+	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	var pttl time.Duration
+	for {
+		sent := time.Now()
+		res, err := c.attempt(wctx, ks, owner, acq, cfg, placeTTL)
+		if err != nil {
+			c.withdraw(ctx, ks, owner, cfg, member)
+			if wctx.Err() != nil {
+				return fail(pttl, waitErr(ctx))
+			}
+			return fail(pttl, err)
+		}
+		if res.ok {
+			return c.granted(name, ks, owner, res.fence, cfg, sent, start), nil
+		}
+		pttl = res.pttl
+		// Sleep until a wake-up, or a little past the holder's lease (it may
+		// expire without a release), or until the queue place needs refreshing.
+		d := min(pttl+time.Millisecond, placeTTL/2)
+		d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
+		timer.Reset(d)
+	wait:
+		select {
+		case msg := <-sub.C():
+			who, f, ok := strings.Cut(msg, " ")
+			if !ok || who != owner {
+				goto wait // a hand-off to somebody else
+			}
+			fence, _ := strconv.ParseUint(f, 10, 64)
+			if !timer.Stop() {
+				<-timer.C
+			}
+			return c.granted(name, ks, owner, fence, cfg, sent, start), nil
+		case <-timer.C:
+		case <-wctx.Done():
+			c.withdraw(ctx, ks, owner, cfg, member)
+			return fail(pttl, waitErr(ctx))
+		}
+	}
+}
+
+// waitErr is the cause of a wait that ended: the caller's context error, or nil
+// when only the wait budget ran out.
+func waitErr(ctx context.Context) error { return ctx.Err() }
+
+// withdraw leaves the queue; if the lock was handed to this waiter in the
+// meantime, it is released (and handed on), so giving up never strands it.
+func (c *Client) withdraw(ctx context.Context, ks []string, owner string, cfg config, member string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	c.releaseRaw(rctx, ks, owner, cfg, member)
+}
+
+func (c *Client) granted(name string, ks []string, owner string, fence uint64, cfg config, sent, start time.Time) *Lock {
+	h := newHeld(c, name, ks, owner, fence, cfg, sent)
+	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: fence})
+	return &Lock{h: h}
+}
+
+func (c *Client) release(ctx context.Context, h *held) (int64, error) {
+	return c.releaseRaw(ctx, h.keys, h.owner, h.cfg, "")
+}
+
+func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
+	n, err := extendScript.Run(ctx, c.rdb, h.keys[:1], h.owner, lease.Milliseconds()).Int64()
+	return n == 1, err
+}
+
+// renewBatch extends every lock in hs in one pipeline (split per node on a cluster).
+func (c *Client) renewBatch(ctx context.Context, hs []*held) []error {
+	errs := make([]error, len(hs))
+	run := func() (noscript bool) {
+		pipe := c.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(hs))
+		for i, h := range hs {
+			h.mu.Lock()
+			lease := h.lease
+			h.mu.Unlock()
+			cmds[i] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, lease.Milliseconds())
+		}
+		pipe.Exec(ctx)
+		for i, cmd := range cmds {
+			n, err := cmd.Int64()
+			switch {
+			case err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT"):
+				noscript = true
+				errs[i] = err
+			case err != nil:
+				errs[i] = err
+			case n != 1:
+				errs[i] = errNotOwner
+			default:
+				errs[i] = nil
+			}
+		}
+		return noscript
+	}
+	if run() {
+		if err := extendScript.Load(ctx, c.rdb).Err(); err == nil {
+			run()
+		}
+	}
+	return errs
+}
+
+// gate lets one caller per process and lock wait in Redis in default mode; the
+// others queue here in arrival order, so a process holds one place in the
+// lock's queue and the lock is handed from process to process.
+type gate struct {
+	mu    sync.Mutex      // guards the fields below
+	taken bool            // a caller is waiting in Redis
+	queue []chan struct{} // callers waiting here, oldest first
+	users int             // callers referencing this gate (guarded by Client.mu)
+}
+
+func (c *Client) gate(key string) *gate {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	g := c.gates[key]
+	if g == nil {
+		g = &gate{}
+		c.gates[key] = g
+	}
+	g.users++
+	return g
+}
+
+func (c *Client) ungate(key string, g *gate) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g.users--; g.users == 0 {
+		delete(c.gates, key)
+	}
+}
+
+func (g *gate) busy() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.taken
+}
+
+func (g *gate) enter(ctx context.Context) error {
+	g.mu.Lock()
+	if !g.taken {
+		g.taken = true
+		g.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	g.queue = append(g.queue, ch)
+	g.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		g.mu.Lock()
+		for i, q := range g.queue {
+			if q == ch {
+				g.queue = append(g.queue[:i], g.queue[i+1:]...)
+				g.mu.Unlock()
+				return ctx.Err()
+			}
+		}
+		g.mu.Unlock()
+		g.leave() // the turn was handed over as ctx ended: pass it on
+		return ctx.Err()
+	}
+}
+
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) > 0 {
+		close(g.queue[0])
+		g.queue = g.queue[1:]
+		return
+	}
+	g.taken = false
+}

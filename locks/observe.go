@@ -1,0 +1,46 @@
+package locks
+
+import "time"
+
+// EventKind names a lock outcome reported to an observer.
+type EventKind int
+
+// Lock outcomes.
+const (
+	Acquired      EventKind = iota + 1 // the lock was obtained (Event.Wait says how long it took)
+	NotObtained                        // TryLock found it held, or Lock gave up (Event.Err says why)
+	Released                           // the last hold was released
+	Lost                               // ownership was lost while held
+	RenewalFailed                      // one renewal attempt failed (the lock may still be held)
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case Acquired:
+		return "acquired"
+	case NotObtained:
+		return "not_obtained"
+	case Released:
+		return "released"
+	case Lost:
+		return "lost"
+	case RenewalFailed:
+		return "renewal_failed"
+	}
+	return "unknown"
+}
+
+// Event is one lock outcome.
+type Event struct {
+	Kind  EventKind
+	Name  string        // the lock name
+	Wait  time.Duration // time spent acquiring (Acquired, NotObtained)
+	Fence uint64        // the fence token (Acquired)
+	Err   error         // the cause (NotObtained, Lost, RenewalFailed)
+}
+
+func (c *config) emit(e Event) {
+	if c.observer != nil {
+		c.observer(e)
+	}
+}

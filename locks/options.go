@@ -1,0 +1,126 @@
+package locks
+
+import (
+	"time"
+)
+
+// Defaults. The lease is short enough that a crashed holder's lock frees itself
+// quickly, and the watchdog renews it every third of the lease while held.
+const (
+	DefaultLease          = 10 * time.Second
+	DefaultWait           = 30 * time.Second
+	DefaultPrefix         = "cg:"
+	DefaultFenceRetention = 7 * 24 * time.Hour
+	// MinLease is the shortest lease accepted: a renewal must fit in a third of it.
+	MinLease = 30 * time.Millisecond
+	// MaxNameLen bounds lock names; longer names are refused with ErrInvalid.
+	MaxNameLen = 1024
+)
+
+// Option configures a Client (as its default for every call) or one Lock/TryLock
+// call (overriding the Client's default). The same options apply to Redlock.
+type Option func(*config)
+
+type config struct {
+	lease          time.Duration
+	renew          bool
+	wait           time.Duration
+	fair           bool
+	replicas       int
+	replicaTimeout time.Duration
+	prefix         string
+	fenceRetention time.Duration
+	observer       func(Event)
+	drift          time.Duration // Redlock: fixed part of the clock drift allowance
+	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
+}
+
+func defaults() config {
+	return config{
+		lease:          DefaultLease,
+		renew:          true,
+		wait:           DefaultWait,
+		prefix:         DefaultPrefix,
+		fenceRetention: DefaultFenceRetention,
+		drift:          2 * time.Millisecond,
+	}
+}
+
+// WithLease sets the lease: how long the lock outlives a holder that stops
+// renewing it (crashed, paused, partitioned). The default is 10s; at least 30ms.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithoutRenewal makes the lease fixed: the lock expires after the lease even
+// while held, unless renewed by hand with Extend. By default a held lock renews
+// itself in the background every third of the lease until Unlock.
+func WithoutRenewal() Option { return func(c *config) { c.renew = false } }
+
+// WithWait sets how long Lock waits for a held lock before giving up with
+// ErrNotObtained (the caller's context can end it sooner). The default is 30s;
+// zero makes Lock behave like TryLock.
+func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithFair makes Lock grant the lock in arrival order across every caller and
+// process (FIFO). The default already hands a released lock to the process that
+// has waited longest; fair mode queues each caller individually, so no caller
+// can overtake another, even inside one process. A waiter that dies loses its
+// place after a few seconds.
+func WithFair() Option { return func(c *config) { c.fair = true } }
+
+// WithReplicas makes an acquisition wait (Redis WAIT, on the connection that
+// wrote the lock, on the master that owns its slot) until n replicas have the
+// lock, for at most timeout. With fewer acknowledgements the lock is released
+// and the call fails with a *ReplicaError. The default is 0: no WAIT is sent.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) { c.replicas, c.replicaTimeout = n, timeout }
+}
+
+// WithPrefix sets the prefix of every key and channel. The default is "cg:".
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithFenceRetention sets how long a lock's fence counter outlives its last
+// acquisition. A counter that expired (or was lost) restarts from the server's
+// clock in microseconds, which is still larger than any earlier token as long
+// as the server's clock does not go back. The default is 7 days.
+func WithFenceRetention(d time.Duration) Option { return func(c *config) { c.fenceRetention = d } }
+
+// WithObserver sets a function called with every lock outcome (acquired,
+// timed out, lost, renewal failed, released), e.g. to feed a metrics library.
+// It is called synchronously and must not block.
+func WithObserver(f func(Event)) Option { return func(c *config) { c.observer = f } }
+
+// WithDrift sets the fixed part of Redlock's clock-drift allowance; the total
+// is lease×1% + d. The default d is 2ms. It does nothing on a Client.
+func WithDrift(d time.Duration) Option { return func(c *config) { c.drift = d } }
+
+// WithNodeTimeout sets how long Redlock waits for one node's answer. The
+// default is lease/20, clamped to [5ms, 250ms]. It does nothing on a Client.
+func WithNodeTimeout(d time.Duration) Option { return func(c *config) { c.nodeTimeout = d } }
+
+func (c *config) validate() error {
+	switch {
+	case c.lease < MinLease:
+		return invalid("lease %v is shorter than %v", c.lease, MinLease)
+	case c.wait < 0:
+		return invalid("negative wait %v", c.wait)
+	case c.replicas < 0:
+		return invalid("negative replica count %d", c.replicas)
+	case c.replicas > 0 && c.replicaTimeout <= 0:
+		return invalid("replica timeout %v must be positive", c.replicaTimeout)
+	case c.fenceRetention < c.lease:
+		return invalid("fence retention %v is shorter than the lease %v", c.fenceRetention, c.lease)
+	case c.drift < 0 || c.nodeTimeout < 0:
+		return invalid("negative drift or node timeout")
+	}
+	return nil
+}
+
+func validName(name string) error {
+	switch {
+	case name == "":
+		return invalid("empty lock name")
+	case len(name) > MaxNameLen:
+		return invalid("lock name of %d bytes exceeds %d", len(name), MaxNameLen)
+	}
+	return nil
+}

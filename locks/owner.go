@@ -1,0 +1,33 @@
+package locks
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+)
+
+type ownerKey struct{}
+
+// WithOwner returns a context under which Lock and TryLock acquire on behalf of
+// owner id: a nested acquisition of a name this owner already holds re-enters
+// (the hold count goes up) instead of waiting for itself, and each Unlock takes
+// one hold back. The id must be unique to one logical holder (a request, a job):
+// two holders sharing an id would share the lock.
+func WithOwner(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, ownerKey{}, id)
+}
+
+// OwnerFrom returns the owner id set by WithOwner.
+func OwnerFrom(ctx context.Context) (string, bool) {
+	id, ok := ctx.Value(ownerKey{}).(string)
+	return id, ok && id != ""
+}
+
+// NewOwnerID returns a random 128-bit id in hex, for WithOwner.
+func NewOwnerID() string { return token() }
+
+func token() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
