@@ -2,6 +2,7 @@ package cacheguard_test
 
 import (
 	"context"
+	"crypto/rand"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,9 +19,9 @@ type item struct {
 	Name string `json:"name"`
 }
 
-// testKey is a key unique to the test.
+// testKey is a key unique to the test and the run (tests may run with -count).
 func testKey(t testing.TB, suffix ...string) string {
-	return strings.ReplaceAll(t.Name(), "/", ":") + ":" + strings.Join(suffix, ":")
+	return strings.ReplaceAll(t.Name(), "/", ":") + ":" + rand.Text()[:8] + ":" + strings.Join(suffix, ":")
 }
 
 // shared returns a client of the server TestMain started, closed at cleanup.

@@ -96,7 +96,7 @@ func (g *Guard) renewLease(ctx context.Context, ks keySet, tok string, lease tim
 				return
 			case <-t.C:
 			}
-			rctx, cancel := context.WithTimeout(ctx, lease/3)
+			rctx, cancel := context.WithTimeout(ctx, lease)
 			n, err := renewScript.Run(rctx, g.rdb, []string{ks.lease}, tok, lease.Milliseconds()).Int64()
 			cancel()
 			if err == nil && n == 0 {
