@@ -21,6 +21,9 @@ const (
 	envHeaderLen = 24
 	flagNegative = 1 << 0
 	knownFlags   = flagNegative
+	// maxTime bounds the times (year 287,000): getlease.lua reads them as
+	// doubles, exact up to 2^53.
+	maxTime = 1<<53 - 1
 )
 
 type envelope struct {
@@ -59,7 +62,7 @@ func decodeEnvelope(b []byte) (envelope, error) {
 	}
 	fresh := binary.BigEndian.Uint64(b[4:])
 	stale := binary.BigEndian.Uint64(b[12:])
-	if fresh > math.MaxInt64 || stale < fresh {
+	if stale > maxTime || stale < fresh {
 		return envelope{}, fmt.Errorf("%w: bad times %d, %d", ErrDecode, fresh, stale)
 	}
 	e := envelope{

@@ -141,14 +141,11 @@ func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
 		defer done()
 		defer unmark()
 		defer func() { recover() }() // a codec or an observer panicked: the refresh is dropped
-		switch {
-		case force:
-			after = forceAfter
-		case after == 0:
+		if after == 0 {
 			after = time.Now().UnixMilli()
 		}
 		tok := token()
-		r, err := g.getLease(tctx, ks, tok, c.cfg.lease, after, false)
+		r, err := g.getLease(tctx, ks, tok, c.cfg.lease, after, force)
 		if err != nil {
 			if tctx.Err() == nil {
 				g.note(EventRedisError, c.key, 0, err)

@@ -15,10 +15,6 @@ var errFlightExpired = errors.New("cacheguard: flight expired")
 // flight still works, woken by the lease's expiry instead of a push.
 const subscribeTimeout = time.Second
 
-// forceAfter is an "after" that no fresh-until reaches: the stored value is
-// replaced whatever its header says (it could not be decoded).
-const forceAfter = 1 << 53
-
 // outcome is what a flight gives every caller sharing it.
 type outcome struct {
 	leader uint64    // the call that started the flight
@@ -65,11 +61,8 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 	timer.Stop()
 	defer timer.Stop()
 	for {
-		after := time.Now().UnixMilli()
-		if force {
-			after, force = forceAfter, false
-		}
-		r, err := g.getLease(wctx, ks, tok, c.cfg.lease, after, false)
+		r, err := g.getLease(wctx, ks, tok, c.cfg.lease, time.Now().UnixMilli(), force)
+		force = false
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return &outcome{leader: id, err: ErrClosed}

@@ -27,42 +27,37 @@ var (
 
 // leaseReply is the answer of the get-or-lease script.
 type leaseReply struct {
-	value   []byte        // the envelope: fresh enough, or (when asked) stale or unreadable; nil when absent
-	fresh   bool          // value is fresh enough: no lease was asked for
+	fresh   bool          // value is fresh enough
+	value   []byte        // the envelope, when fresh
 	granted bool          // the fill lease is this caller's
 	pttl    time.Duration // the other holder's remaining lease
 }
 
 // getLease runs the get-or-lease script: it returns the value when it is
 // fresh until later than after (unix ms), else takes the fill lease unless
-// another fill holds it.
-func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, lease time.Duration, after int64, wantValue bool) (leaseReply, error) {
-	want := "0"
-	if wantValue {
-		want = "1"
-	}
-	v, err := getLeaseScript.Run(ctx, g.rdb, []string{ks.value, ks.lease}, tok, lease.Milliseconds(), after, want).Slice()
+// another fill holds it. With force the stored value is never fresh enough
+// (it could not be decoded).
+func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, lease time.Duration, after int64, force bool) (leaseReply, error) {
+	v, err := getLeaseScript.Run(ctx, g.rdb, []string{ks.value, ks.lease}, tok, lease.Milliseconds(), after, flag(force)).Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}
-	if len(v) < 2 {
-		return leaseReply{}, fmt.Errorf("cacheguard: unexpected get-or-lease reply %v", v)
-	}
 	var r leaseReply
-	if s, ok := v[1].(string); ok {
-		r.value = []byte(s)
+	var status int64 = -1
+	if len(v) > 0 {
+		status, _ = v[0].(int64)
 	}
-	status, _ := v[0].(int64)
-	switch status {
-	case 0:
-		r.fresh = true
-	case 1:
+	switch {
+	case status == 0 && len(v) == 2:
+		s, _ := v[1].(string)
+		r.fresh, r.value = true, []byte(s)
+	case status == 1:
 		r.granted = true
+	case status == 2 && len(v) == 2:
+		pttl, _ := v[1].(int64)
+		r.pttl = time.Duration(pttl) * time.Millisecond
 	default:
-		if len(v) > 2 {
-			pttl, _ := v[2].(int64)
-			r.pttl = time.Duration(pttl) * time.Millisecond
-		}
+		return leaseReply{}, fmt.Errorf("cacheguard: unexpected get-or-lease reply %v", v)
 	}
 	return r, nil
 }
@@ -105,4 +100,11 @@ func (g *Guard) renewLease(ctx context.Context, ks keySet, tok string, lease tim
 		}
 	}()
 	return func() { close(quit); <-done }
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
