@@ -26,6 +26,10 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope
 	stop()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
+	// Store or release even when Close cancelled the load: a lease left behind
+	// would keep other processes waiting for its expiry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)
+	defer cancel()
 
 	switch {
 	case err == nil:

@@ -42,7 +42,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		var zero T
 		return zero, err
 	}
-	c := &call[T]{g: g, cfg: &cfg, key: key, load: load}
+	c := call[T]{g: g, cfg: &cfg, key: key, load: load} // on the stack: a hit allocates nothing here
 	v, res, err := c.get(ctx)
 	if cfg.report != nil {
 		*cfg.report = res
@@ -56,6 +56,13 @@ type call[T any] struct {
 	cfg  *config
 	key  string
 	load func(context.Context) (T, error)
+}
+
+// detach returns a copy of c on the heap, for the goroutines of the miss path,
+// so that the hit path keeps c and its configuration on the stack.
+func (c *call[T]) detach() *call[T] {
+	cfg := *c.cfg
+	return &call[T]{g: c.g, cfg: &cfg, key: c.key, load: c.load}
 }
 
 func (c *call[T]) get(ctx context.Context) (T, Result, error) {
@@ -81,10 +88,10 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	}
 	g.note(EventMiss, c.key, 0, nil)
 	if c.cfg.policy == policyFailFast && redisErr == nil {
-		c.refresh(ctx, force, false, 0)
+		c.detach().refresh(ctx, force, false, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
-	return c.wait(ctx, start, force, redisErr)
+	return c.detach().wait(ctx, start, force, redisErr)
 }
 
 // fromStored serves a stored envelope when it is fresh, or stale and the
@@ -109,7 +116,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, er
 			return v, 0, err, false
 		}
 		if xfetch(now, &env, c.cfg.beta) {
-			c.refresh(ctx, false, true, env.freshUntil)
+			c.detach().refresh(ctx, false, true, env.freshUntil)
 		}
 		g.note(EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -119,7 +126,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, er
 			return v, 0, err, false
 		}
 		g.note(EventStale, c.key, 0, nil)
-		c.refresh(ctx, false, false, 0)
+		c.detach().refresh(ctx, false, false, 0)
 		return v, Stale, nil, true
 	}
 	return v, 0, nil, false

@@ -163,20 +163,25 @@ func (g *Guard) callConfig(key string, hasLoad bool, opts []Option) (config, err
 	if !hasLoad {
 		return config{}, invalid("nil loader")
 	}
-	cfg := g.cfg
+	if g.isClosed() {
+		return config{}, ErrClosed
+	}
+	if len(opts) == 0 {
+		return g.cfg, nil
+	}
+	cfg := new(config) // options see a pointer: it escapes, so only calls with options pay for it
+	*cfg = g.cfg
+	cfg.guardOnly = false
 	for _, o := range opts {
-		o(&cfg)
+		o(cfg)
+	}
+	if cfg.guardOnly {
+		return config{}, invalid("Prefix, MaxConcurrentLoads and WithObserver are Guard options (pass them to New)")
 	}
 	if err := cfg.validate(); err != nil {
 		return config{}, err
 	}
-	if cfg.prefix != g.cfg.prefix || cfg.maxLoads != g.cfg.maxLoads {
-		return config{}, invalid("Prefix and MaxConcurrentLoads are Guard options (pass them to New)")
-	}
-	if g.isClosed() {
-		return config{}, ErrClosed
-	}
-	return cfg, nil
+	return *cfg, nil
 }
 
 // track registers a task (a flight or a background refresh) that Close must
