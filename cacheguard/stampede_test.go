@@ -247,3 +247,38 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 		t.Fatalf("loads after the holder died = %d, want 1 (2 in all)", got)
 	}
 }
+
+func TestRemoteWaitersGetNotFound(t *testing.T) {
+	for _, neg := range []time.Duration{cacheguard.DefaultNegativeTTL, 0} {
+		t.Run(fmt.Sprint("negative TTL ", neg), func(t *testing.T) {
+			ctx := context.Background()
+			a, _ := newGuard(t, cacheguard.NegativeTTL(neg))
+			b, _ := newGuard(t, cacheguard.NegativeTTL(neg))
+			key := testKey(t)
+			entered, release := make(chan struct{}), make(chan struct{})
+			errA := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
+					close(entered)
+					<-release
+					return item{}, cacheguard.ErrNotFound
+				})
+				errA <- err
+			}()
+			<-entered
+			errB := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { return item{ID: 1}, nil })
+				errB <- err
+			}()
+			eventually(t, 5*time.Second, "b subscribed", func() bool { return numSub(t, a, key) == 2 })
+			close(release)
+			if err := <-errA; !errors.Is(err, cacheguard.ErrNotFound) {
+				t.Fatalf("holder: %v", err)
+			}
+			if err := <-errB; !errors.Is(err, cacheguard.ErrNotFound) {
+				t.Fatalf("waiter: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
