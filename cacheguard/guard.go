@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
@@ -30,7 +31,7 @@ type Guard struct {
 
 	mu         sync.Mutex                    // guards tasks, refreshing, nextTask, closed
 	tasks      map[uint64]context.CancelFunc // running flights and refreshes, cancelled by Close
-	refreshing map[string]bool               // value keys with a background refresh running
+	refreshing map[string]time.Time          // value keys not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
 	nextTask   uint64
 	closed     bool
 	wg         sync.WaitGroup // the tasks
@@ -55,7 +56,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g := &Guard{
 		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH",
-		tasks: map[uint64]context.CancelFunc{}, refreshing: map[string]bool{},
+		tasks: map[uint64]context.CancelFunc{}, refreshing: map[string]time.Time{},
 	}
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
