@@ -109,11 +109,11 @@ func numSub(t *testing.T, _ *cacheguard.Guard, key string) int64 {
 
 func TestSlowLoaderKeepsLease(t *testing.T) {
 	ctx := context.Background()
-	lease := cacheguard.FillLease(60 * time.Millisecond)
+	lease := cacheguard.FillLease(150 * time.Millisecond)
 	a, _ := newGuard(t, lease)
 	b, _ := newGuard(t, lease)
 	key := testKey(t)
-	slow := &counter{delay: 400 * time.Millisecond, name: "slow"} // many leases long
+	slow := &counter{delay: 750 * time.Millisecond, name: "slow"} // five leases long
 	other := &counter{name: "other"}
 	entered := make(chan struct{})
 	errc := make(chan error, 2)
