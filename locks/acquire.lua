@@ -1,12 +1,14 @@
 -- Acquire (or re-enter) a lock in one step, and on failure optionally queue as a waiter.
 -- KEYS[1] lock hash {o=owner, a=last acquisition id, n=hold count, f=fence}
 -- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms)
--- ARGV: owner, acquisition id, lease ms, queue-place ttl ms (0 = do not queue), fence ttl ms, fair (1/0), lease of a queued member
+-- ARGV: owner, acquisition id, "lease ms,queue-place ttl ms (0 = do not queue),fence ttl ms,fair (1/0)"
+-- (the numbers travel packed in one argument: fewer arguments, fewer client allocations)
 -- Returns {1, fence, holds} when held, {0, pttl, queued} when not.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, acq, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local place, fencettl, fair = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
-local member = owner .. '|' .. ARGV[3]
+local owner, acq = ARGV[1], ARGV[2]
+local leases, places, fencettls, fairs = string.match(ARGV[3], '^(%d+),(%d+),(%d+),(%d)$')
+local lease, place, fencettl, fair = tonumber(leases), tonumber(places), tonumber(fencettls), fairs == '1'
+local member = owner .. '|' .. leases
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 

@@ -1,6 +1,7 @@
 package locks
 
 import (
+	"strconv"
 	"time"
 )
 
@@ -33,6 +34,26 @@ type config struct {
 	observer       func(Event)
 	drift          time.Duration // Redlock: fixed part of the clock drift allowance
 	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
+
+	// Script arguments derived from the above by pack: computed once per
+	// Client (and per call only when the call has options).
+	argsTry, argsWait, argsRelease    string
+	argsTryV, argsWaitV, argsReleaseV any // the same, boxed once
+}
+
+// pack derives the scripts' packed numeric arguments.
+func (c *config) pack() {
+	fair := "0"
+	if c.fair {
+		fair = "1"
+	}
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	head := ms(c.lease) + ","
+	tail := "," + ms(c.fenceRetention) + "," + fair
+	c.argsTry = head + "0" + tail
+	c.argsWait = head + ms(placeTTL) + tail
+	c.argsRelease = ms(c.fenceRetention) + "," + ms(min(c.lease, placeTTL))
+	c.argsTryV, c.argsWaitV, c.argsReleaseV = c.argsTry, c.argsWait, c.argsRelease
 }
 
 func defaults() config {
