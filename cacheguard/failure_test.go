@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -101,7 +102,9 @@ func TestPanickingLoaderWith100Waiters(t *testing.T) {
 }
 
 func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
-	g, rdb := newGuard(t)
+	before := goleak.IgnoreCurrent()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	g := cacheguard.New(rdb)
 	key := testKey(t)
 	l := newGated("late")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -139,6 +142,10 @@ func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
+	// Nothing the abandoned calls started outlives the Guard.
+	g.Close()
+	rdb.Close()
+	goleak.VerifyNone(t, before)
 }
 
 func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
