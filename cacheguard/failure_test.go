@@ -304,3 +304,27 @@ func TestCloseStopsBackgroundRefresh(t *testing.T) {
 		t.Fatal("a cancelled fill stored a value")
 	}
 }
+
+func TestRedisPausedFailsOpen(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) {
+		o.MaxRetries = -1
+		o.ReadTimeout, o.WriteTimeout = 100*time.Millisecond, 100*time.Millisecond
+	})
+	g := cacheguard.New(rdb)
+	defer g.Close()
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "cached"}).load); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load)
+	s.Resume()
+	if err != nil || v.Name != "open" {
+		t.Fatalf("Get while Redis is paused = %v, %v; want a fail-open load", v, err)
+	}
+	if st := g.Stats(); st.FailOpenLoads != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
