@@ -3,7 +3,6 @@ package cacheguard_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -30,6 +29,7 @@ func TestCluster(t *testing.T) {
 			errc <- err
 		}()
 		<-holder.entered
+		waiting := watchWaiting(rb)
 		other := &counter{name: "other"}
 		got := make(chan item, 1)
 		var res cacheguard.Result
@@ -37,10 +37,7 @@ func TestCluster(t *testing.T) {
 			v, _ := cacheguard.Get(ctx, b, key, other.load, cacheguard.ReportTo(&res))
 			got <- v
 		}()
-		eventually(t, 10*time.Second, "b waiting", func() bool {
-			m, err := rb.PubSubShardNumSub(ctx, "cg:fw:{"+key+"}").Result()
-			return err == nil && m["cg:fw:{"+key+"}"] == 2
-		})
+		<-waiting
 		close(holder.release)
 		if err := <-errc; err != nil {
 			t.Fatal(err)

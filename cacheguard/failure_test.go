@@ -151,7 +151,8 @@ func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
 func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	ctx := context.Background()
 	a, rdb := newGuard(t)
-	b, _ := newGuard(t)
+	b, rb := newGuard(t)
+	waiting := watchWaiting(rb)
 	key := testKey(t)
 	old := newGated("before")
 	errc := make(chan error, 1)
@@ -170,7 +171,7 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 		v, _ := cacheguard.Get(ctx, b, key, fresh.load)
 		got <- v
 	}()
-	eventually(t, 5*time.Second, "b waiting", func() bool { return numSub(t, a, key) == 2 })
+	<-waiting
 
 	if err := a.Invalidate(ctx, key); err != nil {
 		t.Fatal(err)
