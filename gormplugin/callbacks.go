@@ -31,8 +31,8 @@ type guard struct {
 	fencing bool          // the statement carries the fence condition
 	delete  bool
 	tx      *txLocks // non-nil: the locks belong to the surrounding transaction
+	own     *txLocks // the transaction GORM opened for this statement, if any
 	keys    []string // cache keys to invalidate after COMMIT
-	commit  bool     // GORM's own transaction went on to COMMIT
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -137,7 +137,15 @@ func opName(isDelete bool) string {
 // condition (and, through the SET builder, the new fence).
 func (p *Plugin) fenceStep(db *gorm.DB) {
 	g := guardOf(db)
-	if g == nil || db.Error != nil || len(g.locked) == 0 {
+	if g == nil {
+		return
+	}
+	if g.tx == nil {
+		if tx := txOf(db.Statement.ConnPool); tx != nil {
+			g.own = tx.locks // GORM's own transaction, begun after lockStep
+		}
+	}
+	if db.Error != nil || len(g.locked) == 0 {
 		return
 	}
 	for _, r := range g.locked {
@@ -164,24 +172,22 @@ func (p *Plugin) checkStep(db *gorm.DB) {
 	}
 }
 
-// commitStep notes whether GORM's own transaction is about to COMMIT: a COMMIT
-// that fails may still have committed, so it is invalidated all the same.
-func (p *Plugin) commitStep(db *gorm.DB) {
-	if g := guardOf(db); g != nil {
-		g.commit = db.Error == nil
-	}
-}
-
 // releaseStep runs last. Inside a transaction it hands the statement's cache
 // keys to the transaction, which invalidates them after its COMMIT; otherwise
 // the statement has committed (or not), so it invalidates and unlocks now.
+// Committed means: GORM's own transaction for the statement ran COMMIT (one
+// that failed may still have committed, so it counts), or, without one, the
+// statement succeeded.
 func (p *Plugin) releaseStep(db *gorm.DB) {
 	g := guardOf(db)
 	if g == nil {
 		return
 	}
 	db.InstanceSet(guardKey, nil)
-	ok := db.Error == nil || g.commit
+	ok := db.Error == nil
+	if g.own != nil {
+		ok = g.own.committed()
+	}
 	if g.tx != nil {
 		if db.Error == nil {
 			g.tx.addKeys(g.keys)

@@ -117,12 +117,14 @@ func newInvalidator(rdb redis.UniversalClient) *keyInvalidator {
 	return &keyInvalidator{rdb: rdb, calls: make(chan []string, 100)}
 }
 
+// Invalidate deletes keys, then reports the call on k.calls (if not full).
 func (k *keyInvalidator) Invalidate(ctx context.Context, keys ...string) error {
+	err := k.rdb.Del(ctx, keys...).Err()
 	select {
 	case k.calls <- keys:
 	default:
 	}
-	return k.rdb.Del(ctx, keys...).Err()
+	return err
 }
 
 // cacheKeys maps a row to its one cache key, "cache:<table>:<pk>".

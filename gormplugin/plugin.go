@@ -115,15 +115,13 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 //	gormplugin:lock     before gorm:begin_transaction (first without one): take the row locks
 //	gormplugin:fence    before the write: lost-lock check, fence condition
 //	gormplugin:check    after the write, before the after-hooks: zero rows → stale or missing
-//	gormplugin:commit   before gorm:commit_or_rollback_transaction: note whether COMMIT is tried
 //	gormplugin:release  after gorm:commit_or_rollback_transaction (last without one): invalidate, unlock
 func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before, after string, fn func(*gorm.DB)) error, write, afterHooks string, isDelete bool) error {
 	begin, commit := "gorm:begin_transaction", "gorm:commit_or_rollback_transaction"
 	if get(begin) == nil { // SkipDefaultTransaction: GORM opens no transaction
 		begin = "*"
 	}
-	hasCommit := get(commit) != nil
-	if !hasCommit {
+	if get(commit) == nil {
 		commit = "*"
 	}
 	if err := reg("gormplugin:lock", begin, "", p.lockStep(isDelete)); err != nil {
@@ -134,11 +132,6 @@ func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before
 	}
 	if err := reg("gormplugin:check", afterHooks, write, p.checkStep); err != nil {
 		return err
-	}
-	if hasCommit {
-		if err := reg("gormplugin:commit", commit, "", p.commitStep); err != nil {
-			return err
-		}
 	}
 	return reg("gormplugin:release", "", commit, p.releaseStep)
 }

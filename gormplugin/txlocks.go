@@ -23,6 +23,7 @@ type txLocks struct {
 	seen    map[string]bool        // keys already listed
 	adopted bool                   // a transaction has taken these locks over
 	done    bool                   // committed or rolled back
+	commit  bool                   // ended by COMMIT
 }
 
 // newTxLocks starts a registry whose owner is ctx's (a request that holds a
@@ -100,7 +101,7 @@ func (r *txLocks) finish(committed bool) error {
 		r.mu.Unlock()
 		return nil
 	}
-	r.done = true
+	r.done, r.commit = true, committed
 	held, keys := r.held, r.keys
 	r.held, r.keys = nil, nil
 	r.mu.Unlock()
@@ -116,6 +117,13 @@ func (r *txLocks) finish(committed bool) error {
 	}
 	r.p.unlockAll(ctx, rows)
 	return err
+}
+
+// committed reports whether the transaction ended with a COMMIT.
+func (r *txLocks) committed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.commit
 }
 
 // take acquires one lock: waiting for it, or with try a single attempt.
