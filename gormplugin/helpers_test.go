@@ -85,8 +85,14 @@ func (e *env) open(t testing.TB, opts ...gormplugin.Option) *gorm.DB {
 
 func openFile(t testing.TB, path string) *gorm.DB {
 	t.Helper()
+	return openWith(t, path, &gorm.Config{})
+}
+
+func openWith(t testing.TB, path string, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
 	dsn := fmt.Sprintf("file:%s?_journal_mode=WAL&_busy_timeout=5000", path)
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	cfg.Logger = logger.Discard
+	db, err := gorm.Open(sqlite.Open(dsn), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
