@@ -87,21 +87,21 @@ func (g *guard) token() any {
 	if len(g.rows) == 1 {
 		return int64(g.rows[0].fence)
 	}
-	sql := "CASE"
+	expr := "CASE"
 	var vars []any
 	for _, r := range g.rows {
-		sql += " WHEN"
+		expr += " WHEN"
 		for i, col := range g.pkCols {
 			if i > 0 {
-				sql += " AND"
+				expr += " AND"
 			}
-			sql += " ? = ?"
+			expr += " ? = ?"
 			vars = append(vars, clause.Column{Name: col}, r.vals[i])
 		}
-		sql += " THEN ?"
+		expr += " THEN ?"
 		vars = append(vars, int64(r.fence))
 	}
-	return clause.Expr{SQL: sql + " END", Vars: vars}
+	return clause.Expr{SQL: expr + " END", Vars: vars}
 }
 
 // addFenceCondition adds "COALESCE(fence, 0) <= token" to the statement's

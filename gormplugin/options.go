@@ -12,6 +12,12 @@ type Invalidator interface {
 	Invalidate(ctx context.Context, keys ...string) error
 }
 
+// InvalidatorFunc adapts a function to Invalidator.
+type InvalidatorFunc func(ctx context.Context, keys ...string) error
+
+// Invalidate calls f.
+func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error { return f(ctx, keys...) }
+
 // Option configures a Plugin.
 type Option func(*config)
 
