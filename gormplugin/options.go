@@ -16,7 +16,9 @@ type Invalidator interface {
 type InvalidatorFunc func(ctx context.Context, keys ...string) error
 
 // Invalidate calls f.
-func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error { return f(ctx, keys...) }
+func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error {
+	return f(ctx, keys...)
+}
 
 // Option configures a Plugin.
 type Option func(*config)

@@ -45,8 +45,8 @@ func pkString(v any) string {
 type row struct {
 	name  string      // lock name
 	lock  *locks.Lock // the lock held, once taken
-	vals  []any  // primary key values, in schema order
-	fence uint64 // the lock's fence token
+	vals  []any       // primary key values, in schema order
+	fence uint64      // the lock's fence token
 }
 
 // pk is the value handed to the invalidation key function.
