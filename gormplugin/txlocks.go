@@ -69,7 +69,7 @@ func (r *txLocks) lock(ctx context.Context, rows []row) error {
 			var err error
 			lk, err = r.p.take(ctx, name, try)
 			if err != nil {
-				if try && errors.Is(err, locks.ErrNotObtained) && !unavailable(err) {
+				if try && busy(err) {
 					return fmt.Errorf("%w: %q sorts before %q, which this transaction holds, and another writer holds it; declare the rows up front with gormplugin.Transaction: %w", ErrLockOrder, name, r.last, err)
 				}
 				return err
@@ -150,6 +150,9 @@ func (p *Plugin) lockAll(ctx context.Context, rows []row) error {
 		lk, err := p.take(ctx, rows[i].name, false)
 		if err != nil {
 			p.unlockAll(context.WithoutCancel(ctx), rows[:i])
+			for j := range rows[:i] {
+				rows[j].lock = nil
+			}
 			return err
 		}
 		rows[i].lock, rows[i].fence = lk, lk.Fence()
@@ -172,6 +175,13 @@ func (p *Plugin) unlockAll(ctx context.Context, rows []row) {
 			p.warn(ctx, "gormplugin: releasing %q: %v", rows[i].name, err)
 		}
 	}
+}
+
+// busy reports whether err is a lock held by another owner (not a Redis
+// failure, not the caller's context ending).
+func busy(err error) bool {
+	var noe *locks.NotObtainedError
+	return errors.As(err, &noe) && noe.Err == nil
 }
 
 // unavailable reports whether err is a lock that could not be taken because
