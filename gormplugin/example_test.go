@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/gormplugin"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -48,36 +49,44 @@ func ExampleNew() {
 	defer rdb.Close()
 	l := locks.New(rdb)
 	defer l.Close()
+	g := cacheguard.New(rdb)
+	defer g.Close()
 	db, closeDB := exampleDB()
 	defer closeDB()
 
-	// Cached copies of an account live under "account:<id>"; a committed
-	// write drops them. (A *cacheguard.Guard is an Invalidator too.)
-	inv := gormplugin.InvalidatorFunc(func(ctx context.Context, keys ...string) error {
-		return rdb.Del(ctx, keys...).Err()
-	})
+	// An account is cached under "account:<id>"; a committed write to its
+	// row invalidates that key.
 	keys := func(table string, pk any) []string { return []string{fmt.Sprintf("account:%v", pk)} }
-	plugin := gormplugin.New(l, gormplugin.Invalidate(inv, keys))
+	plugin := gormplugin.New(l, gormplugin.Invalidate(g, keys))
 	if err := db.Use(plugin); err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer plugin.Close()
-
 	db.Create(&Account{ID: 1, Balance: 100})
-	rdb.Set(ctx, "account:1", "cached copy", time.Minute)
 
-	// The write holds the lock "accounts:1", checks and stamps the fence,
-	// and invalidates account:1 after its COMMIT.
+	load := func(ctx context.Context) (Account, error) {
+		var a Account
+		err := db.WithContext(ctx).First(&a, 1).Error
+		return a, err
+	}
+	a, _ := cacheguard.Get(ctx, g, "account:1", load, cacheguard.TTL(time.Minute))
+	fmt.Println("cached balance:", a.Balance)
+
+	// The write holds the lock "accounts:1", checks and stamps the fence, and
+	// invalidates account:1 after its COMMIT.
 	acct := Account{ID: 1}
-	err := db.WithContext(ctx).Model(&acct).Update("balance", 90).Error
-	fmt.Println("error:", err)
+	if err := db.WithContext(ctx).Model(&acct).Update("balance", 90).Error; err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println("fence stamped:", acct.Fence > 0)
-	fmt.Println("cached copies left:", rdb.Exists(ctx, "account:1").Val())
+	a, _ = cacheguard.Get(ctx, g, "account:1", load, cacheguard.TTL(time.Minute))
+	fmt.Println("balance read after the write:", a.Balance)
 	// Output:
-	// error: <nil>
+	// cached balance: 100
 	// fence stamped: true
-	// cached copies left: 0
+	// balance read after the write: 90
 }
 
 func ExampleTransaction() {
