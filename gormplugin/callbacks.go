@@ -103,7 +103,6 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 		}
 		var err error
 		if tx != nil {
-			g.tx = tx.locks
 			err = tx.locks.lock(stmt.Context, g.locked)
 		} else {
 			// One owner for the statement's locks and for any write its hooks

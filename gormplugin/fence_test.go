@@ -33,7 +33,9 @@ func pausedWriter(ctx context.Context, db *gorm.DB, id uint, started chan<- stru
 func TestPausedWriterRefusedByFence(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	db := e.guarded(t)
+	// A long lease: A's first renewal, which would tell it the lock is gone,
+	// is twenty seconds off.
+	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +43,7 @@ func TestPausedWriterRefusedByFence(t *testing.T) {
 	done := pausedWriter(ctx, db, 1, started, resume)
 	<-started
 	// The lease ends while A is paused; from Redis's side that is the key
-	// going away. A's renewal is seconds off, so A does not know.
+	// going away. A has not run since, so it does not know.
 	if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +157,7 @@ func TestMissingRowIsNotStale(t *testing.T) {
 func TestStaleDeleteAndSaveRefused(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	db := e.guarded(t)
+	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}

@@ -80,7 +80,8 @@ func TestWriteReentersRequestLock(t *testing.T) {
 }
 
 // Writes through GORM to one row exclude each other for the whole statement
-// (with the transaction GORM opens): another owner cannot take the lock.
+// and the transaction GORM opens for it: another owner cannot take the lock
+// during the write, and it is still held once GORM has committed.
 func TestStatementHoldsRowLock(t *testing.T) {
 	e := newEnv(t)
 	db := e.guarded(t)
@@ -91,11 +92,20 @@ func TestStatementHoldsRowLock(t *testing.T) {
 	observe(t, db, func(tx *gorm.DB) {
 		_, tryErr = e.l.TryLock(context.Background(), "widgets:1")
 	})
+	var afterCommit bool
+	if err := db.Callback().Update().After("gorm:commit_or_rollback_transaction").Before("gormplugin:release").Register("test:after_commit", func(*gorm.DB) {
+		afterCommit = exists(t, e.rdb, lockKey("widgets:1"))
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if err := db.Model(&Widget{ID: 1}).Update("color", "red").Error; err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(tryErr, locks.ErrNotObtained) {
 		t.Fatalf("TryLock during the write: %v, want ErrNotObtained", tryErr)
+	}
+	if !afterCommit {
+		t.Fatal("the lock was released before GORM's COMMIT")
 	}
 	if exists(t, e.rdb, lockKey("widgets:1")) {
 		t.Fatal("lock left after the write")
