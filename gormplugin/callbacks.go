@@ -10,16 +10,26 @@ import (
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-const (
-	guardKey     = "gormplugin:guard"     // the statement's *guard (InstanceSet)
-	unguardedKey = "gormplugin:unguarded" // set by the Unguarded scope
-)
+// guardKey holds a statement's *guard (gorm.DB.InstanceSet).
+const guardKey = "gormplugin:guard"
 
-// Unguarded is a GORM scope that sends one statement without row locks or
-// fence, e.g. a batch update known to be safe while the default Refuse policy
-// is in force: db.Scopes(gormplugin.Unguarded).Where(...).Updates(...).
-// Invalidation after its commit still happens.
-func Unguarded(db *gorm.DB) *gorm.DB { return db.Set(unguardedKey, true) }
+type unguardedKey struct{}
+
+// Unguarded returns a context under which Update and Delete statements are
+// sent without row locks or fence, whatever the Unkeyed policy; invalidation
+// after their commit still happens. Use it for a batch write known to be safe
+// while the default Refuse policy is in force, including the writes GORM's
+// Association API makes by foreign key:
+//
+//	db.WithContext(gormplugin.Unguarded(ctx)).Model(&user).Association("Pets").Clear()
+func Unguarded(ctx context.Context) context.Context {
+	return context.WithValue(ctx, unguardedKey{}, true)
+}
+
+func unguarded(ctx context.Context) bool {
+	v, _ := ctx.Value(unguardedKey{}).(bool)
+	return v
+}
 
 // guard is the plugin's state for one Update or Delete statement.
 type guard struct {
@@ -81,12 +91,12 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 		db.InstanceSet(guardKey, g)
 
 		g.locked = g.rows
-		if skip, _ := db.Get(unguardedKey); skip == true {
+		if unguarded(stmt.Context) {
 			g.locked = nil
 		} else if len(g.rows) == 0 {
 			switch p.cfg.unkeyed {
 			case Refuse:
-				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, or choose gormplugin.Unkeyed(LockTable or PassThrough), or the Unguarded scope)", ErrUnkeyed, opName(isDelete), table))
+				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockTable or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, opName(isDelete), table))
 				return
 			case PassThrough:
 				g.locked = nil

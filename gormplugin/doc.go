@@ -100,9 +100,10 @@
 // (the default) fails it with ErrUnkeyed, because a write the plugin cannot
 // guard would silently break its promise; LockTable takes "<table>:*" (which
 // serialises unkeyed writes on the table with each other, not with row
-// writes); PassThrough sends it unguarded. The Unguarded scope lets one
-// statement through under any policy. Invalidation still applies, with a nil
-// primary key.
+// writes); PassThrough sends it unguarded. GORM's Association API (Replace,
+// Delete, Clear) writes by foreign key, so its writes are unkeyed too. A
+// context from Unguarded lets statements through under any policy.
+// Invalidation still applies, with a nil primary key.
 //
 // # Redis unavailable
 //

@@ -194,8 +194,8 @@ func TestUnkeyedPolicies(t *testing.T) {
 		if c := colors(t); !equal(c, []string{"", ""}) {
 			t.Fatalf("refused write changed rows: %v", c)
 		}
-		if err := batch(db.Scopes(gormplugin.Unguarded), "red"); err != nil {
-			t.Fatalf("Unguarded scope: %v", err)
+		if err := batch(db.WithContext(gormplugin.Unguarded(context.Background())), "red"); err != nil {
+			t.Fatalf("Unguarded context: %v", err)
 		}
 		if c := colors(t); !equal(c, []string{"red", "red"}) {
 			t.Fatalf("Unguarded write: %v", c)
@@ -445,5 +445,39 @@ func TestGormModes(t *testing.T) {
 				t.Fatal("lock left after commit")
 			}
 		})
+	}
+}
+
+type Owner struct {
+	ID   uint
+	Pets []Pet
+}
+
+type Pet struct {
+	ID      uint
+	OwnerID *uint
+}
+
+// GORM's Association API writes by foreign key: refused by default, sent
+// under an Unguarded context.
+func TestAssociationWrites(t *testing.T) {
+	e := newEnv(t)
+	db := e.guarded(t)
+	if err := db.AutoMigrate(&Owner{}, &Pet{}); err != nil {
+		t.Fatal(err)
+	}
+	o := Owner{ID: 1, Pets: []Pet{{ID: 1}, {ID: 2}}}
+	if err := db.Create(&o).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Model(&o).Association("Pets").Clear(); !errors.Is(err, gormplugin.ErrUnkeyed) {
+		t.Fatalf("Association.Clear: %v, want ErrUnkeyed", err)
+	}
+	ctx := gormplugin.Unguarded(context.Background())
+	if err := db.WithContext(ctx).Model(&o).Association("Pets").Clear(); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Model(&o).Association("Pets").Count(); n != 0 {
+		t.Fatalf("%d pets left", n)
 	}
 }

@@ -30,8 +30,8 @@ type UnkeyedPolicy int
 const (
 	// Refuse fails such writes with ErrUnkeyed before they are sent. It is
 	// the default: a write the plugin cannot guard would silently break the
-	// promise that writes to a row never interleave. Use the Unguarded scope
-	// for a single statement that is known to be safe.
+	// promise that writes to a row never interleave. Send a write known to
+	// be safe under a context from Unguarded.
 	Refuse UnkeyedPolicy = iota
 	// LockTable takes the table-wide lock "<table>:*" around the write. It
 	// serialises unkeyed writes on a table with each other, not with row
