@@ -3,6 +3,7 @@ package gormplugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -479,5 +480,53 @@ func TestAssociationWrites(t *testing.T) {
 	}
 	if n := db.Model(&o).Association("Pets").Count(); n != 0 {
 		t.Fatalf("%d pets left", n)
+	}
+}
+
+// Transaction called with a transaction takes the new rows' locks into it and
+// runs fn in a SAVEPOINT; the locks are held until the outer COMMIT.
+func TestNestedTransaction(t *testing.T) {
+	e := newEnv(t)
+	db := e.guarded(t)
+	ctx := context.Background()
+	if err := db.Create(&[]Counter{{ID: 1}, {ID: 2}, {ID: 3}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.l.Lock(ctx, "counters:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Unlock(ctx)
+	err = gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+		if err := tx.Model(&Counter{ID: 2}).Update("n", 2).Error; err != nil {
+			return err
+		}
+		if err := gormplugin.Transaction(ctx, tx, func(tx *gorm.DB) error {
+			return tx.Model(&Counter{ID: 3}).Update("n", 3).Error
+		}, &Counter{ID: 3}); err != nil {
+			return err
+		}
+		if !exists(t, e.rdb, lockKey("counters:3")) {
+			return errors.New("nested lock released before the outer COMMIT")
+		}
+		// counters:1 sorts before the locks held and is busy: not awaited.
+		err := gormplugin.Transaction(ctx, tx, func(*gorm.DB) error { return nil }, &Counter{ID: 1})
+		if !errors.Is(err, gormplugin.ErrLockOrder) {
+			return fmt.Errorf("out-of-order nested Transaction: %v, want ErrLockOrder", err)
+		}
+		return nil
+	}, &Counter{ID: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Counter
+	db.Order("id").Find(&cs)
+	if cs[1].N != 2 || cs[2].N != 3 {
+		t.Fatalf("rows %+v", cs)
+	}
+	for _, n := range []string{"counters:2", "counters:3"} {
+		if exists(t, e.rdb, lockKey(n)) {
+			t.Fatalf("%s held after COMMIT", n)
+		}
 	}
 }
