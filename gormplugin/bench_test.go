@@ -1,6 +1,7 @@
 package gormplugin_test
 
 import (
+	"context"
 	"testing"
 
 	"gorm.io/gorm"
@@ -33,4 +34,20 @@ func BenchmarkUpdateGuarded(b *testing.B) {
 func BenchmarkUpdateUnguarded(b *testing.B) {
 	e := newEnv(b)
 	benchUpdate(b, openFile(b, e.path))
+}
+
+// BenchmarkRowLockBaseline is the Redis part of the guard alone: Lock and
+// Unlock of one uncontended name, for reading the overhead above.
+func BenchmarkRowLockBaseline(b *testing.B) {
+	e := newEnv(b)
+	ctx := context.Background()
+	for b.Loop() {
+		lk, err := e.l.Lock(ctx, "counters:1")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
