@@ -69,7 +69,7 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	var zero T
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	g := c.g
-	b, err := g.rdb.Get(ctx, g.valueKey(c.key)).Bytes()
+	b, err := g.reads.get(ctx, g.rdb, g.valueKey(c.key))
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
