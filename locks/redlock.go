@@ -279,22 +279,42 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		}
 		return n
 	}
+	// Each node's goroutine waits for the verdict after its acquisition
+	// returns and, if the attempt failed, releases it there: the release can
+	// never overtake the acquisition, even on a node that answered too late.
+	decided := make(chan struct{})
+	var failed bool // written before decided is closed
+	released := make(chan int, len(r.nodes))
+	release := func(i int, x nodeResult[[]int64]) {
+		<-decided
+		if !failed || (x.err == nil && len(x.v) == 2 && x.v[0] == 0) {
+			return // held, or refused (nothing of this attempt is on the node)
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+		released <- i
+	}
 	start := time.Now()
 	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		return redlockAcquireScript.Run(ctx, rdb, []string{key}, owner, acq, px.Milliseconds()).Int64Slice()
-	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum })
+	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 
 	e := r.opError("lock", name)
 	if n := granted(res); n >= r.quorum {
 		if elapsed < span {
+			close(decided)
 			hcfg := cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
 			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start), nil
 		}
 		e.Err = ErrNoValidity
 	}
-	var wantRelease []bool // the nodes that granted: the caller waits for their release
+	failed = true
+	close(decided)
+	waitFor := make([]bool, len(r.nodes)) // the granting nodes: they answered just now, so the caller waits for their release
+	pending := 0
 	for i, x := range res {
 		switch {
 		case !x.done && x.err == nil:
@@ -305,25 +325,24 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: errors.New("locks: unexpected acquire reply")})
 		case x.v[0] == 1:
 			e.Granted = append(e.Granted, r.nodes[i].name)
+			waitFor[i] = true
+			pending++
 		default:
 			e.Refused = append(e.Refused, r.nodes[i].name)
 		}
-		wantRelease = append(wantRelease, x.err == nil && len(x.v) == 2 && x.v[0] == 1)
 	}
-	// Release on every node: the ones that granted, and the ones whose answer
-	// is unknown (they may have granted). Wait only for the granting ones,
-	// which answered just now; a stalled node's release goes on in the background.
-	rctx := context.WithoutCancel(ctx)
-	fanout(r, rctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-		return redlockReleaseScript.Run(ctx, rdb, []string{key}, owner, acq).Int64()
-	}, func(rel []nodeResult[int64]) bool {
-		for i, w := range wantRelease {
-			if w && !rel[i].done {
-				return false
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for pending > 0 {
+		select {
+		case i := <-released:
+			if waitFor[i] {
+				pending--
 			}
+		case <-timer.C:
+			pending = 0
 		}
-		return true
-	})
+	}
 	return nil, e
 }
 

@@ -51,10 +51,13 @@ type nodeResult[T any] struct {
 // ended. A node not heard from gets ErrNodeTimeout (or ctx's error) and its
 // call goes on in the background, bounded by the timeout when the client
 // honours context deadlines (redis.Options.ContextTimeoutEnabled) and by the
-// client's own read timeout otherwise; Close waits for it.
+// client's own read timeout otherwise; Close waits for it. When then is not
+// nil, each node's goroutine runs it after delivering its answer, so that a
+// follow-up call to a node is always sent after that node's first call ended.
 func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 	call func(ctx context.Context, rdb redis.UniversalClient) (T, error),
 	enough func([]nodeResult[T]) bool,
+	then func(i int, res nodeResult[T]),
 ) []nodeResult[T] {
 	out := make([]nodeResult[T], len(r.nodes))
 	r.mu.Lock()
@@ -83,7 +86,11 @@ func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 			if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 				err = tooLate
 			}
-			ch <- answer{i, nodeResult[T]{v: v, err: err, done: true}}
+			res := nodeResult[T]{v: v, err: err, done: true}
+			ch <- answer{i, res}
+			if then != nil {
+				then(i, res)
+			}
 		}()
 	}
 

@@ -23,7 +23,7 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
 			return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
-		}, nil)
+		}, nil, nil)
 	e := r.opError("unlock", h.name)
 	remaining := int64(0)
 	for i, x := range res {
@@ -108,7 +108,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 			}
 		}
 		return true
-	})
+	}, nil)
 	now := time.Now()
 
 	errs := make([]error, len(hs))
@@ -131,6 +131,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		switch {
 		case len(e.Granted) >= r.quorum && now.Before(deadlines[i]) && now.Sub(sent) < leases[i]:
 			errs[i] = nil
+			continue
 		case len(e.Refused) > len(r.nodes)-r.quorum:
 			errs[i] = errNotOwner
 		case len(e.Granted) >= r.quorum:
@@ -140,8 +141,36 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 			e.Err = ctx.Err()
 			errs[i] = e
 		}
+		if errs[i] == errNotOwner || !now.Before(deadlines[i]) {
+			// The holding is lost (its owner is told by the caller): the
+			// nodes where this round did extend it must not keep it alive.
+			r.releaseInBackground(h)
+		}
 	}
 	return errs
+}
+
+// releaseInBackground gives back h's acquisition on every node without
+// waiting; Close waits for it.
+func (r *Redlock) releaseInBackground(h *held) {
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	key, acq := h.keys[0], h.keys[1]
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.inflight.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.inflight.Done()
+		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
+			func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+				return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+			}, nil, nil)
+	}()
 }
 
 // extendPipeline runs the extend script for every lock in hs on one node, in
