@@ -79,9 +79,10 @@ type Redlock struct {
 	cfg    config
 	ren    *renewer
 
-	mu       sync.Mutex     // guards closed and orders inflight.Add before Close's Wait
-	closed   bool           //
-	inflight sync.WaitGroup // node calls still running, some abandoned by their caller
+	mu       sync.Mutex           // guards closed and flights, and orders inflight.Add before Close's Wait
+	closed   bool                 //
+	flights  map[string]*rlFlight // granted acquisitions with node calls still running, by acquisition id
+	inflight sync.WaitGroup       // node calls still running, some abandoned by their caller
 }
 
 // NewRedlock returns a Redlock over clients, one per independent server, with
@@ -103,7 +104,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 	if err := redlockValidate(&cfg); err != nil {
 		return nil, err
 	}
-	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg}
+	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
 	seen := map[string]int{}
 	for i, c := range clients {
 		if c == nil {
@@ -280,23 +281,34 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		return n
 	}
 	// Each node's goroutine waits for the verdict after its acquisition
-	// returns and, if the attempt failed, releases it there: the release can
-	// never overtake the acquisition, even on a node that answered too late.
+	// returns. If the attempt failed, it releases the acquisition there. If
+	// the attempt succeeded before this node answered, and the holding is
+	// already being released by the time it does, it releases this late grant
+	// (the holding's own release may have reached the node first). Either way
+	// the release is sent after the node's acquisition ended, so it can never
+	// be overtaken by it.
 	decided := make(chan struct{})
-	var failed bool // written before decided is closed
+	var failed bool               // written before decided is closed
+	var res []nodeResult[[]int64] // the answers the verdict used; written before decided is closed
+	fl := &rlFlight{pending: len(r.nodes)}
 	released := make(chan int, len(r.nodes))
 	release := func(i int, x nodeResult[[]int64]) {
 		<-decided
-		if !failed || (x.err == nil && len(x.v) == 2 && x.v[0] == 0) {
-			return // held, or refused (nothing of this attempt is on the node)
+		refused := x.err == nil && len(x.v) == 2 && x.v[0] == 0 // nothing of this attempt is on the node
+		if !failed {
+			late := !res[i].done
+			if fl.landed(r, acq) && late && !refused {
+				r.releaseOn(ctx, i, key, owner, acq, timeout)
+			}
+			return
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
-		redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+		if !refused {
+			r.releaseOn(ctx, i, key, owner, acq, timeout)
+		}
 		released <- i
 	}
 	start := time.Now()
-	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+	res = fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
 		return redlockAcquireScript.Run(ctx, rdb, []string{key}, owner, acq, px.Milliseconds()).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
@@ -304,6 +316,9 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	e := r.opError("lock", name)
 	if n := granted(res); n >= r.quorum {
 		if elapsed < span {
+			r.mu.Lock()
+			r.flights[acq] = fl
+			r.mu.Unlock()
 			close(decided)
 			hcfg := cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
@@ -344,6 +359,50 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		}
 	}
 	return nil, e
+}
+
+// releaseOn releases acquisition acq on node i, whatever ctx's state.
+func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, timeout time.Duration) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+}
+
+// rlFlight follows the node calls of a granted attempt that were still
+// running when the attempt returned (it returns as soon as a quorum granted).
+type rlFlight struct {
+	mu        sync.Mutex // guards the fields below
+	pending   int        // node calls not yet returned
+	releasing bool       // the holding is being released: late grants must be undone
+}
+
+// landed records that one node call of the granted attempt acq returned, and
+// reports whether its grant, if any, must be undone.
+func (f *rlFlight) landed(r *Redlock, acq string) (undo bool) {
+	f.mu.Lock()
+	f.pending--
+	undo, last := f.releasing, f.pending == 0
+	f.mu.Unlock()
+	if last {
+		r.mu.Lock()
+		delete(r.flights, acq)
+		r.mu.Unlock()
+	}
+	return undo
+}
+
+// releasing marks the holding with acquisition acq as being released, before
+// its release is sent: a node call of its attempt that returns from now on
+// undoes its own grant. It must be called before the release is sent.
+func (r *Redlock) releasing(acq string) {
+	r.mu.Lock()
+	f := r.flights[acq]
+	r.mu.Unlock()
+	if f != nil {
+		f.mu.Lock()
+		f.releasing = true
+		f.mu.Unlock()
+	}
 }
 
 // errPending is the cause recorded for a node whose answer was still

@@ -20,6 +20,7 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
+	r.releasing(acq)
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
 			return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
@@ -157,6 +158,7 @@ func (r *Redlock) releaseInBackground(h *held) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
+	r.releasing(acq)
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
