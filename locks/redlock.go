@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
@@ -79,9 +80,9 @@ type Redlock struct {
 	cfg    config
 	ren    *renewer
 
-	mu       sync.Mutex           // guards closed and flights, and orders inflight.Add before Close's Wait
-	closed   bool                 //
-	flights  map[string]*rlFlight // granted acquisitions with node calls still running, by acquisition id
+	mu       sync.Mutex           // guards closed and flights; orders inflight.Add before Close's Wait
+	closed   bool                 // Close was called
+	flights  map[string]*rlFlight // granted attempts with node calls still running, by acquisition id
 	inflight sync.WaitGroup       // node calls still running, some abandoned by their caller
 }
 
@@ -107,7 +108,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
 	seen := map[string]int{}
 	for i, c := range clients {
-		if c == nil {
+		if c == nil || isNilPointer(c) {
 			return nil, invalid("Redlock client %d is nil", i)
 		}
 		name, id := nodeIdentity(i, c)
@@ -119,6 +120,11 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 	}
 	r.ren = newRenewer(r.renewBatch)
 	return r, nil
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 func redlockValidate(cfg *config) error {
@@ -224,6 +230,12 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
+	if err := ctx.Err(); err != nil {
+		e := r.opError("lock", name)
+		e.Err = err
+		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		return nil, e
+	}
 	fail := func(e *RedlockError, attempts int) (*Lock, error) {
 		e.Attempts, e.Waited = attempts, time.Since(start)
 		if err := ctx.Err(); err != nil && !errors.Is(e.Err, err) {
