@@ -95,6 +95,7 @@ func restartNow(t *testing.T) func(*redistest.Server) {
 // a quorum with it while A still holds the lock. This is the failure the
 // restart rule (documented on Redlock) exists to prevent.
 func TestRedlockRestartEmptyDoubleGrant(t *testing.T) {
+	t.Parallel() // waits on processes and timers more than on the CPU
 	a, b, servers := restartPair(t, nil, locks.WithLease(10*time.Second), locks.WithNodeTimeout(200*time.Millisecond))
 	if double, err := restartRun(t, a, b, servers[2], "rl:restart:empty", restartNow(t), nil, 2*time.Second); !double {
 		t.Fatalf("no double grant after an immediate empty restart (B: %v): the control did not reproduce", err)
@@ -103,6 +104,7 @@ func TestRedlockRestartEmptyDoubleGrant(t *testing.T) {
 
 // With appendfsync always the restarted node still has A's grant: no double grant.
 func TestRedlockRestartAppendFsyncAlways(t *testing.T) {
+	t.Parallel() // waits on processes and timers more than on the CPU
 	a, b, servers := restartPair(t, []redistest.Option{redistest.AppendFsyncAlways()},
 		locks.WithLease(10*time.Second), locks.WithNodeTimeout(200*time.Millisecond))
 	node2 := servers[2].Client()
@@ -129,6 +131,7 @@ func TestRedlockRestartAppendFsyncAlways(t *testing.T) {
 // A node kept down for at least the lease comes back after every grant it
 // took part in has expired: no double grant.
 func TestRedlockRestartDelayed(t *testing.T) {
+	t.Parallel() // waits on processes and timers more than on the CPU
 	const lease = 100 * time.Millisecond
 	// A fixed lease: A sends nothing to node 2 while it is down, so go-redis's
 	// dial circuit breaker (open after repeated dial errors, probed once a

