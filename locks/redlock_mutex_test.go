@@ -22,16 +22,16 @@ import (
 // The mutual-exclusion test re-executes the test binary as child processes,
 // each running TestRedlockHelperProcess with these variables set.
 const (
-	childEnv      = "CG_REDLOCK_CHILD"   // "1" in a child
-	childAddrsEnv = "CG_REDLOCK_ADDRS"   // the nodes, comma-separated
-	childFileEnv  = "CG_REDLOCK_COUNTER" // the shared counter file
-	childItersEnv = "CG_REDLOCK_ITERS"   // acquisitions per goroutine
+	rlChildEnv      = "CG_REDLOCK_CHILD"   // "1" in a child
+	rlChildAddrsEnv = "CG_REDLOCK_ADDRS"   // the nodes, comma-separated
+	rlChildFileEnv  = "CG_REDLOCK_COUNTER" // the shared counter file
+	rlChildItersEnv = "CG_REDLOCK_ITERS"   // acquisitions per goroutine
 )
 
 const (
-	mutexProcs      = 3
-	mutexGoroutines = 8
-	mutexIters      = 10
+	rlMutexProcs      = 3
+	rlMutexGoroutines = 8
+	rlMutexIters      = 10
 )
 
 // 3 processes × 8 goroutines increment a counter kept in a file by a
@@ -39,7 +39,7 @@ const (
 // two holders loses an increment (or reads a half-written file), so the final
 // count is exact only if the lock excluded every time.
 func TestRedlockMutualExclusionProcesses(t *testing.T) {
-	if os.Getenv(childEnv) != "" {
+	if os.Getenv(rlChildEnv) != "" {
 		t.Skip("in a child process")
 	}
 	t.Parallel()
@@ -55,21 +55,21 @@ func TestRedlockMutualExclusionProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	outs := make([][]byte, mutexProcs)
-	errs := make([]error, mutexProcs)
+	outs := make([][]byte, rlMutexProcs)
+	errs := make([]error, rlMutexProcs)
 	done := 0 // increments the children report having made
-	for p := range mutexProcs {
+	for p := range rlMutexProcs {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRedlockHelperProcess$", "-test.count=1")
-		cmd.Env = append(os.Environ(), childEnv+"=1", childAddrsEnv+"="+strings.Join(addrs, ","),
-			childFileEnv+"="+counter, childItersEnv+"="+strconv.Itoa(mutexIters))
+		cmd.Env = append(os.Environ(), rlChildEnv+"=1", rlChildAddrsEnv+"="+strings.Join(addrs, ","),
+			rlChildFileEnv+"="+counter, rlChildItersEnv+"="+strconv.Itoa(rlMutexIters))
 		wg.Go(func() { outs[p], errs[p] = cmd.CombinedOutput() })
 	}
 	wg.Wait()
-	for p := range mutexProcs {
+	for p := range rlMutexProcs {
 		if errs[p] != nil {
 			t.Errorf("child %d: %v\n%s", p, errs[p], outs[p])
 		}
-		_, n, _ := strings.Cut(string(outs[p]), incrementsMark)
+		_, n, _ := strings.Cut(string(outs[p]), rlIncrementsMark)
 		n, _, _ = strings.Cut(n, "\n")
 		k, err := strconv.Atoi(n)
 		if err != nil {
@@ -77,7 +77,7 @@ func TestRedlockMutualExclusionProcesses(t *testing.T) {
 		}
 		done += k
 	}
-	if want := mutexProcs * mutexGoroutines * mutexIters; done != want {
+	if want := rlMutexProcs * rlMutexGoroutines * rlMutexIters; done != want {
 		t.Errorf("children made %d increments, want %d", done, want)
 	}
 	b, err := os.ReadFile(counter)
@@ -92,13 +92,13 @@ func TestRedlockMutualExclusionProcesses(t *testing.T) {
 // TestRedlockHelperProcess is the body of one child process of
 // TestRedlockMutualExclusionProcesses; it does nothing in a normal run.
 func TestRedlockHelperProcess(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
+	if os.Getenv(rlChildEnv) != "1" {
 		t.Skip("helper for TestRedlockMutualExclusionProcesses")
 	}
-	iters, _ := strconv.Atoi(os.Getenv(childItersEnv))
-	file := os.Getenv(childFileEnv)
+	iters, _ := strconv.Atoi(os.Getenv(rlChildItersEnv))
+	file := os.Getenv(rlChildFileEnv)
 	var clients []redis.UniversalClient
-	for _, a := range strings.Split(os.Getenv(childAddrsEnv), ",") {
+	for _, a := range strings.Split(os.Getenv(rlChildAddrsEnv), ",") {
 		c := redis.NewClient(&redis.Options{Addr: a, ContextTimeoutEnabled: true, MaxRetries: -1})
 		defer c.Close()
 		clients = append(clients, c)
@@ -112,11 +112,11 @@ func TestRedlockHelperProcess(t *testing.T) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var done atomic.Int64
-	errs := make(chan error, mutexGoroutines*iters)
-	for range mutexGoroutines {
+	errs := make(chan error, rlMutexGoroutines*iters)
+	for range rlMutexGoroutines {
 		wg.Go(func() {
 			for range iters {
-				if err := incrementUnder(ctx, r, file, &done); err != nil {
+				if err := rlIncrementUnder(ctx, r, file, &done); err != nil {
 					errs <- err
 					return
 				}
@@ -125,20 +125,20 @@ func TestRedlockHelperProcess(t *testing.T) {
 	}
 	wg.Wait()
 	close(errs)
-	fmt.Printf("%s%d\n", incrementsMark, done.Load())
+	fmt.Printf("%s%d\n", rlIncrementsMark, done.Load())
 	for err := range errs {
 		t.Error(err)
 	}
 }
 
-// incrementsMark precedes, in a child's output, the number of increments it made.
-const incrementsMark = "redlock-child-increments="
+// rlIncrementsMark precedes, in a child's output, the number of increments it made.
+const rlIncrementsMark = "redlock-child-increments="
 
-// incrementUnder adds one to the number in file, non-atomically, holding the
+// rlIncrementUnder adds one to the number in file, non-atomically, holding the
 // lock, and counts the write in done. A failed Unlock (its outcome unknown
 // after node timeouts, on a loaded machine) is logged, not fatal: the lock
 // then ends with its lease.
-func incrementUnder(ctx context.Context, r *locks.Redlock, file string, done *atomic.Int64) error {
+func rlIncrementUnder(ctx context.Context, r *locks.Redlock, file string, done *atomic.Int64) error {
 	lk, err := r.Lock(ctx, "rl:mutex:counter")
 	if err != nil {
 		return err

@@ -23,10 +23,10 @@ type redlockSet struct {
 	admin   []*redis.Client
 }
 
-// nodeClient is how the tests connect to a Redlock node, as NewRedlock's doc
+// rlNodeClient is how the tests connect to a Redlock node, as NewRedlock's doc
 // recommends: context deadlines reach the socket, and no client-side retries
 // (of commands, or of dials to a server that is down).
-func nodeClient(s *redistest.Server) *redis.Client {
+func rlNodeClient(s *redistest.Server) *redis.Client {
 	return s.Client(func(o *redis.Options) {
 		o.ContextTimeoutEnabled = true
 		o.MaxRetries = -1
@@ -45,7 +45,7 @@ func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.Option) 
 	set := &redlockSet{servers: servers}
 	clients := make([]redis.UniversalClient, len(servers))
 	for i, s := range servers {
-		c := nodeClient(s)
+		c := rlNodeClient(s)
 		c.Ping(context.Background()) // connect now: the first dial is not what tests time
 		clients[i] = c
 		set.admin = append(set.admin, s.Client())
@@ -97,9 +97,9 @@ func (s *redlockSet) addrs(nodes ...int) []string {
 	return out
 }
 
-func sortedAddrs(s *redlockSet, nodes ...int) []string { return sorted(s.addrs(nodes...)) }
+func rlSortedAddrs(s *redlockSet, nodes ...int) []string { return rlSorted(s.addrs(nodes...)) }
 
-func countEmpty(xs []string) int {
+func rlCountEmpty(xs []string) int {
 	n := 0
 	for _, x := range xs {
 		if x == "" {
@@ -109,13 +109,13 @@ func countEmpty(xs []string) int {
 	return n
 }
 
-func sorted(xs []string) []string {
+func rlSorted(xs []string) []string {
 	xs = slices.Clone(xs)
 	slices.Sort(xs)
 	return xs
 }
 
-func failedAddrs(e *locks.RedlockError) []string {
+func rlFailedAddrs(e *locks.RedlockError) []string {
 	var out []string
 	for _, f := range e.Failed {
 		out = append(out, f.Addr)
@@ -177,7 +177,7 @@ func TestRedlockLockUnlock(t *testing.T) {
 	}
 	all := []int{0, 1, 2, 3, 4}
 	// TryLock returns at the quorum; the last grants land just after.
-	eventually(t, 2*time.Second, "lock on every node", func() bool {
+	rlEventually(t, 2*time.Second, "lock on every node", func() bool {
 		return !slices.Contains(s.owners(t, "rl:basic", all...), "")
 	})
 
@@ -186,7 +186,7 @@ func TestRedlockLockUnlock(t *testing.T) {
 	if !errors.Is(err, locks.ErrNotObtained) || !errors.As(err, &re) {
 		t.Fatalf("second TryLock: %v, want a RedlockError matching ErrNotObtained", err)
 	}
-	if !slices.Equal(sorted(re.Refused), sortedAddrs(s, all...)) || len(re.Granted) != 0 || len(re.Failed) != 0 {
+	if !slices.Equal(rlSorted(re.Refused), rlSortedAddrs(s, all...)) || len(re.Granted) != 0 || len(re.Failed) != 0 {
 		t.Fatalf("want every node refusing, got %v", re)
 	}
 
@@ -253,7 +253,7 @@ func TestRedlockThreeOfFiveKilled(t *testing.T) {
 	if re.Attempts < 2 {
 		t.Errorf("Lock made %d attempts in %v, want retries", re.Attempts, took)
 	}
-	if got, want := failedAddrs(re), sortedAddrs(s, 0, 2, 4); !slices.Equal(got, want) {
+	if got, want := rlFailedAddrs(re), rlSortedAddrs(s, 0, 2, 4); !slices.Equal(got, want) {
 		t.Errorf("failed nodes %v, want %v (error: %v)", got, want, err)
 	}
 	for _, f := range re.Failed {
@@ -261,7 +261,7 @@ func TestRedlockThreeOfFiveKilled(t *testing.T) {
 			t.Errorf("node %s failed without a cause", f.Addr)
 		}
 	}
-	if !slices.Equal(sorted(re.Granted), sortedAddrs(s, 1, 3)) {
+	if !slices.Equal(rlSorted(re.Granted), rlSortedAddrs(s, 1, 3)) {
 		t.Errorf("granted %v, want the live nodes", re.Granted)
 	}
 	for _, i := range []int{1, 3} {
@@ -303,7 +303,7 @@ func TestRedlockPreheldSubsets(t *testing.T) {
 			if !errors.As(err, &re) || !errors.Is(err, locks.ErrNotObtained) {
 				t.Fatalf("mask %05b: %v", mask, err)
 			}
-			if !slices.Equal(sorted(re.Refused), sortedAddrs(s, held...)) || !slices.Equal(sorted(re.Granted), sortedAddrs(s, free...)) {
+			if !slices.Equal(rlSorted(re.Refused), rlSortedAddrs(s, held...)) || !slices.Equal(rlSorted(re.Granted), rlSortedAddrs(s, free...)) {
 				t.Errorf("mask %05b: granted %v refused %v", mask, re.Granted, re.Refused)
 			}
 		}
@@ -388,8 +388,8 @@ func TestRedlockLeaseShorterThanQuorumTime(t *testing.T) {
 	}
 }
 
-// eventually polls cond until it holds, for at most d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+// rlEventually polls cond until it holds, for at most d.
+func rlEventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -400,8 +400,8 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// waitClosed waits for ch to close, for at most d.
-func waitClosed(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+// rlWaitClosed waits for ch to close, for at most d.
+func rlWaitClosed(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 	t.Helper()
 	select {
 	case <-ch:
@@ -431,8 +431,8 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 		case <-time.After(lease):
 		}
 		s.servers[2].Kill()
-		waitClosed(t, lk.Lost(), 3*lease, "Lost")
-		waitClosed(t, lk.Context().Done(), time.Second, "Context")
+		rlWaitClosed(t, lk.Lost(), 3*lease, "Lost")
+		rlWaitClosed(t, lk.Context().Done(), time.Second, "Context")
 		if lk.TTL() != 0 {
 			t.Fatalf("TTL %v after loss", lk.TTL())
 		}
@@ -449,7 +449,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 		for _, i := range []int{2, 3, 4} {
 			s.admin[i].Del(ctx, rlKey("rl:lost:keys"))
 		}
-		waitClosed(t, lk.Lost(), 3*lease, "Lost")
+		rlWaitClosed(t, lk.Lost(), 3*lease, "Lost")
 	})
 }
 
@@ -469,7 +469,7 @@ func TestRedlockRenewal(t *testing.T) {
 	}
 	// Renewal only extends: a node whose key lapsed (say, one slow answer too
 	// many) is not taken again, so a quorum is what is guaranteed.
-	if o := s.owners(t, "rl:renew", 0, 1, 2, 3, 4); 5-countEmpty(o) < s.r.Quorum() {
+	if o := s.owners(t, "rl:renew", 0, 1, 2, 3, 4); 5-rlCountEmpty(o) < s.r.Quorum() {
 		t.Fatalf("lock on fewer than a quorum of nodes after renewals: %q", o)
 	}
 	if err := lk.Unlock(ctx); err != nil {
@@ -511,7 +511,7 @@ func TestRedlockExtend(t *testing.T) {
 	if err := lk.Extend(ctx, 5*time.Second); !errors.Is(err, locks.ErrNotHeld) {
 		t.Fatalf("Extend with 2 of 5: %v, want ErrNotHeld", err)
 	}
-	waitClosed(t, lk.Lost(), time.Second, "Lost")
+	rlWaitClosed(t, lk.Lost(), time.Second, "Lost")
 }
 
 func TestRedlockReentry(t *testing.T) {
@@ -587,7 +587,7 @@ func TestRedlockClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.r.Close()
-	waitClosed(t, lk.Lost(), time.Second, "Lost after Close")
+	rlWaitClosed(t, lk.Lost(), time.Second, "Lost after Close")
 	if _, err := s.r.TryLock(ctx, "rl:close2"); !errors.Is(err, locks.ErrClosed) {
 		t.Fatalf("TryLock after Close: %v", err)
 	}
