@@ -20,9 +20,9 @@ var (
 	//go:embed redlock_extend.lua
 	redlockExtendLua string
 
-	redlockAcquireScript = redis.NewScript(redlockAcquireLua)
-	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
-	redlockExtendScript  = redis.NewScript(redlockExtendLua)
+	redlockAcquireS     = newScript(redlockAcquireLua)
+	redlockReleaseS     = newScript(redlockReleaseLua)
+	redlockExtendScript = redis.NewScript(redlockExtendLua) // run in pipelines: EVALSHA, then SCRIPT LOAD on NOSCRIPT
 )
 
 var _ Locker = (*Redlock)(nil)
@@ -319,13 +319,14 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		}
 		released <- i
 	}
+	keyv, pxms := []any{key}, px.Milliseconds()
 	start := time.Now()
 	res = fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		return redlockAcquireScript.Run(ctx, rdb, []string{key}, owner, acq, px.Milliseconds()).Int64Slice()
+		return redlockAcquireS.run(ctx, rdb, keyv, owner, acq, pxms).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 
-	e := r.opError("lock", name)
+	var noValidity error
 	if n := granted(res); n >= r.quorum {
 		if elapsed < span {
 			r.mu.Lock()
@@ -336,10 +337,12 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
 			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start), nil
 		}
-		e.Err = ErrNoValidity
+		noValidity = ErrNoValidity
 	}
 	failed = true
 	close(decided)
+	e := r.opError("lock", name)
+	e.Err = noValidity
 	waitFor := make([]bool, len(r.nodes)) // the granting nodes: they answered just now, so the caller waits for their release
 	pending := 0
 	for i, x := range res {
@@ -377,7 +380,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+	redlockReleaseS.run(rctx, r.nodes[i].rdb, []any{key}, owner, acq)
 }
 
 // rlFlight follows the node calls of a granted attempt that were still

@@ -20,29 +20,38 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
+	keyv := []any{key}
 	r.releasing(acq)
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-			return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+			return redlockReleaseS.run(ctx, rdb, keyv, h.owner, acq).Int64()
 		}, nil, nil)
+	confirmed, failed, remaining := 0, 0, int64(0)
+	for _, x := range res {
+		switch {
+		case x.err != nil:
+			failed++
+		case x.v >= 0:
+			confirmed++
+			remaining = max(remaining, x.v)
+		}
+	}
+	switch {
+	case confirmed >= r.quorum:
+		return remaining, nil
+	case confirmed+failed < r.quorum:
+		return -1, nil
+	}
 	e := r.opError("unlock", h.name)
-	remaining := int64(0)
 	for i, x := range res {
 		switch {
 		case x.err != nil:
 			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: x.err})
 		case x.v >= 0:
 			e.Granted = append(e.Granted, r.nodes[i].name)
-			remaining = max(remaining, x.v)
 		default:
 			e.Refused = append(e.Refused, r.nodes[i].name)
 		}
-	}
-	switch {
-	case len(e.Granted) >= r.quorum:
-		return remaining, nil
-	case len(e.Granted)+len(e.Failed) < r.quorum:
-		return -1, nil
 	}
 	e.Err = ctx.Err()
 	return 0, e
@@ -186,7 +195,7 @@ func (r *Redlock) releaseInBackground(h *held) {
 		defer r.inflight.Done()
 		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 			func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-				return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+				return redlockReleaseS.run(ctx, rdb, []any{key}, h.owner, acq).Int64()
 			}, nil, nil)
 	}()
 }
