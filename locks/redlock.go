@@ -40,15 +40,18 @@ var _ Locker = (*Redlock)(nil)
 // taken on the local monotonic clock. The lock is granted when a quorum
 // granted it and validity = lease − elapsed − drift is still positive, where
 // drift = lease×1% + 2ms (WithDrift): Lock.TTL counts down that validity, not
-// the lease. An attempt that fails, including one that reached a quorum too
-// late (ErrNoValidity), is released on every node, and Lock retries it after
-// a random delay (between half and all of a tenth of the lease, capped at
-// 250ms) until its wait budget or context ends. Failures are *RedlockError values
-// that name the nodes that granted, refused and failed, and match
+// the lease. An attempt returns as soon as a quorum granted it (the other
+// nodes' answers land just after). An attempt that fails, including one that
+// reached a quorum too late (ErrNoValidity), is released on every node that
+// did not refuse it, and Lock retries it after a random delay (between half
+// and all of a tenth of the lease, capped at 250ms) until its wait budget or
+// context ends. Failures are *RedlockError values that name the nodes that
+// granted, refused and failed, and match
 // ErrNotObtained. Renewal in the background and Lock.Extend also need a quorum
 // within the remaining validity; Lost closes when a quorum can no longer be
 // renewed in time. On a Redlock lock, Extend(ctx, d) makes d the new validity:
-// the keys get d plus the drift allowance.
+// the keys get d plus the drift allowance. Reentrancy by owner (WithOwner)
+// works as on a Client: each acquisition is its own hold on every node.
 //
 // Use an odd number of servers, 3 or 5. With an even N the quorum N/2+1 needs
 // the same number of live servers as N+1 would, so the extra server adds
@@ -69,11 +72,14 @@ var _ Locker = (*Redlock)(nil)
 // appendfsync always, or keep a crashed server down for at least the longest
 // lease in use before it rejoins.
 //
-// Clients: give each node's client ContextTimeoutEnabled: true so that the
+// Clients: give each node's client ContextTimeoutEnabled: true, so that the
 // per-node timeout also ends the socket wait (otherwise a stalled node's call
 // is abandoned by the attempt and finishes on the client's ReadTimeout; Close
-// waits for it), and a small MaxRetries, since a retry has to fit in the
-// per-node timeout anyway.
+// waits for it), and small MaxRetries and DialerRetries, since retries have to
+// fit in the per-node timeout anyway. The first call to a node also dials it:
+// a node timeout shorter than a dial fails the first attempt. A node that did
+// not answer in time may still apply the acquisition later; the attempt's
+// release follows it, and at worst the stray grant expires with the lease.
 type Redlock struct {
 	nodes  []rlNode
 	quorum int

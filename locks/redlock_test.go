@@ -554,6 +554,11 @@ func TestRedlockLockWaitsAndContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	done, stop := context.WithCancel(bg)
+	stop()
+	if _, err := s.r.Lock(done, "rl:ctx-ended"); !errors.Is(err, context.Canceled) || !errors.Is(err, locks.ErrNotObtained) {
+		t.Fatalf("Lock with an ended context: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
 	defer cancel()
 	_, err = s.r.Lock(ctx, "rl:ctx")
