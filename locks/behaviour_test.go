@@ -26,7 +26,7 @@ func within(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 	}
 }
 
-// rleventually polls cond every 10ms until it holds, failing after d.
+// eventually polls cond every 10ms until it holds, failing after d.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
