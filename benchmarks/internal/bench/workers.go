@@ -150,10 +150,12 @@ func (w *contendedWorker) Run(ctx context.Context) Report {
 			var mine []Acq
 			for time.Now().Before(end) {
 				t0 := time.Now()
+				// actx stays alive while the lock is held: rueidislock's lock
+				// ends with the context it was taken with.
 				actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				h, err := w.m.Acquire(actx, w.j.Key)
-				cancel()
 				if err != nil {
+					cancel()
 					e.add(err)
 					continue
 				}
@@ -163,6 +165,7 @@ func (w *contendedWorker) Run(ctx context.Context) Report {
 				if err := h.Release(ctx); err != nil {
 					e.add(err)
 				}
+				cancel()
 				mine = append(mine, Acq{Wait: int64(grant.Sub(t0)), Grant: grant.UnixNano(), Release: rel.UnixNano()})
 			}
 			acqs[g] = mine

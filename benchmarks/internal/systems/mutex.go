@@ -103,7 +103,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 		l, err := rueidislock.NewLocker(rueidislock.LockerOption{
 			ClientOption:   rueidis.ClientOption{InitAddress: []string{cfg.Addrs[0]}},
 			KeyValidity:    cfg.Lease,
-			NoLoopTracking: true, // Redis ≥ 7.0.5: its documented faster setting
+			NoLoopTracking: true, // its documented faster setting for Redis ≥ 7.0.5
 			ClientBuilder: func(o rueidis.ClientOption) (rueidis.Client, error) {
 				c, err := rueidis.NewClient(o)
 				if err != nil || cfg.Counter == nil {
@@ -268,3 +268,16 @@ func (m *rawMutex) Acquire(ctx context.Context, name string) (Held, error) {
 }
 
 func (m *rawMutex) Close() error { return m.rdb.Close() }
+
+// Available reports whether the named system (mutex or cache) can run on this
+// branch: ErrNotMerged for cacheguard systems whose code is not merged yet.
+func Available(name string) error {
+	switch name {
+	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX,
+		Naive, RawGetDecode, Singleflight, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis:
+		return nil
+	case Redlock, Guard, GuardStale:
+		return fmt.Errorf("%s: %w", name, ErrNotMerged)
+	}
+	return fmt.Errorf("systems: unknown system %q", name)
+}
