@@ -6,6 +6,8 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -26,13 +28,13 @@ var palette = []color.RGBA{
 
 // cdfChart draws, for each series, the share of samples at or below each
 // latency (log scale), and saves it as a PNG.
-func cdfChart(path, title, xlabel string, order []string, samples map[string][]float64) error {
+func cdfChart(path, title, xlabel, ylabel string, order []string, samples map[string][]float64) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xlabel
-	p.Y.Label.Text = "share of requests ≤ x"
+	p.Y.Label.Text = ylabel
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.X.Tick.Marker = ticks125{}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Legend.Top = false
 	p.Legend.Left = false
@@ -58,6 +60,9 @@ func cdfChart(path, title, xlabel string, order []string, samples map[string][]f
 		}
 		l.Color = palette[i%len(palette)]
 		l.Width = vg.Points(1.5)
+		if strings.HasPrefix(name, "cacheguard") {
+			l.Width = vg.Points(3)
+		}
 		if i >= len(palette) {
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
 		}
@@ -78,7 +83,7 @@ func (r *Results) Charts(dir string) ([]string, error) {
 	var out []string
 	if t := r.Table("stampede"); t != nil {
 		p := filepath.Join(dir, "stampede-latency.png")
-		if err := cdfChart(p, "Stampede: request latency on a cold key (all reps pooled)", "latency (ms, log scale)",
+		if err := cdfChart(p, "Stampede: request latency on a cold key (all reps pooled)", "latency (ms, log scale)", "share of requests ≤ x",
 			rowOrder(t), r.StampedeLat); err != nil {
 			return out, err
 		}
@@ -86,7 +91,7 @@ func (r *Results) Charts(dir string) ([]string, error) {
 	}
 	if t := r.Table("contended"); t != nil {
 		p := filepath.Join(dir, "contended-wait.png")
-		if err := cdfChart(p, "Contended lock: wait for the lock (all reps pooled)", "wait (ms, log scale)",
+		if err := cdfChart(p, "Contended lock: wait for the lock (all reps pooled)", "wait (ms, log scale)", "share of acquisitions ≤ x",
 			rowOrder(t), r.ContendedWait); err != nil {
 			return out, err
 		}
@@ -101,4 +106,26 @@ func rowOrder(t *Table) []string {
 		names = append(names, r.System)
 	}
 	return names
+}
+
+// ticks125 marks 1, 2 and 5 times each power of ten on a log axis, labelled.
+type ticks125 struct{}
+
+func (ticks125) Ticks(lo, hi float64) []plot.Tick {
+	var out []plot.Tick
+	for p := math.Floor(math.Log10(lo)); math.Pow(10, p) <= hi; p++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, p)
+			if v < lo || v > hi {
+				continue
+			}
+			out = append(out, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+		}
+		for m := 3.0; m < 10; m++ {
+			if v := m * math.Pow(10, p); m != 5 && v >= lo && v <= hi {
+				out = append(out, plot.Tick{Value: v}) // minor
+			}
+		}
+	}
+	return out
 }
