@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,9 +58,10 @@ type Client struct {
 	ren *renewer
 	pub string // PUBLISH or SPUBLISH (cluster)
 
-	mu     sync.Mutex       // guards gates, closed
-	gates  map[string]*gate // per lock key: one waiting caller per process in default mode
-	closed bool
+	closed atomic.Bool
+
+	mu    sync.Mutex       // guards gates
+	gates map[string]*gate // per lock key: one waiting caller per process in default mode
 }
 
 // New returns a Client on rdb with the given defaults. It panics with a
@@ -90,13 +92,9 @@ func (c *Client) MonotonicFences() bool { return true }
 // stop being renewed and count as lost (their Lost channels close); they expire
 // in Redis when their lease ends. Close does not close rdb.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
+	if c.closed.Swap(true) {
 		return nil
 	}
-	c.closed = true
-	c.mu.Unlock()
 	c.ren.close()
 	c.hub.Close()
 	return nil
@@ -143,10 +141,7 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	if err := cfg.validate(); err != nil {
 		return config{}, err
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
+	if c.closed.Load() {
 		return config{}, ErrClosed
 	}
 	return cfg, nil
@@ -256,7 +251,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, args []any, owner
 
 func (c *Client) releaseRaw(ctx context.Context, ks []string, owner string, cfg config, mine string) (int64, error) {
 	return releaseScript.Run(ctx, c.rdb, ks, owner, cfg.fenceRetention.Milliseconds(),
-		channel(cfg.prefix, nameOf(ks)), c.pub, mine).Int64()
+		channel(cfg.prefix, nameOf(ks)), c.pub, mine, placeTTL.Milliseconds()).Int64()
 }
 
 // nameOf recovers the lock name from its hash-tagged key.
@@ -288,7 +283,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	// waiting for the name (then the attempt would only fail) or fair mode
 	// (where the first attempt must also queue).
 	var g *gate
-	if !cfg.fair {
+	if wait && !cfg.fair {
 		g = c.gate(ks[0])
 		defer c.ungate(ks[0], g)
 	}
@@ -324,9 +319,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer sub.Close()
 
 	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10)
-	timer := time.NewTimer(0)
+	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	<-timer.C
 	var pttl time.Duration
 	for {
 		sent := time.Now()
@@ -355,10 +349,15 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 				goto wait // a hand-off to somebody else
 			}
 			fence, _ := strconv.ParseUint(f, 10, 64)
-			if !timer.Stop() {
-				<-timer.C
+			// A hand-off comes with a short claim lease; the renewer restores
+			// the full lease at its first turn (a fixed lease is set at once).
+			claim := min(cfg.lease, placeTTL)
+			if !cfg.renew && claim < cfg.lease {
+				if _, err := c.extend(wctx, &held{keys: ks, owner: owner}, cfg.lease); err == nil {
+					claim = cfg.lease
+				}
 			}
-			return c.granted(name, ks, owner, fence, cfg, sent, start), nil
+			return c.grantedFirst(name, ks, owner, fence, cfg, sent, start, claim), nil
 		case <-timer.C:
 		case <-wctx.Done():
 			c.withdraw(ctx, ks, owner, cfg, member)
@@ -380,7 +379,11 @@ func (c *Client) withdraw(ctx context.Context, ks []string, owner string, cfg co
 }
 
 func (c *Client) granted(name string, ks []string, owner string, fence uint64, cfg config, sent, start time.Time) *Lock {
-	h := newHeld(c, name, ks, owner, fence, cfg, sent)
+	return c.grantedFirst(name, ks, owner, fence, cfg, sent, start, cfg.lease)
+}
+
+func (c *Client) grantedFirst(name string, ks []string, owner string, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
+	h := newHeldFirst(c, name, ks, owner, fence, cfg, sent, first)
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: fence})
 	return &Lock{h: h}
 }
