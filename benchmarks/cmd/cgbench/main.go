@@ -30,6 +30,7 @@ func run() int {
 		out   = flag.String("out", "", "directory for RESULTS.md and results/ (default: the benchmarks module, or out/quick with -quick)")
 		reps  = flag.Int("reps", 0, "repetitions per system (default 5, 2 with -quick)")
 		only  = flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ","))
+		syss  = flag.String("systems", "", "comma-separated substrings: run only the systems whose name contains one")
 		label = flag.String("command", "", "the command to record in RESULTS.md (default: this command line)")
 	)
 	flag.Parse()
@@ -44,6 +45,11 @@ func run() int {
 			return 2
 		}
 		cfg.Only[s] = true
+	}
+	for s := range strings.SplitSeq(*syss, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Systems = append(cfg.Systems, s)
+		}
 	}
 	mod := moduleDir()
 	cfg.MicroDir = mod

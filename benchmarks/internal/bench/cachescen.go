@@ -31,10 +31,15 @@ func (e *env) burst(ctx context.Context, system string, procs, g int) (burst, er
 			return burst{}, err
 		}
 	}
+	var settle time.Duration
+	if system == systems.GuardStale {
+		// Requests return at once; the refresh runs in the background.
+		settle = e.s.load + 250*time.Millisecond
+	}
 	jobs := make([]Job, procs)
 	for i := range jobs {
 		jobs[i] = Job{Kind: "stampede", System: system, Addrs: []string{e.addr}, Goroutines: g,
-			Key: key, Load: e.s.load, Retry: e.s.stampRetry}
+			Key: key, Load: e.s.load, Retry: e.s.stampRetry, Settle: settle}
 	}
 	reps, cpu, subs, err := e.measured(ctx, jobs)
 	if err != nil {
@@ -219,7 +224,7 @@ func (e *env) scale(ctx context.Context) error {
 	return nil
 }
 
-var mixSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard}
+var mixSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard, systems.GuardSWR}
 
 func (e *env) mix(ctx context.Context) error {
 	s := e.s

@@ -39,6 +39,9 @@ type Job struct {
 	TTL        time.Duration `json:"ttl,omitempty"`
 	Interval   time.Duration `json:"interval,omitempty"` // mix: time between one goroutine's requests
 	Seed       uint64        `json:"seed,omitempty"`
+	// Settle is how long a stampede worker stays up after its requests
+	// returned, so that background refreshes are done and counted.
+	Settle time.Duration `json:"settle,omitempty"`
 }
 
 // Acq is one acquisition of a contended lock.
@@ -50,13 +53,13 @@ type Acq struct {
 
 // Report is what one worker process measured.
 type Report struct {
-	Ops      int64   `json:"ops"`             // completed operations
-	Lat      []int64 `json:"lat,omitempty"`   // per-operation latency, ns
-	Acqs     []Acq   `json:"acqs,omitempty"`  // contended
-	Loads    int64   `json:"loads"`           // database loads
+	Ops      int64   `json:"ops"`              // completed operations
+	Lat      []int64 `json:"lat,omitempty"`    // per-operation latency, ns
+	Acqs     []Acq   `json:"acqs,omitempty"`   // contended
+	Loads    int64   `json:"loads"`            // database loads
 	LoadAt   []int64 `json:"loadAt,omitempty"` // mix: wall clock of each load start
-	Requests int64   `json:"requests"`        // commands sent to Redis (client side)
-	Mallocs  uint64  `json:"mallocs"`         // heap allocations during the run
+	Requests int64   `json:"requests"`         // commands sent to Redis (client side)
+	Mallocs  uint64  `json:"mallocs"`          // heap allocations during the run
 	Errors   int64   `json:"errors"`
 	FirstErr string  `json:"firstErr,omitempty"`
 	Elapsed  int64   `json:"elapsed"` // ns from GO to the end of the run

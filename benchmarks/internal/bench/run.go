@@ -27,6 +27,9 @@ type Config struct {
 	Long  bool            // the 30 s hot-key mix
 	Reps  int             // repetitions per system (0: 5, or 2 with Quick)
 	Only  map[string]bool // scenarios to run; all when empty
+	// Systems, when set, keeps only the systems whose name contains one of
+	// these substrings (for investigating one system).
+	Systems []string
 	Redis string          // an existing server to use instead of starting one
 	Log   io.Writer       // progress; nil for none
 	// Micro runs `go test -bench` in this directory (the benchmarks module);
@@ -35,6 +38,15 @@ type Config struct {
 }
 
 func (c Config) want(s string) bool { return len(c.Only) == 0 || c.Only[s] }
+
+func (c Config) keep(system string) bool {
+	for _, s := range c.Systems {
+		if strings.Contains(system, s) {
+			return true
+		}
+	}
+	return len(c.Systems) == 0
+}
 
 func (c Config) logf(format string, args ...any) {
 	if c.Log != nil {
@@ -203,6 +215,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
 	var live []string
 	for _, n := range names {
+		if !e.cfg.keep(n) {
+			continue
+		}
 		r := t.Row(n)
 		if err := systems.Available(n); err != nil {
 			r.Skip = "TODO: not merged yet"

@@ -238,7 +238,7 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 	var wg sync.WaitGroup
 	for g := range w.j.Goroutines {
 		wg.Go(func() {
-			rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			t0 := time.Now()
 			v, err := w.c.Get(rctx, w.j.Key, d.load)
@@ -252,6 +252,9 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 		})
 	}
 	wg.Wait()
+	if w.j.Settle > 0 {
+		time.Sleep(w.j.Settle)
+	}
 	return Report{Ops: int64(w.j.Goroutines), Lat: lat, Loads: d.loads.Load(), Requests: w.cnt.Load() - req0,
 		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
 }

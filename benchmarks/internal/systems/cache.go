@@ -10,6 +10,8 @@ import (
 	"github.com/go-redis/cache/v9"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
 // Cache-aside systems. The names are the labels of RESULTS.md.
@@ -23,8 +25,11 @@ const (
 	LockRueidis    = "lock+double-check (rueidislock)"
 	Guard          = "cacheguard (wait)"
 	GuardStale     = "cacheguard (serve-stale, expired key)"
+	GuardSWR       = "cacheguard (serve-stale)"
 	RawGetDecode   = "raw GET + decode"
 	defaultTTLCopy = time.Minute
+	// staleWindow is how long past its TTL the serve-stale systems serve a value.
+	staleWindow = 10 * time.Minute
 )
 
 // Repo is the cached value: a small record, about 300 bytes as JSON.
@@ -99,9 +104,12 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 			return nil, err
 		}
 		return &lockCheck{naive: naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}, mu: m}, nil
-	case Guard, GuardStale:
-		// TODO(cacheguard): cacheguard.Get is on branch `cacheguard`, not merged yet.
-		return nil, fmt.Errorf("%s: %w", name, ErrNotMerged)
+	case Guard:
+		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+	case GuardStale, GuardSWR:
+		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.ServeStale(staleWindow))}, nil
 	}
 	return nil, fmt.Errorf("systems: unknown cache %q", name)
 }
@@ -213,3 +221,30 @@ func (l *lockCheck) Get(ctx context.Context, key string, load Loader) (Repo, err
 }
 
 func (l *lockCheck) Close() error { return errors.Join(l.mu.Close(), l.naive.Close()) }
+
+// --- cacheguard
+
+type guard struct {
+	rdb *redis.Client
+	g   *cacheguard.Guard
+}
+
+func (g *guard) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	return cacheguard.Get(ctx, g.g, key, load)
+}
+
+// PrimeStale stores v with a 1 ms TTL (no jitter, no early refresh) and a
+// stale window, then lets it expire. Nothing reads it before the run: a read
+// of the stale value would start the refresh.
+func (g *guard) PrimeStale(ctx context.Context, key string, v Repo) error {
+	const ttl = time.Millisecond
+	_, err := cacheguard.Get(ctx, g.g, key, func(context.Context) (Repo, error) { return v, nil },
+		cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.ServeStale(staleWindow))
+	if err != nil {
+		return err
+	}
+	time.Sleep(20 * ttl)
+	return nil
+}
+
+func (g *guard) Close() error { return errors.Join(g.g.Close(), g.rdb.Close()) }

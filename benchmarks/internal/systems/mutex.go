@@ -103,7 +103,9 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 		l, err := rueidislock.NewLocker(rueidislock.LockerOption{
 			ClientOption:   rueidis.ClientOption{InitAddress: []string{cfg.Addrs[0]}},
 			KeyValidity:    cfg.Lease,
-			NoLoopTracking: true, // its documented faster setting for Redis ≥ 7.0.5
+			// Its defaults. NoLoopTracking (documented as faster on Redis ≥ 7.0.5)
+			// lost wake-ups here: under the stampede some waiters slept until
+			// their context ended.
 			ClientBuilder: func(o rueidis.ClientOption) (rueidis.Client, error) {
 				c, err := rueidis.NewClient(o)
 				if err != nil || cfg.Counter == nil {
@@ -120,8 +122,20 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
 		return &rawMutex{rdb: rdb, lease: cfg.Lease, retry: cfg.Retry}, nil
 	case Redlock:
-		// TODO(redlock): locks.NewRedlock is on branch `redlock`, not merged yet.
-		return nil, fmt.Errorf("%s: %w", name, ErrNotMerged)
+		m := &redlockMutex{}
+		clients := make([]redis.UniversalClient, 0, len(cfg.Addrs))
+		for _, a := range cfg.Addrs {
+			rdb := NewRedis(a, cfg.Counter)
+			m.rdbs = append(m.rdbs, rdb)
+			clients = append(clients, rdb)
+		}
+		rl, err := locks.NewRedlock(clients, locks.WithLease(cfg.Lease))
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.rl = rl
+		return m, nil
 	}
 	return nil, fmt.Errorf("systems: unknown mutex %q", name)
 }
@@ -149,6 +163,32 @@ func (h locksHeld) Release(ctx context.Context) error { return h.l.Unlock(ctx) }
 func (m *locksMutex) Close() error {
 	m.c.Close()
 	return m.rdb.Close()
+}
+
+// --- cacheguard Redlock
+
+type redlockMutex struct {
+	rl   *locks.Redlock
+	rdbs []*redis.Client
+}
+
+func (m *redlockMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	l, err := m.rl.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return locksHeld{l}, nil
+}
+
+func (m *redlockMutex) Close() error {
+	var errs []error
+	if m.rl != nil {
+		errs = append(errs, m.rl.Close())
+	}
+	for _, r := range m.rdbs {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // --- redsync
@@ -273,11 +313,10 @@ func (m *rawMutex) Close() error { return m.rdb.Close() }
 // branch: ErrNotMerged for cacheguard systems whose code is not merged yet.
 func Available(name string) error {
 	switch name {
-	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX,
-		Naive, RawGetDecode, Singleflight, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis:
+	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
+		Naive, RawGetDecode, Singleflight, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
+		Guard, GuardStale, GuardSWR:
 		return nil
-	case Redlock, Guard, GuardStale:
-		return fmt.Errorf("%s: %w", name, ErrNotMerged)
 	}
 	return fmt.Errorf("systems: unknown system %q", name)
 }
