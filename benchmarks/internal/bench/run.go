@@ -30,8 +30,8 @@ type Config struct {
 	// Systems, when set, keeps only the systems whose name contains one of
 	// these substrings (for investigating one system).
 	Systems []string
-	Redis string          // an existing server to use instead of starting one
-	Log   io.Writer       // progress; nil for none
+	Redis   string    // an existing server to use instead of starting one
+	Log     io.Writer // progress; nil for none
 	// Micro runs `go test -bench` in this directory (the benchmarks module);
 	// the micro scenario is skipped when empty.
 	MicroDir string

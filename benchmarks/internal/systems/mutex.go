@@ -101,8 +101,8 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 			opt: &redislock.Options{RetryStrategy: redislock.LinearBackoff(cfg.Retry)}}, nil
 	case Rueidislock:
 		l, err := rueidislock.NewLocker(rueidislock.LockerOption{
-			ClientOption:   rueidis.ClientOption{InitAddress: []string{cfg.Addrs[0]}},
-			KeyValidity:    cfg.Lease,
+			ClientOption: rueidis.ClientOption{InitAddress: []string{cfg.Addrs[0]}},
+			KeyValidity:  cfg.Lease,
 			// Its defaults. NoLoopTracking (documented as faster on Redis ≥ 7.0.5)
 			// lost wake-ups here: under the stampede some waiters slept until
 			// their context ended.
