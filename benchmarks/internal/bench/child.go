@@ -42,6 +42,8 @@ type Job struct {
 	// Settle is how long a stampede worker stays up after its requests
 	// returned, so that background refreshes are done and counted.
 	Settle time.Duration `json:"settle,omitempty"`
+	// Warmup is how long a mix worker runs before it records latencies.
+	Warmup time.Duration `json:"warmup,omitempty"`
 }
 
 // Acq is one acquisition of a contended lock.
@@ -62,6 +64,7 @@ type Report struct {
 	Mallocs  uint64  `json:"mallocs"`          // heap allocations during the run
 	Errors   int64   `json:"errors"`
 	FirstErr string  `json:"firstErr,omitempty"`
+	Start    int64   `json:"start"`   // wall clock (unix ns) at GO
 	Elapsed  int64   `json:"elapsed"` // ns from GO to the end of the run
 }
 

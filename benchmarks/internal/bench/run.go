@@ -80,6 +80,7 @@ type sizes struct {
 	mixKeys       int
 	mixTTL        time.Duration
 	mixDur        time.Duration
+	mixReps       int // at most this many repetitions of the mix (all with Long)
 	microCount    int
 	microBenchDur string
 }
@@ -87,15 +88,15 @@ type sizes struct {
 func (c Config) sizes() sizes {
 	s := sizes{
 		cycleG: 16, cycleDur: 1500 * time.Millisecond,
-		contProcs: 4, contG: 4, hold: time.Millisecond, contDur: 2 * time.Second, pollRetry: time.Millisecond,
+		contProcs: 4, contG: 4, hold: time.Millisecond, contDur: 1500 * time.Millisecond, pollRetry: time.Millisecond,
 		stampProcs: 8, stampG: 128, load: 50 * time.Millisecond, stampRetry: 50 * time.Millisecond,
 		warmG: 16, warmDur: time.Second, warmKeys: 1000,
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
-		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: 2 * time.Second, mixDur: 4 * time.Second,
+		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 5 * time.Second, mixReps: 3,
 		microCount: 5, microBenchDur: "300ms",
 	}
 	if c.Long {
-		s.mixDur = 30 * time.Second
+		s.mixDur, s.mixReps = 30*time.Second, 0
 	}
 	if c.Quick {
 		s.cycleG, s.cycleDur = 4, 150*time.Millisecond
@@ -103,7 +104,7 @@ func (c Config) sizes() sizes {
 		s.stampProcs, s.stampG = 2, 16
 		s.warmG, s.warmDur, s.warmKeys = 4, 150*time.Millisecond, 20
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
-		s.mixProcs, s.mixG, s.mixKeys, s.mixDur = 2, 4, 200, 500*time.Millisecond
+		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microBenchDur = 1, "20x"
 	}
 	return s
@@ -213,6 +214,11 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 // spreads over all systems. A system that is not merged yet is skipped with a
 // TODO in its row; a failed run is recorded in its row and the series goes on.
 func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
+	return e.seriesN(ctx, e.reps, t, names, fn)
+}
+
+// seriesN is series with n repetitions.
+func (e *env) seriesN(ctx context.Context, n int, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
 	var live []string
 	for _, n := range names {
 		if !e.cfg.keep(n) {
@@ -228,7 +234,7 @@ func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx 
 		}
 		live = append(live, n)
 	}
-	for rep := range e.reps {
+	for rep := range n {
 		order := slices.Concat(live[rep%max(len(live), 1):], live[:rep%max(len(live), 1)])
 		for _, n := range order {
 			if err := ctx.Err(); err != nil {

@@ -308,6 +308,7 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 	req0 := w.cnt.Load()
 	start := time.Now()
 	end := start.Add(w.j.Duration)
+	steady := start.Add(w.j.Warmup)
 	var wg sync.WaitGroup
 	for g := range w.j.Goroutines {
 		wg.Go(func() {
@@ -323,7 +324,9 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				_, err := w.c.Get(rctx, k, d.load)
 				cancel()
-				lat = append(lat, int64(time.Since(t0)))
+				if t0.After(steady) {
+					lat = append(lat, int64(time.Since(t0)))
+				}
 				if err != nil {
 					e.add(err)
 				}
@@ -334,7 +337,7 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 	}
 	wg.Wait()
 	r := Report{Loads: d.loads.Load(), LoadAt: d.at, Requests: w.cnt.Load() - req0,
-		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
+		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start))}
 	for _, l := range lats {
 		r.Ops += int64(len(l))
 		r.Lat = append(r.Lat, l...)
