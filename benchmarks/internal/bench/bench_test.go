@@ -39,7 +39,7 @@ func testEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	cfg := Config{Quick: true, Reps: 1}
+	cfg := Config{Quick: true, tiny: true, Reps: 1}
 	res := &Results{Started: time.Now(), Reps: 1, s: cfg.sizes(),
 		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{}}
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -112,7 +112,7 @@ func TestSmokeAllScenarios(t *testing.T) {
 			only[s] = true
 		}
 	}
-	res, err := Run(context.Background(), Config{Quick: true, Reps: 1, Only: only})
+	res, err := Run(context.Background(), Config{Quick: true, tiny: true, Reps: 1, Only: only, Log: testLog{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,4 +158,12 @@ func TestSmokeAllScenarios(t *testing.T) {
 			t.Errorf("RESULTS.md lacks %q", want)
 		}
 	}
+}
+
+// testLog sends the harness's progress lines to the test log.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

@@ -32,6 +32,8 @@ type Config struct {
 	Systems []string
 	Redis   string    // an existing server to use instead of starting one
 	Log     io.Writer // progress; nil for none
+	tiny    bool      // smaller than Quick, for the package's own tests under -race
+
 	// Micro runs `go test -bench` in this directory (the benchmarks module);
 	// the micro scenario is skipped when empty.
 	MicroDir string
@@ -106,6 +108,12 @@ func (c Config) sizes() sizes {
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microBenchDur = 1, "20x"
+	}
+	if c.tiny {
+		s.cycleDur, s.contDur, s.warmDur, s.warmKeys = 100*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond, 5
+		s.stampG = 8
+		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1}, 8, []int{8}, 1
+		s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 50, 400*time.Millisecond, 150*time.Millisecond
 	}
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,23 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 				c.Close()
 				return nil, fmt.Errorf("warm-up: %w", err)
 			}
+		}
+		// Then as many concurrent hits as the run has goroutines, so that
+		// connection pools are as warm as a busy service's: the run measures
+		// the system, not the dialling of new connections.
+		var wg sync.WaitGroup
+		var e errs
+		for g := range j.Goroutines {
+			wg.Go(func() {
+				if _, err := c.Get(ctx, warm[g%len(warm)], quick); err != nil {
+					e.add(err)
+				}
+			})
+		}
+		wg.Wait()
+		if e.n.Load() > 0 {
+			c.Close()
+			return nil, fmt.Errorf("warm-up: %s", e.first)
 		}
 		return w, nil
 	}
@@ -336,7 +354,11 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 		})
 	}
 	wg.Wait()
-	r := Report{Loads: d.loads.Load(), LoadAt: d.at, Requests: w.cnt.Load() - req0,
+	// Background refreshes may still be loading: copy under the lock.
+	d.mu.Lock()
+	at := slices.Clone(d.at)
+	d.mu.Unlock()
+	r := Report{Loads: d.loads.Load(), LoadAt: at, Requests: w.cnt.Load() - req0,
 		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start))}
 	for _, l := range lats {
 		r.Ops += int64(len(l))
