@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -64,20 +65,21 @@ type cacheMW struct {
 	guardOpts []cacheguard.Option // without ReportTo
 }
 
-// pending is one request's Get in flight. The loader of a fill asks the
-// request's goroutine to run the handler; once the request has left Cache,
-// it runs the route again through BackgroundRefresh instead.
+// pending is one request's Get. The Get runs on the request's goroutine; when
+// the load needs the handler, the loader (on a goroutine of cacheguard's)
+// leaves an ask and cancels the Get's context, so that the request's
+// goroutine returns from Get, runs the handler and replies. Once the request
+// has left Cache, a loader runs the route again through BackgroundRefresh
+// instead.
 type pending struct {
-	m    *cacheMW
-	key  string
-	req  *http.Request // the request as it reached Cache
-	asks chan *loadAsk // unbuffered: received only by the request's goroutine
-	done chan struct{} // closed when the request stops taking asks
+	m         *cacheMW
+	key       string
+	req       *http.Request // the request as it reached Cache
+	cancelGet context.CancelFunc
 
-	// Set and read on the request's goroutine only.
-	ran      bool
-	resp     *response // the response the handler produced here (nil if streamed)
-	streamed bool
+	mu   sync.Mutex // guards ask, left
+	ask  *loadAsk
+	left bool // the request no longer takes asks
 }
 
 type loadAsk struct {
@@ -87,12 +89,6 @@ type loadAsk struct {
 
 type loadReply struct {
 	resp *response
-	err  error
-}
-
-type getResult struct {
-	resp *response
-	res  cacheguard.Result
 	err  error
 }
 
@@ -117,58 +113,58 @@ func (m *cacheMW) serve(c *gin.Context) {
 		return
 	}
 
-	p := &pending{m: m, key: key, req: r, asks: make(chan *loadAsk), done: make(chan struct{})}
-	out := make(chan getResult, 1)
-	go func() {
-		var gr getResult
-		opts := make([]cacheguard.Option, 0, len(m.guardOpts)+1)
-		opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&gr.res))
-		gr.resp, gr.err = cacheguard.Get(r.Context(), m.g, key, p.load, opts...)
-		out <- gr
-	}()
-	var got getResult
-	taking := true
-	defer func() {
-		if taking { // the handler panicked: let the Get end before the panic goes on to Gin's recovery
-			close(p.done)
-			<-out
+	gctx, cancel := context.WithCancel(r.Context())
+	p := &pending{m: m, key: key, req: r, cancelGet: cancel}
+	var res cacheguard.Result
+	opts := make([]cacheguard.Option, 0, len(m.guardOpts)+1)
+	opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&res))
+	resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
+	cancel()
+	p.mu.Lock()
+	a := p.ask
+	p.left = true
+	p.mu.Unlock()
+	if a != nil {
+		// The load needs this request's handler (other requests may be waiting for it).
+		if out := p.answer(c, a); out != nil {
+			if out.cacheable() {
+				m.settle(r.Context(), key, out)
+			}
+			writeResponse(c, out, "MISS")
 		}
-	}()
-	got = p.await(c, out)
-	close(p.done)
-	taking = false
-	m.finish(c, p, got)
-}
-
-// await runs the handler whenever the load asks for it, until the Get ends.
-func (p *pending) await(c *gin.Context, out <-chan getResult) getResult {
-	for {
-		select {
-		case a := <-p.asks:
-			p.answer(c, a)
-		case got := <-out:
-			return got
-		}
-	}
-}
-
-func (p *pending) answer(c *gin.Context, a *loadAsk) {
-	if p.ran {
-		a.reply <- loadReply{err: errAlreadyRan}
 		return
 	}
-	p.ran = true
+	m.finish(c, p, resp, res, err)
+}
+
+// answer runs the handler for the load, replies, and returns the response for
+// this request's client (nil when it was streamed to the client already).
+func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 	replied := false
 	defer func() {
-		if !replied {
+		if !replied { // the handler panicked: the panic goes on to Gin's recovery
 			a.reply <- loadReply{err: errHandlerPanicked}
 		}
 	}()
 	resp := p.m.run(c, a.ctx)
-	p.resp, p.streamed = resp, resp == nil
 	a.reply <- loaded(resp)
 	replied = true
+	return resp
 }
+
+// settle waits until the load this request answered has stored its response,
+// so that a request that follows this one is served from the cache instead of
+// joining a load whose answer it could not tell from its own: it joins that
+// load with a Get (or reads what it stored). Should the entry be gone
+// meanwhile, the Get stores resp again.
+func (m *cacheMW) settle(ctx context.Context, key string, resp *response) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	cacheguard.Get(ctx, m.g, key, func(context.Context) (*response, error) { return resp, nil }, m.guardOpts...) //nolint:errcheck // only waiting
+}
+
+// settleTimeout bounds settle: the store it waits for is one round trip.
+const settleTimeout = time.Second
 
 // loaded is what the loader returns for a response the handler produced.
 func loaded(resp *response) loadReply {
@@ -181,12 +177,17 @@ func loaded(resp *response) loadReply {
 // load is the cacheguard loader: it runs on a goroutine of cacheguard's.
 func (p *pending) load(ctx context.Context) (*response, error) {
 	a := &loadAsk{ctx: ctx, reply: make(chan loadReply, 1)}
-	select {
-	case p.asks <- a:
-		r := <-a.reply
-		return r.resp, r.err
-	case <-p.done:
+	p.mu.Lock()
+	if p.left || p.ask != nil {
+		p.mu.Unlock()
 		return p.m.refresh(ctx, p.req, p.key)
+	}
+	p.ask = a
+	p.mu.Unlock()
+	p.cancelGet() // the request's goroutine returns from Get and takes the ask
+	select {
+	case r := <-a.reply:
+		return r.resp, r.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -220,29 +221,25 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 	return w.captured(m.cfg.vary)
 }
 
-// finish answers the request once its Get has ended.
-func (m *cacheMW) finish(c *gin.Context, p *pending, got getResult) {
+// finish answers a request whose Get ended without asking for its handler.
+func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, res cacheguard.Result, err error) {
 	var unc *uncacheableError
 	switch {
-	case p.ran && p.streamed:
-		// The response went out as the handler wrote it.
-	case p.ran:
-		writeResponse(c, p.resp, "MISS")
-	case got.err == nil:
-		writeResponse(c, got.resp, got.res.String())
+	case err == nil:
+		writeResponse(c, resp, res.String())
 	case c.Request.Context().Err() != nil:
 		c.AbortWithStatus(StatusClientClosedRequest)
-	case errors.As(got.err, &unc) && unc.resp != nil && unc.resp.shareable():
+	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
 		writeResponse(c, unc.resp, "COALESCED")
-	case errors.Is(got.err, cacheguard.ErrMiss), errors.Is(got.err, cacheguard.ErrWaitTimeout), errors.Is(got.err, cacheguard.ErrUnavailable):
+	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
 		c.Header("Retry-After", "1")
-		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: got.err})
+		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
 	default:
 		// The load this request waited for produced nothing it may replay (a
 		// response setting a cookie, a streamed one, a panic, a failure in
 		// another process), or the cache failed: run the handler here, uncached.
 		if unc == nil {
-			c.Error(got.err) //nolint:errcheck // recorded for loggers
+			c.Error(err) //nolint:errcheck // recorded for loggers
 		}
 		c.Header("X-Cache", "BYPASS")
 		c.Next()

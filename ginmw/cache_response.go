@@ -54,7 +54,6 @@ func (e *uncacheableError) Error() string {
 
 var (
 	errHandlerPanicked = errors.New("ginmw: handler panicked")
-	errAlreadyRan      = errors.New("ginmw: handler already ran for this request")
 	errNoRequest       = errors.New("ginmw: no request left to run the handler (see BackgroundRefresh)")
 	errNotServed       = errors.New("ginmw: background refresh request did not reach Cache")
 )

@@ -29,6 +29,17 @@ func newGuard(t testing.TB, s *redistest.Server, opts ...cacheguard.Option) (*ca
 	return g, rdb
 }
 
+// waitEntries waits until Redis holds n cached entries: a request that ran
+// the handler answers before the load's store and publish end, so a request
+// right after it may still join that load (COALESCED) instead of hitting.
+func waitEntries(t *testing.T, rdb *redis.Client, n int) {
+	t.Helper()
+	eventually(t, 10*time.Second, fmt.Sprintf("%d stored entries", n), func() bool {
+		keys, err := rdb.Keys(context.Background(), "cg:v:*").Result()
+		return err == nil && len(keys) == n
+	})
+}
+
 func totalMisses(gs ...*cacheguard.Guard) uint64 {
 	var n uint64
 	for _, g := range gs {
@@ -105,7 +116,7 @@ func TestCacheColdStampedeRunsHandlerOnce(t *testing.T) {
 // headers from middleware before Cache are kept.
 func TestCacheHitReplaysResponse(t *testing.T) {
 	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, rdb := newGuard(t, s)
 	var calls atomic.Int64
 	r := newEngine()
 	r.Use(func(c *gin.Context) { c.Header("X-Request-Id", c.Query("req")) })
@@ -115,6 +126,7 @@ func TestCacheHitReplaysResponse(t *testing.T) {
 		c.Data(http.StatusAccepted, "text/plain; charset=utf-8", []byte("hello"))
 	})
 	first := serve(r, http.MethodGet, "/items?b=2&a=1&req=1")
+	waitEntries(t, rdb, 1)
 	second := serve(r, http.MethodGet, "/items?req=1&a=1&b=2") // same query, another order
 	for i, w := range []*httptest.ResponseRecorder{first, second} {
 		if w.Code != http.StatusAccepted || w.Body.String() != "hello" ||
@@ -149,14 +161,21 @@ func TestCacheSkipsErrorsAndCookies(t *testing.T) {
 	})
 	for _, target := range []string{"/missing", "/cookie"} {
 		calls.Store(0)
-		for i := range 2 {
-			w := serve(r, http.MethodGet, target)
-			if w.Header().Get("X-Cache") != "MISS" {
-				t.Fatalf("%s request %d: X-Cache %q, want MISS", target, i, w.Header().Get("X-Cache"))
+		// A request right after an uncached load may still share that load's
+		// answer (COALESCED, or BYPASS and its own handler when the answer set
+		// a cookie); it is never stored, so MISS comes back.
+		misses, bypasses := 0, 0
+		eventually(t, 10*time.Second, "two answers from the handler", func() bool {
+			switch serve(r, http.MethodGet, target).Header().Get("X-Cache") {
+			case "MISS":
+				misses++
+			case "BYPASS":
+				bypasses++
 			}
-		}
-		if calls.Load() != 2 {
-			t.Fatalf("%s: handler ran %d times, want 2 (nothing cached)", target, calls.Load())
+			return misses == 2
+		})
+		if calls.Load() != int64(misses+bypasses) {
+			t.Fatalf("%s: handler ran %d times for %d misses and %d bypasses", target, calls.Load(), misses, bypasses)
 		}
 	}
 	if keys, _ := rdb.Keys(context.Background(), "cg:v:*").Result(); len(keys) != 0 {
@@ -262,7 +281,7 @@ func TestCacheAuthorizationBypasses(t *testing.T) {
 // its own entry.
 func TestCacheVaryAndHead(t *testing.T) {
 	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, rdb := newGuard(t, s)
 	var calls atomic.Int64
 	r := newEngine()
 	h := func(c *gin.Context) {
@@ -281,6 +300,7 @@ func TestCacheVaryAndHead(t *testing.T) {
 		{"en", "lang=en", "MISS"}, {"fr", "lang=fr", "MISS"}, {"en", "lang=en", "HIT"}, {"fr", "lang=fr", "HIT"},
 	} {
 		w := serve(r, http.MethodGet, "/greeting", "Accept-Language", tc.lang)
+		waitEntries(t, rdb, min(i+1, 2))
 		if w.Body.String() != tc.body || w.Header().Get("X-Cache") != tc.xcache || w.Header().Get("Vary") != "Accept-Language" {
 			t.Fatalf("request %d: %q %q Vary %q", i, w.Body, w.Header().Get("X-Cache"), w.Header().Get("Vary"))
 		}
@@ -288,6 +308,7 @@ func TestCacheVaryAndHead(t *testing.T) {
 	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "MISS" {
 		t.Fatalf("HEAD served from GET's entry: %q", w.Header().Get("X-Cache"))
 	}
+	waitEntries(t, rdb, 3)
 	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 {
 		t.Fatalf("second HEAD: %q body %q", w.Header().Get("X-Cache"), w.Body)
 	}
@@ -351,7 +372,9 @@ func TestCacheHandlerPanic(t *testing.T) {
 	if w := serve(r, http.MethodGet, "/p"); w.Code != http.StatusInternalServerError {
 		t.Fatalf("status %d, want 500 from the recovery", w.Code)
 	}
-	if w := serve(r, http.MethodGet, "/p"); w.Code != http.StatusOK || w.Header().Get("X-Cache") != "MISS" {
+	// The next request runs the handler: as the load (MISS), or on its own
+	// (BYPASS) if it joined the load that panicked.
+	if w := serve(r, http.MethodGet, "/p"); w.Code != http.StatusOK || (w.Header().Get("X-Cache") != "MISS" && w.Header().Get("X-Cache") != "BYPASS") {
 		t.Fatalf("next: %d %q", w.Code, w.Header().Get("X-Cache"))
 	}
 }
@@ -360,7 +383,7 @@ func TestCacheHandlerPanic(t *testing.T) {
 // sees an unconditional request.
 func TestCacheConditional(t *testing.T) {
 	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, rdb := newGuard(t, s)
 	var sawINM atomic.Bool
 	r := newEngine()
 	r.GET("/doc", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
@@ -373,6 +396,7 @@ func TestCacheConditional(t *testing.T) {
 	if w := serve(r, http.MethodGet, "/doc", "If-None-Match", `"v1"`); w.Code != http.StatusNotModified || w.Body.Len() != 0 || w.Header().Get("ETag") != `"v1"` {
 		t.Fatalf("first conditional request: %d %q %v", w.Code, w.Body, w.Header())
 	}
+	waitEntries(t, rdb, 1)
 	if w := serve(r, http.MethodGet, "/doc"); w.Code != http.StatusOK || w.Body.String() != "document" || w.Header().Get("X-Cache") != "HIT" {
 		t.Fatalf("plain request: %d %q %q", w.Code, w.Body, w.Header().Get("X-Cache"))
 	}
@@ -403,7 +427,8 @@ func TestCacheStreamsLargeOrFlushedResponses(t *testing.T) {
 		c.String(http.StatusOK, "part2")
 	})
 	for range 2 {
-		if w := serve(r, http.MethodGet, "/big"); w.Body.String() != big || w.Header().Get("X-Cache") != "MISS" {
+		// MISS, or BYPASS when it joined the previous load (whose answer was streamed).
+		if w := serve(r, http.MethodGet, "/big"); w.Body.String() != big || (w.Header().Get("X-Cache") != "MISS" && w.Header().Get("X-Cache") != "BYPASS") {
 			t.Fatalf("big: %q %q", w.Body, w.Header().Get("X-Cache"))
 		}
 		if w := serve(r, http.MethodGet, "/stream"); w.Body.String() != "part1,part2" || !w.Flushed {
@@ -422,26 +447,29 @@ func TestCacheServeStaleRefreshesInBackground(t *testing.T) {
 	g, _ := newGuard(t, s)
 	var version atomic.Int64
 	r := newEngine()
-	r.GET("/repos/:id", ginmw.Cache(g, 50*time.Millisecond,
+	r.GET("/repos/:id", ginmw.Cache(g, 100*time.Millisecond,
 		ginmw.CacheOptions(cacheguard.ServeStale(time.Minute), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0)),
 		ginmw.BackgroundRefresh(r)),
 		func(c *gin.Context) { c.String(http.StatusOK, fmt.Sprint("v", version.Add(1))) })
 	if w := serve(r, http.MethodGet, "/repos/1"); w.Body.String() != "v1" || w.Header().Get("X-Cache") != "MISS" {
 		t.Fatalf("first: %q %q", w.Body, w.Header().Get("X-Cache"))
 	}
-	// The entry expires after its TTL: the first answer after that is the stale one...
-	var w *httptest.ResponseRecorder
-	eventually(t, 10*time.Second, "the entry to expire", func() bool {
-		w = serve(r, http.MethodGet, "/repos/1")
-		return w.Header().Get("X-Cache") != "HIT"
+	// Once the entry is past its TTL it is served stale, at once...
+	var stale string
+	eventually(t, 10*time.Second, "a stale answer", func() bool {
+		w := serve(r, http.MethodGet, "/repos/1")
+		if w.Header().Get("X-Cache") == "STALE" {
+			stale = w.Body.String()
+		}
+		return stale != ""
 	})
-	if w.Header().Get("X-Cache") != "STALE" || w.Body.String() != "v1" {
-		t.Fatalf("after expiry: %q %q, want the stale v1", w.Header().Get("X-Cache"), w.Body)
-	}
 	// ...while a background refresh, through the engine, stores the next version.
 	eventually(t, 10*time.Second, "the refreshed value", func() bool {
 		w := serve(r, http.MethodGet, "/repos/1")
-		return w.Body.String() != "v1" && w.Header().Get("X-Cache") != "MISS"
+		if w.Header().Get("X-Cache") == "MISS" {
+			t.Fatalf("a request loaded in the foreground: %q", w.Body)
+		}
+		return w.Body.String() != stale
 	})
 }
 
