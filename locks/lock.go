@@ -135,11 +135,20 @@ type held struct {
 	err       error // why it was lost
 }
 
+// newHeld registers a lock acquired with the request sent at sent.
 func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time) *held {
+	return newHeldFirst(o, name, keys, owner, fence, cfg, sent, cfg.lease)
+}
+
+// newHeldFirst is newHeld for a lock whose current lease (first) is shorter
+// than the configured one, as a hand-off's claim lease is: the first renewal
+// comes at a third of first and restores the full lease.
+func newHeldFirst(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg,
-		ctx: ctx, stop: cancel, lost: make(chan struct{}), refs: 1, lease: cfg.lease}
-	h.setDeadline(sent, cfg.lease)
+		ctx: ctx, stop: cancel, lost: make(chan struct{}), refs: 1}
+	h.setDeadline(sent, min(first, cfg.lease))
+	h.lease = cfg.lease
 	o.renewer().add(h)
 	return h
 }

@@ -1,6 +1,7 @@
 package locks_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -9,4 +10,9 @@ import (
 // redisAddr is the address of the server TestMain starts for examples.
 var redisAddr string
 
-func TestMain(m *testing.M) { redistest.Main(m, &redisAddr) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(runChild(role))
+	}
+	redistest.Main(m, &redisAddr)
+}

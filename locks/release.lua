@@ -1,9 +1,11 @@
 -- Release one hold of a lock, or withdraw from its queue; on the last hold, hand
 -- the lock straight to the longest-waiting live waiter and tell it.
--- KEYS as acquire.lua. ARGV: owner, fence ttl ms, channel, publish command, own queue member (or '')
+-- KEYS as acquire.lua. ARGV: owner, fence ttl ms, channel, publish command, own queue member (or ''),
+-- claim ms: the lease of a hand-off until the new holder renews it (a waiter that died
+-- while queued thus blocks the lock for at most this long).
 -- Returns the remaining hold count (0 = released), or -1 when not held by owner.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, fencettl, chan, pub, mine = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local owner, fencettl, chan, pub, mine, claim = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 if mine ~= '' then
   redis.call('ZREM', q, mine)
   redis.call('ZREM', qt, mine)
@@ -28,7 +30,7 @@ if head then
   local f = string.format('%.0f', math.max(c + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
   redis.call('SET', fk, f, 'PX', fencettl)
   redis.call('HSET', lk, 'o', w, 'a', 'h', 'n', 1, 'f', f)
-  redis.call('PEXPIRE', lk, wlease)
+  redis.call('PEXPIRE', lk, math.min(wlease, claim))
   redis.call('ZREM', q, head)
   redis.call('ZREM', qt, head)
   redis.call(pub, chan, w .. ' ' .. f)

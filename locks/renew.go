@@ -20,10 +20,11 @@ type renewer struct {
 	// outcome is unknown.
 	batch func(ctx context.Context, hs []*held) []error
 
-	mu      sync.Mutex // guards items, running, closed
+	mu      sync.Mutex // guards items, running, closed, next
 	items   map[*held]struct{}
 	running bool
 	closed  bool
+	next    time.Time // when the loop plans to wake; zero when idle
 	kick    chan struct{}
 	quit    chan struct{}
 	done    chan struct{}
@@ -46,9 +47,16 @@ func (r *renewer) add(h *held) {
 		r.running = true
 		go r.loop()
 	}
-	select {
-	case r.kick <- struct{}{}:
-	default:
+	h.mu.Lock()
+	t := h.nextRenew
+	h.mu.Unlock()
+	if r.next.IsZero() || t.Before(r.next) {
+		// Only a lock due before the loop's next wake-up needs to wake it.
+		r.next = t
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -102,6 +110,11 @@ func (r *renewer) loop() {
 		}
 	}()
 	for {
+		select {
+		case <-r.quit:
+			return
+		default:
+		}
 		due, next := r.due(time.Now())
 		if len(due) > 0 {
 			r.renew(ctx, due)
@@ -128,19 +141,27 @@ func (r *renewer) loop() {
 }
 
 // due returns the locks whose renewal (or expiry check) is due, and the
-// earliest time another one will be.
+// earliest time another one will be. Renewals due within a twelfth of their
+// lease are taken early, so locks taken at different moments share batches.
 func (r *renewer) due(now time.Time) (due []*held, next time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for h := range r.items {
 		h.mu.Lock()
-		t := h.nextRenew
+		t, early := h.nextRenew, h.lease/12
+		if !h.cfg.renew {
+			early = 0 // an expiry check is never early
+		}
 		h.mu.Unlock()
-		if !t.After(now) {
+		if !t.Add(-early).After(now) {
 			due = append(due, h)
 		} else if next.IsZero() || t.Before(next) {
 			next = t
 		}
+	}
+	r.next = next
+	if len(due) > 0 {
+		r.next = now
 	}
 	return due, next
 }

@@ -23,9 +23,10 @@ import (
 type Option func(*config)
 
 type config struct {
-	persist bool       // appendonly yes, appendfsync always
-	cluster bool       // cluster-enabled yes
-	extra   [][]string // extra directives, one per line
+	persist  bool            // appendonly yes, appendfsync always
+	cluster  bool            // cluster-enabled yes
+	sentinel *sentinelConfig // non-nil: run as a sentinel (redis-server --sentinel)
+	extra    [][]string      // extra directives, one per line
 }
 
 // AppendFsyncAlways turns on the append-only file with fsync on every write,
@@ -130,6 +131,9 @@ func (s *Server) Client(opts ...func(*redis.Options)) *redis.Client {
 }
 
 func (s *Server) writeConf() (string, error) {
+	if s.cfg.sentinel != nil {
+		return s.writeSentinelConf()
+	}
 	var b strings.Builder
 	line := func(parts ...string) { b.WriteString(strings.Join(parts, " ") + "\n") }
 	line("port", strconv.Itoa(s.port))
@@ -164,7 +168,11 @@ func (s *Server) launch() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(s.bin, conf)
+	args := []string{conf}
+	if s.cfg.sentinel != nil {
+		args = append(args, "--sentinel")
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	// Pdeathsig: the kernel kills redis-server when the test binary dies, even by SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -1,0 +1,567 @@
+package locks_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// within waits for ch to close, failing the test after d.
+func within(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+// eventually polls cond every 10ms until it holds, failing after d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRenewalKeepsLockAlive(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithLease(150*time.Millisecond))
+	lk, err := c.TryLock(ctx, "renewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold for several leases; the watchdog must keep extending.
+	deadline := time.Now().Add(600 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		select {
+		case <-lk.Lost():
+			t.Fatal("lock lost while held and renewed")
+		case <-time.After(50 * time.Millisecond):
+		}
+		if n, _ := rdb.Exists(ctx, "cg:lock:{renewed}").Result(); n != 1 {
+			t.Fatal("lock key expired while held")
+		}
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Held() != 0 {
+		t.Fatalf("Held() = %d after Unlock", c.Held())
+	}
+}
+
+func TestFixedLeaseExpires(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "fixed", locks.WithLease(100*time.Millisecond), locks.WithoutRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, lk.Lost(), 2*time.Second, "Lost after a fixed lease")
+	within(t, lk.Context().Done(), time.Second, "Context cancelled")
+	eventually(t, 2*time.Second, "key expired", func() bool { return rdb.Exists(ctx, "cg:lock:{fixed}").Val() == 0 })
+	if err := lk.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("Unlock after expiry = %v, want ErrNotHeld", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock = %v, want nil", err)
+	}
+}
+
+func TestExtendByHand(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "ext", locks.WithLease(time.Second), locks.WithoutRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if pttl := rdb.PTTL(ctx, "cg:lock:{ext}").Val(); pttl < 4*time.Second {
+		t.Fatalf("PTTL after Extend = %v", pttl)
+	}
+	if lk.TTL() < 4*time.Second {
+		t.Fatalf("TTL() after Extend = %v", lk.TTL())
+	}
+	if err := lk.Extend(ctx, time.Millisecond); !errors.Is(err, locks.ErrInvalid) {
+		t.Fatalf("Extend(1ms) = %v, want ErrInvalid", err)
+	}
+	rdb.Del(ctx, "cg:lock:{ext}")
+	if err := lk.Extend(ctx, time.Second); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("Extend of a deleted lock = %v, want ErrNotHeld", err)
+	}
+	within(t, lk.Lost(), time.Second, "Lost after failed Extend")
+}
+
+// TestLostWhenDeleted: deleting the key out of band closes Lost() within one
+// renewal interval (a third of the lease).
+func TestLostWhenDeleted(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithLease(300*time.Millisecond))
+	lk, err := c.TryLock(ctx, "deleted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.Del(ctx, "cg:lock:{deleted}")
+	within(t, lk.Lost(), 100*time.Millisecond+200*time.Millisecond, "Lost after DEL")
+	within(t, lk.Context().Done(), time.Second, "Context cancelled after loss")
+	if err := lk.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("Unlock = %v, want ErrNotHeld", err)
+	}
+}
+
+// TestLostWhenTakenOver: another owner holding the key is a loss too.
+func TestLostWhenTakenOver(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithLease(300*time.Millisecond))
+	lk, err := c.TryLock(ctx, "taken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb.HSet(ctx, "cg:lock:{taken}", "o", "someone-else")
+	within(t, lk.Lost(), time.Second, "Lost after takeover")
+	if err := lk.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("Unlock = %v, want ErrNotHeld", err)
+	}
+	if o := rdb.HGet(ctx, "cg:lock:{taken}", "o").Val(); o != "someone-else" {
+		t.Fatalf("the other owner's lock was touched: o=%q", o)
+	}
+}
+
+// TestSeedLateDelete is the seeds' timeline: A's lease runs out mid-work, B
+// acquires, then A finishes and "deletes the lock". A's release is refused and
+// B's lock is intact.
+func TestSeedLateDelete(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	a, err := c.TryLock(ctx, "timeline", locks.WithLease(50*time.Millisecond), locks.WithoutRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "A's lease ran out", func() bool { return rdb.Exists(ctx, "cg:lock:{timeline}").Val() == 0 })
+	b, err := c.TryLock(ctx, "timeline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("A's late Unlock = %v, want ErrNotHeld", err)
+	}
+	if err := b.Extend(ctx, time.Second); err != nil {
+		t.Fatalf("B's lock was damaged by A: %v", err)
+	}
+	if b.Fence() <= a.Fence() {
+		t.Fatalf("B's fence %d not above A's %d", b.Fence(), a.Fence())
+	}
+	b.Unlock(ctx)
+}
+
+// TestSeedNoLeaseGap is the seeds' SETNX-then-EXPIRE crash: a lock key without
+// a lease can never exist, because the key and its lease are written by one
+// script. Every key observed right after acquisition (in the same MULTI as a
+// PTTL) already has its lease.
+func TestSeedNoLeaseGap(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	for i := range 50 {
+		name := "gap:" + strconv.Itoa(i)
+		lk, err := c.TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl := rdb.PTTL(ctx, "cg:lock:{"+name+"}").Val(); pttl <= 0 {
+			t.Fatalf("lock key without a lease: PTTL %v", pttl)
+		}
+		lk.Unlock(ctx)
+	}
+	// The control: the broken two-step lock leaves a lease-less key if the
+	// client dies between the steps.
+	rdb.SetNX(ctx, "broken:lock", "me", 0) // ... and the process dies before EXPIRE
+	if pttl := rdb.PTTL(ctx, "broken:lock").Val(); pttl != -1 {
+		t.Fatalf("control: PTTL = %v, want -1 (no lease: a deadlock)", pttl)
+	}
+}
+
+func TestFenceSurvivesCounterLoss(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, s := newClient(t)
+	lk, err := c.TryLock(ctx, "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := lk.Fence()
+	lk.Unlock(ctx)
+	rdb.Del(ctx, "cg:fence:{fenced}")
+	lk, err = c.TryLock(ctx, "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := lk.Fence()
+	lk.Unlock(ctx)
+	if second <= first {
+		t.Fatalf("after the counter was deleted: fence %d not above %d", second, first)
+	}
+	// A restart without persistence loses every key.
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "server back", func() bool { return rdb.Ping(ctx).Err() == nil })
+	lk, err = c.TryLock(ctx, "fenced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	if lk.Fence() <= second {
+		t.Fatalf("after a restart: fence %d not above %d", lk.Fence(), second)
+	}
+}
+
+func TestReentrancyByOwner(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	octx := locks.WithOwner(ctx, "request-1")
+	outer, err := c.Lock(octx, "re")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := c.Lock(octx, "re", locks.WithWait(time.Second))
+	if err != nil {
+		t.Fatalf("re-entry: %v", err)
+	}
+	if n := rdb.HGet(ctx, "cg:lock:{re}", "n").Val(); n != "2" {
+		t.Fatalf("hold count %q, want 2", n)
+	}
+	if inner.Fence() != outer.Fence() {
+		t.Fatalf("re-entry fence %d differs from %d", inner.Fence(), outer.Fence())
+	}
+	// Another owner is refused, and its Unlock changes nothing.
+	if _, err := c.TryLock(locks.WithOwner(ctx, "request-2"), "re"); !errors.Is(err, locks.ErrNotObtained) {
+		t.Fatalf("other owner: %v", err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err != nil { // twice: must not decrement again
+		t.Fatal(err)
+	}
+	if n := rdb.HGet(ctx, "cg:lock:{re}", "n").Val(); n != "1" {
+		t.Fatalf("hold count %q after one Unlock (called twice), want 1", n)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, "cg:lock:{re}").Val() != 0 {
+		t.Fatal("lock key left after the last Unlock")
+	}
+}
+
+// TestUnlockByNonOwnerRefused: a forged release (wrong owner) is refused by
+// the script and leaves the lock as it was.
+func TestUnlockByNonOwnerRefused(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	before := rdb.HGetAll(ctx, "cg:lock:{mine}").Val()
+	// A second client that believes it holds "mine" under another owner.
+	other := locks.New(rdb)
+	defer other.Close()
+	octx := locks.WithOwner(ctx, "intruder")
+	if _, err := other.TryLock(octx, "mine"); !errors.Is(err, locks.ErrNotObtained) {
+		t.Fatalf("intruder TryLock: %v", err)
+	}
+	after := rdb.HGetAll(ctx, "cg:lock:{mine}").Val()
+	if before["o"] != after["o"] || before["n"] != after["n"] {
+		t.Fatalf("lock changed by a non-owner: %v -> %v", before, after)
+	}
+}
+
+func TestWaiterCancelled(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	before := runtime.NumGoroutine()
+	wctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Lock(wctx, "busy")
+		errc <- err
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{busy}").Val() == 1 })
+	cancel()
+	var got error
+	select {
+	case got = <-errc:
+	case <-time.After(2 * time.Second):
+		t.Fatal("cancelled waiter did not return")
+	}
+	if !errors.Is(got, context.Canceled) || !errors.Is(got, locks.ErrNotObtained) {
+		t.Fatalf("cancelled waiter: %v, want ErrNotObtained and context.Canceled", got)
+	}
+	if n := rdb.ZCard(ctx, "cg:q:{busy}").Val(); n != 0 {
+		t.Fatalf("cancelled waiter left %d queue entries", n)
+	}
+	eventually(t, 10*time.Second, "subscription gone", func() bool {
+		return rdb.PubSubNumSub(ctx, "cg:wake:{busy}").Val()["cg:wake:{busy}"] == 0
+	})
+	// What remains is the client's shared subscription reader, stopped by Close.
+	c.Close()
+	eventually(t, 5*time.Second, "goroutines back", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+func TestWaitBudget(t *testing.T) {
+	ctx := context.Background()
+	c, _, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "budget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	_, err = c.Lock(ctx, "budget", locks.WithWait(100*time.Millisecond))
+	var noe *locks.NotObtainedError
+	if !errors.As(err, &noe) || noe.RetryAfter <= 0 {
+		t.Fatalf("Lock past its budget = %v", err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		t.Fatalf("the budget is not the caller's context: %v", err)
+	}
+	// The caller's deadline, when it ends first, is reported as such.
+	dctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Lock(dctx, "budget"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock past the caller's deadline = %v", err)
+	}
+}
+
+// TestFairOrder: in fair mode the lock goes to waiters in arrival order.
+func TestFairOrder(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithFair())
+	holder, err := c.Lock(ctx, "fifo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	order := make(chan int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			lk, err := c.Lock(ctx, "fifo", locks.WithWait(20*time.Second))
+			if err != nil {
+				order <- -1
+				return
+			}
+			order <- i
+			lk.Unlock(ctx)
+		})
+		// The next waiter arrives only once this one is queued.
+		eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{fifo}").Val() == int64(i+1) })
+	}
+	holder.Unlock(ctx)
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("granted to waiter %d, want %d (arrival order)", got, want)
+		}
+		want++
+	}
+}
+
+// TestDeadWaiterLosesPlace: a queued waiter that dies (stops refreshing its
+// place) does not block the queue for longer than its place lasts.
+func TestDeadWaiterLosesPlace(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithFair())
+	holder, err := c.TryLock(ctx, "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter that died after queueing: an entry nobody will refresh.
+	now := time.Now()
+	rdb.ZAdd(ctx, "cg:q:{dead}", redis.Z{Score: 1, Member: "ghost|10000"})
+	rdb.ZAdd(ctx, "cg:qt:{dead}", redis.Z{Score: float64(now.Add(500 * time.Millisecond).UnixMilli()), Member: "ghost|10000"})
+	got := make(chan error, 1)
+	go func() {
+		lk, err := c.Lock(ctx, "dead", locks.WithWait(10*time.Second))
+		if err == nil {
+			lk.Unlock(ctx)
+		}
+		got <- err
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{dead}").Val() == 2 })
+	holder.Unlock(ctx) // would hand to the ghost, whose place has expired or soon will
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("a dead waiter blocked the queue")
+	}
+}
+
+func TestManyLocksBoundedCost(t *testing.T) {
+	ctx := context.Background()
+	n := 10000
+	if testing.Short() {
+		n = 2000
+	}
+	c, rdb, _ := newClient(t, locks.WithLease(3*time.Second))
+	before := runtime.NumGoroutine()
+	held := make([]*locks.Lock, n)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n; i += 16 {
+				lk, err := c.TryLock(ctx, "many:"+strconv.Itoa(i))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				held[i] = lk
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		t.Fatalf("%d acquisitions failed", failed.Load())
+	}
+	if c.Held() != n {
+		t.Fatalf("Held() = %d, want %d", c.Held(), n)
+	}
+	if g := runtime.NumGoroutine() - before; g > 10 {
+		t.Fatalf("holding %d locks costs %d goroutines", n, g)
+	}
+	if conns := rdb.PoolStats().TotalConns; conns > 40 {
+		t.Fatalf("holding %d locks costs %d connections", n, conns)
+	}
+	// Survive at least one renewal round.
+	time.Sleep(1200 * time.Millisecond) // the subject is lease renewal over time
+	lostCount := 0
+	for _, lk := range held {
+		select {
+		case <-lk.Lost():
+			lostCount++
+		default:
+		}
+	}
+	if lostCount > 0 {
+		t.Fatalf("%d of %d locks lost while held", lostCount, n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, lk := range held {
+		within(t, lk.Lost(), time.Second, "Lost after Close")
+	}
+	eventually(t, 5*time.Second, "goroutines stopped", func() bool { return runtime.NumGoroutine() <= before+2 })
+}
+
+func TestObserver(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	seen := map[locks.EventKind]int{}
+	c, rdb, _ := newClient(t, locks.WithLease(200*time.Millisecond), locks.WithObserver(func(e locks.Event) {
+		mu.Lock()
+		seen[e.Kind]++
+		mu.Unlock()
+	}))
+	lk, _ := c.TryLock(ctx, "obs")
+	c.TryLock(ctx, "obs")
+	lk.Unlock(ctx)
+	lk2, _ := c.TryLock(ctx, "obs")
+	rdb.Del(ctx, "cg:lock:{obs}")
+	within(t, lk2.Lost(), 2*time.Second, "Lost")
+	mu.Lock()
+	defer mu.Unlock()
+	if seen[locks.Acquired] != 2 || seen[locks.NotObtained] != 1 || seen[locks.Released] != 1 || seen[locks.Lost] != 1 {
+		t.Fatalf("events seen: %v", seen)
+	}
+}
+
+// countingHook counts commands sent to Redis.
+type countingHook struct{ n atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
+}
+
+func TestBadInputSendsNothing(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	c := locks.New(rdb)
+	defer c.Close()
+	cases := map[string]func() error{
+		"empty name":      func() error { _, err := c.TryLock(ctx, ""); return err },
+		"long name":       func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
+		"zero lease":      func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
+		"negative lease":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
+		"lease too short": func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
+		"negative wait":   func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"replicas no timeout": func() error {
+			_, err := c.TryLock(ctx, "x", locks.WithReplicas(1, 0))
+			return err
+		},
+		"optimistic nil client": func() error { return locks.Optimistic(ctx, nil, func(*redis.Tx) error { return nil }, []string{"k"}) },
+		"optimistic nil fn":     func() error { return locks.Optimistic(ctx, rdb, nil, []string{"k"}) },
+		"optimistic no keys":    func() error { return locks.Optimistic(ctx, rdb, func(*redis.Tx) error { return nil }, nil) },
+		"nil client":            func() error { var nc *locks.Client; _, err := nc.TryLock(ctx, "x"); return err },
+	}
+	for name, f := range cases {
+		if err := f(); !errors.Is(err, locks.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if n := hook.n.Load(); n != 0 {
+		t.Fatalf("bad input sent %d commands to Redis", n)
+	}
+	for _, f := range []func(){
+		func() { locks.New(nil) },
+		func() { locks.New(rdb, locks.WithLease(time.Millisecond)) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Error("New with bad arguments did not panic")
+				}
+			}()
+			f()
+		}()
+	}
+	c.Close()
+	if _, err := c.TryLock(ctx, "x"); !errors.Is(err, locks.ErrClosed) {
+		t.Fatalf("after Close: %v, want ErrClosed", err)
+	}
+}

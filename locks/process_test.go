@@ -1,0 +1,144 @@
+package locks_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// TestMutualExclusionAcrossProcesses: 4 OS processes × 8 goroutines take one
+// lock 20,000 times; a counter read and written non-atomically inside the
+// critical section ends exact, and the fence tokens, in critical-section
+// order, strictly increase.
+func TestMutualExclusionAcrossProcesses(t *testing.T) {
+	const procs, goroutines = 4, 8
+	total := 20000
+	if testing.Short() {
+		total = 2000
+	}
+	perG := total / (procs * goroutines)
+	s := redistest.Start(t)
+	rdb := s.Client()
+	ctx := context.Background()
+	logPath := filepath.Join(t.TempDir(), "fences.log")
+	if err := os.WriteFile(logPath, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	children := make([]*child, procs)
+	for i := range children {
+		children[i] = startChild(t, "mutex", "REDIS_ADDR="+s.Addr(), "NAME=mx", "COUNTER=mx:counter",
+			"LOG="+logPath, "START=mx:start", "ID="+strconv.Itoa(i),
+			"G="+strconv.Itoa(goroutines), "N="+strconv.Itoa(perG))
+	}
+	for i := range children {
+		rdb.RPush(ctx, "mx:start:"+strconv.Itoa(i), "go")
+	}
+	for _, c := range children {
+		c.expect(t, "done", 5*time.Minute)
+	}
+	want := procs * goroutines * perG
+	if n, err := rdb.Get(ctx, "mx:counter").Int(); err != nil || n != want {
+		t.Fatalf("counter = %d (%v), want %d: two holders overlapped", n, err, want)
+	}
+	f, err := os.Open(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	var last uint64
+	lines := 0
+	for sc.Scan() {
+		v, err := strconv.ParseUint(sc.Text(), 10, 64)
+		if err != nil {
+			t.Fatalf("log line %d: %v", lines, err)
+		}
+		if v <= last {
+			t.Fatalf("fence %d at line %d not above %d", v, lines, last)
+		}
+		last = v
+		lines++
+	}
+	if lines != want {
+		t.Fatalf("%d fences logged, want %d", lines, want)
+	}
+}
+
+// TestHolderKilled: a holder killed with SIGKILL stops renewing; its lock is
+// free again when the lease read at kill time runs out, not earlier.
+func TestHolderKilled(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	ctx := context.Background()
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	const lease = 2 * time.Second
+	ch := startChild(t, "hold", "REDIS_ADDR="+s.Addr(), "NAME=killed", "LEASE="+lease.String())
+	ch.expect(t, "held", 10*time.Second)
+
+	pttl, err := rdb.PTTL(ctx, "cg:lock:{killed}").Result()
+	if err != nil || pttl <= 0 {
+		t.Fatalf("PTTL = %v, %v", pttl, err)
+	}
+	ch.cmd.Process.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	lk, err := c.Lock(ctx, "killed", locks.WithWait(3*lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	took := time.Since(killed)
+	slack := max(pttl/10, 100*time.Millisecond)
+	if took < pttl-slack {
+		t.Fatalf("acquired %v after the kill, before the %v lease ran out", took, pttl)
+	}
+	// The upper bound is generous on a shared machine; it shows that the
+	// waiter is woken at the expiry, not by a slow poll.
+	if took > pttl+max(slack, 500*time.Millisecond) {
+		t.Fatalf("acquired %v after the kill, long after the %v lease ran out", took, pttl)
+	}
+}
+
+// TestHolderPaused: a holder paused (SIGSTOP) past its lease loses the lock to
+// a new holder with a higher fence; resumed, it sees Lost and Unlock says
+// ErrNotHeld, and the new holder's key is intact.
+func TestHolderPaused(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	ctx := context.Background()
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	ch := startChild(t, "hold", "REDIS_ADDR="+s.Addr(), "NAME=paused", "LEASE=300ms")
+	oldFence, _ := strconv.ParseUint(ch.expect(t, "held", 10*time.Second), 10, 64)
+
+	ch.cmd.Process.Signal(syscall.SIGSTOP)
+	lk, err := c.Lock(ctx, "paused", locks.WithWait(10*time.Second))
+	ch.cmd.Process.Signal(syscall.SIGCONT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk.Fence() <= oldFence {
+		t.Fatalf("new fence %d not above the paused holder's %d", lk.Fence(), oldFence)
+	}
+	ch.expect(t, "lost", 10*time.Second)
+	if got := ch.expect(t, "unlock", 5*time.Second); got != "ErrNotHeld" {
+		t.Fatalf("paused holder's Unlock = %s, want ErrNotHeld", got)
+	}
+	if got := ch.expect(t, "unlock-again", 5*time.Second); got != "nil" {
+		t.Fatalf("second Unlock = %s, want nil", got)
+	}
+	if err := lk.Extend(ctx, time.Second); err != nil {
+		t.Fatalf("new holder's lock damaged: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
