@@ -3,6 +3,7 @@ package ginmw
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -231,6 +232,12 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, res cachegu
 		c.AbortWithStatus(StatusClientClosedRequest)
 	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
 		writeResponse(c, unc.resp, "COALESCED")
+	case errors.Is(err, cacheguard.ErrMiss) && m.cfg.engine == nil:
+		// FailFast fills in the background, which needs BackgroundRefresh:
+		// without it nothing would ever be stored, so serve this one directly.
+		c.Error(fmt.Errorf("%w (FailFast needs BackgroundRefresh)", err)) //nolint:errcheck // recorded for loggers
+		c.Header("X-Cache", "BYPASS")
+		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
 		c.Header("Retry-After", "1")
 		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})

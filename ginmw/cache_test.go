@@ -502,3 +502,65 @@ func TestCacheOtherMethodsPassThrough(t *testing.T) {
 		t.Fatalf("%d %q", w.Code, w.Header().Get("X-Cache"))
 	}
 }
+
+// Under FailFast a miss is answered at once with 503 and Retry-After while the
+// entry fills in the background through the engine; without BackgroundRefresh
+// the request is served directly instead (nothing could ever fill the entry).
+func TestCacheFailFast(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	var calls atomic.Int64
+	h := func(c *gin.Context) { calls.Add(1); c.String(http.StatusOK, "filled") }
+	r := newEngine()
+	r.GET("/bg", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.FailFast()), ginmw.BackgroundRefresh(r)), h)
+	r.GET("/direct", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.FailFast())), h)
+
+	w := serve(r, http.MethodGet, "/bg")
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("cold FailFast: %d Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	if b := decodeError(t, w); b.Error != "cached response unavailable" {
+		t.Fatalf("body %+v", b)
+	}
+	eventually(t, 10*time.Second, "the background fill", func() bool {
+		w := serve(r, http.MethodGet, "/bg")
+		return w.Code == http.StatusOK && w.Header().Get("X-Cache") == "HIT" && w.Body.String() == "filled"
+	})
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+
+	if w := serve(r, http.MethodGet, "/direct"); w.Code != http.StatusOK || w.Header().Get("X-Cache") != "BYPASS" {
+		t.Fatalf("FailFast without BackgroundRefresh: %d %q", w.Code, w.Header().Get("X-Cache"))
+	}
+}
+
+// A request whose wait budget ends while another request loads the entry is
+// answered 503 with Retry-After, without running the handler.
+func TestCacheWaitBudget(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	release := make(chan struct{})
+	var calls atomic.Int64
+	r := newEngine()
+	r.GET("/slow", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.WaitBudget(50*time.Millisecond), cacheguard.LoadTimeout(time.Minute))),
+		func(c *gin.Context) {
+			calls.Add(1)
+			<-release
+			c.String(http.StatusOK, "slow")
+		})
+	leader := make(chan *httptest.ResponseRecorder, 1)
+	go func() { leader <- serve(r, http.MethodGet, "/slow") }()
+	eventually(t, 10*time.Second, "the leader to run the handler", func() bool { return calls.Load() == 1 })
+	w := serve(r, http.MethodGet, "/slow")
+	close(release)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("waiter: %d Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	if lw := <-leader; lw.Code != http.StatusOK || lw.Body.String() != "slow" {
+		t.Fatalf("leader: %d %q", lw.Code, lw.Body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", calls.Load())
+	}
+}
