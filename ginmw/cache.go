@@ -129,7 +129,7 @@ func (m *cacheMW) serve(c *gin.Context) {
 		// The load needs this request's handler (other requests may be waiting for it).
 		if out := p.answer(c, a); out != nil {
 			if out.cacheable() {
-				m.settle(r.Context(), key, out)
+				m.settle(r.Context(), key)
 			}
 			writeResponse(c, out, "MISS")
 		}
@@ -155,17 +155,21 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 
 // settle waits until the load this request answered has stored its response,
 // so that a request that follows this one is served from the cache instead of
-// joining a load whose answer it could not tell from its own: it joins that
-// load with a Get (or reads what it stored). Should the entry be gone
-// meanwhile, the Get stores resp again.
-func (m *cacheMW) settle(ctx context.Context, key string, resp *response) {
+// joining a load that has already answered: it joins that load with a Get, or
+// reads what it stored. Should the entry be gone meanwhile (invalidated), the
+// Get finds no load to join and its loader refuses, so nothing old is stored.
+func (m *cacheMW) settle(ctx context.Context, key string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	cacheguard.Get(ctx, m.g, key, func(context.Context) (*response, error) { return resp, nil }, m.guardOpts...) //nolint:errcheck // only waiting
+	cacheguard.Get(ctx, m.g, key, refuseLoad, m.guardOpts...) //nolint:errcheck // only waiting
 }
 
 // settleTimeout bounds settle: the store it waits for is one round trip.
-const settleTimeout = time.Second
+const settleTimeout = 500 * time.Millisecond
+
+var errSettled = errors.New("ginmw: entry gone after its load answered")
+
+func refuseLoad(context.Context) (*response, error) { return nil, errSettled }
 
 // loaded is what the loader returns for a response the handler produced.
 func loaded(resp *response) loadReply {
