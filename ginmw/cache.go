@@ -223,7 +223,7 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 		c.Request, c.Writer = origReq, origW
 	}()
 	c.Next()
-	return w.captured(m.cfg.vary)
+	return w.captured(m.cfg.vary, origReq.Method == http.MethodHead)
 }
 
 // finish answers a request whose Get ended without asking for its handler.

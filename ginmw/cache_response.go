@@ -34,7 +34,8 @@ func (r *response) shareable() bool { return !r.setsCookie() }
 
 func (r *response) setsCookie() bool { return len(r.header["Set-Cookie"]) > 0 }
 
-// hopHeaders are not stored: they describe one connection, or are Cache's own.
+// hopHeaders are not stored: they describe one connection, are Cache's own,
+// or (Content-Length) are recomputed from the stored body.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
 	"Upgrade", "Trailer", "Te", "Content-Length", "X-Cache"}
 
@@ -78,7 +79,7 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 		c.Abort()
 		return
 	}
-	if bodyAllowed(r.status) {
+	if bodyAllowed(r.status) && (len(r.body) > 0 || r.header["Content-Length"] == nil) {
 		h.Set("Content-Length", strconv.Itoa(len(r.body)))
 	}
 	c.Writer.WriteHeader(r.status)

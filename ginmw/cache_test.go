@@ -309,8 +309,8 @@ func TestCacheVaryAndHead(t *testing.T) {
 		t.Fatalf("HEAD served from GET's entry: %q", w.Header().Get("X-Cache"))
 	}
 	waitEntries(t, rdb, 3)
-	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 {
-		t.Fatalf("second HEAD: %q body %q", w.Header().Get("X-Cache"), w.Body)
+	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "5" {
+		t.Fatalf("second HEAD: %q body %q Content-Length %q", w.Header().Get("X-Cache"), w.Body, w.Header().Get("Content-Length"))
 	}
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", calls.Load())
