@@ -564,3 +564,73 @@ func TestCacheWaitBudget(t *testing.T) {
 		t.Fatalf("handler ran %d times", calls.Load())
 	}
 }
+
+// The request that runs the handler for others keeps running it when its own
+// client goes away: the handler's context is detached from that client, and
+// the requests waiting for the load get the response.
+func TestCacheLeaderDisconnectDoesNotCancelLoad(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var handlerCtxErr error
+	type ctxKey struct{}
+	var sawValue bool
+	r := newEngine()
+	r.Use(func(c *gin.Context) {
+		c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), ctxKey{}, "kept"))
+	})
+	r.GET("/slow", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		close(entered)
+		<-release
+		handlerCtxErr = c.Request.Context().Err()
+		sawValue = c.Request.Context().Value(ctxKey{}) == "kept"
+		c.String(http.StatusOK, "loaded")
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/slow", nil)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	within(t, 10*time.Second, entered, "the leader's handler")
+	follower := make(chan *httptest.ResponseRecorder, 1)
+	go func() { follower <- serve(r, http.MethodGet, "/slow") }()
+	eventually(t, 10*time.Second, "the follower to wait", func() bool { return totalMisses(g) == 2 })
+	cancel() // the leader's client goes away
+	<-errc
+	close(release)
+	w := <-follower
+	if w.Code != http.StatusOK || w.Body.String() != "loaded" || w.Header().Get("X-Cache") != "COALESCED" {
+		t.Fatalf("follower: %d %q %q", w.Code, w.Body, w.Header().Get("X-Cache"))
+	}
+	if handlerCtxErr != nil || !sawValue {
+		t.Fatalf("handler context: err %v, value kept %v", handlerCtxErr, sawValue)
+	}
+}
+
+// InvalidateAfter leaves the cache alone when the write failed.
+func TestCacheInvalidateAfterOnlyOnSuccess(t *testing.T) {
+	s := redistest.Start(t)
+	g, rdb := newGuard(t, s)
+	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	r := newEngine()
+	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), func(c *gin.Context) { c.String(http.StatusOK, "v") })
+	r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) { c.Status(http.StatusUnprocessableEntity) })
+	serve(r, http.MethodGet, "/repos/3")
+	waitEntries(t, rdb, 1)
+	if w := serve(r, http.MethodPut, "/repos/3"); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("PUT: %d", w.Code)
+	}
+	if w := serve(r, http.MethodGet, "/repos/3"); w.Header().Get("X-Cache") != "HIT" {
+		t.Fatalf("after a failed write: %q, want HIT", w.Header().Get("X-Cache"))
+	}
+}
