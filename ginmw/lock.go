@@ -58,7 +58,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		}
 		lk, err := l.Lock(ctx, name, lockOpts...)
 		if err != nil {
-			if refused := cfg.refuse(c, name, ctx, err); refused {
+			if refused := cfg.refuse(ctx, c, name, err); refused {
 				return
 			}
 			c.Request = orig.WithContext(ctx) // fail open: the owner, but no lock
@@ -90,7 +90,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 
 // refuse answers a failed acquisition, or reports false when the handler
 // should run unlocked (FailOpen and the lock service is unavailable).
-func (cfg *lockConfig) refuse(c *gin.Context, name string, ctx context.Context, err error) bool {
+func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
 	var noe *locks.NotObtainedError
 	isNoe := errors.As(err, &noe)
 	switch {
