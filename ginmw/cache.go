@@ -237,8 +237,9 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, res cachegu
 	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
 		writeResponse(c, unc.resp, "COALESCED")
 	case errors.Is(err, cacheguard.ErrMiss) && m.cfg.engine == nil:
-		// FailFast fills in the background, which needs BackgroundRefresh:
-		// without it nothing would ever be stored, so serve this one directly.
+		// FailFast fills in the background, which needs BackgroundRefresh
+		// unless the fill asks before this request has left Cache (then this
+		// request runs it): serve this one directly.
 		c.Error(fmt.Errorf("%w (FailFast needs BackgroundRefresh)", err)) //nolint:errcheck // recorded for loggers
 		c.Header("X-Cache", "BYPASS")
 		c.Next()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -145,8 +146,11 @@ func (w *captureWriter) captured(vary []string, head bool) *response {
 	for _, k := range hopHeaders {
 		delete(h, k)
 	}
-	if head && w.body.Len() == 0 && cl != nil {
+	switch {
+	case head && w.body.Len() == 0 && cl != nil:
 		h["Content-Length"] = cl // a HEAD answer states the length of the body it does not send
+	case bodyAllowed(w.status):
+		h["Content-Length"] = []string{strconv.Itoa(w.body.Len())} // stored, so a replay need not format it
 	}
 	for _, name := range vary {
 		if !headerHasToken(h, "Vary", name) {

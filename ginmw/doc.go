@@ -79,6 +79,7 @@
 //   - Refreshes with no request waiting (ServeStale, FailFast, early refresh)
 //     need BackgroundRefresh(engine), which replays a copy of the request
 //     through the engine; without it early refresh is off, a stale entry is
-//     reloaded in the foreground once its stale window ends, and FailFast
-//     requests are served directly.
+//     reloaded in the foreground once its stale window ends, and a FailFast
+//     miss is served directly. (A refresh that asks while the request that
+//     started it is still in Cache is run by that request.)
 package ginmw
