@@ -8,7 +8,9 @@ local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, acq = ARGV[1], ARGV[2]
 local leases, places, fencettls, fairs = string.match(ARGV[3], '^(%d+),(%d+),(%d+),(%d)$')
 local lease, place, fencettl, fair = tonumber(leases), tonumber(places), tonumber(fencettls), fairs == '1'
-local member = owner .. '|' .. leases
+-- A queue entry names the waiter's owner, lease and acquisition id; a hand-off
+-- writes that id into the lock, so only the waiter's own attempt matches it.
+local member = owner .. '|' .. leases .. '|' .. acq
 
 -- The fence token: the counter plus one; when the counter was lost (restart
 -- without persistence, failover, eviction, or its retention ran out), the
@@ -39,16 +41,13 @@ local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local cur = redis.call('HMGET', lk, 'o', 'a', 'n', 'f')
 if cur[1] == owner then
-  -- Held by this owner: re-entry, or go-redis retrying a call whose reply was lost
-  -- (same acquisition id), or a hand-off to this waiter that it has not heard of.
+  -- Held by this owner. The same acquisition id: go-redis retrying a call whose
+  -- reply was lost, or a hand-off to this waiter that it has not heard of yet.
+  -- Any other id: a re-entry, which takes one more hold.
   local n = tonumber(cur[3])
   if cur[2] ~= acq then
-    if cur[2] == 'h' then
-      redis.call('HSET', lk, 'a', acq)
-    else
-      n = redis.call('HINCRBY', lk, 'n', 1)
-      redis.call('HSET', lk, 'a', acq)
-    end
+    n = redis.call('HINCRBY', lk, 'n', 1)
+    redis.call('HSET', lk, 'a', acq)
   end
   if redis.call('PTTL', lk) < lease then redis.call('PEXPIRE', lk, lease) end
   redis.call('ZREM', q, member)

@@ -402,8 +402,8 @@ func TestDeadWaiterLosesPlace(t *testing.T) {
 	}
 	// A waiter that died after queueing: an entry nobody will refresh.
 	now := time.Now()
-	rdb.ZAdd(ctx, "cg:q:{dead}", redis.Z{Score: 1, Member: "ghost|10000"})
-	rdb.ZAdd(ctx, "cg:qt:{dead}", redis.Z{Score: float64(now.Add(500 * time.Millisecond).UnixMilli()), Member: "ghost|10000"})
+	rdb.ZAdd(ctx, "cg:q:{dead}", redis.Z{Score: 1, Member: "ghost|10000|ghostacq"})
+	rdb.ZAdd(ctx, "cg:qt:{dead}", redis.Z{Score: float64(now.Add(500 * time.Millisecond).UnixMilli()), Member: "ghost|10000|ghostacq"})
 	got := make(chan error, 1)
 	go func() {
 		lk, err := c.Lock(ctx, "dead", locks.WithWait(10*time.Second))
@@ -609,4 +609,91 @@ func TestHandOffCostsNoExtraRequest(t *testing.T) {
 		t.Fatalf("the waiter sent %d commands between the hand-off and its first renewal, want 0", n)
 	}
 	lk.Unlock(ctx)
+}
+
+// TestReentryAfterHandOff: a lock handed to a waiter and then re-entered by
+// the same owner counts two holds; the inner Unlock leaves it held, and no
+// other owner gets in until the outer Unlock. (A hand-off used to mark the
+// lock in a way that a later re-entry mistook for its own confirmation.)
+func TestReentryAfterHandOff(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	a, b, c := locks.New(s.Client()), locks.New(s.Client()), locks.New(s.Client())
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	rdb := s.Client()
+	held, err := a.Lock(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := locks.WithOwner(ctx, locks.NewOwnerID())
+	got := make(chan *locks.Lock, 1)
+	go func() {
+		l, err := b.Lock(owner, "x", locks.WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{x}").Val() == 1 })
+	held.Unlock(ctx)
+	outer := <-got
+	if outer == nil {
+		t.FailNow()
+	}
+	inner, err := b.Lock(owner, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.HGet(ctx, "cg:lock:{x}", "n").Val(); n != "2" {
+		t.Fatalf("hold count after re-entering a handed-off lock = %q, want 2", n)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.TryLock(ctx, "x"); !errors.Is(err, locks.ErrNotObtained) {
+		t.Fatalf("another owner while the outer hold is held: %v, want ErrNotObtained", err)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatalf("outer Unlock: %v", err)
+	}
+}
+
+// TestSharedOwnerWaitersGetOneHoldEach: two callers waiting under one owner
+// id are handed the lock one at a time — a grant names the acquisition, not
+// only the owner.
+func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.WithFair())
+	other, err := c.Lock(ctx, "shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := locks.WithOwner(ctx, "job-7")
+	got := make(chan *locks.Lock, 2)
+	for i := range 2 {
+		go func() {
+			l, err := c.Lock(owner, "shared", locks.WithWait(10*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- l
+		}()
+		eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{shared}").Val() == int64(i+1) })
+	}
+	other.Unlock(ctx)
+	first := <-got
+	second := <-got // re-enters the first's hold, or is handed it after: either way its own hold
+	if first == nil || second == nil {
+		t.FailNow()
+	}
+	if n := rdb.HGet(ctx, "cg:lock:{shared}", "n").Val(); n != "2" {
+		t.Fatalf("two holders under one owner: hold count %q, want 2", n)
+	}
+	first.Unlock(ctx)
+	second.Unlock(ctx)
+	if rdb.Exists(ctx, "cg:lock:{shared}").Val() != 0 {
+		t.Fatal("lock left after both holds were given back")
+	}
 }

@@ -328,7 +328,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 	defer sub.Close()
 
-	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10)
+	acqs := acq.(string)
+	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10) + "|" + acqs
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var pttl time.Duration
@@ -356,7 +357,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		select {
 		case msg := <-sub.C():
 			who, f, ok := strings.Cut(msg, " ")
-			if !ok || who != owner {
+			if !ok || who != acqs {
 				goto wait // a hand-off to somebody else
 			}
 			fence, _ := strconv.ParseUint(f, 10, 64)

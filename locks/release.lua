@@ -29,18 +29,19 @@ if #dead > 0 then
 end
 local head = redis.call('ZRANGE', q, 0, 0)[1]
 if head then
-  local sep = string.find(head, '|', 1, true)
-  local w, wlease = string.sub(head, 1, sep - 1), tonumber(string.sub(head, sep + 1))
+  -- owner|lease|acquisition id (the owner may itself contain '|')
+  local w, wl, wacq = string.match(head, '^(.*)|(%d+)|([^|]*)$')
+  local wlease = tonumber(wl)
   local f = redis.call('INCR', fk)
   if f == 1 then -- the counter was lost: restart from the clock (see acquire.lua)
     f = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', fk, string.format('%.0f', f), 'PX', fencettl)
   end
   f = string.format('%.0f', f)
-  redis.call('HSET', lk, 'o', w, 'a', 'h', 'n', 1, 'f', f)
+  redis.call('HSET', lk, 'o', w, 'a', wacq, 'n', 1, 'f', f)
   redis.call('PEXPIRE', lk, math.min(wlease, claim))
   redis.call('ZREM', q, head)
   redis.call('ZREM', qt, head)
-  redis.call(pub, chan, w .. ' ' .. f)
+  redis.call(pub, chan, wacq .. ' ' .. f)
 end
 return 0
