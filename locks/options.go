@@ -99,10 +99,16 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // WithPrefix sets the prefix of every key and channel. The default is "cg:".
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithFenceRetention sets how long a lock's fence counter outlives its last
-// acquisition. A counter that expired (or was lost) restarts from the server's
-// clock in microseconds, which is still larger than any earlier token as long
-// as the server's clock does not go back. The default is 7 days.
+// WithFenceRetention sets how long a lock's fence counter lives after it was
+// last started from the server's clock (each acquisition increments it; the
+// TTL is not refreshed, so acquiring costs no extra write). When the counter
+// expires or is lost (a restart without persistence, a failover, eviction),
+// the next token is the server's clock in microseconds, still above every
+// earlier token unless the server's clock went back or one lock was taken more
+// than once per microsecond on average since the counter started. A counter
+// costs about 60 bytes of Redis memory per lock name; run Redis with
+// maxmemory-policy noeviction (or volatile-*) so that live locks are never
+// evicted. The default is 7 days.
 func WithFenceRetention(d time.Duration) Option { return func(c *config) { c.fenceRetention = d } }
 
 // WithObserver sets a function called with every lock outcome (acquired,

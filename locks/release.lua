@@ -14,9 +14,9 @@ if mine ~= '' then
   redis.call('ZREM', q, mine)
   redis.call('ZREM', qt, mine)
 end
-if redis.call('HGET', lk, 'o') ~= owner then return -1 end
-local n = redis.call('HINCRBY', lk, 'n', -1)
-if n > 0 then return n end
+local cur = redis.call('HMGET', lk, 'o', 'n')
+if cur[1] ~= owner then return -1 end
+if tonumber(cur[2]) > 1 then return redis.call('HINCRBY', lk, 'n', -1) end
 redis.call('DEL', lk)
 if redis.call('EXISTS', q) == 0 then return 0 end
 
@@ -31,9 +31,12 @@ local head = redis.call('ZRANGE', q, 0, 0)[1]
 if head then
   local sep = string.find(head, '|', 1, true)
   local w, wlease = string.sub(head, 1, sep - 1), tonumber(string.sub(head, sep + 1))
-  local c = tonumber(redis.call('GET', fk) or '0')
-  local f = string.format('%.0f', math.max(c + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
-  redis.call('SET', fk, f, 'PX', fencettl)
+  local f = redis.call('INCR', fk)
+  if f == 1 then -- the counter was lost: restart from the clock (see acquire.lua)
+    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', fk, string.format('%.0f', f), 'PX', fencettl)
+  end
+  f = string.format('%.0f', f)
   redis.call('HSET', lk, 'o', w, 'a', 'h', 'n', 1, 'f', f)
   redis.call('PEXPIRE', lk, math.min(wlease, claim))
   redis.call('ZREM', q, head)
