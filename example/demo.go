@@ -460,7 +460,12 @@ func printReport(out io.Writer, cfg demoConfig, r *report) {
 	tw = tabwriter.NewWriter(out, 0, 0, 3, ' ', 0)
 	fmt.Fprintf(tw, "conflicting settings edits\t%d concurrent, lock wait budget %v\n", e.Sent, cfg.EditWait)
 	applied := fmt.Sprint(e.Applied)
-	if e.Applied > 0 {
+	switch {
+	case len(e.Problems) > 0:
+		applied += ", NOT one at a time in order (see below)"
+	case e.Applied == 1:
+		applied += " (version 1)"
+	case e.Applied > 1:
 		applied += fmt.Sprintf(", one at a time, in order (versions %d-%d, fences increasing)", e.Versions[0], e.Versions[1])
 	}
 	fmt.Fprintf(tw, "  edits serialised\t%s\n", applied)

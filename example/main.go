@@ -25,6 +25,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/ginmw"
 )
 
 const usage = `usage: go run ./example [flags] [demo|serve]
@@ -41,8 +43,8 @@ flags:
   -requests n      demo: concurrent reads in each burst (default %[2]d)
   -edits n         demo: concurrent settings edits (default %[3]d)
   -edit-wait d     how long an edit waits for the repository's lock before
-                   409 (default %[4]s)
-  -listen addr     serve: address to listen on (default %[5]s)
+                   409 (default %[4]s in the demo, %[6]s in serve)
+  -listen addr     serve: address to listen on (default %[5]s, a free port)
 `
 
 // options are the parsed command line.
@@ -101,7 +103,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 func printUsage(w io.Writer) {
 	d := defaultDemo()
-	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen)
+	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, ginmw.DefaultWait)
 }
 
 const defaultListen = "127.0.0.1:0"
@@ -136,8 +138,8 @@ func parse(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("unknown mode %q: want demo or serve", o.mode)
 	case o.demo.Instances < 1 || o.demo.Instances > 64:
 		return o, fmt.Errorf("-instances %d: want 1 to 64", o.demo.Instances)
-	case o.demo.Requests < 1 || o.demo.Requests > 20000:
-		return o, fmt.Errorf("-requests %d: want 1 to 20000", o.demo.Requests)
+	case o.demo.Requests < 1 || o.demo.Requests > 5000:
+		return o, fmt.Errorf("-requests %d: want 1 to 5000", o.demo.Requests)
 	case o.demo.Edits < 1 || o.demo.Edits > 1000:
 		return o, fmt.Errorf("-edits %d: want 1 to 1000", o.demo.Edits)
 	case o.demo.EditWait < 0:
