@@ -67,14 +67,14 @@ func (c *call[T]) detach() *call[T] {
 
 func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	var zero T
-	start := time.Now()
+	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	g := c.g
-	b, err := g.rdb.Get(ctx, g.valueKey(c.key)).Bytes()
+	b, err := g.reads.get(ctx, g.rdb, g.valueKey(c.key))
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
 	case err == nil:
-		v, res, err, done := c.fromStored(ctx, b)
+		v, res, err, done := c.fromStored(ctx, b, start.UnixMilli())
 		if done {
 			return v, res, err
 		}
@@ -94,17 +94,16 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	return c.detach().wait(ctx, start, force, redisErr)
 }
 
-// fromStored serves a stored envelope when it is fresh, or stale and the
-// policy allows it. done is false when the call must go on as a miss; err is
+// fromStored serves a stored envelope when it is fresh at now (unix ms, read
+// before the GET), or stale and the policy allows it. done is false when the call must go on as a miss; err is
 // then a decode error (or nil when the value is only too old).
-func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, err error, done bool) {
+func (c *call[T]) fromStored(ctx context.Context, b []byte, now int64) (v T, res Result, err error, done bool) {
 	g := c.g
 	env, err := decodeEnvelope(b)
 	if err != nil {
 		g.note(EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
 	}
-	now := time.Now().UnixMilli()
 	switch {
 	case now < env.freshUntil && env.negative:
 		g.note(EventHit, c.key, 0, nil)

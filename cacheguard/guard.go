@@ -24,6 +24,7 @@ type Guard struct {
 	pub string    // PUBLISH, or SPUBLISH on a cluster
 	sem chan struct{}
 
+	reads   reads              // per value key: one GET in flight per process
 	flights singleflight.Group // per value key: one flight to Redis per process
 	noLease singleflight.Group // per value key: loads without the lease after a wait timeout
 	stats   counters

@@ -115,7 +115,9 @@ func WaitBudget(d time.Duration) Option { return func(c *config) { c.wait = d } 
 // FailFast selects the fail-fast policy: a call never waits for a load. It
 // returns a fresh value, or a stale one within the stale window, or else
 // ErrMiss at once, having started one fill in the background (under the fill
-// lease, so still one load across the fleet). The default policy is Wait.
+// lease, so still one load across the fleet). While Redis cannot be reached,
+// fail-open still runs the loader for the call (see FailClosed). The default
+// policy is Wait.
 func FailFast() Option { return func(c *config) { c.policy = policyFailFast } }
 
 // OnWaitTimeout sets what a call does when its wait budget ends. The default

@@ -23,8 +23,8 @@ func (l *Lock) Name() string { return l.h.name }
 // (re-entries share the token of the acquisition they re-enter). Pass it to the
 // resource you write, and have the resource refuse writes with a token smaller
 // than one it has seen: a holder that was paused past its lease is then
-// refused, which no lock alone can guarantee. See Client.MonotonicFences for
-// Redlock, whose tokens are not monotonic.
+// refused, which no lock alone can guarantee. Redlock issues no tokens: its
+// locks' Fence is 0 and its MonotonicFences is false (see Redlock).
 func (l *Lock) Fence() uint64 { return l.h.fence }
 
 // Lost returns a channel closed when ownership is lost while held: the lease
