@@ -3,6 +3,7 @@ package ginmw
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -128,7 +129,7 @@ func (m *cacheMW) serve(c *gin.Context) {
 		// The load needs this request's handler (other requests may be waiting for it).
 		if out := p.answer(c, a); out != nil {
 			if out.cacheable() {
-				m.settle(r.Context(), key, out)
+				m.settle(r.Context(), key)
 			}
 			writeResponse(c, out, "MISS")
 		}
@@ -154,17 +155,21 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 
 // settle waits until the load this request answered has stored its response,
 // so that a request that follows this one is served from the cache instead of
-// joining a load whose answer it could not tell from its own: it joins that
-// load with a Get (or reads what it stored). Should the entry be gone
-// meanwhile, the Get stores resp again.
-func (m *cacheMW) settle(ctx context.Context, key string, resp *response) {
+// joining a load that has already answered: it joins that load with a Get, or
+// reads what it stored. Should the entry be gone meanwhile (invalidated), the
+// Get finds no load to join and its loader refuses, so nothing old is stored.
+func (m *cacheMW) settle(ctx context.Context, key string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	cacheguard.Get(ctx, m.g, key, func(context.Context) (*response, error) { return resp, nil }, m.guardOpts...) //nolint:errcheck // only waiting
+	cacheguard.Get(ctx, m.g, key, refuseLoad, m.guardOpts...) //nolint:errcheck // only waiting
 }
 
 // settleTimeout bounds settle: the store it waits for is one round trip.
-const settleTimeout = time.Second
+const settleTimeout = 500 * time.Millisecond
+
+var errSettled = errors.New("ginmw: entry gone after its load answered")
+
+func refuseLoad(context.Context) (*response, error) { return nil, errSettled }
 
 // loaded is what the loader returns for a response the handler produced.
 func loaded(resp *response) loadReply {
@@ -218,7 +223,7 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 		c.Request, c.Writer = origReq, origW
 	}()
 	c.Next()
-	return w.captured(m.cfg.vary)
+	return w.captured(m.cfg.vary, origReq.Method == http.MethodHead)
 }
 
 // finish answers a request whose Get ended without asking for its handler.
@@ -231,6 +236,13 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, res cachegu
 		c.AbortWithStatus(StatusClientClosedRequest)
 	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
 		writeResponse(c, unc.resp, "COALESCED")
+	case errors.Is(err, cacheguard.ErrMiss) && m.cfg.engine == nil:
+		// FailFast fills in the background, which needs BackgroundRefresh
+		// unless the fill asks before this request has left Cache (then this
+		// request runs it): serve this one directly.
+		c.Error(fmt.Errorf("%w (FailFast needs BackgroundRefresh)", err)) //nolint:errcheck // recorded for loggers
+		c.Header("X-Cache", "BYPASS")
+		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
 		c.Header("Retry-After", "1")
 		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})

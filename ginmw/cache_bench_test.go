@@ -30,7 +30,7 @@ func BenchmarkCacheWarm(b *testing.B) {
 	if w := serve(r, http.MethodGet, "/repos/1"); w.Header().Get("X-Cache") != "MISS" {
 		b.Fatalf("warming: %q", w.Header().Get("X-Cache"))
 	}
-	benchWarm(b, r, "HIT")
+	benchWarm(b, s, r, "HIT")
 }
 
 // BenchmarkCacheRawBaseline is BenchmarkCacheWarm's route as a handler that
@@ -51,12 +51,13 @@ func BenchmarkCacheRawBaseline(b *testing.B) {
 		c.Header("X-Cache", "HIT")
 		c.Data(http.StatusOK, "application/json; charset=utf-8", v)
 	})
-	benchWarm(b, r, "HIT")
+	benchWarm(b, s, r, "HIT")
 }
 
-func benchWarm(b *testing.B, h http.Handler, xcache string) {
+func benchWarm(b *testing.B, s *redistest.Server, h http.Handler, xcache string) {
 	b.SetParallelism(benchParallelism)
 	b.ReportAllocs()
+	cpu := startCPU(b, s)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -68,5 +69,7 @@ func benchWarm(b *testing.B, h http.Handler, xcache string) {
 			}
 		}
 	})
+	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	cpu.report(b)
 }

@@ -20,7 +20,10 @@ const headSuffix = "|HEAD"
 // "http:" + the cleaned path + "?" + the query with its parameters sorted by
 // name (no "?" without a query). Pass it to Invalidate.
 func PathKey(p string, query url.Values) string {
-	clean := path.Clean("/" + p)
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
 	if strings.HasSuffix(p, "/") && clean != "/" {
 		clean += "/"
 	}

@@ -54,8 +54,9 @@ func VaryByHeader(names ...string) CacheOption {
 // CacheOptions passes options to every cacheguard.Get: the miss policy
 // (cacheguard.Wait, ServeStale, FailFast), the wait budget, the fill lease,
 // the load timeout, jitter, early refresh, FailClosed. The TTL given to Cache
-// and the codec are set by Cache and override TTL and WithCodec here. The
-// default is the Guard's own defaults.
+// and the codec are set by Cache and override TTL and WithCodec here;
+// Guard-only options (Prefix, MaxConcurrentLoads, WithObserver) belong in
+// cacheguard.New. The default is the Guard's own defaults.
 func CacheOptions(opts ...cacheguard.Option) CacheOption {
 	return func(c *cacheConfig) { c.guardOpts = append(c.guardOpts, opts...) }
 }

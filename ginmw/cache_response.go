@@ -34,7 +34,8 @@ func (r *response) shareable() bool { return !r.setsCookie() }
 
 func (r *response) setsCookie() bool { return len(r.header["Set-Cookie"]) > 0 }
 
-// hopHeaders are not stored: they describe one connection, or are Cache's own.
+// hopHeaders are not stored as the handler set them: they describe one
+// connection, are Cache's own, or (Content-Length) are computed by Cache.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
 	"Upgrade", "Trailer", "Te", "Content-Length", "X-Cache"}
 
@@ -65,7 +66,7 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 	for k, vs := range r.header {
 		h[k] = vs[:len(vs):len(vs)] // an append by later middleware copies instead of writing into the shared array
 	}
-	h.Set("X-Cache", xcache)
+	h["X-Cache"] = xcacheValue(xcache)
 	if r.status == http.StatusOK && notModified(c.Request, r.header) {
 		for _, k := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
 			delete(h, k)
@@ -78,7 +79,7 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 		c.Abort()
 		return
 	}
-	if bodyAllowed(r.status) {
+	if bodyAllowed(r.status) && r.header["Content-Length"] == nil {
 		h.Set("Content-Length", strconv.Itoa(len(r.body)))
 	}
 	c.Writer.WriteHeader(r.status)
@@ -88,6 +89,29 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 		c.Writer.WriteHeaderNow()
 	}
 	c.Abort()
+}
+
+// The X-Cache header values, allocated once. Their length equals their
+// capacity, so an append by later middleware copies instead of sharing.
+var (
+	xcacheHit       = []string{"HIT"}
+	xcacheMiss      = []string{"MISS"}
+	xcacheStale     = []string{"STALE"}
+	xcacheCoalesced = []string{"COALESCED"}
+)
+
+func xcacheValue(v string) []string {
+	switch v {
+	case "HIT":
+		return xcacheHit
+	case "MISS":
+		return xcacheMiss
+	case "STALE":
+		return xcacheStale
+	case "COALESCED":
+		return xcacheCoalesced
+	}
+	return []string{v}
 }
 
 func bodyAllowed(status int) bool {
@@ -182,45 +206,61 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || data[2] != 1 {
 		return errBadPayload
 	}
-	r := &response{status: int(binary.BigEndian.Uint16(data[3:]))}
-	d := data[5:]
-	next := func() (uint64, bool) {
-		x, n := binary.Uvarint(d)
-		if n <= 0 {
-			return 0, false
-		}
-		d = d[n:]
-		return x, true
-	}
-	str := func() (string, bool) {
-		l, ok := next()
-		if !ok || l > uint64(len(d)) {
-			return "", false
-		}
-		s := string(d[:l])
-		d = d[l:]
-		return s, true
-	}
-	nh, ok := next()
-	if !ok || nh > uint64(len(d)) || r.status < 100 || r.status > 999 {
+	status := int(binary.BigEndian.Uint16(data[3:]))
+	if status < 100 || status > 999 {
 		return errBadPayload
 	}
-	r.header = make(http.Header, nh)
+	// First pass: check the header block and count its values; second pass:
+	// cut every name and value out of one string and one slice.
+	d := data[5:]
+	nh, n := binary.Uvarint(d)
+	if n <= 0 || nh > uint64(len(d)) {
+		return errBadPayload
+	}
+	off, nvals := n, 0
+	str := func() (int, int, bool) {
+		l, n := binary.Uvarint(d[off:])
+		if n <= 0 || l > uint64(len(d)-off-n) {
+			return 0, 0, false
+		}
+		start := off + n
+		off = start + int(l)
+		return start, off, true
+	}
 	for range nh {
-		k, ok := str()
-		nv, ok2 := next()
-		if !ok || !ok2 || nv > uint64(len(d)) {
+		if _, _, ok := str(); !ok {
 			return errBadPayload
 		}
-		vs := make([]string, nv)
-		for i := range vs {
-			if vs[i], ok = str(); !ok {
+		nv, n := binary.Uvarint(d[off:])
+		if n <= 0 || nv > uint64(len(d)-off-n) {
+			return errBadPayload
+		}
+		off += n
+		for range nv {
+			if _, _, ok := str(); !ok {
 				return errBadPayload
 			}
 		}
-		r.header[k] = vs
+		nvals += int(nv)
 	}
-	r.body = d
+	end := off
+	block := string(d[:end])
+	r := &response{status: status, header: make(http.Header, nh), body: d[end:]}
+	vals := make([]string, nvals)
+	_, n = binary.Uvarint(d)
+	off = n
+	for range nh {
+		a, b, _ := str()
+		nv, n := binary.Uvarint(d[off:])
+		off += n
+		vs := vals[:nv:nv]
+		vals = vals[nv:]
+		for i := range vs {
+			x, y, _ := str()
+			vs[i] = block[x:y]
+		}
+		r.header[block[a:b]] = vs
+	}
 	*p = r
 	return nil
 }

@@ -309,8 +309,8 @@ func TestCacheVaryAndHead(t *testing.T) {
 		t.Fatalf("HEAD served from GET's entry: %q", w.Header().Get("X-Cache"))
 	}
 	waitEntries(t, rdb, 3)
-	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 {
-		t.Fatalf("second HEAD: %q body %q", w.Header().Get("X-Cache"), w.Body)
+	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "5" {
+		t.Fatalf("second HEAD: %q body %q Content-Length %q", w.Header().Get("X-Cache"), w.Body, w.Header().Get("Content-Length"))
 	}
 	if calls.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", calls.Load())
@@ -500,5 +500,143 @@ func TestCacheOtherMethodsPassThrough(t *testing.T) {
 	r.POST("/x", ginmw.Cache(g, time.Minute), func(c *gin.Context) { c.String(http.StatusCreated, "made") })
 	if w := serve(r, http.MethodPost, "/x"); w.Code != http.StatusCreated || w.Header().Get("X-Cache") != "" {
 		t.Fatalf("%d %q", w.Code, w.Header().Get("X-Cache"))
+	}
+}
+
+// Under FailFast a miss is answered at once with 503 and Retry-After while the
+// entry fills in the background through the engine; without BackgroundRefresh
+// the request is served directly instead (nothing could ever fill the entry).
+func TestCacheFailFast(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	var calls atomic.Int64
+	h := func(c *gin.Context) { calls.Add(1); c.String(http.StatusOK, "filled") }
+	r := newEngine()
+	r.GET("/bg", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.FailFast()), ginmw.BackgroundRefresh(r)), h)
+	r.GET("/direct", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.FailFast())), h)
+
+	// The background fill asks for a handler: this request's, if it is still
+	// in Cache when the fill gets the lease (MISS), or else a copy of it sent
+	// through the engine while this request is answered 503.
+	switch w := serve(r, http.MethodGet, "/bg"); {
+	case w.Code == http.StatusOK && w.Header().Get("X-Cache") == "MISS":
+	case w.Code == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "1":
+		if b := decodeError(t, w); b.Error != "cached response unavailable" {
+			t.Fatalf("body %+v", b)
+		}
+	default:
+		t.Fatalf("cold FailFast: %d X-Cache %q Retry-After %q", w.Code, w.Header().Get("X-Cache"), w.Header().Get("Retry-After"))
+	}
+	eventually(t, 10*time.Second, "the background fill", func() bool {
+		w := serve(r, http.MethodGet, "/bg")
+		return w.Code == http.StatusOK && w.Header().Get("X-Cache") == "HIT" && w.Body.String() == "filled"
+	})
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", calls.Load())
+	}
+
+	// Without BackgroundRefresh: served here, as the fill (MISS) or directly (BYPASS).
+	if w := serve(r, http.MethodGet, "/direct"); w.Code != http.StatusOK || (w.Header().Get("X-Cache") != "BYPASS" && w.Header().Get("X-Cache") != "MISS") {
+		t.Fatalf("FailFast without BackgroundRefresh: %d %q", w.Code, w.Header().Get("X-Cache"))
+	}
+}
+
+// A request whose wait budget ends while another request loads the entry is
+// answered 503 with Retry-After, without running the handler.
+func TestCacheWaitBudget(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	release := make(chan struct{})
+	var calls atomic.Int64
+	r := newEngine()
+	r.GET("/slow", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.WaitBudget(50*time.Millisecond), cacheguard.LoadTimeout(time.Minute))),
+		func(c *gin.Context) {
+			calls.Add(1)
+			<-release
+			c.String(http.StatusOK, "slow")
+		})
+	leader := make(chan *httptest.ResponseRecorder, 1)
+	go func() { leader <- serve(r, http.MethodGet, "/slow") }()
+	eventually(t, 10*time.Second, "the leader to run the handler", func() bool { return calls.Load() == 1 })
+	w := serve(r, http.MethodGet, "/slow")
+	close(release)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("waiter: %d Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	if lw := <-leader; lw.Code != http.StatusOK || lw.Body.String() != "slow" {
+		t.Fatalf("leader: %d %q", lw.Code, lw.Body)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("handler ran %d times", calls.Load())
+	}
+}
+
+// The request that runs the handler for others keeps running it when its own
+// client goes away: the handler's context is detached from that client, and
+// the requests waiting for the load get the response.
+func TestCacheLeaderDisconnectDoesNotCancelLoad(t *testing.T) {
+	s := redistest.Start(t)
+	g, _ := newGuard(t, s)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var handlerCtxErr error
+	type ctxKey struct{}
+	var sawValue bool
+	r := newEngine()
+	r.Use(func(c *gin.Context) {
+		c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), ctxKey{}, "kept"))
+	})
+	r.GET("/slow", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		close(entered)
+		<-release
+		handlerCtxErr = c.Request.Context().Err()
+		sawValue = c.Request.Context().Value(ctxKey{}) == "kept"
+		c.String(http.StatusOK, "loaded")
+	})
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/slow", nil)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	within(t, 10*time.Second, entered, "the leader's handler")
+	follower := make(chan *httptest.ResponseRecorder, 1)
+	go func() { follower <- serve(r, http.MethodGet, "/slow") }()
+	eventually(t, 10*time.Second, "the follower to wait", func() bool { return totalMisses(g) == 2 })
+	cancel() // the leader's client goes away
+	<-errc
+	close(release)
+	w := <-follower
+	if w.Code != http.StatusOK || w.Body.String() != "loaded" || w.Header().Get("X-Cache") != "COALESCED" {
+		t.Fatalf("follower: %d %q %q", w.Code, w.Body, w.Header().Get("X-Cache"))
+	}
+	if handlerCtxErr != nil || !sawValue {
+		t.Fatalf("handler context: err %v, value kept %v", handlerCtxErr, sawValue)
+	}
+}
+
+// InvalidateAfter leaves the cache alone when the write failed.
+func TestCacheInvalidateAfterOnlyOnSuccess(t *testing.T) {
+	s := redistest.Start(t)
+	g, rdb := newGuard(t, s)
+	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	r := newEngine()
+	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), func(c *gin.Context) { c.String(http.StatusOK, "v") })
+	r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) { c.Status(http.StatusUnprocessableEntity) })
+	serve(r, http.MethodGet, "/repos/3")
+	waitEntries(t, rdb, 1)
+	if w := serve(r, http.MethodPut, "/repos/3"); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("PUT: %d", w.Code)
+	}
+	if w := serve(r, http.MethodGet, "/repos/3"); w.Header().Get("X-Cache") != "HIT" {
+		t.Fatalf("after a failed write: %q, want HIT", w.Header().Get("X-Cache"))
 	}
 }

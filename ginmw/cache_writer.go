@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -136,13 +137,20 @@ func (w *captureWriter) passThrough() {
 
 // captured returns the buffered response (headers filtered, Vary extended),
 // or nil when it passed through.
-func (w *captureWriter) captured(vary []string) *response {
+func (w *captureWriter) captured(vary []string, head bool) *response {
 	if w.through {
 		return nil
 	}
 	h := w.header
+	cl := h["Content-Length"]
 	for _, k := range hopHeaders {
 		delete(h, k)
+	}
+	switch {
+	case head && w.body.Len() == 0 && cl != nil:
+		h["Content-Length"] = cl // a HEAD answer states the length of the body it does not send
+	case bodyAllowed(w.status):
+		h["Content-Length"] = []string{strconv.Itoa(w.body.Len())} // stored, so a replay need not format it
 	}
 	for _, name := range vary {
 		if !headerHasToken(h, "Vary", name) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -34,6 +35,10 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 	}
 	lockOpts := append(append([]locks.Option(nil), cfg.lockOpts...), locks.WithWait(cfg.wait))
 	monotonic := l.MonotonicFences()
+	// Each request is an owner of its own: a random 128-bit prefix per
+	// middleware and a counter, unique without a call to the OS per request.
+	ownerPrefix := locks.NewOwnerID() + "."
+	var requests atomic.Uint64
 
 	return func(c *gin.Context) {
 		if cfg.methods != nil && !cfg.methods[c.Request.Method] {
@@ -49,11 +54,11 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		orig := c.Request
 		ctx := orig.Context()
 		if _, ok := locks.OwnerFrom(ctx); !ok {
-			ctx = locks.WithOwner(ctx, locks.NewOwnerID())
+			ctx = locks.WithOwner(ctx, ownerPrefix+strconv.FormatUint(requests.Add(1), 36))
 		}
 		lk, err := l.Lock(ctx, name, lockOpts...)
 		if err != nil {
-			if refused := cfg.refuse(c, name, ctx, err); refused {
+			if refused := cfg.refuse(ctx, c, name, err); refused {
 				return
 			}
 			c.Request = orig.WithContext(ctx) // fail open: the owner, but no lock
@@ -85,7 +90,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 
 // refuse answers a failed acquisition, or reports false when the handler
 // should run unlocked (FailOpen and the lock service is unavailable).
-func (cfg *lockConfig) refuse(c *gin.Context, name string, ctx context.Context, err error) bool {
+func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
 	var noe *locks.NotObtainedError
 	isNoe := errors.As(err, &noe)
 	switch {

@@ -29,7 +29,7 @@ func BenchmarkLock(b *testing.B) {
 	defer l.Close()
 	r := gin.New()
 	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey), noContent)
-	benchDistinct(b, r)
+	benchDistinct(b, s, r)
 }
 
 // BenchmarkLockRawBaseline is BenchmarkLock's route guarded by a hand-written
@@ -38,7 +38,7 @@ func BenchmarkLockRawBaseline(b *testing.B) {
 	s := redistest.Start(b)
 	r := gin.New()
 	r.PUT("/repos/:id/settings", rawLock(s.Client()), noContent)
-	benchDistinct(b, r)
+	benchDistinct(b, s, r)
 }
 
 var rawRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
@@ -61,10 +61,11 @@ func rawLock(rdb redis.UniversalClient) gin.HandlerFunc {
 	}
 }
 
-func benchDistinct(b *testing.B, h http.Handler) {
+func benchDistinct(b *testing.B, s *redistest.Server, h http.Handler) {
 	var next atomic.Int64
 	b.SetParallelism(benchParallelism)
 	b.ReportAllocs()
+	cpu := startCPU(b, s)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -77,5 +78,7 @@ func benchDistinct(b *testing.B, h http.Handler) {
 			}
 		}
 	})
+	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	cpu.report(b)
 }
