@@ -213,7 +213,11 @@ func openRedis(ctx context.Context, spec string) (*redisServer, error) {
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
-		return nil, fmt.Errorf("cannot reach Redis at %s: %v", opts.Addr, err)
+		var nerr net.Error
+		if errors.As(err, &nerr) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("cannot reach Redis at %s: %v", opts.Addr, err)
+		}
+		return nil, fmt.Errorf("Redis at %s refused the connection: %v", opts.Addr, err)
 	}
 	return r, nil
 }

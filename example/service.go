@@ -88,6 +88,8 @@ func newService(cfg serviceConfig) (*service, error) {
 	inv := gormplugin.InvalidatorFunc(func(ctx context.Context, keys ...string) error {
 		return errors.Join(s.guard.Invalidate(ctx, keys...), ginmw.Invalidate(ctx, s.guard, listKey))
 	})
+	// (pk is never nil here: writes whose rows cannot be named are refused,
+	// the plugin's default.)
 	s.plugin = gormplugin.New(s.locks, gormplugin.Invalidate(inv, func(_ string, pk any) []string {
 		return []string{repoKey(pk)}
 	}))
