@@ -78,6 +78,8 @@ type pending struct {
 	req       *http.Request // the request as it reached Cache
 	cancelGet context.CancelFunc
 
+	res cacheguard.Result // how the Get was served (ReportTo)
+
 	mu   sync.Mutex // guards ask, left
 	ask  *loadAsk
 	left bool // the request no longer takes asks
@@ -116,9 +118,8 @@ func (m *cacheMW) serve(c *gin.Context) {
 
 	gctx, cancel := context.WithCancel(r.Context())
 	p := &pending{m: m, key: key, req: r, cancelGet: cancel}
-	var res cacheguard.Result
 	opts := make([]cacheguard.Option, 0, len(m.guardOpts)+1)
-	opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&res))
+	opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&p.res))
 	resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
 	cancel()
 	p.mu.Lock()
@@ -135,7 +136,7 @@ func (m *cacheMW) serve(c *gin.Context) {
 		}
 		return
 	}
-	m.finish(c, p, resp, res, err)
+	m.finish(c, p, resp, err)
 }
 
 // answer runs the handler for the load, replies, and returns the response for
@@ -227,11 +228,11 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 }
 
 // finish answers a request whose Get ended without asking for its handler.
-func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, res cacheguard.Result, err error) {
+func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) {
 	var unc *uncacheableError
 	switch {
 	case err == nil:
-		writeResponse(c, resp, res.String())
+		writeResponse(c, resp, p.res.String())
 	case c.Request.Context().Err() != nil:
 		c.AbortWithStatus(StatusClientClosedRequest)
 	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
