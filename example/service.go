@@ -128,19 +128,10 @@ func (s *service) routes() *gin.Engine {
 	// The same read as plain cache-aside, for comparison: every request that
 	// misses loads.
 	r.GET("/naive/repos/:id", s.getRepoNaive)
-	// Edits hold a lock for the whole handler; the GORM transaction inside
-	// locks the row "repos:<id>", stamps the fence column and invalidates after
-	// COMMIT.
-	//
-	// Workaround: the route should lock ginmw.Resource("repos", ginmw.Param("id")),
-	// the row's own name "repos:<id>", so that the transaction re-enters the
-	// request's lock. locks (main at 0843e38) miscounts that re-entry when the
-	// request got the lock by a hand-off from the previous holder: the
-	// transaction's release then frees the lock while the handler still runs
-	// (the demo's "one at a time" check catches it). Until that is fixed the
-	// route locks a name of its own; all edits queue there, so the row lock
-	// nested inside is never contended and never handed off.
-	settings := ginmw.Resource("repo-settings", ginmw.Param("id"))
+	// Edits hold the repository's lock, "repos:<id>", for the whole handler;
+	// the GORM transaction inside locks the same row name, so it re-enters
+	// the request's lock, stamps the fence column and invalidates after COMMIT.
+	settings := ginmw.Resource("repos", ginmw.Param("id"))
 	r.PUT("/repos/:id/settings", ginmw.Lock(s.locks, settings, ginmw.Wait(s.cfg.EditWait)), s.updateSettings)
 	r.GET("/stats", s.stats)
 	return r
