@@ -1,0 +1,35 @@
+// Package slot computes Redis Cluster hash slots, for the packages that route
+// by slot (the wake-up hub) and the test harness that builds clusters.
+package slot
+
+import "strings"
+
+// Count is the number of hash slots in a Redis Cluster.
+const Count = 16384
+
+// Of returns the hash slot of key: CRC16 of its hash tag (the part between the
+// first '{' and the next '}', when not empty), or of the whole key, mod 16384.
+func Of(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % Count)
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), as Redis uses.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
