@@ -1,5 +1,5 @@
 -- Acquire (or re-enter) a lock in one step, and on failure optionally queue as a waiter.
--- KEYS[1] lock hash {o=owner, a=last acquisition id, n=hold count, f=fence}
+-- KEYS[1] lock hash {o=owner, n=hold count, f=fence, h:<acquisition id>=1 per hold}
 -- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms)
 -- ARGV: owner, acquisition id, "lease ms,queue-place ttl ms (0 = do not queue),fence ttl ms,fair (1/0)"
 -- (the numbers travel packed in one argument: fewer arguments, fewer client allocations)
@@ -31,7 +31,7 @@ end
 -- Fast path: free and nobody queued (4 commands).
 if redis.call('EXISTS', lk, q) == 0 then
   local f = nextFence()
-  redis.call('HSET', lk, 'o', owner, 'a', acq, 'n', 1, 'f', string.format('%.0f', f))
+  redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', string.format('%.0f', f), 'h:' .. acq, 1)
   redis.call('PEXPIRE', lk, lease)
   return {1, f, 1}
 end
@@ -39,20 +39,19 @@ end
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local cur = redis.call('HMGET', lk, 'o', 'a', 'n', 'f')
+local cur = redis.call('HMGET', lk, 'o', 'n', 'f')
 if cur[1] == owner then
-  -- Held by this owner. The same acquisition id: go-redis retrying a call whose
-  -- reply was lost, or a hand-off to this waiter that it has not heard of yet.
-  -- Any other id: a re-entry, which takes one more hold.
-  local n = tonumber(cur[3])
-  if cur[2] ~= acq then
+  -- Held by this owner. A hold under this acquisition id exists already: go-redis
+  -- retrying a call whose reply was lost, or a hand-off to this waiter that it has
+  -- not heard of yet. Otherwise a re-entry, which takes one more hold.
+  local n = tonumber(cur[2])
+  if redis.call('HSETNX', lk, 'h:' .. acq, 1) == 1 then
     n = redis.call('HINCRBY', lk, 'n', 1)
-    redis.call('HSET', lk, 'a', acq)
   end
   if redis.call('PTTL', lk) < lease then redis.call('PEXPIRE', lk, lease) end
   redis.call('ZREM', q, member)
   redis.call('ZREM', qt, member)
-  return {1, tonumber(cur[4]), n}
+  return {1, tonumber(cur[3]), n}
 end
 
 -- Drop waiters whose place expired (they died or gave up without saying so).
@@ -67,7 +66,7 @@ if cur[1] == false then
   if fair then head = redis.call('ZRANGE', q, 0, 0)[1] end
   if head == nil or head == member then
     local f = nextFence()
-    redis.call('HSET', lk, 'o', owner, 'a', acq, 'n', 1, 'f', string.format('%.0f', f))
+    redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', string.format('%.0f', f), 'h:' .. acq, 1)
     redis.call('PEXPIRE', lk, lease)
     redis.call('ZREM', q, member)
     redis.call('ZREM', qt, member)

@@ -252,7 +252,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 		}
 		// Too few replicas have the lock: a failover now could grant it twice.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.releaseRaw(rctx, kv, owner, cfg, "")
+		c.releaseRaw(rctx, kv, owner, args[1], cfg, "")
 		cancel()
 		if werr != nil {
 			return attemptResult{}, werr
@@ -261,8 +261,8 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 	}
 }
 
-func (c *Client) releaseRaw(ctx context.Context, kv []any, owner any, cfg config, mine any) (int64, error) {
-	return releaseS.run(ctx, c.rdb, kv, owner, cfg.argsReleaseV, c.pubV, mine).Int64()
+func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
+	return releaseS.run(ctx, c.rdb, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
@@ -304,7 +304,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, kv, ov, res.fence, cfg, sent, start), nil
+			return c.granted(name, ks, kv, ov, acq, res.fence, cfg, sent, start), nil
 		}
 		if !wait {
 			return fail(res.pttl, nil)
@@ -338,14 +338,14 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, true)
 		if err != nil {
 			c.reload(ctx)
-			c.withdraw(ctx, kv, ov, cfg, member)
+			c.withdraw(ctx, kv, ov, acq, cfg, member)
 			if wctx.Err() != nil {
 				return fail(pttl, waitErr(ctx))
 			}
 			return fail(pttl, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, kv, ov, res.fence, cfg, sent, start), nil
+			return c.granted(name, ks, kv, ov, acq, res.fence, cfg, sent, start), nil
 		}
 		pttl = res.pttl
 		// Sleep until a wake-up, or a little past the holder's lease (it may
@@ -369,10 +369,10 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 					claim = cfg.lease
 				}
 			}
-			return c.grantedFirst(name, ks, kv, ov, fence, cfg, sent, start, claim), nil
+			return c.grantedFirst(name, ks, kv, ov, acq, fence, cfg, sent, start, claim), nil
 		case <-timer.C:
 		case <-wctx.Done():
-			c.withdraw(ctx, kv, ov, cfg, member)
+			c.withdraw(ctx, kv, ov, acq, cfg, member)
 			return fail(pttl, waitErr(ctx))
 		}
 	}
@@ -384,25 +384,25 @@ func waitErr(ctx context.Context) error { return ctx.Err() }
 
 // withdraw leaves the queue; if the lock was handed to this waiter in the
 // meantime, it is released (and handed on), so giving up never strands it.
-func (c *Client) withdraw(ctx context.Context, kv []any, owner any, cfg config, member string) {
+func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg config, member string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	c.releaseRaw(rctx, kv, owner, cfg, member)
+	c.releaseRaw(rctx, kv, owner, acq, cfg, member)
 }
 
-func (c *Client) granted(name string, ks []string, kv []any, owner any, fence uint64, cfg config, sent, start time.Time) *Lock {
-	return c.grantedFirst(name, ks, kv, owner, fence, cfg, sent, start, cfg.lease)
+func (c *Client) granted(name string, ks []string, kv []any, owner, acq any, fence uint64, cfg config, sent, start time.Time) *Lock {
+	return c.grantedFirst(name, ks, kv, owner, acq, fence, cfg, sent, start, cfg.lease)
 }
 
-func (c *Client) grantedFirst(name string, ks []string, kv []any, owner any, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
+func (c *Client) grantedFirst(name string, ks []string, kv []any, owner, acq any, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
 	h := newHeldFirst(c, name, ks, owner.(string), fence, cfg, sent, first)
-	h.keyv, h.ownerv = kv, owner
+	h.keyv, h.ownerv, h.acqv = kv, owner, acq
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: fence})
 	return &Lock{h: h}
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return c.releaseRaw(ctx, h.keyv, h.ownerv, h.cfg, "")
+	return c.releaseRaw(ctx, h.keyv, h.ownerv, h.acqv, h.cfg, "")
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {

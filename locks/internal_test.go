@@ -30,3 +30,40 @@ func TestAcquireIdempotentUnderRetry(t *testing.T) {
 		t.Fatalf("hold count %s after a retried acquire, want 1", n)
 	}
 }
+
+// TestReleaseIdempotentUnderRetry: go-redis re-sends a release whose reply was
+// lost; the second run finds that hold already given back and changes
+// nothing, so a re-entered lock keeps its other hold.
+func TestReleaseIdempotentUnderRetry(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	c := New(rdb)
+	defer c.Close()
+	ks := keys("cg:", "rel")
+	kv := boxKeys(ks)
+	cfg := c.cfg
+	for _, acq := range []string{"outer", "inner"} {
+		if res, err := c.attempt(ctx, ks, kv, "owner-1", acq, cfg, false); err != nil || !res.ok {
+			t.Fatalf("acquire %s: %+v %v", acq, res, err)
+		}
+	}
+	if n := rdb.HGet(ctx, ks[0], "n").Val(); n != "2" {
+		t.Fatalf("hold count %s, want 2", n)
+	}
+	for range 2 { // the release and its retry
+		n, err := c.releaseRaw(ctx, kv, "owner-1", "inner", cfg, "")
+		if err != nil || n != 1 {
+			t.Fatalf("release of the inner hold: %d %v, want 1 hold left", n, err)
+		}
+	}
+	if n := rdb.HGet(ctx, ks[0], "n").Val(); n != "1" {
+		t.Fatalf("hold count %s after a retried release, want 1", n)
+	}
+	if n, err := c.releaseRaw(ctx, kv, "owner-1", "outer", cfg, ""); err != nil || n != 0 {
+		t.Fatalf("last release: %d %v", n, err)
+	}
+	if rdb.Exists(ctx, ks[0]).Val() != 0 {
+		t.Fatal("lock left after the last hold")
+	}
+}

@@ -122,6 +122,7 @@ type held struct {
 	keyv   []any    // keys, boxed once for script calls (Client only)
 	owner  string
 	ownerv any // owner, boxed once (Client only)
+	acqv   any // this hold's acquisition id, boxed (Client only)
 	fence  uint64
 	cfg    config
 

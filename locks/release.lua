@@ -1,12 +1,15 @@
 -- Release one hold of a lock, or withdraw from its queue; on the last hold, hand
 -- the lock straight to the longest-waiting live waiter and tell it.
--- KEYS as acquire.lua. ARGV: owner, "fence ttl ms,claim ms", publish command, own queue member (or '').
+-- KEYS as acquire.lua. ARGV: owner, "fence ttl ms,claim ms", publish command, own queue member (or ''),
+-- acquisition id of the hold to give back. Giving back a hold that is already gone (go-redis
+-- retrying a release whose reply was lost, or a waiter withdrawing that was never handed the
+-- lock) changes nothing.
 -- The claim is the lease of a hand-off until the new holder renews it (a waiter that died
 -- while queued thus blocks the lock for at most this long). Waiters listen on the channel
 -- KEYS[1]..':w' (same hash tag, so SPUBLISH stays in the script's slot).
 -- Returns the remaining hold count (0 = released), or -1 when not held by owner.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, pub, mine = ARGV[1], ARGV[3], ARGV[4]
+local owner, pub, mine, acq = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local fts, cls = string.match(ARGV[2], '^(%d+),(%d+)$')
 local fencettl, claim = tonumber(fts), tonumber(cls)
 local chan = lk .. ':w'
@@ -16,6 +19,7 @@ if mine ~= '' then
 end
 local cur = redis.call('HMGET', lk, 'o', 'n')
 if cur[1] ~= owner then return -1 end
+if redis.call('HDEL', lk, 'h:' .. acq) == 0 then return tonumber(cur[2]) end
 if tonumber(cur[2]) > 1 then return redis.call('HINCRBY', lk, 'n', -1) end
 redis.call('DEL', lk)
 if redis.call('EXISTS', q) == 0 then return 0 end
@@ -38,7 +42,7 @@ if head then
     redis.call('SET', fk, string.format('%.0f', f), 'PX', fencettl)
   end
   f = string.format('%.0f', f)
-  redis.call('HSET', lk, 'o', w, 'a', wacq, 'n', 1, 'f', f)
+  redis.call('HSET', lk, 'o', w, 'n', 1, 'f', f, 'h:' .. wacq, 1)
   redis.call('PEXPIRE', lk, math.min(wlease, claim))
   redis.call('ZREM', q, head)
   redis.call('ZREM', qt, head)
