@@ -7,12 +7,14 @@
 // A hit is one GET, shared by the callers of one process that read the same key
 // at the same moment (so a stampede costs one GET per process, not one per
 // request). On a miss those callers share one flight per key
-// (golang.org/x/sync/singleflight). The flight subscribes to the key's
-// wake-up channel (one shared subscription connection per Guard, see
-// internal/wake), then runs one script that returns the value if it is fresh
-// or else grants the fill lease (SET NX PX with a random token) — atomically,
-// so a fill that completes between the miss and the script is never loaded
-// twice. The lease holder runs the loader under a context detached from every
+// (golang.org/x/sync/singleflight). The flight runs one script that returns
+// the value if it is fresh or else grants the fill lease (SET NX PX with a
+// random token) — atomically, so a fill that completes between the miss and
+// the script is never loaded twice. A flight that finds another fill running
+// subscribes to the key's wake-up channel (one shared subscription connection
+// per Guard, see internal/wake) and runs the script once more before it
+// waits, so a push cannot be missed; the lease holder, everyone's critical
+// path, never waits for a subscription. The lease holder runs the loader under a context detached from every
 // caller, renews the lease every third of it while the loader runs, and stores
 // the value with a compare-and-set on the lease token, deleting the lease and
 // publishing the stored envelope on the wake-up channel in the same script.

@@ -25,9 +25,9 @@ type outcome struct {
 }
 
 // flight is one process's miss path for one key, shared by every caller of
-// the process that misses meanwhile: subscribe to the wake-up channel, then
-// get the value or the fill lease in one script; fill with the lease, or wait
-// for the holder's push (or its lease's expiry) and try again.
+// the process that misses meanwhile: get the value or the fill lease in one
+// script; fill with the lease, or subscribe to the wake-up channel, ask once
+// more, and wait for the holder's push (or its lease's expiry) and try again.
 func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline time.Time, force bool, redisErr error) (o *outcome) {
 	g := c.g
 	ctx, done, ok := g.track(context.WithoutCancel(parent))
@@ -46,16 +46,8 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
-	// Register for the wake-up before the attempt, so no push is missed.
 	var wakeC <-chan string
-	sctx, scancel := context.WithTimeout(wctx, subscribeTimeout)
-	sub, err := g.hub.Subscribe(sctx, ks.wake)
-	scancel()
-	if err == nil {
-		defer sub.Close()
-		wakeC = sub.C()
-	}
-
+	subscribed := false
 	tok := token()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -80,8 +72,24 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 			force = true // unreadable: take the lease and replace it
 			continue
 		}
-		// Another fill holds the lease: sleep until its push, or a little past
-		// its lease (it may die without a word).
+		if !subscribed {
+			// Another fill holds the lease. Register for its push, then ask
+			// again: a push sent before the subscription was confirmed would
+			// be missed, but its value is then in Redis. (The flight that
+			// gets the lease never subscribes: it is everyone's critical
+			// path, and only waiters need the push.)
+			subscribed = true
+			sctx, scancel := context.WithTimeout(wctx, subscribeTimeout)
+			sub, err := g.hub.Subscribe(sctx, ks.wake)
+			scancel()
+			if err == nil {
+				defer sub.Close()
+				wakeC = sub.C()
+			}
+			continue
+		}
+		// Sleep until the holder's push, or a little past its lease (it may
+		// die without a word).
 		d := r.pttl + time.Millisecond
 		timer.Reset(d + rand.N(d/10+1))
 		select {

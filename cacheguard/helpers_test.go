@@ -72,9 +72,9 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// watchWaiting returns a channel closed once a get-or-lease script sent by
-// rdb answers that another fill holds the lease: the Guard on rdb is then
-// waiting for that fill (it subscribed before sending the script).
+// watchWaiting returns a channel closed once the Guard on rdb waits for
+// another process's fill: its flight was told the lease is held, subscribed,
+// and was told so again.
 func watchWaiting(rdb redis.UniversalClient) <-chan struct{} {
 	h := &waitingHook{seen: make(chan struct{})}
 	rdb.AddHook(h)
@@ -83,6 +83,7 @@ func watchWaiting(rdb redis.UniversalClient) <-chan struct{} {
 
 type waitingHook struct {
 	once sync.Once
+	n    atomic.Int64
 	seen chan struct{}
 }
 
@@ -95,8 +96,10 @@ func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		name := cmd.Name()
 		if c, ok := cmd.(*redis.Cmd); ok && err == nil && (name == "evalsha" || name == "eval") {
-			// The get-or-lease script answers {2, pttl} when another fill holds the lease.
-			if v, _ := c.Slice(); len(v) == 2 && v[0] == int64(2) {
+			// The get-or-lease script answers {2, pttl} when another fill holds
+			// the lease; a flight asks again once subscribed, so the second such
+			// answer means it waits for the holder's push.
+			if v, _ := c.Slice(); len(v) == 2 && v[0] == int64(2) && h.n.Add(1) == 2 {
 				h.once.Do(func() { close(h.seen) })
 			}
 		}
