@@ -96,7 +96,7 @@ func (e *env) stampede(ctx context.Context) error {
 		"%d concurrent loads do not slow this fixed-latency loader down. So on a cold key cacheguard can at best "+
 		"match it; the 0.75× target is reachable on an expired key with serve-stale, or against a database that "+
 		"slows under concurrent queries, which this loader does not model.", s.load, s.stampProcs))
-	names := []string{systems.Naive, systems.Singleflight, systems.GoRedisCache,
+	names := []string{systems.Naive, systems.Singleflight, systems.SingleflightLoad, systems.GoRedisCache,
 		systems.LockRedsync, systems.LockBSM, systems.LockRueidis, systems.Guard, systems.GuardStale}
 	return e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
 		b, err := e.burst(ctx, r.System, s.stampProcs, s.stampG)

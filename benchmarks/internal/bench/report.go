@@ -113,6 +113,8 @@ func (r *Results) Targets() []Target {
 	gp, s6 := med("stampede", systems.Guard, "p99")
 	sf, s7 := med("stampede", systems.Singleflight, "p99")
 	add("stampede: cacheguard (wait, cold key) p99 vs per-process singleflight p99", "≤ 0.75×", gp/sf, worst(s6, s7), gp/sf <= 0.75, "%.2f×")
+	sl2, s13 := med("stampede", systems.SingleflightLoad, "p99")
+	add("stampede: cacheguard (wait, cold key) p99 vs per-process singleflight (load only: the issue's baseline) p99", "≤ 0.75×", gp/sl2, worst(s6, s13), gp/sl2 <= 0.75, "%.2f×")
 	sp2, s12 := med("stampede", systems.GuardStale, "p99")
 	add("stampede: cacheguard (serve-stale, expired key) p99 vs per-process singleflight p99", "≤ 0.75×", sp2/sf, worst(s12, s7), sp2/sf <= 0.75, "%.2f×")
 

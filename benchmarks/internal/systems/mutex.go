@@ -314,7 +314,7 @@ func (m *rawMutex) Close() error { return m.rdb.Close() }
 func Available(name string) error {
 	switch name {
 	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
-		Naive, RawGetDecode, Singleflight, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
+		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
 		Guard, GuardStale, GuardSWR:
 		return nil
 	}
