@@ -1,0 +1,308 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// mutex is what the workload needs of a lock: the library's Client, or a
+// deliberately broken control.
+type mutex interface {
+	// acquire takes the lock, waiting (push-woken) when wait is set. It returns
+	// errRefused for a definite refusal; any other error leaves the outcome unknown.
+	acquire(ctx context.Context, wait bool) (holding, error)
+}
+
+// holding is one acquisition (*locks.Lock satisfies it).
+type holding interface {
+	Fence() uint64
+	// TTL is how long the holder believes it still holds the lock.
+	TTL() time.Duration
+	// Unlock returns nil when released, locks.ErrNotHeld when the caller no
+	// longer held the lock, anything else when the outcome is unknown.
+	Unlock(ctx context.Context) error
+}
+
+var errRefused = errors.New("refused")
+
+// libMutex is one lock name on a locks.Client, with a fixed lease so that
+// the lock model knows every holder's lease.
+type libMutex struct {
+	c     *locks.Client
+	name  string
+	lease time.Duration
+}
+
+func (m libMutex) acquire(ctx context.Context, wait bool) (holding, error) {
+	opts := []locks.Option{locks.WithLease(m.lease), locks.WithoutRenewal()}
+	var lk *locks.Lock
+	var err error
+	if wait {
+		lk, err = m.c.Lock(ctx, m.name, append(opts, locks.WithWait(2*m.lease))...)
+	} else {
+		lk, err = m.c.TryLock(ctx, m.name, opts...)
+	}
+	return classify(lk, err)
+}
+
+// classify maps a Lock/TryLock result: a NotObtainedError without a cause is
+// a definite refusal; any other error (Redis, network, context) is unknown.
+func classify(lk *locks.Lock, err error) (holding, error) {
+	if err == nil {
+		return lk, nil
+	}
+	var no *locks.NotObtainedError
+	if errors.As(err, &no) && no.Err == nil {
+		return nil, errRefused
+	}
+	return nil, err
+}
+
+// workload runs clients that take one lock and, while holding it, read and
+// write a fenced register, recording both histories. Client 0 is a
+// straggler: after taking the lock it waits until another client has been
+// granted it (a correct lock does that only after the straggler's lease ran
+// out), then writes with its old token and releases — the paused-holder
+// pattern, produced in-process.
+type workload struct {
+	mu        mutex
+	reg       Register
+	lease     time.Duration // the fixed lease of every acquisition
+	clients   int           // besides the straggler
+	ops       int           // acquisitions per client, at least
+	straggles int           // straggler rounds
+	opTimeout time.Duration // bounds each call; a timed-out call is unknown
+
+	lockH, regH *History
+
+	grantMu sync.Mutex    // guards grantCh
+	grantCh chan struct{} // closed and replaced on every grant to a non-straggler
+	writes  atomic.Int64
+}
+
+// result is what a workload run produced.
+type result struct {
+	lockOps, regOps []porcupine.Operation
+	fig             Figures
+}
+
+func (w *workload) grantSignal() <-chan struct{} {
+	w.grantMu.Lock()
+	defer w.grantMu.Unlock()
+	return w.grantCh
+}
+
+func (w *workload) granted(client int) {
+	if client == 0 {
+		return
+	}
+	w.grantMu.Lock()
+	close(w.grantCh)
+	w.grantCh = make(chan struct{})
+	w.grantMu.Unlock()
+}
+
+// run runs the workload while nemesis (if any) injects faults under a
+// context cancelled when the clients are done.
+func (w *workload) run(t *testing.T, nemesis func(ctx context.Context)) result {
+	t.Helper()
+	if w.opTimeout == 0 {
+		w.opTimeout = 5 * time.Second
+	}
+	w.lockH, w.regH = NewHistory(), NewHistory()
+	w.grantCh = make(chan struct{})
+	var wg sync.WaitGroup
+	var straggling atomic.Bool
+	straggling.Store(w.straggles > 0)
+	nctx, stop := context.WithCancel(t.Context())
+	var nwg sync.WaitGroup
+	if nemesis != nil {
+		nwg.Go(func() { nemesis(nctx) })
+	}
+	if w.straggles > 0 {
+		wg.Go(func() {
+			defer straggling.Store(false)
+			for r := 0; r < w.straggles; r++ {
+				// Each round holds the lock once (a control lock cannot wait).
+				for try := 0; try < 200 && !w.round(0, true, true); try++ {
+				}
+			}
+		})
+	}
+	for c := 1; c <= w.clients; c++ {
+		wg.Go(func() {
+			for i := 0; i < w.ops || straggling.Load(); i++ {
+				w.round(c, i%4 != 0, false)
+			}
+		})
+	}
+	wg.Wait()
+	stop()
+	nwg.Wait()
+	return w.summarise()
+}
+
+// round is one acquisition and, if granted, one critical section; it
+// reports whether the lock was granted.
+func (w *workload) round(client int, wait, straggle bool) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout+2*w.lease)
+	defer cancel()
+	call := w.lockH.Now()
+	h, err := w.mu.acquire(ctx, wait)
+	ret := w.lockH.Now()
+	in := LockInput{Op: Acquire, Client: client, Lease: w.lease, Call: call, Return: ret}
+	switch {
+	case errors.Is(err, errRefused):
+		w.lockH.Add(client, call, ret, in, LockOutput{Outcome: Refused})
+		return false
+	case err != nil:
+		in.Return = Never
+		w.lockH.Add(client, call, Never, in, LockOutput{Outcome: Unknown})
+		return false
+	}
+	w.lockH.Add(client, call, ret, in, LockOutput{Outcome: Granted, Fence: h.Fence()})
+	w.granted(client)
+	if straggle {
+		// Hold on past the lease until somebody else got the lock (bounded).
+		select {
+		case <-w.grantSignal():
+		case <-time.After(3 * w.lease):
+		}
+	}
+	w.critical(ctx, client, h)
+	rctx, rcancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer rcancel()
+	call = w.lockH.Now()
+	err = h.Unlock(rctx)
+	ret = w.lockH.Now()
+	in = LockInput{Op: Release, Client: client, Call: call, Return: ret}
+	switch {
+	case err == nil:
+		w.lockH.Add(client, call, ret, in, LockOutput{Outcome: Released})
+	case errors.Is(err, locks.ErrNotHeld):
+		w.lockH.Add(client, call, ret, in, LockOutput{Outcome: NotHeld})
+	default:
+		in.Return = Never
+		w.lockH.Add(client, call, Never, in, LockOutput{Outcome: Unknown})
+	}
+	return true
+}
+
+// critical reads the register and writes this holder's value with its fence.
+func (w *workload) critical(ctx context.Context, client int, h holding) {
+	ctx, cancel := context.WithTimeout(ctx, w.opTimeout)
+	defer cancel()
+	call := w.regH.Now()
+	f, v, err := w.reg.Read(ctx)
+	ret := w.regH.Now()
+	if err == nil {
+		w.regH.Add(client, call, ret, RegisterInput{Op: Read, Client: client}, RegisterOutput{Outcome: Done, Fence: f, Value: v})
+	}
+	fence := h.Fence()
+	value := fmt.Sprintf("c%d#%d", client, w.writes.Add(1))
+	before := w.regH.Now()
+	validUntil := before + int64(h.TTL())
+	call = w.regH.Now()
+	ok, err := w.reg.Write(ctx, fence, value)
+	ret = w.regH.Now()
+	in := RegisterInput{Op: Write, Client: client, Fence: fence, Value: value, Valid: ret < validUntil}
+	switch {
+	case err != nil:
+		in.Valid = false
+		w.regH.Add(client, call, Never, in, RegisterOutput{Outcome: Unknown})
+	case ok:
+		w.regH.Add(client, call, ret, in, RegisterOutput{Outcome: Done})
+	default:
+		w.regH.Add(client, call, ret, in, RegisterOutput{Outcome: Refused})
+	}
+}
+
+// summarise counts the outcomes and the violations that direct checks find
+// (porcupine's verdicts are added by verify).
+func (w *workload) summarise() result {
+	r := result{lockOps: w.lockH.Ops(), regOps: w.regH.Ops(), fig: Figures{Recovery: -1}}
+	for _, op := range r.lockOps {
+		in, out := op.Input.(LockInput), op.Output.(LockOutput)
+		if in.Op != Acquire {
+			continue
+		}
+		r.fig.Attempted++
+		switch out.Outcome {
+		case Granted:
+			r.fig.Succeeded++
+		case Refused:
+			r.fig.Refused++
+		default:
+			r.fig.Unknown++
+		}
+	}
+	r.fig.Violations = fenceInversions(r.lockOps) + staleApplied(r.regOps)
+	return r
+}
+
+// fenceInversions counts pairs of grants where the later (called after the
+// earlier returned) has the smaller fence.
+func fenceInversions(ops []porcupine.Operation) int {
+	n := 0
+	for _, a := range ops {
+		if out := a.Output.(LockOutput); out.Outcome != Granted {
+			continue
+		}
+		for _, b := range ops {
+			if out := b.Output.(LockOutput); out.Outcome == Granted && b.Call > a.Return &&
+				b.Output.(LockOutput).Fence <= a.Output.(LockOutput).Fence {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// staleApplied counts writes applied although a write with a higher token
+// had been applied (returned) before they were called.
+func staleApplied(ops []porcupine.Operation) int {
+	n := 0
+	for _, a := range ops {
+		ai, ao := a.Input.(RegisterInput), a.Output.(RegisterOutput)
+		if ai.Op != Write || ao.Outcome != Done {
+			continue
+		}
+		for _, b := range ops {
+			bi, bo := b.Input.(RegisterInput), b.Output.(RegisterOutput)
+			if bi.Op == Write && bo.Outcome == Done && b.Call > a.Return && bi.Fence < ai.Fence {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// verify checks both histories with porcupine against the wanted verdicts,
+// adds an illegal verdict to the violations, and returns the figures.
+func verify(t *testing.T, r result, wantLock, wantReg porcupine.CheckResult) Figures {
+	t.Helper()
+	lock := Check(t, "lock", LockModel, r.lockOps, wantLock)
+	reg := Check(t, "register", RegisterModel, r.regOps, wantReg)
+	for _, v := range []porcupine.CheckResult{lock, reg} {
+		if v != porcupine.Ok {
+			r.fig.Violations++
+		}
+	}
+	if lock != wantLock {
+		t.Errorf("lock history: porcupine says %s, want %s", lock, wantLock)
+	}
+	if reg != wantReg {
+		t.Errorf("register history: porcupine says %s, want %s", reg, wantReg)
+	}
+	r.fig.Note = fmt.Sprintf("lock model %s, register model %s; %d lock ops, %d register ops", lock, reg, len(r.lockOps), len(r.regOps)) + r.fig.Note
+	return r.fig
+}
