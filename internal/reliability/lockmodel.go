@@ -71,8 +71,10 @@ const free = -1
 //     server can expire it sooner. A grant while that lease is surely still
 //     running is illegal.
 //   - A grant's fence must exceed every fence granted before it.
-//   - A release succeeds only for the holder; NotHeld is legal when the
-//     caller is not the holder or its lease may have run out.
+//   - A release succeeds only for the holder. NotHeld is always legal and
+//     leaves the caller not holding: besides a lease that ran out, it is what
+//     a release whose reply was lost answers when go-redis retries it (the
+//     retry finds the lock already gone), which misreports but is safe.
 //   - A refusal is always legal (liveness is not checked): a waiting Lock that
 //     gave up may have been handed the lock and given it back within its call.
 //   - An unknown outcome may or may not have taken effect; an unknown grant
@@ -116,13 +118,10 @@ var LockModel = porcupine.NondeterministicModel{
 				}
 				return nil
 			case NotHeld:
-				if !mine {
-					return []any{s}
-				}
-				if s.leaseEnd <= in.Return {
+				if mine {
 					return []any{gone}
 				}
-				return nil
+				return []any{s}
 			default:
 				if mine {
 					return []any{s, gone}
