@@ -84,9 +84,26 @@ type workload struct {
 
 	lockH, regH *History
 
-	grantMu sync.Mutex    // guards grantCh
+	grantMu sync.Mutex    // guards grantCh, heals
 	grantCh chan struct{} // closed and replaced on every grant to a non-straggler
+	heals   []int64       // when the nemesis healed a fault (lockH time)
 	writes  atomic.Int64
+}
+
+// heal records that the nemesis just ended a fault, to measure recovery.
+func (w *workload) heal() {
+	now := w.lockH.Now()
+	w.grantMu.Lock()
+	w.heals = append(w.heals, now)
+	w.grantMu.Unlock()
+}
+
+// init prepares the histories; run calls it, a nemesis that needs the
+// clock before run may call it first.
+func (w *workload) init() {
+	if w.lockH == nil {
+		w.lockH, w.regH = NewHistory(), NewHistory()
+	}
 }
 
 // result is what a workload run produced.
@@ -118,15 +135,21 @@ func (w *workload) run(t *testing.T, nemesis func(ctx context.Context)) result {
 	if w.opTimeout == 0 {
 		w.opTimeout = 5 * time.Second
 	}
-	w.lockH, w.regH = NewHistory(), NewHistory()
+	w.init()
 	w.grantCh = make(chan struct{})
 	var wg sync.WaitGroup
 	var straggling atomic.Bool
 	straggling.Store(w.straggles > 0)
 	nctx, stop := context.WithCancel(t.Context())
 	var nwg sync.WaitGroup
+	var faulting atomic.Bool
 	if nemesis != nil {
-		nwg.Go(func() { nemesis(nctx) })
+		// The clients keep going until the nemesis has injected every fault.
+		faulting.Store(true)
+		nwg.Go(func() {
+			defer faulting.Store(false)
+			nemesis(nctx)
+		})
 	}
 	if w.straggles > 0 {
 		wg.Go(func() {
@@ -140,7 +163,7 @@ func (w *workload) run(t *testing.T, nemesis func(ctx context.Context)) result {
 	}
 	for c := 1; c <= w.clients; c++ {
 		wg.Go(func() {
-			for i := 0; i < w.ops || straggling.Load(); i++ {
+			for i := 0; i < w.ops || straggling.Load() || faulting.Load(); i++ {
 				w.round(c, i%4 != 0, false)
 			}
 		})
@@ -246,7 +269,29 @@ func (w *workload) summarise() result {
 		}
 	}
 	r.fig.Violations = fenceInversions(r.lockOps) + staleApplied(r.regOps)
+	w.grantMu.Lock()
+	heals := append([]int64(nil), w.heals...)
+	w.grantMu.Unlock()
+	r.fig.Recovery = recovery(r.lockOps, heals)
 	return r
+}
+
+// recovery is the longest time from a heal to the first grant returned
+// after it, or -1 without heals.
+func recovery(ops []porcupine.Operation, heals []int64) time.Duration {
+	worst := time.Duration(-1)
+	for _, h := range heals {
+		first := int64(Never)
+		for _, op := range ops {
+			if out := op.Output.(LockOutput); out.Outcome == Granted && op.Return >= h {
+				first = min(first, op.Return)
+			}
+		}
+		if first != Never {
+			worst = max(worst, time.Duration(first-h))
+		}
+	}
+	return worst
 }
 
 // fenceInversions counts pairs of grants where the later (called after the
