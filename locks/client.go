@@ -291,6 +291,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		sent := time.Now()
 		res, err := c.attempt(ctx, ks, owner, acq, cfg, 0)
 		if err != nil {
+			c.reload(ctx)
 			return fail(0, err)
 		}
 		if res.ok {
@@ -326,6 +327,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		sent := time.Now()
 		res, err := c.attempt(wctx, ks, owner, acq, cfg, placeTTL)
 		if err != nil {
+			c.reload(ctx)
 			c.withdraw(ctx, ks, owner, cfg, member)
 			if wctx.Err() != nil {
 				return fail(pttl, waitErr(ctx))
@@ -397,41 +399,99 @@ func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool
 	return n == 1, err
 }
 
-// renewBatch extends every lock in hs in one pipeline (split per node on a cluster).
+// renewBatch extends every lock in hs: one pipeline per master node, the
+// nodes in parallel, each bounded by a third of the shortest lease in it, so a
+// dead or slow node delays only its own locks' renewals, never the others'.
 func (c *Client) renewBatch(ctx context.Context, hs []*held) []error {
 	errs := make([]error, len(hs))
-	run := func() (noscript bool) {
-		pipe := c.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(hs))
+	groups := map[string][]int{} // node address -> indexes into hs
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		for i, h := range hs {
-			h.mu.Lock()
-			lease := h.lease
-			h.mu.Unlock()
-			cmds[i] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, lease.Milliseconds())
-		}
-		pipe.Exec(ctx)
-		for i, cmd := range cmds {
-			n, err := cmd.Int64()
-			switch {
-			case err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT"):
-				noscript = true
-				errs[i] = err
-			case err != nil:
-				errs[i] = err
-			case n != 1:
-				errs[i] = errNotOwner
-			default:
-				errs[i] = nil
+			addr := "?"
+			if node, err := cc.MasterForKey(ctx, h.keys[0]); err == nil {
+				addr = node.Options().Addr
 			}
+			groups[addr] = append(groups[addr], i)
 		}
-		return noscript
+	} else {
+		all := make([]int, len(hs))
+		for i := range all {
+			all[i] = i
+		}
+		groups[""] = all
 	}
-	if run() {
-		if err := extendScript.Load(ctx, c.rdb).Err(); err == nil {
-			run()
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Go(func() { c.renewGroup(ctx, hs, idx, errs) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil && err != errNotOwner {
+			c.reload(ctx)
+			break
 		}
 	}
 	return errs
+}
+
+func (c *Client) renewGroup(ctx context.Context, hs []*held, idx []int, errs []error) {
+	shortest := time.Duration(0)
+	for _, i := range idx {
+		hs[i].mu.Lock()
+		if l := hs[i].lease; shortest == 0 || l < shortest {
+			shortest = l
+		}
+		hs[i].mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
+	defer cancel()
+	// EVALSHA first; a node without the script (a promoted replica, a
+	// restarted server) gets EVAL for its commands, which also caches it there.
+	// (SCRIPT LOAD on a cluster goes to every master and fails while one is down.)
+	pending := idx
+	for _, eval := range []bool{false, true} {
+		pipe := c.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(pending))
+		for j, i := range pending {
+			h := hs[i]
+			h.mu.Lock()
+			lease := h.lease.Milliseconds()
+			h.mu.Unlock()
+			if eval {
+				cmds[j] = pipe.Eval(ctx, extendLua, h.keys[:1], h.owner, lease)
+			} else {
+				cmds[j] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, lease)
+			}
+		}
+		pipe.Exec(ctx)
+		var again []int
+		for j, cmd := range cmds {
+			n, err := cmd.Int64()
+			switch {
+			case err != nil && !eval && strings.HasPrefix(err.Error(), "NOSCRIPT"):
+				again = append(again, pending[j])
+			case err != nil:
+				errs[pending[j]] = err
+			case n != 1:
+				errs[pending[j]] = errNotOwner
+			default:
+				errs[pending[j]] = nil
+			}
+		}
+		if len(again) == 0 {
+			return
+		}
+		pending = again
+	}
+}
+
+// reload refreshes a cluster client's slot map after a failure. go-redis
+// otherwise keeps dialling a killed master until its periodic reload (60s by
+// default; redis/go-redis#3979), which would outlast every lease.
+func (c *Client) reload(ctx context.Context) {
+	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+		cc.ReloadState(ctx)
+	}
 }
 
 // gate lets one caller per process and lock wait in Redis in default mode; the

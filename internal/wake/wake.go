@@ -1,12 +1,22 @@
 // Package wake shares one Redis subscription connection per process (one per
-// slot group on a cluster) among every waiter, reference-counted per channel, so
-// that waiting for a lock or a cache fill is woken by push instead of polling.
+// master node on a cluster) among every waiter, reference-counted per channel,
+// so that waiting for a lock or a cache fill is woken by push instead of polling.
 //
 // A waiter subscribes before it makes the attempt whose failure makes it wait,
 // and Subscribe returns only once Redis has confirmed the subscription, so a
 // publish that follows the attempt cannot be missed. Messages can still be lost
 // while a connection is re-established; waiters therefore always keep a
 // fallback timer (the lease's remaining time), and never rely on push alone.
+//
+// On a Redis Cluster, channels are shard channels (SSUBSCRIBE): each is
+// subscribed with its own command on the connection to the master that owns
+// its slot. go-redis would re-subscribe all channels of a connection in one
+// SSUBSCRIBE after a reconnect, which Redis rejects (CROSSSLOT) when they span
+// slots; so the Hub never lets a cluster connection reconnect by itself: when
+// one fails, when Redis answers MOVED, or when Redis drops a channel because
+// its slot moved (an unsolicited SUNSUBSCRIBE), the Hub reloads the slot map
+// and subscribes each affected channel again, one command each, wherever its
+// slot now lives.
 package wake
 
 import (
@@ -21,110 +31,38 @@ import (
 // ErrClosed is returned by Subscribe after Close.
 var ErrClosed = errors.New("wake: hub closed")
 
-// Hub multiplexes channel subscriptions over shared connections. The zero value
-// is not usable; use New. A Hub is safe for concurrent use.
+// linger is how long an idle channel stays subscribed: a lock under steady
+// contention is waited for again at once, and re-subscribing each time would
+// cost two commands per wait.
+const linger = 2 * time.Second
+
+// maxConfirm bounds how long Subscribe waits for Redis to confirm.
+const maxConfirm = 2 * time.Second
+
+// Hub multiplexes channel subscriptions over shared connections. Use New; a
+// Hub is safe for concurrent use.
 type Hub struct {
 	rdb     redis.UniversalClient
-	cluster *redis.ClusterClient // non-nil: sharded pub/sub (SSUBSCRIBE), one connection per slot
+	cluster *redis.ClusterClient // non-nil: shard channels, one connection per master
 
-	mu     sync.Mutex    // guards the fields below
-	conns  map[int]*conn // by slot; key 0 when not a cluster
+	mu     sync.Mutex          // guards the fields below and every channel's and conn's state
+	conns  map[string]*conn    // by master address ("" when not a cluster)
+	chans  map[string]*channel // by channel name
 	closed bool
-	wg     sync.WaitGroup // reader goroutines
+	done   chan struct{} // closed by Close
+	wg     sync.WaitGroup
 }
 
-// New returns a Hub on rdb. On a *redis.ClusterClient it uses sharded pub/sub;
-// otherwise plain SUBSCRIBE on one connection.
+// New returns a Hub on rdb. On a *redis.ClusterClient it uses shard channels
+// (SSUBSCRIBE); otherwise plain SUBSCRIBE on one connection.
 func New(rdb redis.UniversalClient) *Hub {
-	h := &Hub{rdb: rdb, conns: map[int]*conn{}}
+	h := &Hub{rdb: rdb, conns: map[string]*conn{}, chans: map[string]*channel{}, done: make(chan struct{})}
 	h.cluster, _ = rdb.(*redis.ClusterClient)
 	return h
 }
 
 // Sharded reports whether publishers must use SPUBLISH for this hub's channels.
 func (h *Hub) Sharded() bool { return h.cluster != nil }
-
-// Sub is one listener on one channel. Close it when done.
-type Sub struct {
-	c    *conn
-	ch   *channel
-	msgs chan string
-	once sync.Once
-}
-
-// C delivers the channel's messages. It is buffered; when the listener falls
-// behind, older undelivered messages are dropped (a wake-up is a hint).
-func (s *Sub) C() <-chan string { return s.msgs }
-
-// Close releases the listener; the last listener of a channel unsubscribes it.
-func (s *Sub) Close() { s.once.Do(func() { s.c.release(s) }) }
-
-// Subscribe registers a listener on channel and returns once Redis has
-// confirmed the subscription (or ctx ends).
-func (h *Hub) Subscribe(ctx context.Context, channel string) (*Sub, error) {
-	slot := 0
-	if h.cluster != nil {
-		slot = Slot(channel)
-	}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return nil, ErrClosed
-	}
-	c := h.conns[slot]
-	if c == nil {
-		c = h.newConn(slot, channel)
-		h.conns[slot] = c
-	}
-	s := c.add(channel)
-	h.mu.Unlock()
-
-	select {
-	case <-s.ch.ready:
-		return s, nil
-	case <-c.done:
-		s.Close()
-		return nil, ErrClosed
-	case <-ctx.Done():
-		s.Close()
-		return nil, ctx.Err()
-	}
-}
-
-// Listening reports the number of channels with at least one listener.
-func (h *Hub) Listening() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, c := range h.conns {
-		c.mu.Lock()
-		for _, ch := range c.chans {
-			if len(ch.subs) > 0 {
-				n++
-			}
-		}
-		c.mu.Unlock()
-	}
-	return n
-}
-
-// Close closes every connection and stops every reader goroutine. Listeners'
-// channels are not closed; Subscribe fails afterwards.
-func (h *Hub) Close() {
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return
-	}
-	h.closed = true
-	conns := h.conns
-	h.conns = map[int]*conn{}
-	h.mu.Unlock()
-	for _, c := range conns {
-		c.close()
-	}
-	h.wg.Wait()
-}
 
 type state int
 
@@ -136,66 +74,61 @@ const (
 
 type channel struct {
 	name   string
-	linger *time.Timer // pending unsubscribe of an idle channel
+	conn   *conn
 	state  state
 	again  bool          // a listener arrived while unsubscribing: subscribe again
-	ready  chan struct{} // closed when the current subscription is confirmed
+	ready  chan struct{} // closed once the first subscription is confirmed
 	subs   map[*Sub]bool
+	linger *time.Timer // pending unsubscribe of an idle channel
+}
+
+func (ch *channel) confirmed() bool {
+	select {
+	case <-ch.ready:
+		return true
+	default:
+		return false
+	}
 }
 
 type conn struct {
-	hub  *Hub
+	addr string
 	ps   *redis.PubSub
-	done chan struct{}
 	stop context.CancelFunc
-
-	mu      sync.Mutex // guards chans, closing
-	chans   map[string]*channel
-	closing bool
+	dead bool // failed (cluster): no longer used for new subscriptions
 }
 
-func (h *Hub) newConn(slot int, first string) *conn {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{hub: h, done: make(chan struct{}), stop: cancel, chans: map[string]*channel{}}
-	if h.cluster != nil {
-		c.ps = h.cluster.SSubscribe(ctx)
-	} else {
-		c.ps = h.rdb.Subscribe(ctx)
+// Sub is one listener on one channel. Close it when done.
+type Sub struct {
+	h    *Hub
+	ch   *channel
+	msgs chan string
+	once sync.Once
+}
+
+// C delivers the channel's messages. It is buffered; when the listener falls
+// behind, the oldest undelivered message is dropped (a wake-up is a hint).
+func (s *Sub) C() <-chan string { return s.msgs }
+
+// Close releases the listener; a channel left without listeners is
+// unsubscribed after a short linger.
+func (s *Sub) Close() { s.once.Do(func() { s.h.release(s) }) }
+
+// Subscribe registers a listener on channel and returns once Redis has
+// confirmed the subscription, or ctx ends (an error), or maxConfirm passes:
+// then the listener is returned unconfirmed — the subscription completes when
+// the connection recovers, and the waiter's fallback timer covers the gap.
+func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
 	}
-	h.wg.Add(1)
-	go c.read(ctx)
-	return c
-}
-
-func (c *conn) subscribe(name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	// Errors surface as a reconnect in the reader, which resubscribes every channel.
-	if c.hub.cluster != nil {
-		c.ps.SSubscribe(ctx, name)
-	} else {
-		c.ps.Subscribe(ctx, name)
-	}
-}
-
-func (c *conn) unsubscribe(name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if c.hub.cluster != nil {
-		c.ps.SUnsubscribe(ctx, name)
-	} else {
-		c.ps.Unsubscribe(ctx, name)
-	}
-}
-
-func (c *conn) add(name string) *Sub {
-	c.mu.Lock()
-	ch := c.chans[name]
-	send := false
-	if ch == nil {
+	ch := h.chans[name]
+	fresh := ch == nil
+	if fresh {
 		ch = &channel{name: name, ready: make(chan struct{}), subs: map[*Sub]bool{}}
-		c.chans[name] = ch
-		send = true
+		h.chans[name] = ch
 	} else if ch.state == unsubscribing && len(ch.subs) == 0 {
 		ch.again = true
 	}
@@ -203,51 +136,178 @@ func (c *conn) add(name string) *Sub {
 		ch.linger.Stop()
 		ch.linger = nil
 	}
-	s := &Sub{c: c, ch: ch, msgs: make(chan string, 4)}
+	s := &Sub{h: h, ch: ch, msgs: make(chan string, 4)}
 	ch.subs[s] = true
-	c.mu.Unlock()
-	if send {
-		c.subscribe(name)
-	}
-	return s
-}
+	h.mu.Unlock()
 
-func (c *conn) release(s *Sub) {
-	c.mu.Lock()
-	ch := s.ch
-	delete(ch.subs, s)
-	if len(ch.subs) == 0 {
-		ch.again = false
-		// An idle channel stays subscribed for a moment: a lock under steady
-		// contention is waited for again at once, and re-subscribing each time
-		// would cost two round trips per wait. (A channel still being
-		// subscribed is unsubscribed when its confirmation arrives.)
-		if ch.state == subscribed && ch.linger == nil && !c.closing {
-			ch.linger = time.AfterFunc(linger, func() { c.idle(ch) })
+	if fresh {
+		if err := h.attach(ctx, ch); err != nil {
+			s.Close()
+			return nil, err
 		}
 	}
-	c.mu.Unlock()
+	t := time.NewTimer(maxConfirm)
+	defer t.Stop()
+	select {
+	case <-ch.ready:
+		return s, nil
+	case <-t.C:
+		return s, nil
+	case <-h.done:
+		s.Close()
+		return nil, ErrClosed
+	case <-ctx.Done():
+		s.Close()
+		return nil, ctx.Err()
+	}
 }
 
-// linger is how long an idle channel stays subscribed.
-const linger = 2 * time.Second
+// attach subscribes ch on the connection to the node that serves it.
+func (h *Hub) attach(ctx context.Context, ch *channel) error {
+	addr := ""
+	if h.cluster != nil {
+		node, err := h.cluster.MasterForKey(ctx, ch.name)
+		if err != nil {
+			h.mu.Lock()
+			if len(ch.subs) == 0 && h.chans[ch.name] == ch {
+				delete(h.chans, ch.name)
+			}
+			h.mu.Unlock()
+			return err
+		}
+		addr = node.Options().Addr
+	}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return ErrClosed
+	}
+	c := h.conns[addr]
+	if c == nil || c.dead {
+		c = h.newConn(addr)
+		h.conns[addr] = c
+	}
+	ch.conn, ch.state = c, subscribing
+	h.mu.Unlock()
+	h.sendCtx(ctx, c, "subscribe", ch.name)
+	return nil
+}
 
-func (c *conn) idle(ch *channel) {
-	c.mu.Lock()
-	send := ch.state == subscribed && len(ch.subs) == 0 && ch.linger != nil && !c.closing
+func (h *Hub) newConn(addr string) *conn {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{addr: addr, stop: cancel}
+	if h.cluster != nil {
+		c.ps = h.cluster.SSubscribe(ctx)
+	} else {
+		c.ps = h.rdb.Subscribe(ctx)
+	}
+	h.wg.Add(1)
+	go h.read(ctx, c)
+	return c
+}
+
+// send writes a (un)subscribe command; a failure surfaces in the reader, and
+// go-redis keeps the channel in its set, so it is subscribed on reconnect.
+func (h *Hub) send(c *conn, op, name string) { h.sendCtx(context.Background(), c, op, name) }
+
+func (h *Hub) sendCtx(ctx context.Context, c *conn, op, name string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	switch {
+	case op == "subscribe" && h.cluster != nil:
+		c.ps.SSubscribe(ctx, name)
+	case op == "subscribe":
+		c.ps.Subscribe(ctx, name)
+	case h.cluster != nil:
+		c.ps.SUnsubscribe(ctx, name)
+	default:
+		c.ps.Unsubscribe(ctx, name)
+	}
+}
+
+func (h *Hub) release(s *Sub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := s.ch
+	delete(ch.subs, s)
+	if len(ch.subs) > 0 || h.closed {
+		return
+	}
+	ch.again = false
+	if ch.state == subscribed && ch.linger == nil {
+		ch.linger = time.AfterFunc(linger, func() { h.idle(ch) })
+	}
+	// A channel still being subscribed gets its linger when confirmed.
+}
+
+func (h *Hub) idle(ch *channel) {
+	h.mu.Lock()
+	send := !h.closed && ch.linger != nil && ch.state == subscribed && len(ch.subs) == 0
 	ch.linger = nil
 	if send {
 		ch.state = unsubscribing
 	}
-	c.mu.Unlock()
+	c := ch.conn
+	h.mu.Unlock()
 	if send {
-		c.unsubscribe(ch.name)
+		h.send(c, "unsubscribe", ch.name)
 	}
 }
 
-func (c *conn) read(ctx context.Context) {
-	defer c.hub.wg.Done()
-	defer close(c.done)
+// Listening returns the number of channels with at least one listener.
+func (h *Hub) Listening() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, ch := range h.chans {
+		if len(ch.subs) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Conns returns the number of subscription connections in use.
+func (h *Hub) Conns() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, c := range h.conns {
+		if !c.dead {
+			n++
+		}
+	}
+	return n
+}
+
+// Close closes every connection and stops every goroutine of the hub.
+// Listeners' channels are not closed; Subscribe fails afterwards.
+func (h *Hub) Close() {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
+	h.closed = true
+	close(h.done)
+	for _, ch := range h.chans {
+		if ch.linger != nil {
+			ch.linger.Stop()
+			ch.linger = nil
+		}
+	}
+	conns := h.conns
+	h.conns = map[string]*conn{}
+	h.mu.Unlock()
+	for _, c := range conns {
+		c.stop()
+		c.ps.Close()
+	}
+	h.wg.Wait()
+}
+
+func (h *Hub) read(ctx context.Context, c *conn) {
+	defer h.wg.Done()
 	backoff := 10 * time.Millisecond
 	for ctx.Err() == nil {
 		msg, err := c.ps.ReceiveTimeout(ctx, 10*time.Second)
@@ -257,13 +317,16 @@ func (c *conn) read(ctx context.Context) {
 			}
 			var nerr interface{ Timeout() bool }
 			if errors.As(err, &nerr) && nerr.Timeout() {
-				c.ps.Ping(ctx) // a dead connection fails here and is re-dialled on the next receive
+				c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
 				continue
 			}
-			select {
-			case <-ctx.Done():
+			if h.cluster != nil {
+				h.fail(c, backoff)
 				return
-			case <-time.After(backoff):
+			}
+			// One server: go-redis re-dials and re-subscribes every channel.
+			if !h.sleep(backoff) {
+				return
 			}
 			backoff = min(2*backoff, time.Second)
 			continue
@@ -271,54 +334,131 @@ func (c *conn) read(ctx context.Context) {
 		backoff = 10 * time.Millisecond
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			c.confirm(m)
+			h.confirm(c, m)
 		case *redis.Message:
-			c.deliver(m.Channel, m.Payload)
+			h.deliver(c, m.Channel, m.Payload)
 		}
 	}
 }
 
-func (c *conn) confirm(m *redis.Subscription) {
-	c.mu.Lock()
-	ch := c.chans[m.Channel]
-	var resend, unsend bool
-	if ch != nil {
-		switch m.Kind {
-		case "subscribe", "ssubscribe":
-			if ch.state == subscribing {
-				ch.state = subscribed
+func (h *Hub) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-h.done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// fail retires a cluster connection and re-routes its channels, each with its
+// own command, to the masters that serve them now.
+func (h *Hub) fail(c *conn, backoff time.Duration) {
+	h.mu.Lock()
+	c.dead = true
+	if h.conns[c.addr] == c {
+		delete(h.conns, c.addr)
+	}
+	var moved []*channel
+	for _, ch := range h.chans {
+		if ch.conn == c {
+			moved = append(moved, ch)
+		}
+	}
+	h.mu.Unlock()
+	c.stop()
+	c.ps.Close()
+	h.reroute(moved, backoff)
+}
+
+// reroute reloads the cluster's slot map and subscribes chans again where
+// their slots now live, retrying with backoff while no node will take them.
+func (h *Hub) reroute(chans []*channel, backoff time.Duration) {
+	for len(chans) > 0 {
+		if !h.sleep(backoff) {
+			return
+		}
+		backoff = min(2*backoff, time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		h.cluster.ReloadState(ctx)
+		var retry []*channel
+		for _, ch := range chans {
+			h.mu.Lock()
+			drop := h.closed || h.chans[ch.name] != ch || (len(ch.subs) == 0 && !ch.again && ch.state != subscribing)
+			if drop && h.chans[ch.name] == ch {
+				if ch.linger != nil {
+					ch.linger.Stop()
+				}
+				delete(h.chans, ch.name)
+			}
+			h.mu.Unlock()
+			if drop {
+				continue
+			}
+			if err := h.attach(ctx, ch); err != nil {
+				retry = append(retry, ch)
+			}
+		}
+		cancel()
+		chans = retry
+	}
+}
+
+func (h *Hub) confirm(c *conn, m *redis.Subscription) {
+	h.mu.Lock()
+	ch := h.chans[m.Channel]
+	if ch == nil || ch.conn != c {
+		h.mu.Unlock()
+		return
+	}
+	var resend, lost bool
+	switch m.Kind {
+	case "subscribe", "ssubscribe":
+		if ch.state == subscribing {
+			ch.state = subscribed
+			if !ch.confirmed() {
 				close(ch.ready)
-				if len(ch.subs) == 0 {
-					ch.state = unsubscribing
-					unsend = true
-				}
 			}
-		case "unsubscribe", "sunsubscribe":
-			if ch.state == unsubscribing {
-				if ch.again || len(ch.subs) > 0 {
-					ch.again = false
-					ch.state = subscribing
-					ch.ready = make(chan struct{})
-					resend = true
-				} else {
-					delete(c.chans, m.Channel)
-				}
+			if len(ch.subs) == 0 && !ch.again && ch.linger == nil && !h.closed {
+				ch.linger = time.AfterFunc(linger, func() { h.idle(ch) })
 			}
 		}
+	case "unsubscribe", "sunsubscribe":
+		switch ch.state {
+		case unsubscribing:
+			if ch.again || len(ch.subs) > 0 {
+				ch.again = false
+				ch.state = subscribing
+				resend = true
+			} else {
+				delete(h.chans, m.Channel)
+			}
+		case subscribed:
+			// Not asked for: the channel's slot moved to another node.
+			lost = h.cluster != nil
+		}
 	}
-	c.mu.Unlock()
-	if resend {
-		c.subscribe(m.Channel)
-	}
-	if unsend {
-		c.unsubscribe(m.Channel)
+	h.mu.Unlock()
+	switch {
+	case resend:
+		h.send(c, "subscribe", m.Channel)
+	case lost:
+		h.mu.Lock()
+		ch.state = subscribing
+		h.mu.Unlock()
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			h.reroute([]*channel{ch}, 10*time.Millisecond)
+		}()
 	}
 }
 
-func (c *conn) deliver(channel, payload string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := c.chans[channel]
+func (h *Hub) deliver(c *conn, name, payload string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.chans[name]
 	if ch == nil {
 		return
 	}
@@ -336,18 +476,4 @@ func (c *conn) deliver(channel, payload string) {
 			}
 		}
 	}
-}
-
-func (c *conn) close() {
-	c.mu.Lock()
-	c.closing = true
-	for _, ch := range c.chans {
-		if ch.linger != nil {
-			ch.linger.Stop()
-			ch.linger = nil
-		}
-	}
-	c.mu.Unlock()
-	c.stop()
-	c.ps.Close()
 }
