@@ -1,0 +1,381 @@
+package locks
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed redlock_acquire.lua
+	redlockAcquireLua string
+	//go:embed redlock_release.lua
+	redlockReleaseLua string
+	//go:embed redlock_extend.lua
+	redlockExtendLua string
+
+	redlockAcquireScript = redis.NewScript(redlockAcquireLua)
+	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
+	redlockExtendScript  = redis.NewScript(redlockExtendLua)
+)
+
+var _ Locker = (*Redlock)(nil)
+
+// Redlock takes locks on N independent Redis servers (masters without
+// replicas, not a cluster) with the Redlock algorithm: a lock is held when a
+// quorum of N/2+1 servers granted it within its validity. Any single server
+// can crash, stall or be partitioned without stopping the locks, and without
+// letting two holders in, as long as no server loses its keys while a lock is
+// held (see "Restarts"). It is safe for concurrent use; Close stops its
+// background work.
+//
+// One attempt sends the acquisition to every node at once, each with a
+// timeout small against the lease (WithNodeTimeout), and measures the time
+// taken on the local monotonic clock. The lock is granted when a quorum
+// granted it and validity = lease − elapsed − drift is still positive, where
+// drift = lease×1% + 2ms (WithDrift): Lock.TTL counts down that validity, not
+// the lease. An attempt that fails, including one that reached a quorum too
+// late (ErrNoValidity), is released on every node, and Lock retries it after
+// a random delay (between half and all of a tenth of the lease, capped at
+// 250ms) until its wait budget or context ends. Failures are *RedlockError values
+// that name the nodes that granted, refused and failed, and match
+// ErrNotObtained. Renewal in the background and Lock.Extend also need a quorum
+// within the remaining validity; Lost closes when a quorum can no longer be
+// renewed in time. On a Redlock lock, Extend(ctx, d) makes d the new validity:
+// the keys get d plus the drift allowance.
+//
+// Use an odd number of servers, 3 or 5. With an even N the quorum N/2+1 needs
+// the same number of live servers as N+1 would, so the extra server adds
+// cost and split votes without tolerating one more failure. A single server
+// is accepted (quorum 1) but is only as available as that server.
+//
+// Fence tokens: independent servers keep independent counters, and a token
+// built from them (say, the largest among the granting servers) does not
+// increase across holders once a server has restarted or clocks disagree, so
+// it would look safe without being so. Redlock therefore issues no tokens:
+// Lock.Fence returns 0 for its locks and MonotonicFences reports false. When
+// the protected resource must refuse a holder that was paused past its
+// validity, use a Client, whose tokens increase strictly.
+//
+// Restarts: a server that restarts empty right away forgets the locks it
+// granted, and a second client can then assemble a quorum with it while the
+// first still holds the lock. Run the servers with appendonly yes and
+// appendfsync always, or keep a crashed server down for at least the longest
+// lease in use before it rejoins.
+//
+// Clients: give each node's client ContextTimeoutEnabled: true so that the
+// per-node timeout also ends the socket wait (otherwise a stalled node's call
+// is abandoned by the attempt and finishes on the client's ReadTimeout; Close
+// waits for it), and a small MaxRetries, since a retry has to fit in the
+// per-node timeout anyway.
+type Redlock struct {
+	nodes  []rlNode
+	quorum int
+	cfg    config
+	ren    *renewer
+
+	mu       sync.Mutex     // guards closed and orders inflight.Add before Close's Wait
+	closed   bool           //
+	inflight sync.WaitGroup // node calls still running, some abandoned by their caller
+}
+
+// NewRedlock returns a Redlock over clients, one per independent server, with
+// the given defaults (the Option set of Client; WithFair and WithReplicas are
+// refused). It returns an error matching ErrInvalid, before any call to Redis,
+// when clients is empty, holds a nil client or the same node twice (compared
+// by address for a *redis.Client, by its seed addresses for a
+// *redis.ClusterClient, by identity otherwise), or an option is invalid.
+// Errors name nodes by address (or "node<i>", by position, when the client
+// does not expose one).
+func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, error) {
+	if len(clients) == 0 {
+		return nil, invalid("NewRedlock needs at least one client")
+	}
+	cfg := defaults()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := redlockValidate(&cfg); err != nil {
+		return nil, err
+	}
+	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg}
+	seen := map[string]int{}
+	for i, c := range clients {
+		if c == nil {
+			return nil, invalid("Redlock client %d is nil", i)
+		}
+		name, id := nodeIdentity(i, c)
+		if j, dup := seen[id]; dup {
+			return nil, invalid("Redlock clients %d and %d are the same node %s", j, i, name)
+		}
+		seen[id] = i
+		r.nodes = append(r.nodes, rlNode{name: name, rdb: c})
+	}
+	r.ren = newRenewer(r.renewBatch)
+	return r, nil
+}
+
+func redlockValidate(cfg *config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	switch {
+	case cfg.fair:
+		return invalid("WithFair is not supported by Redlock")
+	case cfg.replicas > 0:
+		return invalid("WithReplicas is not supported by Redlock (its servers have no replicas)")
+	case rlSpan(cfg, cfg.lease) <= 0:
+		return invalid("drift allowance %v leaves no validity in lease %v", rlDrift(cfg, cfg.lease), cfg.lease)
+	}
+	return nil
+}
+
+// MonotonicFences reports false: Redlock issues no fence tokens (Fence is 0).
+func (r *Redlock) MonotonicFences() bool { return false }
+
+// Quorum returns how many nodes must grant a lock: N/2+1.
+func (r *Redlock) Quorum() int { return r.quorum }
+
+// Close stops the renewal loop, and waits for node calls still running. Locks
+// still held stop being renewed and count as lost (their Lost channels close);
+// they expire on the servers when their lease ends. Close does not close the
+// clients.
+func (r *Redlock) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.mu.Unlock()
+	r.ren.close()
+	r.inflight.Wait()
+	return nil
+}
+
+func (r *Redlock) renewer() *renewer { return r.ren }
+
+// TryLock makes one attempt to take the lock name on a quorum of the nodes.
+// On failure the error is a *RedlockError matching ErrNotObtained.
+func (r *Redlock) TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+	cfg, err := r.callConfig(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return r.acquire(ctx, name, cfg, false)
+}
+
+// Lock takes the lock name on a quorum of the nodes, retrying failed attempts
+// after a random delay until it is held, the wait budget ends (WithWait; 30s
+// by default; no attempt is started that could not end within it) or ctx
+// ends. On failure the error is the last attempt's *RedlockError, matching
+// ErrNotObtained and, when ctx ended the wait, ctx's error.
+func (r *Redlock) Lock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+	cfg, err := r.callConfig(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return r.acquire(ctx, name, cfg, cfg.wait > 0)
+}
+
+func (r *Redlock) callConfig(name string, opts []Option) (config, error) {
+	if r == nil {
+		return config{}, invalid("nil Redlock")
+	}
+	if err := validName(name); err != nil {
+		return config{}, err
+	}
+	cfg := r.cfg
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := redlockValidate(&cfg); err != nil {
+		return config{}, err
+	}
+	if r.isClosed() {
+		return config{}, ErrClosed
+	}
+	return cfg, nil
+}
+
+func (r *Redlock) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// redlockKey is the lock's key on every node: a hash of the owner and one
+// field per acquisition (see redlock_acquire.lua). It differs from a Client's
+// key so that the two layouts never meet.
+func redlockKey(prefix, name string) string { return prefix + "rlock:{" + name + "}" }
+
+func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+	start := time.Now()
+	owner, _ := OwnerFrom(ctx)
+	if owner == "" {
+		owner = token()
+	}
+	key := redlockKey(cfg.prefix, name)
+	px := cfg.lease.Truncate(time.Millisecond)
+	budgetEnd := start.Add(cfg.wait)
+	fail := func(e *RedlockError, attempts int) (*Lock, error) {
+		e.Attempts, e.Waited = attempts, time.Since(start)
+		if err := ctx.Err(); err != nil && !errors.Is(e.Err, err) {
+			e.Err = errors.Join(e.Err, err)
+		}
+		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: e})
+		return nil, e
+	}
+	var timer *time.Timer
+	for attempt := 1; ; attempt++ {
+		h, e := r.attempt(ctx, name, key, owner, px, cfg)
+		if h != nil {
+			cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
+			return &Lock{h: h}, nil
+		}
+		if !wait || ctx.Err() != nil || r.isClosed() {
+			return fail(e, attempt)
+		}
+		// Retry after a random delay, if another attempt (acquisition plus
+		// release, each bounded by the node timeout) still fits in the budget.
+		now := time.Now()
+		latest := budgetEnd.Add(-2 * rlNodeTimeout(&cfg, px))
+		if !now.Before(latest) {
+			return fail(e, attempt)
+		}
+		delay := min(rlRetryDelay(&cfg), latest.Sub(now))
+		if timer == nil {
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return fail(e, attempt)
+		}
+	}
+}
+
+// attempt runs one round of the algorithm: acquire on every node at once,
+// count the grants, check the validity left, and on failure release on every
+// node. It returns the holding, or the nodes' answers.
+func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg config) (*held, *RedlockError) {
+	acq := token() // per attempt: a late release of a failed attempt never removes a later grant
+	timeout := rlNodeTimeout(&cfg, px)
+	span := rlSpan(&cfg, px)
+	granted := func(res []nodeResult[[]int64]) int {
+		n := 0
+		for _, x := range res {
+			if x.done && x.err == nil && len(x.v) == 2 && x.v[0] == 1 {
+				n++
+			}
+		}
+		return n
+	}
+	// Each node's goroutine waits for the verdict after its acquisition
+	// returns and, if the attempt failed, releases it there: the release can
+	// never overtake the acquisition, even on a node that answered too late.
+	decided := make(chan struct{})
+	var failed bool // written before decided is closed
+	released := make(chan int, len(r.nodes))
+	release := func(i int, x nodeResult[[]int64]) {
+		<-decided
+		if !failed || (x.err == nil && len(x.v) == 2 && x.v[0] == 0) {
+			return // held, or refused (nothing of this attempt is on the node)
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+		released <- i
+	}
+	start := time.Now()
+	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return redlockAcquireScript.Run(ctx, rdb, []string{key}, owner, acq, px.Milliseconds()).Int64Slice()
+	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
+	elapsed := time.Since(start)
+
+	e := r.opError("lock", name)
+	if n := granted(res); n >= r.quorum {
+		if elapsed < span {
+			close(decided)
+			hcfg := cfg
+			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
+			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start), nil
+		}
+		e.Err = ErrNoValidity
+	}
+	failed = true
+	close(decided)
+	waitFor := make([]bool, len(r.nodes)) // the granting nodes: they answered just now, so the caller waits for their release
+	pending := 0
+	for i, x := range res {
+		switch {
+		case !x.done && x.err == nil:
+			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: errPending})
+		case x.err != nil:
+			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: x.err})
+		case len(x.v) != 2:
+			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: errors.New("locks: unexpected acquire reply")})
+		case x.v[0] == 1:
+			e.Granted = append(e.Granted, r.nodes[i].name)
+			waitFor[i] = true
+			pending++
+		default:
+			e.Refused = append(e.Refused, r.nodes[i].name)
+		}
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for pending > 0 {
+		select {
+		case i := <-released:
+			if waitFor[i] {
+				pending--
+			}
+		case <-timer.C:
+			pending = 0
+		}
+	}
+	return nil, e
+}
+
+// errPending is the cause recorded for a node whose answer was still
+// outstanding when a quorum (reached too late) ended the attempt.
+var errPending = errors.New("locks: redlock node's answer still pending")
+
+// rlDrift is the clock-drift allowance for a key lease of px.
+func rlDrift(cfg *config, px time.Duration) time.Duration { return px/100 + cfg.drift }
+
+// rlSpan is the validity a key lease of px gives, before the time taken to set it.
+func rlSpan(cfg *config, px time.Duration) time.Duration { return px - rlDrift(cfg, px) }
+
+// rlPXFor returns the shortest key lease, in whole milliseconds, whose span is
+// at least v: renewals and Extend keep a held's validity v with it.
+func rlPXFor(cfg *config, v time.Duration) time.Duration {
+	px := ((v+cfg.drift)*100/99 + time.Millisecond - 1).Truncate(time.Millisecond)
+	for rlSpan(cfg, px) < v {
+		px += time.Millisecond
+	}
+	return px
+}
+
+// rlNodeTimeout is how long one node may take to answer, for a key lease px.
+func rlNodeTimeout(cfg *config, px time.Duration) time.Duration {
+	if cfg.nodeTimeout > 0 {
+		return cfg.nodeTimeout
+	}
+	return min(max(px/20, 5*time.Millisecond), 250*time.Millisecond)
+}
+
+// rlRetryDelay is the random pause before another attempt.
+func rlRetryDelay(cfg *config) time.Duration {
+	hi := max(min(cfg.lease/10, 250*time.Millisecond), time.Millisecond)
+	return hi/2 + rand.N(hi-hi/2+1)
+}

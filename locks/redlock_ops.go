@@ -1,0 +1,214 @@
+package locks
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A Redlock holding keeps {lock key, acquisition id} in held.keys: each
+// acquisition (a re-entry included) is one field of the lock's hash on every
+// node that granted it, released and renewed by itself.
+
+// release gives back h's acquisition on every node. It reports the owner's
+// remaining holds when a quorum confirmed, -1 when too few nodes still had the
+// acquisition for it to have been held, and a *RedlockError when too many
+// nodes failed to answer to tell.
+func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	key, acq := h.keys[0], h.keys[1]
+	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
+		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+			return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+		}, nil, nil)
+	e := r.opError("unlock", h.name)
+	remaining := int64(0)
+	for i, x := range res {
+		switch {
+		case x.err != nil:
+			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: x.err})
+		case x.v >= 0:
+			e.Granted = append(e.Granted, r.nodes[i].name)
+			remaining = max(remaining, x.v)
+		default:
+			e.Refused = append(e.Refused, r.nodes[i].name)
+		}
+	}
+	switch {
+	case len(e.Granted) >= r.quorum:
+		return remaining, nil
+	case len(e.Granted)+len(e.Failed) < r.quorum:
+		return -1, nil
+	}
+	e.Err = ctx.Err()
+	return 0, e
+}
+
+// extend gives h's acquisition the validity lease from now on every node. It
+// succeeds when a quorum confirmed before h's current validity ended and with
+// some of the new one left; it reports false when too many nodes no longer
+// have the acquisition for a quorum to be possible.
+func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
+	errs := r.extendAll(ctx, []*held{h}, []time.Duration{lease})
+	switch err := errs[0]; {
+	case err == nil:
+		return true, nil
+	case err == errNotOwner:
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// renewBatch renews every lock in hs by its own lease (its validity), for the
+// renewer: nil when renewed, errNotOwner when lost, a *RedlockError otherwise.
+func (r *Redlock) renewBatch(ctx context.Context, hs []*held) []error {
+	leases := make([]time.Duration, len(hs))
+	for i, h := range hs {
+		h.mu.Lock()
+		leases[i] = h.lease
+		h.mu.Unlock()
+	}
+	return r.extendAll(ctx, hs, leases)
+}
+
+// extendAll extends each hs[i] to validity leases[i] on every node at once,
+// one pipeline per node, and judges each lock by the quorum rule.
+func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Duration) []error {
+	pxs := make([]int64, len(hs))
+	deadlines := make([]time.Time, len(hs))
+	var timeout time.Duration
+	for i, h := range hs {
+		px := rlPXFor(&h.cfg, leases[i])
+		pxs[i] = px.Milliseconds()
+		timeout = max(timeout, rlNodeTimeout(&h.cfg, px))
+		h.mu.Lock()
+		deadlines[i] = h.deadline
+		h.mu.Unlock()
+	}
+	confirmed := func(res []nodeResult[[]error], i int) int {
+		n := 0
+		for _, x := range res {
+			if x.done && x.err == nil && x.v[i] == nil {
+				n++
+			}
+		}
+		return n
+	}
+	sent := time.Now()
+	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]error, error) {
+		return extendPipeline(ctx, rdb, hs, pxs)
+	}, func(res []nodeResult[[]error]) bool {
+		for i := range hs {
+			if confirmed(res, i) < r.quorum {
+				return false
+			}
+		}
+		return true
+	}, nil)
+	now := time.Now()
+
+	errs := make([]error, len(hs))
+	for i, h := range hs {
+		e := r.opError("extend", h.name)
+		for j, x := range res {
+			switch {
+			case !x.done && x.err == nil:
+				// Still pending after every lock reached its quorum: not needed.
+			case x.err != nil:
+				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[j].name, Err: x.err})
+			case x.v[i] == nil:
+				e.Granted = append(e.Granted, r.nodes[j].name)
+			case x.v[i] == errNotOwner:
+				e.Refused = append(e.Refused, r.nodes[j].name)
+			default:
+				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[j].name, Err: x.v[i]})
+			}
+		}
+		switch {
+		case len(e.Granted) >= r.quorum && now.Before(deadlines[i]) && now.Sub(sent) < leases[i]:
+			errs[i] = nil
+			continue
+		case len(e.Refused) > len(r.nodes)-r.quorum:
+			errs[i] = errNotOwner
+		case len(e.Granted) >= r.quorum:
+			e.Err = ErrNoValidity // confirmed, but only after the validity had lapsed
+			errs[i] = e
+		default:
+			e.Err = ctx.Err()
+			errs[i] = e
+		}
+		if errs[i] == errNotOwner || !now.Before(deadlines[i]) {
+			// The holding is lost (its owner is told by the caller): the
+			// nodes where this round did extend it must not keep it alive.
+			r.releaseInBackground(h)
+		}
+	}
+	return errs
+}
+
+// releaseInBackground gives back h's acquisition on every node without
+// waiting; Close waits for it.
+func (r *Redlock) releaseInBackground(h *held) {
+	h.mu.Lock()
+	lease := h.lease
+	h.mu.Unlock()
+	key, acq := h.keys[0], h.keys[1]
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.inflight.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.inflight.Done()
+		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
+			func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+				return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+			}, nil, nil)
+	}()
+}
+
+// extendPipeline runs the extend script for every lock in hs on one node, in
+// one pipeline, loading the script once if the node does not have it (a
+// restarted server). Per lock: nil when extended, errNotOwner when the
+// acquisition is not held there, the command's error otherwise.
+func extendPipeline(ctx context.Context, rdb redis.UniversalClient, hs []*held, pxs []int64) ([]error, error) {
+	out := make([]error, len(hs))
+	for try := 0; try < 2; try++ {
+		pipe := rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(hs))
+		for i, h := range hs {
+			cmds[i] = pipe.EvalSha(ctx, redlockExtendScript.Hash(), h.keys[:1], h.owner, h.keys[1], pxs[i])
+		}
+		pipe.Exec(ctx)
+		noscript := false
+		for i, c := range cmds {
+			n, err := c.Int64()
+			switch {
+			case err != nil:
+				noscript = noscript || redis.HasErrorPrefix(err, "NOSCRIPT")
+				out[i] = err
+			case n != 1:
+				out[i] = errNotOwner
+			default:
+				out[i] = nil
+			}
+		}
+		if !noscript || try > 0 {
+			break
+		}
+		if err := redlockExtendScript.Load(ctx, rdb).Err(); err != nil {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (r *Redlock) opError(op, name string) *RedlockError {
+	return &RedlockError{Op: op, Name: name, Nodes: len(r.nodes), Quorum: r.quorum}
+}
