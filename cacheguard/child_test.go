@@ -1,0 +1,140 @@
+package cacheguard_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// Multi-process tests re-execute the test binary: TestMain sees childEnv and
+// calls runChild instead of running tests. Each child has its own Guard and
+// Redis client; the parameters travel in environment variables.
+const (
+	childEnv  = "CACHEGUARD_TEST_CHILD" // the role
+	childAddr = "CACHEGUARD_TEST_ADDR"  // the Redis address
+	childKey  = "CACHEGUARD_TEST_KEY"   // the cache key; the other keys derive from it
+	childN    = "CACHEGUARD_TEST_N"     // concurrent requests per child
+)
+
+// Redis keys a child and its parent coordinate with.
+func readyKey(key string) string   { return "test:ready:" + key }   // INCR by each child when set up
+func barrierKey(key string) string { return "test:barrier:" + key } // BLPOP by each child to start together
+func loadsKey(key string) string   { return "test:loads:" + key }   // INCR by every load in any process
+func loadingKey(key string) string { return "test:loading:" + key } // SET by a holder as its load starts
+
+// startChild starts the test binary as a child process with role and env.
+func startChild(t *testing.T, role string, env ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), append([]string{childEnv + "=" + role, childAddr + "=" + redisAddr}, env...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd, &out
+}
+
+func runChild(role string) int {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(childAddr)})
+	defer rdb.Close()
+	key := os.Getenv(childKey)
+	var err error
+	switch role {
+	case "stampede":
+		err = childStampede(ctx, rdb, key)
+	case "holder":
+		err = childHolder(ctx, rdb, key)
+	default:
+		err = fmt.Errorf("unknown role %q", role)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 1
+	}
+	return 0
+}
+
+// dbLoad stands for a 50ms database query and counts itself in Redis, so the
+// parent can count loads across processes.
+func dbLoad(rdb *redis.Client, key string) func(context.Context) (item, error) {
+	return func(ctx context.Context) (item, error) {
+		n, err := rdb.Incr(context.WithoutCancel(ctx), loadsKey(key)).Result()
+		if err != nil {
+			return item{}, err
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return item{}, ctx.Err()
+		}
+		return item{ID: int(n), Name: "db"}, nil
+	}
+}
+
+// childStampede waits on the barrier, then sends n concurrent Gets for one key.
+func childStampede(ctx context.Context, rdb *redis.Client, key string) error {
+	n, _ := strconv.Atoi(os.Getenv(childN))
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	if err := rdb.Incr(ctx, readyKey(key)).Err(); err != nil {
+		return err
+	}
+	if err := rdb.BLPop(ctx, 30*time.Second, barrierKey(key)).Err(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			v, err := cacheguard.Get(ctx, g, key, dbLoad(rdb, key))
+			if err == nil && v != (item{1, "db"}) {
+				err = fmt.Errorf("got %v, want the first load's value", v)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	st := g.Stats()
+	fmt.Printf("loads=%d local=%d remote=%d\n", st.Loads, st.CoalescedLocal, st.CoalescedRemote)
+	return nil
+}
+
+// childHolder takes the fill lease and loads forever (until killed).
+func childHolder(ctx context.Context, rdb *redis.Client, key string) error {
+	g := cacheguard.New(rdb, cacheguard.FillLease(150*time.Millisecond), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	_, err := cacheguard.Get(ctx, g, key, func(ctx context.Context) (item, error) {
+		if err := rdb.Set(ctx, loadingKey(key), "1", time.Minute).Err(); err != nil {
+			return item{}, err
+		}
+		select {} // the process is killed mid-load
+	}, cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))
+	return err
+}

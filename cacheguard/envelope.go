@@ -1,0 +1,92 @@
+package cacheguard
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+)
+
+// The stored envelope, version 1 (getlease.lua reads the header too):
+//
+//	0  'c' 'g'            magic
+//	2  version            1
+//	3  flags              bit 0: negative (a cached absence, no payload)
+//	4  fresh-until        unix ms, uint64 big-endian (the writer's wall clock)
+//	12 stale-until        unix ms, uint64 big-endian (≥ fresh-until)
+//	20 last load          µs, uint32 big-endian (Δ of early refresh)
+//	24 payload            the codec's bytes
+const (
+	envVersion   = 1
+	envHeaderLen = 24
+	flagNegative = 1 << 0
+	knownFlags   = flagNegative
+	// maxTime bounds the times (year 287,000): getlease.lua reads them as
+	// doubles, exact up to 2^53.
+	maxTime = 1<<53 - 1
+)
+
+type envelope struct {
+	freshUntil int64 // unix ms
+	staleUntil int64 // unix ms
+	delta      time.Duration
+	negative   bool
+	payload    []byte
+}
+
+func (e *envelope) encode() []byte {
+	b := make([]byte, envHeaderLen+len(e.payload))
+	b[0], b[1], b[2] = 'c', 'g', envVersion
+	if e.negative {
+		b[3] = flagNegative
+	}
+	binary.BigEndian.PutUint64(b[4:], uint64(e.freshUntil))
+	binary.BigEndian.PutUint64(b[12:], uint64(e.staleUntil))
+	binary.BigEndian.PutUint32(b[20:], uint32(min(e.delta.Microseconds(), math.MaxUint32)))
+	copy(b[envHeaderLen:], e.payload)
+	return b
+}
+
+// decodeEnvelope parses b; the payload aliases b. Any bytes that are not a
+// version-1 envelope are an error wrapping ErrDecode.
+func decodeEnvelope(b []byte) (envelope, error) {
+	switch {
+	case len(b) < envHeaderLen:
+		return envelope{}, fmt.Errorf("%w: %d bytes, shorter than the header", ErrDecode, len(b))
+	case b[0] != 'c' || b[1] != 'g':
+		return envelope{}, fmt.Errorf("%w: not an envelope", ErrDecode)
+	case b[2] != envVersion:
+		return envelope{}, fmt.Errorf("%w: envelope version %d, want %d", ErrDecode, b[2], envVersion)
+	case b[3]&^knownFlags != 0:
+		return envelope{}, fmt.Errorf("%w: unknown flags %#x", ErrDecode, b[3])
+	}
+	fresh := binary.BigEndian.Uint64(b[4:])
+	stale := binary.BigEndian.Uint64(b[12:])
+	if stale > maxTime || stale < fresh {
+		return envelope{}, fmt.Errorf("%w: bad times %d, %d", ErrDecode, fresh, stale)
+	}
+	e := envelope{
+		freshUntil: int64(fresh),
+		staleUntil: int64(stale),
+		delta:      time.Duration(binary.BigEndian.Uint32(b[20:])) * time.Microsecond,
+		negative:   b[3]&flagNegative != 0,
+		payload:    b[envHeaderLen:],
+	}
+	if e.negative && len(e.payload) != 0 {
+		return envelope{}, fmt.Errorf("%w: negative envelope with a payload", ErrDecode)
+	}
+	return e, nil
+}
+
+// decodeValue decodes the payload of e into a T with cd, recovering a panicking codec.
+func decodeValue[T any](cd Codec, e *envelope) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: codec panicked: %v", ErrDecode, p)
+		}
+	}()
+	if err := cd.Unmarshal(e.payload, &v); err != nil {
+		return v, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	return v, nil
+}

@@ -1,0 +1,60 @@
+package cacheguard
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+)
+
+var (
+	// ErrInvalid marks a bad argument, reported before anything is sent to Redis.
+	ErrInvalid = errors.New("cacheguard: invalid argument")
+	// ErrNotFound is what a loader returns (or wraps) when the thing it loads does
+	// not exist. Such a result is cached as absent for the negative TTL, and Get
+	// returns an error matching ErrNotFound to every caller until it expires.
+	ErrNotFound = errors.New("cacheguard: not found")
+	// ErrWaitTimeout means the wait budget (see Wait) ended before a fresh value
+	// arrived. The load it waited for goes on and still fills the cache.
+	ErrWaitTimeout = errors.New("cacheguard: wait budget exceeded")
+	// ErrMiss is returned under FailFast when no fresh or servable stale value
+	// is cached; a fill has been started in the background.
+	ErrMiss = errors.New("cacheguard: not cached")
+	// ErrUnavailable is returned under FailClosed when Redis cannot be reached;
+	// it is joined with the Redis error.
+	ErrUnavailable = errors.New("cacheguard: redis unavailable")
+	// ErrRemoteLoad means the load this call waited for failed in another
+	// process; the error carries that load's message.
+	ErrRemoteLoad = errors.New("cacheguard: load failed in another process")
+	// ErrClosed is returned by calls on a Guard after Close, and to callers whose
+	// shared load Close stopped.
+	ErrClosed = errors.New("cacheguard: guard closed")
+	// ErrDecode marks bytes that are not a valid envelope, or a payload the codec
+	// cannot decode. Get never returns it: such a value is treated as a miss.
+	ErrDecode = errors.New("cacheguard: cannot decode cached value")
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+// PanicError is the error every caller sharing a load receives when the loader
+// panicked. The process survives and the fill lease is released.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the loader's stack at the panic
+}
+
+func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("cacheguard: loader panicked: %v", e.Value) }
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}
+
+// remoteError is the failure of a load in another process, as its message.
+func remoteError(key, msg string) error {
+	return fmt.Errorf("%w: %q: %s", ErrRemoteLoad, key, msg)
+}

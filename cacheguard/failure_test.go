@@ -1,0 +1,299 @@
+package cacheguard_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// header builds a version-1 envelope header by hand.
+func header(version, flags byte, fresh, stale time.Time) []byte {
+	b := make([]byte, 24)
+	b[0], b[1], b[2], b[3] = 'c', 'g', version, flags
+	binary.BigEndian.PutUint64(b[4:], uint64(fresh.UnixMilli()))
+	binary.BigEndian.PutUint64(b[12:], uint64(stale.UnixMilli()))
+	return b
+}
+
+func TestCorruptBytesAreAMiss(t *testing.T) {
+	ctx := context.Background()
+	later := time.Now().Add(time.Hour)
+	cases := map[string][]byte{
+		"foreign":               []byte(`{"id":1}`),
+		"empty":                 {},
+		"short header":          []byte("cg\x01\x00abc"),
+		"future version":        header(2, 0, later, later),
+		"unknown flag":          header(1, 0x80, later, later),
+		"bad times":             header(1, 0, later, later.Add(-time.Minute)),
+		"fresh, bad payload":    append(header(1, 0, later, later), "{not json"...),
+		"negative with payload": append(header(1, 1, later, later), "x"...),
+	}
+	for name, raw := range cases {
+		t.Run(name, func(t *testing.T) {
+			g, rdb := newGuard(t)
+			key := testKey(t)
+			if err := rdb.Set(ctx, "cg:v:{"+key+"}", raw, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := &counter{name: "repaired"}
+			var res cacheguard.Result
+			v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res))
+			if err != nil || v.Name != "repaired" || res != cacheguard.Miss {
+				t.Fatalf("Get = %v, %v, %v; want a load", v, err, res)
+			}
+			if st := g.Stats(); st.DecodeErrors != 1 {
+				t.Fatalf("decode errors = %d, want 1", st.DecodeErrors)
+			}
+			if _, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res)); err != nil || res != cacheguard.Hit {
+				t.Fatalf("after the repair: %v, %v; want a hit", err, res)
+			}
+		})
+	}
+}
+
+func TestPanickingLoaderWith100Waiters(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	key := testKey(t)
+	boom := errors.New("boom")
+	release := make(chan struct{})
+	loads := 0
+	loader := func(context.Context) (item, error) {
+		loads++
+		<-release
+		panic(boom)
+	}
+	const n = 100
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { _, errs[i] = cacheguard.Get(ctx, g, key, loader) })
+	}
+	// Release the loader once every call has missed and joined the flight.
+	eventually(t, 10*time.Second, "all calls waiting", func() bool { return g.Stats().Misses == n })
+	close(release)
+	wg.Wait()
+	for i, err := range errs {
+		var pe *cacheguard.PanicError
+		if !errors.As(err, &pe) || !errors.Is(err, boom) {
+			t.Fatalf("call %d: %v, want a *PanicError wrapping the panic value", i, err)
+		}
+	}
+	if loads != 1 {
+		t.Fatalf("loads = %d, want 1", loads)
+	}
+	if rdb.Exists(ctx, "cg:fl:{"+key+"}").Val() != 0 {
+		t.Fatal("the fill lease was not released")
+	}
+	// The process lives on and the key loads normally.
+	if v, err := cacheguard.Get(ctx, g, key, (&counter{name: "ok"}).load); err != nil || v.Name != "ok" {
+		t.Fatalf("after the panic: %v, %v", v, err)
+	}
+}
+
+func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
+	g, rdb := newGuard(t)
+	key := testKey(t)
+	l := newGated("late")
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, key, l.load)
+		errc <- err
+	}()
+	<-l.entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get = %v, want context.Canceled", err)
+	}
+	// The shared load was not cancelled: it completes and fills the cache.
+	close(l.release)
+	eventually(t, 5*time.Second, "value stored by the abandoned load", func() bool {
+		return rdb.Exists(context.Background(), "cg:v:{"+key+"}").Val() == 1
+	})
+
+	// A waiter whose deadline passes leaves alone, the others still get the value.
+	other := testKey(t, "other")
+	l2 := newGated("shared")
+	errs := make(chan error, 2)
+	go func() {
+		_, err := cacheguard.Get(context.Background(), g, other, l2.load)
+		errs <- err
+	}()
+	<-l2.entered
+	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer dcancel()
+	if _, err := cacheguard.Get(dctx, g, other, l2.load); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get = %v, want context.DeadlineExceeded", err)
+	}
+	close(l2.release)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
+	ctx := context.Background()
+	a, rdb := newGuard(t)
+	b, _ := newGuard(t)
+	key := testKey(t)
+	old := newGated("before")
+	errc := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, a, key, old.load)
+		if err == nil && v.Name != "before" {
+			err = fmt.Errorf("a got %v", v)
+		}
+		errc <- err
+	}()
+	<-old.entered
+	// b waits for a's fill.
+	fresh := &counter{name: "after"}
+	got := make(chan item, 1)
+	go func() {
+		v, _ := cacheguard.Get(ctx, b, key, fresh.load)
+		got <- v
+	}()
+	eventually(t, 5*time.Second, "b waiting", func() bool { return numSub(t, a, key) == 2 })
+
+	if err := a.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	// b is woken, takes a new lease and loads data newer than the invalidation.
+	if v := <-got; v.Name != "after" {
+		t.Fatalf("b got %v, want a load made after the invalidation", v)
+	}
+	close(old.release) // the old fill completes now: its compare-and-set must fail
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	raw, err := rdb.Get(ctx, "cg:v:{"+key+"}").Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v item
+	if err := (cacheguard.JSON{}).Unmarshal(raw[24:], &v); err != nil || v.Name != "after" {
+		t.Fatalf("stored %v (%v), want the post-invalidation value", v, err)
+	}
+
+	// Alone: an invalidated fill stores nothing at all.
+	solo := testKey(t, "solo")
+	l := newGated("stale")
+	go func() {
+		_, err := cacheguard.Get(ctx, a, solo, l.load)
+		errc <- err
+	}()
+	<-l.entered
+	if err := b.Invalidate(ctx, solo); err != nil {
+		t.Fatal(err)
+	}
+	close(l.release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if rdb.Exists(ctx, "cg:v:{"+solo+"}", "cg:fl:{"+solo+"}").Val() != 0 {
+		t.Fatal("an invalidated fill wrote its value")
+	}
+}
+
+func TestRedisDownFailsOpenThenRecovers(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "cached"}).load); err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+
+	// Down: every call still gets a value, loaded once per process and key.
+	base := g.Stats()
+	l := newGated("open")
+	const n = 20
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			v, err := cacheguard.Get(ctx, g, key, l.load)
+			if err == nil && v.Name != "open" {
+				err = fmt.Errorf("got %v", v)
+			}
+			errs[i] = err
+		})
+	}
+	eventually(t, 10*time.Second, "all calls missed", func() bool { return g.Stats().Misses == base.Misses+n })
+	close(l.release)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.n.Load(); got != 1 {
+		t.Fatalf("fail-open loads = %d, want 1 (coalesced)", got)
+	}
+	if st := g.Stats(); st.FailOpenLoads != base.FailOpenLoads+1 || st.RedisErrors == base.RedisErrors {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := cacheguard.Get(ctx, g, key, l.load, cacheguard.FailClosed()); !errors.Is(err, cacheguard.ErrUnavailable) {
+		t.Fatalf("FailClosed = %v, want ErrUnavailable", err)
+	}
+
+	// Back: the cache fills again.
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var res cacheguard.Result
+	eventually(t, 10*time.Second, "cache back", func() bool {
+		_, err := cacheguard.Get(ctx, g, key, (&counter{name: "back"}).load, cacheguard.ReportTo(&res))
+		return err == nil && res == cacheguard.Hit
+	})
+}
+
+func TestMaxConcurrentLoads(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	g := cacheguard.New(rdb, cacheguard.MaxConcurrentLoads(1))
+	defer g.Close()
+	s.Kill()
+	l := newGated("first")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, testKey(t, "a"), l.load)
+		errc <- err
+	}()
+	<-l.entered
+	if _, err := cacheguard.Get(ctx, g, testKey(t, "b"), l.load, cacheguard.WaitBudget(50*time.Millisecond)); !errors.Is(err, cacheguard.ErrWaitTimeout) {
+		t.Fatalf("second load = %v, want ErrWaitTimeout (no free slot)", err)
+	}
+	close(l.release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseStopsBackgroundRefresh(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	g := cacheguard.New(rdb, cacheguard.FailFast())
+	key := testKey(t)
+	l := newGated("never")
+	if _, err := cacheguard.Get(ctx, g, key, l.load); !errors.Is(err, cacheguard.ErrMiss) {
+		t.Fatal(err)
+	}
+	<-l.entered
+	g.Close() // cancels the background fill's context and waits for it
+	if rdb.Exists(ctx, "cg:v:{"+key+"}").Val() != 0 {
+		t.Fatal("a cancelled fill stored a value")
+	}
+}

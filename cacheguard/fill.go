@@ -1,0 +1,181 @@
+package cacheguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// fillFor loads with the fill lease held and turns the result into the
+// flight's outcome.
+func (c *call[T]) fillFor(ctx context.Context, ks keySet, tok string, id uint64) *outcome {
+	v, env, err := c.fill(ctx, ks, tok)
+	return &outcome{leader: id, loaded: true, val: v, env: env, err: err}
+}
+
+// fill runs the loader while renewing the fill lease, then stores the value
+// (or the absence) with the lease's compare-and-set and wakes the waiters, or,
+// when the load failed, releases the lease and tells the waiters why.
+func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope, error) {
+	g := c.g
+	start := time.Now()
+	stop := g.renewLease(ctx, ks, tok, c.cfg.lease)
+	v, err := c.runLoader(ctx)
+	stop()
+	took := time.Since(start)
+	now := time.Now().UnixMilli()
+
+	switch {
+	case err == nil:
+		payload, merr := encodeValue(c.cfg.codec, v)
+		if merr != nil {
+			err = fmt.Errorf("cacheguard: encode %q: %w", c.key, merr)
+			c.releaseLease(ctx, ks, tok, "e"+err.Error())
+			return v, nil, err
+		}
+		fresh := jittered(c.cfg.ttl, c.cfg.jitter)
+		env := &envelope{
+			freshUntil: now + fresh.Milliseconds(),
+			staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(),
+			delta:      took,
+			payload:    payload,
+		}
+		if _, err := g.store(ctx, ks, tok, env.encode(), fresh+c.cfg.staleWindow); err != nil {
+			g.note(EventRedisError, c.key, 0, err)
+		}
+		return v, env, nil
+	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
+		ttl := jittered(c.cfg.negTTL, c.cfg.jitter)
+		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
+		if _, serr := g.store(ctx, ks, tok, env.encode(), ttl); serr != nil {
+			g.note(EventRedisError, c.key, 0, serr)
+		}
+		return v, env, err
+	case errors.Is(err, ErrNotFound):
+		c.releaseLease(ctx, ks, tok, "n")
+		return v, nil, err
+	default:
+		c.releaseLease(ctx, ks, tok, "e"+err.Error())
+		return v, nil, err
+	}
+}
+
+func (c *call[T]) releaseLease(ctx context.Context, ks keySet, tok, msg string) {
+	if err := c.g.release(ctx, ks, tok, msg); err != nil {
+		c.g.note(EventRedisError, c.key, 0, err)
+	}
+}
+
+// runLoader runs the loader under ctx bounded by the load timeout, turning a
+// panic into a *PanicError, and counts the load.
+func (c *call[T]) runLoader(ctx context.Context) (v T, err error) {
+	start := time.Now()
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.loadTimeout)
+	defer func() {
+		cancel()
+		if p := recover(); p != nil {
+			err = newPanicError(p)
+		}
+		c.g.note(EventLoad, c.key, time.Since(start), err)
+	}()
+	return c.load(lctx)
+}
+
+// failOpen serves a flight while Redis cannot be reached: the loader runs
+// (bounded by MaxConcurrentLoads) and nothing is cached; or, with FailClosed,
+// the flight fails with ErrUnavailable.
+func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, cause error) *outcome {
+	g := c.g
+	if c.cfg.failClosed {
+		return &outcome{leader: id, err: errors.Join(fmt.Errorf("%w: %q", ErrUnavailable, c.key), cause)}
+	}
+	if g.sem != nil {
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		select {
+		case g.sem <- struct{}{}:
+			defer func() { <-g.sem }()
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return &outcome{leader: id, err: ErrClosed}
+			}
+			return &outcome{leader: id, err: errFlightExpired}
+		}
+	}
+	g.note(EventFailOpen, c.key, 0, cause)
+	v, err := c.runLoader(ctx)
+	return &outcome{leader: id, loaded: true, val: v, err: err}
+}
+
+// refresh fills the key in the background under the fill lease, at most one
+// refresh per key and process at a time: for a stale value (ServeStale), an
+// early refresh (XFetch: only while the value is still the one fresh until
+// after), or a miss under FailFast. The lease is taken only when the value is
+// not fresh until later than after (0: now), so a refresh that another process
+// finished meanwhile is not repeated.
+func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
+	g := c.g
+	ks := g.keys(c.key)
+	g.mu.Lock()
+	busy := g.refreshing[ks.value]
+	if !busy {
+		g.refreshing[ks.value] = true
+	}
+	g.mu.Unlock()
+	if busy {
+		return
+	}
+	unmark := func() {
+		g.mu.Lock()
+		delete(g.refreshing, ks.value)
+		g.mu.Unlock()
+	}
+	tctx, done, ok := g.track(context.WithoutCancel(ctx))
+	if !ok {
+		unmark()
+		return
+	}
+	go func() {
+		defer done()
+		defer unmark()
+		defer func() { recover() }() // a codec or an observer panicked: the refresh is dropped
+		if after == 0 {
+			after = time.Now().UnixMilli()
+		}
+		tok := token()
+		r, err := g.getLease(tctx, ks, tok, c.cfg.lease, after, force)
+		if err != nil {
+			if tctx.Err() == nil {
+				g.note(EventRedisError, c.key, 0, err)
+			}
+			return
+		}
+		if !r.granted {
+			return // fresh already, or another fill is running
+		}
+		if early {
+			g.note(EventEarlyRefresh, c.key, 0, nil)
+		}
+		c.fill(tctx, ks, tok)
+	}()
+}
+
+// jittered shortens d by a random fraction in [0, frac).
+func jittered(d time.Duration, frac float64) time.Duration {
+	if frac <= 0 {
+		return d
+	}
+	return max(d-time.Duration(rand.Float64()*frac*float64(d)), time.Millisecond)
+}
+
+// encodeValue encodes v with cd, recovering a panicking codec.
+func encodeValue(cd Codec, v any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("codec panicked: %v", p)
+		}
+	}()
+	return cd.Marshal(v)
+}

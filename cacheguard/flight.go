@@ -1,0 +1,148 @@
+package cacheguard
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// errFlightExpired ends a flight whose starter's wait budget ran out while it
+// was waiting for another process's fill (a flight that loads runs on).
+var errFlightExpired = errors.New("cacheguard: flight expired")
+
+// subscribeTimeout bounds waiting for the wake-up subscription; without it a
+// flight still works, woken by the lease's expiry instead of a push.
+const subscribeTimeout = time.Second
+
+// outcome is what a flight gives every caller sharing it.
+type outcome struct {
+	leader uint64    // the call that started the flight
+	loaded bool      // the flight ran the loader
+	val    any       // a T of the leader's type, or nil
+	env    *envelope // the stored form of val, when there is one
+	err    error
+}
+
+// flight is one process's miss path for one key, shared by every caller of
+// the process that misses meanwhile: subscribe to the wake-up channel, then
+// get the value or the fill lease in one script; fill with the lease, or wait
+// for the holder's push (or its lease's expiry) and try again.
+func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline time.Time, force bool, redisErr error) (o *outcome) {
+	g := c.g
+	ctx, done, ok := g.track(context.WithoutCancel(parent))
+	if !ok {
+		return &outcome{leader: id, err: ErrClosed}
+	}
+	defer done()
+	defer func() {
+		if p := recover(); p != nil { // a codec or an observer panicked
+			o = &outcome{leader: id, err: newPanicError(p)}
+		}
+	}()
+	if redisErr != nil {
+		return c.failOpen(ctx, id, deadline, redisErr)
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+
+	// Register for the wake-up before the attempt, so no push is missed.
+	var wakeC <-chan string
+	sctx, scancel := context.WithTimeout(wctx, subscribeTimeout)
+	sub, err := g.hub.Subscribe(sctx, ks.wake)
+	scancel()
+	if err == nil {
+		defer sub.Close()
+		wakeC = sub.C()
+	}
+
+	tok := token()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		r, err := g.getLease(wctx, ks, tok, c.cfg.lease, time.Now().UnixMilli(), force)
+		force = false
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return &outcome{leader: id, err: ErrClosed}
+		case err != nil && wctx.Err() != nil:
+			return &outcome{leader: id, err: errFlightExpired}
+		case err != nil:
+			g.note(EventRedisError, c.key, 0, err)
+			return c.failOpen(ctx, id, deadline, err)
+		case r.granted:
+			return c.fillFor(ctx, ks, tok, id)
+		case r.fresh:
+			if o := c.remote(id, r.value); o != nil {
+				return o
+			}
+			force = true // unreadable: take the lease and replace it
+			continue
+		}
+		// Another fill holds the lease: sleep until its push, or a little past
+		// its lease (it may die without a word).
+		d := r.pttl + time.Millisecond
+		timer.Reset(d + rand.N(d/10+1))
+		select {
+		case m := <-wakeC:
+			if o := c.fromWake(id, m); o != nil {
+				return o
+			}
+		case <-timer.C:
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return &outcome{leader: id, err: ErrClosed}
+			}
+			return &outcome{leader: id, err: errFlightExpired}
+		}
+	}
+}
+
+// remote turns an envelope stored by another caller into an outcome, or nil
+// when it cannot be decoded (counted).
+func (c *call[T]) remote(id uint64, b []byte) *outcome {
+	g := c.g
+	env, err := decodeEnvelope(b)
+	if err != nil {
+		g.note(EventDecodeError, c.key, 0, err)
+		return nil
+	}
+	g.note(EventCoalescedRemote, c.key, 0, nil)
+	if env.negative {
+		g.note(EventNegativeHit, c.key, 0, nil)
+		return &outcome{leader: id, env: &env, err: c.notFound()}
+	}
+	v, err := decodeValue[T](c.cfg.codec, &env)
+	if err != nil {
+		g.note(EventDecodeError, c.key, 0, err)
+		return nil
+	}
+	return &outcome{leader: id, val: v, env: &env}
+}
+
+// fromWake handles a push on the key's channel: 'v'+envelope (a fill stored
+// it), 'e'+message (the fill's load failed), 'n' (the load found nothing and
+// negative caching is off), 'x' (invalidated). It returns nil when the flight
+// must try again.
+func (c *call[T]) fromWake(id uint64, m string) *outcome {
+	if m == "" {
+		return nil
+	}
+	switch m[0] {
+	case 'v':
+		b := []byte(m[1:])
+		if len(b) < envHeaderLen {
+			return nil
+		}
+		if env, err := decodeEnvelope(b); err != nil || time.Now().UnixMilli() >= env.freshUntil {
+			return nil // unreadable or already old: ask Redis
+		}
+		return c.remote(id, b)
+	case 'e':
+		return &outcome{leader: id, err: remoteError(c.key, m[1:])}
+	case 'n':
+		return &outcome{leader: id, err: c.notFound()}
+	}
+	return nil
+}

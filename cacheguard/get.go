@@ -1,0 +1,242 @@
+package cacheguard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Get returns the value cached under key, loading it with load when it is
+// absent or expired, so that each expiry costs one load across every process
+// sharing the Redis:
+//
+//   - A hit costs one round trip (a GET).
+//   - On a miss, the callers of one process share one flight (in-process
+//     coalescing); the flight subscribes to the key's wake-up channel, then
+//     runs one script that returns the value or grants the fill lease. The
+//     lease holder loads under a context detached from every caller (bounded by
+//     LoadTimeout), renewing the lease while the loader runs, stores the value
+//     only if it still holds the lease, and publishes it; the waiters of every
+//     other process receive the value itself with the wake-up. A holder that
+//     dies stops renewing; its lease expires and one waiter takes over.
+//   - The policy (Wait, ServeStale, FailFast) says what a call that finds no
+//     fresh value does; none waits longer than its ctx and its wait budget.
+//   - A loader returning (or wrapping) ErrNotFound is cached as absent for the
+//     negative TTL; a panicking loader becomes a *PanicError for every caller
+//     sharing the load.
+//   - When Redis cannot be reached the call fails open by default: the loader
+//     runs, coalesced in the process, and nothing is cached (see FailClosed).
+//
+// Callers sharing a load share its value: when T holds pointers, maps or
+// slices, treat the value as read-only. Bad input (nil guard, empty or
+// oversize key, nil loader, invalid option) is an ErrInvalid before any Redis
+// call.
+func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Context) (T, error), opts ...Option) (T, error) {
+	cfg, err := g.callConfig(key, load != nil, opts)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	c := &call[T]{g: g, cfg: &cfg, key: key, load: load}
+	v, res, err := c.get(ctx)
+	if cfg.report != nil {
+		*cfg.report = res
+	}
+	return v, err
+}
+
+// call is one Get.
+type call[T any] struct {
+	g    *Guard
+	cfg  *config
+	key  string
+	load func(context.Context) (T, error)
+}
+
+func (c *call[T]) get(ctx context.Context) (T, Result, error) {
+	var zero T
+	start := time.Now()
+	g := c.g
+	b, err := g.rdb.Get(ctx, g.valueKey(c.key)).Bytes()
+	var force bool     // the stored value is unreadable: replace it even if its header says fresh
+	var redisErr error // the cache is unreachable: fail open or closed
+	switch {
+	case err == nil:
+		v, res, err, done := c.fromStored(ctx, b)
+		if done {
+			return v, res, err
+		}
+		force = err != nil
+	case errors.Is(err, redis.Nil):
+	case ctx.Err() != nil:
+		return zero, Miss, c.ctxErr(ctx)
+	default:
+		g.note(EventRedisError, c.key, 0, err)
+		redisErr = err
+	}
+	g.note(EventMiss, c.key, 0, nil)
+	if c.cfg.policy == policyFailFast && redisErr == nil {
+		c.refresh(ctx, force, false, 0)
+		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
+	}
+	return c.wait(ctx, start, force, redisErr)
+}
+
+// fromStored serves a stored envelope when it is fresh, or stale and the
+// policy allows it. done is false when the call must go on as a miss; err is
+// then a decode error (or nil when the value is only too old).
+func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, err error, done bool) {
+	g := c.g
+	env, err := decodeEnvelope(b)
+	if err != nil {
+		g.note(EventDecodeError, c.key, 0, err)
+		return v, 0, err, false
+	}
+	now := time.Now().UnixMilli()
+	switch {
+	case now < env.freshUntil && env.negative:
+		g.note(EventHit, c.key, 0, nil)
+		g.note(EventNegativeHit, c.key, 0, nil)
+		return v, Hit, c.notFound(), true
+	case now < env.freshUntil:
+		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
+			g.note(EventDecodeError, c.key, 0, err)
+			return v, 0, err, false
+		}
+		if xfetch(now, &env, c.cfg.beta) {
+			c.refresh(ctx, false, true, env.freshUntil)
+		}
+		g.note(EventHit, c.key, 0, nil)
+		return v, Hit, nil, true
+	case now < env.staleUntil && !env.negative && c.cfg.policy != policyWait:
+		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
+			g.note(EventDecodeError, c.key, 0, err)
+			return v, 0, err, false
+		}
+		g.note(EventStale, c.key, 0, nil)
+		c.refresh(ctx, false, false, 0)
+		return v, Stale, nil, true
+	}
+	return v, 0, nil, false
+}
+
+// xfetch decides a probabilistic early refresh: now − Δ·β·ln(rand) ≥ fresh-until.
+func xfetch(now int64, e *envelope, beta float64) bool {
+	if beta <= 0 || e.delta <= 0 {
+		return false
+	}
+	gap := -float64(e.delta.Microseconds()) / 1000 * beta * math.Log(rand.Float64())
+	return float64(now)+gap >= float64(e.freshUntil)
+}
+
+// wait runs the miss path: join (or start) this process's flight for the key
+// and wait for it within ctx and the wait budget.
+func (c *call[T]) wait(ctx context.Context, start time.Time, force bool, redisErr error) (T, Result, error) {
+	g := c.g
+	ks := g.keys(c.key)
+	id := g.callIDs.Add(1)
+	deadline := start.Add(c.cfg.wait)
+	budget := time.NewTimer(time.Until(deadline))
+	defer budget.Stop()
+	for {
+		ch := g.flights.DoChan(ks.value, func() (any, error) {
+			return c.flight(ctx, ks, id, deadline, force, redisErr), nil
+		})
+		select {
+		case r := <-ch:
+			o := r.Val.(*outcome)
+			if errors.Is(o.err, errFlightExpired) {
+				if ctx.Err() != nil {
+					return c.zero(Miss, c.ctxErr(ctx))
+				}
+				if time.Now().Before(deadline) {
+					// Another caller's shorter budget ended that flight; this
+					// caller's budget goes on with a flight of its own.
+					force, redisErr = false, nil
+					continue
+				}
+				return c.timedOut(ctx, ks, id)
+			}
+			if o.leader != id {
+				g.note(EventCoalescedLocal, c.key, 0, nil)
+			}
+			return c.deliver(o, id)
+		case <-ctx.Done():
+			return c.zero(Miss, c.ctxErr(ctx))
+		case <-budget.C:
+			return c.timedOut(ctx, ks, id)
+		}
+	}
+}
+
+func (c *call[T]) timedOut(ctx context.Context, ks keySet, id uint64) (T, Result, error) {
+	c.g.note(EventWaitTimeout, c.key, 0, nil)
+	if c.cfg.onTimeout == TimeoutLoad {
+		return c.loadWithoutLease(ctx, ks, id)
+	}
+	return c.zero(Miss, fmt.Errorf("%w: %q after %v", ErrWaitTimeout, c.key, c.cfg.wait))
+}
+
+// loadWithoutLease runs the loader, coalesced in the process, without the fill
+// lease, after the wait budget ended (TimeoutLoad). Nothing is stored.
+func (c *call[T]) loadWithoutLease(ctx context.Context, ks keySet, id uint64) (T, Result, error) {
+	g := c.g
+	ch := g.noLease.DoChan(ks.value, func() (any, error) {
+		tctx, done, ok := g.track(context.WithoutCancel(ctx))
+		if !ok {
+			return &outcome{leader: id, err: ErrClosed}, nil
+		}
+		defer done()
+		v, err := c.runLoader(tctx)
+		return &outcome{leader: id, loaded: true, val: v, err: err}, nil
+	})
+	select {
+	case r := <-ch:
+		o := r.Val.(*outcome)
+		if o.leader != id {
+			g.note(EventCoalescedLocal, c.key, 0, nil)
+		}
+		return c.deliver(o, id)
+	case <-ctx.Done():
+		return c.zero(Miss, c.ctxErr(ctx))
+	}
+}
+
+// deliver turns a flight's outcome into this caller's return values.
+func (c *call[T]) deliver(o *outcome, id uint64) (T, Result, error) {
+	res := Coalesced
+	if o.leader == id && o.loaded {
+		res = Miss
+	}
+	if o.err != nil {
+		return c.zero(res, o.err)
+	}
+	if v, ok := o.val.(T); ok || o.val == nil {
+		return v, res, nil
+	}
+	// The flight was started by a call asking for another type.
+	if o.env != nil {
+		v, err := decodeValue[T](c.cfg.codec, o.env)
+		if err != nil {
+			return c.zero(res, err)
+		}
+		return v, res, nil
+	}
+	return c.zero(res, invalid("key %q was loaded as %T by a concurrent call, not as %T", c.key, o.val, *new(T)))
+}
+
+func (c *call[T]) zero(res Result, err error) (T, Result, error) {
+	var zero T
+	return zero, res, err
+}
+
+func (c *call[T]) ctxErr(ctx context.Context) error {
+	return fmt.Errorf("cacheguard: get %q: %w", c.key, ctx.Err())
+}
+
+func (c *call[T]) notFound() error { return fmt.Errorf("%w: %q", ErrNotFound, c.key) }

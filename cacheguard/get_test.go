@@ -1,0 +1,123 @@
+package cacheguard_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+func TestGetMissThenHit(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	key := testKey(t)
+	c := &counter{name: "a"}
+	var res cacheguard.Result
+	v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res))
+	if err != nil || v != (item{1, "a"}) || res != cacheguard.Miss {
+		t.Fatalf("first Get = %v, %v, %v; want {1 a}, nil, MISS", v, err, res)
+	}
+	v, err = cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res))
+	if err != nil || v != (item{1, "a"}) || res != cacheguard.Hit {
+		t.Fatalf("second Get = %v, %v, %v; want {1 a}, nil, HIT", v, err, res)
+	}
+	if n := c.n.Load(); n != 1 {
+		t.Fatalf("loads = %d, want 1", n)
+	}
+	if ttl := rdb.PTTL(ctx, "cg:v:{"+key+"}").Val(); ttl <= 50*time.Second || ttl > time.Minute {
+		t.Fatalf("value TTL %v, want the default minute less at most 10%% jitter", ttl)
+	}
+	if n := rdb.Exists(ctx, "cg:fl:{"+key+"}").Val(); n != 0 {
+		t.Fatal("fill lease left behind")
+	}
+	st := g.Stats()
+	if st.Hits != 1 || st.Misses != 1 || st.Loads != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestBadInputBeforeRedis(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	var cmds atomic.Int64
+	rdb.AddHook(countHook{&cmds})
+	g := cacheguard.New(rdb)
+	defer g.Close()
+	load := (&counter{}).load
+	cases := []struct {
+		name string
+		g    *cacheguard.Guard
+		key  string
+		load func(context.Context) (item, error)
+		opts []cacheguard.Option
+	}{
+		{"nil guard", nil, "k", load, nil},
+		{"empty key", g, "", load, nil},
+		{"oversize key", g, strings.Repeat("k", cacheguard.MaxKeyLen+1), load, nil},
+		{"nil loader", g, "k", nil, nil},
+		{"negative TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(-time.Second)}},
+		{"zero TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(0)}},
+		{"negative stale window", g, "k", load, []cacheguard.Option{cacheguard.ServeStale(-time.Second)}},
+		{"negative negative TTL", g, "k", load, []cacheguard.Option{cacheguard.NegativeTTL(-time.Second)}},
+		{"negative wait", g, "k", load, []cacheguard.Option{cacheguard.Wait(-time.Second)}},
+		{"jitter 1", g, "k", load, []cacheguard.Option{cacheguard.Jitter(1)}},
+		{"negative beta", g, "k", load, []cacheguard.Option{cacheguard.EarlyRefresh(-1)}},
+		{"short fill lease", g, "k", load, []cacheguard.Option{cacheguard.FillLease(time.Millisecond)}},
+		{"nil codec", g, "k", load, []cacheguard.Option{cacheguard.WithCodec(nil)}},
+		{"prefix per call", g, "k", load, []cacheguard.Option{cacheguard.Prefix("x:")}},
+	}
+	for _, tc := range cases {
+		_, err := cacheguard.Get(ctx, tc.g, tc.key, tc.load, tc.opts...)
+		if !errors.Is(err, cacheguard.ErrInvalid) {
+			t.Errorf("%s: err = %v, want ErrInvalid", tc.name, err)
+		}
+	}
+	if err := g.Invalidate(ctx, ""); !errors.Is(err, cacheguard.ErrInvalid) {
+		t.Errorf("Invalidate(\"\") = %v, want ErrInvalid", err)
+	}
+	var nilGuard *cacheguard.Guard
+	if err := nilGuard.Invalidate(ctx, "k"); !errors.Is(err, cacheguard.ErrInvalid) {
+		t.Errorf("nil Guard Invalidate = %v, want ErrInvalid", err)
+	}
+	if n := cmds.Load(); n != 0 {
+		t.Fatalf("%d Redis commands sent for bad input", n)
+	}
+	defer func() {
+		if p := recover(); p == nil || !strings.HasPrefix(p.(string), "cacheguard: ") {
+			t.Fatalf("New(nil) panicked with %v", p)
+		}
+	}()
+	cacheguard.New(nil)
+}
+
+func TestClosedGuard(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	g.Close()
+	if _, err := cacheguard.Get(ctx, g, testKey(t), (&counter{}).load); !errors.Is(err, cacheguard.ErrClosed) {
+		t.Fatalf("Get after Close = %v, want ErrClosed", err)
+	}
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countHook counts the commands a client sends.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}

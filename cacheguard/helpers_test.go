@@ -1,0 +1,72 @@
+package cacheguard_test
+
+import (
+	"context"
+	"crypto/rand"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// item is the value type most tests cache.
+type item struct {
+	ID   int    `json:"id"`
+	Name string `json:"name"`
+}
+
+// testKey is a key unique to the test and the run (tests may run with -count).
+func testKey(t testing.TB, suffix ...string) string {
+	return strings.ReplaceAll(t.Name(), "/", ":") + ":" + rand.Text()[:8] + ":" + strings.Join(suffix, ":")
+}
+
+// shared returns a client of the server TestMain started, closed at cleanup.
+func shared(t testing.TB) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+// newGuard returns a Guard on its own client of the shared server (a Guard
+// with its own client behaves like another process), closed at cleanup.
+func newGuard(t testing.TB, opts ...cacheguard.Option) (*cacheguard.Guard, *redis.Client) {
+	rdb := shared(t)
+	g := cacheguard.New(rdb, opts...)
+	t.Cleanup(func() { g.Close() })
+	return g, rdb
+}
+
+// counter is a loader that counts its calls and returns item{n, name}.
+type counter struct {
+	n     atomic.Int64
+	delay time.Duration
+	name  string
+}
+
+func (c *counter) load(ctx context.Context) (item, error) {
+	n := c.n.Add(1)
+	if c.delay > 0 {
+		select {
+		case <-time.After(c.delay): // stands for the database's work
+		case <-ctx.Done():
+			return item{}, ctx.Err()
+		}
+	}
+	return item{ID: int(n), Name: c.name}, nil
+}
+
+// eventually polls cond every few milliseconds until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -1,0 +1,19 @@
+package cacheguard_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// redisAddr is the address of the server TestMain starts for tests and examples.
+var redisAddr string
+
+func TestMain(m *testing.M) {
+	// A child process of a multi-process test runs its part and exits.
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(runChild(role))
+	}
+	redistest.Main(m, &redisAddr)
+}

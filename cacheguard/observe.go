@@ -1,0 +1,113 @@
+package cacheguard
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Result says how one Get was served (see ReportTo).
+type Result int
+
+// How a Get was served. The zero Result means the call failed before reading
+// the cache.
+const (
+	Hit       Result = iota + 1 // a fresh cached value (or a cached absence: ErrNotFound)
+	Miss                        // this call ran the loader, or failed after finding nothing usable
+	Stale                       // a stale value within its stale window; a refresh runs in the background
+	Coalesced                   // a value loaded by another caller, in this process or another
+)
+
+func (r Result) String() string {
+	switch r {
+	case Hit:
+		return "HIT"
+	case Miss:
+		return "MISS"
+	case Stale:
+		return "STALE"
+	case Coalesced:
+		return "COALESCED"
+	}
+	return "NONE"
+}
+
+// EventKind names an outcome reported to an observer and counted in Stats.
+type EventKind int
+
+// Outcomes.
+const (
+	EventHit             EventKind = iota + 1 // a call found a fresh value (a cached absence included)
+	EventMiss                                 // a call found no fresh value it could serve
+	EventLoad                                 // the loader ran (Event.Duration, Event.Err)
+	EventCoalescedLocal                       // a call shared a flight started by another caller of this process
+	EventCoalescedRemote                      // a flight received a value another process loaded
+	EventStale                                // a call was served a stale value
+	EventEarlyRefresh                         // a probabilistic early refresh took the fill lease
+	EventNegativeHit                          // a call found a cached absence
+	EventWaitTimeout                          // a call's wait budget ended
+	EventFailOpen                             // the loader ran because Redis could not be reached (Event.Err: the Redis error)
+	EventDecodeError                          // cached bytes were not a valid envelope or payload (Event.Err)
+	EventRedisError                           // a Redis call failed (Event.Err)
+	numKinds
+)
+
+var kindNames = [numKinds]string{"", "hit", "miss", "load", "coalesced_local", "coalesced_remote",
+	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error"}
+
+func (k EventKind) String() string {
+	if k > 0 && k < numKinds {
+		return kindNames[k]
+	}
+	return "unknown"
+}
+
+// Event is one outcome.
+type Event struct {
+	Kind     EventKind
+	Key      string        // the caller's key
+	Duration time.Duration // the load's duration (EventLoad)
+	Err      error         // the cause, where there is one
+}
+
+// Stats are a Guard's counters since New.
+type Stats struct {
+	Hits            uint64 // calls served a fresh value, cached absences included
+	Misses          uint64 // calls that found no fresh value they could serve
+	Loads           uint64 // loader runs, of every kind
+	CoalescedLocal  uint64 // calls that shared a flight started by another caller of this process
+	CoalescedRemote uint64 // flights (one per process and fill) served by another process's load
+	StaleServed     uint64 // calls served a stale value
+	EarlyRefreshes  uint64 // background refreshes started by probabilistic early refresh
+	NegativeHits    uint64 // calls served a cached absence (ErrNotFound)
+	WaitTimeouts    uint64 // calls whose wait budget ended
+	FailOpenLoads   uint64 // loads run because Redis could not be reached
+	DecodeErrors    uint64 // cached values that could not be decoded (treated as misses)
+	RedisErrors     uint64 // failed Redis calls
+}
+
+type counters [numKinds]atomic.Uint64
+
+func (c *counters) snapshot() Stats {
+	return Stats{
+		Hits:            c[EventHit].Load(),
+		Misses:          c[EventMiss].Load(),
+		Loads:           c[EventLoad].Load(),
+		CoalescedLocal:  c[EventCoalescedLocal].Load(),
+		CoalescedRemote: c[EventCoalescedRemote].Load(),
+		StaleServed:     c[EventStale].Load(),
+		EarlyRefreshes:  c[EventEarlyRefresh].Load(),
+		NegativeHits:    c[EventNegativeHit].Load(),
+		WaitTimeouts:    c[EventWaitTimeout].Load(),
+		FailOpenLoads:   c[EventFailOpen].Load(),
+		DecodeErrors:    c[EventDecodeError].Load(),
+		RedisErrors:     c[EventRedisError].Load(),
+	}
+}
+
+// note counts an outcome and tells the observer.
+func (g *Guard) note(kind EventKind, key string, d time.Duration, err error) {
+	g.stats[kind].Add(1)
+	if g.cfg.observer != nil {
+		g.cfg.observer(Event{Kind: kind, Key: key, Duration: d, Err: err})
+	}
+}

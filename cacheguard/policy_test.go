@@ -1,0 +1,241 @@
+package cacheguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// gated is a loader that announces each call on entered and returns only when
+// release is closed (or its context ends).
+type gated struct {
+	counter
+	entered chan int64
+	release chan struct{}
+}
+
+func newGated(name string) *gated {
+	return &gated{counter: counter{name: name}, entered: make(chan int64, 16), release: make(chan struct{})}
+}
+
+func (l *gated) load(ctx context.Context) (item, error) {
+	n := l.n.Add(1)
+	l.entered <- n
+	select {
+	case <-l.release:
+		return item{ID: int(n), Name: l.name}, nil
+	case <-ctx.Done():
+		return item{}, ctx.Err()
+	}
+}
+
+func TestServeStaleWithoutWaitingOneRefresh(t *testing.T) {
+	ctx := context.Background()
+	opts := []cacheguard.Option{cacheguard.TTL(50 * time.Millisecond), cacheguard.ServeStale(time.Minute),
+		cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.WaitBudget(5 * time.Second)}
+	a, rdb := newGuard(t, opts...)
+	b, _ := newGuard(t, opts...)
+	key := testKey(t)
+	first := &counter{name: "v1"}
+	if _, err := cacheguard.Get(ctx, a, key, first.load); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, "cg:v:{"+key+"}").Val(); ttl < 59*time.Second {
+		t.Fatalf("value TTL %v, want TTL + stale window", ttl)
+	}
+	loadedAt := time.Now()
+	// Time is the subject here: wait until the value is past its fresh TTL.
+	eventually(t, time.Second, "value stale", func() bool { return time.Since(loadedAt) > 60*time.Millisecond })
+
+	refresh := newGated("v2")
+	const n = 50
+	var wg sync.WaitGroup
+	errs := make([]error, 2*n)
+	for i := range 2 * n {
+		g := a
+		if i%2 == 1 {
+			g = b
+		}
+		wg.Go(func() {
+			var res cacheguard.Result
+			v, err := cacheguard.Get(ctx, g, key, refresh.load, cacheguard.ReportTo(&res))
+			if err == nil && (v.Name != "v1" || res != cacheguard.Stale) {
+				err = fmt.Errorf("got %v (%v), want v1 STALE", v, res)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait() // every call returned while the refresh is still blocked in its loader
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	<-refresh.entered
+	close(refresh.release)
+	var res cacheguard.Result
+	eventually(t, 5*time.Second, "refreshed value served", func() bool {
+		v, err := cacheguard.Get(ctx, a, key, refresh.load, cacheguard.ReportTo(&res))
+		return err == nil && v.Name == "v2" && res == cacheguard.Hit
+	})
+	if got := refresh.n.Load(); got != 1 {
+		t.Fatalf("refresh loads = %d, want 1", got)
+	}
+	if st := a.Stats(); st.StaleServed < n {
+		t.Fatalf("stale served by a = %d, want at least %d", st.StaleServed, n)
+	}
+}
+
+func TestStaleValueUnderWaitPolicyWaits(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.TTL(30*time.Millisecond), cacheguard.ServeStale(time.Minute), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0))
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "v1"}).load); err != nil {
+		t.Fatal(err)
+	}
+	loadedAt := time.Now()
+	eventually(t, time.Second, "value stale", func() bool { return time.Since(loadedAt) > 40*time.Millisecond })
+	var res cacheguard.Result
+	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "v2"}).load, cacheguard.Wait(time.Second), cacheguard.ReportTo(&res))
+	if err != nil || v.Name != "v2" || res != cacheguard.Miss {
+		t.Fatalf("Wait on a stale value = %v, %v, %v; want a fresh load", v, err, res)
+	}
+}
+
+func TestFailFast(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.FailFast())
+	key := testKey(t)
+	l := newGated("ff")
+	var res cacheguard.Result
+	if _, err := cacheguard.Get(ctx, g, key, l.load, cacheguard.ReportTo(&res)); !errors.Is(err, cacheguard.ErrMiss) || res != cacheguard.Miss {
+		t.Fatalf("cold FailFast = %v, %v; want ErrMiss, MISS", err, res)
+	}
+	<-l.entered // the background fill runs
+	if _, err := cacheguard.Get(ctx, g, key, l.load); !errors.Is(err, cacheguard.ErrMiss) {
+		t.Fatalf("FailFast during the fill = %v, want ErrMiss", err)
+	}
+	close(l.release)
+	eventually(t, 5*time.Second, "filled", func() bool {
+		v, err := cacheguard.Get(ctx, g, key, l.load, cacheguard.ReportTo(&res))
+		return err == nil && v.Name == "ff" && res == cacheguard.Hit
+	})
+	if got := l.n.Load(); got != 1 {
+		t.Fatalf("loads = %d, want 1", got)
+	}
+}
+
+func TestWaitTimeoutAndLoadOnTimeout(t *testing.T) {
+	ctx := context.Background()
+	a, rdb := newGuard(t)
+	b, _ := newGuard(t)
+	key := testKey(t)
+	holder := newGated("holder")
+	done := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, holder.load)
+		done <- err
+	}()
+	<-holder.entered
+
+	start := time.Now()
+	other := &counter{name: "other"}
+	var res cacheguard.Result
+	_, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(100*time.Millisecond), cacheguard.ReportTo(&res))
+	if !errors.Is(err, cacheguard.ErrWaitTimeout) || res != cacheguard.Miss {
+		t.Fatalf("Get = %v (%v), want ErrWaitTimeout", err, res)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("waited %v", waited)
+	}
+	v, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(50*time.Millisecond), cacheguard.LoadOnTimeout(), cacheguard.ReportTo(&res))
+	if err != nil || v.Name != "other" || res != cacheguard.Miss {
+		t.Fatalf("LoadOnTimeout = %v, %v, %v; want the call's own load", v, err, res)
+	}
+	if n := rdb.Exists(ctx, "cg:v:{"+key+"}").Val(); n != 0 {
+		t.Fatal("a load without the lease was stored")
+	}
+	close(holder.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.WaitTimeouts != 2 {
+		t.Fatalf("wait timeouts = %d, want 2", st.WaitTimeouts)
+	}
+}
+
+func TestNegativeCaching(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	key := testKey(t)
+	loads := 0
+	missing := func(context.Context) (item, error) {
+		loads++
+		return item{}, fmt.Errorf("user 9: %w", cacheguard.ErrNotFound)
+	}
+	var res cacheguard.Result
+	if _, err := cacheguard.Get(ctx, g, key, missing); !errors.Is(err, cacheguard.ErrNotFound) || err.Error() != "user 9: cacheguard: not found" {
+		t.Fatalf("first Get = %v, want the loader's ErrNotFound", err)
+	}
+	if _, err := cacheguard.Get(ctx, g, key, missing, cacheguard.ReportTo(&res)); !errors.Is(err, cacheguard.ErrNotFound) || res != cacheguard.Hit {
+		t.Fatalf("second Get = %v (%v), want a cached ErrNotFound", err, res)
+	}
+	if loads != 1 || g.Stats().NegativeHits != 1 {
+		t.Fatalf("loads %d, stats %+v", loads, g.Stats())
+	}
+
+	off := testKey(t, "off")
+	for range 2 {
+		cacheguard.Get(ctx, g, off, missing, cacheguard.NegativeTTL(0))
+	}
+	if loads != 3 {
+		t.Fatalf("with NegativeTTL(0): loads %d, want 3", loads)
+	}
+}
+
+func TestEarlyRefresh(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.EarlyRefresh(1e9)) // β so large that every hit refreshes
+	key := testKey(t)
+	c := &counter{delay: time.Millisecond, name: "e"}
+	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+		t.Fatal(err)
+	}
+	var res cacheguard.Result
+	v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res))
+	if err != nil || v.ID != 1 || res != cacheguard.Hit {
+		t.Fatalf("hit = %v, %v, %v", v, err, res)
+	}
+	eventually(t, 5*time.Second, "refreshed in the background", func() bool {
+		v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.EarlyRefresh(0))
+		return err == nil && v.ID == 2
+	})
+	if st := g.Stats(); st.EarlyRefreshes < 1 {
+		t.Fatalf("stats %+v, want an early refresh", st)
+	}
+}
+
+func TestObserver(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	seen := map[cacheguard.EventKind]int{}
+	g, _ := newGuard(t, cacheguard.WithObserver(func(e cacheguard.Event) {
+		mu.Lock()
+		seen[e.Kind]++
+		mu.Unlock()
+	}))
+	key := testKey(t)
+	for range 2 {
+		if _, err := cacheguard.Get(ctx, g, key, (&counter{}).load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen[cacheguard.EventMiss] != 1 || seen[cacheguard.EventLoad] != 1 || seen[cacheguard.EventHit] != 1 {
+		t.Fatalf("events %v", seen)
+	}
+}

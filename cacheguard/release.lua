@@ -1,0 +1,11 @@
+-- Give up the fill lease without storing anything (the load failed) and tell the
+-- waiters why, so they do not each retry a failing load.
+-- KEYS[1] fill lease
+-- ARGV: token, wake channel, publish command, message
+-- Returns 1 when released, 0 when the lease was no longer this token's.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call(ARGV[3], ARGV[2], ARGV[4])
+return 1

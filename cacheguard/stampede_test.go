@@ -1,0 +1,249 @@
+package cacheguard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+func TestOneLoadManyGoroutines(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	key := testKey(t)
+	c := &counter{delay: 50 * time.Millisecond, name: "x"}
+	const n = 200
+	results := make([]cacheguard.Result, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			var v item
+			v, errs[i] = cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&results[i]))
+			if errs[i] == nil && v != (item{1, "x"}) {
+				errs[i] = fmt.Errorf("got %v", v)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.n.Load(); n != 1 {
+		t.Fatalf("loads = %d, want 1", n)
+	}
+	count := map[cacheguard.Result]int{}
+	for _, r := range results {
+		count[r]++
+	}
+	if count[cacheguard.Miss] != 1 || count[cacheguard.Miss]+count[cacheguard.Coalesced]+count[cacheguard.Hit] != n {
+		t.Fatalf("results %v, want one MISS and the rest COALESCED or HIT", count)
+	}
+}
+
+// Two Guards with their own clients stand for two processes.
+func TestWaiterInOtherGuardGetsPushedValue(t *testing.T) {
+	ctx := context.Background()
+	a, _ := newGuard(t)
+	b, _ := newGuard(t)
+	key := testKey(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var loads, bLoads int
+	done := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
+			loads++
+			close(entered)
+			<-release
+			return item{ID: 7}, nil
+		})
+		done <- err
+	}()
+	<-entered
+	var res cacheguard.Result
+	got := make(chan item, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) {
+			bLoads++
+			return item{ID: -1}, nil
+		}, cacheguard.ReportTo(&res))
+		if err != nil {
+			v = item{ID: -2, Name: err.Error()}
+		}
+		got <- v
+	}()
+	// b must be waiting on the lease (subscribed) before the holder finishes.
+	eventually(t, 5*time.Second, "b subscribed", func() bool { return numSub(t, a, key) == 2 })
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; v.ID != 7 || res != cacheguard.Coalesced {
+		t.Fatalf("b got %v (%v), want the holder's value, COALESCED", v, res)
+	}
+	if loads != 1 || bLoads != 0 {
+		t.Fatalf("loads a=%d b=%d, want 1 and 0", loads, bLoads)
+	}
+	if st := b.Stats(); st.CoalescedRemote != 1 {
+		t.Fatalf("b stats %+v, want one remote coalescing", st)
+	}
+}
+
+// numSub returns the number of subscribers of key's wake-up channel.
+func numSub(t *testing.T, _ *cacheguard.Guard, key string) int64 {
+	rdb := shared(t)
+	m, err := rdb.PubSubNumSub(context.Background(), "cg:fw:{"+key+"}").Result()
+	if err != nil {
+		return -1
+	}
+	return m["cg:fw:{"+key+"}"]
+}
+
+func TestSlowLoaderKeepsLease(t *testing.T) {
+	ctx := context.Background()
+	lease := cacheguard.FillLease(60 * time.Millisecond)
+	a, _ := newGuard(t, lease)
+	b, _ := newGuard(t, lease)
+	key := testKey(t)
+	slow := &counter{delay: 400 * time.Millisecond, name: "slow"} // many leases long
+	other := &counter{name: "other"}
+	entered := make(chan struct{})
+	errc := make(chan error, 2)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, func(ctx context.Context) (item, error) {
+			close(entered)
+			return slow.load(ctx)
+		})
+		errc <- err
+	}()
+	<-entered
+	go func() {
+		v, err := cacheguard.Get(ctx, b, key, other.load)
+		if err == nil && v.Name != "slow" {
+			err = fmt.Errorf("b got %v", v)
+		}
+		errc <- err
+	}()
+	for range 2 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if slow.n.Load() != 1 || other.n.Load() != 0 {
+		t.Fatalf("loads slow=%d other=%d, want 1 and 0", slow.n.Load(), other.n.Load())
+	}
+}
+
+func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
+	ctx := context.Background()
+	a, _ := newGuard(t)
+	b, _ := newGuard(t)
+	key := testKey(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	errA := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
+			close(entered)
+			<-release
+			return item{}, errors.New("db down")
+		})
+		errA <- err
+	}()
+	<-entered
+	errB := make(chan error, 1)
+	bLoads := 0
+	go func() {
+		_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { bLoads++; return item{}, nil })
+		errB <- err
+	}()
+	eventually(t, 5*time.Second, "b subscribed", func() bool { return numSub(t, a, key) == 2 })
+	close(release)
+	if err := <-errA; err == nil || err.Error() != "db down" {
+		t.Fatalf("holder: %v, want the loader's error", err)
+	}
+	if err := <-errB; !errors.Is(err, cacheguard.ErrRemoteLoad) {
+		t.Fatalf("waiter: %v, want ErrRemoteLoad", err)
+	}
+	if bLoads != 0 {
+		t.Fatal("the waiter loaded too")
+	}
+}
+
+func TestOneLoadAcrossProcesses(t *testing.T) {
+	const procs, perProc = 4, 48
+	ctx := context.Background()
+	rdb := shared(t)
+	key := testKey(t)
+	type child struct {
+		wait func() error
+		out  fmt.Stringer
+	}
+	children := make([]child, procs)
+	for i := range children {
+		cmd, out := startChild(t, "stampede", childKey+"="+key, childN+"="+strconv.Itoa(perProc))
+		children[i] = child{cmd.Wait, out}
+	}
+	eventually(t, 30*time.Second, "children ready", func() bool {
+		n, _ := rdb.Get(ctx, readyKey(key)).Int()
+		return n == procs
+	})
+	tokens := make([]any, procs)
+	for i := range tokens {
+		tokens[i] = "go"
+	}
+	if err := rdb.RPush(ctx, barrierKey(key), tokens...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range children {
+		if err := c.wait(); err != nil {
+			t.Fatalf("child %d: %v\n%s", i, err, c.out)
+		}
+		t.Logf("child %d: %s", i, c.out)
+	}
+	if n, _ := rdb.Get(ctx, loadsKey(key)).Int(); n != 1 {
+		t.Fatalf("loads across %d processes × %d requests = %d, want 1", procs, perProc, n)
+	}
+}
+
+func TestHolderKilledWaiterTakesOver(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	key := testKey(t)
+	holder, out := startChild(t, "holder", childKey+"="+key)
+	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
+		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
+	})
+	g, _ := newGuard(t, cacheguard.FillLease(150*time.Millisecond))
+	c := &counter{name: "taken over"}
+	const n = 20
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			v, err := cacheguard.Get(ctx, g, key, c.load)
+			if err == nil && v != (item{1, "taken over"}) {
+				err = fmt.Errorf("got %v", v)
+			}
+			errs[i] = err
+		})
+	}
+	// Kill the holder once this process waits for its fill.
+	eventually(t, 5*time.Second, "waiting on the holder", func() bool { return numSub(t, g, key) == 2 })
+	holder.Process.Kill()
+	holder.Wait()
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("%v\nchild: %s", err, out)
+	}
+	if got := c.n.Load(); got != 1 {
+		t.Fatalf("loads after the holder died = %d, want 1 (2 in all)", got)
+	}
+}
