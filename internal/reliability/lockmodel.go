@@ -41,6 +41,9 @@ type LockInput struct {
 	Op     LockOp
 	Client int
 	Lease  time.Duration // Acquire: the fixed lease asked for
+	// Unfenced marks a lock that issues no fence tokens (Redlock): its
+	// grants are not checked for increasing fences.
+	Unfenced bool
 	Call   int64
 	Return int64
 }
@@ -70,7 +73,8 @@ const free = -1
 //     started the lease no earlier than the call was made, so no correct
 //     server can expire it sooner. A grant while that lease is surely still
 //     running is illegal.
-//   - A grant's fence must exceed every fence granted before it.
+//   - A grant's fence must exceed every fence granted before it (unless the
+//     lock issues no fences, as Redlock).
 //   - A release succeeds only for the holder. NotHeld is always legal and
 //     leaves the caller not holding: besides a lease that ran out, it is what
 //     a release whose reply was lost answers when go-redis retries it (the
@@ -95,7 +99,7 @@ var LockModel = porcupine.NondeterministicModel{
 			mayGrant := s.holder == free || s.leaseEnd <= in.Return
 			switch out.Outcome {
 			case Granted:
-				if mayGrant && out.Fence > s.lastFence {
+				if mayGrant && (in.Unfenced || out.Fence > s.lastFence) {
 					return []any{grant(out.Fence)}
 				}
 				return nil

@@ -34,10 +34,10 @@ type holding interface {
 
 var errRefused = errors.New("refused")
 
-// libMutex is one lock name on a locks.Client, with a fixed lease so that
-// the lock model knows every holder's lease.
+// libMutex is one lock name on a locks.Client or a Redlock, with a fixed
+// lease so that the lock model knows every holder's lease.
 type libMutex struct {
-	c     *locks.Client
+	c     locks.Locker
 	name  string
 	lease time.Duration
 }
@@ -50,6 +50,12 @@ func (m libMutex) acquire(ctx context.Context, wait bool) (holding, error) {
 		lk, err = m.c.Lock(ctx, m.name, append(opts, locks.WithWait(2*m.lease))...)
 	} else {
 		lk, err = m.c.TryLock(ctx, m.name, opts...)
+	}
+	if _, ok := m.c.(*locks.Redlock); ok && err != nil {
+		// A Redlock grant is the client's own decision (a quorum within the
+		// validity): a failed attempt never holds the lock, whatever the
+		// nodes did, so every failure is a definite refusal.
+		return nil, errRefused
 	}
 	return classify(lk, err)
 }
@@ -81,6 +87,7 @@ type workload struct {
 	ops       int           // acquisitions per client, at least
 	straggles int           // straggler rounds
 	opTimeout time.Duration // bounds each call; a timed-out call is unknown
+	unfenced  bool          // the lock issues no fence tokens (Redlock): skip fence checks and the register
 
 	lockH, regH *History
 
@@ -182,7 +189,7 @@ func (w *workload) round(client int, wait, straggle bool) bool {
 	call := w.lockH.Now()
 	h, err := w.mu.acquire(ctx, wait)
 	ret := w.lockH.Now()
-	in := LockInput{Op: Acquire, Client: client, Lease: w.lease, Call: call, Return: ret}
+	in := LockInput{Op: Acquire, Client: client, Lease: w.lease, Call: call, Return: ret, Unfenced: w.unfenced}
 	switch {
 	case errors.Is(err, errRefused):
 		w.lockH.Add(client, call, ret, in, LockOutput{Outcome: Refused})
@@ -201,7 +208,9 @@ func (w *workload) round(client int, wait, straggle bool) bool {
 		case <-time.After(3 * w.lease):
 		}
 	}
-	w.critical(ctx, client, h)
+	if !w.unfenced {
+		w.critical(ctx, client, h)
+	}
 	rctx, rcancel := context.WithTimeout(context.Background(), w.opTimeout)
 	defer rcancel()
 	call = w.lockH.Now()
@@ -268,7 +277,10 @@ func (w *workload) summarise() result {
 			r.fig.Unknown++
 		}
 	}
-	r.fig.Violations = fenceInversions(r.lockOps) + staleApplied(r.regOps)
+	r.fig.Violations = staleApplied(r.regOps)
+	if !w.unfenced {
+		r.fig.Violations += fenceInversions(r.lockOps)
+	}
 	w.grantMu.Lock()
 	heals := append([]int64(nil), w.heals...)
 	w.grantMu.Unlock()
