@@ -44,8 +44,8 @@ type LockInput struct {
 	// Unfenced marks a lock that issues no fence tokens (Redlock): its
 	// grants are not checked for increasing fences.
 	Unfenced bool
-	Call   int64
-	Return int64
+	Call     int64
+	Return   int64
 }
 
 // LockOutput is the output of a lock operation.
