@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -36,9 +37,15 @@ type proc struct {
 // the register key on regAddr.
 func startHolder(t *testing.T, lockAddr, regAddr, key, name string, lease time.Duration, unfenced bool) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=holder", "LOCK_ADDR="+lockAddr, "REG_ADDR="+regAddr,
+	return startChild(t, "holder", "LOCK_ADDR="+lockAddr, "REG_ADDR="+regAddr,
 		"REG_KEY="+key, "NAME="+name, "LEASE="+lease.String(), "UNFENCED="+strconv.FormatBool(unfenced))
+}
+
+// startChild starts this test binary in role with env added.
+func startChild(t *testing.T, role string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), append([]string{childEnv + "=" + role}, env...)...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
@@ -100,11 +107,16 @@ func (p *proc) kill() {
 }
 
 func runChild(role string) int {
-	if role != "holder" {
-		fmt.Println("error unknown role", role)
-		return 1
+	var err error
+	switch role {
+	case "holder":
+		err = childHolder()
+	case "cg-fill":
+		err = childFill()
+	default:
+		err = fmt.Errorf("unknown role %q", role)
 	}
-	if err := childHolder(); err != nil {
+	if err != nil {
 		fmt.Println("error", err)
 		return 1
 	}
@@ -172,4 +184,38 @@ func childHolder() error {
 		}
 	}
 	return nil
+}
+
+// childFill calls cacheguard.Get on KEY with a loader that says "loading"
+// and then blocks until the process is killed: a fill-lease holder that dies
+// mid-load.
+func childFill() error {
+	lease, err := time.ParseDuration(os.Getenv("LEASE"))
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.FillLease(lease))
+	defer g.Close()
+	_, err = cacheguard.Get(context.Background(), g, os.Getenv("KEY"), func(ctx context.Context) (string, error) {
+		fmt.Println("loading")
+		select {} // killed here
+	})
+	return err
+}
+
+// next waits (bounded) for the child's next line.
+func (p *proc) next(t *testing.T, within time.Duration) string {
+	t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			t.Fatal("child exited")
+		}
+		return l
+	case <-time.After(within):
+		t.Fatalf("no line from the child within %v", within)
+	}
+	return ""
 }

@@ -1,8 +1,11 @@
 package reliability
 
 import (
+	"context"
 	"os"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -15,5 +18,11 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(childEnv); role != "" {
 		os.Exit(runChild(role))
 	}
+	// go-redis logs every failed dial; the scenarios kill servers on purpose.
+	redis.SetLogger(quiet{})
 	redistest.Main(m, &redisAddr)
 }
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
