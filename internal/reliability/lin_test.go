@@ -22,8 +22,9 @@ func scale(full, short int) int {
 // Lock) and write a fenced register inside the critical section, while a
 // straggler holds past its lease; porcupine finds both histories
 // linearizable. The negative controls run the same workload on locks without
-// NX or without the release's token check, and porcupine must call them
-// Illegal.
+// NX or without the release's token check, and porcupine must call their lock
+// histories Illegal (their register histories show it only when a preempted
+// holder happens to write last, so that verdict is reported, not required).
 func TestReliabilityLinearizable(t *testing.T) {
 	noLeaks(t)
 	lease := 300 * time.Millisecond
@@ -47,14 +48,14 @@ func TestReliabilityLinearizable(t *testing.T) {
 	})
 	t.Run("control/without-NX", func(t *testing.T) {
 		w := newWorkload(brokenMutex{rdb: srv.Client(), name: "nonx", lease: lease, noNX: true}, "reg:nonx")
-		f := verify(t, w.run(t, nil), porcupine.Illegal, porcupine.Illegal)
+		f := verify(t, w.run(t, nil), porcupine.Illegal, anyVerdict)
 		f.Scenario = "control: lock without NX"
 		f.Expect = ">0: SET without NX grants a held lock"
 		f.Report(t)
 	})
 	t.Run("control/without-token-check", func(t *testing.T) {
 		w := newWorkload(brokenMutex{rdb: srv.Client(), name: "notok", lease: lease, noTokenCheck: true}, "reg:notok")
-		f := verify(t, w.run(t, nil), porcupine.Illegal, porcupine.Illegal)
+		f := verify(t, w.run(t, nil), porcupine.Illegal, anyVerdict)
 		f.Scenario = "control: release without token check"
 		f.Expect = ">0: a late release deletes the next holder's lock"
 		f.Report(t)

@@ -91,8 +91,12 @@ type workload struct {
 
 	lockH, regH *History
 
-	grantMu sync.Mutex    // guards grantCh, heals
+	grantMu sync.Mutex    // guards grantCh, linger, heals
 	grantCh chan struct{} // closed and replaced on every grant to a non-straggler
+	// linger is set while the straggler waits for a takeover: the client
+	// that takes over keeps the lock until it is closed (the straggler's
+	// round ended), so the straggler's late release meets a live holder.
+	linger chan struct{}
 	heals   []int64       // when the nemesis healed a fault (lockH time)
 	writes  atomic.Int64
 }
@@ -119,20 +123,34 @@ type result struct {
 	fig             Figures
 }
 
-func (w *workload) grantSignal() <-chan struct{} {
-	w.grantMu.Lock()
-	defer w.grantMu.Unlock()
-	return w.grantCh
-}
-
-func (w *workload) granted(client int) {
+// granted signals a grant to a non-straggler and hands it the linger
+// channel, if the straggler is waiting.
+func (w *workload) granted(client int) (linger <-chan struct{}) {
 	if client == 0 {
-		return
+		return nil
 	}
 	w.grantMu.Lock()
+	defer w.grantMu.Unlock()
 	close(w.grantCh)
 	w.grantCh = make(chan struct{})
-	w.grantMu.Unlock()
+	linger, w.linger = w.linger, nil
+	return linger
+}
+
+// straggle starts the straggler's wait for a takeover.
+func (w *workload) straggle() (takeover <-chan struct{}, done func()) {
+	w.grantMu.Lock()
+	defer w.grantMu.Unlock()
+	ch := make(chan struct{})
+	w.linger = ch
+	return w.grantCh, func() {
+		w.grantMu.Lock()
+		if w.linger == ch {
+			w.linger = nil
+		}
+		w.grantMu.Unlock()
+		close(ch)
+	}
 }
 
 // run runs the workload while nemesis (if any) injects faults under a
@@ -200,16 +218,24 @@ func (w *workload) round(client int, wait, straggle bool) bool {
 		return false
 	}
 	w.lockH.Add(client, call, ret, in, LockOutput{Outcome: Granted, Fence: h.Fence()})
-	w.granted(client)
+	linger := w.granted(client)
 	if straggle {
 		// Hold on past the lease until somebody else got the lock (bounded).
+		takeover, done := w.straggle()
+		defer done()
 		select {
-		case <-w.grantSignal():
+		case <-takeover:
 		case <-time.After(3 * w.lease):
 		}
 	}
 	if !w.unfenced {
 		w.critical(ctx, client, h)
+	}
+	if linger != nil {
+		select { // hold until the straggler's round ended (bounded)
+		case <-linger:
+		case <-time.After(3 * w.lease):
+		}
 	}
 	rctx, rcancel := context.WithTimeout(context.Background(), w.opTimeout)
 	defer rcancel()
@@ -343,6 +369,10 @@ func staleApplied(ops []porcupine.Operation) int {
 	return n
 }
 
+// anyVerdict, as a wanted verdict, accepts any: a control whose violation
+// shows reliably in one history but only by chance in the other.
+const anyVerdict porcupine.CheckResult = ""
+
 // verify checks both histories with porcupine against the wanted verdicts,
 // adds an illegal verdict to the violations, and returns the figures.
 func verify(t *testing.T, r result, wantLock, wantReg porcupine.CheckResult) Figures {
@@ -354,10 +384,10 @@ func verify(t *testing.T, r result, wantLock, wantReg porcupine.CheckResult) Fig
 			r.fig.Violations++
 		}
 	}
-	if lock != wantLock {
+	if wantLock != anyVerdict && lock != wantLock {
 		t.Errorf("lock history: porcupine says %s, want %s", lock, wantLock)
 	}
-	if reg != wantReg {
+	if wantReg != anyVerdict && reg != wantReg {
 		t.Errorf("register history: porcupine says %s, want %s", reg, wantReg)
 	}
 	r.fig.Note = fmt.Sprintf("lock model %s, register model %s; %d lock ops, %d register ops", lock, reg, len(r.lockOps), len(r.regOps)) + r.fig.Note
