@@ -97,8 +97,8 @@ type workload struct {
 	// that takes over keeps the lock until it is closed (the straggler's
 	// round ended), so the straggler's late release meets a live holder.
 	linger chan struct{}
-	heals   []int64       // when the nemesis healed a fault (lockH time)
-	writes  atomic.Int64
+	heals  []int64 // when the nemesis healed a fault (lockH time)
+	writes atomic.Int64
 }
 
 // heal records that the nemesis just ended a fault, to measure recovery.
