@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/locks"
@@ -29,7 +30,7 @@ func newRecorder(t *testing.T, reg Register) *recorder {
 }
 
 // childAcquire asks p to take the lock; the acquisition is recorded later by
-// childHeld, once the lease's lower bound is known.
+// held, once the lease's lower bound is known.
 func (r *recorder) childAcquire(p *proc) (call, ret int64, fence uint64) {
 	r.t.Helper()
 	call = r.lockH.Now()
@@ -45,10 +46,11 @@ func (r *recorder) childAcquire(p *proc) (call, ret int64, fence uint64) {
 	return call, ret, fence
 }
 
-// childHeld records a child's granted acquisition whose lease was still
+// held records a granted acquisition (of a child, or of a renewing holder)
+// whose lease was still
 // pttl long when PTTL was called at pttlCall: the server cannot expire it
 // before pttlCall+pttl, whatever renewals did before.
-func (r *recorder) childHeld(client int, call, ret int64, fence uint64, pttlCall int64, pttl time.Duration) {
+func (r *recorder) held(client int, call, ret int64, fence uint64, pttlCall int64, pttl time.Duration) {
 	lease := time.Duration(pttlCall + int64(pttl) - call)
 	r.lockH.Add(client, call, ret, LockInput{Op: Acquire, Client: client, Lease: lease, Call: call, Return: ret},
 		LockOutput{Outcome: Granted, Fence: fence})
@@ -57,8 +59,14 @@ func (r *recorder) childHeld(client int, call, ret int64, fence uint64, pttlCall
 // pttl reads the lock's remaining lease and when the call was made.
 func (r *recorder) pttl(s *redistest.Server, name string) (int64, time.Duration) {
 	r.t.Helper()
+	return r.pttl2(s.Client(), name)
+}
+
+// pttl2 is pttl with a given client.
+func (r *recorder) pttl2(rdb *redis.Client, name string) (int64, time.Duration) {
+	r.t.Helper()
 	call := r.lockH.Now()
-	d, err := s.Client().PTTL(context.Background(), "cg:lock:{"+name+"}").Result()
+	d, err := rdb.PTTL(context.Background(), "cg:lock:{"+name+"}").Result()
 	if err != nil || d <= 0 {
 		r.t.Fatalf("PTTL = %v, %v", d, err)
 	}
@@ -185,7 +193,7 @@ func TestReliabilityHolderKilled(t *testing.T) {
 			t.Fatal("the holder's write was refused")
 		}
 		pc, pttl := r.pttl(srv, "killed")
-		r.childHeld(child, call, ret, fence, pc, pttl)
+		r.held(child, call, ret, fence, pc, pttl)
 		p.kill()
 		killed := r.lockH.Now()
 		lk, got := r.lock(c, 0, "killed", lease)
@@ -230,7 +238,7 @@ func TestReliabilityHolderPaused(t *testing.T) {
 				t.Fatal("the holder's write was refused")
 			}
 			pc, pttl := r.pttl(srv, "paused")
-			r.childHeld(1, call, ret, fence, pc, pttl)
+			r.held(1, call, ret, fence, pc, pttl)
 			p.signal(syscall.SIGSTOP)
 			paused := r.lockH.Now()
 			lk, got := r.lock(c, 0, "paused", lease)

@@ -262,3 +262,60 @@ func startAndProxy(t *testing.T) proxied {
 	}
 	return proxied{px: px, c: c, direct: s.Client()}
 }
+
+// TestReliabilityRenewalPartitioned: a holder that renews its lease in the
+// background is cut off from Redis (black hole) while it holds the lock.
+// Its renewals fail, its lease runs out on the server and another client
+// takes the lock. By then the cut-off holder must no longer believe it holds
+// the lock: its TTL is 0 (its local deadline, counted from before its last
+// successful renewal was sent, cannot outlast the server's), Lost closes,
+// and its late write is refused by the fenced resource.
+func TestReliabilityRenewalPartitioned(t *testing.T) {
+	noLeaks(t)
+	const lease = 600 * time.Millisecond
+	srv := startAndProxy(t)
+	res := redistest.Start(t)
+	r := newRecorder(t, Register{RDB: res.Client(), Key: "reg:renew"})
+	bg := context.Background()
+
+	call := r.lockH.Now()
+	a, err := srv.c.TryLock(bg, "renew", locks.WithLease(lease))
+	ret := r.lockH.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fig.Attempted, r.fig.Succeeded = 1, 1
+	if r.write(a, 1, "a") != Done {
+		t.Fatal("write refused")
+	}
+	pc, pttl := r.pttl2(srv.direct, "renew")
+	r.held(1, call, ret, a.Fence(), pc, pttl)
+	srv.px.Set(BlackHole)
+	cut := r.lockH.Now()
+	other := locks.New(srv.direct)
+	t.Cleanup(func() { other.Close() })
+	b, got := r.lock(other, 2, "renew", lease)
+	r.fig.Recovery = time.Duration(got - cut)
+	if ttl := a.TTL(); ttl > 0 {
+		r.fig.Violations++
+		t.Errorf("the cut-off holder still believes it holds the lock for %v after another client was granted it", ttl)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		r.fig.Violations++
+		t.Error("the cut-off holder never saw Lost")
+	}
+	if r.write(b, 2, "b") != Done {
+		t.Error("the new holder's write was refused")
+	}
+	if r.write(a, 1, "a-late") != Refused {
+		t.Error("the cut-off holder's late write was applied")
+	}
+	srv.px.Set(Pass)
+	r.unlock(a, 1)
+	r.unlock(b, 2)
+	f := r.verify(porcupine.Ok, porcupine.Ok)
+	f.Scenario = "renewing holder black-holed from Redis (600ms lease)"
+	f.Report(t)
+}
