@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -101,7 +102,9 @@ func TestPanickingLoaderWith100Waiters(t *testing.T) {
 }
 
 func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
-	g, rdb := newGuard(t)
+	before := goleak.IgnoreCurrent()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	g := cacheguard.New(rdb)
 	key := testKey(t)
 	l := newGated("late")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -139,12 +142,17 @@ func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
 	if err := <-errs; err != nil {
 		t.Fatal(err)
 	}
+	// Nothing the abandoned calls started outlives the Guard.
+	g.Close()
+	rdb.Close()
+	goleak.VerifyNone(t, before)
 }
 
 func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	ctx := context.Background()
 	a, rdb := newGuard(t)
-	b, _ := newGuard(t)
+	b, rb := newGuard(t)
+	waiting := watchWaiting(rb)
 	key := testKey(t)
 	old := newGated("before")
 	errc := make(chan error, 1)
@@ -163,7 +171,7 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 		v, _ := cacheguard.Get(ctx, b, key, fresh.load)
 		got <- v
 	}()
-	eventually(t, 5*time.Second, "b waiting", func() bool { return numSub(t, a, key) == 2 })
+	<-waiting
 
 	if err := a.Invalidate(ctx, key); err != nil {
 		t.Fatal(err)
@@ -295,5 +303,29 @@ func TestCloseStopsBackgroundRefresh(t *testing.T) {
 	g.Close() // cancels the background fill's context and waits for it
 	if rdb.Exists(ctx, "cg:v:{"+key+"}").Val() != 0 {
 		t.Fatal("a cancelled fill stored a value")
+	}
+}
+
+func TestRedisPausedFailsOpen(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) {
+		o.MaxRetries = -1
+		o.ReadTimeout, o.WriteTimeout = 100*time.Millisecond, 100*time.Millisecond
+	})
+	g := cacheguard.New(rdb)
+	defer g.Close()
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "cached"}).load); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load)
+	s.Resume()
+	if err != nil || v.Name != "open" {
+		t.Fatalf("Get while Redis is paused = %v, %v; want a fail-open load", v, err)
+	}
+	if st := g.Stats(); st.FailOpenLoads != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }

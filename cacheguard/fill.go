@@ -26,6 +26,10 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope
 	stop()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
+	// Store or release even when Close cancelled the load: a lease left behind
+	// would keep other processes waiting for its expiry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)
+	defer cancel()
 
 	switch {
 	case err == nil:
@@ -118,20 +122,11 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
 	g := c.g
 	ks := g.keys(c.key)
-	g.mu.Lock()
-	busy := g.refreshing[ks.value]
-	if !busy {
-		g.refreshing[ks.value] = true
-	}
-	g.mu.Unlock()
-	if busy {
+	if !g.startRefresh(ks.value) {
 		return
 	}
-	unmark := func() {
-		g.mu.Lock()
-		delete(g.refreshing, ks.value)
-		g.mu.Unlock()
-	}
+	var holdUntil time.Time // set when another process's fill holds the lease
+	unmark := func() { g.endRefresh(ks.value, holdUntil) }
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
 		unmark()
@@ -153,13 +148,49 @@ func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
 			return
 		}
 		if !r.granted {
-			return // fresh already, or another fill is running
+			if r.pttl > 0 { // another fill runs: do not ask again before its lease ends
+				holdUntil = time.Now().Add(r.pttl)
+			}
+			return
 		}
 		if early {
 			g.note(EventEarlyRefresh, c.key, 0, nil)
 		}
 		c.fill(tctx, ks, tok)
 	}()
+}
+
+// startRefresh marks key as being refreshed by this process; false when a
+// refresh runs already, or another process's fill was seen holding the lease
+// and its lease has not ended yet (so stale hits do not each send a script).
+func (g *Guard) startRefresh(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	if until, ok := g.refreshing[key]; ok && (until.IsZero() || now.Before(until)) {
+		return false
+	}
+	if len(g.refreshing) >= 1024 { // forget expired holds now and then
+		for k, until := range g.refreshing {
+			if !until.IsZero() && now.After(until) {
+				delete(g.refreshing, k)
+			}
+		}
+	}
+	g.refreshing[key] = time.Time{}
+	return true
+}
+
+// endRefresh ends a refresh of key; with a non-zero holdUntil no new refresh
+// of key starts before then.
+func (g *Guard) endRefresh(key string, holdUntil time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if holdUntil.IsZero() {
+		delete(g.refreshing, key)
+	} else {
+		g.refreshing[key] = holdUntil
+	}
 }
 
 // jittered shortens d by a random fraction in [0, frac).

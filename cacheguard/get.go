@@ -42,7 +42,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		var zero T
 		return zero, err
 	}
-	c := &call[T]{g: g, cfg: &cfg, key: key, load: load}
+	c := call[T]{g: g, cfg: &cfg, key: key, load: load} // on the stack: a hit allocates nothing here
 	v, res, err := c.get(ctx)
 	if cfg.report != nil {
 		*cfg.report = res
@@ -58,16 +58,23 @@ type call[T any] struct {
 	load func(context.Context) (T, error)
 }
 
+// detach returns a copy of c on the heap, for the goroutines of the miss path,
+// so that the hit path keeps c and its configuration on the stack.
+func (c *call[T]) detach() *call[T] {
+	cfg := *c.cfg
+	return &call[T]{g: c.g, cfg: &cfg, key: c.key, load: c.load}
+}
+
 func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	var zero T
-	start := time.Now()
+	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	g := c.g
-	b, err := g.rdb.Get(ctx, g.valueKey(c.key)).Bytes()
+	b, err := g.reads.get(ctx, g.rdb, g.valueKey(c.key))
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
 	case err == nil:
-		v, res, err, done := c.fromStored(ctx, b)
+		v, res, err, done := c.fromStored(ctx, b, start.UnixMilli())
 		if done {
 			return v, res, err
 		}
@@ -81,23 +88,22 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	}
 	g.note(EventMiss, c.key, 0, nil)
 	if c.cfg.policy == policyFailFast && redisErr == nil {
-		c.refresh(ctx, force, false, 0)
+		c.detach().refresh(ctx, force, false, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
-	return c.wait(ctx, start, force, redisErr)
+	return c.detach().wait(ctx, start, force, redisErr)
 }
 
-// fromStored serves a stored envelope when it is fresh, or stale and the
-// policy allows it. done is false when the call must go on as a miss; err is
+// fromStored serves a stored envelope when it is fresh at now (unix ms, read
+// before the GET), or stale and the policy allows it. done is false when the call must go on as a miss; err is
 // then a decode error (or nil when the value is only too old).
-func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, err error, done bool) {
+func (c *call[T]) fromStored(ctx context.Context, b []byte, now int64) (v T, res Result, err error, done bool) {
 	g := c.g
 	env, err := decodeEnvelope(b)
 	if err != nil {
 		g.note(EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
 	}
-	now := time.Now().UnixMilli()
 	switch {
 	case now < env.freshUntil && env.negative:
 		g.note(EventHit, c.key, 0, nil)
@@ -109,7 +115,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, er
 			return v, 0, err, false
 		}
 		if xfetch(now, &env, c.cfg.beta) {
-			c.refresh(ctx, false, true, env.freshUntil)
+			c.detach().refresh(ctx, false, true, env.freshUntil)
 		}
 		g.note(EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -119,7 +125,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte) (v T, res Result, er
 			return v, 0, err, false
 		}
 		g.note(EventStale, c.key, 0, nil)
-		c.refresh(ctx, false, false, 0)
+		c.detach().refresh(ctx, false, false, 0)
 		return v, Stale, nil, true
 	}
 	return v, 0, nil, false

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
@@ -23,6 +24,7 @@ type Guard struct {
 	pub string    // PUBLISH, or SPUBLISH on a cluster
 	sem chan struct{}
 
+	reads   reads              // per value key: one GET in flight per process
 	flights singleflight.Group // per value key: one flight to Redis per process
 	noLease singleflight.Group // per value key: loads without the lease after a wait timeout
 	stats   counters
@@ -30,7 +32,7 @@ type Guard struct {
 
 	mu         sync.Mutex                    // guards tasks, refreshing, nextTask, closed
 	tasks      map[uint64]context.CancelFunc // running flights and refreshes, cancelled by Close
-	refreshing map[string]bool               // value keys with a background refresh running
+	refreshing map[string]time.Time          // value keys not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
 	nextTask   uint64
 	closed     bool
 	wg         sync.WaitGroup // the tasks
@@ -55,7 +57,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g := &Guard{
 		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH",
-		tasks: map[uint64]context.CancelFunc{}, refreshing: map[string]bool{},
+		tasks: map[uint64]context.CancelFunc{}, refreshing: map[string]time.Time{},
 	}
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
@@ -163,20 +165,25 @@ func (g *Guard) callConfig(key string, hasLoad bool, opts []Option) (config, err
 	if !hasLoad {
 		return config{}, invalid("nil loader")
 	}
-	cfg := g.cfg
+	if g.isClosed() {
+		return config{}, ErrClosed
+	}
+	if len(opts) == 0 {
+		return g.cfg, nil
+	}
+	cfg := new(config) // options see a pointer: it escapes, so only calls with options pay for it
+	*cfg = g.cfg
+	cfg.guardOnly = false
 	for _, o := range opts {
-		o(&cfg)
+		o(cfg)
+	}
+	if cfg.guardOnly {
+		return config{}, invalid("Prefix, MaxConcurrentLoads and WithObserver are Guard options (pass them to New)")
 	}
 	if err := cfg.validate(); err != nil {
 		return config{}, err
 	}
-	if cfg.prefix != g.cfg.prefix || cfg.maxLoads != g.cfg.maxLoads {
-		return config{}, invalid("Prefix and MaxConcurrentLoads are Guard options (pass them to New)")
-	}
-	if g.isClosed() {
-		return config{}, ErrClosed
-	}
-	return cfg, nil
+	return *cfg, nil
 }
 
 // track registers a task (a flight or a background refresh) that Close must

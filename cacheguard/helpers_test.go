@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,5 +69,37 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("not within %v: %s", d, what)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// watchWaiting returns a channel closed once a get-or-lease script sent by
+// rdb answers that another fill holds the lease: the Guard on rdb is then
+// waiting for that fill (it subscribed before sending the script).
+func watchWaiting(rdb redis.UniversalClient) <-chan struct{} {
+	h := &waitingHook{seen: make(chan struct{})}
+	rdb.AddHook(h)
+	return h.seen
+}
+
+type waitingHook struct {
+	once sync.Once
+	seen chan struct{}
+}
+
+func (h *waitingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *waitingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		name := cmd.Name()
+		if c, ok := cmd.(*redis.Cmd); ok && err == nil && (name == "evalsha" || name == "eval") {
+			// The get-or-lease script answers {2, pttl} when another fill holds the lease.
+			if v, _ := c.Slice(); len(v) == 2 && v[0] == int64(2) {
+				h.once.Do(func() { close(h.seen) })
+			}
+		}
+		return err
 	}
 }

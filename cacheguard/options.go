@@ -63,9 +63,10 @@ type config struct {
 	report      *Result // call only
 
 	// Guard only.
-	prefix   string
-	maxLoads int
-	observer func(Event)
+	prefix    string
+	maxLoads  int
+	observer  func(Event)
+	guardOnly bool // a Guard-only option was applied
 }
 
 func defaults() config {
@@ -114,7 +115,9 @@ func WaitBudget(d time.Duration) Option { return func(c *config) { c.wait = d } 
 // FailFast selects the fail-fast policy: a call never waits for a load. It
 // returns a fresh value, or a stale one within the stale window, or else
 // ErrMiss at once, having started one fill in the background (under the fill
-// lease, so still one load across the fleet). The default policy is Wait.
+// lease, so still one load across the fleet). While Redis cannot be reached,
+// fail-open still runs the loader for the call (see FailClosed). The default
+// policy is Wait.
 func FailFast() Option { return func(c *config) { c.policy = policyFailFast } }
 
 // OnWaitTimeout sets what a call does when its wait budget ends. The default
@@ -164,17 +167,21 @@ func WithCodec(cd Codec) Option { return func(c *config) { c.codec = cd } }
 func FailClosed() Option { return func(c *config) { c.failClosed = true } }
 
 // Prefix sets the prefix of every key and channel (Guard only). The default is "cg:".
-func Prefix(p string) Option { return func(c *config) { c.prefix = p } }
+func Prefix(p string) Option { return func(c *config) { c.prefix, c.guardOnly = p, true } }
 
 // MaxConcurrentLoads bounds how many fail-open loads (run while Redis is
 // unreachable) a Guard runs at once; a call waits for a slot within its wait
 // budget. Guard only. The default is 0: no bound.
-func MaxConcurrentLoads(n int) Option { return func(c *config) { c.maxLoads = n } }
+func MaxConcurrentLoads(n int) Option {
+	return func(c *config) { c.maxLoads, c.guardOnly = n, true }
+}
 
 // WithObserver sets a function called with every outcome (see EventKind), e.g.
 // to feed a metrics library. Guard only. It is called synchronously, from the
 // calling goroutine or a background one, and must not block. The default is none.
-func WithObserver(f func(Event)) Option { return func(c *config) { c.observer = f } }
+func WithObserver(f func(Event)) Option {
+	return func(c *config) { c.observer, c.guardOnly = f, true }
+}
 
 // ReportTo makes the call store how it was served in *r (call only): Hit,
 // Miss, Stale or Coalesced. It is left unchanged when the call fails before

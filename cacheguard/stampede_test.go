@@ -53,7 +53,8 @@ func TestOneLoadManyGoroutines(t *testing.T) {
 func TestWaiterInOtherGuardGetsPushedValue(t *testing.T) {
 	ctx := context.Background()
 	a, _ := newGuard(t)
-	b, _ := newGuard(t)
+	b, rb := newGuard(t)
+	waiting := watchWaiting(rb)
 	key := testKey(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var loads, bLoads int
@@ -80,8 +81,7 @@ func TestWaiterInOtherGuardGetsPushedValue(t *testing.T) {
 		}
 		got <- v
 	}()
-	// b must be waiting on the lease (subscribed) before the holder finishes.
-	eventually(t, 5*time.Second, "b subscribed", func() bool { return numSub(t, a, key) == 2 })
+	<-waiting // b waits for the lease (subscribed) before the holder finishes
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -97,23 +97,13 @@ func TestWaiterInOtherGuardGetsPushedValue(t *testing.T) {
 	}
 }
 
-// numSub returns the number of subscribers of key's wake-up channel.
-func numSub(t *testing.T, _ *cacheguard.Guard, key string) int64 {
-	rdb := shared(t)
-	m, err := rdb.PubSubNumSub(context.Background(), "cg:fw:{"+key+"}").Result()
-	if err != nil {
-		return -1
-	}
-	return m["cg:fw:{"+key+"}"]
-}
-
 func TestSlowLoaderKeepsLease(t *testing.T) {
 	ctx := context.Background()
-	lease := cacheguard.FillLease(60 * time.Millisecond)
+	lease := cacheguard.FillLease(150 * time.Millisecond)
 	a, _ := newGuard(t, lease)
 	b, _ := newGuard(t, lease)
 	key := testKey(t)
-	slow := &counter{delay: 400 * time.Millisecond, name: "slow"} // many leases long
+	slow := &counter{delay: 750 * time.Millisecond, name: "slow"} // five leases long
 	other := &counter{name: "other"}
 	entered := make(chan struct{})
 	errc := make(chan error, 2)
@@ -145,7 +135,8 @@ func TestSlowLoaderKeepsLease(t *testing.T) {
 func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
 	ctx := context.Background()
 	a, _ := newGuard(t)
-	b, _ := newGuard(t)
+	b, rb := newGuard(t)
+	waiting := watchWaiting(rb)
 	key := testKey(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	errA := make(chan error, 1)
@@ -164,7 +155,7 @@ func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
 		_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { bLoads++; return item{}, nil })
 		errB <- err
 	}()
-	eventually(t, 5*time.Second, "b subscribed", func() bool { return numSub(t, a, key) == 2 })
+	<-waiting
 	close(release)
 	if err := <-errA; err == nil || err.Error() != "db down" {
 		t.Fatalf("holder: %v, want the loader's error", err)
@@ -221,7 +212,8 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
 		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
 	})
-	g, _ := newGuard(t, cacheguard.FillLease(150*time.Millisecond))
+	g, rg := newGuard(t, cacheguard.FillLease(150*time.Millisecond))
+	waiting := watchWaiting(rg)
 	c := &counter{name: "taken over"}
 	const n = 20
 	errs := make([]error, n)
@@ -236,7 +228,7 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 		})
 	}
 	// Kill the holder once this process waits for its fill.
-	eventually(t, 5*time.Second, "waiting on the holder", func() bool { return numSub(t, g, key) == 2 })
+	<-waiting
 	holder.Process.Kill()
 	holder.Wait()
 	wg.Wait()
@@ -245,5 +237,41 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	}
 	if got := c.n.Load(); got != 1 {
 		t.Fatalf("loads after the holder died = %d, want 1 (2 in all)", got)
+	}
+}
+
+func TestRemoteWaitersGetNotFound(t *testing.T) {
+	for _, neg := range []time.Duration{cacheguard.DefaultNegativeTTL, 0} {
+		t.Run(fmt.Sprint("negative TTL ", neg), func(t *testing.T) {
+			ctx := context.Background()
+			a, _ := newGuard(t, cacheguard.NegativeTTL(neg))
+			b, rb := newGuard(t, cacheguard.NegativeTTL(neg))
+			waiting := watchWaiting(rb)
+			key := testKey(t)
+			entered, release := make(chan struct{}), make(chan struct{})
+			errA := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
+					close(entered)
+					<-release
+					return item{}, cacheguard.ErrNotFound
+				})
+				errA <- err
+			}()
+			<-entered
+			errB := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { return item{ID: 1}, nil })
+				errB <- err
+			}()
+			<-waiting
+			close(release)
+			if err := <-errA; !errors.Is(err, cacheguard.ErrNotFound) {
+				t.Fatalf("holder: %v", err)
+			}
+			if err := <-errB; !errors.Is(err, cacheguard.ErrNotFound) {
+				t.Fatalf("waiter: %v, want ErrNotFound", err)
+			}
+		})
 	}
 }

@@ -324,7 +324,7 @@ func TestWaiterCancelled(t *testing.T) {
 		t.Fatalf("cancelled waiter left %d queue entries", n)
 	}
 	eventually(t, 10*time.Second, "subscription gone", func() bool {
-		return rdb.PubSubNumSub(ctx, "cg:wake:{busy}").Val()["cg:wake:{busy}"] == 0
+		return rdb.PubSubNumSub(ctx, "cg:lock:{busy}:w").Val()["cg:lock:{busy}:w"] == 0
 	})
 	// What remains is the client's shared subscription reader, stopped by Close.
 	c.Close()
@@ -430,7 +430,7 @@ func TestManyLocksBoundedCost(t *testing.T) {
 	if testing.Short() {
 		n = 2000
 	}
-	c, rdb, _ := newClient(t, locks.WithLease(3*time.Second))
+	c, rdb, _ := newClient(t, locks.WithLease(5*time.Second))
 	before := runtime.NumGoroutine()
 	held := make([]*locks.Lock, n)
 	var wg sync.WaitGroup
@@ -460,8 +460,8 @@ func TestManyLocksBoundedCost(t *testing.T) {
 	if conns := rdb.PoolStats().TotalConns; conns > 40 {
 		t.Fatalf("holding %d locks costs %d connections", n, conns)
 	}
-	// Survive at least one renewal round.
-	time.Sleep(1200 * time.Millisecond) // the subject is lease renewal over time
+	// Survive at least one renewal round (every third of the lease).
+	time.Sleep(2 * time.Second) // the subject is lease renewal over time
 	lostCount := 0
 	for _, lk := range held {
 		select {

@@ -52,11 +52,11 @@ var _ Locker = (*Client)(nil)
 // master (redis.NewFailoverClient) or a Redis Cluster. It is safe for concurrent
 // use; make one per process and share it. Close stops its background work.
 type Client struct {
-	rdb redis.UniversalClient
-	cfg config
-	hub *wake.Hub
-	ren *renewer
-	pub string // PUBLISH or SPUBLISH (cluster)
+	rdb  redis.UniversalClient
+	cfg  config
+	hub  *wake.Hub
+	ren  *renewer
+	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
 
 	closed atomic.Bool
 
@@ -77,9 +77,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), gates: map[string]*gate{}, pub: "PUBLISH"}
+	cfg.pack()
+	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), gates: map[string]*gate{}, pubV: "PUBLISH"}
 	if c.hub.Sharded() {
-		c.pub = "SPUBLISH"
+		c.pubV = "SPUBLISH"
 	}
 	c.ren = newRenewer(c.renewBatch)
 	return c
@@ -134,26 +135,38 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	if err := validName(name); err != nil {
 		return config{}, err
 	}
-	cfg := c.cfg
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
-		return config{}, err
-	}
 	if c.closed.Load() {
 		return config{}, ErrClosed
 	}
-	return cfg, nil
+	if len(opts) == 0 {
+		return c.cfg, nil
+	}
+	p := new(config)
+	*p = c.cfg
+	for _, o := range opts {
+		o(p)
+	}
+	if err := p.validate(); err != nil {
+		return config{}, err
+	}
+	p.pack()
+	return *p, nil
 }
 
-// keys returns the lock's keys, all under one hash tag so they share a slot.
+// keys returns the lock's keys, all under one hash tag so they share a slot:
+// lock, fence counter, waiter queue, waiter deadlines (one allocation).
 func keys(prefix, name string) []string {
-	tag := "{" + name + "}"
-	return []string{prefix + "lock:" + tag, prefix + "fence:" + tag, prefix + "q:" + tag, prefix + "qt:" + tag}
+	all := prefix + "lock:{" + name + "}" + prefix + "fence:{" + name + "}" + prefix + "q:{" + name + "}" + prefix + "qt:{" + name + "}"
+	n, p := len(name)+2, len(prefix)
+	a := p + 5 + n
+	b := a + p + 6 + n
+	c := b + p + 2 + n
+	return []string{all[:a], all[a:b], all[b:c], all[c:]}
 }
 
-func channel(prefix, name string) string { return prefix + "wake:{" + name + "}" }
+// channel is where a lock's waiters hear of hand-offs: the lock key plus
+// ":w", so that it shares the lock's hash slot (see release.lua).
+func channel(lockKey string) string { return lockKey + ":w" }
 
 type attemptResult struct {
 	ok    bool
@@ -162,16 +175,15 @@ type attemptResult struct {
 	pttl  time.Duration
 }
 
-func (c *Client) attempt(ctx context.Context, ks []string, owner, acq string, cfg config, place time.Duration) (attemptResult, error) {
-	fair := "0"
-	if cfg.fair {
-		fair = "1"
+func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq any, cfg config, queue bool) (attemptResult, error) {
+	packed := cfg.argsTryV
+	if queue {
+		packed = cfg.argsWaitV
 	}
-	args := []any{owner, acq, cfg.lease.Milliseconds(), place.Milliseconds(), cfg.fenceRetention.Milliseconds(), fair}
 	if cfg.replicas > 0 {
-		return c.attemptWait(ctx, ks, args, owner, cfg)
+		return c.attemptWait(ctx, ks, kv, []any{owner, acq, packed}, owner.(string), cfg)
 	}
-	v, err := acquireScript.Run(ctx, c.rdb, ks, args...).Slice()
+	v, err := acquireS.run(ctx, c.rdb, kv, owner, acq, packed).Slice()
 	if err != nil {
 		return attemptResult{}, err
 	}
@@ -198,7 +210,7 @@ func parseAttempt(v []any) (attemptResult, error) {
 // connection to the master that owns the lock's slot: WAIT only counts the
 // writes of its own connection, and a keyless WAIT routed to another master of
 // a cluster would succeed without waiting for anything.
-func (c *Client) attemptWait(ctx context.Context, ks []string, args []any, owner string, cfg config) (attemptResult, error) {
+func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
 	var node *redis.Client
 	switch r := c.rdb.(type) {
 	case *redis.ClusterClient:
@@ -240,7 +252,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, args []any, owner
 		}
 		// Too few replicas have the lock: a failover now could grant it twice.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.releaseRaw(rctx, ks, owner, cfg, "")
+		c.releaseRaw(rctx, kv, owner, cfg, "")
 		cancel()
 		if werr != nil {
 			return attemptResult{}, werr
@@ -249,27 +261,24 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, args []any, owner
 	}
 }
 
-func (c *Client) releaseRaw(ctx context.Context, ks []string, owner string, cfg config, mine string) (int64, error) {
-	return releaseScript.Run(ctx, c.rdb, ks, owner, cfg.fenceRetention.Milliseconds(),
-		channel(cfg.prefix, nameOf(ks)), c.pub, mine, placeTTL.Milliseconds()).Int64()
-}
-
-// nameOf recovers the lock name from its hash-tagged key.
-func nameOf(ks []string) string {
-	k := ks[0]
-	i := strings.IndexByte(k, '{')
-	return k[i+1 : len(k)-1]
+func (c *Client) releaseRaw(ctx context.Context, kv []any, owner any, cfg config, mine any) (int64, error) {
+	return releaseS.run(ctx, c.rdb, kv, owner, cfg.argsReleaseV, c.pubV, mine).Int64()
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
-	if !reentrant {
+	var ov, acq any
+	if reentrant {
+		ov, acq = owner, token()
+	} else {
 		owner = token()
+		ov = owner
+		acq = ov // a fresh owner is its own acquisition id
 	}
-	acq := token()
 	ks := keys(cfg.prefix, name)
+	kv := boxKeys(ks)
 	fail := func(pttl time.Duration, err error) (*Lock, error) {
 		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
 		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
@@ -289,13 +298,13 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 	if !wait || (!cfg.fair && (reentrant || !g.busy())) {
 		sent := time.Now()
-		res, err := c.attempt(ctx, ks, owner, acq, cfg, 0)
+		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, false)
 		if err != nil {
 			c.reload(ctx)
 			return fail(0, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, owner, res.fence, cfg, sent, start), nil
+			return c.granted(name, ks, kv, ov, res.fence, cfg, sent, start), nil
 		}
 		if !wait {
 			return fail(res.pttl, nil)
@@ -310,7 +319,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		}
 		defer g.leave()
 	}
-	sub, err := c.hub.Subscribe(wctx, channel(cfg.prefix, name))
+	sub, err := c.hub.Subscribe(wctx, channel(ks[0]))
 	if err != nil {
 		if wctx.Err() != nil {
 			return fail(0, waitErr(ctx))
@@ -325,17 +334,17 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	var pttl time.Duration
 	for {
 		sent := time.Now()
-		res, err := c.attempt(wctx, ks, owner, acq, cfg, placeTTL)
+		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, true)
 		if err != nil {
 			c.reload(ctx)
-			c.withdraw(ctx, ks, owner, cfg, member)
+			c.withdraw(ctx, kv, ov, cfg, member)
 			if wctx.Err() != nil {
 				return fail(pttl, waitErr(ctx))
 			}
 			return fail(pttl, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, owner, res.fence, cfg, sent, start), nil
+			return c.granted(name, ks, kv, ov, res.fence, cfg, sent, start), nil
 		}
 		pttl = res.pttl
 		// Sleep until a wake-up, or a little past the holder's lease (it may
@@ -355,14 +364,14 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			// the full lease at its first turn (a fixed lease is set at once).
 			claim := min(cfg.lease, placeTTL)
 			if !cfg.renew && claim < cfg.lease {
-				if _, err := c.extend(wctx, &held{keys: ks, owner: owner}, cfg.lease); err == nil {
+				if _, err := c.extend(wctx, &held{keys: ks, keyv: kv, owner: owner, ownerv: ov}, cfg.lease); err == nil {
 					claim = cfg.lease
 				}
 			}
-			return c.grantedFirst(name, ks, owner, fence, cfg, sent, start, claim), nil
+			return c.grantedFirst(name, ks, kv, ov, fence, cfg, sent, start, claim), nil
 		case <-timer.C:
 		case <-wctx.Done():
-			c.withdraw(ctx, ks, owner, cfg, member)
+			c.withdraw(ctx, kv, ov, cfg, member)
 			return fail(pttl, waitErr(ctx))
 		}
 	}
@@ -374,28 +383,29 @@ func waitErr(ctx context.Context) error { return ctx.Err() }
 
 // withdraw leaves the queue; if the lock was handed to this waiter in the
 // meantime, it is released (and handed on), so giving up never strands it.
-func (c *Client) withdraw(ctx context.Context, ks []string, owner string, cfg config, member string) {
+func (c *Client) withdraw(ctx context.Context, kv []any, owner any, cfg config, member string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	c.releaseRaw(rctx, ks, owner, cfg, member)
+	c.releaseRaw(rctx, kv, owner, cfg, member)
 }
 
-func (c *Client) granted(name string, ks []string, owner string, fence uint64, cfg config, sent, start time.Time) *Lock {
-	return c.grantedFirst(name, ks, owner, fence, cfg, sent, start, cfg.lease)
+func (c *Client) granted(name string, ks []string, kv []any, owner any, fence uint64, cfg config, sent, start time.Time) *Lock {
+	return c.grantedFirst(name, ks, kv, owner, fence, cfg, sent, start, cfg.lease)
 }
 
-func (c *Client) grantedFirst(name string, ks []string, owner string, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
-	h := newHeldFirst(c, name, ks, owner, fence, cfg, sent, first)
+func (c *Client) grantedFirst(name string, ks []string, kv []any, owner any, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
+	h := newHeldFirst(c, name, ks, owner.(string), fence, cfg, sent, first)
+	h.keyv, h.ownerv = kv, owner
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: fence})
 	return &Lock{h: h}
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return c.releaseRaw(ctx, h.keys, h.owner, h.cfg, "")
+	return c.releaseRaw(ctx, h.keyv, h.ownerv, h.cfg, "")
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	n, err := extendScript.Run(ctx, c.rdb, h.keys[:1], h.owner, lease.Milliseconds()).Int64()
+	n, err := extendS.run(ctx, c.rdb, h.keyv[:1], h.ownerv, lease.Milliseconds()).Int64()
 	return n == 1, err
 }
 

@@ -164,7 +164,7 @@ func TestClusterMasterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.WithReplicas())
 	var whyMu sync.Mutex
 	why := map[string][]error{}
-	c, _ := clusterClient(t, cl, locks.WithLease(time.Second), locks.WithObserver(func(e locks.Event) {
+	c, _ := clusterClient(t, cl, locks.WithLease(2*time.Second), locks.WithObserver(func(e locks.Event) {
 		if e.Kind == locks.Lost || e.Kind == locks.RenewalFailed {
 			whyMu.Lock()
 			why[e.Name] = append(why[e.Name], e.Err)
@@ -190,7 +190,7 @@ func TestClusterMasterFailover(t *testing.T) {
 	victim := cl.MasterForSlot(cl.Slot("cg:lock:{" + victimName + "}"))
 	cl.KillMaster(t, victim)
 
-	time.Sleep(1500 * time.Millisecond) // let renewals run across the failover (the subject is time)
+	time.Sleep(2500 * time.Millisecond) // let renewals run across the failover (the subject is time)
 	for name, lk := range held {
 		slotMaster := cl.MasterForSlot(cl.Slot("cg:lock:{" + name + "}"))
 		select {

@@ -18,11 +18,11 @@ func TestAcquireIdempotentUnderRetry(t *testing.T) {
 	defer c.Close()
 	ks := keys("cg:", "retry")
 	cfg := c.cfg
-	first, err := c.attempt(ctx, ks, "owner-1", "acq-1", cfg, 0)
+	first, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, false)
 	if err != nil || !first.ok {
 		t.Fatalf("first attempt: %+v %v", first, err)
 	}
-	again, err := c.attempt(ctx, ks, "owner-1", "acq-1", cfg, 0)
+	again, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, false)
 	if err != nil || !again.ok || again.fence != first.fence || again.holds != 1 {
 		t.Fatalf("retried attempt: %+v %v, want success with fence %d and 1 hold", again, err, first.fence)
 	}

@@ -23,18 +23,18 @@ func (l *Lock) Name() string { return l.h.name }
 // (re-entries share the token of the acquisition they re-enter). Pass it to the
 // resource you write, and have the resource refuse writes with a token smaller
 // than one it has seen: a holder that was paused past its lease is then
-// refused, which no lock alone can guarantee. See Client.MonotonicFences for
-// Redlock, whose tokens are not monotonic.
+// refused, which no lock alone can guarantee. Redlock issues no tokens: its
+// locks' Fence is 0 and its MonotonicFences is false (see Redlock).
 func (l *Lock) Fence() uint64 { return l.h.fence }
 
 // Lost returns a channel closed when ownership is lost while held: the lease
 // ran out, the key was deleted or taken over, or renewal failed past the lease.
 // It is not closed by Unlock.
-func (l *Lock) Lost() <-chan struct{} { return l.h.lost }
+func (l *Lock) Lost() <-chan struct{} { return l.h.lostChan() }
 
 // Context returns a context cancelled when the lock is lost or released: run
 // the critical section under it so that work stops when exclusion ends.
-func (l *Lock) Context() context.Context { return l.h.ctx }
+func (l *Lock) Context() context.Context { return l.h.context() }
 
 // TTL returns how long the lock is certainly still held, from the local
 // monotonic clock (the lease measured from before the last successful
@@ -116,17 +116,19 @@ type ops interface {
 
 // held is one holding of a lock name by one owner in this process.
 type held struct {
-	ops   ops
-	name  string
-	keys  []string // lock, fence, queue, deadlines (hash-tagged to one slot)
-	owner string
-	fence uint64
-	cfg   config
-	ctx   context.Context
-	stop  context.CancelFunc
-	lost  chan struct{}
+	ops    ops
+	name   string
+	keys   []string // lock, fence, queue, deadlines (hash-tagged to one slot)
+	keyv   []any    // keys, boxed once for script calls (Client only)
+	owner  string
+	ownerv any // owner, boxed once (Client only)
+	fence  uint64
+	cfg    config
 
-	mu        sync.Mutex // guards the fields below
+	mu        sync.Mutex         // guards the fields below
+	lost      chan struct{}      // made on first use: most callers never ask
+	ctx       context.Context    // made on first use
+	stop      context.CancelFunc // cancels ctx
 	lease     time.Duration
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
@@ -144,9 +146,7 @@ func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg 
 // than the configured one, as a hand-off's claim lease is: the first renewal
 // comes at a third of first and restores the full lease.
 func newHeldFirst(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
-	ctx, cancel := context.WithCancel(context.Background())
-	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg,
-		ctx: ctx, stop: cancel, lost: make(chan struct{}), refs: 1}
+	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, refs: 1}
 	h.setDeadline(sent, min(first, cfg.lease))
 	h.lease = cfg.lease
 	o.renewer().add(h)
@@ -171,6 +171,48 @@ func (h *held) extended(sent time.Time, lease time.Duration) {
 	h.mu.Unlock()
 }
 
+func (h *held) lostChan() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost == nil {
+		h.lost = make(chan struct{})
+		if h.err != nil {
+			close(h.lost)
+		}
+	}
+	return h.lost
+}
+
+func (h *held) context() context.Context {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		h.ctx, h.stop = context.WithCancel(context.Background())
+		if h.ended {
+			h.stop()
+		}
+	}
+	return h.ctx
+}
+
+// end marks the holding over (lost when err is non-nil), closing Lost and
+// cancelling Context if they were asked for. It reports false when it was over already.
+func (h *held) end(err error) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ended {
+		return false
+	}
+	h.ended, h.err = true, err
+	if err != nil && h.lost != nil {
+		close(h.lost)
+	}
+	if h.stop != nil {
+		h.stop()
+	}
+	return true
+}
+
 func (h *held) lostErr() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -179,15 +221,9 @@ func (h *held) lostErr() error {
 
 // lose marks the holding lost: Lost() closes and Context() is cancelled.
 func (h *held) lose(err error) {
-	h.mu.Lock()
-	if h.ended {
-		h.mu.Unlock()
+	if !h.end(err) {
 		return
 	}
-	h.ended, h.err = true, err
-	h.mu.Unlock()
-	close(h.lost)
-	h.stop()
 	h.ops.renewer().remove(h)
 	h.cfg.emit(Event{Kind: Lost, Name: h.name, Err: err})
 }
@@ -197,13 +233,9 @@ func (h *held) lose(err error) {
 func (h *held) dropRef(released bool) {
 	h.mu.Lock()
 	h.refs--
-	end := !h.ended && (released || h.refs <= 0)
-	if end {
-		h.ended = true
-	}
+	over := released || h.refs <= 0
 	h.mu.Unlock()
-	if end {
-		h.stop()
+	if over && h.end(nil) {
 		h.ops.renewer().remove(h)
 		h.cfg.emit(Event{Kind: Released, Name: h.name})
 	}

@@ -1,6 +1,7 @@
 package locks
 
 import (
+	"strconv"
 	"time"
 )
 
@@ -33,6 +34,26 @@ type config struct {
 	observer       func(Event)
 	drift          time.Duration // Redlock: fixed part of the clock drift allowance
 	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
+
+	// Script arguments derived from the above by pack: computed once per
+	// Client (and per call only when the call has options).
+	argsTry, argsWait, argsRelease    string
+	argsTryV, argsWaitV, argsReleaseV any // the same, boxed once
+}
+
+// pack derives the scripts' packed numeric arguments.
+func (c *config) pack() {
+	fair := "0"
+	if c.fair {
+		fair = "1"
+	}
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	head := ms(c.lease) + ","
+	tail := "," + ms(c.fenceRetention) + "," + fair
+	c.argsTry = head + "0" + tail
+	c.argsWait = head + ms(placeTTL) + tail
+	c.argsRelease = ms(c.fenceRetention) + "," + ms(min(c.lease, placeTTL))
+	c.argsTryV, c.argsWaitV, c.argsReleaseV = c.argsTry, c.argsWait, c.argsRelease
 }
 
 func defaults() config {
@@ -78,10 +99,16 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // WithPrefix sets the prefix of every key and channel. The default is "cg:".
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithFenceRetention sets how long a lock's fence counter outlives its last
-// acquisition. A counter that expired (or was lost) restarts from the server's
-// clock in microseconds, which is still larger than any earlier token as long
-// as the server's clock does not go back. The default is 7 days.
+// WithFenceRetention sets how long a lock's fence counter lives after it was
+// last started from the server's clock (each acquisition increments it; the
+// TTL is not refreshed, so acquiring costs no extra write). When the counter
+// expires or is lost (a restart without persistence, a failover, eviction),
+// the next token is the server's clock in microseconds, still above every
+// earlier token unless the server's clock went back or one lock was taken more
+// than once per microsecond on average since the counter started. A counter
+// costs about 60 bytes of Redis memory per lock name; run Redis with
+// maxmemory-policy noeviction (or volatile-*) so that live locks are never
+// evicted. The default is 7 days.
 func WithFenceRetention(d time.Duration) Option { return func(c *config) { c.fenceRetention = d } }
 
 // WithObserver sets a function called with every lock outcome (acquired,

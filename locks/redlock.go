@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"time"
 
@@ -19,9 +20,9 @@ var (
 	//go:embed redlock_extend.lua
 	redlockExtendLua string
 
-	redlockAcquireScript = redis.NewScript(redlockAcquireLua)
-	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
-	redlockExtendScript  = redis.NewScript(redlockExtendLua)
+	redlockAcquireS     = newScript(redlockAcquireLua)
+	redlockReleaseS     = newScript(redlockReleaseLua)
+	redlockExtendScript = redis.NewScript(redlockExtendLua) // run in pipelines: EVALSHA, then SCRIPT LOAD on NOSCRIPT
 )
 
 var _ Locker = (*Redlock)(nil)
@@ -39,15 +40,18 @@ var _ Locker = (*Redlock)(nil)
 // taken on the local monotonic clock. The lock is granted when a quorum
 // granted it and validity = lease − elapsed − drift is still positive, where
 // drift = lease×1% + 2ms (WithDrift): Lock.TTL counts down that validity, not
-// the lease. An attempt that fails, including one that reached a quorum too
-// late (ErrNoValidity), is released on every node, and Lock retries it after
-// a random delay (between half and all of a tenth of the lease, capped at
-// 250ms) until its wait budget or context ends. Failures are *RedlockError values
-// that name the nodes that granted, refused and failed, and match
+// the lease. An attempt returns as soon as a quorum granted it (the other
+// nodes' answers land just after). An attempt that fails, including one that
+// reached a quorum too late (ErrNoValidity), is released on every node that
+// did not refuse it, and Lock retries it after a random delay (between half
+// and all of a tenth of the lease, capped at 250ms) until its wait budget or
+// context ends. Failures are *RedlockError values that name the nodes that
+// granted, refused and failed, and match
 // ErrNotObtained. Renewal in the background and Lock.Extend also need a quorum
 // within the remaining validity; Lost closes when a quorum can no longer be
 // renewed in time. On a Redlock lock, Extend(ctx, d) makes d the new validity:
-// the keys get d plus the drift allowance.
+// the keys get d plus the drift allowance. Reentrancy by owner (WithOwner)
+// works as on a Client: each acquisition is its own hold on every node.
 //
 // Use an odd number of servers, 3 or 5. With an even N the quorum N/2+1 needs
 // the same number of live servers as N+1 would, so the extra server adds
@@ -68,20 +72,24 @@ var _ Locker = (*Redlock)(nil)
 // appendfsync always, or keep a crashed server down for at least the longest
 // lease in use before it rejoins.
 //
-// Clients: give each node's client ContextTimeoutEnabled: true so that the
+// Clients: give each node's client ContextTimeoutEnabled: true, so that the
 // per-node timeout also ends the socket wait (otherwise a stalled node's call
 // is abandoned by the attempt and finishes on the client's ReadTimeout; Close
-// waits for it), and a small MaxRetries, since a retry has to fit in the
-// per-node timeout anyway.
+// waits for it), and small MaxRetries and DialerRetries, since retries have to
+// fit in the per-node timeout anyway. The first call to a node also dials it:
+// a node timeout shorter than a dial fails the first attempt. A node that did
+// not answer in time may still apply the acquisition later; the attempt's
+// release follows it, and at worst the stray grant expires with the lease.
 type Redlock struct {
 	nodes  []rlNode
 	quorum int
 	cfg    config
 	ren    *renewer
 
-	mu       sync.Mutex     // guards closed and orders inflight.Add before Close's Wait
-	closed   bool           //
-	inflight sync.WaitGroup // node calls still running, some abandoned by their caller
+	mu       sync.Mutex           // guards closed and flights; orders inflight.Add before Close's Wait
+	closed   bool                 // Close was called
+	flights  map[string]*rlFlight // granted attempts with node calls still running, by acquisition id
+	inflight sync.WaitGroup       // node calls still running, some abandoned by their caller
 }
 
 // NewRedlock returns a Redlock over clients, one per independent server, with
@@ -103,10 +111,10 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 	if err := redlockValidate(&cfg); err != nil {
 		return nil, err
 	}
-	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg}
+	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
 	seen := map[string]int{}
 	for i, c := range clients {
-		if c == nil {
+		if c == nil || isNilPointer(c) {
 			return nil, invalid("Redlock client %d is nil", i)
 		}
 		name, id := nodeIdentity(i, c)
@@ -118,6 +126,11 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 	}
 	r.ren = newRenewer(r.renewBatch)
 	return r, nil
+}
+
+func isNilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 func redlockValidate(cfg *config) error {
@@ -223,6 +236,12 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
+	if err := ctx.Err(); err != nil {
+		e := r.opError("lock", name)
+		e.Err = err
+		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		return nil, e
+	}
 	fail := func(e *RedlockError, attempts int) (*Lock, error) {
 		e.Attempts, e.Waited = attempts, time.Since(start)
 		if err := ctx.Err(); err != nil && !errors.Is(e.Err, err) {
@@ -280,39 +299,56 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		return n
 	}
 	// Each node's goroutine waits for the verdict after its acquisition
-	// returns and, if the attempt failed, releases it there: the release can
-	// never overtake the acquisition, even on a node that answered too late.
+	// returns. If the attempt failed, it releases the acquisition there. If
+	// the attempt succeeded before this node answered, and the holding is
+	// already being released by the time it does, it releases this late grant
+	// (the holding's own release may have reached the node first). Either way
+	// the release is sent after the node's acquisition ended, so it can never
+	// be overtaken by it.
 	decided := make(chan struct{})
-	var failed bool // written before decided is closed
+	var failed bool               // written before decided is closed
+	var res []nodeResult[[]int64] // the answers the verdict used; written before decided is closed
+	fl := &rlFlight{pending: len(r.nodes)}
 	released := make(chan int, len(r.nodes))
 	release := func(i int, x nodeResult[[]int64]) {
 		<-decided
-		if !failed || (x.err == nil && len(x.v) == 2 && x.v[0] == 0) {
-			return // held, or refused (nothing of this attempt is on the node)
+		refused := x.err == nil && len(x.v) == 2 && x.v[0] == 0 // nothing of this attempt is on the node
+		if !failed {
+			late := !res[i].done
+			if fl.landed(r, acq) && late && !refused {
+				r.releaseOn(ctx, i, key, owner, acq, timeout)
+			}
+			return
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
-		redlockReleaseScript.Run(rctx, r.nodes[i].rdb, []string{key}, owner, acq)
+		if !refused {
+			r.releaseOn(ctx, i, key, owner, acq, timeout)
+		}
 		released <- i
 	}
+	keyv, pxms := []any{key}, px.Milliseconds()
 	start := time.Now()
-	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		return redlockAcquireScript.Run(ctx, rdb, []string{key}, owner, acq, px.Milliseconds()).Int64Slice()
+	res = fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
+		return redlockAcquireS.run(ctx, rdb, keyv, owner, acq, pxms).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 
-	e := r.opError("lock", name)
+	var noValidity error
 	if n := granted(res); n >= r.quorum {
 		if elapsed < span {
+			r.mu.Lock()
+			r.flights[acq] = fl
+			r.mu.Unlock()
 			close(decided)
 			hcfg := cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
 			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start), nil
 		}
-		e.Err = ErrNoValidity
+		noValidity = ErrNoValidity
 	}
 	failed = true
 	close(decided)
+	e := r.opError("lock", name)
+	e.Err = noValidity
 	waitFor := make([]bool, len(r.nodes)) // the granting nodes: they answered just now, so the caller waits for their release
 	pending := 0
 	for i, x := range res {
@@ -344,6 +380,50 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		}
 	}
 	return nil, e
+}
+
+// releaseOn releases acquisition acq on node i, whatever ctx's state.
+func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, timeout time.Duration) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	redlockReleaseS.run(rctx, r.nodes[i].rdb, []any{key}, owner, acq)
+}
+
+// rlFlight follows the node calls of a granted attempt that were still
+// running when the attempt returned (it returns as soon as a quorum granted).
+type rlFlight struct {
+	mu        sync.Mutex // guards the fields below
+	pending   int        // node calls not yet returned
+	releasing bool       // the holding is being released: late grants must be undone
+}
+
+// landed records that one node call of the granted attempt acq returned, and
+// reports whether its grant, if any, must be undone.
+func (f *rlFlight) landed(r *Redlock, acq string) (undo bool) {
+	f.mu.Lock()
+	f.pending--
+	undo, last := f.releasing, f.pending == 0
+	f.mu.Unlock()
+	if last {
+		r.mu.Lock()
+		delete(r.flights, acq)
+		r.mu.Unlock()
+	}
+	return undo
+}
+
+// releasing marks the holding with acquisition acq as being released, before
+// its release is sent: a node call of its attempt that returns from now on
+// undoes its own grant. It must be called before the release is sent.
+func (r *Redlock) releasing(acq string) {
+	r.mu.Lock()
+	f := r.flights[acq]
+	r.mu.Unlock()
+	if f != nil {
+		f.mu.Lock()
+		f.releasing = true
+		f.mu.Unlock()
+	}
 }
 
 // errPending is the cause recorded for a node whose answer was still

@@ -20,28 +20,38 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
+	keyv := []any{key}
+	r.releasing(acq)
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-			return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+			return redlockReleaseS.run(ctx, rdb, keyv, h.owner, acq).Int64()
 		}, nil, nil)
+	confirmed, failed, remaining := 0, 0, int64(0)
+	for _, x := range res {
+		switch {
+		case x.err != nil:
+			failed++
+		case x.v >= 0:
+			confirmed++
+			remaining = max(remaining, x.v)
+		}
+	}
+	switch {
+	case confirmed >= r.quorum:
+		return remaining, nil
+	case confirmed+failed < r.quorum:
+		return -1, nil
+	}
 	e := r.opError("unlock", h.name)
-	remaining := int64(0)
 	for i, x := range res {
 		switch {
 		case x.err != nil:
 			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: x.err})
 		case x.v >= 0:
 			e.Granted = append(e.Granted, r.nodes[i].name)
-			remaining = max(remaining, x.v)
 		default:
 			e.Refused = append(e.Refused, r.nodes[i].name)
 		}
-	}
-	switch {
-	case len(e.Granted) >= r.quorum:
-		return remaining, nil
-	case len(e.Granted)+len(e.Failed) < r.quorum:
-		return -1, nil
 	}
 	e.Err = ctx.Err()
 	return 0, e
@@ -49,8 +59,9 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 
 // extend gives h's acquisition the validity lease from now on every node. It
 // succeeds when a quorum confirmed before h's current validity ended and with
-// some of the new one left; it reports false when too many nodes no longer
-// have the acquisition for a quorum to be possible.
+// some of the new one left; it reports false (the lock is lost) when the
+// validity ended first or too many nodes no longer have the acquisition for a
+// quorum to be possible.
 func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
 	errs := r.extendAll(ctx, []*held{h}, []time.Duration{lease})
 	switch err := errs[0]; {
@@ -76,23 +87,40 @@ func (r *Redlock) renewBatch(ctx context.Context, hs []*held) []error {
 }
 
 // extendAll extends each hs[i] to validity leases[i] on every node at once,
-// one pipeline per node, and judges each lock by the quorum rule.
+// one pipeline per node, and judges each lock by the quorum rule. A holding
+// whose validity has already run out is not extended: it is lost.
 func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Duration) []error {
-	pxs := make([]int64, len(hs))
+	errs := make([]error, len(hs))
+	var live []int // indexes in hs of the holdings still within their validity
 	deadlines := make([]time.Time, len(hs))
-	var timeout time.Duration
+	now := time.Now()
 	for i, h := range hs {
-		px := rlPXFor(&h.cfg, leases[i])
-		pxs[i] = px.Milliseconds()
-		timeout = max(timeout, rlNodeTimeout(&h.cfg, px))
 		h.mu.Lock()
 		deadlines[i] = h.deadline
 		h.mu.Unlock()
+		if now.Before(deadlines[i]) {
+			live = append(live, i)
+		} else {
+			errs[i] = errNotOwner
+			r.releaseInBackground(h)
+		}
 	}
-	confirmed := func(res []nodeResult[[]error], i int) int {
+	if len(live) == 0 {
+		return errs
+	}
+	send := make([]*held, len(live))
+	pxs := make([]int64, len(live))
+	var timeout time.Duration
+	for j, i := range live {
+		send[j] = hs[i]
+		px := rlPXFor(&hs[i].cfg, leases[i])
+		pxs[j] = px.Milliseconds()
+		timeout = max(timeout, rlNodeTimeout(&hs[i].cfg, px))
+	}
+	confirmed := func(res []nodeResult[[]error], j int) int {
 		n := 0
 		for _, x := range res {
-			if x.done && x.err == nil && x.v[i] == nil {
+			if x.done && x.err == nil && x.v[j] == nil {
 				n++
 			}
 		}
@@ -100,51 +128,49 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 	}
 	sent := time.Now()
 	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]error, error) {
-		return extendPipeline(ctx, rdb, hs, pxs)
+		return extendPipeline(ctx, rdb, send, pxs)
 	}, func(res []nodeResult[[]error]) bool {
-		for i := range hs {
-			if confirmed(res, i) < r.quorum {
+		for j := range send {
+			if confirmed(res, j) < r.quorum {
 				return false
 			}
 		}
 		return true
 	}, nil)
-	now := time.Now()
+	now = time.Now()
 
-	errs := make([]error, len(hs))
-	for i, h := range hs {
+	for j, i := range live {
+		h := hs[i]
 		e := r.opError("extend", h.name)
-		for j, x := range res {
+		for n, x := range res {
 			switch {
 			case !x.done && x.err == nil:
 				// Still pending after every lock reached its quorum: not needed.
 			case x.err != nil:
-				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[j].name, Err: x.err})
-			case x.v[i] == nil:
-				e.Granted = append(e.Granted, r.nodes[j].name)
-			case x.v[i] == errNotOwner:
-				e.Refused = append(e.Refused, r.nodes[j].name)
+				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[n].name, Err: x.err})
+			case x.v[j] == nil:
+				e.Granted = append(e.Granted, r.nodes[n].name)
+			case x.v[j] == errNotOwner:
+				e.Refused = append(e.Refused, r.nodes[n].name)
 			default:
-				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[j].name, Err: x.v[i]})
+				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[n].name, Err: x.v[j]})
 			}
 		}
 		switch {
-		case len(e.Granted) >= r.quorum && now.Before(deadlines[i]) && now.Sub(sent) < leases[i]:
-			errs[i] = nil
-			continue
-		case len(e.Refused) > len(r.nodes)-r.quorum:
+		case !now.Before(deadlines[i]) || len(e.Refused) > len(r.nodes)-r.quorum:
+			// The validity ran out before a quorum confirmed, or a quorum can
+			// no longer confirm: the holding is lost, and the nodes where
+			// this round did extend it must not keep it alive.
 			errs[i] = errNotOwner
+			r.releaseInBackground(h)
+		case len(e.Granted) >= r.quorum && now.Sub(sent) < leases[i]:
+			errs[i] = nil
 		case len(e.Granted) >= r.quorum:
-			e.Err = ErrNoValidity // confirmed, but only after the validity had lapsed
+			e.Err = ErrNoValidity // the new validity was used up by the round itself
 			errs[i] = e
 		default:
 			e.Err = ctx.Err()
 			errs[i] = e
-		}
-		if errs[i] == errNotOwner || !now.Before(deadlines[i]) {
-			// The holding is lost (its owner is told by the caller): the
-			// nodes where this round did extend it must not keep it alive.
-			r.releaseInBackground(h)
 		}
 	}
 	return errs
@@ -157,6 +183,7 @@ func (r *Redlock) releaseInBackground(h *held) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
+	r.releasing(acq)
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -168,7 +195,7 @@ func (r *Redlock) releaseInBackground(h *held) {
 		defer r.inflight.Done()
 		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
 			func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-				return redlockReleaseScript.Run(ctx, rdb, []string{key}, h.owner, acq).Int64()
+				return redlockReleaseS.run(ctx, rdb, []any{key}, h.owner, acq).Int64()
 			}, nil, nil)
 	}()
 }

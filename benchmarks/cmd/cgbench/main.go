@@ -1,0 +1,145 @@
+// Command cgbench runs cacheguard's side-by-side benchmarks against its peers
+// and writes RESULTS.md with charts. `make bench` runs it; see benchmarks/README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/bench"
+)
+
+func main() {
+	if bench.IsChild() {
+		os.Exit(bench.ChildMain())
+	}
+	os.Exit(run())
+}
+
+func run() int {
+	var (
+		quick = flag.Bool("quick", false, "tiny sizes and 2 repetitions: proves the harness works, measures nothing")
+		long  = flag.Bool("long", false, "run the hot-key mix for 30 s per repetition")
+		addr  = flag.String("redis", "", "use this redis server (host:port) instead of starting one")
+		out   = flag.String("out", "", "directory for RESULTS.md and results/ (default: the benchmarks module, or out/quick with -quick)")
+		reps  = flag.Int("reps", 0, "repetitions per system (default 5, 2 with -quick)")
+		only  = flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ","))
+		syss  = flag.String("systems", "", "comma-separated substrings: run only the systems whose name contains one")
+		label = flag.String("command", "", "the command to record in RESULTS.md (default: this command line)")
+	)
+	flag.Parse()
+
+	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}}
+	for s := range strings.SplitSeq(*only, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !contains(bench.Scenarios, s) {
+			fmt.Fprintf(os.Stderr, "cgbench: unknown scenario %q (have %s)\n", s, strings.Join(bench.Scenarios, ", "))
+			return 2
+		}
+		cfg.Only[s] = true
+	}
+	for s := range strings.SplitSeq(*syss, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.Systems = append(cfg.Systems, s)
+		}
+	}
+	mod := moduleDir()
+	cfg.MicroDir = mod
+	dir := *out
+	if dir == "" {
+		dir = mod
+		if dir == "" {
+			dir = "."
+		}
+		if *quick {
+			dir = filepath.Join(dir, "out", "quick")
+		}
+	}
+	command := *label
+	if command == "" {
+		command = strings.Join(append([]string{"cgbench"}, os.Args[1:]...), " ")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	machine := bench.Describe()
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cgbench:", err)
+	}
+	if res == nil {
+		return 1
+	}
+	if werr := write(res, machine, command, dir); werr != nil {
+		fmt.Fprintln(os.Stderr, "cgbench:", werr)
+		return 1
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func write(res *bench.Results, m bench.Machine, command, dir string) error {
+	rdir := filepath.Join(dir, "results")
+	if err := os.MkdirAll(rdir, 0o755); err != nil {
+		return err
+	}
+	charts, err := res.Charts(rdir)
+	if err != nil {
+		return fmt.Errorf("charts: %w", err)
+	}
+	if res.Micro != "" {
+		if err := os.WriteFile(filepath.Join(rdir, "micro.txt"), []byte(res.Micro+"\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	p := filepath.Join(dir, "RESULTS.md")
+	if err := os.WriteFile(p, []byte(res.Markdown(m, command, charts, dir)), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "cgbench: wrote", p)
+	return nil
+}
+
+// moduleDir finds the benchmarks module above the working directory.
+func moduleDir() string {
+	d, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil && strings.Contains(string(b), "module github.com/cacheguard/cacheguard/benchmarks\n") {
+			return d
+		}
+		if sub := filepath.Join(d, "benchmarks"); d != sub {
+			if b, err := os.ReadFile(filepath.Join(sub, "go.mod")); err == nil &&
+				strings.Contains(string(b), "module github.com/cacheguard/cacheguard/benchmarks\n") {
+				return sub
+			}
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return ""
+		}
+		d = parent
+	}
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

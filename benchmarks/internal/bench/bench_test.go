@@ -1,0 +1,169 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
+)
+
+// TestMain doubles as the worker: the harness re-executes the test binary
+// with ChildEnv set to run its worker processes.
+func TestMain(m *testing.M) {
+	if IsChild() {
+		os.Exit(ChildMain())
+	}
+	if _, err := redisproc.Binary(); err != nil {
+		fmt.Fprintln(os.Stderr, "SKIP:", err)
+		if os.Getenv("CACHEGUARD_REQUIRE_REDIS") == "1" {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// testEnv is an env on a fresh server with quick sizes and one repetition.
+func testEnv(t *testing.T) *env {
+	t.Helper()
+	srv, err := redisproc.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	cfg := Config{Quick: true, tiny: true, Reps: 1}
+	res := &Results{Started: time.Now(), Reps: 1, s: cfg.sizes(),
+		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{}}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { admin.Close() })
+	return &env{cfg: cfg, s: res.s, reps: 1, addr: srv.Addr(), admin: admin, res: res}
+}
+
+// The stampede harness must count every load in every process: a naive
+// cache-aside makes many loads, per-process singleflight at most one per
+// process, and every request is accounted for.
+func TestStampedeCountsLoads(t *testing.T) {
+	e := testEnv(t)
+	ctx := context.Background()
+	const procs, g = 2, 8
+
+	b, err := e.burst(ctx, systems.Naive, procs, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.failures != nil {
+		t.Fatal(b.failures)
+	}
+	if b.loads <= 1 || b.loads > procs*g {
+		t.Errorf("naive cache-aside: %d loads, want 2..%d", b.loads, procs*g)
+	}
+	if len(b.lat) != procs*g {
+		t.Errorf("naive cache-aside: %d latencies, want %d", len(b.lat), procs*g)
+	}
+
+	b, err = e.burst(ctx, systems.Singleflight, procs, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.loads < 1 || b.loads > procs {
+		t.Errorf("singleflight: %d loads, want 1..%d", b.loads, procs)
+	}
+}
+
+// A contended run must see one holder at a time and account for its time.
+func TestContendedMeasuresExclusion(t *testing.T) {
+	e := testEnv(t)
+	if err := e.contended(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	tb := e.res.Table("contended")
+	for _, r := range tb.Rows {
+		if r.Skip != "" {
+			continue
+		}
+		if len(r.Errs) > 0 {
+			t.Errorf("%s: %v", r.System, r.Errs)
+		}
+		if s, ok := r.Summary("overlap"); !ok || s.Max != 0 {
+			t.Errorf("%s: overlapping holders %v (measured %v)", r.System, s.Max, ok)
+		}
+		if s, _ := r.Summary("util"); s.Median <= 0 || s.Median > 1.001 {
+			t.Errorf("%s: share of time held %v, want (0, 1]", r.System, s.Median)
+		}
+	}
+}
+
+// Every scenario runs end to end with tiny sizes and writes its report.
+func TestSmokeAllScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario")
+	}
+	only := map[string]bool{}
+	for _, s := range Scenarios {
+		if s != "micro" && s != "contended" { // contended: TestContendedMeasuresExclusion
+			only[s] = true
+		}
+	}
+	res, err := Run(context.Background(), Config{Quick: true, tiny: true, Reps: 1, Only: only, Log: testLog{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"uncontended", "redlock", "stampede", "warm-1", "scale-procs-loads", "scale-total-p99", "mix"} {
+		tb := res.Table(id)
+		if tb == nil {
+			t.Errorf("no table %s", id)
+			continue
+		}
+		for _, r := range tb.Rows {
+			if len(r.Errs) > 0 {
+				t.Errorf("%s / %s: %v", id, r.System, r.Errs)
+			}
+			if r.Skip == "" {
+				if _, ok := r.Summary(tb.Metrics[0].Key); !ok {
+					t.Errorf("%s / %s: no data", id, r.System)
+				}
+			}
+		}
+	}
+	if s, _ := res.Table("stampede").Row(systems.Naive).Summary("loads"); s.Median <= 1 {
+		t.Errorf("naive stampede made %v loads, want > 1", s.Median)
+	}
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "results"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	charts, err := res.Charts(filepath.Join(dir, "results"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(charts) == 0 {
+		t.Error("no chart written")
+	}
+	for _, c := range charts {
+		if st, err := os.Stat(c); err != nil || st.Size() == 0 {
+			t.Errorf("chart %s: %v", c, err)
+		}
+	}
+	md := res.Markdown(Describe(), "go test", charts, dir)
+	for _, want := range []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("RESULTS.md lacks %q", want)
+		}
+	}
+}
+
+// testLog sends the harness's progress lines to the test log.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

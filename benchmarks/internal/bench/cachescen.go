@@ -1,0 +1,323 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/stats"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
+)
+
+// burst is one stampede: procs processes × g goroutines ask for one cold key
+// at once. It returns the total loads and the pooled latencies.
+type burst struct {
+	loads    int64
+	reqs     int64 // commands sent, all clients, (un)subscribe included
+	cpu      time.Duration
+	lat      []time.Duration
+	failures error
+}
+
+func (e *env) burst(ctx context.Context, system string, procs, g int) (burst, error) {
+	key := e.key("stampede")
+	if system == systems.GuardStale {
+		if err := e.primeStale(ctx, key); err != nil {
+			return burst{}, err
+		}
+	}
+	var settle time.Duration
+	if system == systems.GuardStale {
+		// Requests return at once; the refresh runs in the background.
+		settle = e.s.load + 250*time.Millisecond
+	}
+	jobs := make([]Job, procs)
+	for i := range jobs {
+		jobs[i] = Job{Kind: "stampede", System: system, Addrs: []string{e.addr}, Goroutines: g,
+			Key: key, Load: e.s.load, Retry: e.s.stampRetry, Settle: settle}
+	}
+	reps, cpu, subs, err := e.measured(ctx, jobs)
+	if err != nil {
+		return burst{}, err
+	}
+	b := burst{cpu: cpu, reqs: subs, failures: firstErr(reps)}
+	for _, r := range reps {
+		b.loads += r.Loads
+		b.reqs += r.Requests
+		for _, v := range r.Lat {
+			b.lat = append(b.lat, time.Duration(v))
+		}
+	}
+	return b, nil
+}
+
+// primeStale stores a value under key that is past its TTL but still
+// servable, for the serve-stale system.
+func (e *env) primeStale(ctx context.Context, key string) error {
+	c, err := systems.NewCache(systems.GuardStale, systems.CacheConfig{Addr: e.addr})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	p, ok := c.(systems.StalePrimer)
+	if !ok {
+		return fmt.Errorf("%s cannot prime a stale entry", systems.GuardStale)
+	}
+	return p.PrimeStale(ctx, key, systems.SampleRepo(42))
+}
+
+func (e *env) stampede(ctx context.Context) error {
+	s := e.s
+	t := &Table{ID: "stampede", Title: "4. Stampede on a cold key",
+		Intro: fmt.Sprintf("%d OS processes × %d concurrent requests for one cold key, released together by a barrier; "+
+			"the loader (the \"database\") takes %v and counts its calls. Latency is per request, pooled over all "+
+			"processes. Lock-based peers: GET, on a miss take the lock, GET again, load and SET on a second miss; "+
+			"redsync and bsm/redislock poll every %v (the loader's time: sooner is wasted work), rueidislock waits for "+
+			"its invalidation. Serve-stale: the key holds a value past its TTL but inside its stale window. "+
+			"Requests are commands sent to Redis per request.",
+			s.stampProcs, s.stampG, s.load, s.stampRetry),
+		Metrics: []Metric{
+			{"loads", "loads", "%.0f"},
+			{"p50", "p50 ms", "%.1f"},
+			{"p99", "p99 ms", "%.1f"},
+			{"max", "max ms", "%.1f"},
+			{"reqs", "requests/request", "%.2f"},
+			{"cpu", "Redis CPU ms", "%.1f"},
+		}}
+	e.res.Tables = append(e.res.Tables, t)
+	e.res.Notes = append(e.res.Notes, fmt.Sprintf("Stampede p99 target: on a cold key no request can be served "+
+		"before the one load ends (%v), and per-process singleflight's p99 is that load plus overhead, because its "+
+		"%d concurrent loads do not slow this fixed-latency loader down. So on a cold key cacheguard can at best "+
+		"match it; the 0.75× target is reachable on an expired key with serve-stale, or against a database that "+
+		"slows under concurrent queries, which this loader does not model.", s.load, s.stampProcs))
+	names := []string{systems.Naive, systems.Singleflight, systems.GoRedisCache,
+		systems.LockRedsync, systems.LockBSM, systems.LockRueidis, systems.Guard, systems.GuardStale}
+	return e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
+		b, err := e.burst(ctx, r.System, s.stampProcs, s.stampG)
+		if err != nil {
+			return err
+		}
+		d := stats.Durations(b.lat)
+		r.add("loads", float64(b.loads))
+		r.add("p50", stats.Ms(d.P50))
+		r.add("p99", stats.Ms(d.P99))
+		r.add("max", stats.Ms(d.Max))
+		r.add("reqs", float64(b.reqs)/float64(max(len(b.lat), 1)))
+		r.add("cpu", stats.Ms(b.cpu))
+		for _, l := range b.lat {
+			e.res.StampedeLat[r.System] = append(e.res.StampedeLat[r.System], stats.Ms(l))
+		}
+		return b.failures
+	})
+}
+
+func (e *env) warm(ctx context.Context) error {
+	s := e.s
+	metrics := []Metric{
+		{"ops", "reads/s", "%.0f"},
+		{"p50", "p50 µs", "%.0f"},
+		{"p99", "p99 µs", "%.0f"},
+		{"allocs", "allocs/read", "%.1f"},
+		{"reqs", "requests/read", "%.2f"},
+		{"loads", "loads", "%.0f"},
+	}
+	names := []string{systems.Guard, systems.RawGetDecode, systems.GoRedisGet}
+	for _, keys := range []int{1, s.warmKeys} {
+		t := &Table{ID: "warm-" + strconv.Itoa(keys), Title: fmt.Sprintf("5. Warm hit path, %d key(s)", keys),
+			Intro: fmt.Sprintf("One process, %d goroutines reading %d warm key(s) round-robin for %v per run. "+
+				"Raw GET + decode is GET then encoding/json into the struct; go-redis/cache uses its default msgpack "+
+				"codec, no local cache. A load here would be a bug.", s.warmG, keys, s.warmDur),
+			Metrics: metrics}
+		if keys == 1 {
+			t.Intro += " With one hot key, in-process coalescing (cacheguard's singleflight) shares reads."
+		}
+		e.res.Tables = append(e.res.Tables, t)
+		err := e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
+			reps, _, _, err := e.measured(ctx, []Job{{Kind: "warm", System: r.System, Addrs: []string{e.addr},
+				Goroutines: s.warmG, Duration: s.warmDur, Key: e.key("warm"), Keys: keys, Load: s.load}})
+			if err != nil {
+				return err
+			}
+			rep := reps[0]
+			lat := make([]time.Duration, len(rep.Lat))
+			for i, v := range rep.Lat {
+				lat[i] = time.Duration(v)
+			}
+			d := stats.Durations(lat)
+			ops := float64(max(rep.Ops, 1))
+			r.add("ops", ops/time.Duration(rep.Elapsed).Seconds())
+			r.add("p50", float64(d.P50)/1e3)
+			r.add("p99", float64(d.P99)/1e3)
+			r.add("allocs", float64(rep.Mallocs)/ops)
+			r.add("reqs", float64(rep.Requests)/ops)
+			r.add("loads", float64(rep.Loads))
+			return firstErr(reps)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var scaleSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard}
+
+func (e *env) scale(ctx context.Context) error {
+	s := e.s
+	type point struct {
+		procs, g int
+		col      string
+	}
+	var byProcs, byTotal []point
+	for _, p := range s.scaleProcs {
+		byProcs = append(byProcs, point{p, s.scaleG, fmt.Sprintf("%d×%d", p, s.scaleG)})
+	}
+	for _, n := range s.scaleTotals {
+		byTotal = append(byTotal, point{s.scaleFixedP, max(n/s.scaleFixedP, 1), fmt.Sprintf("%d", n)})
+	}
+	sweep := func(id, title, intro string, pts []point) error {
+		tl := &Table{ID: id + "-loads", Title: title + ": loads", Intro: intro}
+		tp := &Table{ID: id + "-p99", Title: title + ": p99 latency (ms)"}
+		for _, p := range pts {
+			tl.Metrics = append(tl.Metrics, Metric{p.col, p.col, "%.0f"})
+			tp.Metrics = append(tp.Metrics, Metric{p.col, p.col, "%.0f"})
+		}
+		for _, sys := range scaleSystems {
+			tp.Row(sys)
+		}
+		e.res.Tables = append(e.res.Tables, tl, tp)
+		return e.series(ctx, tl, scaleSystems, func(ctx context.Context, r *Row, _ int) error {
+			rp := tp.Row(r.System)
+			var errs []string
+			for _, p := range pts {
+				b, err := e.burst(ctx, r.System, p.procs, p.g)
+				if err != nil {
+					return err
+				}
+				if b.failures != nil {
+					errs = append(errs, p.col+": "+b.failures.Error())
+				}
+				r.add(p.col, float64(b.loads))
+				rp.add(p.col, stats.Ms(stats.Durations(b.lat).P99))
+			}
+			if len(errs) > 0 {
+				return fmt.Errorf("%s", strings.Join(errs, "; "))
+			}
+			return nil
+		})
+	}
+	intro := fmt.Sprintf("The stampede of scenario 4 (cold key, %v loader) as processes × concurrent requests per process grow.", s.load)
+	if err := sweep("scale-procs", "6a. Scale with processes (processes × requests each)", intro, byProcs); err != nil {
+		return err
+	}
+	intro = fmt.Sprintf("%d processes; the column is the total number of concurrent requests.", s.scaleFixedP)
+	if err := sweep("scale-total", "6b. Scale with concurrent requests", intro, byTotal); err != nil {
+		return err
+	}
+	for _, id := range []string{"scale-procs-p99", "scale-total-p99"} {
+		for _, sys := range scaleSystems {
+			if r := e.res.Table(id).Row(sys); systems.Available(sys) != nil {
+				r.Skip = "TODO: not merged yet"
+			}
+		}
+	}
+	return nil
+}
+
+var mixSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard, systems.GuardSWR}
+
+func (e *env) mix(ctx context.Context) error {
+	s := e.s
+	reps := e.reps
+	if s.mixReps > 0 {
+		reps = min(reps, s.mixReps)
+	}
+	rate := float64(s.mixProcs*s.mixG) / s.mixInterval.Seconds()
+	t := &Table{ID: "mix", Title: "6c. Hot-key mix",
+		Intro: fmt.Sprintf("%d processes × %d goroutines, each sending one request every %v (%.0f requests/s offered) "+
+			"for %v per run, %d repetitions; keys drawn from a Zipf distribution (s=1.1) over %d keys that expire %v "+
+			"after each fill (before cacheguard's default 10%% jitter); the loader takes %v. Every figure is taken "+
+			"after the first %v (the cold start, the same for every system): requests/s and latency of the requests "+
+			"sent after it, DB loads started after it per second, and *peak*, the most loads started in any 100 ms "+
+			"window after it, as a rate.",
+			s.mixProcs, s.mixG, s.mixInterval, rate, s.mixDur, reps, s.mixKeys, s.mixTTL, s.load, s.mixTTL),
+		Metrics: []Metric{
+			{"rps", "requests/s", "%.0f"},
+			{"lps", "DB loads/s", "%.0f"},
+			{"peak", "peak DB loads/s", "%.0f"},
+			{"p50", "p50 ms", "%.2f"},
+			{"p99", "p99 ms", "%.1f"},
+		}}
+	e.res.Tables = append(e.res.Tables, t)
+	return e.seriesN(ctx, reps, t, mixSystems, func(ctx context.Context, r *Row, rep int) error {
+		key := e.key("mix")
+		jobs := make([]Job, s.mixProcs)
+		for i := range jobs {
+			jobs[i] = Job{Kind: "mix", System: r.System, Addrs: []string{e.addr}, Goroutines: s.mixG,
+				Duration: s.mixDur, Interval: s.mixInterval, Key: key, Keys: s.mixKeys, TTL: s.mixTTL, Load: s.load,
+				Warmup: s.mixTTL, Seed: uint64(rep*1000 + i + 1)}
+		}
+		reps, _, _, err := e.measured(ctx, jobs)
+		if err != nil {
+			return err
+		}
+		var from, to int64 = math.MaxInt64, 0
+		for _, rp := range reps {
+			from = min(from, rp.Start+int64(s.mixTTL))
+			to = max(to, rp.Start+rp.Elapsed)
+		}
+		var at []int64
+		var lat []time.Duration
+		for _, rp := range reps {
+			for _, a := range rp.LoadAt {
+				if a >= from {
+					at = append(at, a)
+				}
+			}
+			for _, v := range rp.Lat {
+				lat = append(lat, time.Duration(v))
+			}
+		}
+		slices.Sort(at)
+		peak, j := 0, 0
+		for i := range at {
+			for at[i]-at[j] >= int64(100*time.Millisecond) {
+				j++
+			}
+			peak = max(peak, i-j+1)
+		}
+		window := time.Duration(to - from).Seconds()
+		d := stats.Durations(lat)
+		r.add("rps", float64(len(lat))/window)
+		r.add("lps", float64(len(at))/window)
+		r.add("peak", float64(peak)*10)
+		r.add("p50", stats.Ms(d.P50))
+		r.add("p99", stats.Ms(d.P99))
+		return firstErr(reps)
+	})
+}
+
+// micro runs the Go micro-benchmarks (benchstat-friendly output).
+func (e *env) micro(ctx context.Context) error {
+	if e.cfg.MicroDir == "" {
+		e.res.Notes = append(e.res.Notes, "micro-benchmarks skipped: no module directory")
+		return nil
+	}
+	s := e.s
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", ".", "-benchmem",
+		"-count", strconv.Itoa(s.microCount), "-benchtime", s.microBenchDur, "./micro/")
+	cmd.Dir = e.cfg.MicroDir
+	cmd.Env = append(os.Environ(), "CGBENCH_REDIS="+e.addr)
+	out, err := cmd.CombinedOutput()
+	e.res.Micro = strings.TrimSpace(string(out))
+	if err != nil {
+		return fmt.Errorf("go test -bench: %w\n%s", err, out)
+	}
+	return nil
+}

@@ -1,0 +1,323 @@
+// Package bench is the cgbench harness: it runs every scenario for cacheguard
+// and its peers, interleaved, in worker processes, and writes RESULTS.md.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
+)
+
+// Scenarios, in the order they run.
+var Scenarios = []string{"uncontended", "contended", "redlock", "stampede", "warm", "scale", "mix", "micro"}
+
+// Config says what to run and how big.
+type Config struct {
+	Quick bool            // small sizes, for CI: proves the harness runs, not speed
+	Long  bool            // the 30 s hot-key mix
+	Reps  int             // repetitions per system (0: 5, or 2 with Quick)
+	Only  map[string]bool // scenarios to run; all when empty
+	// Systems, when set, keeps only the systems whose name contains one of
+	// these substrings (for investigating one system).
+	Systems []string
+	Redis   string    // an existing server to use instead of starting one
+	Log     io.Writer // progress; nil for none
+	tiny    bool      // smaller than Quick, for the package's own tests under -race
+
+	// Micro runs `go test -bench` in this directory (the benchmarks module);
+	// the micro scenario is skipped when empty.
+	MicroDir string
+}
+
+func (c Config) want(s string) bool { return len(c.Only) == 0 || c.Only[s] }
+
+func (c Config) keep(system string) bool {
+	for _, s := range c.Systems {
+		if strings.Contains(system, s) {
+			return true
+		}
+	}
+	return len(c.Systems) == 0
+}
+
+func (c Config) logf(format string, args ...any) {
+	if c.Log != nil {
+		fmt.Fprintf(c.Log, time.Now().Format("15:04:05 ")+format+"\n", args...)
+	}
+}
+
+// sizes are the knobs of every scenario.
+type sizes struct {
+	cycleG        int
+	cycleDur      time.Duration
+	contProcs     int
+	contG         int
+	hold          time.Duration
+	contDur       time.Duration
+	pollRetry     time.Duration
+	stampProcs    int
+	stampG        int
+	load          time.Duration
+	stampRetry    time.Duration
+	warmG         int
+	warmDur       time.Duration
+	warmKeys      int
+	scaleProcs    []int // sweep A: processes, with scaleG goroutines each
+	scaleG        int
+	scaleTotals   []int // sweep B: total concurrent requests over scaleFixedP processes
+	scaleFixedP   int
+	mixProcs      int
+	mixG          int
+	mixInterval   time.Duration
+	mixKeys       int
+	mixTTL        time.Duration
+	mixDur        time.Duration
+	mixReps       int // at most this many repetitions of the mix (all with Long)
+	microCount    int
+	microBenchDur string
+}
+
+func (c Config) sizes() sizes {
+	s := sizes{
+		cycleG: 16, cycleDur: 1500 * time.Millisecond,
+		contProcs: 4, contG: 4, hold: time.Millisecond, contDur: 1500 * time.Millisecond, pollRetry: time.Millisecond,
+		stampProcs: 8, stampG: 128, load: 50 * time.Millisecond, stampRetry: 50 * time.Millisecond,
+		warmG: 16, warmDur: time.Second, warmKeys: 1000,
+		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
+		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 5 * time.Second, mixReps: 3,
+		microCount: 5, microBenchDur: "300ms",
+	}
+	if c.Long {
+		s.mixDur, s.mixReps = 30*time.Second, 0
+	}
+	if c.Quick {
+		s.cycleG, s.cycleDur = 4, 150*time.Millisecond
+		s.contProcs, s.contG, s.contDur = 2, 2, 200*time.Millisecond
+		s.stampProcs, s.stampG = 2, 16
+		s.warmG, s.warmDur, s.warmKeys = 4, 150*time.Millisecond, 20
+		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
+		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
+		s.microCount, s.microBenchDur = 1, "20x"
+	}
+	if c.tiny {
+		s.cycleDur, s.contDur, s.warmDur, s.warmKeys = 100*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond, 5
+		s.stampG = 8
+		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1}, 8, []int{8}, 1
+		s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 50, 400*time.Millisecond, 150*time.Millisecond
+	}
+	return s
+}
+
+func (c Config) reps() int {
+	switch {
+	case c.Reps > 0:
+		return c.Reps
+	case c.Quick:
+		return 2
+	}
+	return 5
+}
+
+// Results is everything a run measured.
+type Results struct {
+	Started time.Time
+	Took    time.Duration
+	Quick   bool
+	Long    bool
+	Reps    int
+	Tables  []*Table
+	// Latency samples pooled over repetitions, in ms, for the charts.
+	StampedeLat   map[string][]float64
+	ContendedWait map[string][]float64
+	Micro         string   // go test -bench output
+	Notes         []string // skipped scenarios and other remarks
+	s             sizes
+}
+
+// Table returns the table with the given ID, or nil.
+func (r *Results) Table(id string) *Table {
+	for _, t := range r.Tables {
+		if t.ID == id {
+			return t
+		}
+	}
+	return nil
+}
+
+// env is what scenarios share: the main server and an admin client on it.
+type env struct {
+	cfg   Config
+	s     sizes
+	reps  int
+	addr  string
+	admin *redis.Client
+	res   *Results
+	seq   int // makes keys unique within a run
+}
+
+func (e *env) key(prefix string) string {
+	e.seq++
+	return prefix + ":" + strconv.FormatInt(e.res.Started.UnixNano(), 36) + ":" + strconv.Itoa(e.seq)
+}
+
+// Run runs the selected scenarios and returns their results.
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	res := &Results{Started: time.Now(), Quick: cfg.Quick, Long: cfg.Long, Reps: cfg.reps(),
+		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{}, s: cfg.sizes()}
+	e := &env{cfg: cfg, s: res.s, reps: res.Reps, addr: cfg.Redis, res: res}
+	if e.addr == "" {
+		srv, err := redisproc.Start()
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		e.addr = srv.Addr()
+	}
+	e.admin = redis.NewClient(&redis.Options{Addr: e.addr})
+	defer e.admin.Close()
+	if err := e.admin.Ping(ctx).Err(); err != nil {
+		return nil, fmt.Errorf("redis at %s: %w", e.addr, err)
+	}
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"uncontended", e.uncontended},
+		{"contended", e.contended},
+		{"redlock", e.redlock},
+		{"stampede", e.stampede},
+		{"warm", e.warm},
+		{"scale", e.scale},
+		{"mix", e.mix},
+		{"micro", e.micro},
+	}
+	for _, st := range steps {
+		if !cfg.want(st.name) {
+			continue
+		}
+		t0 := time.Now()
+		cfg.logf("scenario %s", st.name)
+		if err := st.fn(ctx); err != nil {
+			return res, fmt.Errorf("scenario %s: %w", st.name, err)
+		}
+		cfg.logf("scenario %s done in %v", st.name, time.Since(t0).Round(time.Second))
+	}
+	res.Took = time.Since(res.Started)
+	return res, nil
+}
+
+// series runs fn for every system and repetition, interleaved: each
+// repetition runs every system once, starting one system later than the
+// previous repetition (A B C, B C A, …), so drift in the machine's load
+// spreads over all systems. A system that is not merged yet is skipped with a
+// TODO in its row; a failed run is recorded in its row and the series goes on.
+func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
+	return e.seriesN(ctx, e.reps, t, names, fn)
+}
+
+// seriesN is series with n repetitions.
+func (e *env) seriesN(ctx context.Context, n int, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
+	var live []string
+	for _, n := range names {
+		if !e.cfg.keep(n) {
+			continue
+		}
+		r := t.Row(n)
+		if err := systems.Available(n); err != nil {
+			r.Skip = "TODO: not merged yet"
+			if !errors.Is(err, systems.ErrNotMerged) {
+				r.Skip = err.Error()
+			}
+			continue
+		}
+		live = append(live, n)
+	}
+	for rep := range n {
+		order := slices.Concat(live[rep%max(len(live), 1):], live[:rep%max(len(live), 1)])
+		for _, n := range order {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			r := t.Row(n)
+			t0 := time.Now()
+			err := fn(ctx, r, rep)
+			e.cfg.logf("  %-40s rep %d  %v", n, rep+1, time.Since(t0).Round(time.Millisecond))
+			if err != nil {
+				e.cfg.logf("  %s: %v", n, err)
+				r.Errs = append(r.Errs, oneLine(err.Error()))
+			}
+		}
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+// serverCounters reads the server's CPU time and its count of pub/sub
+// (un)subscribe commands, which go-redis hooks do not see.
+func (e *env) serverCounters(ctx context.Context) (cpu time.Duration, subs int64) {
+	cpu, _ = redisproc.CPU(ctx, e.admin)
+	info, err := e.admin.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return cpu, 0
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "cmdstat_subscribe", "cmdstat_unsubscribe", "cmdstat_psubscribe", "cmdstat_punsubscribe",
+			"cmdstat_ssubscribe", "cmdstat_sunsubscribe":
+		default:
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, _ := strconv.ParseInt(calls, 10, 64)
+		subs += n
+	}
+	return cpu, subs
+}
+
+// measured runs jobs in worker processes and returns their reports with the
+// server CPU and (un)subscribe commands spent between GO and the last report.
+func (e *env) measured(ctx context.Context, jobs []Job) (reps []Report, cpu time.Duration, subs int64, err error) {
+	var cpu0, cpu1 time.Duration
+	var s0, s1 int64
+	reps, err = runWorkers(ctx, jobs, Hooks{
+		BeforeGo: func() { cpu0, s0 = e.serverCounters(ctx) },
+		AfterRun: func() { cpu1, s1 = e.serverCounters(ctx) },
+	})
+	return reps, cpu1 - cpu0, s1 - s0, err
+}
+
+func firstErr(reps []Report) error {
+	var n int64
+	first := ""
+	for _, r := range reps {
+		n += r.Errors
+		if first == "" {
+			first = r.FirstErr
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d operation(s) failed, first: %s", n, first)
+}

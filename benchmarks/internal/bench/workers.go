@@ -1,0 +1,368 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
+)
+
+func prepare(ctx context.Context, j Job) (worker, error) {
+	if len(j.Addrs) == 0 {
+		return nil, fmt.Errorf("job %s: no Redis address", j.Kind)
+	}
+	cnt := &systems.Counter{}
+	switch j.Kind {
+	case "cycle", "contended":
+		m, err := systems.NewMutex(j.System, systems.MutexConfig{Addrs: j.Addrs, Retry: j.Retry, Counter: cnt})
+		if err != nil {
+			return nil, err
+		}
+		// Warm up: connections dialled, scripts loaded, outside the measurement.
+		for i := range 2 * j.Goroutines {
+			h, err := m.Acquire(ctx, j.Key+":warm:"+strconv.Itoa(i%j.Goroutines))
+			if err != nil {
+				m.Close()
+				return nil, fmt.Errorf("warm-up: %w", err)
+			}
+			h.Release(ctx)
+		}
+		if j.Kind == "cycle" {
+			return &cycleWorker{j: j, m: m, cnt: cnt}, nil
+		}
+		return &contendedWorker{j: j, m: m, cnt: cnt}, nil
+	case "stampede", "warm", "mix":
+		c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Retry: j.Retry, Counter: cnt})
+		if err != nil {
+			return nil, err
+		}
+		w := &cacheWorker{j: j, c: c, cnt: cnt}
+		quick := func(context.Context) (systems.Repo, error) { return systems.SampleRepo(0), nil }
+		var warm []string
+		switch j.Kind {
+		case "warm":
+			for i := range max(j.Keys, 1) {
+				warm = append(warm, j.Key+":"+strconv.Itoa(i))
+			}
+		default:
+			for i := range 4 {
+				warm = append(warm, j.Key+":warm:"+strconv.Itoa(i))
+			}
+		}
+		for _, k := range warm {
+			if _, err := c.Get(ctx, k, quick); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("warm-up: %w", err)
+			}
+		}
+		// Then as many concurrent hits as the run has goroutines, so that
+		// connection pools are as warm as a busy service's: the run measures
+		// the system, not the dialling of new connections.
+		var wg sync.WaitGroup
+		var e errs
+		for g := range j.Goroutines {
+			wg.Go(func() {
+				if _, err := c.Get(ctx, warm[g%len(warm)], quick); err != nil {
+					e.add(err)
+				}
+			})
+		}
+		wg.Wait()
+		if e.n.Load() > 0 {
+			c.Close()
+			return nil, fmt.Errorf("warm-up: %s", e.first)
+		}
+		return w, nil
+	}
+	return nil, fmt.Errorf("unknown job kind %q", j.Kind)
+}
+
+// errs counts errors and keeps the first.
+type errs struct {
+	n     atomic.Int64
+	once  sync.Once
+	first string
+}
+
+func (e *errs) add(err error) {
+	e.n.Add(1)
+	e.once.Do(func() { e.first = err.Error() })
+}
+
+// --- uncontended lock cycles: every goroutine locks and unlocks its own name
+
+type cycleWorker struct {
+	j   Job
+	m   systems.Mutex
+	cnt *systems.Counter
+}
+
+func (w *cycleWorker) Close() { w.m.Close() }
+
+func (w *cycleWorker) Run(ctx context.Context) Report {
+	var e errs
+	lats := make([][]int64, w.j.Goroutines)
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	req0 := w.cnt.Load()
+	start := time.Now()
+	end := start.Add(w.j.Duration)
+	var wg sync.WaitGroup
+	for g := range w.j.Goroutines {
+		name := w.j.Key + ":" + strconv.Itoa(g)
+		wg.Go(func() {
+			lat := make([]int64, 0, 4096)
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				h, err := w.m.Acquire(ctx, name)
+				if err != nil {
+					e.add(err)
+					continue
+				}
+				if err := h.Release(ctx); err != nil {
+					e.add(err)
+				}
+				lat = append(lat, int64(time.Since(t0)))
+			}
+			lats[g] = lat
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	for _, l := range lats {
+		r.Ops += int64(len(l))
+		r.Lat = append(r.Lat, l...)
+	}
+	return r
+}
+
+// --- one contended lock: every goroutine of every process takes the same name
+
+type contendedWorker struct {
+	j   Job
+	m   systems.Mutex
+	cnt *systems.Counter
+}
+
+func (w *contendedWorker) Close() { w.m.Close() }
+
+func (w *contendedWorker) Run(ctx context.Context) Report {
+	var e errs
+	acqs := make([][]Acq, w.j.Goroutines)
+	req0 := w.cnt.Load()
+	start := time.Now()
+	end := start.Add(w.j.Duration)
+	var wg sync.WaitGroup
+	for g := range w.j.Goroutines {
+		wg.Go(func() {
+			var mine []Acq
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				// actx stays alive while the lock is held: rueidislock's lock
+				// ends with the context it was taken with.
+				actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				h, err := w.m.Acquire(actx, w.j.Key)
+				if err != nil {
+					cancel()
+					e.add(err)
+					continue
+				}
+				grant := time.Now()
+				time.Sleep(w.j.Hold)
+				rel := time.Now()
+				if err := h.Release(ctx); err != nil {
+					e.add(err)
+				}
+				cancel()
+				mine = append(mine, Acq{Wait: int64(grant.Sub(t0)), Grant: grant.UnixNano(), Release: rel.UnixNano()})
+			}
+			acqs[g] = mine
+		})
+	}
+	wg.Wait()
+	r := Report{Requests: w.cnt.Load() - req0, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
+	for _, a := range acqs {
+		r.Ops += int64(len(a))
+		r.Acqs = append(r.Acqs, a...)
+	}
+	return r
+}
+
+// --- cache reads: a stampede burst, warm hits, or a paced hot-key mix
+
+type cacheWorker struct {
+	j   Job
+	c   systems.Cache
+	cnt *systems.Counter
+}
+
+func (w *cacheWorker) Close() { w.c.Close() }
+
+// db is the database: every load takes j.Load and is counted.
+type db struct {
+	d     time.Duration
+	loads atomic.Int64
+	mu    sync.Mutex // guards at
+	at    []int64
+	stamp bool
+}
+
+func (d *db) load(ctx context.Context) (systems.Repo, error) {
+	d.loads.Add(1)
+	if d.stamp {
+		now := time.Now().UnixNano()
+		d.mu.Lock()
+		d.at = append(d.at, now)
+		d.mu.Unlock()
+	}
+	t := time.NewTimer(d.d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return systems.SampleRepo(42), nil
+	case <-ctx.Done():
+		return systems.Repo{}, ctx.Err()
+	}
+}
+
+func (w *cacheWorker) Run(ctx context.Context) Report {
+	switch w.j.Kind {
+	case "stampede":
+		return w.burst(ctx)
+	case "warm":
+		return w.warm(ctx)
+	default:
+		return w.mix(ctx)
+	}
+}
+
+// burst: every goroutine asks for the same key at once.
+func (w *cacheWorker) burst(ctx context.Context) Report {
+	d := &db{d: w.j.Load}
+	var e errs
+	lat := make([]int64, w.j.Goroutines)
+	req0 := w.cnt.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for g := range w.j.Goroutines {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			t0 := time.Now()
+			v, err := w.c.Get(rctx, w.j.Key, d.load)
+			lat[g] = int64(time.Since(t0))
+			if err == nil && v.ID == 0 {
+				err = fmt.Errorf("got an empty value")
+			}
+			if err != nil {
+				e.add(err)
+			}
+		})
+	}
+	wg.Wait()
+	if w.j.Settle > 0 {
+		time.Sleep(w.j.Settle)
+	}
+	return Report{Ops: int64(w.j.Goroutines), Lat: lat, Loads: d.loads.Load(), Requests: w.cnt.Load() - req0,
+		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
+}
+
+// warm: hits on keys filled during preparation, as fast as they go.
+func (w *cacheWorker) warm(ctx context.Context) Report {
+	d := &db{d: w.j.Load}
+	var e errs
+	keys := make([]string, max(w.j.Keys, 1))
+	for i := range keys {
+		keys[i] = w.j.Key + ":" + strconv.Itoa(i)
+	}
+	lats := make([][]int64, w.j.Goroutines)
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	req0 := w.cnt.Load()
+	start := time.Now()
+	end := start.Add(w.j.Duration)
+	var wg sync.WaitGroup
+	for g := range w.j.Goroutines {
+		wg.Go(func() {
+			lat := make([]int64, 0, 8192)
+			for i := g; time.Now().Before(end); i++ {
+				t0 := time.Now()
+				if _, err := w.c.Get(ctx, keys[i%len(keys)], d.load); err != nil {
+					e.add(err)
+				}
+				lat = append(lat, int64(time.Since(t0)))
+			}
+			lats[g] = lat
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	r := Report{Loads: d.loads.Load(), Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs,
+		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	for _, l := range lats {
+		r.Ops += int64(len(l))
+		r.Lat = append(r.Lat, l...)
+	}
+	return r
+}
+
+// mix: paced requests over a Zipf-distributed key space whose entries expire.
+func (w *cacheWorker) mix(ctx context.Context) Report {
+	d := &db{d: w.j.Load, stamp: true}
+	var e errs
+	lats := make([][]int64, w.j.Goroutines)
+	req0 := w.cnt.Load()
+	start := time.Now()
+	end := start.Add(w.j.Duration)
+	steady := start.Add(w.j.Warmup)
+	var wg sync.WaitGroup
+	for g := range w.j.Goroutines {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(w.j.Seed, uint64(g)))
+			zipf := rand.NewZipf(rng, 1.1, 1, uint64(max(w.j.Keys, 2)-1))
+			// Spread the goroutines' first requests over one interval.
+			next := start.Add(time.Duration(rng.Int64N(int64(w.j.Interval) + 1)))
+			var lat []int64
+			for next.Before(end) {
+				time.Sleep(time.Until(next))
+				k := w.j.Key + ":" + strconv.FormatUint(zipf.Uint64(), 10)
+				t0 := time.Now()
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := w.c.Get(rctx, k, d.load)
+				cancel()
+				if t0.After(steady) {
+					lat = append(lat, int64(time.Since(t0)))
+				}
+				if err != nil {
+					e.add(err)
+				}
+				next = next.Add(w.j.Interval)
+			}
+			lats[g] = lat
+		})
+	}
+	wg.Wait()
+	// Background refreshes may still be loading: copy under the lock.
+	d.mu.Lock()
+	at := slices.Clone(d.at)
+	d.mu.Unlock()
+	r := Report{Loads: d.loads.Load(), LoadAt: at, Requests: w.cnt.Load() - req0,
+		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start))}
+	for _, l := range lats {
+		r.Ops += int64(len(l))
+		r.Lat = append(r.Lat, l...)
+	}
+	return r
+}

@@ -1,0 +1,250 @@
+package systems
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-redis/cache/v9"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// Cache-aside systems. The names are the labels of RESULTS.md.
+const (
+	Naive          = "naive cache-aside"
+	Singleflight   = "per-process singleflight"
+	GoRedisCache   = "go-redis/cache Once"
+	GoRedisGet     = "go-redis/cache Get"
+	LockRedsync    = "lock+double-check (redsync)"
+	LockBSM        = "lock+double-check (bsm/redislock)"
+	LockRueidis    = "lock+double-check (rueidislock)"
+	Guard          = "cacheguard (wait)"
+	GuardStale     = "cacheguard (serve-stale, expired key)"
+	GuardSWR       = "cacheguard (serve-stale)"
+	RawGetDecode   = "raw GET + decode"
+	defaultTTLCopy = time.Minute
+	// staleWindow is how long past its TTL the serve-stale systems serve a value.
+	staleWindow = 10 * time.Minute
+)
+
+// Repo is the cached value: a small record, about 300 bytes as JSON.
+type Repo struct {
+	ID          int64    `json:"id" msgpack:"id"`
+	Owner       string   `json:"owner" msgpack:"owner"`
+	Name        string   `json:"name" msgpack:"name"`
+	Description string   `json:"description" msgpack:"description"`
+	Stars       int      `json:"stars" msgpack:"stars"`
+	Forks       int      `json:"forks" msgpack:"forks"`
+	Topics      []string `json:"topics" msgpack:"topics"`
+	UpdatedAt   int64    `json:"updated_at" msgpack:"updated_at"`
+}
+
+// SampleRepo is the value every loader returns.
+func SampleRepo(id int64) Repo {
+	return Repo{
+		ID: id, Owner: "cacheguard", Name: "cacheguard",
+		Description: "Redis locks and a cache-stampede guard that stay correct under crashes, pauses and failover.",
+		Stars:       4242, Forks: 137, Topics: []string{"redis", "cache", "lock", "go", "stampede"},
+		UpdatedAt: 1_700_000_000,
+	}
+}
+
+// Loader loads the value from the database.
+type Loader func(ctx context.Context) (Repo, error)
+
+// CacheConfig configures a cache system.
+type CacheConfig struct {
+	Addr string
+	// TTL is how long a value stays fresh; 1 minute when zero.
+	TTL time.Duration
+	// Retry is the polling delay of the lock-based systems; 50ms when zero.
+	Retry time.Duration
+	// Counter counts the commands sent (may be nil).
+	Counter *Counter
+}
+
+// Cache is one cache-aside implementation.
+type Cache interface {
+	// Get returns the cached value of key, loading and storing it on a miss.
+	Get(ctx context.Context, key string, load Loader) (Repo, error)
+	Close() error
+}
+
+// StalePrimer is implemented by systems that can serve an expired value:
+// PrimeStale stores v under key so that it is past its TTL but servable.
+type StalePrimer interface {
+	PrimeStale(ctx context.Context, key string, v Repo) error
+}
+
+// NewCache returns the named cache system.
+func NewCache(name string, cfg CacheConfig) (Cache, error) {
+	if cfg.TTL == 0 {
+		cfg.TTL = defaultTTLCopy
+	}
+	if cfg.Retry == 0 {
+		cfg.Retry = 50 * time.Millisecond
+	}
+	switch name {
+	case Naive, RawGetDecode:
+		return &naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}, nil
+	case Singleflight:
+		return &flight{naive: naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}}, nil
+	case GoRedisCache, GoRedisGet:
+		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &goRedisCache{rdb: rdb, c: cache.New(&cache.Options{Redis: rdb}), ttl: cfg.TTL, once: name == GoRedisCache}, nil
+	case LockRedsync, LockBSM, LockRueidis:
+		mu := map[string]string{LockRedsync: Redsync, LockBSM: BSM, LockRueidis: Rueidislock}[name]
+		m, err := NewMutex(mu, MutexConfig{Addrs: []string{cfg.Addr}, Retry: cfg.Retry, Counter: cfg.Counter})
+		if err != nil {
+			return nil, err
+		}
+		return &lockCheck{naive: naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}, mu: m}, nil
+	case Guard:
+		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+	case GuardStale, GuardSWR:
+		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.ServeStale(staleWindow))}, nil
+	}
+	return nil, fmt.Errorf("systems: unknown cache %q", name)
+}
+
+// --- naive: GET, and on a miss load and SET
+
+type naive struct {
+	rdb *redis.Client
+	ttl time.Duration
+}
+
+func (n *naive) lookup(ctx context.Context, key string) (Repo, bool, error) {
+	b, err := n.rdb.Get(ctx, key).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return Repo{}, false, nil
+	}
+	if err != nil {
+		return Repo{}, false, err
+	}
+	var v Repo
+	if err := json.Unmarshal(b, &v); err != nil {
+		return Repo{}, false, err
+	}
+	return v, true, nil
+}
+
+func (n *naive) fill(ctx context.Context, key string, load Loader) (Repo, error) {
+	v, err := load(ctx)
+	if err != nil {
+		return Repo{}, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Repo{}, err
+	}
+	return v, n.rdb.Set(ctx, key, b, n.ttl).Err()
+}
+
+func (n *naive) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	v, ok, err := n.lookup(ctx, key)
+	if ok || err != nil {
+		return v, err
+	}
+	return n.fill(ctx, key, load)
+}
+
+func (n *naive) Close() error { return n.rdb.Close() }
+
+// --- per-process singleflight around the naive read
+
+type flight struct {
+	naive
+	g singleflight.Group
+}
+
+func (f *flight) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	v, err, _ := f.g.Do(key, func() (any, error) { return f.naive.Get(ctx, key, load) })
+	if err != nil {
+		return Repo{}, err
+	}
+	return v.(Repo), nil
+}
+
+// --- go-redis/cache (msgpack codec, no local cache)
+
+type goRedisCache struct {
+	rdb  *redis.Client
+	c    *cache.Cache
+	ttl  time.Duration
+	once bool
+}
+
+func (g *goRedisCache) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	var v Repo
+	if !g.once {
+		err := g.c.Get(ctx, key, &v)
+		if err == nil || !errors.Is(err, cache.ErrCacheMiss) {
+			return v, err
+		}
+	}
+	err := g.c.Once(&cache.Item{Ctx: ctx, Key: key, Value: &v, TTL: g.ttl, Do: func(*cache.Item) (any, error) {
+		return load(ctx)
+	}})
+	return v, err
+}
+
+func (g *goRedisCache) Close() error { return g.rdb.Close() }
+
+// --- lock, then check the cache again, then load
+
+type lockCheck struct {
+	naive
+	mu Mutex
+}
+
+func (l *lockCheck) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	if v, ok, err := l.lookup(ctx, key); ok || err != nil {
+		return v, err
+	}
+	h, err := l.mu.Acquire(ctx, "fill:"+key)
+	if err != nil {
+		return Repo{}, err
+	}
+	defer h.Release(context.WithoutCancel(ctx))
+	if v, ok, err := l.lookup(ctx, key); ok || err != nil {
+		return v, err
+	}
+	return l.fill(ctx, key, load)
+}
+
+func (l *lockCheck) Close() error { return errors.Join(l.mu.Close(), l.naive.Close()) }
+
+// --- cacheguard
+
+type guard struct {
+	rdb *redis.Client
+	g   *cacheguard.Guard
+}
+
+func (g *guard) Get(ctx context.Context, key string, load Loader) (Repo, error) {
+	return cacheguard.Get(ctx, g.g, key, load)
+}
+
+// PrimeStale stores v with a 1 ms TTL (no jitter, no early refresh) and a
+// stale window, then lets it expire. Nothing reads it before the run: a read
+// of the stale value would start the refresh.
+func (g *guard) PrimeStale(ctx context.Context, key string, v Repo) error {
+	const ttl = time.Millisecond
+	_, err := cacheguard.Get(ctx, g.g, key, func(context.Context) (Repo, error) { return v, nil },
+		cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.ServeStale(staleWindow))
+	if err != nil {
+		return err
+	}
+	time.Sleep(20 * ttl)
+	return nil
+}
+
+func (g *guard) Close() error { return errors.Join(g.g.Close(), g.rdb.Close()) }

@@ -1,0 +1,322 @@
+// Package systems adapts cacheguard and every peer to the two shapes the
+// harness drives: a distributed mutex and a cache-aside read.
+package systems
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncredis "github.com/go-redsync/redsync/v4/redis"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+	"github.com/redis/rueidis/rueidislock"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// Mutex systems. The names are the labels of RESULTS.md.
+const (
+	Locks       = "cacheguard locks"
+	LocksFair   = "cacheguard locks (fair)"
+	Redsync     = "redsync"
+	BSM         = "bsm/redislock"
+	Rueidislock = "rueidislock"
+	RawSetNX    = "raw SET NX PX + EVALSHA"
+	Redlock     = "cacheguard Redlock"
+)
+
+// ErrNotMerged marks a system whose cacheguard code is not on this branch yet.
+var ErrNotMerged = errors.New("systems: not merged into the benchmark branch yet")
+
+// MutexConfig configures a mutex system.
+type MutexConfig struct {
+	// Addrs are the servers: one, or N independent ones for Redlock systems.
+	Addrs []string
+	// Lease is the lock's validity; 10s when zero.
+	Lease time.Duration
+	// Retry is the delay between attempts of the systems that wait by polling
+	// (redsync, bsm/redislock, raw); 1ms when zero.
+	Retry time.Duration
+	// Counter counts the commands sent (may be nil).
+	Counter *Counter
+}
+
+// Mutex is one distributed lock implementation.
+type Mutex interface {
+	// Acquire waits until name is held by the caller, or ctx ends.
+	Acquire(ctx context.Context, name string) (Held, error)
+	// Close releases the system's clients.
+	Close() error
+}
+
+// Held is an acquired lock.
+type Held interface {
+	Release(ctx context.Context) error
+}
+
+// NewMutex returns the named mutex system.
+func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
+	if cfg.Lease == 0 {
+		cfg.Lease = 10 * time.Second
+	}
+	if cfg.Retry == 0 {
+		cfg.Retry = time.Millisecond
+	}
+	if len(cfg.Addrs) == 0 {
+		return nil, errors.New("systems: no Redis address")
+	}
+	switch name {
+	case Locks, LocksFair:
+		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
+		m := &locksMutex{rdb: rdb, c: locks.New(rdb, locks.WithLease(cfg.Lease))}
+		if name == LocksFair {
+			m.opts = []locks.Option{locks.WithFair()}
+		}
+		return m, nil
+	case Redsync:
+		m := &redsyncMutex{opts: []redsync.Option{
+			redsync.WithExpiry(cfg.Lease),
+			redsync.WithTries(1 << 30), // wait until ctx ends, like the others
+			redsync.WithRetryDelay(cfg.Retry),
+		}}
+		pools := make([]redsyncredis.Pool, 0, len(cfg.Addrs))
+		for _, a := range cfg.Addrs {
+			rdb := NewRedis(a, cfg.Counter)
+			m.rdbs = append(m.rdbs, rdb)
+			pools = append(pools, goredis.NewPool(rdb))
+		}
+		m.rs = redsync.New(pools...)
+		return m, nil
+	case BSM:
+		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
+		return &bsmMutex{rdb: rdb, c: redislock.New(rdb), lease: cfg.Lease,
+			opt: &redislock.Options{RetryStrategy: redislock.LinearBackoff(cfg.Retry)}}, nil
+	case Rueidislock:
+		l, err := rueidislock.NewLocker(rueidislock.LockerOption{
+			ClientOption: rueidis.ClientOption{InitAddress: []string{cfg.Addrs[0]}},
+			KeyValidity:  cfg.Lease,
+			// Its defaults. NoLoopTracking (documented as faster on Redis ≥ 7.0.5)
+			// lost wake-ups here: under the stampede some waiters slept until
+			// their context ended.
+			ClientBuilder: func(o rueidis.ClientOption) (rueidis.Client, error) {
+				c, err := rueidis.NewClient(o)
+				if err != nil || cfg.Counter == nil {
+					return c, err
+				}
+				return countingRueidis{Client: c, c: cfg.Counter}, nil
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		return rueidisMutex{l}, nil
+	case RawSetNX:
+		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
+		return &rawMutex{rdb: rdb, lease: cfg.Lease, retry: cfg.Retry}, nil
+	case Redlock:
+		m := &redlockMutex{}
+		clients := make([]redis.UniversalClient, 0, len(cfg.Addrs))
+		for _, a := range cfg.Addrs {
+			rdb := NewRedis(a, cfg.Counter)
+			m.rdbs = append(m.rdbs, rdb)
+			clients = append(clients, rdb)
+		}
+		rl, err := locks.NewRedlock(clients, locks.WithLease(cfg.Lease))
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.rl = rl
+		return m, nil
+	}
+	return nil, fmt.Errorf("systems: unknown mutex %q", name)
+}
+
+// --- cacheguard locks
+
+type locksMutex struct {
+	rdb  *redis.Client
+	c    *locks.Client
+	opts []locks.Option
+}
+
+func (m *locksMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	l, err := m.c.Lock(ctx, name, m.opts...)
+	if err != nil {
+		return nil, err
+	}
+	return locksHeld{l}, nil
+}
+
+type locksHeld struct{ l *locks.Lock }
+
+func (h locksHeld) Release(ctx context.Context) error { return h.l.Unlock(ctx) }
+
+func (m *locksMutex) Close() error {
+	m.c.Close()
+	return m.rdb.Close()
+}
+
+// --- cacheguard Redlock
+
+type redlockMutex struct {
+	rl   *locks.Redlock
+	rdbs []*redis.Client
+}
+
+func (m *redlockMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	l, err := m.rl.Lock(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return locksHeld{l}, nil
+}
+
+func (m *redlockMutex) Close() error {
+	var errs []error
+	if m.rl != nil {
+		errs = append(errs, m.rl.Close())
+	}
+	for _, r := range m.rdbs {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// --- redsync
+
+type redsyncMutex struct {
+	rs   *redsync.Redsync
+	rdbs []*redis.Client
+	opts []redsync.Option
+}
+
+type redsyncHeld struct{ m *redsync.Mutex }
+
+func (h redsyncHeld) Release(ctx context.Context) error {
+	_, err := h.m.UnlockContext(ctx)
+	return err
+}
+
+func (m *redsyncMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	mu := m.rs.NewMutex(name, m.opts...)
+	if err := mu.LockContext(ctx); err != nil {
+		return nil, err
+	}
+	return redsyncHeld{mu}, nil
+}
+
+func (m *redsyncMutex) Close() error {
+	var errs []error
+	for _, r := range m.rdbs {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// --- bsm/redislock
+
+type bsmMutex struct {
+	rdb   *redis.Client
+	c     *redislock.Client
+	lease time.Duration
+	opt   *redislock.Options
+}
+
+func (m *bsmMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	l, err := m.c.Obtain(ctx, name, m.lease, m.opt)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (m *bsmMutex) Close() error { return m.rdb.Close() }
+
+// --- rueidislock
+
+type rueidisMutex struct{ l rueidislock.Locker }
+
+type cancelHeld context.CancelFunc
+
+func (h cancelHeld) Release(context.Context) error {
+	h()
+	return nil
+}
+
+func (m rueidisMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	_, cancel, err := m.l.WithContext(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return cancelHeld(cancel), nil
+}
+
+func (m rueidisMutex) Close() error {
+	m.l.Close()
+	return nil
+}
+
+// --- raw SET NX PX, released by a compare-and-delete script
+
+//go:embed release.lua
+var rawReleaseLua string
+
+var rawRelease = redis.NewScript(rawReleaseLua)
+
+type rawMutex struct {
+	rdb   *redis.Client
+	lease time.Duration
+	retry time.Duration
+}
+
+type rawHeld struct {
+	m          *rawMutex
+	key, token string
+}
+
+func (h *rawHeld) Release(ctx context.Context) error {
+	return rawRelease.Run(ctx, h.m.rdb, []string{h.key}, h.token).Err()
+}
+
+func (m *rawMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	token := strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64(), 36)
+	for {
+		ok, err := m.rdb.SetNX(ctx, name, token, m.lease).Result()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return &rawHeld{m: m, key: name, token: token}, nil
+		}
+		t := time.NewTimer(m.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (m *rawMutex) Close() error { return m.rdb.Close() }
+
+// Available reports whether the named system (mutex or cache) can run on this
+// branch: ErrNotMerged for cacheguard systems whose code is not merged yet.
+func Available(name string) error {
+	switch name {
+	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
+		Naive, RawGetDecode, Singleflight, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
+		Guard, GuardStale, GuardSWR:
+		return nil
+	}
+	return fmt.Errorf("systems: unknown system %q", name)
+}

@@ -1,0 +1,215 @@
+package gormplugin
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// guardKey holds a statement's *guard (gorm.DB.InstanceSet).
+const guardKey = "gormplugin:guard"
+
+type unguardedKey struct{}
+
+// Unguarded returns a context under which Update and Delete statements are
+// sent without row locks or fence, whatever the Unkeyed policy; invalidation
+// after their commit still happens. Use it for a batch write known to be safe
+// while the default Refuse policy is in force, including the writes GORM's
+// Association API makes by foreign key:
+//
+//	db.WithContext(gormplugin.Unguarded(ctx)).Model(&user).Association("Pets").Clear()
+func Unguarded(ctx context.Context) context.Context {
+	return context.WithValue(ctx, unguardedKey{}, true)
+}
+
+func unguarded(ctx context.Context) bool {
+	v, _ := ctx.Value(unguardedKey{}).(bool)
+	return v
+}
+
+// guard is the plugin's state for one Update or Delete statement.
+type guard struct {
+	table   string
+	pkCols  []string
+	rows    []row         // the rows written, sorted by name (empty when unkeyed)
+	locked  []row         // the locks taken (the rows, or the table lock)
+	fence   *schema.Field // the fence column, or nil
+	fencing bool          // the statement carries the fence condition
+	delete  bool
+	tx      *txLocks // non-nil: the locks belong to the surrounding transaction
+	own     *txLocks // the transaction GORM opened for this statement, if any
+	keys    []string // cache keys to invalidate after COMMIT
+}
+
+func guardOf(db *gorm.DB) *guard {
+	if db == nil || db.Statement == nil {
+		return nil
+	}
+	v, _ := db.InstanceGet(guardKey)
+	g, _ := v.(*guard)
+	return g
+}
+
+// lockStep names the statement's rows, computes their cache keys and takes
+// their locks: held to the end of the statement (and of the transaction GORM
+// opens for it), or, inside a transaction, to its COMMIT or ROLLBACK.
+func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
+	return func(db *gorm.DB) {
+		db.InstanceSet(guardKey, nil) // a reused statement must not see an earlier guard
+		stmt := db.Statement
+		if db.Error != nil || db.DryRun {
+			return
+		}
+		table := stmt.Table
+		if table == "" && stmt.Schema != nil {
+			table = stmt.Schema.Table
+		}
+		if table == "" {
+			return
+		}
+		g := &guard{table: table, delete: isDelete, rows: sortRows(rowsOf(stmt, table))}
+		if stmt.Schema != nil {
+			g.pkCols = stmt.Schema.PrimaryFieldDBNames
+			g.fence = p.fenceOf(stmt.Schema)
+		}
+		if p.cfg.keys != nil {
+			if len(g.rows) == 0 {
+				g.keys = p.cfg.keys(table, nil)
+			}
+			for _, r := range g.rows {
+				g.keys = append(g.keys, p.cfg.keys(table, r.pk())...)
+			}
+		}
+		tx := txOf(stmt.ConnPool)
+		if tx != nil {
+			g.tx = tx.locks
+		}
+		db.InstanceSet(guardKey, g)
+
+		g.locked = g.rows
+		if unguarded(stmt.Context) {
+			g.locked = nil
+		} else if len(g.rows) == 0 {
+			switch p.cfg.unkeyed {
+			case Refuse:
+				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockTable or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, opName(isDelete), table))
+				return
+			case PassThrough:
+				g.locked = nil
+			case LockTable:
+				g.locked = []row{{name: RowName(table, "*")}}
+			}
+		}
+		if tx == nil && isTx(stmt.ConnPool) && (len(g.locked) > 0 || len(g.keys) > 0) {
+			db.AddError(fmt.Errorf("%w: %s on %q: use db.Transaction or gormplugin.Transaction on the database the plugin is registered on", ErrForeignTx, opName(isDelete), table))
+			return
+		}
+		if len(g.locked) == 0 {
+			return
+		}
+		var err error
+		if tx != nil {
+			err = tx.locks.lock(stmt.Context, g.locked)
+		} else {
+			// One owner for the statement's locks and for any write its hooks
+			// make in the transaction GORM opens (which reads it from the
+			// statement's context), so such a nested write re-enters.
+			if _, ok := locks.OwnerFrom(stmt.Context); !ok {
+				stmt.Context = locks.WithOwner(stmt.Context, locks.NewOwnerID())
+			}
+			err = p.lockAll(stmt.Context, g.locked)
+		}
+		if err != nil {
+			if p.cfg.failOpen && unavailable(err) {
+				p.warn(stmt.Context, "gormplugin: writing %q without a lock (FailOpen): %v", table, err)
+				g.locked = nil
+				return
+			}
+			db.AddError(err)
+		}
+	}
+}
+
+func opName(isDelete bool) string {
+	if isDelete {
+		return "Delete"
+	}
+	return "Update"
+}
+
+// fenceStep runs just before the statement is built and sent: a lock known
+// lost by now refuses the write; otherwise a fenced model gets the fence
+// condition (and, through the SET builder, the new fence).
+func (p *Plugin) fenceStep(db *gorm.DB) {
+	g := guardOf(db)
+	if g == nil {
+		return
+	}
+	if g.tx == nil {
+		if tx := txOf(db.Statement.ConnPool); tx != nil {
+			g.own = tx.locks // GORM's own transaction, begun after lockStep
+		}
+	}
+	if db.Error != nil || len(g.locked) == 0 {
+		return
+	}
+	for _, r := range g.locked {
+		if r.lock == nil {
+			continue
+		}
+		select {
+		case <-r.lock.Lost():
+			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Lost: true})
+			return
+		default:
+		}
+	}
+	if g.fence != nil && len(g.rows) > 0 {
+		g.addFenceCondition(db.Statement)
+		g.fencing = true
+	}
+}
+
+// checkStep tells a fenced-out write from a missing row.
+func (p *Plugin) checkStep(db *gorm.DB) {
+	if g := guardOf(db); g != nil && g.fencing && db.Error == nil && !db.DryRun {
+		g.checkFence(db)
+	}
+}
+
+// releaseStep runs last. Inside a transaction it hands the statement's cache
+// keys to the transaction, which invalidates them after its COMMIT; otherwise
+// the statement has committed (or not), so it invalidates and unlocks now.
+// Committed means: GORM's own transaction for the statement ran COMMIT (one
+// that failed may still have committed, so it counts), or, without one, the
+// statement succeeded.
+func (p *Plugin) releaseStep(db *gorm.DB) {
+	g := guardOf(db)
+	if g == nil {
+		return
+	}
+	db.InstanceSet(guardKey, nil)
+	ok := db.Error == nil
+	if g.own != nil {
+		ok = g.own.committed()
+	}
+	if g.tx != nil {
+		if db.Error == nil {
+			g.tx.addKeys(g.keys)
+		}
+		return
+	}
+	ctx := context.WithoutCancel(db.Statement.Context)
+	var err error
+	if ok {
+		err = p.invalidate(ctx, g.keys)
+	}
+	p.unlockAll(ctx, g.locked)
+	if err != nil {
+		db.AddError(err)
+	}
+}

@@ -1,0 +1,77 @@
+package gormplugin
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrInvalid marks a bad argument or configuration, reported before
+	// anything is sent to Redis or the database.
+	ErrInvalid = errors.New("gormplugin: invalid argument")
+	// ErrStaleWrite means a guarded write was refused because its writer no
+	// longer held the row's lock: a newer holder's fence is already in the row,
+	// or the lock was known to be lost before the write was sent. The statement
+	// changed nothing and its transaction is rolled back. The error is a
+	// *StaleWriteError.
+	ErrStaleWrite = errors.New("gormplugin: stale write refused")
+	// ErrLock means a row lock could not be taken (held too long by another
+	// writer, the context ended, or Redis is unreachable). The write was not
+	// sent. The error also matches locks.ErrNotObtained and its cause.
+	ErrLock = errors.New("gormplugin: row lock not obtained")
+	// ErrUnkeyed means a write whose rows cannot be named by primary key (a
+	// batch Update or Delete with a Where condition) was refused: see Unkeyed.
+	ErrUnkeyed = errors.New("gormplugin: write without a primary key refused")
+	// ErrLockOrder means a transaction needed a row lock that sorts before one
+	// it already holds while another writer held it. Waiting could deadlock, so
+	// the statement fails instead; declare the rows up front with Transaction.
+	ErrLockOrder = errors.New("gormplugin: row lock needed out of order")
+	// ErrForeignTx means a guarded write ran inside a transaction the plugin
+	// did not see begin (for example one begun on a *sql.Conn from
+	// db.Connection), so it could not hold the row lock until that
+	// transaction's COMMIT.
+	ErrForeignTx = errors.New("gormplugin: write inside a transaction the plugin cannot follow")
+	// ErrInvalidate means the write was committed but invalidating the cached
+	// copies of its rows failed; they may be served stale until they expire.
+	ErrInvalidate = errors.New("gormplugin: committed, but cache invalidation failed")
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+// StaleWriteError is the error of a refused stale write. It matches
+// ErrStaleWrite with errors.Is.
+type StaleWriteError struct {
+	Name   string // the row's lock name, "<table>:<primary key>"
+	Fence  uint64 // the refused writer's fence token
+	Stored uint64 // the fence stored in the row (0 when Lost)
+	Lost   bool   // the lock was known lost before the write; the database was not asked
+}
+
+func (e *StaleWriteError) Error() string {
+	if e.Lost {
+		return fmt.Sprintf("gormplugin: stale write refused: the lock on %q (fence %d) was lost before the write", e.Name, e.Fence)
+	}
+	return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, newer than this writer's %d", e.Name, e.Stored, e.Fence)
+}
+
+// Unwrap returns ErrStaleWrite.
+func (e *StaleWriteError) Unwrap() error { return ErrStaleWrite }
+
+// PanicError is returned by Transaction when its function panicked; the
+// transaction was rolled back and its row locks released.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the panicking goroutine's stack
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("gormplugin: transaction function panicked: %v", e.Value)
+}
+
+// Unwrap returns the panic value when it is an error.
+func (e *PanicError) Unwrap() error {
+	err, _ := e.Value.(error)
+	return err
+}

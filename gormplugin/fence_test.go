@@ -1,0 +1,221 @@
+package gormplugin_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/cacheguard/cacheguard/gormplugin"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// pausedWriter starts writer A in a Transaction on counter id; A takes the
+// row lock, reports its fence on started, and pauses until resume is closed,
+// then writes n=111. Its result arrives on the returned channel.
+func pausedWriter(ctx context.Context, db *gorm.DB, id uint, started chan<- struct{}, resume <-chan struct{}) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+			close(started)
+			<-resume // the pause: a stop-the-world GC, a SIGSTOP, a slow disk
+			return tx.Model(&Counter{ID: id}).Update("n", 111).Error
+		}, &Counter{ID: id})
+	}()
+	return done
+}
+
+// A writer whose lease ran out in Redis while it was paused, but which has not
+// noticed yet (its process was not running), is refused by the fence in the
+// database: the newer writer's value survives.
+func TestPausedWriterRefusedByFence(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	// A long lease: A's first renewal, which would tell it the lock is gone,
+	// is twenty seconds off.
+	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
+	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	started, resume := make(chan struct{}), make(chan struct{})
+	done := pausedWriter(ctx, db, 1, started, resume)
+	<-started
+	// The lease ends while A is paused; from Redis's side that is the key
+	// going away. A has not run since, so it does not know.
+	if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := Counter{ID: 1}
+	if err := db.Model(&b).Update("n", 222).Error; err != nil {
+		t.Fatalf("newer writer: %v", err)
+	}
+	close(resume)
+	err := <-done
+	var stale *gormplugin.StaleWriteError
+	if !errors.Is(err, gormplugin.ErrStaleWrite) || !errors.As(err, &stale) {
+		t.Fatalf("paused writer: %v, want ErrStaleWrite", err)
+	}
+	if stale.Lost || stale.Stored != uint64(b.Fence) || stale.Fence >= stale.Stored {
+		t.Fatalf("refusal %+v: want the database's fence %d above the writer's", stale, b.Fence)
+	}
+	var c Counter
+	db.First(&c, 1)
+	if c.N != 222 || c.Fence != b.Fence {
+		t.Fatalf("row %+v, want the newer write n=222 fence=%d", c, b.Fence)
+	}
+}
+
+// A writer paused past its (unrenewed) lease is refused whichever layer sees
+// it first: its own lock's lost signal or the fence.
+func TestWriterPausedPastLeaseRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(100*time.Millisecond), locks.WithoutRenewal()))
+	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	started, resume := make(chan struct{}), make(chan struct{})
+	done := pausedWriter(ctx, db, 1, started, resume)
+	<-started
+	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, lockKey("counters:1")) })
+	if err := db.Model(&Counter{ID: 1}).Update("n", 222).Error; err != nil {
+		t.Fatalf("newer writer: %v", err)
+	}
+	close(resume)
+	if err := <-done; !errors.Is(err, gormplugin.ErrStaleWrite) {
+		t.Fatalf("paused writer: %v, want ErrStaleWrite", err)
+	}
+	var c Counter
+	db.First(&c, 1)
+	if c.N != 222 {
+		t.Fatalf("n = %d, want the newer write 222", c.N)
+	}
+}
+
+func TestFenceWrittenAndReported(t *testing.T) {
+	e := newEnv(t)
+	db := e.guarded(t)
+	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	c := Counter{ID: 1}
+	if err := db.Model(&c).Update("n", 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	first := c.Fence
+	if first == 0 {
+		t.Fatal("model's fence not stamped")
+	}
+	c.N = 2
+	c.Fence = 0 // a stale in-memory fence is replaced by the token
+	if err := db.Save(&c).Error; err != nil {
+		t.Fatal(err)
+	}
+	var got Counter
+	db.First(&got, 1)
+	if got.N != 2 || got.Fence <= first || got.Fence != c.Fence {
+		t.Fatalf("after Save: %+v (model fence %d), want n=2 and a fence above %d", got, c.Fence, first)
+	}
+	// Select restricts the update's columns; the fence is written all the same.
+	if err := db.Model(&Counter{ID: 1}).Select("n").Updates(map[string]any{"n": 3}).Error; err != nil {
+		t.Fatal(err)
+	}
+	var again Counter
+	db.First(&again, 1)
+	if again.N != 3 || again.Fence <= got.Fence {
+		t.Fatalf("after Select(n).Updates: %+v, want n=3 and a fence above %d", again, got.Fence)
+	}
+}
+
+// Zero rows affected because the row does not exist is not a stale write:
+// the update reports 0 rows, as GORM does without the plugin.
+func TestMissingRowIsNotStale(t *testing.T) {
+	e := newEnv(t)
+	db := e.guarded(t)
+	res := db.Model(&Counter{ID: 404}).Update("n", 1)
+	if res.Error != nil || res.RowsAffected != 0 {
+		t.Fatalf("update of a missing row: err=%v rows=%d, want nil and 0", res.Error, res.RowsAffected)
+	}
+	res = db.Delete(&Counter{ID: 404})
+	if res.Error != nil || res.RowsAffected != 0 {
+		t.Fatalf("delete of a missing row: err=%v rows=%d, want nil and 0", res.Error, res.RowsAffected)
+	}
+	// Save of a missing row falls back to GORM's insert.
+	if err := db.Save(&Counter{ID: 405, N: 7}).Error; err != nil {
+		t.Fatal(err)
+	}
+	var c Counter
+	if err := db.First(&c, 405).Error; err != nil || c.N != 7 {
+		t.Fatalf("saved row %+v, %v", c, err)
+	}
+}
+
+// A stale Delete is refused too, and a stale Save does not fall back to an
+// insert that would overwrite the newer row.
+func TestStaleDeleteAndSaveRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
+	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	for name, write := range map[string]func(tx *gorm.DB) error{
+		"delete": func(tx *gorm.DB) error { return tx.Delete(&Counter{ID: 1}).Error },
+		"save":   func(tx *gorm.DB) error { return tx.Save(&Counter{ID: 1, N: 999}).Error },
+	} {
+		t.Run(name, func(t *testing.T) {
+			started, resume := make(chan struct{}), make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+					close(started)
+					<-resume
+					return write(tx)
+				}, &Counter{ID: 1})
+			}()
+			<-started
+			if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Model(&Counter{ID: 1}).Update("n", 5).Error; err != nil {
+				t.Fatal(err)
+			}
+			close(resume)
+			if err := <-done; !errors.Is(err, gormplugin.ErrStaleWrite) {
+				t.Fatalf("stale %s: %v, want ErrStaleWrite", name, err)
+			}
+			var c Counter
+			if err := db.First(&c, 1).Error; err != nil || c.N != 5 {
+				t.Fatalf("row %+v, %v: want the newer n=5", c, err)
+			}
+		})
+	}
+}
+
+func TestCompositeKeyAndTaggedFence(t *testing.T) {
+	e := newEnv(t)
+	db := e.guarded(t)
+	if err := db.Create(&Pair{A: 1, B: "x"}).Error; err != nil {
+		t.Fatal(err)
+	}
+	var during string
+	if err := db.Callback().Update().Before("gorm:update").Register("test:observe", func(tx *gorm.DB) {
+		during = holds(t, e.rdb, "pairs:1:x")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := Pair{A: 1, B: "x"}
+	if err := db.Model(&p).Update("v", 9).Error; err != nil {
+		t.Fatal(err)
+	}
+	if during != "1" {
+		t.Fatalf("lock pairs:1:x hold count during the write = %q, want 1", during)
+	}
+	var got Pair
+	db.First(&got, "a = ? AND b = ?", 1, "x")
+	if got.V != 9 || got.Fence == 0 || got.Fence != p.Fence {
+		t.Fatalf("row %+v (model fence %d): want v=9 with the fence written", got, p.Fence)
+	}
+}

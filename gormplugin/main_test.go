@@ -1,0 +1,18 @@
+package gormplugin_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// redisAddr is the address of the server TestMain starts for examples.
+var redisAddr string
+
+// GORM's prepared-statement cache (PrepareStmt) starts an expiry goroutine
+// that nothing can stop.
+func TestMain(m *testing.M) {
+	redistest.Main(m, &redisAddr, goleak.IgnoreTopFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"))
+}

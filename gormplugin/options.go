@@ -1,0 +1,119 @@
+package gormplugin
+
+import (
+	"context"
+	"time"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// Invalidator deletes cached copies of rows; *cacheguard.Guard implements it.
+type Invalidator interface {
+	Invalidate(ctx context.Context, keys ...string) error
+}
+
+// InvalidatorFunc adapts a function to Invalidator.
+type InvalidatorFunc func(ctx context.Context, keys ...string) error
+
+// Invalidate calls f.
+func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error {
+	return f(ctx, keys...)
+}
+
+// Option configures a Plugin.
+type Option func(*config)
+
+// UnkeyedPolicy says what a guarded Update or Delete does when the plugin
+// cannot name its rows by primary key (a batch write with a Where condition).
+type UnkeyedPolicy int
+
+const (
+	// Refuse fails such writes with ErrUnkeyed before they are sent. It is
+	// the default: a write the plugin cannot guard would silently break the
+	// promise that writes to a row never interleave. Send a write known to
+	// be safe under a context from Unguarded.
+	Refuse UnkeyedPolicy = iota
+	// LockTable takes the table-wide lock "<table>:*" around the write. It
+	// serialises unkeyed writes on a table with each other, not with row
+	// writes (a lock has no shared mode), and it writes no fence.
+	LockTable
+	// PassThrough sends such writes without a lock or fence.
+	PassThrough
+)
+
+type config struct {
+	inv      Invalidator
+	keys     func(table string, pk any) []string
+	again    time.Duration
+	unkeyed  UnkeyedPolicy
+	failOpen bool
+	noFence  bool
+	lockOpts []locks.Option
+	err      error // the first invalid option
+}
+
+func (c *config) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+// Invalidate makes every committed guarded write invalidate, through inv, the
+// cache keys that keys returns for each written row: pk is the row's primary
+// key value ([]any in schema order for a composite key), or nil for a write
+// whose rows are unknown (see Unkeyed). Invalidation happens after COMMIT
+// succeeds (or fails with an unknown outcome), never on rollback, so the next
+// read reloads the committed row once. The default is no invalidation.
+func Invalidate(inv Invalidator, keys func(table string, pk any) []string) Option {
+	return func(c *config) {
+		if inv == nil || keys == nil {
+			c.fail(invalid("Invalidate needs an Invalidator and a key function"))
+			return
+		}
+		c.inv, c.keys = inv, keys
+	}
+}
+
+// InvalidateAgain repeats each invalidation after d (a delayed double
+// delete), so that a read served by a lagging replica between the commit and
+// the replica catching up cannot leave a stale copy cached for long. Pending
+// repeats are dropped by Close. The default is no repeat.
+func InvalidateAgain(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail(invalid("InvalidateAgain delay %v must be positive", d))
+			return
+		}
+		c.again = d
+	}
+}
+
+// Unkeyed sets what happens to writes whose rows cannot be named by primary
+// key. The default is Refuse.
+func Unkeyed(p UnkeyedPolicy) Option {
+	return func(c *config) {
+		if p < Refuse || p > PassThrough {
+			c.fail(invalid("unknown UnkeyedPolicy %d", p))
+			return
+		}
+		c.unkeyed = p
+	}
+}
+
+// FailOpen lets guarded writes proceed without a lock (and without a fence)
+// when Redis cannot be reached, logging a warning through GORM's logger, and
+// downgrades failed invalidations to warnings. By default such writes fail
+// with ErrLock and nothing is written.
+func FailOpen() Option { return func(c *config) { c.failOpen = true } }
+
+// NoFencing ignores fence columns: writes are still locked, but no fence is
+// checked or written. It is required to use a Locker whose fence tokens are
+// not monotonic (locks.Redlock); by default the plugin refuses such a Locker.
+func NoFencing() Option { return func(c *config) { c.noFence = true } }
+
+// LockOptions are passed to every Lock and TryLock call of the plugin, e.g.
+// locks.WithWait(5*time.Second) to bound how long a write waits for a row.
+// The default is none: the Locker's own defaults apply.
+func LockOptions(opts ...locks.Option) Option {
+	return func(c *config) { c.lockOpts = append(c.lockOpts, opts...) }
+}

@@ -1,0 +1,170 @@
+package gormplugin
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/logger"
+	"gorm.io/gorm/schema"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// pluginName is the plugin's name in gorm.DB.Plugins.
+const pluginName = "cacheguard:gormplugin"
+
+// releaseTimeout bounds the Redis calls made after a statement or a COMMIT
+// (unlock, invalidate), which must run even when the caller's context ended.
+const releaseTimeout = 5 * time.Second
+
+var _ gorm.Plugin = (*Plugin)(nil)
+
+// Plugin is the GORM plugin; register it with db.Use(gormplugin.New(l)). One
+// Plugin serves one *gorm.DB. Close stops its delayed invalidations.
+type Plugin struct {
+	l   locks.Locker
+	cfg config
+	log logger.Interface
+
+	fences sync.Map // *schema.Schema → *schema.Field (nil when none)
+
+	mu      sync.Mutex               // guards timers, closed
+	timers  map[*time.Timer]struct{} // pending delayed invalidations
+	closed  bool
+	running sync.WaitGroup // delayed invalidations in flight
+}
+
+// New returns the plugin guarding writes with locks taken from l. A nil l, an
+// invalid option, or a Locker whose fence tokens are not monotonic (Redlock)
+// without NoFencing is reported by Initialize, so db.Use returns it; New
+// itself never fails.
+func New(l locks.Locker, opts ...Option) *Plugin {
+	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}}
+	for _, o := range opts {
+		if o != nil {
+			o(&p.cfg)
+		}
+	}
+	return p
+}
+
+// Name returns "cacheguard:gormplugin"; registering the plugin twice on one
+// database makes db.Use return gorm.ErrRegistered.
+func (p *Plugin) Name() string { return pluginName }
+
+// Initialize registers the plugin's callbacks on db's Update and Delete
+// processors, its SET clause builder, and wraps db's connection pool so the
+// plugin sees every transaction's COMMIT and ROLLBACK. GORM calls it from
+// db.Use; call db.Use right after gorm.Open, before deriving sessions.
+func (p *Plugin) Initialize(db *gorm.DB) error {
+	switch {
+	case p.cfg.err != nil:
+		return p.cfg.err
+	case p.l == nil:
+		return invalid("nil Locker")
+	case !p.cfg.noFence && !p.l.MonotonicFences():
+		return invalid("the Locker's fence tokens are not monotonic (Redlock): fencing would not be safe; use a locks.Client, or the NoFencing option")
+	case db == nil || db.ConnPool == nil:
+		return invalid("database without a connection pool")
+	}
+	if _, ok := db.ConnPool.(gorm.TxCommitter); ok {
+		return invalid("db.Use on a transaction: register the plugin on the database")
+	}
+	p.log = db.Logger
+
+	if _, ok := db.ConnPool.(*guardPool); !ok {
+		pool := &guardPool{ConnPool: db.ConnPool, p: p}
+		if db.Statement != nil && db.Statement.ConnPool == db.ConnPool {
+			db.Statement.ConnPool = pool
+		}
+		db.ConnPool = pool
+	}
+	if db.ClauseBuilders == nil {
+		db.ClauseBuilders = map[string]clause.ClauseBuilder{}
+	}
+	db.ClauseBuilders["SET"] = p.setBuilder(db.ClauseBuilders["SET"])
+
+	upd, del := db.Callback().Update(), db.Callback().Delete()
+	// One registration function per processor: GORM's processor and callback
+	// types are unexported, so they cannot be named in a shared helper.
+	regUpdate := func(name, before, after string, fn func(*gorm.DB)) error {
+		c := upd.Before(before)
+		if after != "" {
+			c = c.After(after)
+		}
+		return c.Register(name, fn)
+	}
+	regDelete := func(name, before, after string, fn func(*gorm.DB)) error {
+		c := del.Before(before)
+		if after != "" {
+			c = c.After(after)
+		}
+		return c.Register(name, fn)
+	}
+	if err := p.register(upd.Get, regUpdate, "gorm:update", "gorm:after_update", false); err != nil {
+		return err
+	}
+	return p.register(del.Get, regDelete, "gorm:delete", "gorm:after_delete", true)
+}
+
+// register places the plugin's steps around GORM's own for one processor:
+//
+//	gormplugin:lock     before gorm:begin_transaction (first without one): take the row locks
+//	gormplugin:fence    before the write: lost-lock check, fence condition
+//	gormplugin:check    after the write, before the after-hooks: zero rows → stale or missing
+//	gormplugin:release  after gorm:commit_or_rollback_transaction (last without one): invalidate, unlock
+func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before, after string, fn func(*gorm.DB)) error, write, afterHooks string, isDelete bool) error {
+	begin, commit := "gorm:begin_transaction", "gorm:commit_or_rollback_transaction"
+	if get(begin) == nil { // SkipDefaultTransaction: GORM opens no transaction
+		begin = "*"
+	}
+	if get(commit) == nil {
+		commit = "*"
+	}
+	if err := reg("gormplugin:lock", begin, "", p.lockStep(isDelete)); err != nil {
+		return err
+	}
+	if err := reg("gormplugin:fence", write, "", p.fenceStep); err != nil {
+		return err
+	}
+	if err := reg("gormplugin:check", afterHooks, write, p.checkStep); err != nil {
+		return err
+	}
+	return reg("gormplugin:release", "", commit, p.releaseStep)
+}
+
+// Close drops pending delayed invalidations (InvalidateAgain) and waits for
+// those running. It does not close the Locker or the Invalidator.
+func (p *Plugin) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for t := range p.timers {
+		t.Stop()
+	}
+	clear(p.timers)
+	p.mu.Unlock()
+	p.running.Wait()
+	return nil
+}
+
+// fenceOf returns the fence column of s, or nil (always nil with NoFencing).
+func (p *Plugin) fenceOf(s *schema.Schema) *schema.Field {
+	if s == nil || p.cfg.noFence {
+		return nil
+	}
+	if f, ok := p.fences.Load(s); ok {
+		return f.(*schema.Field)
+	}
+	f := fenceField(s)
+	p.fences.Store(s, f)
+	return f
+}
+
+func (p *Plugin) warn(ctx context.Context, format string, args ...any) {
+	if p.log != nil {
+		p.log.Warn(ctx, format, args...)
+	}
+}

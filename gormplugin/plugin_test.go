@@ -1,0 +1,97 @@
+package gormplugin_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"gorm.io/gorm"
+
+	"github.com/cacheguard/cacheguard/gormplugin"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// redlockish is a Locker whose fences are not monotonic, as locks.Redlock's.
+type redlockish struct{ locks.Locker }
+
+func (redlockish) MonotonicFences() bool { return false }
+
+func TestRegistration(t *testing.T) {
+	e := newEnv(t)
+	db := openFile(t, e.path)
+	p := gormplugin.New(e.l)
+	if p.Name() != "cacheguard:gormplugin" {
+		t.Fatalf("Name() = %q", p.Name())
+	}
+	if err := db.Use(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Use(gormplugin.New(e.l)); !errors.Is(err, gorm.ErrRegistered) {
+		t.Fatalf("second Use: %v, want gorm.ErrRegistered", err)
+	}
+	if _, err := db.DB(); err != nil {
+		t.Fatalf("db.DB() through the wrapped pool: %v", err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		_, err := tx.DB()
+		return err
+	}); err != nil {
+		t.Fatalf("tx.DB() through the wrapped transaction: %v", err)
+	}
+}
+
+func TestNewRefusesBadConfiguration(t *testing.T) {
+	e := newEnv(t)
+	cases := map[string]*gormplugin.Plugin{
+		"nil locker":        gormplugin.New(nil),
+		"redlock fences":    gormplugin.New(redlockish{e.l}),
+		"nil invalidator":   gormplugin.New(e.l, gormplugin.Invalidate(nil, cacheKeys)),
+		"bad unkeyed":       gormplugin.New(e.l, gormplugin.Unkeyed(gormplugin.UnkeyedPolicy(9))),
+		"negative re-delay": gormplugin.New(e.l, gormplugin.InvalidateAgain(-1)),
+	}
+	for name, p := range cases {
+		t.Run(name, func(t *testing.T) {
+			db := openFile(t, e.path)
+			if err := db.Use(p); !errors.Is(err, gormplugin.ErrInvalid) {
+				t.Fatalf("Use: %v, want ErrInvalid", err)
+			}
+		})
+	}
+	t.Run("redlock without fencing", func(t *testing.T) {
+		db := openFile(t, e.path)
+		if err := db.Use(gormplugin.New(redlockish{e.l}, gormplugin.NoFencing())); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Model(&Counter{ID: 1}).Update("n", 5).Error; err != nil {
+			t.Fatal(err)
+		}
+		var c Counter
+		db.First(&c, 1)
+		if c.N != 5 || c.Fence != 0 {
+			t.Fatalf("got %+v, want n=5 and no fence written", c)
+		}
+	})
+}
+
+func TestTransactionRefusesBadArguments(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	plain := openFile(t, e.path)
+	db := e.guarded(t)
+	ok := func(*gorm.DB) error { return nil }
+	for name, err := range map[string]error{
+		"nil fn":             gormplugin.Transaction(ctx, db, nil),
+		"nil db":             gormplugin.Transaction(ctx, nil, ok),
+		"no plugin":          gormplugin.Transaction(ctx, plain, ok),
+		"row without key":    gormplugin.Transaction(ctx, db, ok, &Counter{}),
+		"row not a model":    gormplugin.Transaction(ctx, db, ok, 42),
+		"model without a pk": gormplugin.Transaction(ctx, db, ok, &struct{ N int }{}),
+	} {
+		if !errors.Is(err, gormplugin.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -1,0 +1,316 @@
+package gormplugin
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+	"gorm.io/gorm/schema"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// RowName returns the lock name of the row of table with primary key pk:
+// "<table>:<pk>", with the parts of a composite key joined by ":" in schema
+// order. It is the name ginmw.Resource(table, ...) gives the same row, so a
+// request that holds the row through ginmw re-enters when GORM writes it.
+func RowName(table string, pk ...any) string {
+	var b strings.Builder
+	b.WriteString(table)
+	for _, v := range pk {
+		b.WriteByte(':')
+		b.WriteString(pkString(v))
+	}
+	return b.String()
+}
+
+func pkString(v any) string {
+	rv := reflect.ValueOf(v)
+	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv = rv.Elem()
+	}
+	if !rv.IsValid() {
+		return "<nil>"
+	}
+	if b, ok := rv.Interface().([]byte); ok {
+		return string(b)
+	}
+	return fmt.Sprint(rv.Interface())
+}
+
+// row is one row a statement writes.
+type row struct {
+	name  string      // lock name
+	lock  *locks.Lock // the lock held, once taken
+	vals  []any       // primary key values, in schema order
+	fence uint64      // the lock's fence token
+}
+
+// pk is the value handed to the invalidation key function.
+func (r row) pk() any {
+	if len(r.vals) == 1 {
+		return r.vals[0]
+	}
+	return r.vals
+}
+
+// rowsOf names the rows a statement writes: from the primary key of its model
+// (a struct, or a slice of structs), or else from a WHERE that pins the
+// primary key with = or IN. It returns nil when the rows cannot be named.
+func rowsOf(stmt *gorm.Statement, table string) []row {
+	s := stmt.Schema
+	if s == nil || len(s.PrimaryFields) == 0 {
+		return nil
+	}
+	if rows := modelRows(stmt, s, table, stmt.Model); len(rows) > 0 {
+		return rows
+	}
+	return whereRows(stmt, s, table)
+}
+
+// modelRows reads the primary keys of value, a struct or a slice of structs
+// of schema s; an element with a zero key part is skipped.
+func modelRows(stmt *gorm.Statement, s *schema.Schema, table string, value any) []row {
+	rv := reflect.ValueOf(value)
+	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+		if rv.IsNil() {
+			return nil
+		}
+		rv = rv.Elem()
+	}
+	var rows []row
+	add := func(v reflect.Value) {
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			if v.IsNil() {
+				return
+			}
+			v = v.Elem()
+		}
+		if v.Kind() != reflect.Struct || v.Type() != s.ModelType {
+			return
+		}
+		vals := make([]any, len(s.PrimaryFields))
+		for i, f := range s.PrimaryFields {
+			x, zero := f.ValueOf(stmt.Context, v)
+			if zero {
+				return
+			}
+			vals[i] = x
+		}
+		rows = append(rows, row{name: RowName(table, vals...), vals: vals})
+	}
+	switch rv.Kind() {
+	case reflect.Struct:
+		add(rv)
+	case reflect.Slice, reflect.Array:
+		for i := range rv.Len() {
+			add(rv.Index(i))
+		}
+	}
+	return rows
+}
+
+// whereRows reads the rows pinned by the statement's WHERE: an = or IN on the
+// primary key (on every part of a composite key) among conditions joined by
+// AND. Further conditions only narrow the rows, so locking these is enough;
+// an OR anywhere at the top level makes the rows unknown.
+func whereRows(stmt *gorm.Statement, s *schema.Schema, table string) []row {
+	c, ok := stmt.Clauses["WHERE"]
+	if !ok {
+		return nil
+	}
+	where, ok := c.Expression.(clause.Where)
+	if !ok {
+		return nil
+	}
+	exprs := flattenAnd(where.Exprs)
+	pkIndex := map[string]int{}
+	for i, f := range s.PrimaryFields {
+		pkIndex[f.DBName] = i
+	}
+	single := len(s.PrimaryFields) == 1
+	var eqs []any
+	if !single {
+		eqs = make([]any, len(s.PrimaryFields))
+	}
+	found := 0
+	for _, e := range exprs {
+		if _, ok := e.(clause.OrConditions); ok {
+			return nil
+		}
+	}
+	for _, e := range exprs {
+		switch e := e.(type) {
+		case clause.Eq:
+			i, ok := pkColumn(e.Column, s, table, pkIndex)
+			if !ok || !literal(e.Value) {
+				continue
+			}
+			vals, isList := listOf(e.Value)
+			if single {
+				if !isList {
+					return namesFor(table, [][]any{{e.Value}})
+				}
+				if allLiteral(vals) {
+					return namesFor(table, singles(vals))
+				}
+				continue
+			}
+			if isList || eqs[i] != nil {
+				continue
+			}
+			eqs[i] = e.Value
+			found++
+			if found == len(eqs) {
+				return namesFor(table, [][]any{eqs})
+			}
+		case clause.IN:
+			if single {
+				if _, ok := pkColumn(e.Column, s, table, pkIndex); ok && allLiteral(e.Values) {
+					return namesFor(table, singles(e.Values))
+				}
+				continue
+			}
+			if rows, ok := compositeIN(e, s, table, pkIndex); ok {
+				return rows
+			}
+		}
+	}
+	return nil
+}
+
+func flattenAnd(exprs []clause.Expression) []clause.Expression {
+	var out []clause.Expression
+	for _, e := range exprs {
+		if and, ok := e.(clause.AndConditions); ok {
+			out = append(out, flattenAnd(and.Exprs)...)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// pkColumn reports whether col names a primary key column of table, and which.
+func pkColumn(col any, s *schema.Schema, table string, pkIndex map[string]int) (int, bool) {
+	var tbl, name string
+	switch c := col.(type) {
+	case string:
+		name = c
+		if i := strings.LastIndexByte(c, '.'); i >= 0 {
+			tbl, name = c[:i], c[i+1:]
+		}
+		tbl, name = strings.Trim(tbl, "`\"[]"), strings.Trim(name, "`\"[]")
+	case clause.Column:
+		if c.Raw {
+			return 0, false
+		}
+		tbl, name = c.Table, c.Name
+	default:
+		return 0, false
+	}
+	if tbl != "" && tbl != clause.CurrentTable && tbl != table {
+		return 0, false
+	}
+	if name == clause.PrimaryKey {
+		if s.PrioritizedPrimaryField == nil {
+			return 0, false
+		}
+		name = s.PrioritizedPrimaryField.DBName
+	}
+	i, ok := pkIndex[name]
+	return i, ok
+}
+
+// compositeIN reads IN ((a, b), ...) on every part of a composite key.
+func compositeIN(e clause.IN, s *schema.Schema, table string, pkIndex map[string]int) ([]row, bool) {
+	cols, ok := e.Column.([]clause.Column)
+	if !ok || len(cols) != len(s.PrimaryFields) {
+		return nil, false
+	}
+	pos := make([]int, len(cols))
+	seen := map[int]bool{}
+	for j, c := range cols {
+		i, ok := pkColumn(c, s, table, pkIndex)
+		if !ok || seen[i] {
+			return nil, false
+		}
+		seen[i], pos[j] = true, i
+	}
+	var sets [][]any
+	for _, v := range e.Values {
+		tuple, ok := v.([]any)
+		if !ok || len(tuple) != len(cols) || !allLiteral(tuple) {
+			return nil, false
+		}
+		vals := make([]any, len(cols))
+		for j, x := range tuple {
+			vals[pos[j]] = x
+		}
+		sets = append(sets, vals)
+	}
+	return namesFor(table, sets), true
+}
+
+func singles(vals []any) [][]any {
+	out := make([][]any, len(vals))
+	for i, v := range vals {
+		out[i] = []any{v}
+	}
+	return out
+}
+
+func namesFor(table string, sets [][]any) []row {
+	rows := make([]row, 0, len(sets))
+	for _, vals := range sets {
+		rows = append(rows, row{name: RowName(table, vals...), vals: vals})
+	}
+	return rows
+}
+
+// sortRows orders rows by lock name, the one global order in which every
+// writer takes row locks, and drops duplicates.
+func sortRows(rows []row) []row {
+	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(a.name, b.name) })
+	return slices.CompactFunc(rows, func(a, b row) bool { return a.name == b.name })
+}
+
+// literal reports whether v is a plain value (not a column, expression or
+// subquery, not NULL).
+func literal(v any) bool {
+	switch v.(type) {
+	case nil, clause.Expression, clause.Column, *gorm.DB:
+		return false
+	}
+	rv := reflect.ValueOf(v)
+	return !(rv.Kind() == reflect.Pointer && rv.IsNil())
+}
+
+func allLiteral(vs []any) bool {
+	if len(vs) == 0 {
+		return false
+	}
+	for _, v := range vs {
+		if !literal(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// listOf returns the elements of v when it is a slice (other than []byte),
+// which clause.Eq builds as IN.
+func listOf(v any) ([]any, bool) {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Slice || rv.Type().Elem().Kind() == reflect.Uint8 {
+		return nil, false
+	}
+	out := make([]any, rv.Len())
+	for i := range out {
+		out[i] = rv.Index(i).Interface()
+	}
+	return out, true
+}
