@@ -34,13 +34,16 @@ type Proxy struct {
 	fault     atomic.Int32
 	latency   atomic.Int64 // nanoseconds, for Latency
 	dropNext  atomic.Int64 // replies still to swallow in Pass mode (DropNext)
+	holdNext  atomic.Bool  // hold the next reply until Release (HoldNext)
 	accepted  atomic.Int64
 	dropped   atomic.Int64 // reply chunks swallowed
 	forwarded atomic.Int64 // request chunks forwarded
 	wg        sync.WaitGroup
-	mu        sync.Mutex // guards conns, closed
+	mu        sync.Mutex // guards conns, closed, holding, release
 	conns     map[net.Conn]struct{}
 	closed    bool
+	holding   chan struct{} // closed when a reply is being held (HoldNext)
+	release   chan struct{} // closed by Release
 }
 
 // NewProxy listens on a free loopback port and forwards to target.
@@ -74,6 +77,30 @@ func (p *Proxy) SetLatency(d time.Duration) { p.latency.Store(int64(d)) }
 // traffic again: the commands ran, their callers never heard.
 func (p *Proxy) DropNext(n int) { p.dropNext.Store(int64(n)) }
 
+// HoldNext holds the next reply (chunk from the server) until Release: the
+// command ran, its caller is still waiting for the answer. It returns a
+// channel closed once a reply is being held.
+func (p *Proxy) HoldNext() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holding, p.release = make(chan struct{}), make(chan struct{})
+	p.holdNext.Store(true)
+	return p.holding
+}
+
+// Release lets the held reply go on.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.release != nil {
+		select {
+		case <-p.release:
+		default:
+			close(p.release)
+		}
+	}
+}
+
 // Accepted is the number of client connections accepted so far.
 func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
 
@@ -101,6 +128,7 @@ func (p *Proxy) Close() error {
 	for c := range conns {
 		c.Close()
 	}
+	p.Release()
 	p.wg.Wait()
 	return err
 }
@@ -181,6 +209,13 @@ func (p *Proxy) pump(dst, src net.Conn, up bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && !up && p.holdNext.CompareAndSwap(true, false) {
+			p.mu.Lock()
+			holding, release := p.holding, p.release
+			p.mu.Unlock()
+			close(holding)
+			<-release // a fault: this connection's reply waits for Release (or Close)
+		}
 		if n > 0 && p.forward(up) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
