@@ -31,7 +31,8 @@ func TestReliabilityClusterFailover(t *testing.T) {
 	res := redistest.Start(t)
 	newClient := func() (*redis.ClusterClient, *locks.Client) {
 		cc := cl.Client(func(o *redis.ClusterOptions) {
-			o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
+			// Well above WAIT's timeout below, on a loaded machine.
+			o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, time.Second
 		})
 		c := locks.New(cc)
 		t.Cleanup(func() { c.Close() })
@@ -55,7 +56,7 @@ func TestReliabilityClusterFailover(t *testing.T) {
 
 	// The replica stopped: WAIT gets no acknowledgement, the lock is refused.
 	replica.Pause()
-	_, err := a.TryLock(bg, name, locks.WithLease(lease), locks.WithoutRenewal(), locks.WithReplicas(1, 200*time.Millisecond))
+	_, err := a.TryLock(bg, name, locks.WithLease(lease), locks.WithoutRenewal(), locks.WithReplicas(1, 100*time.Millisecond))
 	replica.Resume()
 	var re *locks.ReplicaError
 	r.fig.Attempted++
