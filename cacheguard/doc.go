@@ -4,8 +4,10 @@
 //
 // # How a miss is served
 //
-// A hit is one GET. On a miss the callers of one process share one flight per
-// key (golang.org/x/sync/singleflight). The flight subscribes to the key's
+// A hit is one GET, shared by the callers of one process that read the same key
+// at the same moment (so a stampede costs one GET per process, not one per
+// request). On a miss those callers share one flight per key
+// (golang.org/x/sync/singleflight). The flight subscribes to the key's
 // wake-up channel (one shared subscription connection per Guard, see
 // internal/wake), then runs one script that returns the value if it is fresh
 // or else grants the fill lease (SET NX PX with a random token) — atomically,

@@ -2,6 +2,7 @@ package cacheguard
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,65 +13,76 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// gateGets counts GET commands and holds each until release is closed.
-type gateGets struct {
+// holdReplies counts GET commands and, while armed, holds each GET's reply
+// (the command has run on the server) until release is closed.
+type holdReplies struct {
 	n       atomic.Int64
+	armed   atomic.Bool
 	release chan struct{}
 }
 
-func (h *gateGets) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *gateGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *holdReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
 		if cmd.Name() == "get" {
 			h.n.Add(1)
-			<-h.release
+			if h.armed.Load() {
+				<-h.release
+			}
 		}
-		return next(ctx, cmd)
+		return err
 	}
 }
-func (h *gateGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *holdReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
-// TestConcurrentReadsShareOneGet: requests arriving while a GET of their key
-// is in flight share it, so a burst costs one GET per process.
-func TestConcurrentReadsShareOneGet(t *testing.T) {
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (r *reads) queued(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kr := r.m[key]; kr != nil && kr.next != nil {
+		return kr.next.joined + 1
+	}
+	return 0
+}
+
+// TestConcurrentReadsShareGets: a burst of reads costs two GETs — the one in
+// flight when the burst arrives, and one more that all of the burst shares.
+func TestConcurrentReadsShareGets(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
 	rdb := s.Client()
 	rdb.Set(ctx, "k", "v", 0)
-	hook := &gateGets{release: make(chan struct{})}
+	hook := &holdReplies{release: make(chan struct{})}
+	hook.armed.Store(true)
 	rdb.AddHook(hook)
 	var r reads
 	const n = 50
 	var wg sync.WaitGroup
 	got := make([]string, n+1)
 	wg.Go(func() { b, _ := r.get(ctx, rdb, "k"); got[n] = string(b) })
-	deadline := time.Now().Add(5 * time.Second)
-	for hook.n.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
 		wg.Go(func() { b, _ := r.get(ctx, rdb, "k"); got[i] = string(b) })
 	}
-	joined := func() int {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if c := r.m["k"]; c != nil {
-			return c.joined
-		}
-		return -1
-	}
-	for joined() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d followers joined", joined())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "burst queued", func() bool { return r.queued("k") == n })
+	hook.armed.Store(false)
 	close(hook.release)
 	wg.Wait()
-	if g := hook.n.Load(); g != 1 {
-		t.Fatalf("%d GETs for %d concurrent reads, want 1", g, n+1)
+	if g := hook.n.Load(); g != 2 {
+		t.Fatalf("%d GETs for %d concurrent reads, want 2", g, n+1)
 	}
 	for i, v := range got {
 		if v != "v" {
@@ -79,23 +91,68 @@ func TestConcurrentReadsShareOneGet(t *testing.T) {
 	}
 }
 
+// TestReadAfterInvalidationNotServedOldValue: a read that begins after the
+// value was deleted never shares a GET that was answered before the delete.
+func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	rdb.Set(ctx, "k", "old", 0)
+	hook := &holdReplies{release: make(chan struct{})}
+	hook.armed.Store(true)
+	rdb.AddHook(hook)
+	var r reads
+	first := make(chan string, 1)
+	go func() { b, _ := r.get(ctx, rdb, "k"); first <- string(b) }()
+	waitFor(t, "first GET answered by the server", func() bool { return hook.n.Load() == 1 })
+	// The invalidation completes while that GET's reply is still on its way.
+	if err := s.Client().Del(ctx, "k").Err(); err != nil {
+		t.Fatal(err)
+	}
+	later := make(chan error, 1)
+	go func() {
+		b, err := r.get(ctx, rdb, "k")
+		if err == nil {
+			err = errors.New("got " + string(b))
+		}
+		later <- err
+	}()
+	waitFor(t, "later read queued", func() bool { return r.queued("k") == 1 })
+	hook.armed.Store(false)
+	close(hook.release)
+	if v := <-first; v != "old" {
+		t.Fatalf("first read got %q", v)
+	}
+	if err := <-later; !errors.Is(err, redis.Nil) {
+		t.Fatalf("a read that began after the delete: %v, want redis.Nil", err)
+	}
+}
+
 // TestCancelledLeaderDoesNotFailFollowers: a follower whose leader's context
 // ended reads for itself.
 func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
+	ctx := context.Background()
 	s := redistest.Start(t)
 	rdb := s.Client()
-	rdb.Set(context.Background(), "k", "v", 0)
+	rdb.Set(ctx, "k", "v", 0)
+	hook := &holdReplies{release: make(chan struct{})}
+	hook.armed.Store(true)
+	rdb.AddHook(hook)
 	var r reads
-	lctx, cancel := context.WithCancel(context.Background())
-	c := &readCall{done: make(chan struct{}), err: context.Canceled}
-	r.m = map[string]*readCall{"k": c}
+	lctx, cancel := context.WithCancel(ctx)
+	leader := make(chan error, 1)
+	go func() { _, err := r.get(lctx, rdb, "k"); leader <- err }()
+	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
+	// Queue a burst behind it whose own leader gives up.
+	follower := make(chan string, 1)
+	go func() { b, _ := r.get(ctx, rdb, "k"); follower <- string(b) }()
+	waitFor(t, "follower queued", func() bool { return r.queued("k") == 1 })
 	cancel()
-	_ = lctx
-	res := make(chan string, 1)
-	go func() { b, _ := r.get(context.Background(), rdb, "k"); res <- string(b) }()
-	close(c.done) // the leader gives up with its context's error
+	hook.armed.Store(false)
+	close(hook.release)
+	<-leader
 	select {
-	case v := <-res:
+	case v := <-follower:
 		if v != "v" {
 			t.Fatalf("follower got %q", v)
 		}

@@ -99,11 +99,13 @@ func TestWaiterInOtherGuardGetsPushedValue(t *testing.T) {
 
 func TestSlowLoaderKeepsLease(t *testing.T) {
 	ctx := context.Background()
-	lease := cacheguard.FillLease(150 * time.Millisecond)
+	// Generous margins: renewal every third of the lease must survive a
+	// CPU-starved -race run.
+	lease := cacheguard.FillLease(400 * time.Millisecond)
 	a, _ := newGuard(t, lease)
 	b, _ := newGuard(t, lease)
 	key := testKey(t)
-	slow := &counter{delay: 750 * time.Millisecond, name: "slow"} // five leases long
+	slow := &counter{delay: 2 * time.Second, name: "slow"} // five leases long
 	other := &counter{name: "other"}
 	entered := make(chan struct{})
 	errc := make(chan error, 2)

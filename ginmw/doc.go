@@ -1,3 +1,85 @@
 // Package ginmw provides Gin middleware for per-resource mutual exclusion (Lock)
 // and stampede-safe response caching (Cache) on Redis.
+//
+// # Lock
+//
+// Lock takes a Redis lock named after the resource a request touches before
+// the rest of the chain runs, and releases it afterwards — also when a handler
+// panics or the client goes away:
+//
+//	l := locks.New(rdb)
+//	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), updateSettings)
+//	r.DELETE("/repos/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), deleteRepo)
+//
+// Both routes lock "repos:<id>", so they exclude each other; gormplugin guards
+// the row of table repos with the same name, so a GORM write inside the handler
+// re-enters the lock instead of waiting for itself. Without Resource the
+// route's full path scopes the name ("/repos/:id:42"), so two routes that share
+// a parameter name never collide by accident.
+//
+// Decisions, with the defaults in brackets:
+//   - Contention: Lock waits up to a budget [Wait: 5s, push-woken, not polled],
+//     then answers 409 Conflict (see ConflictStatus) with Retry-After (the holder's
+//     remaining lease, rounded up to whole seconds, at least 1) and a JSON body
+//     naming the resource. The handler never runs without the lock.
+//   - Redis unavailable (any failure other than contention or the client's own
+//     cancellation): 503, because mutual exclusion fails closed [FailOpen runs the
+//     handler unlocked instead].
+//   - A bad key (missing parameter, header or query value, a custom KeyFunc's
+//     error, longer than MaxKeyLen): 400 with a JSON body.
+//   - The client went away while waiting: the chain is aborted with status 499
+//     and nothing else is written.
+//   - The request context carries the lock: its owner (locks.WithOwner; an owner
+//     already on the context is kept, so nested acquisitions re-enter), its fence
+//     token (Fence, FenceFromContext), the lock itself (LockFromContext), and it is
+//     cancelled with cause ErrLockLost when the lock is lost mid-handler.
+//   - The release runs after the chain returns, under a context that the
+//     client's disconnect cannot cancel (bounded by 5s).
+//   - Lock never touches *gin.Context from another goroutine: lock loss reaches
+//     the handler only through the request's context.
+//
+// # Cache
+//
+// Cache keeps the status, headers and body of GET and HEAD responses in Redis
+// through cacheguard, so an expired entry is rebuilt by one request across
+// every process while the others wait for its response:
+//
+//	g := cacheguard.New(rdb)
+//	repo := ginmw.Resource("repos", ginmw.Param("id"))
+//	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), getRepo)
+//	r.PUT("/repos/:id/settings", ginmw.Lock(l, repo), ginmw.InvalidateAfter(g, repo), updateSettings)
+//
+// Decisions:
+//   - Key: the cleaned path plus the query with its parameters sorted
+//     (PathKey), or a KeyFunc (CacheKey); VaryByHeader adds a hash of the named
+//     headers' values; HEAD has an entry of its own, since a handler may write
+//     no body for HEAD.
+//   - Stored: 2xx responses other than 206, without Set-Cookie, up to MaxBody
+//     (1 MiB). Anything else is answered but not stored. A response that is
+//     flushed, hijacked or larger than MaxBody streams straight to its client.
+//   - Bypassed (X-Cache: BYPASS, the handler runs): requests with
+//     Authorization (see AllowAuthorization) or Range.
+//   - Sharing a load that stored nothing: the requests of the same process that
+//     waited for it are handed its response when it sets no cookie (an error
+//     page is shared like a value); when it sets a cookie, or the handler
+//     panicked, each runs its own handler. Waiters in other processes run
+//     their own handler.
+//   - The handler always runs on its own request's goroutine: cacheguard's
+//     loader asks for it by cancelling the Get the request is blocked in (a hit
+//     costs no extra goroutine). It runs under a context that keeps the
+//     request's values but not its cancellation, since others may wait for its
+//     response, bounded by cacheguard's load timeout; it sees the request
+//     without its validators (If-None-Match, If-Modified-Since, ...), and
+//     Cache answers conditional requests from the stored response (304).
+//   - The request that ran the handler answers once its response is stored, so a
+//     request that follows it is a HIT.
+//   - Policy refusals — FailFast with nothing servable, the wait budget ended,
+//     Redis down under cacheguard.FailClosed — answer 503 with Retry-After: 1.
+//     Redis down otherwise: cacheguard fails open and the handler runs uncached.
+//   - Refreshes with no request waiting (ServeStale, FailFast, early refresh)
+//     need BackgroundRefresh(engine), which replays a copy of the request
+//     through the engine; without it early refresh is off, a stale entry is
+//     reloaded in the foreground once its stale window ends, and a FailFast
+//     miss is served directly. (A refresh that asks while the request that
+//     started it is still in Cache is run by that request.)
 package ginmw

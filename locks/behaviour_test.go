@@ -565,3 +565,48 @@ func TestBadInputSendsNothing(t *testing.T) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestHandOffCostsNoExtraRequest: a waiter handed the lock hears of it by
+// push and sends nothing more until its first scheduled renewal — a
+// contended acquisition costs its queued attempt and its release.
+func TestHandOffCostsNoExtraRequest(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	holderRdb, waiterRdb := s.Client(), s.Client()
+	hook := &countingHook{}
+	waiterRdb.AddHook(hook)
+	a := locks.New(holderRdb)
+	defer a.Close()
+	b := locks.New(waiterRdb)
+	defer b.Close()
+	held, err := a.TryLock(ctx, "handoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *locks.Lock, 1)
+	go func() {
+		lk, err := b.Lock(ctx, "handoff", locks.WithFair())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return holderRdb.ZCard(ctx, "cg:q:{handoff}").Val() == 1 })
+	before := hook.n.Load()
+	held.Unlock(ctx)
+	var lk *locks.Lock
+	select {
+	case lk = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not handed the lock")
+	}
+	if lk == nil {
+		t.FailNow()
+	}
+	// The subject is the renewal schedule: nothing is due for a while.
+	time.Sleep(300 * time.Millisecond)
+	if n := hook.n.Load() - before; n != 0 {
+		t.Fatalf("the waiter sent %d commands between the hand-off and its first renewal, want 0", n)
+	}
+	lk.Unlock(ctx)
+}

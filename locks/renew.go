@@ -141,15 +141,18 @@ func (r *renewer) loop() {
 }
 
 // due returns the locks whose renewal (or expiry check) is due, and the
-// earliest time another one will be. Renewals due within a twelfth of their
-// lease are taken early, so locks taken at different moments share batches.
+// earliest time another one will be. A renewal due within an eighth of the
+// time its lock has left after it (a twelfth of the lease, normally) is taken
+// early, so locks taken at different moments share batches. (Relative to the
+// current deadline, not the lease: a hand-off's first deadline is a short
+// claim, and an early window from the full lease would renew it at once.)
 func (r *renewer) due(now time.Time) (due []*held, next time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for h := range r.items {
 		h.mu.Lock()
-		t, early := h.nextRenew, h.lease/12
-		if !h.cfg.renew {
+		t, early := h.nextRenew, h.deadline.Sub(h.nextRenew)/8
+		if !h.cfg.renew || early < 0 {
 			early = 0 // an expiry check is never early
 		}
 		h.mu.Unlock()

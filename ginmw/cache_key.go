@@ -1,0 +1,73 @@
+package ginmw
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"net/url"
+	"path"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// headSuffix marks the entry of a HEAD request: a handler may write no body
+// for HEAD (http.ServeContent does not), so HEAD never shares GET's entry.
+const headSuffix = "|HEAD"
+
+// PathKey is the key Cache stores a GET of path with query under by default:
+// "http:" + the cleaned path + "?" + the query with its parameters sorted by
+// name (no "?" without a query). Pass it to Invalidate.
+func PathKey(p string, query url.Values) string {
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	if len(query) == 0 {
+		return "http:" + clean
+	}
+	return "http:" + clean + "?" + query.Encode()
+}
+
+// cacheKey returns the key of the request's entry.
+func (m *cacheMW) cacheKey(c *gin.Context) (string, error) {
+	r := c.Request
+	var k string
+	if m.cfg.key != nil {
+		name, err := m.cfg.key.name(c)
+		if err != nil {
+			return "", err
+		}
+		k = name
+	} else {
+		var q url.Values
+		if r.URL.RawQuery != "" {
+			q = r.URL.Query()
+		}
+		k = PathKey(r.URL.Path, q)
+	}
+	if len(m.cfg.vary) > 0 {
+		h := sha256.New()
+		for _, name := range m.cfg.vary {
+			h.Write([]byte(name))
+			for _, v := range r.Header.Values(name) {
+				h.Write([]byte{0})
+				h.Write([]byte(v))
+			}
+			h.Write([]byte{1})
+		}
+		k += "|vary:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
+	}
+	if r.Method == "HEAD" {
+		k += headSuffix
+	}
+	if len(k) > cacheguard.MaxKeyLen {
+		sum := sha256.Sum256([]byte(k))
+		k = "http:#" + base64.RawURLEncoding.EncodeToString(sum[:])
+	}
+	return k, nil
+}

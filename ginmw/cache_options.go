@@ -1,0 +1,85 @@
+package ginmw
+
+import (
+	"net/http"
+	"slices"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// DefaultMaxBody is the largest response body Cache stores. A larger
+// response is streamed to its client as the handler writes it, and not cached.
+const DefaultMaxBody = 1 << 20
+
+// CacheOption configures Cache.
+type CacheOption func(*cacheConfig)
+
+type cacheConfig struct {
+	key        *KeyFunc // nil: the normalised path and query
+	vary       []string // canonical header names, sorted
+	guardOpts  []cacheguard.Option
+	engine     http.Handler
+	maxBody    int
+	allowAuthz bool
+}
+
+// CacheKey names the cached entry with key instead of the normalised path and
+// query. With a Resource key the entry is named like the lock and the row
+// ("repos:42"), so gormplugin's invalidate-after-commit and InvalidateAfter on
+// a write route can drop it by that name. The default is the request's path,
+// cleaned, plus its query with the parameters sorted (see PathKey).
+func CacheKey(key KeyFunc) CacheOption {
+	if key.fn == nil {
+		panic("ginmw: CacheKey called with a zero KeyFunc")
+	}
+	return func(c *cacheConfig) { c.key = &key }
+}
+
+// VaryByHeader keeps one entry per combination of the values of these request
+// headers (e.g. "Accept-Language"), and adds them to the response's Vary
+// header. The default varies by none. Entries that vary by header cannot be
+// named to Invalidate; they end with their TTL.
+func VaryByHeader(names ...string) CacheOption {
+	return func(c *cacheConfig) {
+		for _, n := range names {
+			n = http.CanonicalHeaderKey(n)
+			if !slices.Contains(c.vary, n) {
+				c.vary = append(c.vary, n)
+			}
+		}
+		slices.Sort(c.vary)
+	}
+}
+
+// CacheOptions passes options to every cacheguard.Get: the miss policy
+// (cacheguard.Wait, ServeStale, FailFast), the wait budget, the fill lease,
+// the load timeout, jitter, early refresh, FailClosed. The TTL given to Cache
+// and the codec are set by Cache and override TTL and WithCodec here;
+// Guard-only options (Prefix, MaxConcurrentLoads, WithObserver) belong in
+// cacheguard.New. The default is the Guard's own defaults.
+func CacheOptions(opts ...cacheguard.Option) CacheOption {
+	return func(c *cacheConfig) { c.guardOpts = append(c.guardOpts, opts...) }
+}
+
+// BackgroundRefresh lets Cache refresh an entry when no request is waiting
+// for it: the refreshes of ServeStale and FailFast, probabilistic early
+// refresh, and a load whose first requester went away. Such a refresh sends a
+// copy of the request that triggered it through h — the Gin engine the route
+// is on — in the background; the copy runs the whole chain again (so
+// middleware before Cache sees it too), and its response is stored, not sent
+// anywhere. Without it (the default) early refresh is turned off and such
+// refreshes fail, so a stale entry is reloaded in the foreground once its
+// stale window ends, and under FailFast nothing is ever stored.
+func BackgroundRefresh(h http.Handler) CacheOption {
+	return func(c *cacheConfig) { c.engine = h }
+}
+
+// MaxBody sets the largest response body Cache stores; a larger response is
+// streamed to its client and not cached. The default is DefaultMaxBody (1 MiB).
+func MaxBody(n int) CacheOption { return func(c *cacheConfig) { c.maxBody = n } }
+
+// AllowAuthorization caches requests that carry an Authorization header. By
+// default they bypass the cache, since their responses usually depend on who
+// asks; use this only when they do not, or together with
+// VaryByHeader("Authorization").
+func AllowAuthorization() CacheOption { return func(c *cacheConfig) { c.allowAuthz = true } }

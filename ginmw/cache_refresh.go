@@ -1,0 +1,57 @@
+package ginmw
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+)
+
+type refreshKey struct{}
+
+// refreshSlot carries a background refresh's response back from the copy of
+// the request sent through the engine.
+type refreshSlot struct {
+	key    string
+	served bool
+	resp   *response
+}
+
+// refresh loads an entry when no request is there to run the handler: it
+// sends a copy of orig through the engine (BackgroundRefresh), whose Cache
+// middleware runs the chain and hands the captured response back.
+func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key string) (*response, error) {
+	if m.cfg.engine == nil {
+		return nil, errNoRequest
+	}
+	slot := &refreshSlot{key: key}
+	req := orig.Clone(context.WithValue(ctx, refreshKey{}, slot))
+	req.Body = http.NoBody
+	req.ContentLength = 0
+	m.cfg.engine.ServeHTTP(discard{h: http.Header{}}, req)
+	if !slot.served {
+		return nil, errNotServed
+	}
+	r := loaded(slot.resp)
+	return r.resp, r.err
+}
+
+// serveRefresh runs the chain for a background refresh's copy of a request.
+func (m *cacheMW) serveRefresh(c *gin.Context, slot *refreshSlot) {
+	key, err := m.cacheKey(c)
+	if err != nil || key != slot.key {
+		c.Next() // another Cache on the same chain
+		return
+	}
+	slot.served = true
+	slot.resp = m.run(c, c.Request.Context())
+	c.Abort()
+}
+
+// discard is the response writer of a background refresh: the response was
+// captured by Cache, nobody reads it.
+type discard struct{ h http.Header }
+
+func (d discard) Header() http.Header         { return d.h }
+func (d discard) Write(b []byte) (int, error) { return len(b), nil }
+func (d discard) WriteHeader(int)             {}

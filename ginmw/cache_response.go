@@ -1,0 +1,266 @@
+package ginmw
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+// response is a captured response: what Cache stores and replays. Callers
+// that share one treat it as read-only.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// cacheable reports whether r may be stored: a 2xx other than 206 Partial
+// Content that sets no cookie.
+func (r *response) cacheable() bool {
+	return r.status >= 200 && r.status < 300 && r.status != http.StatusPartialContent && !r.setsCookie()
+}
+
+// shareable reports whether r, though not stored, may be handed to the
+// callers of this process that waited for the same load (an error page, a
+// redirect): it sets no cookie.
+func (r *response) shareable() bool { return !r.setsCookie() }
+
+func (r *response) setsCookie() bool { return len(r.header["Set-Cookie"]) > 0 }
+
+// hopHeaders are not stored as the handler set them: they describe one
+// connection, are Cache's own, or (Content-Length) are computed by Cache.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
+	"Upgrade", "Trailer", "Te", "Content-Length", "X-Cache"}
+
+// uncacheableError is a load whose response must not be stored; the callers
+// of this process that waited for it receive it and replay it when it is
+// shareable, or else run their own handler.
+type uncacheableError struct {
+	resp *response // nil when the response was streamed
+}
+
+func (e *uncacheableError) Error() string {
+	if e.resp == nil {
+		return "ginmw: response streamed, not cached"
+	}
+	return fmt.Sprintf("ginmw: response with status %d not cached", e.resp.status)
+}
+
+var (
+	errHandlerPanicked = errors.New("ginmw: handler panicked")
+	errNoRequest       = errors.New("ginmw: no request left to run the handler (see BackgroundRefresh)")
+	errNotServed       = errors.New("ginmw: background refresh request did not reach Cache")
+)
+
+// write replays r to the client with X-Cache set to xcache, answering 304
+// instead when the request's validators match.
+func writeResponse(c *gin.Context, r *response, xcache string) {
+	h := c.Writer.Header()
+	for k, vs := range r.header {
+		h[k] = vs[:len(vs):len(vs)] // an append by later middleware copies instead of writing into the shared array
+	}
+	h["X-Cache"] = xcacheValue(xcache)
+	if r.status == http.StatusOK && notModified(c.Request, r.header) {
+		for _, k := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
+			delete(h, k)
+		}
+		if h.Get("Etag") != "" {
+			delete(h, "Last-Modified")
+		}
+		c.Writer.WriteHeader(http.StatusNotModified)
+		c.Writer.WriteHeaderNow()
+		c.Abort()
+		return
+	}
+	if bodyAllowed(r.status) && r.header["Content-Length"] == nil {
+		h.Set("Content-Length", strconv.Itoa(len(r.body)))
+	}
+	c.Writer.WriteHeader(r.status)
+	if len(r.body) > 0 && bodyAllowed(r.status) && c.Request.Method != http.MethodHead {
+		c.Writer.Write(r.body) //nolint:errcheck // the client went away; nothing to do
+	} else {
+		c.Writer.WriteHeaderNow()
+	}
+	c.Abort()
+}
+
+// The X-Cache header values, allocated once. Their length equals their
+// capacity, so an append by later middleware copies instead of sharing.
+var (
+	xcacheHit       = []string{"HIT"}
+	xcacheMiss      = []string{"MISS"}
+	xcacheStale     = []string{"STALE"}
+	xcacheCoalesced = []string{"COALESCED"}
+)
+
+func xcacheValue(v string) []string {
+	switch v {
+	case "HIT":
+		return xcacheHit
+	case "MISS":
+		return xcacheMiss
+	case "STALE":
+		return xcacheStale
+	case "COALESCED":
+		return xcacheCoalesced
+	}
+	return []string{v}
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// notModified evaluates If-None-Match (or, without it, If-Modified-Since)
+// against a stored 200 response, as RFC 9110 §13.1 has a cache do.
+func notModified(req *http.Request, h http.Header) bool {
+	if inm := req.Header.Get("If-None-Match"); inm != "" {
+		etag := h.Get("Etag")
+		if etag == "" {
+			return false
+		}
+		for _, cand := range strings.Split(inm, ",") {
+			cand = strings.TrimSpace(cand)
+			if cand == "*" || strings.TrimPrefix(cand, "W/") == strings.TrimPrefix(etag, "W/") {
+				return true
+			}
+		}
+		return false
+	}
+	ims, lm := req.Header.Get("If-Modified-Since"), h.Get("Last-Modified")
+	if ims == "" || lm == "" {
+		return false
+	}
+	since, err1 := http.ParseTime(ims)
+	mod, err2 := http.ParseTime(lm)
+	return err1 == nil && err2 == nil && !mod.Truncate(time.Second).After(since)
+}
+
+// conditionalHeaders are removed from the request a load runs with: the stored
+// response must be the full one, whatever the first requester already had.
+var conditionalHeaders = []string{"If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range", "Range"}
+
+func unconditional(h http.Header) http.Header {
+	if !slices.ContainsFunc(conditionalHeaders, func(k string) bool { _, ok := h[k]; return ok }) {
+		return h
+	}
+	h = h.Clone()
+	for _, k := range conditionalHeaders {
+		delete(h, k)
+	}
+	return h
+}
+
+// respCodec stores a *response compactly (the cacheguard payload):
+//
+//	'g' 'r' 1            magic and version
+//	status               uint16 big-endian
+//	header count         uvarint, then per header: name, value count, values (each uvarint length + bytes)
+//	body                 the rest
+type respCodec struct{}
+
+func (respCodec) Marshal(v any) ([]byte, error) {
+	r, ok := v.(*response)
+	if !ok || r == nil {
+		return nil, fmt.Errorf("ginmw: codec: cannot encode %T", v)
+	}
+	n := 5 + binary.MaxVarintLen64 + len(r.body)
+	for k, vs := range r.header {
+		n += 2*binary.MaxVarintLen64 + len(k)
+		for _, s := range vs {
+			n += binary.MaxVarintLen64 + len(s)
+		}
+	}
+	b := make([]byte, 0, n)
+	b = append(b, 'g', 'r', 1)
+	b = binary.BigEndian.AppendUint16(b, uint16(r.status))
+	b = binary.AppendUvarint(b, uint64(len(r.header)))
+	for k, vs := range r.header {
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, s := range vs {
+			b = appendString(b, s)
+		}
+	}
+	return append(b, r.body...), nil
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+var errBadPayload = errors.New("ginmw: codec: not a stored response")
+
+func (respCodec) Unmarshal(data []byte, v any) error {
+	p, ok := v.(**response)
+	if !ok {
+		return fmt.Errorf("ginmw: codec: cannot decode into %T", v)
+	}
+	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || data[2] != 1 {
+		return errBadPayload
+	}
+	status := int(binary.BigEndian.Uint16(data[3:]))
+	if status < 100 || status > 999 {
+		return errBadPayload
+	}
+	// First pass: check the header block and count its values; second pass:
+	// cut every name and value out of one string and one slice.
+	d := data[5:]
+	nh, n := binary.Uvarint(d)
+	if n <= 0 || nh > uint64(len(d)) {
+		return errBadPayload
+	}
+	off, nvals := n, 0
+	str := func() (int, int, bool) {
+		l, n := binary.Uvarint(d[off:])
+		if n <= 0 || l > uint64(len(d)-off-n) {
+			return 0, 0, false
+		}
+		start := off + n
+		off = start + int(l)
+		return start, off, true
+	}
+	for range nh {
+		if _, _, ok := str(); !ok {
+			return errBadPayload
+		}
+		nv, n := binary.Uvarint(d[off:])
+		if n <= 0 || nv > uint64(len(d)-off-n) {
+			return errBadPayload
+		}
+		off += n
+		for range nv {
+			if _, _, ok := str(); !ok {
+				return errBadPayload
+			}
+		}
+		nvals += int(nv)
+	}
+	end := off
+	block := string(d[:end])
+	r := &response{status: status, header: make(http.Header, nh), body: d[end:]}
+	vals := make([]string, nvals)
+	_, n = binary.Uvarint(d)
+	off = n
+	for range nh {
+		a, b, _ := str()
+		nv, n := binary.Uvarint(d[off:])
+		off += n
+		vs := vals[:nv:nv]
+		vals = vals[nv:]
+		for i := range vs {
+			x, y, _ := str()
+			vs[i] = block[x:y]
+		}
+		r.header[block[a:b]] = vs
+	}
+	*p = r
+	return nil
+}

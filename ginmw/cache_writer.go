@@ -1,0 +1,173 @@
+package ginmw
+
+import (
+	"bufio"
+	"bytes"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// captureWriter buffers what the handler chain writes, so that Cache can
+// store it and replay it to every caller. A response that outgrows the limit,
+// is flushed or hijacks the connection switches to pass-through: what was
+// buffered goes to the client and the rest follows as written, uncached.
+// It is used on the request's goroutine only.
+type captureWriter struct {
+	real    gin.ResponseWriter // the request's own writer
+	header  http.Header
+	status  int
+	size    int // -1 until the header is committed
+	body    bytes.Buffer
+	max     int
+	through bool // passing through to real: not cacheable
+}
+
+var _ gin.ResponseWriter = (*captureWriter)(nil)
+
+func newCaptureWriter(real gin.ResponseWriter, max int) *captureWriter {
+	return &captureWriter{real: real, header: http.Header{}, status: http.StatusOK, size: -1, max: max}
+}
+
+func (w *captureWriter) Header() http.Header {
+	if w.through {
+		return w.real.Header()
+	}
+	return w.header
+}
+
+func (w *captureWriter) WriteHeader(code int) {
+	if w.through {
+		w.real.WriteHeader(code)
+		return
+	}
+	if code > 0 && w.size < 0 {
+		w.status = code
+	}
+}
+
+func (w *captureWriter) WriteHeaderNow() {
+	if w.through {
+		w.real.WriteHeaderNow()
+		return
+	}
+	if w.size < 0 {
+		w.size = 0
+	}
+}
+
+func (w *captureWriter) Write(b []byte) (int, error) {
+	if !w.through && w.body.Len()+len(b) > w.max {
+		w.passThrough()
+	}
+	if w.through {
+		return w.real.Write(b)
+	}
+	w.WriteHeaderNow()
+	w.size += len(b)
+	return w.body.Write(b)
+}
+
+func (w *captureWriter) WriteString(s string) (int, error) {
+	if !w.through && w.body.Len()+len(s) > w.max {
+		w.passThrough()
+	}
+	if w.through {
+		return w.real.WriteString(s)
+	}
+	w.WriteHeaderNow()
+	w.size += len(s)
+	return w.body.WriteString(s)
+}
+
+func (w *captureWriter) Status() int {
+	if w.through {
+		return w.real.Status()
+	}
+	return w.status
+}
+
+func (w *captureWriter) Size() int {
+	if w.through {
+		return w.real.Size()
+	}
+	return w.size
+}
+
+func (w *captureWriter) Written() bool { return w.Size() >= 0 }
+
+// Flush means the handler streams: stop buffering.
+func (w *captureWriter) Flush() {
+	w.passThrough()
+	w.real.Flush()
+}
+
+func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.through = true // nothing buffered can be sent any more
+	return w.real.Hijack()
+}
+
+func (w *captureWriter) CloseNotify() <-chan bool { return w.real.CloseNotify() } //nolint:staticcheck // part of gin.ResponseWriter
+
+func (w *captureWriter) Pusher() http.Pusher { return nil }
+
+// passThrough sends what was buffered and lets the rest go straight through.
+func (w *captureWriter) passThrough() {
+	if w.through {
+		return
+	}
+	w.through = true
+	h := w.real.Header()
+	for k, vs := range w.header {
+		h[k] = vs
+	}
+	h.Set("X-Cache", "MISS")
+	w.real.WriteHeader(w.status)
+	if w.size >= 0 {
+		w.real.WriteHeaderNow()
+		if w.body.Len() > 0 {
+			w.real.Write(w.body.Bytes()) //nolint:errcheck // the client went away; the handler finds out on its next write
+		}
+	}
+	w.body = bytes.Buffer{}
+}
+
+// captured returns the buffered response (headers filtered, Vary extended),
+// or nil when it passed through.
+func (w *captureWriter) captured(vary []string, head bool) *response {
+	if w.through {
+		return nil
+	}
+	h := w.header
+	cl := h["Content-Length"]
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+	switch {
+	case head && w.body.Len() == 0 && cl != nil:
+		h["Content-Length"] = cl // a HEAD answer states the length of the body it does not send
+	case bodyAllowed(w.status):
+		h["Content-Length"] = []string{strconv.Itoa(w.body.Len())} // stored, so a replay need not format it
+	}
+	for _, name := range vary {
+		if !headerHasToken(h, "Vary", name) {
+			h.Add("Vary", name)
+		}
+	}
+	return &response{status: w.status, header: h, body: w.body.Bytes()}
+}
+
+func headerHasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for _, t := range strings.Split(v, ",") {
+			t = strings.TrimSpace(t)
+			if t == "*" || http.CanonicalHeaderKey(t) == token {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,62 @@
+package ginmw
+
+import (
+	"context"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+type heldKey struct{}
+
+// held is what Lock puts on the request context.
+type held struct {
+	lk        *locks.Lock
+	monotonic bool // the Locker's fences strictly increase per name
+}
+
+// lockedCtx is the handler's context under Lock: the request's context,
+// cancelled when the lock is lost, carrying the lock (one allocation for both).
+type lockedCtx struct {
+	context.Context
+	held held
+}
+
+func (c *lockedCtx) Value(key any) any {
+	if key == (heldKey{}) {
+		return &c.held
+	}
+	return c.Context.Value(key)
+}
+
+// Fence returns the fence token of the lock Lock holds for this request (the
+// innermost one when Lock is used more than once): pass it to the storage the
+// handler writes, and have that storage refuse tokens smaller than one it has
+// seen. ok is false when no lock is held (the route is not locked, the method
+// is skipped, FailOpen ran the handler unlocked) or when the Locker's tokens
+// are not monotonic (Redlock), since such a token cannot fence anything.
+func Fence(c *gin.Context) (token uint64, ok bool) {
+	return FenceFromContext(c.Request.Context())
+}
+
+// FenceFromContext is Fence for code that has only the request's context.
+func FenceFromContext(ctx context.Context) (token uint64, ok bool) {
+	h, _ := ctx.Value(heldKey{}).(*held)
+	if h == nil || !h.monotonic {
+		return 0, false
+	}
+	return h.lk.Fence(), true
+}
+
+// LockFromContext returns the lock Lock holds for the request ctx belongs to
+// (the innermost one when Lock is used more than once), e.g. to Extend it
+// before a long step or to read its Name. The middleware releases it: do not
+// call Unlock.
+func LockFromContext(ctx context.Context) (*locks.Lock, bool) {
+	h, _ := ctx.Value(heldKey{}).(*held)
+	if h == nil {
+		return nil, false
+	}
+	return h.lk, true
+}

@@ -1,0 +1,70 @@
+package ginmw
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+var (
+	// ErrBadKey means a KeyFunc could not name the request's resource: a missing
+	// parameter, header or query value, an empty or over-long key, or a custom
+	// KeyFunc's error. Lock answers 400.
+	ErrBadKey = errors.New("ginmw: bad key")
+	// ErrLocked means another request held the resource for the whole wait
+	// budget. Lock answers 409 (see ConflictStatus) with Retry-After.
+	ErrLocked = errors.New("ginmw: resource locked")
+	// ErrUnavailable means the lock service failed (Redis down, a network error,
+	// a closed client). Lock answers 503 unless FailOpen is set.
+	ErrUnavailable = errors.New("ginmw: lock service unavailable")
+	// ErrLockLost is the cause (context.Cause) of a request context cancelled
+	// because its lock was lost while the handler ran.
+	ErrLockLost = errors.New("ginmw: lock lost")
+	// ErrInvalid marks a bad argument to a helper, reported before any Redis call.
+	ErrInvalid = errors.New("ginmw: invalid argument")
+)
+
+// StatusClientClosedRequest is the status Lock aborts with when the client went
+// away before the lock was obtained (the convention nginx made common). Nothing
+// is written to the client.
+const StatusClientClosedRequest = 499
+
+// Error is a request that Lock refused, as handed to an ErrorHandler. It
+// matches its Kind and its Cause with errors.Is.
+type Error struct {
+	Status     int           // the HTTP status to answer with
+	Kind       error         // ErrBadKey, ErrLocked or ErrUnavailable
+	Resource   string        // the lock name ("" when the key could not be extracted)
+	RetryAfter time.Duration // ErrLocked: the holder's remaining lease, at least 1s
+	Cause      error         // what went wrong underneath, if anything
+}
+
+func (e *Error) Error() string {
+	msg := e.Kind.Error()
+	if e.Resource != "" {
+		msg += fmt.Sprintf(" %q", e.Resource)
+	}
+	if e.Cause != nil && e.Cause != e.Kind {
+		msg += ": " + e.Cause.Error()
+	}
+	return msg
+}
+
+// Unwrap returns the kind and the cause.
+func (e *Error) Unwrap() []error {
+	if e.Cause == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Cause}
+}
+
+// message is the text for the client: the reason of a bad key, otherwise only
+// the kind (a Redis error's details are for the server's log, not the client).
+func (e *Error) message() string {
+	msg := e.Kind.Error()
+	if errors.Is(e.Kind, ErrBadKey) && e.Cause != nil {
+		msg = e.Cause.Error()
+	}
+	return strings.TrimPrefix(msg, "ginmw: ")
+}

@@ -1,0 +1,97 @@
+package ginmw_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// newLocker starts a redis-server of the test's own and a locks.Client on it.
+func newLocker(t *testing.T, opts ...locks.Option) (*locks.Client, *redis.Client, *redistest.Server) {
+	t.Helper()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	l := locks.New(rdb, opts...)
+	t.Cleanup(func() { l.Close() })
+	return l, rdb, s
+}
+
+// newEngine returns a Gin engine whose recovery writes nothing to the test's output.
+func newEngine() *gin.Engine {
+	r := gin.New()
+	r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) {
+		c.AbortWithStatus(http.StatusInternalServerError)
+	}))
+	return r
+}
+
+func serve(h http.Handler, method, target string, header ...string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w
+}
+
+// errorBody is the JSON body Lock answers a refused request with.
+type errorBody struct {
+	Error      string `json:"error"`
+	Resource   string `json:"resource"`
+	RetryAfter int    `json:"retry_after"`
+}
+
+func decodeError(t *testing.T, w *httptest.ResponseRecorder) errorBody {
+	t.Helper()
+	var b errorBody
+	if err := json.Unmarshal(w.Body.Bytes(), &b); err != nil {
+		t.Fatalf("body %q is not JSON: %v", w.Body.String(), err)
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/json; charset=utf-8" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	return b
+}
+
+// lockExists reports whether the lock key of name exists (default prefix).
+func lockExists(t *testing.T, rdb *redis.Client, name string) bool {
+	t.Helper()
+	n, err := rdb.Exists(context.Background(), "cg:lock:{"+name+"}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// within waits for ch or fails the test after d.
+func within(t *testing.T, d time.Duration, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// eventually polls cond (an observable condition) until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

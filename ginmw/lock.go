@@ -1,0 +1,132 @@
+package ginmw
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// Lock returns middleware that holds the lock named by key while the rest of
+// the chain runs: it waits for the lock (up to the Wait budget), runs the
+// chain, and releases the lock when the chain returns, panics, or the client
+// goes away. See the package documentation for the answers it gives when it
+// cannot lock. Lock panics with a "ginmw:" message when l is nil, key is the
+// zero KeyFunc or an option is invalid.
+func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
+	if l == nil {
+		panic("ginmw: Lock called with a nil locks.Locker")
+	}
+	if key.fn == nil {
+		panic("ginmw: Lock called with a zero KeyFunc")
+	}
+	cfg := lockDefaults()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		panic(err.Error())
+	}
+	lockOpts := append(append([]locks.Option(nil), cfg.lockOpts...), locks.WithWait(cfg.wait))
+	monotonic := l.MonotonicFences()
+	// Each request is an owner of its own: a random 128-bit prefix per
+	// middleware and a counter, unique without a call to the OS per request.
+	ownerPrefix := locks.NewOwnerID() + "."
+	var requests atomic.Uint64
+
+	return func(c *gin.Context) {
+		if cfg.methods != nil && !cfg.methods[c.Request.Method] {
+			c.Next()
+			return
+		}
+		name, err := key.name(c)
+		if err != nil {
+			cfg.onError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+			return
+		}
+
+		orig := c.Request
+		ctx := orig.Context()
+		if _, ok := locks.OwnerFrom(ctx); !ok {
+			ctx = locks.WithOwner(ctx, ownerPrefix+strconv.FormatUint(requests.Add(1), 36))
+		}
+		lk, err := l.Lock(ctx, name, lockOpts...)
+		if err != nil {
+			if refused := cfg.refuse(ctx, c, name, err); refused {
+				return
+			}
+			c.Request = orig.WithContext(ctx) // fail open: the owner, but no lock
+			defer func() { c.Request = orig }()
+			c.Next()
+			return
+		}
+
+		cctx, cancel := context.WithCancelCause(ctx)
+		stop := context.AfterFunc(lk.Context(), func() { cancel(ErrLockLost) })
+		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk, monotonic: monotonic}})
+		defer func() {
+			lost := !stop() && lk.Context().Err() != nil
+			cancel(nil)
+			c.Request = orig
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			uerr := lk.Unlock(rctx)
+			rcancel()
+			switch {
+			case lost:
+				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
+			case uerr != nil:
+				c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: uerr}) //nolint:errcheck
+			}
+		}()
+		c.Next()
+	}
+}
+
+// refuse answers a failed acquisition, or reports false when the handler
+// should run unlocked (FailOpen and the lock service is unavailable).
+func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
+	var noe *locks.NotObtainedError
+	isNoe := errors.As(err, &noe)
+	switch {
+	case isNoe && noe.Err == nil:
+		// The wait budget ran out (or Wait(0) met a held lock).
+		cfg.conflict(c, name, noe.RetryAfter, err)
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// The client went away: nobody is left to answer.
+			c.AbortWithStatus(StatusClientClosedRequest)
+			return true
+		}
+		// A deadline set upstream ended the wait: contention all the same.
+		var retry time.Duration
+		if isNoe {
+			retry = noe.RetryAfter
+		}
+		cfg.conflict(c, name, retry, err)
+	case errors.Is(err, locks.ErrInvalid):
+		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: ErrUnavailable, Resource: name, Cause: err})
+	case cfg.failOpen:
+		c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err}) //nolint:errcheck // recorded for loggers
+		return false
+	default:
+		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err})
+	}
+	return true
+}
+
+func (cfg *lockConfig) conflict(c *gin.Context, name string, retry time.Duration, err error) {
+	e := &Error{Status: cfg.conflictStatus, Kind: ErrLocked, Resource: name, RetryAfter: max(retry, time.Second), Cause: err}
+	c.Header("Retry-After", strconv.Itoa(retryAfterSeconds(e.RetryAfter)))
+	cfg.onError(c, e)
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int {
+	return max(1, int((d+time.Second-1)/time.Second))
+}

@@ -1,0 +1,106 @@
+package ginmw
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// DefaultWait is how long Lock waits for a held resource before answering 409.
+// It is short because a person is usually waiting for the answer: an edit that
+// queues longer than a few seconds is better refused with Retry-After.
+const DefaultWait = 5 * time.Second
+
+// releaseTimeout bounds the release after the handler; the client's disconnect
+// cannot cancel it.
+const releaseTimeout = 5 * time.Second
+
+// LockOption configures Lock.
+type LockOption func(*lockConfig)
+
+type lockConfig struct {
+	wait           time.Duration
+	conflictStatus int
+	failOpen       bool
+	methods        map[string]bool // nil: every method
+	lockOpts       []locks.Option
+	onError        func(c *gin.Context, err *Error)
+}
+
+func lockDefaults() lockConfig {
+	return lockConfig{wait: DefaultWait, conflictStatus: http.StatusConflict, onError: WriteError}
+}
+
+// Wait sets how long a request waits for a resource another request holds
+// before it is refused with ErrLocked. The default is DefaultWait (5s); zero
+// refuses at once. The request's own context (a client that goes away, a
+// deadline set by an earlier middleware) can end the wait sooner.
+func Wait(d time.Duration) LockOption { return func(c *lockConfig) { c.wait = d } }
+
+// ConflictStatus sets the status of a request refused because the resource
+// stayed locked, e.g. http.StatusLocked (423). The default is 409 Conflict.
+func ConflictStatus(code int) LockOption { return func(c *lockConfig) { c.conflictStatus = code } }
+
+// FailOpen runs the handler without the lock when the lock service is
+// unavailable, instead of answering 503; Fence then reports no token. Use it
+// only where losing mutual exclusion during an outage is acceptable. The
+// default fails closed.
+func FailOpen() LockOption { return func(c *lockConfig) { c.failOpen = true } }
+
+// Methods locks only requests with one of these methods; the others pass
+// through unlocked, e.g. Methods("POST", "PUT", "PATCH", "DELETE") leaves
+// GET and HEAD free. The default locks every method.
+func Methods(methods ...string) LockOption {
+	return func(c *lockConfig) {
+		c.methods = map[string]bool{}
+		for _, m := range methods {
+			c.methods[strings.ToUpper(m)] = true
+		}
+	}
+}
+
+// LockOptions passes options (lease, fair mode, replicas, prefix, observer) to
+// every acquisition. The wait budget is set with Wait, not locks.WithWait. The
+// default is the Locker's own defaults.
+func LockOptions(opts ...locks.Option) LockOption {
+	return func(c *lockConfig) { c.lockOpts = append(c.lockOpts, opts...) }
+}
+
+// ErrorHandler sets what Lock does with a request it refuses (bad key,
+// contention, lock service unavailable). The handler must write the answer
+// and abort the chain (the handler after Lock does not run either way). When
+// it is called for ErrLocked, the Retry-After header is already set. The
+// default is WriteError.
+func ErrorHandler(h func(c *gin.Context, err *Error)) LockOption {
+	return func(c *lockConfig) { c.onError = h }
+}
+
+func (c *lockConfig) validate() error {
+	switch {
+	case c.wait < 0:
+		return fmt.Errorf("%w: negative wait %v", ErrInvalid, c.wait)
+	case c.conflictStatus < 100 || c.conflictStatus > 999:
+		return fmt.Errorf("%w: conflict status %d", ErrInvalid, c.conflictStatus)
+	case c.onError == nil:
+		return fmt.Errorf("%w: nil ErrorHandler", ErrInvalid)
+	}
+	return nil
+}
+
+// WriteError is the default ErrorHandler: it aborts with err.Status and a JSON
+// body {"error": "...", "resource": "...", "retry_after": seconds}.
+func WriteError(c *gin.Context, err *Error) {
+	body := gin.H{"error": err.message()}
+	if err.Resource != "" {
+		body["resource"] = err.Resource
+	}
+	if err.RetryAfter > 0 {
+		body["retry_after"] = retryAfterSeconds(err.RetryAfter)
+	}
+	c.AbortWithStatusJSON(err.Status, body)
+}
