@@ -306,12 +306,9 @@ func TestReliabilityCachePanickingLoader(t *testing.T) {
 // flight of theirs that began before the invalidation (cacheguard documents
 // that Invalidate voids the flights of its own process only); those stale
 // reads are counted as the documented limitation, not as violations.
-//
-// KNOWN BUG (cacheguard, reported): since reads of a key are coalesced per
-// process (e92ba2c), Invalidate does not void a GET already in flight, so a
-// call that starts after Invalidate returned can join it and return the old
-// value. The test reports it in its figures and skips (RELIABILITY_STRICT=1
-// makes it fail).
+// (This caught a regression of per-process read coalescing, e92ba2c, in
+// which a call could join a GET sent before the invalidation; fixed in
+// 002e3c8.)
 func TestReliabilityCacheInvalidationRace(t *testing.T) {
 	noLeaks(t)
 	srv := redistest.Start(t)
@@ -365,7 +362,7 @@ func TestReliabilityCacheInvalidationRace(t *testing.T) {
 				case got < same:
 					fig.Violations++
 					if fig.Violations < 5 {
-						t.Logf("guard %d read version %d after its own invalidation of version %d returned", g, got, same)
+						t.Errorf("guard %d read version %d after its own invalidation of version %d returned", g, got, same)
 					}
 				default:
 					fig.Succeeded++
@@ -381,18 +378,11 @@ func TestReliabilityCacheInvalidationRace(t *testing.T) {
 	cancel()
 	writer.Wait()
 	fig.Note = fmt.Sprintf("%d invalidations; %d reads older than the other guard's latest invalidation (documented: Invalidate voids its own process's flights only)", invalidations, crossStale)
-	if fig.Violations != 0 {
-		fig.Expect = "0 — FAILS since e92ba2c: known bug, Invalidate does not void a GET in flight (read coalescing)"
-	}
 	fig.Report(t)
-	if fig.Violations != 0 {
-		knownBug(t, "cacheguard: Invalidate does not forget the coalesced GET in flight (reads, since e92ba2c)",
-			fmt.Sprintf("%d calls that started after their own guard's Invalidate returned joined a GET sent before it and returned the old value", fig.Violations))
-	}
 }
 
 // TestReliabilityCacheInvalidateInFlightRead is the deterministic form of
-// the known bug above: a Get's GET has run in Redis but its reply is held in
+// the regression above: a Get's GET has run in Redis but its reply is held in
 // the proxy; Invalidate (same guard) deletes the value and returns; a Get
 // that starts after that must return the new value — not join the GET still
 // in flight and return the old one.
@@ -456,12 +446,8 @@ func TestReliabilityCacheInvalidateInFlightRead(t *testing.T) {
 		fig.Succeeded++
 	}
 	fig.Note = fmt.Sprintf("the call after Invalidate returned version %s (want 2)", got)
-	if fig.Violations != 0 {
-		fig.Expect = "0 — FAILS since e92ba2c: known bug, Invalidate does not void a GET in flight (read coalescing)"
-	}
 	fig.Report(t)
-	if fig.Violations != 0 {
-		knownBug(t, "cacheguard: Invalidate does not forget the coalesced GET in flight (reads, since e92ba2c)",
-			"a Get that started after Invalidate returned joined the GET sent before it and returned version "+got)
+	if got != "2" {
+		t.Errorf("a Get that started after Invalidate returned joined the GET sent before it and returned version %s", got)
 	}
 }
