@@ -1,0 +1,28 @@
+package reliability
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// redisAddr is the address of the server TestMain starts (unused by the
+// scenarios, which start their own servers to break them).
+var redisAddr string
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(childEnv); role != "" {
+		os.Exit(runChild(role))
+	}
+	// go-redis logs every failed dial; the scenarios kill servers on purpose.
+	redis.SetLogger(quiet{})
+	redistest.Main(m, &redisAddr)
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}

@@ -1,0 +1,317 @@
+package reliability
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// startProxy starts a fault proxy to s, closed at cleanup.
+func startProxy(t *testing.T, s *redistest.Server) *Proxy {
+	t.Helper()
+	p, err := NewProxy(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// TestReliabilityProxyFaults runs the concurrent workload with every lock
+// client talking to Redis through the fault proxy, while a nemesis switches
+// a fault on and off: added latency, a black hole (a partition: nothing
+// passes, connections stay open), lost replies (commands run, callers never
+// hear, go-redis retries them), and connection resets. Both histories stay
+// linearizable: no two holders, fences increase, no stale write lands. The
+// fault lasts longer than go-redis's retries (4 tries with 200ms timeouts),
+// so calls in flight end with unknown outcomes.
+func TestReliabilityProxyFaults(t *testing.T) {
+	noLeaks(t)
+	const lease = 400 * time.Millisecond
+	for _, fault := range []Fault{Latency, BlackHole, DropReplies, Reset} {
+		t.Run(fault.String(), func(t *testing.T) {
+			srv, res := redistest.Start(t), redistest.Start(t)
+			px := startProxy(t, srv)
+			px.SetLatency(30 * time.Millisecond)
+			rdb := faultClient(px.Addr())
+			t.Cleanup(func() { rdb.Close() })
+			c := locks.New(rdb)
+			t.Cleanup(func() { c.Close() })
+			w := &workload{mu: libMutex{c: c, name: "px", lease: lease}, reg: Register{RDB: res.Client(), Key: "reg:px"},
+				lease: lease, clients: 3, ops: scale(60, 25), straggles: 2, opTimeout: time.Second}
+			w.init()
+			cycles := scale(2, 1)
+			f := verify(t, w.run(t, func(ctx context.Context) {
+				for i := 0; i < cycles; i++ {
+					for _, step := range []struct {
+						f Fault
+						d time.Duration
+					}{{Pass, 200 * time.Millisecond}, {fault, 1200 * time.Millisecond}} { // the fault schedule
+						px.Set(step.f)
+						select {
+						case <-ctx.Done():
+							px.Set(Pass)
+							return
+						case <-time.After(step.d):
+						}
+					}
+					px.Set(Pass)
+					w.heal()
+				}
+			}), porcupine.Ok, porcupine.Ok)
+			f.Scenario = "workload through the proxy, fault cycled 1.2s on / 200ms off: " + fault.String()
+			if fault == Latency {
+				f.Scenario += " (30ms per chunk)"
+			}
+			f.Report(t)
+			if f.Violations != 0 {
+				t.Errorf("%d violations", f.Violations)
+			}
+		})
+	}
+}
+
+// TestReliabilityLostReply: go-redis retries a command whose reply was lost
+// (MaxRetries defaults to 3), so the acquire script runs twice. It must treat
+// the retry as the same acquisition: a lost reply never leaves a stranded
+// hold count, whether the acquisition is the first hold or a re-entry.
+func TestReliabilityLostReply(t *testing.T) {
+	noLeaks(t)
+	srv := startAndProxy(t)
+	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	holds := func(name string) int {
+		n, err := srv.direct.HGet(context.Background(), "cg:lock:{"+name+"}", "n").Int()
+		if err != nil {
+			return 0
+		}
+		return n
+	}
+	fig := Figures{Scenario: "lost replies to acquire and re-entry (go-redis retries)", Recovery: -1}
+
+	// First hold: the reply is swallowed, go-redis retries on a new connection.
+	srv.px.DropNext(1)
+	outer, err := srv.c.TryLock(ctx, "lost")
+	fig.Attempted++
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig.Succeeded++
+	if srv.px.Dropped() != 1 {
+		t.Fatalf("%d replies dropped, want 1", srv.px.Dropped())
+	}
+	if n := holds("lost"); n != 1 {
+		fig.Violations++
+		t.Errorf("after a retried acquisition the hold count is %d, want 1", n)
+	}
+	// Re-entry: the same.
+	srv.px.DropNext(1)
+	inner, err := srv.c.TryLock(ctx, "lost")
+	if srv.px.Dropped() != 2 {
+		t.Fatalf("%d replies dropped, want 2", srv.px.Dropped())
+	}
+	fig.Attempted++
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig.Succeeded++
+	if n := holds("lost"); n != 2 {
+		fig.Violations++
+		t.Errorf("after a retried re-entry the hold count is %d, want 2", n)
+	}
+	if inner.Fence() != outer.Fence() {
+		t.Errorf("re-entry fence %d, want the outer %d", inner.Fence(), outer.Fence())
+	}
+	if err := inner.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := holds("lost"); n != 1 {
+		fig.Violations++
+		t.Errorf("after the inner Unlock the hold count is %d, want 1", n)
+	}
+	if err := outer.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := srv.direct.Exists(context.Background(), "cg:lock:{lost}").Result(); n != 0 {
+		fig.Violations++
+		t.Error("the lock is still there after the last Unlock: a hold was stranded")
+	}
+	fig.Report(t)
+}
+
+// TestReliabilityLostReleaseReply: the reply to a release is lost and
+// go-redis retries it. The release script must treat the retry as the same
+// release. For a re-entered lock a second run would take back a second hold:
+// the inner Unlock would release the outer holder's lock too, and another
+// client could take it while the outer critical section still runs.
+//
+// KNOWN BUG (locks, reported to the lead): release.lua is not idempotent, so
+// this is what happens today. Until it is fixed the test reports the
+// violation in its figures and skips; RELIABILITY_STRICT=1 makes it fail.
+func TestReliabilityLostReleaseReply(t *testing.T) {
+	noLeaks(t)
+	srv := startAndProxy(t)
+	bg := context.Background()
+	fig := Figures{Scenario: "lost reply to a re-entered lock's inner Unlock (go-redis retries)", Recovery: -1}
+
+	ctx := locks.WithOwner(bg, locks.NewOwnerID())
+	outer, err := srv.c.TryLock(ctx, "relretry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := srv.c.TryLock(ctx, "relretry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig.Attempted, fig.Succeeded = 2, 2
+	srv.px.DropNext(1)
+	innerErr := inner.Unlock(bg)
+	if srv.px.Dropped() != 1 {
+		t.Fatalf("%d replies dropped, want 1", srv.px.Dropped())
+	}
+	n, _ := srv.direct.HGet(bg, "cg:lock:{relretry}", "n").Int()
+	// The outer hold must still exclude everybody else.
+	other := locks.New(srv.direct)
+	t.Cleanup(func() { other.Close() })
+	lk, err := other.TryLock(bg, "relretry")
+	fig.Attempted++
+	switch {
+	case err == nil:
+		fig.Succeeded++
+		fig.Violations++
+		lk.Unlock(bg)
+	case errors.Is(err, locks.ErrNotObtained):
+		fig.Refused++
+	default:
+		t.Fatal(err)
+	}
+	outerErr := outer.Unlock(bg)
+
+	// The last hold: a retried release finds the lock gone.
+	single, err := srv.c.TryLock(bg, "relretry-last")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fig.Attempted++
+	fig.Succeeded++
+	srv.px.DropNext(1)
+	lastErr := single.Unlock(bg)
+	if e, _ := srv.direct.Exists(bg, "cg:lock:{relretry-last}").Result(); e != 0 {
+		fig.Violations++
+		t.Error("the last hold's lock is still there after Unlock")
+	}
+	fig.Note = fmt.Sprintf("inner Unlock: %s (hold count left %d, want 1); outer Unlock: %s; last-hold Unlock with lost reply: %s",
+		errText(innerErr), n, errText(outerErr), errText(lastErr))
+	if fig.Violations != 0 {
+		fig.Expect = "0 — FAILS today: known bug, release.lua is not idempotent under go-redis retries"
+	}
+	fig.Report(t)
+	if fig.Violations != 0 {
+		knownBug(t, "locks: release.lua is not idempotent under go-redis retries",
+			fmt.Sprintf("another client took the lock while the outer hold was still held: the retried release took back two holds (hold count %d, inner Unlock said %v)", n, innerErr))
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+type proxied struct {
+	px     *Proxy
+	c      *locks.Client
+	direct *redis.Client
+}
+
+// startAndProxy starts a server, a proxy to it, a locks.Client through the
+// proxy and a direct client for inspection.
+func startAndProxy(t *testing.T) proxied {
+	t.Helper()
+	s := redistest.Start(t)
+	px := startProxy(t, s)
+	rdb := faultClient(px.Addr())
+	t.Cleanup(func() { rdb.Close() })
+	// Open the pooled connection now: a reply lost during the connection's
+	// handshake (HELLO) fails the dial instead of exercising a retry.
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	// Load the scripts: otherwise the reply lost would be EVALSHA's NOSCRIPT,
+	// after which the script runs only once (as EVAL).
+	lk, err := c.TryLock(context.Background(), "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return proxied{px: px, c: c, direct: s.Client()}
+}
+
+// TestReliabilityRenewalPartitioned: a holder that renews its lease in the
+// background is cut off from Redis (black hole) while it holds the lock.
+// Its renewals fail, its lease runs out on the server and another client
+// takes the lock. By then the cut-off holder must no longer believe it holds
+// the lock: its TTL is 0 (its local deadline, counted from before its last
+// successful renewal was sent, cannot outlast the server's), Lost closes,
+// and its late write is refused by the fenced resource.
+func TestReliabilityRenewalPartitioned(t *testing.T) {
+	noLeaks(t)
+	const lease = 600 * time.Millisecond
+	srv := startAndProxy(t)
+	res := redistest.Start(t)
+	r := newRecorder(t, Register{RDB: res.Client(), Key: "reg:renew"})
+	bg := context.Background()
+
+	call := r.lockH.Now()
+	a, err := srv.c.TryLock(bg, "renew", locks.WithLease(lease))
+	ret := r.lockH.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fig.Attempted, r.fig.Succeeded = 1, 1
+	if r.write(a, 1, "a") != Done {
+		t.Fatal("write refused")
+	}
+	pc, pttl := r.pttl2(srv.direct, "renew")
+	r.held(1, call, ret, a.Fence(), pc, pttl)
+	srv.px.Set(BlackHole)
+	cut := r.lockH.Now()
+	other := locks.New(srv.direct)
+	t.Cleanup(func() { other.Close() })
+	b, got := r.lock(other, 2, "renew", lease)
+	r.fig.Recovery = time.Duration(got - cut)
+	if ttl := a.TTL(); ttl > 0 {
+		r.fig.Violations++
+		t.Errorf("the cut-off holder still believes it holds the lock for %v after another client was granted it", ttl)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		r.fig.Violations++
+		t.Error("the cut-off holder never saw Lost")
+	}
+	if r.write(b, 2, "b") != Done {
+		t.Error("the new holder's write was refused")
+	}
+	if r.write(a, 1, "a-late") != Refused {
+		t.Error("the cut-off holder's late write was applied")
+	}
+	srv.px.Set(Pass)
+	r.unlock(a, 1)
+	r.unlock(b, 2)
+	f := r.verify(porcupine.Ok, porcupine.Ok)
+	f.Scenario = "renewing holder black-holed from Redis (600ms lease)"
+	f.Report(t)
+}
