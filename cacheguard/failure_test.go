@@ -145,7 +145,7 @@ func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
 	// Nothing the abandoned calls started outlives the Guard.
 	g.Close()
 	rdb.Close()
-	goleak.VerifyNone(t, before)
+	goleak.VerifyNone(t, append(redistest.LeakOptions(), before)...)
 }
 
 func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 		return
 	}
 	gin.SetMode(gin.ReleaseMode)
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, redistest.LeakOptions()...)
 }
 
 // testDemo is the demonstration as the tests run it: the default sizes, with

@@ -8,4 +8,4 @@ import (
 
 // TestMain checks that the helpers leave no goroutine behind: every process
 // waiter and every client they make must be stopped by the cleanups.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, LeakOptions()...) }

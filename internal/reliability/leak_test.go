@@ -5,8 +5,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // noLeaks makes t fail, after every other cleanup of t has run, when t left
@@ -14,17 +17,30 @@ import (
 // test, so its cleanup runs last.
 func noLeaks(t *testing.T) {
 	t.Helper()
-	ignore := goleak.IgnoreCurrent()
+	opts := append(redistest.LeakOptions(), goleak.IgnoreCurrent())
 	sockets, servers := countSockets(), countChildren("redis-server")
 	t.Cleanup(func() {
-		goleak.VerifyNone(t, ignore)
-		if n := countSockets(); n > sockets {
+		goleak.VerifyNone(t, opts...)
+		// Connections and killed processes are torn down asynchronously:
+		// give the counts a bounded moment to settle, as goleak does.
+		if n := settle(countSockets, sockets); n > sockets {
 			t.Errorf("%d sockets open after the scenario, %d before: a connection leaked", n, sockets)
 		}
-		if n := countChildren("redis-server"); n > servers {
+		if n := settle(func() int { return countChildren("redis-server") }, servers); n > servers {
 			t.Errorf("%d redis-server processes left behind (%d before)", n, servers)
 		}
 	})
+}
+
+// settle polls count until it is at most want or 5 s pass, and returns the last count.
+func settle(count func() int, want int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	n := count()
+	for n > want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		n = count()
+	}
+	return n
 }
 
 // countSockets counts this process's open socket descriptors.
