@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 func TestGetMissThenHit(t *testing.T) {
@@ -45,8 +43,8 @@ func TestGetMissThenHit(t *testing.T) {
 func TestBadInputBeforeRedis(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared(t)
-	var cmds atomic.Int64
-	rdb.AddHook(countHook{&cmds})
+	cmds := &redistest.CommandCounter{}
+	rdb.AddHook(cmds)
 	g := cacheguard.New(rdb)
 	defer g.Close()
 	load := (&counter{}).load
@@ -85,7 +83,7 @@ func TestBadInputBeforeRedis(t *testing.T) {
 	if err := nilGuard.Invalidate(ctx, "k"); !errors.Is(err, cacheguard.ErrInvalid) {
 		t.Errorf("nil Guard Invalidate = %v, want ErrInvalid", err)
 	}
-	if n := cmds.Load(); n != 0 {
+	if n := cmds.Count(); n != 0 {
 		t.Fatalf("%d Redis commands sent for bad input", n)
 	}
 	defer func() {
@@ -105,19 +103,5 @@ func TestClosedGuard(t *testing.T) {
 	}
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// countHook counts the commands a client sends.
-type countHook struct{ n *atomic.Int64 }
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
-}
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
 	}
 }

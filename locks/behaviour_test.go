@@ -504,22 +504,11 @@ func TestObserver(t *testing.T) {
 	}
 }
 
-// countingHook counts commands sent to Redis.
-type countingHook struct{ n atomic.Int64 }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
-}
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
-}
-
 func TestBadInputSendsNothing(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
 	rdb := s.Client()
-	hook := &countingHook{}
+	hook := &redistest.CommandCounter{}
 	rdb.AddHook(hook)
 	c := locks.New(rdb)
 	defer c.Close()
@@ -544,7 +533,7 @@ func TestBadInputSendsNothing(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	if n := hook.n.Load(); n != 0 {
+	if n := hook.Count(); n != 0 {
 		t.Fatalf("bad input sent %d commands to Redis", n)
 	}
 	for _, f := range []func(){
@@ -573,7 +562,7 @@ func TestHandOffCostsNoExtraRequest(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
 	holderRdb, waiterRdb := s.Client(), s.Client()
-	hook := &countingHook{}
+	hook := &redistest.CommandCounter{}
 	waiterRdb.AddHook(hook)
 	a := locks.New(holderRdb)
 	defer a.Close()
@@ -592,7 +581,7 @@ func TestHandOffCostsNoExtraRequest(t *testing.T) {
 		got <- lk
 	}()
 	eventually(t, 5*time.Second, "waiter queued", func() bool { return holderRdb.ZCard(ctx, "cg:q:{handoff}").Val() == 1 })
-	before := hook.n.Load()
+	before := hook.Count()
 	held.Unlock(ctx)
 	var lk *locks.Lock
 	select {
@@ -605,7 +594,7 @@ func TestHandOffCostsNoExtraRequest(t *testing.T) {
 	}
 	// The subject is the renewal schedule: nothing is due for a while.
 	time.Sleep(300 * time.Millisecond)
-	if n := hook.n.Load() - before; n != 0 {
+	if n := hook.Count() - before; n != 0 {
 		t.Fatalf("the waiter sent %d commands between the hand-off and its first renewal, want 0", n)
 	}
 	lk.Unlock(ctx)
