@@ -86,8 +86,8 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 		g.note(EventRedisError, c.key, 0, err)
 		redisErr = err
 	}
-	g.note(EventMiss, c.key, 0, nil)
 	if c.cfg.policy == policyFailFast && redisErr == nil {
+		g.note(EventMiss, c.key, 0, nil)
 		c.detach().refresh(ctx, force, false, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
@@ -149,10 +149,17 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, force bool, redisEr
 	deadline := start.Add(c.cfg.wait)
 	budget := time.NewTimer(time.Until(deadline))
 	defer budget.Stop()
+	missed := false
 	for {
 		ch := g.flights.DoChan(ks.value, func() (any, error) {
 			return c.flight(ctx, ks, id, deadline, force, redisErr), nil
 		})
+		if !missed {
+			// Counted once the call has joined a flight, so a miss in Stats
+			// (or an observer's EventMiss) is a call already waiting for it.
+			missed = true
+			g.note(EventMiss, c.key, 0, nil)
+		}
 		select {
 		case r := <-ch:
 			o := r.Val.(*outcome)
