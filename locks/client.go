@@ -3,8 +3,10 @@ package locks
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +58,7 @@ type Client struct {
 	cfg  config
 	hub  *wake.Hub
 	ren  *renewer
+	b    *batcher
 	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
 
 	closed atomic.Bool
@@ -78,7 +81,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic(err.Error())
 	}
 	cfg.pack()
-	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), gates: map[string]*gate{}, pubV: "PUBLISH"}
+	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), b: newBatcher(rdb), gates: map[string]*gate{}, pubV: "PUBLISH"}
 	if c.hub.Sharded() {
 		c.pubV = "SPUBLISH"
 	}
@@ -98,6 +101,7 @@ func (c *Client) Close() error {
 	}
 	c.ren.close()
 	c.hub.Close()
+	c.b.close()
 	return nil
 }
 
@@ -175,15 +179,24 @@ type attemptResult struct {
 	pttl  time.Duration
 }
 
-func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq any, cfg config, queue bool) (attemptResult, error) {
+// attempt runs the acquire script once; member is the caller's place in the
+// queue ("" when it does not queue).
+func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq any, cfg config, member string) (attemptResult, error) {
 	packed := cfg.argsTryV
-	if queue {
+	if member != "" {
 		packed = cfg.argsWaitV
 	}
 	if cfg.replicas > 0 {
 		return c.attemptWait(ctx, ks, kv, []any{owner, acq, packed}, owner.(string), cfg)
 	}
-	v, err := acquireS.run(ctx, c.rdb, kv, owner, acq, packed).Slice()
+	// An attempt whose caller gave up before the reply came may still have
+	// taken the lock or a place in its queue: give both back.
+	abandon := func(cmd *redis.Cmd) {
+		if cmd.Err() == nil {
+			c.b.later(releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq}))
+		}
+	}
+	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, packed).Slice()
 	if err != nil {
 		return attemptResult{}, err
 	}
@@ -262,7 +275,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 }
 
 func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
-	return releaseS.run(ctx, c.rdb, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
+	return releaseS.runVia(ctx, c.b, nil, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
@@ -298,9 +311,14 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 	if !wait || (!cfg.fair && (reentrant || !g.busy())) {
 		sent := time.Now()
-		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, false)
+		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
 		if err != nil {
 			c.reload(ctx)
+			if ctx.Err() != nil || isTimeout(err) {
+				// The script may have run although its reply never came:
+				// give back the hold it may have taken (a no-op otherwise).
+				c.b.later(releaseS.call(kv, []any{ov, cfg.argsReleaseV, c.pubV, "", acq}))
+			}
 			return fail(0, err)
 		}
 		if res.ok {
@@ -329,13 +347,13 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer sub.Close()
 
 	acqs := acq.(string)
-	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10) + "|" + acqs
+	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10) + "|" + acqs // as acquire.lua builds it
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var pttl time.Duration
 	for {
 		sent := time.Now()
-		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, true)
+		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 		if err != nil {
 			c.reload(ctx)
 			c.withdraw(ctx, kv, ov, acq, cfg, member)
@@ -378,6 +396,12 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 }
 
+// isTimeout reports a network timeout: the command may have run on the server.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // waitErr is the cause of a wait that ended: the caller's context error, or nil
 // when only the wait budget ran out.
 func waitErr(ctx context.Context) error { return ctx.Err() }
@@ -406,7 +430,7 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	n, err := extendS.run(ctx, c.rdb, h.keyv[:1], h.ownerv, lease.Milliseconds()).Int64()
+	n, err := extendS.runVia(ctx, c.b, nil, h.keyv[:1], h.ownerv, lease.Milliseconds()).Int64()
 	return n == 1, err
 }
 

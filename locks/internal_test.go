@@ -18,11 +18,11 @@ func TestAcquireIdempotentUnderRetry(t *testing.T) {
 	defer c.Close()
 	ks := keys("cg:", "retry")
 	cfg := c.cfg
-	first, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, false)
+	first, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, "")
 	if err != nil || !first.ok {
 		t.Fatalf("first attempt: %+v %v", first, err)
 	}
-	again, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, false)
+	again, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, "")
 	if err != nil || !again.ok || again.fence != first.fence || again.holds != 1 {
 		t.Fatalf("retried attempt: %+v %v, want success with fence %d and 1 hold", again, err, first.fence)
 	}
@@ -44,7 +44,7 @@ func TestReleaseIdempotentUnderRetry(t *testing.T) {
 	kv := boxKeys(ks)
 	cfg := c.cfg
 	for _, acq := range []string{"outer", "inner"} {
-		if res, err := c.attempt(ctx, ks, kv, "owner-1", acq, cfg, false); err != nil || !res.ok {
+		if res, err := c.attempt(ctx, ks, kv, "owner-1", acq, cfg, ""); err != nil || !res.ok {
 			t.Fatalf("acquire %s: %+v %v", acq, res, err)
 		}
 	}

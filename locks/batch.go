@@ -1,0 +1,195 @@
+package locks
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxDirect is how many script calls of one Client may be on the wire on
+// their own at once; calls beyond it queue and travel together.
+const maxDirect = 2
+
+// batcher lets concurrent lock calls share round trips. Up to maxDirect calls
+// go straight to Redis, each with its caller's context, so a lone call adds
+// no delay. Calls that arrive while those are on the wire queue; when one of
+// them returns, a sender goroutine takes over its slot and sends the whole
+// queue as one pipeline, again and again until the queue is empty. Under load
+// many scripts then share one write, one read and one turn of the server's
+// event loop: on loopback those syscalls, not the scripts, bound a lock
+// cycle (rueidis pipelines every command the same way).
+//
+// A queued caller waits for its reply or its context, whichever comes first;
+// the pipeline itself runs to the end (bounded by the client's read and write
+// timeouts), so a caller that gives up cannot fail the calls it travels with.
+// What a call did after its caller gave up is handed to the call's abandon
+// function (an acquisition granted too late is released there).
+type batcher struct {
+	rdb redis.UniversalClient
+
+	mu     sync.Mutex
+	busy   int        // direct calls and senders on the wire
+	queue  []*pending // calls waiting for a sender
+	closed bool       // Close: no more senders; every call goes direct
+	wg     sync.WaitGroup
+}
+
+// States of a pending call.
+const (
+	waiting int32 = iota
+	answered
+	abandoned
+)
+
+type pending struct {
+	args    []any
+	cmd     *redis.Cmd
+	done    chan struct{}
+	state   atomic.Int32
+	abandon func(*redis.Cmd) // run by the sender when the caller gave up first; may be nil
+}
+
+func newBatcher(rdb redis.UniversalClient) *batcher { return &batcher{rdb: rdb} }
+
+// do sends args (a script call) and returns its reply, or a command failed
+// with ctx's error when ctx ends first.
+func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) *redis.Cmd {
+	b.mu.Lock()
+	if b.busy < maxDirect || b.closed {
+		b.busy++
+		b.mu.Unlock()
+		cmd := b.rdb.Do(ctx, args...)
+		if noScript(cmd.Err()) && toEval(args) {
+			cmd = b.rdb.Do(ctx, args...)
+		}
+		b.next()
+		return cmd
+	}
+	p := &pending{args: args, done: make(chan struct{}), abandon: abandon}
+	b.queue = append(b.queue, p)
+	b.mu.Unlock()
+	select {
+	case <-p.done:
+		return p.cmd
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(waiting, abandoned) {
+			cmd := redis.NewCmd(ctx, args...)
+			cmd.SetErr(ctx.Err())
+			return cmd
+		}
+		<-p.done // answered meanwhile: the reply is the truth
+		return p.cmd
+	}
+}
+
+// next frees the caller's slot, or hands it to a sender for the queue.
+func (b *batcher) next() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.busy--
+		b.mu.Unlock()
+		return
+	}
+	q := b.queue
+	b.queue = nil
+	b.wg.Add(1)
+	b.mu.Unlock()
+	go b.send(q)
+}
+
+// send pipelines q, then each queue that gathered meanwhile, until none is
+// left; then it frees its slot.
+func (b *batcher) send(q []*pending) {
+	defer b.wg.Done()
+	for {
+		b.exec(q)
+		b.mu.Lock()
+		if len(b.queue) == 0 {
+			b.busy--
+			b.mu.Unlock()
+			return
+		}
+		q = b.queue
+		b.queue = nil
+		b.mu.Unlock()
+	}
+}
+
+func (b *batcher) exec(q []*pending) {
+	// No caller's context: each caller waits on its own, and one giving up
+	// must not cancel the others' calls.
+	ctx := context.Background()
+	pipe := b.rdb.Pipeline()
+	for _, p := range q {
+		p.cmd = redis.NewCmd(ctx, p.args...)
+		_ = pipe.Process(ctx, p.cmd)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own error
+	// A node without a script (new, restarted, promoted) gets EVAL, which
+	// also caches it there.
+	var again redis.Pipeliner
+	for _, p := range q {
+		if noScript(p.cmd.Err()) && toEval(p.args) {
+			if again == nil {
+				again = b.rdb.Pipeline()
+			}
+			p.cmd = redis.NewCmd(ctx, p.args...)
+			_ = again.Process(ctx, p.cmd)
+		}
+	}
+	if again != nil {
+		_, _ = again.Exec(ctx)
+	}
+	for _, p := range q {
+		if p.state.CompareAndSwap(waiting, answered) {
+			close(p.done)
+		} else if p.abandon != nil {
+			p.abandon(p.cmd)
+		}
+	}
+}
+
+// later sends args with the next pipeline, nobody waiting for the reply
+// (starting a sender when a slot is free): for clean-ups that must not delay
+// their caller, or that run on a sender. After close it sends them directly,
+// bounded by a second.
+func (b *batcher) later(args []any) {
+	b.mu.Lock()
+	if !b.closed {
+		p := &pending{args: args}
+		p.state.Store(abandoned)
+		b.queue = append(b.queue, p)
+		if b.busy < maxDirect {
+			q := b.queue
+			b.queue = nil
+			b.busy++
+			b.wg.Add(1)
+			go b.send(q)
+		}
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	b.rdb.Do(ctx, args...)
+}
+
+// close makes every later call go direct, sends what is still queued and waits
+// for the senders: no queue can form after it.
+func (b *batcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	if len(b.queue) > 0 {
+		q := b.queue
+		b.queue = nil
+		b.busy++
+		b.wg.Add(1)
+		go b.send(q)
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}

@@ -1,0 +1,173 @@
+package locks_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// gateHook holds every command sent on its own (not pipelined) until open is
+// closed, and records the size of every pipeline.
+type gateHook struct {
+	open    chan struct{}
+	entered chan struct{} // one send per command held
+
+	mu    sync.Mutex
+	pipes []int
+}
+
+func newGateHook() *gateHook {
+	return &gateHook{open: make(chan struct{}), entered: make(chan struct{}, 64)}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" || cmd.Name() == "eval" {
+			h.entered <- struct{}{}
+			<-h.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.pipes = append(h.pipes, len(cmds))
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (h *gateHook) pipelines() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.pipes...)
+}
+
+// occupy starts calls that take the client's direct slots and waits until
+// they are held in the hook.
+func occupy(t *testing.T, c *locks.Client, h *gateHook, names ...string) *sync.WaitGroup {
+	t.Helper()
+	var wg sync.WaitGroup
+	for _, name := range names {
+		wg.Go(func() {
+			lk, err := c.TryLock(context.Background(), name)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			lk.Unlock(context.Background())
+		})
+	}
+	for range names {
+		select {
+		case <-h.entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("direct calls not sent")
+		}
+	}
+	return &wg
+}
+
+// TestCallsShareRoundTrips: calls made while the direct slots are busy travel
+// together in one pipeline, and each gets its own answer.
+func TestCallsShareRoundTrips(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	h := newGateHook()
+	rdb.AddHook(h)
+	c := locks.New(rdb)
+	defer c.Close()
+	busy := occupy(t, c, h, "slot-1", "slot-2")
+
+	const n = 10
+	got := make(chan error, n+1)
+	for i := range n {
+		name := "shared"
+		if i%2 == 1 {
+			name = "own-" + string(rune('a'+i))
+		}
+		go func() {
+			lk, err := c.TryLock(context.Background(), name)
+			if err == nil {
+				err = lk.Extend(context.Background(), time.Minute)
+			}
+			got <- err
+		}()
+	}
+	eventually(t, 5*time.Second, "calls queued", func() bool { return c.Queued() == n })
+	close(h.open)
+	busy.Wait()
+	var obtained, refused int
+	for range n {
+		switch err := <-got; {
+		case err == nil:
+			obtained++
+		case errors.Is(err, locks.ErrNotObtained):
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	// One of the five calls on "shared" wins; the five on their own names all do.
+	if obtained != 6 || refused != 4 {
+		t.Fatalf("obtained %d, refused %d; want 6 and 4", obtained, refused)
+	}
+	if p := h.pipelines(); !slices.Contains(p, n) {
+		t.Fatalf("pipelines %v, want one carrying all %d queued calls", p, n)
+	}
+}
+
+// TestAbandonedAttemptGivesTheLockBack: a caller that gives up while its
+// attempt is queued returns at once; when the attempt then takes the lock,
+// the lock is released again, so nobody is locked out until the lease ends.
+func TestAbandonedAttemptGivesTheLockBack(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	h := newGateHook()
+	rdb.AddHook(h)
+	c := locks.New(rdb)
+	defer c.Close()
+	busy := occupy(t, c, h, "slot-1", "slot-2")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.TryLock(ctx, "abandoned")
+		done <- err
+	}()
+	eventually(t, 5*time.Second, "attempt queued", func() bool { return c.Queued() == 1 })
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("TryLock = %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a cancelled caller kept waiting for its queued attempt")
+	}
+	close(h.open)
+	busy.Wait()
+	direct := s.Client()
+	eventually(t, 5*time.Second, "abandoned lock released", func() bool {
+		return direct.Exists(context.Background(), "cg:lock:{abandoned}").Val() == 0
+	})
+	other := locks.New(direct)
+	defer other.Close()
+	lk, err := other.TryLock(context.Background(), "abandoned")
+	if err != nil {
+		t.Fatalf("after the abandoned attempt: %v", err)
+	}
+	lk.Unlock(context.Background())
+}
