@@ -44,12 +44,28 @@ const (
 	abandoned
 )
 
+// pending is one queued call. It is pooled: whoever is last to use it — the
+// caller that read the reply, or the sender when nobody waits — puts it back.
 type pending struct {
 	args    []any
 	cmd     *redis.Cmd
-	done    chan struct{}
+	done    chan struct{} // one send when answered (buffered: the sender never blocks)
 	state   atomic.Int32
 	abandon func(*redis.Cmd) // run by the sender when the caller gave up first; may be nil
+}
+
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+func getPending(args []any, abandon func(*redis.Cmd), state int32) *pending {
+	p := pendings.Get().(*pending)
+	p.args, p.abandon = args, abandon
+	p.state.Store(state)
+	return p
+}
+
+func putPending(p *pending) {
+	p.args, p.cmd, p.abandon = nil, nil, nil
+	pendings.Put(p)
 }
 
 func newBatcher(rdb redis.UniversalClient) *batcher { return &batcher{rdb: rdb} }
@@ -68,21 +84,22 @@ func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) 
 		b.next()
 		return cmd
 	}
-	p := &pending{args: args, done: make(chan struct{}), abandon: abandon}
+	p := getPending(args, abandon, waiting)
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
 	select {
 	case <-p.done:
-		return p.cmd
 	case <-ctx.Done():
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			cmd := redis.NewCmd(ctx, args...)
 			cmd.SetErr(ctx.Err())
-			return cmd
+			return cmd // p is the sender's now
 		}
 		<-p.done // answered meanwhile: the reply is the truth
-		return p.cmd
 	}
+	cmd := p.cmd
+	putPending(p)
+	return cmd
 }
 
 // next frees the caller's slot, or hands it to a sender for the queue.
@@ -145,10 +162,13 @@ func (b *batcher) exec(q []*pending) {
 	}
 	for _, p := range q {
 		if p.state.CompareAndSwap(waiting, answered) {
-			close(p.done)
-		} else if p.abandon != nil {
+			p.done <- struct{}{}
+			continue
+		}
+		if p.abandon != nil {
 			p.abandon(p.cmd)
 		}
+		putPending(p)
 	}
 }
 
@@ -159,9 +179,7 @@ func (b *batcher) exec(q []*pending) {
 func (b *batcher) later(args []any) {
 	b.mu.Lock()
 	if !b.closed {
-		p := &pending{args: args}
-		p.state.Store(abandoned)
-		b.queue = append(b.queue, p)
+		b.queue = append(b.queue, getPending(args, nil, abandoned))
 		if b.busy < maxDirect {
 			q := b.queue
 			b.queue = nil

@@ -122,7 +122,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 			return nil, invalid("Redlock clients %d and %d are the same node %s", j, i, name)
 		}
 		seen[id] = i
-		r.nodes = append(r.nodes, rlNode{name: name, rdb: c})
+		r.nodes = append(r.nodes, rlNode{name: name, rdb: c, b: newBatcher(c)})
 	}
 	r.ren = newRenewer(r.renewBatch)
 	return r, nil
@@ -168,6 +168,9 @@ func (r *Redlock) Close() error {
 	r.mu.Unlock()
 	r.ren.close()
 	r.inflight.Wait()
+	for _, n := range r.nodes {
+		n.b.close()
+	}
 	return nil
 }
 
@@ -327,8 +330,16 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	}
 	keyv, pxms := []any{key}, px.Milliseconds()
 	start := time.Now()
-	res = fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]int64, error) {
-		return redlockAcquireS.run(ctx, rdb, keyv, owner, acq, pxms).Int64Slice()
+	res = fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]int64, error) {
+		// A call that was still queued when its node's time ran out returns
+		// at once, before the node has seen it; if it then grants, it is
+		// released there (release, below, may have been sent too early).
+		abandon := func(cmd *redis.Cmd) {
+			if v, err := cmd.Int64Slice(); err == nil && len(v) == 2 && v[0] == 1 {
+				n.b.later(redlockReleaseS.call(keyv, []any{owner, acq}))
+			}
+		}
+		return redlockAcquireS.runVia(ctx, n.b, abandon, keyv, owner, acq, pxms).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 
@@ -386,7 +397,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	redlockReleaseS.run(rctx, r.nodes[i].rdb, []any{key}, owner, acq)
+	redlockReleaseS.runVia(rctx, r.nodes[i].b, nil, []any{key}, owner, acq)
 }
 
 // rlFlight follows the node calls of a granted attempt that were still

@@ -15,6 +15,7 @@ import (
 type rlNode struct {
 	name string // for errors: the address, or "node<i>" when the client does not say
 	rdb  redis.UniversalClient
+	b    *batcher // the node's script calls: concurrent ones share round trips
 }
 
 // nodeIdentity names client c (the i-th given to NewRedlock) and returns the
@@ -55,7 +56,7 @@ type nodeResult[T any] struct {
 // nil, each node's goroutine runs it after delivering its answer, so that a
 // follow-up call to a node is always sent after that node's first call ended.
 func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
-	call func(ctx context.Context, rdb redis.UniversalClient) (T, error),
+	call func(ctx context.Context, n *rlNode) (T, error),
 	enough func([]nodeResult[T]) bool,
 	then func(i int, res nodeResult[T]),
 ) []nodeResult[T] {
@@ -77,12 +78,12 @@ func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 	}
 	ch := make(chan answer, len(r.nodes)) // buffered: a call never blocks after the collector left
 	tooLate := fmt.Errorf("%w (%v)", ErrNodeTimeout, timeout)
-	for i, n := range r.nodes {
+	for i := range r.nodes {
 		go func() {
 			defer r.inflight.Done()
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			v, err := call(cctx, n.rdb)
+			v, err := call(cctx, &r.nodes[i])
 			if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
 				err = tooLate
 			}

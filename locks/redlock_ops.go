@@ -23,8 +23,8 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	keyv := []any{key}
 	r.releasing(acq)
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
-		func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-			return redlockReleaseS.run(ctx, rdb, keyv, h.owner, acq).Int64()
+		func(ctx context.Context, n *rlNode) (int64, error) {
+			return redlockReleaseS.runVia(ctx, n.b, nil, keyv, h.owner, acq).Int64()
 		}, nil, nil)
 	confirmed, failed, remaining := 0, 0, int64(0)
 	for _, x := range res {
@@ -127,8 +127,8 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		return n
 	}
 	sent := time.Now()
-	res := fanout(r, ctx, timeout, func(ctx context.Context, rdb redis.UniversalClient) ([]error, error) {
-		return extendPipeline(ctx, rdb, send, pxs)
+	res := fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]error, error) {
+		return extendPipeline(ctx, n.rdb, send, pxs)
 	}, func(res []nodeResult[[]error]) bool {
 		for j := range send {
 			if confirmed(res, j) < r.quorum {
@@ -194,8 +194,8 @@ func (r *Redlock) releaseInBackground(h *held) {
 	go func() {
 		defer r.inflight.Done()
 		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
-			func(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
-				return redlockReleaseS.run(ctx, rdb, []any{key}, h.owner, acq).Int64()
+			func(ctx context.Context, n *rlNode) (int64, error) {
+				return redlockReleaseS.runVia(ctx, n.b, nil, []any{key}, h.owner, acq).Int64()
 			}, nil, nil)
 	}()
 }
