@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 )
 
 func TestOneLoadManyGoroutines(t *testing.T) {
@@ -175,14 +177,9 @@ func TestOneLoadAcrossProcesses(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared(t)
 	key := testKey(t)
-	type child struct {
-		wait func() error
-		out  fmt.Stringer
-	}
-	children := make([]child, procs)
+	children := make([]*childproc.Proc, procs)
 	for i := range children {
-		cmd, out := startChild(t, "stampede", childKey+"="+key, childN+"="+strconv.Itoa(perProc))
-		children[i] = child{cmd.Wait, out}
+		children[i] = startChild(t, "stampede", childKey+"="+key, childN+"="+strconv.Itoa(perProc))
 	}
 	eventually(t, 30*time.Second, "children ready", func() bool {
 		n, _ := rdb.Get(ctx, readyKey(key)).Int()
@@ -196,10 +193,11 @@ func TestOneLoadAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, c := range children {
-		if err := c.wait(); err != nil {
-			t.Fatalf("child %d: %v\n%s", i, err, c.out)
+		out, err := c.Wait()
+		if err != nil {
+			t.Fatalf("child %d: %v\n%s", i, err, strings.Join(out, "\n"))
 		}
-		t.Logf("child %d: %s", i, c.out)
+		t.Logf("child %d: %s", i, strings.Join(out, "\n"))
 	}
 	if n, _ := rdb.Get(ctx, loadsKey(key)).Int(); n != 1 {
 		t.Fatalf("loads across %d processes × %d requests = %d, want 1", procs, perProc, n)
@@ -210,7 +208,7 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared(t)
 	key := testKey(t)
-	holder, out := startChild(t, "holder", childKey+"="+key)
+	holder := startChild(t, "holder", childKey+"="+key)
 	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
 		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
 	})
@@ -231,11 +229,10 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	}
 	// Kill the holder once this process waits for its fill.
 	<-waiting
-	holder.Process.Kill()
-	holder.Wait()
+	out := holder.Kill()
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("%v\nchild: %s", err, out)
+		t.Fatalf("%v\nchild: %s", err, strings.Join(out, "\n"))
 	}
 	if got := c.n.Load(); got != 1 {
 		t.Fatalf("loads after the holder died = %d, want 1 (2 in all)", got)
