@@ -136,36 +136,45 @@ func TestSlowLoaderKeepsLease(t *testing.T) {
 	}
 }
 
-func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
+// failWhileWaiting runs a Get on one key in each of two Guards with their
+// own clients (two processes): a's load starts first and fails with loadErr
+// once b waits for it; b's own loader is load. It returns each Get's error.
+func failWhileWaiting(t *testing.T, loadErr error, load func(context.Context) (item, error), opts ...cacheguard.Option) (errA, errB error) {
+	t.Helper()
 	ctx := context.Background()
-	a, _ := newGuard(t)
-	b, rb := newGuard(t)
+	a, _ := newGuard(t, opts...)
+	b, rb := newGuard(t, opts...)
 	waiting := watchWaiting(rb)
 	key := testKey(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	errA := make(chan error, 1)
+	doneA := make(chan error, 1)
 	go func() {
 		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
 			close(entered)
 			<-release
-			return item{}, errors.New("db down")
+			return item{}, loadErr
 		})
-		errA <- err
+		doneA <- err
 	}()
 	<-entered
-	errB := make(chan error, 1)
-	bLoads := 0
+	doneB := make(chan error, 1)
 	go func() {
-		_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { bLoads++; return item{}, nil })
-		errB <- err
+		_, err := cacheguard.Get(ctx, b, key, load)
+		doneB <- err
 	}()
 	<-waiting
 	close(release)
-	if err := <-errA; err == nil || err.Error() != "db down" {
-		t.Fatalf("holder: %v, want the loader's error", err)
+	return <-doneA, <-doneB
+}
+
+func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
+	bLoads := 0
+	errA, errB := failWhileWaiting(t, errors.New("db down"), func(context.Context) (item, error) { bLoads++; return item{}, nil })
+	if errA == nil || errA.Error() != "db down" {
+		t.Fatalf("holder: %v, want the loader's error", errA)
 	}
-	if err := <-errB; !errors.Is(err, cacheguard.ErrRemoteLoad) {
-		t.Fatalf("waiter: %v, want ErrRemoteLoad", err)
+	if !errors.Is(errB, cacheguard.ErrRemoteLoad) {
+		t.Fatalf("waiter: %v, want ErrRemoteLoad", errB)
 	}
 	if bLoads != 0 {
 		t.Fatal("the waiter loaded too")
@@ -242,34 +251,13 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 func TestRemoteWaitersGetNotFound(t *testing.T) {
 	for _, neg := range []time.Duration{cacheguard.DefaultNegativeTTL, 0} {
 		t.Run(fmt.Sprint("negative TTL ", neg), func(t *testing.T) {
-			ctx := context.Background()
-			a, _ := newGuard(t, cacheguard.NegativeTTL(neg))
-			b, rb := newGuard(t, cacheguard.NegativeTTL(neg))
-			waiting := watchWaiting(rb)
-			key := testKey(t)
-			entered, release := make(chan struct{}), make(chan struct{})
-			errA := make(chan error, 1)
-			go func() {
-				_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
-					close(entered)
-					<-release
-					return item{}, cacheguard.ErrNotFound
-				})
-				errA <- err
-			}()
-			<-entered
-			errB := make(chan error, 1)
-			go func() {
-				_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { return item{ID: 1}, nil })
-				errB <- err
-			}()
-			<-waiting
-			close(release)
-			if err := <-errA; !errors.Is(err, cacheguard.ErrNotFound) {
-				t.Fatalf("holder: %v", err)
+			errA, errB := failWhileWaiting(t, cacheguard.ErrNotFound,
+				func(context.Context) (item, error) { return item{ID: 1}, nil }, cacheguard.NegativeTTL(neg))
+			if !errors.Is(errA, cacheguard.ErrNotFound) {
+				t.Fatalf("holder: %v", errA)
 			}
-			if err := <-errB; !errors.Is(err, cacheguard.ErrNotFound) {
-				t.Fatalf("waiter: %v, want ErrNotFound", err)
+			if !errors.Is(errB, cacheguard.ErrNotFound) {
+				t.Fatalf("waiter: %v, want ErrNotFound", errB)
 			}
 		})
 	}
