@@ -1,11 +1,9 @@
 package cacheguard_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 )
 
 // Multi-process tests re-execute the test binary: TestMain sees childEnv and
@@ -33,47 +32,23 @@ func loadsKey(key string) string   { return "test:loads:" + key }   // INCR by e
 func loadingKey(key string) string { return "test:loading:" + key } // SET by a holder as its load starts
 
 // startChild starts the test binary as a child process with role and env.
-func startChild(t *testing.T, role string, env ...string) (*exec.Cmd, *bytes.Buffer) {
+func startChild(t *testing.T, role string, env ...string) *childproc.Proc {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), append([]string{childEnv + "=" + role, childAddr + "=" + redisAddr}, env...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd, &out
+	return childproc.Start(t, childEnv, role, append([]string{childAddr + "=" + redisAddr}, env...)...)
 }
 
-func runChild(role string) int {
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(childAddr)})
-	defer rdb.Close()
-	key := os.Getenv(childKey)
-	var err error
-	switch role {
-	case "stampede":
-		err = childStampede(ctx, rdb, key)
-	case "holder":
-		err = childHolder(ctx, rdb, key)
-	default:
-		err = fmt.Errorf("unknown role %q", role)
+// childRoles are the roles for childproc.Main.
+func childRoles() map[string]func() error {
+	return map[string]func() error{"stampede": withClient(childStampede), "holder": withClient(childHolder)}
+}
+
+// withClient gives role a client of the parent's server and the cache key.
+func withClient(role func(context.Context, *redis.Client, string) error) func() error {
+	return func() error {
+		rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(childAddr)})
+		defer rdb.Close()
+		return role(context.Background(), rdb, os.Getenv(childKey))
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "child:", err)
-		return 1
-	}
-	return 0
 }
 
 // dbLoad stands for a 50ms database query and counts itself in Redis, so the

@@ -1,9 +1,9 @@
 package cacheguard_test
 
 import (
-	"os"
 	"testing"
 
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -12,8 +12,6 @@ var redisAddr string
 
 func TestMain(m *testing.M) {
 	// A child process of a multi-process test runs its part and exits.
-	if role := os.Getenv(childEnv); role != "" {
-		os.Exit(runChild(role))
-	}
+	childproc.Main(childEnv, childRoles())
 	redistest.Main(m, &redisAddr)
 }

@@ -21,6 +21,27 @@ type holdReplies struct {
 	release chan struct{}
 }
 
+// heldGets starts a server holding k = v. The replies to GETs through the
+// client it returns are held by the hook it returns until hook.open.
+func heldGets(t *testing.T, v string) (*redistest.Server, *redis.Client, *holdReplies) {
+	t.Helper()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	if err := rdb.Set(context.Background(), "k", v, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hook := &holdReplies{release: make(chan struct{})}
+	hook.armed.Store(true)
+	rdb.AddHook(hook)
+	return s, rdb, hook
+}
+
+// open lets the held replies go and stops holding new ones.
+func (h *holdReplies) open() {
+	h.armed.Store(false)
+	close(h.release)
+}
+
 func (h *holdReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -62,12 +83,7 @@ func (r *reads) queued(key string) int {
 // flight when the burst arrives, and one more that all of the burst shares.
 func TestConcurrentReadsShareGets(t *testing.T) {
 	ctx := context.Background()
-	s := redistest.Start(t)
-	rdb := s.Client()
-	rdb.Set(ctx, "k", "v", 0)
-	hook := &holdReplies{release: make(chan struct{})}
-	hook.armed.Store(true)
-	rdb.AddHook(hook)
+	_, rdb, hook := heldGets(t, "v")
 	var r reads
 	const n = 50
 	var wg sync.WaitGroup
@@ -78,8 +94,7 @@ func TestConcurrentReadsShareGets(t *testing.T) {
 		wg.Go(func() { b, _ := r.get(ctx, rdb, "k"); got[i] = string(b) })
 	}
 	waitFor(t, "burst queued", func() bool { return r.queued("k") == n })
-	hook.armed.Store(false)
-	close(hook.release)
+	hook.open()
 	wg.Wait()
 	if g := hook.n.Load(); g != 2 {
 		t.Fatalf("%d GETs for %d concurrent reads, want 2", g, n+1)
@@ -95,12 +110,7 @@ func TestConcurrentReadsShareGets(t *testing.T) {
 // value was deleted never shares a GET that was answered before the delete.
 func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 	ctx := context.Background()
-	s := redistest.Start(t)
-	rdb := s.Client()
-	rdb.Set(ctx, "k", "old", 0)
-	hook := &holdReplies{release: make(chan struct{})}
-	hook.armed.Store(true)
-	rdb.AddHook(hook)
+	s, rdb, hook := heldGets(t, "old")
 	var r reads
 	first := make(chan string, 1)
 	go func() { b, _ := r.get(ctx, rdb, "k"); first <- string(b) }()
@@ -118,8 +128,7 @@ func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 		later <- err
 	}()
 	waitFor(t, "later read queued", func() bool { return r.queued("k") == 1 })
-	hook.armed.Store(false)
-	close(hook.release)
+	hook.open()
 	if v := <-first; v != "old" {
 		t.Fatalf("first read got %q", v)
 	}
@@ -132,12 +141,7 @@ func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 // ended reads for itself.
 func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
 	ctx := context.Background()
-	s := redistest.Start(t)
-	rdb := s.Client()
-	rdb.Set(ctx, "k", "v", 0)
-	hook := &holdReplies{release: make(chan struct{})}
-	hook.armed.Store(true)
-	rdb.AddHook(hook)
+	_, rdb, hook := heldGets(t, "v")
 	var r reads
 	lctx, cancel := context.WithCancel(ctx)
 	leader := make(chan error, 1)
@@ -148,8 +152,7 @@ func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
 	go func() { b, _ := r.get(ctx, rdb, "k"); follower <- string(b) }()
 	waitFor(t, "follower queued", func() bool { return r.queued("k") == 1 })
 	cancel()
-	hook.armed.Store(false)
-	close(hook.release)
+	hook.open()
 	<-leader
 	select {
 	case v := <-follower:

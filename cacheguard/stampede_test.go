@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 )
 
 func TestOneLoadManyGoroutines(t *testing.T) {
@@ -134,36 +136,45 @@ func TestSlowLoaderKeepsLease(t *testing.T) {
 	}
 }
 
-func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
+// failWhileWaiting runs a Get on one key in each of two Guards with their
+// own clients (two processes): a's load starts first and fails with loadErr
+// once b waits for it; b's own loader is load. It returns each Get's error.
+func failWhileWaiting(t *testing.T, loadErr error, load func(context.Context) (item, error), opts ...cacheguard.Option) (errA, errB error) {
+	t.Helper()
 	ctx := context.Background()
-	a, _ := newGuard(t)
-	b, rb := newGuard(t)
+	a, _ := newGuard(t, opts...)
+	b, rb := newGuard(t, opts...)
 	waiting := watchWaiting(rb)
 	key := testKey(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	errA := make(chan error, 1)
+	doneA := make(chan error, 1)
 	go func() {
 		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
 			close(entered)
 			<-release
-			return item{}, errors.New("db down")
+			return item{}, loadErr
 		})
-		errA <- err
+		doneA <- err
 	}()
 	<-entered
-	errB := make(chan error, 1)
-	bLoads := 0
+	doneB := make(chan error, 1)
 	go func() {
-		_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { bLoads++; return item{}, nil })
-		errB <- err
+		_, err := cacheguard.Get(ctx, b, key, load)
+		doneB <- err
 	}()
 	<-waiting
 	close(release)
-	if err := <-errA; err == nil || err.Error() != "db down" {
-		t.Fatalf("holder: %v, want the loader's error", err)
+	return <-doneA, <-doneB
+}
+
+func TestLoadErrorReachesRemoteWaiters(t *testing.T) {
+	bLoads := 0
+	errA, errB := failWhileWaiting(t, errors.New("db down"), func(context.Context) (item, error) { bLoads++; return item{}, nil })
+	if errA == nil || errA.Error() != "db down" {
+		t.Fatalf("holder: %v, want the loader's error", errA)
 	}
-	if err := <-errB; !errors.Is(err, cacheguard.ErrRemoteLoad) {
-		t.Fatalf("waiter: %v, want ErrRemoteLoad", err)
+	if !errors.Is(errB, cacheguard.ErrRemoteLoad) {
+		t.Fatalf("waiter: %v, want ErrRemoteLoad", errB)
 	}
 	if bLoads != 0 {
 		t.Fatal("the waiter loaded too")
@@ -175,14 +186,9 @@ func TestOneLoadAcrossProcesses(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared(t)
 	key := testKey(t)
-	type child struct {
-		wait func() error
-		out  fmt.Stringer
-	}
-	children := make([]child, procs)
+	children := make([]*childproc.Proc, procs)
 	for i := range children {
-		cmd, out := startChild(t, "stampede", childKey+"="+key, childN+"="+strconv.Itoa(perProc))
-		children[i] = child{cmd.Wait, out}
+		children[i] = startChild(t, "stampede", childKey+"="+key, childN+"="+strconv.Itoa(perProc))
 	}
 	eventually(t, 30*time.Second, "children ready", func() bool {
 		n, _ := rdb.Get(ctx, readyKey(key)).Int()
@@ -196,10 +202,11 @@ func TestOneLoadAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, c := range children {
-		if err := c.wait(); err != nil {
-			t.Fatalf("child %d: %v\n%s", i, err, c.out)
+		out, err := c.Wait()
+		if err != nil {
+			t.Fatalf("child %d: %v\n%s", i, err, strings.Join(out, "\n"))
 		}
-		t.Logf("child %d: %s", i, c.out)
+		t.Logf("child %d: %s", i, strings.Join(out, "\n"))
 	}
 	if n, _ := rdb.Get(ctx, loadsKey(key)).Int(); n != 1 {
 		t.Fatalf("loads across %d processes × %d requests = %d, want 1", procs, perProc, n)
@@ -210,7 +217,7 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := shared(t)
 	key := testKey(t)
-	holder, out := startChild(t, "holder", childKey+"="+key)
+	holder := startChild(t, "holder", childKey+"="+key)
 	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
 		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
 	})
@@ -231,11 +238,10 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	}
 	// Kill the holder once this process waits for its fill.
 	<-waiting
-	holder.Process.Kill()
-	holder.Wait()
+	out := holder.Kill()
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("%v\nchild: %s", err, out)
+		t.Fatalf("%v\nchild: %s", err, strings.Join(out, "\n"))
 	}
 	if got := c.n.Load(); got != 1 {
 		t.Fatalf("loads after the holder died = %d, want 1 (2 in all)", got)
@@ -245,34 +251,13 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 func TestRemoteWaitersGetNotFound(t *testing.T) {
 	for _, neg := range []time.Duration{cacheguard.DefaultNegativeTTL, 0} {
 		t.Run(fmt.Sprint("negative TTL ", neg), func(t *testing.T) {
-			ctx := context.Background()
-			a, _ := newGuard(t, cacheguard.NegativeTTL(neg))
-			b, rb := newGuard(t, cacheguard.NegativeTTL(neg))
-			waiting := watchWaiting(rb)
-			key := testKey(t)
-			entered, release := make(chan struct{}), make(chan struct{})
-			errA := make(chan error, 1)
-			go func() {
-				_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
-					close(entered)
-					<-release
-					return item{}, cacheguard.ErrNotFound
-				})
-				errA <- err
-			}()
-			<-entered
-			errB := make(chan error, 1)
-			go func() {
-				_, err := cacheguard.Get(ctx, b, key, func(context.Context) (item, error) { return item{ID: 1}, nil })
-				errB <- err
-			}()
-			<-waiting
-			close(release)
-			if err := <-errA; !errors.Is(err, cacheguard.ErrNotFound) {
-				t.Fatalf("holder: %v", err)
+			errA, errB := failWhileWaiting(t, cacheguard.ErrNotFound,
+				func(context.Context) (item, error) { return item{ID: 1}, nil }, cacheguard.NegativeTTL(neg))
+			if !errors.Is(errA, cacheguard.ErrNotFound) {
+				t.Fatalf("holder: %v", errA)
 			}
-			if err := <-errB; !errors.Is(err, cacheguard.ErrNotFound) {
-				t.Fatalf("waiter: %v, want ErrNotFound", err)
+			if !errors.Is(errB, cacheguard.ErrNotFound) {
+				t.Fatalf("waiter: %v, want ErrNotFound", errB)
 			}
 		})
 	}

@@ -29,6 +29,12 @@ func newGuard(t testing.TB, s *redistest.Server, opts ...cacheguard.Option) (*ca
 	return g, rdb
 }
 
+// startGuard starts a redis-server of the test's own and a Guard on it.
+func startGuard(t *testing.T) (*cacheguard.Guard, *redis.Client) {
+	t.Helper()
+	return newGuard(t, redistest.Start(t))
+}
+
 // waitEntries waits until Redis holds n cached entries: a request that ran
 // the handler answers before the load's store and publish end, so a request
 // right after it may still join that load (COALESCED) instead of hitting.
@@ -88,9 +94,7 @@ func TestCacheColdStampedeRunsHandlerOnce(t *testing.T) {
 	close(release)
 	wg.Wait()
 
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
+	wantCalls(t, &calls, 1)
 	counts := map[string]int{}
 	for i, r := range results {
 		if r.code != http.StatusOK || r.body != `{"id":"42","name":"cacheguard"}` || r.repo != "42" {
@@ -107,16 +111,13 @@ func TestCacheColdStampedeRunsHandlerOnce(t *testing.T) {
 			t.Fatalf("warm request: X-Cache %q body %q", w.Header().Get("X-Cache"), w.Body)
 		}
 	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
+	wantCalls(t, &calls, 1)
 }
 
 // A hit replays the status, the headers and the body; the request's own
 // headers from middleware before Cache are kept.
 func TestCacheHitReplaysResponse(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	var calls atomic.Int64
 	r := newEngine()
 	r.Use(func(c *gin.Context) { c.Header("X-Request-Id", c.Query("req")) })
@@ -146,8 +147,7 @@ func TestCacheHitReplaysResponse(t *testing.T) {
 
 // Non-2xx responses and responses that set a cookie are not stored.
 func TestCacheSkipsErrorsAndCookies(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	var calls atomic.Int64
 	r := newEngine()
 	r.GET("/missing", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
@@ -187,8 +187,7 @@ func TestCacheSkipsErrorsAndCookies(t *testing.T) {
 // that cookie: each runs its own handler. An error page without a cookie is
 // shared with them.
 func TestCacheCoalescedCallersGetOwnCookies(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	const n = 10
 	release := make(chan struct{})
 	var first atomic.Bool
@@ -245,15 +244,12 @@ func TestCacheCoalescedCallersGetOwnCookies(t *testing.T) {
 			t.Fatalf("request %d: X-Cache %q", i, xc)
 		}
 	}
-	if calls.Load() != 1 {
-		t.Fatalf("handler ran %d times, want 1", calls.Load())
-	}
+	wantCalls(t, &calls, 1)
 }
 
 // Requests carrying Authorization (or Range) bypass the cache.
 func TestCacheAuthorizationBypasses(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	var calls atomic.Int64
 	r := newEngine()
 	r.GET("/private", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
@@ -269,9 +265,7 @@ func TestCacheAuthorizationBypasses(t *testing.T) {
 	if w := serve(r, http.MethodGet, "/private", "Range", "bytes=0-1"); w.Header().Get("X-Cache") != "BYPASS" {
 		t.Fatalf("Range: X-Cache %q", w.Header().Get("X-Cache"))
 	}
-	if calls.Load() != 3 {
-		t.Fatalf("handler ran %d times, want 3", calls.Load())
-	}
+	wantCalls(t, &calls, 3)
 	if keys, _ := rdb.Keys(context.Background(), "cg:v:*").Result(); len(keys) != 0 {
 		t.Fatalf("stored %v", keys)
 	}
@@ -280,8 +274,7 @@ func TestCacheAuthorizationBypasses(t *testing.T) {
 // VaryByHeader keeps one entry per header value and says so in Vary; HEAD has
 // its own entry.
 func TestCacheVaryAndHead(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	var calls atomic.Int64
 	r := newEngine()
 	h := func(c *gin.Context) {
@@ -312,15 +305,12 @@ func TestCacheVaryAndHead(t *testing.T) {
 	if w := serve(r, http.MethodHead, "/greeting", "Accept-Language", "en"); w.Header().Get("X-Cache") != "HIT" || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "5" {
 		t.Fatalf("second HEAD: %q body %q Content-Length %q", w.Header().Get("X-Cache"), w.Body, w.Header().Get("Content-Length"))
 	}
-	if calls.Load() != 3 {
-		t.Fatalf("handler ran %d times, want 3", calls.Load())
-	}
+	wantCalls(t, &calls, 3)
 }
 
 // Invalidate and InvalidateAfter drop entries; the next GET loads afresh.
 func TestCacheInvalidate(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	var version atomic.Int64
 	r := newEngine()
 	repo := ginmw.Resource("repos", ginmw.Param("id"))
@@ -359,8 +349,7 @@ func TestCacheInvalidate(t *testing.T) {
 // A handler that panics under Cache reaches Gin's recovery; nothing is
 // stored, and the next request runs the handler.
 func TestCacheHandlerPanic(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	var calls atomic.Int64
 	r := newEngine()
 	r.GET("/p", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
@@ -382,8 +371,7 @@ func TestCacheHandlerPanic(t *testing.T) {
 // Conditional requests are answered from the stored response; the handler
 // sees an unconditional request.
 func TestCacheConditional(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	var sawINM atomic.Bool
 	r := newEngine()
 	r.GET("/doc", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
@@ -411,8 +399,7 @@ func TestCacheConditional(t *testing.T) {
 // A response larger than MaxBody, or flushed, is streamed to its client and
 // not stored.
 func TestCacheStreamsLargeOrFlushedResponses(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	var calls atomic.Int64
 	big := strings.Repeat("x", 100)
 	r := newEngine()
@@ -435,16 +422,13 @@ func TestCacheStreamsLargeOrFlushedResponses(t *testing.T) {
 			t.Fatalf("stream: %q flushed %v", w.Body, w.Flushed)
 		}
 	}
-	if calls.Load() != 4 {
-		t.Fatalf("handler ran %d times, want 4 (nothing cached)", calls.Load())
-	}
+	wantCalls(t, &calls, 4) // nothing cached
 }
 
 // Under ServeStale with BackgroundRefresh, an expired entry is served stale
 // at once and refreshed in the background through the engine.
 func TestCacheServeStaleRefreshesInBackground(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	var version atomic.Int64
 	r := newEngine()
 	r.GET("/repos/:id", ginmw.Cache(g, 100*time.Millisecond,
@@ -487,15 +471,12 @@ func TestCacheRedisDownFailsOpen(t *testing.T) {
 			t.Fatalf("%d %q", w.Code, w.Body)
 		}
 	}
-	if calls.Load() != 2 {
-		t.Fatalf("handler ran %d times", calls.Load())
-	}
+	wantCalls(t, &calls, 2)
 }
 
 // Other methods pass through untouched.
 func TestCacheOtherMethodsPassThrough(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	r := newEngine()
 	r.POST("/x", ginmw.Cache(g, time.Minute), func(c *gin.Context) { c.String(http.StatusCreated, "made") })
 	if w := serve(r, http.MethodPost, "/x"); w.Code != http.StatusCreated || w.Header().Get("X-Cache") != "" {
@@ -507,8 +488,7 @@ func TestCacheOtherMethodsPassThrough(t *testing.T) {
 // entry fills in the background through the engine; without BackgroundRefresh
 // the request is served directly instead (nothing could ever fill the entry).
 func TestCacheFailFast(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	var calls atomic.Int64
 	h := func(c *gin.Context) { calls.Add(1); c.String(http.StatusOK, "filled") }
 	r := newEngine()
@@ -531,9 +511,7 @@ func TestCacheFailFast(t *testing.T) {
 		w := serve(r, http.MethodGet, "/bg")
 		return w.Code == http.StatusOK && w.Header().Get("X-Cache") == "HIT" && w.Body.String() == "filled"
 	})
-	if calls.Load() != 1 {
-		t.Fatalf("handler ran %d times, want 1", calls.Load())
-	}
+	wantCalls(t, &calls, 1)
 
 	// Without BackgroundRefresh: served here, as the fill (MISS) or directly (BYPASS).
 	if w := serve(r, http.MethodGet, "/direct"); w.Code != http.StatusOK || (w.Header().Get("X-Cache") != "BYPASS" && w.Header().Get("X-Cache") != "MISS") {
@@ -544,8 +522,7 @@ func TestCacheFailFast(t *testing.T) {
 // A request whose wait budget ends while another request loads the entry is
 // answered 503 with Retry-After, without running the handler.
 func TestCacheWaitBudget(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	release := make(chan struct{})
 	var calls atomic.Int64
 	r := newEngine()
@@ -566,17 +543,14 @@ func TestCacheWaitBudget(t *testing.T) {
 	if lw := <-leader; lw.Code != http.StatusOK || lw.Body.String() != "slow" {
 		t.Fatalf("leader: %d %q", lw.Code, lw.Body)
 	}
-	if calls.Load() != 1 {
-		t.Fatalf("handler ran %d times", calls.Load())
-	}
+	wantCalls(t, &calls, 1)
 }
 
 // The request that runs the handler for others keeps running it when its own
 // client goes away: the handler's context is detached from that client, and
 // the requests waiting for the load get the response.
 func TestCacheLeaderDisconnectDoesNotCancelLoad(t *testing.T) {
-	s := redistest.Start(t)
-	g, _ := newGuard(t, s)
+	g, _ := startGuard(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var handlerCtxErr error
 	type ctxKey struct{}
@@ -592,21 +566,7 @@ func TestCacheLeaderDisconnectDoesNotCancelLoad(t *testing.T) {
 		sawValue = c.Request.Context().Value(ctxKey{}) == "kept"
 		c.String(http.StatusOK, "loaded")
 	})
-	srv := httptest.NewServer(r)
-	defer srv.Close()
-	client := &http.Client{Transport: &http.Transport{}}
-	defer client.CloseIdleConnections()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/slow", nil)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
+	cancel, errc := startRequest(t, r, http.MethodGet, "/slow")
 	within(t, 10*time.Second, entered, "the leader's handler")
 	follower := make(chan *httptest.ResponseRecorder, 1)
 	go func() { follower <- serve(r, http.MethodGet, "/slow") }()
@@ -625,8 +585,7 @@ func TestCacheLeaderDisconnectDoesNotCancelLoad(t *testing.T) {
 
 // InvalidateAfter leaves the cache alone when the write failed.
 func TestCacheInvalidateAfterOnlyOnSuccess(t *testing.T) {
-	s := redistest.Start(t)
-	g, rdb := newGuard(t, s)
+	g, rdb := startGuard(t)
 	repo := ginmw.Resource("repos", ginmw.Param("id"))
 	r := newEngine()
 	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), func(c *gin.Context) { c.String(http.StatusOK, "v") })

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,17 @@ func newLocker(t *testing.T, opts ...locks.Option) (*locks.Client, *redis.Client
 	return l, rdb, s
 }
 
+// hold takes the lock name for the test, released at cleanup.
+func hold(t *testing.T, l *locks.Client, name string) *locks.Lock {
+	t.Helper()
+	lk, err := l.TryLock(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lk.Unlock(context.Background()) })
+	return lk
+}
+
 // newEngine returns a Gin engine whose recovery writes nothing to the test's output.
 func newEngine() *gin.Engine {
 	r := gin.New()
@@ -43,6 +55,50 @@ func serve(h http.Handler, method, target string, header ...string) *httptest.Re
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
 	return w
+}
+
+// startRequest sends a request to h through a real server and connection, so
+// that cancel makes the client go away as a disconnecting one does. done
+// receives what the client's Do returned.
+func startRequest(t *testing.T, h http.Handler, method, path string) (cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	return cancel, errc
+}
+
+// recordErrors makes r append the errors each request left in c.Errors to *errs.
+func recordErrors(r *gin.Engine, errs *[]error) {
+	r.Use(func(c *gin.Context) {
+		c.Next()
+		for _, e := range c.Errors {
+			*errs = append(*errs, e.Err)
+		}
+	})
+}
+
+// wantCalls fails the test unless the handler ran n times.
+func wantCalls(t *testing.T, calls *atomic.Int64, n int64) {
+	t.Helper()
+	if got := calls.Load(); got != n {
+		t.Fatalf("handler ran %d times, want %d", got, n)
+	}
 }
 
 // errorBody is the JSON body Lock answers a refused request with.

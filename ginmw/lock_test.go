@@ -136,9 +136,7 @@ func TestLockExcludesConcurrentRequests(t *testing.T) {
 	if overlaps.Load() != 0 {
 		t.Fatalf("%d overlaps in the handler", overlaps.Load())
 	}
-	if ran.Load() != n {
-		t.Fatalf("handler ran %d times, want %d", ran.Load(), n)
-	}
+	wantCalls(t, &ran, n)
 }
 
 // Requests on different resources hold their locks at the same time: every
@@ -177,11 +175,7 @@ func TestLockDifferentResourcesRunInParallel(t *testing.T) {
 // and a JSON body naming the resource, and the handler does not run.
 func TestLockConflictAfterWaitBudget(t *testing.T) {
 	l, _, _ := newLocker(t)
-	holder, err := l.TryLock(context.Background(), "repos:9")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Unlock(context.Background()) })
+	hold(t, l, "repos:9")
 
 	var ran atomic.Bool
 	handler := func(c *gin.Context) { ran.Store(true) }
@@ -219,11 +213,7 @@ func TestLockConflictAfterWaitBudget(t *testing.T) {
 // A deadline set by an earlier middleware ends the wait as contention does.
 func TestLockUpstreamDeadlineIsConflict(t *testing.T) {
 	l, _, _ := newLocker(t)
-	holder, err := l.TryLock(context.Background(), "repos:10")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Unlock(context.Background()) })
+	hold(t, l, "repos:10")
 	r := newEngine()
 	r.Use(func(c *gin.Context) {
 		ctx, cancel := context.WithTimeout(c.Request.Context(), 50*time.Millisecond)
@@ -279,21 +269,7 @@ func TestLockReleasedWhenClientDisconnects(t *testing.T) {
 		<-c.Request.Context().Done()
 		cause = context.Cause(c.Request.Context())
 	})
-	srv := httptest.NewServer(r)
-	defer srv.Close()
-	client := &http.Client{Transport: &http.Transport{}}
-	defer client.CloseIdleConnections()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL+"/repos/4", nil)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
+	cancel, errc := startRequest(t, r, http.MethodPut, "/repos/4")
 	within(t, 10*time.Second, entered, "the handler")
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
@@ -312,11 +288,7 @@ func TestLockReleasedWhenClientDisconnects(t *testing.T) {
 // (499) without running the handler, and leaves the holder's lock alone.
 func TestLockClientGivesUpWhileWaiting(t *testing.T) {
 	l, rdb, _ := newLocker(t)
-	holder, err := l.TryLock(context.Background(), "repos:6")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Unlock(context.Background()) })
+	holder := hold(t, l, "repos:6")
 	status := make(chan int, 1)
 	var ran atomic.Bool
 	r := newEngine()
@@ -325,21 +297,7 @@ func TestLockClientGivesUpWhileWaiting(t *testing.T) {
 		status <- c.Writer.Status()
 	})
 	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.Wait(time.Minute)), func(c *gin.Context) { ran.Store(true) })
-	srv := httptest.NewServer(r)
-	defer srv.Close()
-	client := &http.Client{Transport: &http.Transport{}}
-	defer client.CloseIdleConnections()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL+"/repos/6", nil)
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
+	cancel, errc := startRequest(t, r, http.MethodPut, "/repos/6")
 	// The request is waiting once it has a place in the lock's queue.
 	eventually(t, 10*time.Second, "the request to queue for the lock", func() bool {
 		n, _ := rdb.ZCard(context.Background(), "cg:q:{repos:6}").Result()
@@ -380,12 +338,7 @@ func TestLockRedisUnavailable(t *testing.T) {
 	}
 	var recorded []error
 	r := newEngine()
-	r.Use(func(c *gin.Context) {
-		c.Next()
-		for _, e := range c.Errors {
-			recorded = append(recorded, e.Err)
-		}
-	})
+	recordErrors(r, &recorded)
 	r.PUT("/closed/:id", ginmw.Lock(l, repoKey), handler)
 	r.PUT("/open/:id", ginmw.Lock(l, repoKey, ginmw.FailOpen()), handler)
 	s.Kill()
@@ -421,12 +374,7 @@ func TestLockLostCancelsRequestContext(t *testing.T) {
 	var cause error
 	var recorded []error
 	r := newEngine()
-	r.Use(func(c *gin.Context) {
-		c.Next()
-		for _, e := range c.Errors {
-			recorded = append(recorded, e.Err)
-		}
-	})
+	recordErrors(r, &recorded)
 	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithLease(150*time.Millisecond))), func(c *gin.Context) {
 		close(entered)
 		select {
@@ -460,11 +408,7 @@ func TestLockLostCancelsRequestContext(t *testing.T) {
 // Methods locks only the listed methods: a GET passes a held resource.
 func TestLockOnlySomeMethods(t *testing.T) {
 	l, _, _ := newLocker(t)
-	holder, err := l.TryLock(context.Background(), "repos:11")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Unlock(context.Background()) })
+	hold(t, l, "repos:11")
 	r := newEngine()
 	r.Use(ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.Methods("put", "DELETE")))
 	var fenced atomic.Bool
@@ -495,11 +439,7 @@ func TestLockRouteScopesName(t *testing.T) {
 	}
 	r.PUT("/repos/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.Wait(0)), h)
 	r.PUT("/orgs/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.Wait(0)), h)
-	holder, err := l.TryLock(context.Background(), "/repos/:id:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Unlock(context.Background())
+	hold(t, l, "/repos/:id:1")
 	if w := serve(r, http.MethodPut, "/repos/1"); w.Code != http.StatusConflict {
 		t.Fatalf("/repos/1: status %d, want 409", w.Code)
 	}
@@ -569,11 +509,7 @@ func TestLockBadKey(t *testing.T) {
 // kind and cause.
 func TestLockErrorHandler(t *testing.T) {
 	l, _, _ := newLocker(t)
-	holder, err := l.TryLock(context.Background(), "repos:12")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Unlock(context.Background()) })
+	hold(t, l, "repos:12")
 	var got *ginmw.Error
 	r := newEngine()
 	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {

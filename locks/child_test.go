@@ -1,13 +1,11 @@
 package locks_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -24,43 +23,13 @@ import (
 // one line per event on stdout.
 const childEnv = "LOCKS_TEST_CHILD"
 
-type child struct {
-	cmd   *exec.Cmd
-	lines chan string
-	stdin io.WriteCloser
-}
+// child is a child process started by startChild.
+type child struct{ *childproc.Proc }
 
 // startChild starts this test binary in role with the given environment.
 func startChild(t *testing.T, role string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), append([]string{childEnv + "=" + role}, env...)...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, lines: make(chan string, 64), stdin: in}
-	go func() {
-		defer close(c.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		in.Close()
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return c
+	return &child{childproc.Start(t, childEnv, role, env...)}
 }
 
 // expect waits (bounded) for the next line with the given prefix and returns its rest.
@@ -69,7 +38,7 @@ func (c *child) expect(t *testing.T, prefix string, within time.Duration) string
 	deadline := time.After(within)
 	for {
 		select {
-		case l, ok := <-c.lines:
+		case l, ok := <-c.Lines:
 			if !ok {
 				t.Fatalf("child exited while waiting for %q", prefix)
 			}
@@ -92,23 +61,18 @@ func envInt(name string) int {
 	return n
 }
 
-func runChild(role string) int {
-	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR")})
-	defer rdb.Close()
-	var err error
-	switch role {
-	case "mutex":
-		err = childMutex(rdb)
-	case "hold":
-		err = childHold(rdb)
-	default:
-		err = fmt.Errorf("unknown role %q", role)
+// childRoles are the roles for childproc.Main.
+func childRoles() map[string]func() error {
+	return map[string]func() error{"mutex": withClient(childMutex), "hold": withClient(childHold)}
+}
+
+// withClient gives role a client of the server at REDIS_ADDR.
+func withClient(role func(*redis.Client) error) func() error {
+	return func() error {
+		rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR")})
+		defer rdb.Close()
+		return role(rdb)
 	}
-	if err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	return 0
 }
 
 // childMutex runs goroutines that each take the lock N times and, inside the

@@ -1,9 +1,9 @@
 package locks_test
 
 import (
-	"os"
 	"testing"
 
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -11,8 +11,6 @@ import (
 var redisAddr string
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(childEnv); role != "" {
-		os.Exit(runChild(role))
-	}
+	childproc.Main(childEnv, childRoles())
 	redistest.Main(m, &redisAddr)
 }

@@ -88,7 +88,7 @@ func TestHolderKilled(t *testing.T) {
 	if err != nil || pttl <= 0 {
 		t.Fatalf("PTTL = %v, %v", pttl, err)
 	}
-	ch.cmd.Process.Signal(syscall.SIGKILL)
+	ch.Signal(syscall.SIGKILL)
 	killed := time.Now()
 	lk, err := c.Lock(ctx, "killed", locks.WithWait(3*lease))
 	if err != nil {
@@ -119,9 +119,9 @@ func TestHolderPaused(t *testing.T) {
 	ch := startChild(t, "hold", "REDIS_ADDR="+s.Addr(), "NAME=paused", "LEASE=300ms")
 	oldFence, _ := strconv.ParseUint(ch.expect(t, "held", 10*time.Second), 10, 64)
 
-	ch.cmd.Process.Signal(syscall.SIGSTOP)
+	ch.Signal(syscall.SIGSTOP)
 	lk, err := c.Lock(ctx, "paused", locks.WithWait(10*time.Second))
-	ch.cmd.Process.Signal(syscall.SIGCONT)
+	ch.Signal(syscall.SIGCONT)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func TestReliabilityCacheHolderKilled(t *testing.T) {
 			return "fresh", nil
 		})
 	}()
-	p.kill()
+	p.Kill()
 	killed := time.Since(start)
 	<-done
 	fig := Figures{Scenario: "cache: fill-lease holder SIGKILLed mid-load, 20 waiters in 2 guards", Recovery: time.Since(start) - killed}

@@ -5,18 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -27,11 +25,8 @@ import (
 // writing the command and the return after reading the reply.
 const childEnv = "RELIABILITY_TEST_CHILD"
 
-type proc struct {
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	lines chan string
-}
+// proc is a child process started by startChild.
+type proc struct{ *childproc.Proc }
 
 // startHolder starts a holder child on the lock server lockAddr, writing to
 // the register key on regAddr.
@@ -44,83 +39,25 @@ func startHolder(t *testing.T, lockAddr, regAddr, key, name string, lease time.D
 // startChild starts this test binary in role with env added.
 func startChild(t *testing.T, role string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), append([]string{childEnv + "=" + role}, env...)...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, in: in, lines: make(chan string, 16)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(p.lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		in.Close()
-		cmd.Process.Signal(syscall.SIGCONT)
-		cmd.Process.Kill()
-		cmd.Wait()
-		<-done
-	})
-	return p
+	return &proc{childproc.Start(t, childEnv, role, env...)}
 }
 
 // do sends one command and waits (bounded) for its reply.
 func (p *proc) do(t *testing.T, command string, within time.Duration) string {
 	t.Helper()
-	if _, err := fmt.Fprintln(p.in, command); err != nil {
+	if _, err := fmt.Fprintln(p.Stdin, command); err != nil {
 		t.Fatalf("child: send %q: %v", command, err)
 	}
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			t.Fatalf("child exited before answering %q", command)
-		}
-		return l
-	case <-time.After(within):
-		t.Fatalf("child did not answer %q within %v", command, within)
-	}
-	return ""
-}
-
-func (p *proc) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
-
-// kill SIGKILLs the child and waits until it is gone.
-func (p *proc) kill() {
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	for range p.lines { // drained and closed when the process is gone
-	}
-}
-
-func runChild(role string) int {
-	var err error
-	switch role {
-	case "holder":
-		err = childHolder()
-	case "cg-fill":
-		err = childFill()
-	default:
-		err = fmt.Errorf("unknown role %q", role)
-	}
+	l, err := p.Next(within)
 	if err != nil {
-		fmt.Println("error", err)
-		return 1
+		t.Fatalf("child did not answer %q: %v", command, err)
 	}
-	return 0
+	return l
+}
+
+// childRoles are the roles for childproc.Main.
+func childRoles() map[string]func() error {
+	return map[string]func() error{"holder": childHolder, "cg-fill": childFill}
 }
 
 // childHolder serves commands: acquire, write <value>, release, wait-lost.
@@ -208,14 +145,9 @@ func childFill() error {
 // next waits (bounded) for the child's next line.
 func (p *proc) next(t *testing.T, within time.Duration) string {
 	t.Helper()
-	select {
-	case l, ok := <-p.lines:
-		if !ok {
-			t.Fatal("child exited")
-		}
-		return l
-	case <-time.After(within):
-		t.Fatalf("no line from the child within %v", within)
+	l, err := p.Next(within)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return ""
+	return l
 }

@@ -2,11 +2,11 @@ package reliability
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -15,9 +15,7 @@ import (
 var redisAddr string
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(childEnv); role != "" {
-		os.Exit(runChild(role))
-	}
+	childproc.Main(childEnv, childRoles())
 	// go-redis logs every failed dial; the scenarios kill servers on purpose.
 	redis.SetLogger(quiet{})
 	redistest.Main(m, &redisAddr)

@@ -194,7 +194,7 @@ func TestReliabilityHolderKilled(t *testing.T) {
 		}
 		pc, pttl := r.pttl(srv, "killed")
 		r.held(child, call, ret, fence, pc, pttl)
-		p.kill()
+		p.Kill()
 		killed := r.lockH.Now()
 		lk, got := r.lock(c, 0, "killed", lease)
 		worst = max(worst, time.Duration(got-killed))
@@ -239,14 +239,14 @@ func TestReliabilityHolderPaused(t *testing.T) {
 			}
 			pc, pttl := r.pttl(srv, "paused")
 			r.held(1, call, ret, fence, pc, pttl)
-			p.signal(syscall.SIGSTOP)
+			p.Signal(syscall.SIGSTOP)
 			paused := r.lockH.Now()
 			lk, got := r.lock(c, 0, "paused", lease)
 			r.fig.Recovery = time.Duration(got - paused)
 			if r.write(lk, 0, "next-holder") != Done {
 				t.Fatal("the next holder's write was refused")
 			}
-			p.signal(syscall.SIGCONT)
+			p.Signal(syscall.SIGCONT)
 			late := r.childWrite(p, 1, fence, "after-pause")
 			if got := p.do(t, "wait-lost", 10*time.Second); got != "lost" {
 				t.Errorf("paused holder: %s, want lost", got)

@@ -41,13 +41,7 @@ func TestReliabilityProxyFaults(t *testing.T) {
 			srv, res := redistest.Start(t), redistest.Start(t)
 			px := startProxy(t, srv)
 			px.SetLatency(30 * time.Millisecond)
-			rdb := faultClient(px.Addr())
-			t.Cleanup(func() { rdb.Close() })
-			c := locks.New(rdb)
-			t.Cleanup(func() { c.Close() })
-			w := &workload{mu: libMutex{c: c, name: "px", lease: lease}, reg: Register{RDB: res.Client(), Key: "reg:px"},
-				lease: lease, clients: 3, ops: scale(60, 25), straggles: 2, opTimeout: time.Second}
-			w.init()
+			w := faultWorkload(faultLocks(t, px.Addr()), res, "px", lease, scale(60, 25))
 			cycles := scale(2, 1)
 			f := verify(t, w.run(t, func(ctx context.Context) {
 				for i := 0; i < cycles; i++ {

@@ -21,6 +21,26 @@ func faultClient(addr string) *redis.Client {
 		ContextTimeoutEnabled: true, PoolSize: 8})
 }
 
+// faultLocks returns a locks.Client on a faultClient of addr, both closed at
+// cleanup.
+func faultLocks(t *testing.T, addr string) *locks.Client {
+	rdb := faultClient(addr)
+	t.Cleanup(func() { rdb.Close() })
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// faultWorkload is the workload the fault scenarios run: 3 clients taking
+// the lock name on c and writing the register reg:name on res, 2 of them
+// straggling, a second per call.
+func faultWorkload(c *locks.Client, res *redistest.Server, name string, lease time.Duration, ops int) *workload {
+	w := &workload{mu: libMutex{c: c, name: name, lease: lease}, reg: Register{RDB: res.Client(), Key: "reg:" + name},
+		lease: lease, clients: 3, ops: ops, straggles: 2, opTimeout: time.Second}
+	w.init()
+	return w
+}
+
 // TestReliabilityServerRestart: a holder holds a lock with a fixed lease when
 // redis-server is SIGKILLed and restarted. With appendfsync always the lock
 // survives: another client is refused until the holder releases, and the
@@ -43,10 +63,7 @@ func TestReliabilityServerRestart(t *testing.T) {
 				opts = append(opts, redistest.AppendFsyncAlways())
 			}
 			srv, res := redistest.Start(t, opts...), redistest.Start(t)
-			rdb := faultClient(srv.Addr())
-			t.Cleanup(func() { rdb.Close() })
-			c := locks.New(rdb)
-			t.Cleanup(func() { c.Close() })
+			c := faultLocks(t, srv.Addr())
 			r := newRecorder(t, Register{RDB: res.Client(), Key: "reg:restart"})
 			const lease = 3 * time.Second
 			holder, _ := r.lock(c, 1, "restart", lease)
@@ -154,13 +171,7 @@ func TestReliabilityServerFaults(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, res := redistest.Start(t, redistest.AppendFsyncAlways()), redistest.Start(t)
-			rdb := faultClient(srv.Addr())
-			t.Cleanup(func() { rdb.Close() })
-			c := locks.New(rdb)
-			t.Cleanup(func() { c.Close() })
-			w := &workload{mu: libMutex{c: c, name: "sf", lease: lease}, reg: Register{RDB: res.Client(), Key: "reg:sf"},
-				lease: lease, clients: 3, ops: scale(80, 30), straggles: 2, opTimeout: time.Second}
-			w.init()
+			w := faultWorkload(faultLocks(t, srv.Addr()), res, "sf", lease, scale(80, 30))
 			faults := scale(3, 2)
 			f := verify(t, w.run(t, func(ctx context.Context) {
 				for i := 0; i < faults; i++ {
