@@ -36,7 +36,7 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope
 		payload, merr := encodeValue(c.cfg.codec, v)
 		if merr != nil {
 			err = fmt.Errorf("cacheguard: encode %q: %w", c.key, merr)
-			c.releaseLease(ctx, ks, tok, "e"+err.Error())
+			c.releaseLease(ctx, ks, tok, "e"+tok+" "+err.Error())
 			return v, nil, err
 		}
 		fresh := jittered(c.cfg.ttl, c.cfg.jitter)
@@ -58,10 +58,10 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope
 		}
 		return v, env, err
 	case errors.Is(err, ErrNotFound):
-		c.releaseLease(ctx, ks, tok, "n")
+		c.releaseLease(ctx, ks, tok, "n"+tok+" ")
 		return v, nil, err
 	default:
-		c.releaseLease(ctx, ks, tok, "e"+err.Error())
+		c.releaseLease(ctx, ks, tok, "e"+tok+" "+err.Error())
 		return v, nil, err
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"time"
 )
 
@@ -94,7 +95,7 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 		timer.Reset(d + rand.N(d/10+1))
 		select {
 		case m := <-wakeC:
-			if o := c.fromWake(id, m); o != nil {
+			if o := c.fromWake(id, m, r.holder); o != nil {
 				return o
 			}
 		case <-timer.C:
@@ -129,17 +130,24 @@ func (c *call[T]) remote(id uint64, b []byte) *outcome {
 	return &outcome{leader: id, val: v, env: &env}
 }
 
-// fromWake handles a push on the key's channel: 'v'+envelope (a fill stored
-// it), 'e'+message (the fill's load failed), 'n' (the load found nothing and
-// negative caching is off), 'x' (invalidated). It returns nil when the flight
-// must try again.
-func (c *call[T]) fromWake(id uint64, m string) *outcome {
-	if m == "" {
+// fromWake handles a push on the key's channel: 'v'+token+' '+envelope (a
+// fill stored it), 'e'+token+' '+message (the fill's load failed),
+// 'n'+token+' ' (the load found nothing and negative caching is off), 'x'
+// (invalidated). Only a push from holder, the fill whose lease this flight
+// saw, is trusted: one from an earlier fill can arrive after an invalidation
+// that came later (the subscription may predate this flight). It returns nil
+// when the flight must ask again.
+func (c *call[T]) fromWake(id uint64, m, holder string) *outcome {
+	if m == "" || m[0] == 'x' {
+		return nil
+	}
+	tok, body, ok := strings.Cut(m[1:], " ")
+	if !ok || tok != holder {
 		return nil
 	}
 	switch m[0] {
 	case 'v':
-		b := []byte(m[1:])
+		b := []byte(body)
 		if len(b) < envHeaderLen {
 			return nil
 		}
@@ -148,7 +156,7 @@ func (c *call[T]) fromWake(id uint64, m string) *outcome {
 		}
 		return c.remote(id, b)
 	case 'e':
-		return &outcome{leader: id, err: remoteError(c.key, m[1:])}
+		return &outcome{leader: id, err: remoteError(c.key, body)}
 	case 'n':
 		return &outcome{leader: id, err: c.notFound()}
 	}

@@ -6,7 +6,8 @@
 --       returned as it is), force (1 = the caller could not decode the value:
 --       never return it as fresh)
 -- Returns {0, value} for a fresh value, {1} when the lease is this caller's,
--- {2, pttl ms} when another fill holds it.
+-- {2, pttl ms, holder's token} when another fill holds it (its wake-up will name
+-- that token: see fill.lua).
 -- Idempotent under client retries: a lease already holding this token counts as granted.
 local v = redis.call('GET', KEYS[1])
 -- Envelope header: 'c' 'g' version(1) flags, fresh-until ms (8 bytes, big-endian), ...
@@ -26,4 +27,4 @@ elseif cur == ARGV[1] then
 end
 local pttl = redis.call('PTTL', KEYS[2])
 if pttl < 0 then pttl = 0 end
-return {2, pttl}
+return {2, pttl, cur}

@@ -96,10 +96,10 @@ func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		name := cmd.Name()
 		if c, ok := cmd.(*redis.Cmd); ok && err == nil && (name == "evalsha" || name == "eval") {
-			// The get-or-lease script answers {2, pttl} when another fill holds
+			// The get-or-lease script answers {2, pttl, holder} when another fill holds
 			// the lease; a flight asks again once subscribed, so the second such
 			// answer means it waits for the holder's push.
-			if v, _ := c.Slice(); len(v) == 2 && v[0] == int64(2) && h.n.Add(1) == 2 {
+			if v, _ := c.Slice(); len(v) == 3 && v[0] == int64(2) && h.n.Add(1) == 2 {
 				h.once.Do(func() { close(h.seen) })
 			}
 		}

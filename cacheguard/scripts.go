@@ -31,6 +31,7 @@ type leaseReply struct {
 	value   []byte        // the envelope, when fresh
 	granted bool          // the fill lease is this caller's
 	pttl    time.Duration // the other holder's remaining lease
+	holder  string        // the other holder's token
 }
 
 // getLease runs the get-or-lease script: it returns the value when it is
@@ -53,9 +54,10 @@ func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, lease time.
 		r.fresh, r.value = true, []byte(s)
 	case status == 1:
 		r.granted = true
-	case status == 2 && len(v) == 2:
+	case status == 2 && len(v) == 3:
 		pttl, _ := v[1].(int64)
 		r.pttl = time.Duration(pttl) * time.Millisecond
+		r.holder, _ = v[2].(string)
 	default:
 		return leaseReply{}, fmt.Errorf("cacheguard: unexpected get-or-lease reply %v", v)
 	}

@@ -262,3 +262,56 @@ func TestRemoteWaitersGetNotFound(t *testing.T) {
 		})
 	}
 }
+
+// TestWaiterIgnoresPushFromAnotherFill: a waiter trusts only the push of the
+// fill whose lease it saw. A push from an earlier fill can reach a process's
+// shared subscription after an invalidation that came later; taking it would
+// serve the value the invalidation removed. Here a fresh envelope arrives on
+// the channel from a fill that does not hold the lease: the waiter must wait
+// for the holder's value instead.
+func TestWaiterIgnoresPushFromAnotherFill(t *testing.T) {
+	ctx := context.Background()
+	a, rdb := newGuard(t)
+	b, _ := newGuard(t)
+
+	// A valid, fresh envelope holding a value nobody may serve for key.
+	other := testKey(t, "other")
+	if _, err := cacheguard.Get(ctx, a, other, (&counter{name: "stale"}).load); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := rdb.Get(ctx, "cg:v:{"+other+"}").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	key := testKey(t)
+	holder := newGated("holder")
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, holder.load)
+		errc <- err
+	}()
+	<-holder.entered
+	got := make(chan item, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, b, key, (&counter{name: "waiter loaded"}).load)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- v
+	}()
+	channel := "cg:fw:{" + key + "}"
+	eventually(t, 5*time.Second, "waiter subscribed", func() bool {
+		return rdb.PubSubNumSub(ctx, channel).Val()[channel] == 1
+	})
+	if err := rdb.Publish(ctx, channel, "vsomeone-else "+stale).Err(); err != nil {
+		t.Fatal(err)
+	}
+	close(holder.release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; v.Name != "holder" {
+		t.Fatalf("waiter got %+v, want the lease holder's value", v)
+	}
+}
