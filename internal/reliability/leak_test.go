@@ -87,15 +87,3 @@ func countChildren(comm string) int {
 	}
 	return n
 }
-
-// knownBug ends a test that reproduced a bug reported to the owner of the
-// package at fault: it skips with the bug's description (so the suite stays
-// green and the figures show the violation), or fails with
-// RELIABILITY_STRICT=1.
-func knownBug(t *testing.T, bug, what string) {
-	t.Helper()
-	if os.Getenv("RELIABILITY_STRICT") == "1" {
-		t.Fatalf("KNOWN BUG (%s): %s", bug, what)
-	}
-	t.Skipf("KNOWN BUG (%s), reported: %s", bug, what)
-}

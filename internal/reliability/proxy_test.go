@@ -144,11 +144,9 @@ func TestReliabilityLostReply(t *testing.T) {
 // go-redis retries it. The release script must treat the retry as the same
 // release. For a re-entered lock a second run would take back a second hold:
 // the inner Unlock would release the outer holder's lock too, and another
-// client could take it while the outer critical section still runs.
-//
-// KNOWN BUG (locks, reported to the lead): release.lua is not idempotent, so
-// this is what happens today. Until it is fixed the test reports the
-// violation in its figures and skips; RELIABILITY_STRICT=1 makes it fail.
+// client could take it while the outer critical section still runs. (It did,
+// until each hold became its own field of the lock's hash: release.lua now
+// gives back the hold it names, once.)
 func TestReliabilityLostReleaseReply(t *testing.T) {
 	noLeaks(t)
 	srv := startAndProxy(t)
@@ -203,13 +201,9 @@ func TestReliabilityLostReleaseReply(t *testing.T) {
 	}
 	fig.Note = fmt.Sprintf("inner Unlock: %s (hold count left %d, want 1); outer Unlock: %s; last-hold Unlock with lost reply: %s",
 		errText(innerErr), n, errText(outerErr), errText(lastErr))
-	if fig.Violations != 0 {
-		fig.Expect = "0 — FAILS today: known bug, release.lua is not idempotent under go-redis retries"
-	}
 	fig.Report(t)
 	if fig.Violations != 0 {
-		knownBug(t, "locks: release.lua is not idempotent under go-redis retries",
-			fmt.Sprintf("another client took the lock while the outer hold was still held: the retried release took back two holds (hold count %d, inner Unlock said %v)", n, innerErr))
+		t.Errorf("another client took the lock while the outer hold was still held: the retried release took back two holds (hold count %d, inner Unlock said %v)", n, innerErr)
 	}
 }
 
