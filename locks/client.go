@@ -153,7 +153,7 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	if err := p.validate(); err != nil {
 		return config{}, err
 	}
-	p.pack()
+	p.packFrom(&c.cfg)
 	return *p, nil
 }
 
@@ -304,12 +304,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	// Fast path: one attempt, unless another caller of this process is already
 	// waiting for the name (then the attempt would only fail) or fair mode
 	// (where the first attempt must also queue).
-	var g *gate
-	if wait && !cfg.fair {
-		g = c.gate(ks[0])
-		defer c.ungate(ks[0], g)
-	}
-	if !wait || (!cfg.fair && (reentrant || !g.busy())) {
+	if !wait || (!cfg.fair && (reentrant || !c.waiting(ks[0]))) {
 		sent := time.Now()
 		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
 		if err != nil {
@@ -331,7 +326,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 
 	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
 	defer cancel()
-	if g != nil {
+	if !cfg.fair {
+		g := c.gate(ks[0])
+		defer c.ungate(ks[0], g)
 		if err := g.enter(wctx); err != nil {
 			return fail(0, waitErr(ctx))
 		}
@@ -559,7 +556,15 @@ func (c *Client) ungate(key string, g *gate) {
 	}
 }
 
-func (g *gate) busy() bool {
+// waiting reports whether a caller of this process waits in Redis for the
+// lock key (then an attempt of another caller could only fail).
+func (c *Client) waiting(key string) bool {
+	c.mu.Lock()
+	g := c.gates[key]
+	c.mu.Unlock()
+	if g == nil {
+		return false
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.taken

@@ -41,6 +41,18 @@ type config struct {
 	argsTryV, argsWaitV, argsReleaseV any // the same, boxed once
 }
 
+// packFrom derives the packed arguments, reusing base's when the values they
+// pack are the same (a call that only sets its wait, as ginmw's do, then
+// formats nothing).
+func (c *config) packFrom(base *config) {
+	if c.lease == base.lease && c.fenceRetention == base.fenceRetention && c.fair == base.fair {
+		c.argsTry, c.argsWait, c.argsRelease = base.argsTry, base.argsWait, base.argsRelease
+		c.argsTryV, c.argsWaitV, c.argsReleaseV = base.argsTryV, base.argsWaitV, base.argsReleaseV
+		return
+	}
+	c.pack()
+}
+
 // pack derives the scripts' packed numeric arguments.
 func (c *config) pack() {
 	fair := "0"
