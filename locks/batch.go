@@ -28,7 +28,9 @@ const maxDirect = 2
 // What a call did after its caller gave up is handed to the call's abandon
 // function (an acquisition granted too late is released there).
 type batcher struct {
-	rdb redis.UniversalClient
+	rdb  redis.UniversalClient
+	ctx  context.Context // the senders'; cancelled by close
+	stop context.CancelFunc
 
 	mu     sync.Mutex
 	busy   int        // direct calls and senders on the wire
@@ -68,7 +70,14 @@ func putPending(p *pending) {
 	pendings.Put(p)
 }
 
-func newBatcher(rdb redis.UniversalClient) *batcher { return &batcher{rdb: rdb} }
+// sendTimeout bounds one pipeline of queued calls (as far as the client
+// honours contexts), so that a sender cannot hold its slot for ever.
+const sendTimeout = 10 * time.Second
+
+func newBatcher(rdb redis.UniversalClient) *batcher {
+	ctx, stop := context.WithCancel(context.Background())
+	return &batcher{rdb: rdb, ctx: ctx, stop: stop}
+}
 
 // do sends args (a script call) and returns its reply, or a command failed
 // with ctx's error when ctx ends first.
@@ -138,7 +147,8 @@ func (b *batcher) send(q []*pending) {
 func (b *batcher) exec(q []*pending) {
 	// No caller's context: each caller waits on its own, and one giving up
 	// must not cancel the others' calls.
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(b.ctx, sendTimeout)
+	defer cancel()
 	pipe := b.rdb.Pipeline()
 	for _, p := range q {
 		p.cmd = redis.NewCmd(ctx, p.args...)
@@ -196,9 +206,12 @@ func (b *batcher) later(args []any) {
 	b.rdb.Do(ctx, args...)
 }
 
-// close makes every later call go direct, sends what is still queued and waits
+// close makes every later call go direct, fails what is still queued or on
+// the wire in a pipeline (its callers get a context error; a clean-up is
+// dropped, and what it would have released expires with its lease), and waits
 // for the senders: no queue can form after it.
 func (b *batcher) close() {
+	b.stop()
 	b.mu.Lock()
 	b.closed = true
 	if len(b.queue) > 0 {

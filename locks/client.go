@@ -94,7 +94,9 @@ func (c *Client) MonotonicFences() bool { return true }
 
 // Close stops the renewal loop and the shared subscription. Locks still held
 // stop being renewed and count as lost (their Lost channels close); they expire
-// in Redis when their lease ends. Close does not close rdb.
+// in Redis when their lease ends. Calls of other goroutines still queued for a
+// shared round trip fail; later calls (an Unlock after Close) go to Redis on
+// their own. Close does not close rdb.
 func (c *Client) Close() error {
 	if c.closed.Swap(true) {
 		return nil
