@@ -425,7 +425,7 @@ func (c *Client) grantedFirst(name string, ks []string, kv []any, owner, acq any
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return c.releaseRaw(ctx, h.keyv, h.ownerv, h.acqv, h.cfg, "")
+	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.cfg.argsReleaseV, c.pubV, "", h.acqv, h.fence).Int64()
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {

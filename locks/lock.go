@@ -52,7 +52,10 @@ func (l *Lock) TTL() time.Duration {
 // itself. Only the holder can release: the owner token is compared inside
 // Redis. It returns ErrNotHeld when the lock had been lost (the first time;
 // later calls return nil) and nil when called again after a release, so a hold
-// is never given back twice. Use a context that the caller's cancellation does
+// is never given back twice. A lock whose lease ran out unnoticed while nobody
+// else took it (its fence is still the latest) counts as released: nobody
+// else held it meanwhile. A release that go-redis retried after a lost reply
+// answers as the release it was. Use a context that the caller's cancellation does
 // not end (context.WithoutCancel) when the release must happen regardless.
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Lock()

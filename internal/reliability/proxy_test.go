@@ -199,8 +199,46 @@ func TestReliabilityLostReleaseReply(t *testing.T) {
 		fig.Violations++
 		t.Error("the last hold's lock is still there after Unlock")
 	}
-	fig.Note = fmt.Sprintf("inner Unlock: %s (hold count left %d, want 1); outer Unlock: %s; last-hold Unlock with lost reply: %s",
-		errText(innerErr), n, errText(outerErr), errText(lastErr))
+	if lastErr != nil {
+		t.Errorf("the retried release of the last hold said %v, want nil (it released the lock)", lastErr)
+	}
+
+	// The last hold, handed to a waiter: the retry finds the lock the
+	// waiter's, handed on by this very hold.
+	first, err := srv.c.TryLock(bg, "relretry-handoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiterC := locks.New(srv.direct)
+	t.Cleanup(func() { waiterC.Close() })
+	got := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		lk, err := waiterC.Lock(bg, "relretry-handoff")
+		got <- err
+		if err == nil {
+			<-done // hold it until the first holder's Unlock has returned
+			lk.Unlock(bg)
+		}
+		got <- nil
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool {
+		return srv.direct.ZCard(bg, "cg:q:{relretry-handoff}").Val() == 1
+	})
+	fig.Attempted += 2
+	fig.Succeeded += 2
+	srv.px.DropNext(1)
+	handErr := first.Unlock(bg)
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter: %v", err)
+	}
+	close(done)
+	<-got
+	if handErr != nil {
+		t.Errorf("the retried release that handed the lock on said %v, want nil", handErr)
+	}
+	fig.Note = fmt.Sprintf("inner Unlock: %s (hold count left %d, want 1); outer Unlock: %s; last-hold Unlock with lost reply: %s; the same, handed to a waiter: %s",
+		errText(innerErr), n, errText(outerErr), errText(lastErr), errText(handErr))
 	fig.Report(t)
 	if fig.Violations != 0 {
 		t.Errorf("another client took the lock while the outer hold was still held: the retried release took back two holds (hold count %d, inner Unlock said %v)", n, innerErr)
@@ -302,4 +340,14 @@ func TestReliabilityRenewalPartitioned(t *testing.T) {
 	f := r.verify(porcupine.Ok, porcupine.Ok)
 	f.Scenario = "renewing holder black-holed from Redis (600ms lease)"
 	f.Report(t)
+}
+
+// eventually waits until cond holds, failing the test after d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+	}
 }
