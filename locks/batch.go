@@ -119,10 +119,17 @@ func (b *batcher) next() {
 		b.mu.Unlock()
 		return
 	}
+	b.busy-- // the slot passes to the sender
+	b.startSender()
+	b.mu.Unlock()
+}
+
+// startSender takes a slot and starts a sender for the queue (b.mu held).
+func (b *batcher) startSender() {
 	q := b.queue
 	b.queue = nil
+	b.busy++
 	b.wg.Add(1)
-	b.mu.Unlock()
 	go b.send(q)
 }
 
@@ -191,11 +198,7 @@ func (b *batcher) later(args []any) {
 	if !b.closed {
 		b.queue = append(b.queue, getPending(args, nil, abandoned))
 		if b.busy < maxDirect {
-			q := b.queue
-			b.queue = nil
-			b.busy++
-			b.wg.Add(1)
-			go b.send(q)
+			b.startSender()
 		}
 		b.mu.Unlock()
 		return
@@ -215,11 +218,7 @@ func (b *batcher) close() {
 	b.mu.Lock()
 	b.closed = true
 	if len(b.queue) > 0 {
-		q := b.queue
-		b.queue = nil
-		b.busy++
-		b.wg.Add(1)
-		go b.send(q)
+		b.startSender()
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
