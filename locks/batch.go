@@ -114,13 +114,10 @@ func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) 
 // next frees the caller's slot, or hands it to a sender for the queue.
 func (b *batcher) next() {
 	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.busy--
-		b.mu.Unlock()
-		return
+	b.busy--
+	if len(b.queue) > 0 {
+		b.startSender() // takes the slot just freed
 	}
-	b.busy-- // the slot passes to the sender
-	b.startSender()
 	b.mu.Unlock()
 }
 
