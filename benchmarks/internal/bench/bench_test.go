@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"image/png"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,12 +149,19 @@ func TestSmokeAllScenarios(t *testing.T) {
 		t.Error("no chart written")
 	}
 	for _, c := range charts {
-		if st, err := os.Stat(c); err != nil || st.Size() == 0 {
+		f, err := os.Open(c)
+		if err != nil {
+			t.Errorf("chart %s: %v", c, err)
+			continue
+		}
+		if _, err := png.DecodeConfig(f); err != nil {
 			t.Errorf("chart %s: %v", c, err)
 		}
+		f.Close()
 	}
 	md := res.Markdown(Describe(), "go test", charts, dir)
-	for _, want := range []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png"} {
+	for _, want := range []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
+		"results/scale-processes.png", "results/scale-requests.png"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("RESULTS.md lacks %q", want)
 		}

@@ -173,13 +173,14 @@ func (e *env) scale(ctx context.Context) error {
 	type point struct {
 		procs, g int
 		col      string
+		x        float64 // on the chart: processes, or total requests
 	}
 	var byProcs, byTotal []point
 	for _, p := range s.scaleProcs {
-		byProcs = append(byProcs, point{p, s.scaleG, fmt.Sprintf("%d×%d", p, s.scaleG)})
+		byProcs = append(byProcs, point{p, s.scaleG, fmt.Sprintf("%d×%d", p, s.scaleG), float64(p)})
 	}
 	for _, n := range s.scaleTotals {
-		byTotal = append(byTotal, point{s.scaleFixedP, max(n/s.scaleFixedP, 1), fmt.Sprintf("%d", n)})
+		byTotal = append(byTotal, point{s.scaleFixedP, max(n/s.scaleFixedP, 1), fmt.Sprintf("%d", n), float64(n)})
 	}
 	sweep := func(id, title, intro string, pts []point) error {
 		tl := &Table{ID: id + "-loads", Title: title + ": loads", Intro: intro}
@@ -187,6 +188,8 @@ func (e *env) scale(ctx context.Context) error {
 		for _, p := range pts {
 			tl.Metrics = append(tl.Metrics, Metric{p.col, p.col, "%.0f"})
 			tp.Metrics = append(tp.Metrics, Metric{p.col, p.col, "%.0f"})
+			tl.X = append(tl.X, p.x)
+			tp.X = append(tp.X, p.x)
 		}
 		for _, sys := range scaleSystems {
 			tp.Row(sys)

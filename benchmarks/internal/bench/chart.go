@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
 var palette = []color.RGBA{
@@ -24,6 +27,13 @@ var palette = []color.RGBA{
 	{0xe3, 0x77, 0xc2, 0xff},
 	{0x7f, 0x7f, 0x7f, 0xff},
 	{0x17, 0xbe, 0xcf, 0xff},
+}
+
+// glyphs mark the points of sweep lines, so that systems whose lines
+// coincide (equal load counts) stay told apart.
+var glyphs = []draw.GlyphDrawer{
+	draw.CircleGlyph{}, draw.BoxGlyph{}, draw.TriangleGlyph{}, draw.RingGlyph{},
+	draw.SquareGlyph{}, draw.PyramidGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{},
 }
 
 // cdfChart draws, for each series, the share of samples at or below each
@@ -97,8 +107,155 @@ func (r *Results) Charts(dir string) ([]string, error) {
 		}
 		out = append(out, p)
 	}
+	sweeps, err := r.sweepCharts(dir)
+	return append(out, sweeps...), err
+}
+
+// sweepCharts writes the charts of the scale sweeps into dir and returns
+// their paths.
+func (r *Results) sweepCharts(dir string) ([]string, error) {
+	var out []string
+	floor := r.s.load.Seconds() * 1000
+	for _, c := range []struct{ id, file, title, xlabel string }{
+		{"scale-procs", "scale-processes.png", "Scale with processes", fmt.Sprintf("processes (%d concurrent requests each, log scale)", r.s.scaleG)},
+		{"scale-total", "scale-requests.png", "Scale with concurrent requests", fmt.Sprintf("concurrent requests over %d processes (log scale)", r.s.scaleFixedP)},
+	} {
+		loads, p99 := r.Table(c.id+"-loads"), r.Table(c.id+"-p99")
+		if loads == nil || p99 == nil {
+			continue
+		}
+		p := filepath.Join(dir, c.file)
+		ok, err := sweepChart(p, c.title, c.xlabel, loads, p99, floor)
+		if err != nil {
+			return out, err
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
 	return out, nil
 }
+
+// sweepChart draws a scale sweep as two panels side by side, loads (log
+// scale) and p99 latency, with one line per system through the medians and
+// the min–max over repetitions as error bars, and saves it as a PNG. floor is
+// the loader's own time in ms, which no request on a cold key can beat. It
+// reports whether it wrote the chart: both tables need a system with data.
+func sweepChart(path, title, xlabel string, loads, p99 *Table, floor float64) (bool, error) {
+	pl, nl, err := sweepPanel(title+": loads per burst", xlabel, "loads (log scale)", loads, true)
+	if err != nil {
+		return false, err
+	}
+	pp, np, err := sweepPanel(title+": p99 latency", xlabel, "p99 latency (ms)", p99, false)
+	if err != nil || nl == 0 || np == 0 {
+		return false, err
+	}
+	l, err := plotter.NewLine(plotter.XYs{{X: pp.X.Min, Y: floor}, {X: pp.X.Max, Y: floor}})
+	if err != nil {
+		return false, err
+	}
+	l.Color = color.RGBA{0x7f, 0x7f, 0x7f, 0xff}
+	l.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+	pp.Add(l)
+	pp.Legend.Add(fmt.Sprintf("the load alone (%g ms)", floor), l)
+	pp.Y.Min = 0
+	pp.Y.Max *= 1.15 // room for the legend
+
+	img := vgimg.NewWith(vgimg.UseWH(12*vg.Inch, 5*vg.Inch), vgimg.UseBackgroundColor(color.White))
+	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: 6 * vg.Millimeter,
+		PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
+	cs := plot.Align([][]*plot.Plot{{pl, pp}}, tiles, draw.New(img))
+	pl.Draw(cs[0][0])
+	pp.Draw(cs[0][1])
+	f, err := os.Create(path)
+	if err != nil {
+		return false, err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return false, err
+	}
+	return true, f.Close()
+}
+
+// sweepPanel plots one table of a sweep against its X values (log scale),
+// with a legend, and returns it with the number of systems drawn.
+func sweepPanel(title, xlabel, ylabel string, t *Table, logY bool) (*plot.Plot, int, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = ylabel
+	p.X.Scale = plot.LogScale{}
+	var ticks []plot.Tick
+	for _, x := range t.X {
+		ticks = append(ticks, plot.Tick{Value: x, Label: strconv.FormatFloat(x, 'g', -1, 64)})
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	if logY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = ticks125{}
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Millimeter * 2
+	p.Legend.YOffs = -vg.Millimeter
+	p.Legend.ThumbnailWidth = vg.Points(20)
+	p.Legend.TextStyle.Font.Size = vg.Points(9)
+	p.Legend.Padding = vg.Points(2) // the glyphs are taller than the text
+	p.Add(plotter.NewGrid())
+	n := 0
+	for i, row := range t.Rows {
+		// Nudge each system a little sideways so that coinciding points and
+		// bars stay visible; the ticks mark the true values.
+		dodge := math.Pow(1.04, float64(i)-float64(len(t.Rows)-1)/2)
+		var pts spread
+		for j, m := range t.Metrics {
+			s, ok := row.Summary(m.Key)
+			if row.Skip != "" || !ok || j >= len(t.X) || logY && s.Min <= 0 {
+				continue
+			}
+			pts.XYs = append(pts.XYs, plotter.XY{X: t.X[j] * dodge, Y: s.Median})
+			pts.lo = append(pts.lo, s.Min)
+			pts.hi = append(pts.hi, s.Max)
+		}
+		if len(pts.XYs) == 0 {
+			continue
+		}
+		l, sc, err := plotter.NewLinePoints(pts.XYs)
+		if err != nil {
+			return nil, 0, err
+		}
+		eb, err := plotter.NewYErrorBars(pts)
+		if err != nil {
+			return nil, 0, err
+		}
+		c := palette[i%len(palette)]
+		l.Color, sc.Color, eb.Color = c, c, c
+		l.Width = vg.Points(1.5)
+		if strings.HasPrefix(row.System, "cacheguard") {
+			l.Width = vg.Points(3)
+		}
+		sc.Shape = glyphs[i%len(glyphs)]
+		sc.Radius = vg.Points(4)
+		p.Add(l, sc, eb)
+		p.Legend.Add(row.System, l, sc)
+		n++
+	}
+	// Pad the log axes so that the end points and their bars sit inside.
+	p.X.Min, p.X.Max = p.X.Min/1.3, p.X.Max*1.3
+	if logY {
+		p.Y.Min, p.Y.Max = p.Y.Min/1.5, p.Y.Max*3 // room above for the legend
+	}
+	return p, n, nil
+}
+
+// spread is a line's points with the min and max of each, as error bars.
+type spread struct {
+	plotter.XYs
+	lo, hi []float64
+}
+
+func (s spread) YError(i int) (float64, float64) { return s.XYs[i].Y - s.lo[i], s.hi[i] - s.XYs[i].Y }
 
 func rowOrder(t *Table) []string {
 	var names []string

@@ -44,6 +44,7 @@ type Table struct {
 	ID, Title, Intro string
 	Metrics          []Metric
 	Rows             []*Row
+	X                []float64 // a sweep's x value for each metric, for its chart
 }
 
 // Row returns the row of system, adding it.
