@@ -6,3 +6,18 @@ func (c *Client) Queued() int {
 	defer c.b.mu.Unlock()
 	return len(c.b.queue)
 }
+
+// NodeQueue reports, for node i of r, how many script calls wait for a
+// pipeline, how many of those their callers abandoned, and whether the node
+// has nothing on the wire or queued (tests only).
+func (r *Redlock) NodeQueue(i int) (queued, gaveUp int, idle bool) {
+	b := r.nodes[i].b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.queue {
+		if p.state.Load() == abandoned {
+			gaveUp++
+		}
+	}
+	return len(b.queue), gaveUp, b.busy == 0 && len(b.queue) == 0
+}

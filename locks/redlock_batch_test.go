@@ -1,0 +1,171 @@
+package locks_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// grantSpy counts the pipelined Redlock acquisitions of one key that its node
+// granted (replied {1, holds}).
+type grantSpy struct {
+	key     string
+	granted atomic.Int32
+}
+
+func (s *grantSpy) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (s *grantSpy) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (s *grantSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			// evalsha|eval, sha|source, 1, key, owner, acquisition, lease ms
+			a := c.Args()
+			cmd, ok := c.(*redis.Cmd)
+			if !ok || len(a) != 7 || a[3] != s.key {
+				continue
+			}
+			if v, err := cmd.Int64Slice(); err == nil && len(v) == 2 && v[0] == 1 {
+				s.granted.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+// TestRedlockAbandonedNodeCallReleasesLateGrant: when one node's direct slots
+// are busy, an attempt's call to that node queues; if the node's time runs out
+// first, the attempt goes on without it (the other nodes make the quorum) and
+// the call is abandoned. When the queued call is sent after all and the node
+// grants it, that grant is given back on the node, so the node holds nothing
+// for the lock rather than a stray hold until the lease ends.
+func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
+	ctx := context.Background()
+	const name = "rl:abandoned-node-call"
+	key := rlKey(name)
+	servers := redistest.StartN(t, 5)
+	gate, spy := newGateHook(), &grantSpy{key: key}
+	clients := make([]redis.UniversalClient, len(servers))
+	admin := make([]*redis.Client, len(servers))
+	for i, s := range servers {
+		c := rlNodeClient(s)
+		if err := c.Ping(ctx).Err(); err != nil { // dial now, before the gate
+			t.Fatal(err)
+		}
+		if i == 0 {
+			c.AddHook(gate)
+			c.AddHook(spy)
+		}
+		clients[i] = c
+		admin[i] = s.Client()
+	}
+	r, err := locks.NewRedlock(clients, locks.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	// Cleanups run last-registered first: the gate opens before Close waits
+	// for the calls it holds, also when the test stops early.
+	var opened sync.Once
+	open := func() { opened.Do(func() { close(gate.open) }) }
+	t.Cleanup(open)
+
+	// Two locks whose calls to node 0 are held in the gate: they take its
+	// direct slots (their node timeout outlasts the test, so they still run
+	// once the gate opens). Each TryLock returns at the quorum of the others.
+	slots := []string{"rl:slot-1", "rl:slot-2"}
+	var held []*locks.Lock
+	for _, s := range slots {
+		lk, err := r.TryLock(ctx, s, locks.WithNodeTimeout(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lk)
+	}
+	for range slots {
+		select {
+		case <-gate.entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("calls to node 0 not held in the gate")
+		}
+	}
+
+	// The attempt's call to node 0 queues behind the held ones; nodes 1-4
+	// grant, so it succeeds without node 0, whose call is abandoned when its
+	// node timeout ends.
+	lk, err := r.TryLock(ctx, name, locks.WithNodeTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rlEventually(t, 10*time.Second, "node 0's call queued and abandoned", func() bool {
+		q, gaveUp, _ := r.NodeQueue(0)
+		return q == 1 && gaveUp == 1
+	})
+	if n, err := admin[0].Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("node 0 has the key before its queued call was sent: %d, %v", n, err)
+	}
+	if spy.granted.Load() != 0 {
+		t.Fatal("node 0 granted before the gate opened")
+	}
+
+	// Let node 0 work: the held calls finish, a sender pipelines the queue,
+	// node 0 grants the abandoned acquisition; wait until nothing is left on
+	// the wire or queued for node 0 (the clean-up included).
+	open()
+	rlEventually(t, 10*time.Second, "node 0 granted the abandoned call and went idle", func() bool {
+		_, _, idle := r.NodeQueue(0)
+		return spy.granted.Load() == 1 && idle
+	})
+	if n, err := admin[0].Exists(ctx, key).Result(); err != nil || n != 0 {
+		t.Fatalf("node 0 kept the grant of an abandoned call (exists=%d, %v); owners %q",
+			n, err, rlOwners(t, admin, name))
+	}
+	// The lock itself is still held on the quorum that granted it.
+	for i := 1; i < len(admin); i++ {
+		if o := rlOwners(t, admin, name)[i]; o == "" {
+			t.Fatalf("node %d lost the lock", i)
+		}
+	}
+
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range held {
+		if err := h.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range append([]string{name}, slots...) {
+		rlEventually(t, 5*time.Second, "no key left for "+n, func() bool {
+			for _, o := range rlOwners(t, admin, n) {
+				if o != "" {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// rlOwners returns the owner of name's key on each node ("" when none).
+func rlOwners(t *testing.T, admin []*redis.Client, name string) []string {
+	t.Helper()
+	out := make([]string, len(admin))
+	for i, c := range admin {
+		o, err := c.HGet(context.Background(), rlKey(name), "o").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatalf("node %d: %v", i, err)
+		}
+		out[i] = o
+	}
+	return out
+}
