@@ -80,16 +80,24 @@ func occupy(t *testing.T, c *locks.Client, h *gateHook, names ...string) *sync.W
 	return &wg
 }
 
-// TestCallsShareRoundTrips: calls made while the direct slots are busy travel
-// together in one pipeline, and each gets its own answer.
-func TestCallsShareRoundTrips(t *testing.T) {
+// gatedClient returns a server and a Client on it whose two direct slots are
+// taken by calls held in the returned hook until h.open is closed (busy ends
+// when they have).
+func gatedClient(t *testing.T) (*redistest.Server, *locks.Client, *gateHook, *sync.WaitGroup) {
+	t.Helper()
 	s := redistest.Start(t)
 	rdb := s.Client()
 	h := newGateHook()
 	rdb.AddHook(h)
 	c := locks.New(rdb)
-	defer c.Close()
-	busy := occupy(t, c, h, "slot-1", "slot-2")
+	t.Cleanup(func() { c.Close() })
+	return s, c, h, occupy(t, c, h, "slot-1", "slot-2")
+}
+
+// TestCallsShareRoundTrips: calls made while the direct slots are busy travel
+// together in one pipeline, and each gets its own answer.
+func TestCallsShareRoundTrips(t *testing.T) {
+	_, c, h, busy := gatedClient(t)
 
 	const n = 10
 	got := make(chan error, n+1)
@@ -133,13 +141,7 @@ func TestCallsShareRoundTrips(t *testing.T) {
 // attempt is queued returns at once; when the attempt then takes the lock,
 // the lock is released again, so nobody is locked out until the lease ends.
 func TestAbandonedAttemptGivesTheLockBack(t *testing.T) {
-	s := redistest.Start(t)
-	rdb := s.Client()
-	h := newGateHook()
-	rdb.AddHook(h)
-	c := locks.New(rdb)
-	defer c.Close()
-	busy := occupy(t, c, h, "slot-1", "slot-2")
+	s, c, h, busy := gatedClient(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -102,7 +102,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 	// The attempt's call to node 0 queues behind the held ones; nodes 1-4
 	// grant, so it succeeds without node 0, whose call is abandoned when its
 	// node timeout ends.
-	lk, err := r.TryLock(ctx, name, locks.WithNodeTimeout(500*time.Millisecond))
+	lk, err := r.TryLock(ctx, name, locks.WithNodeTimeout(2*time.Second)) // long enough for nodes 1–4 on a loaded machine
 	if err != nil {
 		t.Fatal(err)
 	}
