@@ -19,6 +19,7 @@ import (
 type gateHook struct {
 	open    chan struct{}
 	entered chan struct{} // one send per command held
+	release func()        // closes open once (gatedClient)
 
 	mu    sync.Mutex
 	pipes []int
@@ -81,8 +82,8 @@ func occupy(t *testing.T, c *locks.Client, h *gateHook, names ...string) *sync.W
 }
 
 // gatedClient returns a server and a Client on it whose two direct slots are
-// taken by calls held in the returned hook until h.open is closed (busy ends
-// when they have).
+// taken by calls held in the returned hook until h.release is called (busy
+// ends when they have).
 func gatedClient(t *testing.T) (*redistest.Server, *locks.Client, *gateHook, *sync.WaitGroup) {
 	t.Helper()
 	s := redistest.Start(t)
@@ -90,7 +91,10 @@ func gatedClient(t *testing.T) (*redistest.Server, *locks.Client, *gateHook, *sy
 	h := newGateHook()
 	rdb.AddHook(h)
 	c := locks.New(rdb)
-	t.Cleanup(func() { c.Close() })
+	var once sync.Once
+	open := func() { once.Do(func() { close(h.open) }) }
+	h.release = open
+	t.Cleanup(func() { open(); c.Close() }) // a test that failed early must not leave calls held
 	return s, c, h, occupy(t, c, h, "slot-1", "slot-2")
 }
 
@@ -115,7 +119,7 @@ func TestCallsShareRoundTrips(t *testing.T) {
 		}()
 	}
 	eventually(t, 5*time.Second, "calls queued", func() bool { return c.Queued() == n })
-	close(h.open)
+	h.release()
 	busy.Wait()
 	var obtained, refused int
 	for range n {
@@ -159,7 +163,7 @@ func TestAbandonedAttemptGivesTheLockBack(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a cancelled caller kept waiting for its queued attempt")
 	}
-	close(h.open)
+	h.release()
 	busy.Wait()
 	direct := s.Client()
 	eventually(t, 5*time.Second, "abandoned lock released", func() bool {
