@@ -23,8 +23,9 @@ const maxDirect = 2
 // cycle (rueidis pipelines every command the same way).
 //
 // A queued caller waits for its reply or its context, whichever comes first;
-// the pipeline itself runs to the end (bounded by the client's read and write
-// timeouts), so a caller that gives up cannot fail the calls it travels with.
+// the pipeline itself runs to the end (bounded by sendTimeout, the client's
+// own timeouts and Close), so a caller that gives up cannot fail the calls it
+// travels with.
 // What a call did after its caller gave up is handed to the call's abandon
 // function (an acquisition granted too late is released there).
 type batcher struct {
