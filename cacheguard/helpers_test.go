@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // item is the value type most tests cache.
@@ -60,17 +61,8 @@ func (c *counter) load(ctx context.Context) (item, error) {
 	return item{ID: int(n), Name: c.name}, nil
 }
 
-// eventually polls cond every few milliseconds until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// eventually waits for an observable event, bounded by d.
+var eventually = redistest.Eventually
 
 // watchWaiting returns a channel closed once the Guard on rdb waits for
 // another process's fill: its flight was told the lease is held, subscribed,

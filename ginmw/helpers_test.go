@@ -140,14 +140,5 @@ func within(t *testing.T, d time.Duration, ch <-chan struct{}, what string) {
 	}
 }
 
-// eventually polls cond (an observable condition) until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually waits for an observable event, bounded by d.
+var eventually = redistest.Eventually

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"gorm.io/driver/sqlite"
@@ -153,17 +152,8 @@ func exists(t testing.TB, rdb redis.UniversalClient, key string) bool {
 	return n == 1
 }
 
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
+// eventually waits for an observable event, bounded by d.
+var eventually = redistest.Eventually
 
 func lockKey(name string) string { return "cg:lock:{" + name + "}" }
 

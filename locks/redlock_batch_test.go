@@ -106,7 +106,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rlEventually(t, 10*time.Second, "node 0's call queued and abandoned", func() bool {
+	eventually(t, 10*time.Second, "node 0's call queued and abandoned", func() bool {
 		q, gaveUp, _ := r.NodeQueue(0)
 		return q == 1 && gaveUp == 1
 	})
@@ -121,7 +121,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 	// node 0 grants the abandoned acquisition; wait until nothing is left on
 	// the wire or queued for node 0 (the clean-up included).
 	open()
-	rlEventually(t, 10*time.Second, "node 0 granted the abandoned call and went idle", func() bool {
+	eventually(t, 10*time.Second, "node 0 granted the abandoned call and went idle", func() bool {
 		_, _, idle := r.NodeQueue(0)
 		return spy.granted.Load() == 1 && idle
 	})
@@ -145,7 +145,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 		}
 	}
 	for _, n := range append([]string{name}, slots...) {
-		rlEventually(t, 5*time.Second, "no key left for "+n, func() bool {
+		eventually(t, 5*time.Second, "no key left for "+n, func() bool {
 			for _, o := range rlOwners(t, admin, n) {
 				if o != "" {
 					return false

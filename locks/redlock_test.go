@@ -177,7 +177,7 @@ func TestRedlockLockUnlock(t *testing.T) {
 	}
 	all := []int{0, 1, 2, 3, 4}
 	// TryLock returns at the quorum; the last grants land just after.
-	rlEventually(t, 2*time.Second, "lock on every node", func() bool {
+	eventually(t, 2*time.Second, "lock on every node", func() bool {
 		return !slices.Contains(s.owners(t, "rl:basic", all...), "")
 	})
 
@@ -385,18 +385,6 @@ func TestRedlockLeaseShorterThanQuorumTime(t *testing.T) {
 	}
 	if o := s.owners(t, "rl:too-slow", 0, 1, 2); slices.ContainsFunc(o, func(x string) bool { return x != "" }) {
 		t.Errorf("keys left after the refused attempt: %q", o)
-	}
-}
-
-// rlEventually polls cond until it holds, for at most d.
-func rlEventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(5 * time.Millisecond) // polling an observable condition, bounded
 	}
 }
 

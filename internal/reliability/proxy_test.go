@@ -342,12 +342,5 @@ func TestReliabilityRenewalPartitioned(t *testing.T) {
 	f.Report(t)
 }
 
-// eventually waits until cond holds, failing the test after d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-	}
-}
+// eventually waits for an observable event, bounded by d.
+var eventually = redistest.Eventually

@@ -204,9 +204,10 @@ func TestCluster(t *testing.T) {
 	cl.KillMaster(t, victim)
 	cc.ReloadState(ctx)
 	check("after-failover")
-	if h.Conns() > 3 {
-		t.Fatalf("%d subscription connections for 3 shards after the faults", h.Conns())
-	}
+	// A connection dialled to the dead master while the slot map still named
+	// it is retired when its dial fails, which may come just after the checks.
+	redistest.Eventually(t, 10*time.Second, "at most 3 subscription connections for 3 shards after the faults",
+		func() bool { return h.Conns() <= 3 })
 }
 
 var _ = redis.Nil
