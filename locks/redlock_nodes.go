@@ -84,7 +84,9 @@ func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			v, err := call(cctx, &r.nodes[i])
-			if err != nil && ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			// With ContextTimeoutEnabled the deadline reaches the socket, whose
+			// i/o timeout can fire a moment before cctx counts as expired.
+			if err != nil && ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || isTimeout(err)) {
 				err = tooLate
 			}
 			res := nodeResult[T]{v: v, err: err, done: true}
