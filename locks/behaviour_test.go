@@ -501,6 +501,12 @@ func TestObserver(t *testing.T) {
 	}
 	rdb.Del(ctx, "cg:lock:{obs}")
 	within(t, lk2.Lost(), 5*time.Second, "Lost")
+	// The observer hears of the loss just after Lost closes.
+	eventually(t, 5*time.Second, "the Lost event", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return seen[locks.Lost] > 0
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if seen[locks.Acquired] != 2 || seen[locks.NotObtained] != 1 || seen[locks.Released] != 1 || seen[locks.Lost] != 1 {
