@@ -1,6 +1,6 @@
 module github.com/cacheguard/cacheguard/benchmarks
 
-go 1.26.8
+go 1.26.0
 
 require github.com/cacheguard/cacheguard v0.0.0
 

@@ -1,6 +1,7 @@
 package locks
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -19,6 +20,16 @@ var (
 	ErrClosed = errors.New("locks: client closed")
 	// ErrConflict is returned by Optimistic when every retry met a conflicting write.
 	ErrConflict = errors.New("locks: optimistic transaction kept conflicting")
+	// ErrBusy marks an acquisition that failed because another owner held the
+	// lock: TryLock found it held, or Lock's wait budget ran out behind a
+	// holder. Every Locker's contention matches it (a *NotObtainedError of a
+	// Client, a *RedlockError of a Redlock), and it also matches ErrNotObtained.
+	ErrBusy = errors.New("locks: held by another owner")
+	// ErrUnavailable marks an acquisition that failed because the lock service
+	// could not be asked: Redis unreachable or answering errors (for Redlock:
+	// too many nodes failed for a quorum, or the quorum came too late). It also
+	// matches ErrNotObtained and the Redis error.
+	ErrUnavailable = errors.New("locks: lock service unavailable")
 )
 
 func invalid(format string, args ...any) error {
@@ -46,12 +57,26 @@ func (e *NotObtainedError) Error() string {
 	return msg
 }
 
-// Unwrap returns ErrNotObtained and the cause.
+// Unwrap returns ErrNotObtained and the cause, with ErrBusy when the lock was
+// held by another owner (no cause) and ErrUnavailable when the cause is a Redis
+// failure (not the caller's context, not a *ReplicaError).
 func (e *NotObtainedError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{ErrNotObtained}
+	switch {
+	case e.Err == nil:
+		return []error{ErrNotObtained, ErrBusy}
+	case unavailableCause(e.Err):
+		return []error{ErrNotObtained, ErrUnavailable, e.Err}
 	}
 	return []error{ErrNotObtained, e.Err}
+}
+
+// unavailableCause reports whether err, the cause of a failed acquisition,
+// says that Redis could not be asked (rather than the caller's context ending
+// or too few replicas acknowledging).
+func unavailableCause(err error) bool {
+	var re *ReplicaError
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.As(err, &re) && !errors.Is(err, ErrInvalid)
 }
 
 // ReplicaError reports that fewer replicas than asked acknowledged the lock's

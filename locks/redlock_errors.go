@@ -33,7 +33,9 @@ func (e NodeError) Unwrap() error { return e.Err }
 // RedlockError reports what each node answered to a Redlock operation that
 // did not reach a quorum in time. For Op "lock" (Lock and TryLock; the last
 // attempt) it matches ErrNotObtained with errors.Is, and the caller's context
-// error too when the context ended the call. Every node that granted a failed
+// error too when the context ended the call; otherwise also ErrBusy when the
+// nodes that refused (held by another owner) kept the quorum out of reach,
+// or ErrUnavailable when failed nodes did (or the quorum came too late). Every node that granted a failed
 // attempt was asked to release it before the error was returned.
 type RedlockError struct {
 	Op       string        // "lock", "extend" or "unlock"
@@ -81,6 +83,15 @@ func (e *RedlockError) Unwrap() []error {
 	var errs []error
 	if e.Op == "lock" {
 		errs = append(errs, ErrNotObtained)
+		switch {
+		case e.Err != nil && !unavailableCause(e.Err):
+			// The caller's context ended the call: neither busy nor unavailable.
+		case e.Err == nil && len(e.Refused) > 0 && len(e.Failed) <= e.Nodes-e.Quorum:
+			// Without the refusals a quorum was within reach: contention.
+			errs = append(errs, ErrBusy)
+		default:
+			errs = append(errs, ErrUnavailable)
+		}
 	}
 	if e.Err != nil {
 		errs = append(errs, e.Err)
