@@ -39,7 +39,11 @@ func startChild(t *testing.T, role string, env ...string) *childproc.Proc {
 
 // childRoles are the roles for childproc.Main.
 func childRoles() map[string]func() error {
-	return map[string]func() error{"stampede": withClient(childStampede), "holder": withClient(childHolder)}
+	return map[string]func() error{
+		"stampede": withClient(childStampede),
+		"holder":   withClient(childHolder),
+		"writer":   withClient(childWriter),
+	}
 }
 
 // withClient gives role a client of the parent's server and the cache key.

@@ -163,3 +163,33 @@ func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
 		t.Fatal("follower stuck")
 	}
 }
+
+// TestGivenUpReadsLeaveNothing: a caller that queues behind a GET in flight
+// and gives up leaves no entry behind once that GET is answered (50 keys, 50
+// callers that gave up: an empty map).
+func TestGivenUpReadsLeaveNothing(t *testing.T) {
+	ctx := context.Background()
+	_, rdb, hook := heldGets(t, "v")
+	var r reads
+	const n = 50
+	var wg sync.WaitGroup
+	for i := range n {
+		key := "k" + string(rune('A'+i))
+		wg.Go(func() { r.get(ctx, rdb, key) })
+		waitFor(t, "GET out", func() bool { return hook.n.Load() == int64(i+1) })
+		gctx, cancel := context.WithCancel(ctx)
+		gave := make(chan struct{})
+		go func() { r.get(gctx, rdb, key); close(gave) }()
+		waitFor(t, "queued", func() bool { return r.queued(key) == 1 })
+		cancel()
+		<-gave
+	}
+	hook.open()
+	wg.Wait()
+	r.mu.Lock()
+	left := len(r.m)
+	r.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d keys left in the coalescing map after every read ended", left)
+	}
+}
