@@ -75,6 +75,7 @@ type cacheMW struct {
 type pending struct {
 	m         *cacheMW
 	key       string
+	variant   string
 	req       *http.Request // the request as it reached Cache
 	cancelGet context.CancelFunc
 
@@ -110,16 +111,16 @@ func (m *cacheMW) serve(c *gin.Context) {
 		c.Next()
 		return
 	}
-	key, err := m.cacheKey(c)
+	key, variant, err := m.cacheKey(c)
 	if err != nil {
 		WriteError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
 		return
 	}
 
 	gctx, cancel := context.WithCancel(r.Context())
-	p := &pending{m: m, key: key, req: r, cancelGet: cancel}
-	opts := make([]cacheguard.Option, 0, len(m.guardOpts)+1)
-	opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&p.res))
+	p := &pending{m: m, key: key, variant: variant, req: r, cancelGet: cancel}
+	opts := make([]cacheguard.Option, 0, len(m.guardOpts)+2)
+	opts = append(append(opts, m.guardOpts...), cacheguard.Variant(variant), cacheguard.ReportTo(&p.res))
 	resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
 	cancel()
 	p.mu.Lock()
@@ -130,7 +131,7 @@ func (m *cacheMW) serve(c *gin.Context) {
 		// The load needs this request's handler (other requests may be waiting for it).
 		if out := p.answer(c, a); out != nil {
 			if out.cacheable() {
-				m.settle(r.Context(), key)
+				m.settle(r.Context(), key, variant)
 			}
 			writeResponse(c, out, "MISS")
 		}
@@ -159,10 +160,11 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 // joining a load that has already answered: it joins that load with a Get, or
 // reads what it stored. Should the entry be gone meanwhile (invalidated), the
 // Get finds no load to join and its loader refuses, so nothing old is stored.
-func (m *cacheMW) settle(ctx context.Context, key string) {
+func (m *cacheMW) settle(ctx context.Context, key, variant string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	cacheguard.Get(ctx, m.g, key, refuseLoad, m.guardOpts...) //nolint:errcheck // only waiting
+	opts := append(m.guardOpts[:len(m.guardOpts):len(m.guardOpts)], cacheguard.Variant(variant))
+	cacheguard.Get(ctx, m.g, key, refuseLoad, opts...) //nolint:errcheck // only waiting
 }
 
 // settleTimeout bounds settle: the store it waits for is one round trip.
@@ -186,7 +188,7 @@ func (p *pending) load(ctx context.Context) (*response, error) {
 	p.mu.Lock()
 	if p.left || p.ask != nil {
 		p.mu.Unlock()
-		return p.m.refresh(ctx, p.req, p.key)
+		return p.m.refresh(ctx, p.req, p.key, p.variant)
 	}
 	p.ask = a
 	p.mu.Unlock()
