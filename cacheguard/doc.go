@@ -119,9 +119,14 @@
 // # Redis unavailable
 //
 // Every Get returns within its wait budget and its context whatever the
-// go-redis client's timeouts: Redis is read on a goroutine of the Guard's,
-// and a caller stops waiting for it when its budget or context ends (what it
-// returns then is set by OnWaitTimeout). When a Redis call fails (other than
+// go-redis client's timeouts: a caller stops waiting for Redis when its budget
+// or context ends (what it returns then is set by OnWaitTimeout). A go-redis
+// client bounds its socket calls by the context's deadline only with
+// ContextTimeoutEnabled; without it a Get hands its read to a goroutine of the
+// Guard's, so that it can stop waiting — a hand-off that costs about as much
+// CPU as the read itself. With ContextTimeoutEnabled set on the client (as we
+// recommend), a Get that finds its key idle reads on its own goroutine,
+// bounded by its deadline (see BenchmarkGetHitContextTimeout). When a Redis call fails (other than
 // by the caller's context), Get fails open by default: the loader runs, shared
 // by the callers of the process that arrived before it began (so at most two
 // loads per key run at once in a process: one running, one queued) and

@@ -80,7 +80,7 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	defer putTimer(budget)
 	g := c.g
 	genKey, valueKey := g.readKeys(c.key, c.rep)
-	s, err := g.readStored(ctx, genKey, valueKey, budget.C)
+	s, err := g.readStored(ctx, genKey, valueKey, start.Add(c.cfg.wait), budget.C)
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
@@ -176,7 +176,7 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 		var o func() *outcome
 		var leave func()
 		if redisErr != nil {
-			w := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) })
+			w, _ := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) }, false)
 			if w == nil {
 				return c.zero(Miss, ErrClosed)
 			}
@@ -240,7 +240,7 @@ func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 	g := c.g
 	id := g.callIDs.Add(1)
 	k := flightKey{value: g.keys(c.key, c.rep).value, typ: reflect.TypeFor[T]()}
-	w := g.unleased.join(k, func() *outcome {
+	w, _ := g.unleased.join(k, func() *outcome {
 		tctx, done, ok := g.track(context.WithoutCancel(ctx))
 		if !ok {
 			return &outcome{leader: id, err: ErrClosed}
@@ -248,7 +248,7 @@ func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 		defer done()
 		v, err := c.runLoader(tctx)
 		return &outcome{leader: id, loaded: true, val: v, err: err}
-	})
+	}, false)
 	if w == nil {
 		return c.zero(Miss, ErrClosed)
 	}

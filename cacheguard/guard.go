@@ -22,6 +22,9 @@ type Guard struct {
 	hub *wake.Hub // the shared subscription for fill wake-ups
 	pub string    // PUBLISH, or SPUBLISH on a cluster
 	sem chan struct{}
+	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
+	// a caller may read on its own goroutine (see readStored).
+	ctxDeadlines bool
 
 	reads    queue[string, stored]      // per value key: reads (MGET) begun after their callers arrived
 	flights  flights                    // per representation and generation: one flight to Redis per process
@@ -61,6 +64,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
 	}
+	g.reads.runner = newRunner()
+	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {
 		g.sem = make(chan struct{}, cfg.maxLoads)
 	}
@@ -123,6 +128,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	}
 	g.unleased.close(&outcome{err: ErrClosed})
 	g.reads.close(stored{err: ErrClosed})
+	g.reads.runner.close()
 	if first {
 		g.hub.Close()
 	}

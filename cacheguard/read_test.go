@@ -90,7 +90,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of k through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readStored(ctx, "gen", k, nil)
+	s, err := g.readStored(ctx, "gen", k, time.Now().Add(time.Hour), nil)
 	if err == nil {
 		err = s.err
 	}
