@@ -66,6 +66,7 @@ func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, d
 		if err == nil {
 			f.saw(r.gen)
 		}
+		f.answered()
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return &outcome{leader: id, err: ErrClosed}

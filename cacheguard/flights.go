@@ -27,6 +27,8 @@ type flight struct {
 	done    chan struct{} // closed when o is set
 	o       *outcome
 	started time.Time
+	asked   chan struct{} // closed once its first get-or-lease script answered (or it ended)
+	askOnce sync.Once
 	// floor is a generation of the key that began before anything the flight
 	// may return was loaded: the one its starter read, raised to each one its
 	// get-or-lease script has seen. A call that read generation x joins the
@@ -36,6 +38,9 @@ type flight struct {
 	floor  atomic.Int64
 	closed atomic.Bool // takes no new callers: its fill lease was lost
 }
+
+// answered marks f's first get-or-lease answer (or its end).
+func (f *flight) answered() { f.askOnce.Do(func() { close(f.asked) }) }
 
 // saw raises f's floor to gen.
 func (f *flight) saw(gen int64) {
@@ -55,22 +60,37 @@ type flights struct {
 
 // join returns a running flight of k that a call which read generation gen
 // may take the outcome of, or a new one (leader) that the caller must start
-// and end with finish.
-func (fs *flights) join(k flightKey, gen int64) (f *flight, leader bool) {
+// and end with finish. With pending, the flight returned has not heard from
+// Redis yet and its floor is below gen: the caller waits for f.asked (the
+// flight may then have seen gen, typically the one its own script created)
+// and asks again — so that callers that miss together share one flight.
+func (fs *flights) join(k flightKey, gen int64) (f *flight, leader, pending bool) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	var wait *flight
 	for _, f := range fs.m[k] {
-		if f.floor.Load() >= gen && !f.closed.Load() && time.Since(f.started) < maxJoinAge {
-			return f, false
+		if f.closed.Load() || time.Since(f.started) >= maxJoinAge {
+			continue
 		}
+		if f.floor.Load() >= gen {
+			return f, false, false
+		}
+		select {
+		case <-f.asked:
+		default:
+			wait = f
+		}
+	}
+	if wait != nil {
+		return wait, false, true
 	}
 	if fs.m == nil {
 		fs.m = map[flightKey][]*flight{}
 	}
-	f = &flight{done: make(chan struct{}), started: time.Now()}
+	f = &flight{done: make(chan struct{}), asked: make(chan struct{}), started: time.Now()}
 	f.floor.Store(gen)
 	fs.m[k] = append(fs.m[k], f)
-	return f, true
+	return f, true, false
 }
 
 // finish ends f with o.
@@ -84,4 +104,5 @@ func (fs *flights) finish(k flightKey, f *flight, o *outcome) {
 	fs.mu.Unlock()
 	f.o = o
 	close(f.done)
+	f.answered()
 }

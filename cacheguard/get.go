@@ -182,7 +182,19 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 			}
 			done, o, leave = w.done, func() *outcome { return w.r }, func() { g.unleased.leave(k, w) }
 		} else {
-			f, leader := g.flights.join(k, gen)
+			f, leader, pending := g.flights.join(k, gen)
+			if pending {
+				// A flight that has not heard from Redis yet may turn out to be
+				// one this call can join: see what its script answers.
+				select {
+				case <-f.asked:
+					continue
+				case <-ctx.Done():
+					return c.zero(Miss, c.ctxErr(ctx))
+				case <-budget.C:
+					return c.timedOut(ctx)
+				}
+			}
 			if leader {
 				g.startFlight(ctx, k, f, func(fctx context.Context) *outcome {
 					return c.flight(fctx, f, ks, id, deadline, force)
