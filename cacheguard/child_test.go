@@ -22,7 +22,7 @@ const (
 	childEnv  = "CACHEGUARD_TEST_CHILD" // the role
 	childAddr = "CACHEGUARD_TEST_ADDR"  // the Redis address
 	childKey  = "CACHEGUARD_TEST_KEY"   // the cache key; the other keys derive from it
-	childN    = "CACHEGUARD_TEST_N"     // concurrent requests per child
+	childN    = "CACHEGUARD_TEST_N"     // concurrent requests per child (stampede), run time in ms (checker)
 )
 
 // Redis keys a child and its parent coordinate with.
@@ -43,6 +43,7 @@ func childRoles() map[string]func() error {
 		"stampede": withClient(childStampede),
 		"holder":   withClient(childHolder),
 		"writer":   withClient(childWriter),
+		"checker":  withClient(childChecker),
 	}
 }
 
