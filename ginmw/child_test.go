@@ -24,10 +24,11 @@ const (
 	childEnv  = "GINMW_TEST_CHILD" // the role
 	childAddr = "GINMW_TEST_ADDR"  // the Redis address
 	childKey  = "GINMW_TEST_KEY"   // the test's key; the "database" row derives from it
+	childN    = "GINMW_TEST_N"     // the checker's run time in ms
 )
 
 func childRoles() map[string]func() error {
-	return map[string]func() error{"service": childService}
+	return map[string]func() error{"service": childService, "checker": childChecker}
 }
 
 // startChild starts the test binary as a child process with role.
@@ -96,6 +97,15 @@ func childService() error {
 		}
 	}
 	return sc.Err()
+}
+
+// readLine reads one line of stdin.
+func readLine() (string, error) {
+	sc := bufio.NewScanner(os.Stdin)
+	if !sc.Scan() {
+		return "", fmt.Errorf("stdin: %v", sc.Err())
+	}
+	return sc.Text(), nil
 }
 
 // ask sends a command to a child and returns its answer.
