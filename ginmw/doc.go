@@ -18,13 +18,19 @@
 // a parameter name never collide by accident.
 //
 // Decisions, with the defaults in brackets:
-//   - Contention: Lock waits up to a budget [Wait: 5s, push-woken, not polled],
-//     then answers 409 Conflict (see ConflictStatus) with Retry-After (the holder's
-//     remaining lease, rounded up to whole seconds, at least 1) and a JSON body
-//     naming the resource. The handler never runs without the lock.
-//   - Redis unavailable (any failure other than contention or the client's own
-//     cancellation): 503, because mutual exclusion fails closed [FailOpen runs the
-//     handler unlocked instead].
+//   - Every Locker's failures are told apart alike, through the locks
+//     sentinels, so a locks.Redlock behind Lock answers as a locks.Client does.
+//   - Contention (locks.ErrBusy): Lock waits up to a budget [Wait: 5s,
+//     push-woken, not polled], then answers 409 Conflict (see ConflictStatus)
+//     with Retry-After (the holder's remaining lease when the Locker reports
+//     it, rounded up to whole seconds, at least 1) and a JSON body naming the
+//     resource. The handler never runs without the lock — FailOpen included.
+//   - Redis unavailable (locks.ErrUnavailable): 503 with Retry-After: 1,
+//     because mutual exclusion fails closed [FailOpen runs the handler
+//     unlocked instead]. A closed Locker, or too few replicas acknowledging
+//     (WithReplicas), is a 503 too, FailOpen or not.
+//   - A hold of the same resource by this request's owner was lost further up
+//     the chain (locks.ErrLost): 409 with ErrLockLost.
 //   - A bad key (missing parameter, header or query value, a custom KeyFunc's
 //     error, longer than MaxKeyLen): 400 with a JSON body.
 //   - The client went away while waiting: the chain is aborted with status 499
