@@ -163,4 +163,3 @@ func TestLockEveryLocker(t *testing.T) {
 		})
 	}
 }
-
