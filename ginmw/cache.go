@@ -113,7 +113,7 @@ func (m *cacheMW) serve(c *gin.Context) {
 	}
 	key, variant, err := m.cacheKey(c)
 	if err != nil {
-		WriteError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+		WriteError(c, badKey(err))
 		return
 	}
 

@@ -21,6 +21,10 @@ var (
 	// ErrLockLost is the cause (context.Cause) of a request context cancelled
 	// because its lock was lost while the handler ran.
 	ErrLockLost = errors.New("ginmw: lock lost")
+	// ErrNotFound means the request names no resource: an id that Int or UUID
+	// refuses in a path parameter, or an error of a Check (or Func) function
+	// that wraps it. The request is answered 404.
+	ErrNotFound = errors.New("ginmw: no such resource")
 	// ErrInvalid marks a bad argument to a helper, reported before any Redis call.
 	ErrInvalid = errors.New("ginmw: invalid argument")
 )

@@ -3,7 +3,6 @@ package ginmw
 import (
 	"context"
 	"fmt"
-	"net/http"
 
 	"github.com/gin-gonic/gin"
 
@@ -52,7 +51,7 @@ func InvalidateAfter(g *cacheguard.Guard, keys ...KeyFunc) gin.HandlerFunc {
 		for _, k := range keys {
 			name, err := k.name(c)
 			if err != nil {
-				WriteError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+				WriteError(c, badKey(err))
 				return
 			}
 			names = append(names, name)

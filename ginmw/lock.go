@@ -47,7 +47,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		}
 		name, err := key.name(c)
 		if err != nil {
-			cfg.onError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+			cfg.onError(c, badKey(err))
 			return
 		}
 
