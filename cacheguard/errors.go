@@ -19,8 +19,9 @@ var (
 	// ErrMiss is returned under FailFast when no fresh or servable stale value
 	// is cached; a fill has been started in the background.
 	ErrMiss = errors.New("cacheguard: not cached")
-	// ErrUnavailable is returned under FailClosed when Redis cannot be reached;
-	// it is joined with the Redis error.
+	// ErrUnavailable is returned under FailClosed when Redis cannot be reached,
+	// and by an Invalidate that could not reach it; it is joined with the Redis
+	// error.
 	ErrUnavailable = errors.New("cacheguard: redis unavailable")
 	// ErrRemoteLoad means the load this call waited for failed in another
 	// process; the error carries that load's message.

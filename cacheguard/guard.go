@@ -152,7 +152,8 @@ func (g *Guard) Stats() Stats {
 // as they began before the invalidation), and its waiters are woken to take
 // a new lease and load again. A Get that begins after Invalidate returned, in
 // any process, returns only a value loaded after it: calls join only flights
-// of the generation they read (see the package documentation).
+// of the generation they read (see the package documentation). When Redis
+// cannot be reached it returns an error matching ErrUnavailable.
 func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	if g == nil {
 		return invalid("nil Guard")
@@ -170,7 +171,7 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	}
 	if err := g.invalidate(ctx, keys); err != nil {
 		g.note(EventRedisError, keys[0], 0, err)
-		return fmt.Errorf("cacheguard: invalidate: %w", err)
+		return fmt.Errorf("%w: invalidate: %w", ErrUnavailable, err)
 	}
 	return nil
 }

@@ -247,7 +247,6 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) 
 		c.Header("X-Cache", "BYPASS")
 		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
-		c.Header("Retry-After", "1")
 		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
 	default:
 		// The load this request waited for produced nothing it may replay (a

@@ -38,11 +38,35 @@
 //   - The request context carries the lock: its owner (locks.WithOwner; an owner
 //     already on the context is kept, so nested acquisitions re-enter), its fence
 //     token (Fence, FenceFromContext), the lock itself (LockFromContext), and it is
-//     cancelled with cause ErrLockLost when the lock is lost mid-handler.
+//     cancelled with cause ErrLockLost when the lock is lost mid-handler. A
+//     handler that then answers nothing (its write refused, or it gave up) is
+//     answered 409 with ErrLockLost, never a default 200.
 //   - The release runs after the chain returns, under a context that the
 //     client's disconnect cannot cancel (bounded by 5s).
 //   - Lock never touches *gin.Context from another goroutine: lock loss reaches
 //     the handler only through the request's context.
+//
+// # Keys
+//
+// A KeyFunc names the resource of a request and runs before any Redis call:
+// Param, Header, Query or Func take a value, Int, UUID and Check bring it to
+// a canonical form and refuse what cannot name a row (404 from a path
+// parameter, 400 otherwise), and Resource scopes it to a kind:
+//
+//	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))) // /repos/01 and /repos/1 are both "repos:1"
+//
+// # Errors
+//
+// Abort(c, err) is the one place that turns what a handler gets from locks,
+// cacheguard, gormplugin and ginmw into an answer: a documented status, a JSON
+// body {"error", "resource", "retry_after"} and Retry-After (see ErrorFor for
+// the table). In short: bad key 400/404; contention 409 with the holder's
+// remaining lease; lock lost or a write fenced out (locks.ErrNotHeld, which
+// gormplugin's stale write matches) 409; not found 404; the cache's policy
+// refused or a remote load failed 503; Redis or the lock service unavailable
+// 503; anything else 500 without its details. Errors that know their answer
+// (an *Error in the chain, or an HTTPError) extend the table. Lock's refusals
+// and Cache's 503s use the same body.
 //
 // # Cache
 //
@@ -57,9 +81,14 @@
 //
 // Decisions:
 //   - Key: the cleaned path plus the query with its parameters sorted
-//     (PathKey), or a KeyFunc (CacheKey); VaryByHeader adds a hash of the named
-//     headers' values; HEAD has an entry of its own, since a handler may write
-//     no body for HEAD.
+//     (PathKey), or a resource name (CacheKey). The stored responses are
+//     cacheguard variants of that name — one for GET, one for HEAD (a handler
+//     may write no body for HEAD), one per VaryByHeader combination — kept
+//     apart from each other and from what cacheguard.Get stores under the same
+//     name; Guard.Invalidate of the name (what gormplugin calls after a
+//     commit, or Invalidate and InvalidateAfter here) drops them all at once,
+//     in every process, and a request that begins after it returned never
+//     gets a response loaded before it (see cacheguard, Consistency).
 //   - Stored: 2xx responses other than 206, without Set-Cookie, up to MaxBody
 //     (1 MiB). Anything else is answered but not stored. A response that is
 //     flushed, hijacked or larger than MaxBody streams straight to its client.

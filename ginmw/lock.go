@@ -70,6 +70,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		cctx, cancel := context.WithCancelCause(ctx)
 		stop := context.AfterFunc(lk.Context(), func() { cancel(ErrLockLost) })
 		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk, monotonic: monotonic}})
+		returned := false // the chain returned (it did not panic)
 		defer func() {
 			lost := !stop() && lk.Context().Err() != nil
 			cancel(nil)
@@ -78,6 +79,11 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 			uerr := lk.Unlock(rctx)
 			rcancel()
 			switch {
+			case lost && returned && !c.Writer.Written():
+				// The handler answered nothing (its write refused, or it saw
+				// its context end): the default would be a 200.
+				cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second})
+				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case lost:
 				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case uerr != nil:
@@ -85,6 +91,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 			}
 		}()
 		c.Next()
+		returned = true
 	}
 }
 
