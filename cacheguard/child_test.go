@@ -44,6 +44,7 @@ func childRoles() map[string]func() error {
 		"holder":   withClient(childHolder),
 		"writer":   withClient(childWriter),
 		"checker":  withClient(childChecker),
+		"closer":   withClient(childCloser),
 	}
 }
 
