@@ -79,8 +79,8 @@ func TestPGCountsQueries(t *testing.T) {
 	if e.res.PG == nil || e.res.PG.Alone <= 0 {
 		t.Fatalf("no description of the database: %+v", e.res.PG)
 	}
-	st, mix := e.res.Table("pg-stampede"), e.res.Table("pg-mix")
-	for _, tb := range []*Table{st, mix} {
+	st, mix, mdb := e.res.Table("pg-stampede"), e.res.Table("pg-mix"), e.res.Table("pg-mix-db")
+	for _, tb := range []*Table{st, mix, mdb} {
 		for _, r := range tb.Rows {
 			if len(r.Errs) > 0 {
 				t.Errorf("%s / %s: %v", tb.ID, r.System, r.Errs)
@@ -104,16 +104,19 @@ func TestPGCountsQueries(t *testing.T) {
 		t.Errorf("cacheguard stampede: %v failed requests", f)
 	}
 	for _, sys := range []string{systems.Naive, systems.Guard} {
-		sent, answered, pg := med(mix, sys, "loads"), med(mix, sys, "answered"), med(mix, sys, "pgcalls")
+		sent, answered, pg := med(mdb, sys, "loads"), med(mdb, sys, "answered"), med(mdb, sys, "pgcalls")
 		if sent < 1 || answered > pg || pg > sent {
 			t.Errorf("%s mix: %v queries sent, %v answered, %v completed by PostgreSQL; want 1 ≤ answered ≤ completed ≤ sent", sys, sent, answered, pg)
 		}
 		if v := med(mix, sys, "rps"); v <= 0 {
 			t.Errorf("%s mix: %v completed/s", sys, v)
 		}
-		if v := med(mix, sys, "ideal"); v < 0.5 {
+		if v := med(mdb, sys, "ideal"); v < 0.5 {
 			t.Errorf("%s mix: loads ÷ ideal %v", sys, v)
 		}
+	}
+	if v := med(mdb, systems.Guard, "overlap"); v != 0 {
+		t.Errorf("cacheguard mix: %v queries overlapped another for the same key", v)
 	}
 	if s := e.res.PGSeries[systems.Guard]; s == nil || len(s.Done) == 0 {
 		t.Error("no time series for the chart")
@@ -193,7 +196,7 @@ func TestSmokeAllScenarios(t *testing.T) {
 	wantMD := []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
 		"results/scale-processes.png", "results/scale-requests.png"}
 	if _, err := pgserver.BinDir(); err == nil {
-		ids = append(ids, "pg-stampede", "pg-mix")
+		ids = append(ids, "pg-stampede", "pg-mix", "pg-mix-db")
 		wantMD = append(wantMD, "## Real database", "R2. Hot-key mix, real PostgreSQL", "results/pg-mix-timeline.png")
 	}
 	for _, id := range ids {

@@ -160,6 +160,7 @@ func timelineChart(path string, order []string, series map[string]*Series, offer
 		p.X.Label.Text = "time since the start of the run (s)"
 		p.Y.Label.Text = pn.ylabel
 		p.Y.Min = 0
+		p.X.Tick.Marker, p.Y.Tick.Marker = plainTicks{}, plainTicks{}
 		p.Legend.Top = true
 		p.Legend.Left = false
 		p.Legend.ThumbnailWidth = vg.Points(20)
@@ -398,4 +399,17 @@ func (ticks125) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return out
+}
+
+// plainTicks are gonum's default ticks labelled without trailing zeros.
+type plainTicks struct{}
+
+func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'f', -1, 64)
+		}
+	}
+	return ts
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 )
 
 // ChildEnv is set in the environment of worker processes: a binary that sees
@@ -93,6 +95,11 @@ type PGReport struct {
 	Out []uint8 `json:"out,omitempty"`
 	// LatAll is every request's latency (ns), in the order of Out.
 	LatAll []int64 `json:"latAll,omitempty"`
+	// Age is, for each request that succeeded (pgmix), how long before it
+	// returned the query that produced its value had returned (ns).
+	Age []int64 `json:"age,omitempty"`
+	// Spans are the queries the loader sent (pgmix).
+	Spans []pgdb.Span `json:"spans,omitempty"`
 	// MaxLag is how late (ns) the open-loop generator sent its latest
 	// request: a loaded machine can starve it.
 	MaxLag int64 `json:"maxLag,omitempty"`

@@ -3,6 +3,8 @@ package bench
 import (
 	"testing"
 	"time"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 )
 
 func TestIdealLoads(t *testing.T) {
@@ -59,5 +61,19 @@ func TestPeakIn(t *testing.T) {
 	// [99ms, 199ms) holds 99, 100, 180 and 190.
 	if got := peakIn(at, 100*time.Millisecond); got != 4 {
 		t.Errorf("peak %d, want 4", got)
+	}
+}
+
+func TestOverlapping(t *testing.T) {
+	spans := []pgdb.Span{
+		{Key: 1, Start: 0, End: 10},
+		{Key: 1, Start: 5, End: 30},    // overlaps the first
+		{Key: 1, Start: 20, End: 25},   // overlaps the second (which ends at 30)
+		{Key: 1, Start: 30, End: 40},   // starts as the second ends: early (within 100 of it)
+		{Key: 1, Start: 140, End: 150}, // 100 after the last end: on time
+		{Key: 2, Start: 6, End: 8},     // another key
+	}
+	if ov, early := overlapping(spans, 100); ov != 2 || early != 1 {
+		t.Errorf("overlapping %d, early %d; want 2 and 1", ov, early)
 	}
 }

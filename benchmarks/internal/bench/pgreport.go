@@ -54,12 +54,12 @@ func (r *Results) pgTargets() []Target {
 			rps >= 0.99*offered && gf == 0 && nMin > 0 && sMin > 0, ok1 && ok2 && okN && okS)
 	}
 	for _, g := range []string{systems.Guard, systems.GuardSWR} {
-		v, _, ok := r.summary("pg-mix", g, "ideal")
+		v, _, ok := r.summary("pg-mix-db", g, "ideal")
 		add(fmt.Sprintf("real DB mix: %s loads ÷ ideal", g), "≤ 1.05", fmt.Sprintf("%.2f", v), v <= 1.05, ok)
 	}
-	nc, _, okc := r.summary("pg-mix", systems.Naive, "cpuk")
+	nc, _, okc := r.summary("pg-mix-db", systems.Naive, "cpuk")
 	for _, g := range []string{systems.Guard, systems.GuardSWR} {
-		v, _, ok := r.summary("pg-mix", g, "cpuk")
+		v, _, ok := r.summary("pg-mix-db", g, "cpuk")
 		add(fmt.Sprintf("real DB mix: %s PostgreSQL CPU per completed request vs naive's", g), "≤ 0.5×",
 			fmt.Sprintf("%.2f×", v/nc), v/nc <= 0.5, ok && okc)
 	}
@@ -93,7 +93,7 @@ func (r *Results) pgLead() string {
 	s := r.s
 	var b strings.Builder
 	b.WriteString("## Real database: does PostgreSQL stay standing?\n\n")
-	fmt.Fprintf(&b, "PostgreSQL %s started by the harness on loopback; one table of %d rows; the loader's query, an "+
+	fmt.Fprintf(&b, "%s, started by the harness on loopback; one table of %d rows; the loader's query, an "+
 		"aggregate over an unindexed column, takes %v alone; %d connections per process; every request has a %v "+
 		"deadline. Hot-key mix (R2): %d processes offer %.0f requests/s, open loop, Zipf keys (%d) expiring %v after "+
 		"each fill. Stampede (R1): %d processes × %d requests on one cold key. Medians over repetitions; *failed* is "+
@@ -103,7 +103,7 @@ func (r *Results) pgLead() string {
 	b.WriteString("| system | mix: completed/s | mix: failed | mix: PG CPU s | mix: PG CPU per completed request vs naive | " +
 		"mix: loads ÷ ideal | mix: peak queries/100 ms | stampede: queries | stampede: failed | stampede: p99 ms |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	nc, _, _ := r.summary("pg-mix", systems.Naive, "cpuk")
+	nc, _, _ := r.summary("pg-mix-db", systems.Naive, "cpuk")
 	for _, sys := range pgSystems {
 		if err := systems.Available(sys); err != nil {
 			fmt.Fprintf(&b, "| %s | TODO: not merged yet | | | | | | | | |\n", sys)
@@ -123,15 +123,15 @@ func (r *Results) pgLead() string {
 		cells = append(cells,
 			f("pg-mix", sys, "rps", "%.0f", false),
 			f("pg-mix", sys, "failed", "%.0f", true),
-			f("pg-mix", sys, "cpu", "%.1f", false))
-		if c, _, ok := r.summary("pg-mix", sys, "cpuk"); ok && nc > 0 {
+			f("pg-mix-db", sys, "cpu", "%.1f", false))
+		if c, _, ok := r.summary("pg-mix-db", sys, "cpuk"); ok && nc > 0 {
 			cells = append(cells, fmt.Sprintf("%.2f×", c/nc))
 		} else {
 			cells = append(cells, "–")
 		}
 		cells = append(cells,
-			f("pg-mix", sys, "ideal", "%.2f", false),
-			f("pg-mix", sys, "peak", "%.0f", false))
+			f("pg-mix-db", sys, "ideal", "%.2f", false),
+			f("pg-mix-db", sys, "peak", "%.0f", false))
 		ssys := sys
 		if sys == systems.GuardSWR {
 			ssys = systems.GuardStale

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -204,7 +205,7 @@ func (e *env) pgMix(ctx context.Context) error {
 	if s.pgMixReps > 0 {
 		reps = min(reps, s.pgMixReps)
 	}
-	t := &Table{ID: "pg-mix", Title: "R2. Hot-key mix, real PostgreSQL",
+	t := &Table{ID: "pg-mix", Title: "R2. Hot-key mix, real PostgreSQL: requests",
 		Intro: fmt.Sprintf("%d OS processes offer %.0f requests/s in all, open loop (each request is sent on schedule "+
 			"in its own goroutine, whether or not earlier ones returned, with a %v deadline), ramping up linearly over "+
 			"the first %v; keys are drawn from a Zipf distribution (s=1.1) over %d keys whose entries expire %v after "+
@@ -212,14 +213,11 @@ func (e *env) pgMix(ctx context.Context) error {
 			"connections per process; %v per run, %d repetitions. Figures cover the requests sent after the ramp: "+
 			"*completed/s* those that succeeded; *failed* those that returned an error, *pool* of them for want of a "+
 			"free connection, *query* of them while their query ran (the rest waited for another caller's load); "+
-			"latency over every request, a failed one at the time it failed; *peak* the most queries sent in any "+
-			"100 ms. Whole run: queries *sent* and *answered* counted by the loaders, *completed* by PostgreSQL "+
-			"(pg_stat_statements, as in R1), PG CPU "+
-			"(all PostgreSQL processes, until the run's last query ended), its cost per 1000 completed requests, and "+
-			"*loads ÷ ideal*, the ideal being one load per key per %v window actually requested (the fewest loads "+
-			"that serve every request with a value at most %v old).",
+			"latency over every request, a failed one at the time it failed; *age* of the value a request was "+
+			"served: how long before the request returned the query that produced it had returned (a value served "+
+			"from a cache that honours the TTL is at most about %v old).",
 			s.pgMixProcs, s.pgMixRate, s.pgDeadline, s.pgMixWarm, s.pgMixKeys, s.pgMixTTL,
-			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool, s.pgMixDur, reps, s.pgMixTTL, s.pgMixTTL),
+			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool, s.pgMixDur, reps, s.pgMixTTL),
 		Metrics: []Metric{
 			{"rps", "completed/s", "%.0f"},
 			{"failed", "failed", "%.0f"},
@@ -228,6 +226,20 @@ func (e *env) pgMix(ctx context.Context) error {
 			{"p50", "p50 ms", "%.1f"},
 			{"p99", "p99 ms", "%.0f"},
 			{"max", "max ms", "%.0f"},
+			{"age99", "age p99 s", "%.2f"},
+			{"agemax", "age max s", "%.2f"},
+		}}
+	tdb := &Table{ID: "pg-mix-db", Title: "R2. Hot-key mix, real PostgreSQL: database",
+		Intro: fmt.Sprintf("The same runs. *Peak* is the most queries sent in any 100 ms after the ramp. The rest "+
+			"covers the whole run: queries *sent* and *answered* counted by the loaders, *completed* by PostgreSQL "+
+			"(pg_stat_statements, as in R1); PG CPU (all PostgreSQL processes, until the run's last query ended) and "+
+			"its cost per 1000 completed requests; *loads ÷ ideal*, the ideal being one load per key per %v window "+
+			"actually requested (the fewest loads that serve every request with a value at most %v old); "+
+			"*overlapping*, queries sent for a key while another query for the same key was running (duplicate "+
+			"work no coordination would allow); *early*, queries sent for a key less than %v after its previous "+
+			"query returned (a refresh before the value expired: cacheguard's TTL jitter and early refresh, or a "+
+			"value whose entry expired early).", s.pgMixTTL, s.pgMixTTL, s.pgMixTTL),
+		Metrics: []Metric{
 			{"peak", "peak queries/100 ms", "%.0f"},
 			{"loads", "queries sent", "%.0f"},
 			{"answered", "answered", "%.0f"},
@@ -235,9 +247,22 @@ func (e *env) pgMix(ctx context.Context) error {
 			{"cpu", "PG CPU s", "%.1f"},
 			{"cpuk", "PG CPU ms/1k completed", "%.0f"},
 			{"ideal", "loads ÷ ideal", "%.2f"},
+			{"overlap", "overlapping", "%.0f"},
+			{"early", "early", "%.0f"},
 		}}
-	e.res.Tables = append(e.res.Tables, t)
+	e.res.Tables = append(e.res.Tables, t, tdb)
+	for _, sys := range pgSystems {
+		if e.cfg.keep(sys) {
+			tdb.Row(sys)
+		}
+	}
+	defer func() {
+		for _, r := range t.Rows {
+			tdb.Row(r.System).Skip = r.Skip
+		}
+	}()
 	return e.seriesN(ctx, reps, t, pgSystems, func(ctx context.Context, r *Row, rep int) error {
+		rdb := tdb.Row(r.System)
 		key := e.key("pgmix")
 		jobs := make([]Job, s.pgMixProcs)
 		for i := range jobs {
@@ -255,9 +280,10 @@ func (e *env) pgMix(ctx context.Context) error {
 			t0 = min(t0, rp.Start)
 		}
 		from, to := t0+int64(s.pgMixWarm), t0+int64(s.pgMixDur)
-		var lat []time.Duration
+		var lat, age []time.Duration
 		var keys []int32
 		var sent, at []int64
+		var spans []pgdb.Span
 		var inWin [outOther + 1]int64
 		var maxLag time.Duration
 		ser := &Series{Bucket: s.pgBucket}
@@ -268,6 +294,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			maxLag = max(maxLag, time.Duration(rp.PG.MaxLag))
 			keys = append(keys, rp.ReqKey...)
 			sent = append(sent, rp.ReqAt...)
+			spans = append(spans, rp.PG.Spans...)
 			for i, at := range rp.ReqAt {
 				o, l := rp.PG.Out[i], rp.PG.LatAll[i]
 				if o == outOK {
@@ -278,6 +305,9 @@ func (e *env) pgMix(ctx context.Context) error {
 				if at >= from && at < to {
 					inWin[o]++
 					lat = append(lat, time.Duration(l))
+					if o == outOK {
+						age = append(age, time.Duration(rp.PG.Age[i]))
+					}
 				}
 			}
 			for _, a := range rp.LoadAt {
@@ -292,7 +322,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			e.cfg.logf("  %s: the request generator ran up to %v late", r.System, maxLag.Round(time.Millisecond))
 		}
 		c := sumPG(run.reps)
-		d := stats.Durations(lat)
+		d, a := stats.Durations(lat), stats.Durations(age)
 		window := time.Duration(to - from).Seconds()
 		r.add("rps", float64(inWin[outOK])/window)
 		r.add("failed", float64(inWin[outPool]+inWin[outQuery]+inWin[outTimeout]+inWin[outOther]))
@@ -301,15 +331,47 @@ func (e *env) pgMix(ctx context.Context) error {
 		r.add("p50", stats.Ms(d.P50))
 		r.add("p99", stats.Ms(d.P99))
 		r.add("max", stats.Ms(d.Max))
-		r.add("peak", float64(peakIn(at, 100*time.Millisecond)))
-		r.add("loads", float64(c.sent))
-		r.add("answered", float64(c.ok))
-		r.add("pgcalls", float64(run.pg.Calls))
-		r.add("cpu", run.pg.CPU.Seconds())
-		r.add("cpuk", stats.Ms(run.pg.CPU)*1000/float64(max(c.out[outOK], 1)))
-		r.add("ideal", float64(c.sent)/float64(max(idealLoads(keys, sent, s.pgMixTTL), 1)))
+		if a.N > 0 {
+			r.add("age99", a.P99.Seconds())
+			r.add("agemax", a.Max.Seconds())
+		}
+		rdb.add("peak", float64(peakIn(at, 100*time.Millisecond)))
+		rdb.add("loads", float64(c.sent))
+		rdb.add("answered", float64(c.ok))
+		rdb.add("pgcalls", float64(run.pg.Calls))
+		rdb.add("cpu", run.pg.CPU.Seconds())
+		rdb.add("cpuk", stats.Ms(run.pg.CPU)*1000/float64(max(c.out[outOK], 1)))
+		rdb.add("ideal", float64(c.sent)/float64(max(idealLoads(keys, sent, s.pgMixTTL), 1)))
+		ov, early := overlapping(spans, s.pgMixTTL)
+		rdb.add("overlap", float64(ov))
+		rdb.add("early", float64(early))
 		return nil
 	})
+}
+
+// overlapping counts the queries that started while another query for the
+// same key was running, and the early ones: those that started after the
+// key's previous queries had returned, but less than ttl after, while the
+// value they returned could still have been fresh.
+func overlapping(spans []pgdb.Span, ttl time.Duration) (overlap, early int) {
+	slices.SortFunc(spans, func(a, b pgdb.Span) int {
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Start, b.Start))
+	})
+	var key, end int64 = -1, 0
+	for _, s := range spans {
+		if s.Key != key {
+			key, end = s.Key, s.End
+			continue
+		}
+		switch {
+		case s.Start < end:
+			overlap++
+		case s.Start < end+int64(ttl):
+			early++
+		}
+		end = max(end, s.End)
+	}
+	return overlap, early
 }
 
 // peakIn returns the most of the times (unix ns, any order) inside any window

@@ -63,7 +63,9 @@ func (w *pgWorker) Close() {
 	w.db.Close()
 }
 
-// load returns the loader of repo id: one query on the database.
+// load returns the loader of repo id: one query on the database. The value
+// carries when its query returned (UpdatedAt, unix ns), so that a request can
+// tell how old the value it was served is.
 func (w *pgWorker) load(id int64) systems.Loader {
 	return func(ctx context.Context) (systems.Repo, error) {
 		r, err := w.db.Load(ctx, id)
@@ -71,7 +73,7 @@ func (w *pgWorker) load(id int64) systems.Loader {
 			return systems.Repo{}, err
 		}
 		v := systems.SampleRepo(id)
-		v.Stars, v.Forks, v.UpdatedAt = int(r.Stars), int(r.Events), r.MaxSize
+		v.Stars, v.Forks, v.UpdatedAt = int(r.Stars), int(r.Events), time.Now().UnixNano()
 		return v, nil
 	}
 }
@@ -101,6 +103,9 @@ func (w *pgWorker) Run(ctx context.Context) Report {
 func (w *pgWorker) report(r Report) Report {
 	st := w.db.Stats()
 	r.Loads, r.LoadAt = st.Sent, st.At
+	if w.j.Kind == "pgmix" {
+		r.PG.Spans = st.Spans
+	}
 	r.PG.Sent, r.PG.OK, r.PG.PoolFails, r.PG.QueryErrs = st.Sent, st.OK, st.PoolFails, st.QueryErrs
 	r.Requests = w.cnt.Load()
 	return r
@@ -149,6 +154,7 @@ func (w *pgWorker) mix(ctx context.Context) Report {
 	sent := make([]int64, len(sched))
 	out := make([]uint8, len(sched))
 	lat := make([]int64, len(sched))
+	age := make([]int64, len(sched))
 	var e errs
 	var wg sync.WaitGroup
 	var maxLag time.Duration
@@ -165,8 +171,12 @@ func (w *pgWorker) mix(ctx context.Context) Report {
 			rctx, cancel := context.WithTimeout(ctx, j.Deadline)
 			defer cancel()
 			t0 := time.Now()
-			_, err := w.c.Get(rctx, j.Key+":"+strconv.Itoa(int(k)), w.load(int64(k)))
-			lat[i] = int64(time.Since(t0))
+			v, err := w.c.Get(rctx, j.Key+":"+strconv.Itoa(int(k)), w.load(int64(k)))
+			now := time.Now()
+			lat[i] = int64(now.Sub(t0))
+			if err == nil {
+				age[i] = now.UnixNano() - v.UpdatedAt
+			}
 			out[i] = outcome(err)
 			if err != nil {
 				e.add(err)
@@ -176,7 +186,7 @@ func (w *pgWorker) mix(ctx context.Context) Report {
 	wg.Wait()
 	return w.report(Report{Ops: int64(len(keys)), Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(),
 		Elapsed: int64(time.Since(start)), ReqKey: keys, ReqAt: sent,
-		PG: &PGReport{Out: out, LatAll: lat, MaxLag: int64(maxLag)}})
+		PG: &PGReport{Out: out, LatAll: lat, Age: age, MaxLag: int64(maxLag)}})
 }
 
 // schedule returns when to send each request of an open-loop run of length

@@ -125,7 +125,7 @@ func (c Config) sizes() sizes {
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microBenchDur = 1, "20x"
-		s.pgRows = 20_000
+		s.pgRows, s.pgMixReps = 20_000, 1
 		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.pgMixWarm, s.pgMixDur = 2, 100, 20, 300*time.Millisecond, 300*time.Millisecond, 1200*time.Millisecond
 	}
 	if c.tiny {

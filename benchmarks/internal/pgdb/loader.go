@@ -37,8 +37,16 @@ type Loader struct {
 	poolFails atomic.Int64 // calls that found no connection in time
 	queryErrs atomic.Int64 // queries that failed (deadline included)
 
-	mu sync.Mutex // guards at
-	at []int64    // wall clock (unix ns) of every query sent
+	mu    sync.Mutex // guards spans
+	spans []Span     // every query sent
+}
+
+// Span is one query: its repo and when it was sent and returned (wall
+// clock, unix ns).
+type Span struct {
+	Key   int64 `json:"k"`
+	Start int64 `json:"s"`
+	End   int64 `json:"e"`
 }
 
 // Open connects a pool of conns connections to dsn and opens all of them, so
@@ -91,12 +99,14 @@ func (l *Loader) Load(ctx context.Context, repo int64) (Row, error) {
 	}
 	defer c.Release()
 	l.sent.Add(1)
-	now := time.Now().UnixNano()
-	l.mu.Lock()
-	l.at = append(l.at, now)
-	l.mu.Unlock()
+	sp := Span{Key: repo, Start: time.Now().UnixNano()}
 	var r Row
-	if err := c.QueryRow(ctx, Query, repo).Scan(&r.Events, &r.Stars, &r.MaxSize); err != nil {
+	err = c.QueryRow(ctx, Query, repo).Scan(&r.Events, &r.Stars, &r.MaxSize)
+	sp.End = time.Now().UnixNano()
+	l.mu.Lock()
+	l.spans = append(l.spans, sp)
+	l.mu.Unlock()
+	if err != nil {
 		l.queryErrs.Add(1)
 		return Row{}, errors.Join(ErrQuery, err)
 	}
@@ -107,16 +117,22 @@ func (l *Loader) Load(ctx context.Context, repo int64) (Row, error) {
 // Stats are a loader's counts.
 type Stats struct {
 	Sent, OK, PoolFails, QueryErrs int64
-	At                             []int64 // wall clock (unix ns) of every query sent, sorted
+	At                             []int64 // wall clock (unix ns) of every query sent and returned, sorted
+	Spans                          []Span  // every query sent and returned, in no order
 }
 
 // Stats returns the counts so far.
 func (l *Loader) Stats() Stats {
 	l.mu.Lock()
-	at := slices.Clone(l.at)
+	spans := slices.Clone(l.spans)
 	l.mu.Unlock()
+	at := make([]int64, len(spans))
+	for i, sp := range spans {
+		at[i] = sp.Start
+	}
 	slices.Sort(at)
-	return Stats{Sent: l.sent.Load(), OK: l.ok.Load(), PoolFails: l.poolFails.Load(), QueryErrs: l.queryErrs.Load(), At: at}
+	return Stats{Sent: l.sent.Load(), OK: l.ok.Load(), PoolFails: l.poolFails.Load(), QueryErrs: l.queryErrs.Load(),
+		At: at, Spans: spans}
 }
 
 // Close closes the pool.
