@@ -94,7 +94,7 @@ func (e *env) stampede(ctx context.Context) error {
 		"before the one load ends (%v), and per-process singleflight's p99 is that load plus overhead, because its "+
 		"%d concurrent loads do not slow this fixed-latency loader down. So on a cold key cacheguard can at best "+
 		"match it; the 0.75× target is reachable on an expired key with serve-stale, or against a database that "+
-		"slows under concurrent queries, which this loader does not model.", s.load, s.stampProcs))
+		"slows under concurrent queries, which this loader does not model and R1 (real PostgreSQL) does.", s.load, s.stampProcs))
 	names := []string{systems.Naive, systems.Singleflight, systems.SingleflightLoad, systems.GoRedisCache,
 		systems.LockRedsync, systems.LockBSM, systems.LockRueidis, systems.Guard, systems.GuardStale}
 	return e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {

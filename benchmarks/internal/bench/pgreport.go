@@ -63,6 +63,10 @@ func (r *Results) pgTargets() []Target {
 		add(fmt.Sprintf("real DB mix: %s PostgreSQL CPU per completed request vs naive's", g), "≤ 0.5×",
 			fmt.Sprintf("%.2f×", v/nc), v/nc <= 0.5, ok && okc)
 	}
+	gp, _, okg := r.summary("pg-stampede", systems.Guard, "p99")
+	sp, _, oks := r.summary("pg-stampede", systems.Singleflight, "p99")
+	add("real DB stampede: cacheguard (wait, cold key) p99 vs per-process singleflight p99", "≤ 0.75×",
+		fmt.Sprintf("%.2f×", gp/sp), gp/sp <= 0.75, okg && oks)
 	_, q, ok1 := r.summary("pg-stampede", systems.Guard, "loads")
 	_, f, ok2 := r.summary("pg-stampede", systems.Guard, "failed")
 	add("real DB stampede: cacheguard (wait) queries and failed requests (worst repetition)", "1 query; 0 failed",
