@@ -111,7 +111,7 @@ func (c Config) sizes() sizes {
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 5 * time.Second, mixReps: 3,
 		microCount: 5, microBenchDur: "300ms",
 		pgRows: 500_000, pgPool: 10, pgDeadline: time.Second,
-		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 80, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
+		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
 		pgMixDur: 10 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
 	}
 	if c.Long {
