@@ -62,6 +62,7 @@ type Client struct {
 	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
 
 	closed atomic.Bool
+	scopes scopes // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
 	gates map[string]*gate // per lock key: one waiting caller per process in default mode
@@ -302,11 +303,28 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	if err := ctx.Err(); err != nil {
 		return fail(0, err)
 	}
+	// A nested acquisition (this owner's scope of the name has Locks not yet
+	// Unlocked) may only re-enter that holding: it makes one attempt and
+	// never waits, and fails with ErrLost when the holding is gone.
+	var sc *scope
+	if reentrant {
+		var err error
+		if sc, err = c.scopes.find(owner, name); err != nil {
+			return fail(0, err)
+		}
+	}
+	granted := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
+		lk, err := c.granted(ctx, reentrant, name, ks, kv, ov, acq, res, cfg, sent, start, first)
+		if err != nil {
+			return fail(0, err)
+		}
+		return lk, nil
+	}
 
 	// Fast path: one attempt, unless another caller of this process is already
 	// waiting for the name (then the attempt would only fail) or fair mode
 	// (where the first attempt must also queue).
-	if !wait || (!cfg.fair && (reentrant || !c.waiting(ks[0]))) {
+	if !wait || sc != nil || (!cfg.fair && (reentrant || !c.waiting(ks[0]))) {
 		sent := time.Now()
 		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
 		if err != nil {
@@ -319,7 +337,12 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, kv, ov, acq, res.fence, cfg, sent, start), nil
+			return granted(res, sent, cfg.lease)
+		}
+		if sc != nil && c.scopes.current(sc) {
+			// Another owner holds what this owner's scope should hold.
+			c.scopes.lose(sc, ErrLost)
+			return fail(0, ErrLost)
 		}
 		if !wait {
 			return fail(res.pttl, nil)
@@ -362,7 +385,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(pttl, err)
 		}
 		if res.ok {
-			return c.granted(name, ks, kv, ov, acq, res.fence, cfg, sent, start), nil
+			return granted(res, sent, cfg.lease)
 		}
 		pttl = res.pttl
 		// Sleep until a wake-up, or a little past the holder's lease (it may
@@ -386,7 +409,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 					claim = cfg.lease
 				}
 			}
-			return c.grantedFirst(name, ks, kv, ov, acq, fence, cfg, sent, start, claim), nil
+			return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
 		case <-timer.C:
 		case <-wctx.Done():
 			c.withdraw(ctx, kv, ov, acq, cfg, member)
@@ -413,15 +436,24 @@ func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg con
 	c.releaseRaw(rctx, kv, owner, acq, cfg, member)
 }
 
-func (c *Client) granted(name string, ks []string, kv []any, owner, acq any, fence uint64, cfg config, sent, start time.Time) *Lock {
-	return c.grantedFirst(name, ks, kv, owner, acq, fence, cfg, sent, start, cfg.lease)
-}
-
-func (c *Client) grantedFirst(name string, ks []string, kv []any, owner, acq any, fence uint64, cfg config, sent, start time.Time, first time.Duration) *Lock {
-	h := newHeldFirst(c, name, ks, owner.(string), fence, cfg, sent, first)
+// granted makes the Lock of a grant; first is its current lease (see
+// newHeld). A grant to an owner (WithOwner) joins the owner's scope of the
+// name; when that scope's holding turns out to be gone, the grant is given
+// back and granted fails with ErrLost.
+func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, sent, start time.Time, first time.Duration) (*Lock, error) {
+	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
 	h.keyv, h.ownerv, h.acqv = kv, owner, acq
-	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: fence})
-	return &Lock{h: h}
+	if scoped {
+		if err := c.scopes.join(h, h.owner, res.holds > 1); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			c.releaseRaw(rctx, kv, owner, acq, cfg, "")
+			return nil, err
+		}
+	}
+	c.ren.add(h)
+	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
+	return &Lock{h: h}, nil
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {

@@ -14,6 +14,14 @@ var (
 	// ErrNotHeld means the caller does not hold the lock (any more): it expired,
 	// was deleted, or is held by another owner.
 	ErrNotHeld = errors.New("locks: not held")
+	// ErrLost is the cause of a nested acquisition (WithOwner) of a name whose
+	// scope is lost: this process still has a Lock of the name under the same
+	// owner, not yet Unlocked, that lost the lock. Granting the name afresh
+	// would let a write based on what was read under the lost Lock land under
+	// a newer fence, so the acquisition fails and takes nothing until every
+	// Lock of that scope is Unlocked. It matches ErrNotHeld and ErrNotObtained,
+	// and neither ErrBusy nor ErrUnavailable: waiting or retrying cannot help.
+	ErrLost = fmt.Errorf("locks: lock scope lost: %w", ErrNotHeld)
 	// ErrInvalid marks a bad argument, reported before anything is sent to Redis.
 	ErrInvalid = errors.New("locks: invalid argument")
 	// ErrClosed is returned by calls on a Client after Close.
@@ -59,7 +67,7 @@ func (e *NotObtainedError) Error() string {
 
 // Unwrap returns ErrNotObtained and the cause, with ErrBusy when the lock was
 // held by another owner (no cause) and ErrUnavailable when the cause is a Redis
-// failure (not the caller's context, not a *ReplicaError).
+// failure (not the caller's context, not a *ReplicaError, not ErrLost).
 func (e *NotObtainedError) Unwrap() []error {
 	switch {
 	case e.Err == nil:
@@ -71,12 +79,12 @@ func (e *NotObtainedError) Unwrap() []error {
 }
 
 // unavailableCause reports whether err, the cause of a failed acquisition,
-// says that Redis could not be asked (rather than the caller's context ending
-// or too few replicas acknowledging).
+// says that Redis could not be asked (rather than the caller's context ending,
+// too few replicas acknowledging, or the owner's scope being lost).
 func unavailableCause(err error) bool {
 	var re *ReplicaError
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
-		!errors.As(err, &re) && !errors.Is(err, ErrInvalid)
+		!errors.As(err, &re) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotHeld)
 }
 
 // ReplicaError reports that fewer replicas than asked acknowledged the lock's

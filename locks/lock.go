@@ -67,6 +67,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Unlock()
 
 	h := l.h
+	if h.sc != nil {
+		h.sc.leave(h)
+	}
 	if err := h.lostErr(); err != nil {
 		h.dropRef(false)
 		return ErrNotHeld
@@ -78,7 +81,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		h.dropRef(true)
 		return err
 	case n < 0:
-		h.lose(ErrNotHeld)
+		h.loseHolding(ErrNotHeld)
 		h.dropRef(false)
 		return ErrNotHeld
 	}
@@ -102,7 +105,7 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 		return err
 	}
 	if !ok {
-		h.lose(ErrNotHeld)
+		h.loseHolding(ErrNotHeld)
 		return ErrNotHeld
 	}
 	h.extended(sent, d)
@@ -128,6 +131,7 @@ type held struct {
 	acqv   any // this hold's acquisition id, boxed (Client only)
 	fence  uint64
 	cfg    config
+	sc     *scope // the owner's scope of the name (WithOwner only), set before the renewer sees h
 
 	mu        sync.Mutex         // guards the fields below
 	lost      chan struct{}      // made on first use: most callers never ask
@@ -141,19 +145,14 @@ type held struct {
 	err       error // why it was lost
 }
 
-// newHeld registers a lock acquired with the request sent at sent.
-func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time) *held {
-	return newHeldFirst(o, name, keys, owner, fence, cfg, sent, cfg.lease)
-}
-
-// newHeldFirst is newHeld for a lock whose current lease (first) is shorter
-// than the configured one, as a hand-off's claim lease is: the first renewal
-// comes at a third of first and restores the full lease.
-func newHeldFirst(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
+// newHeld returns the holding of a lock acquired with the request sent at
+// sent, whose current lease is first (a hand-off's claim lease is shorter
+// than the configured one: the first renewal comes at a third of first and
+// restores the full lease). The caller registers it with the renewer.
+func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
 	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, refs: 1}
 	h.setDeadline(sent, min(first, cfg.lease))
 	h.lease = cfg.lease
-	o.renewer().add(h)
 	return h
 }
 
@@ -228,8 +227,22 @@ func (h *held) lose(err error) {
 	if !h.end(err) {
 		return
 	}
+	if h.sc != nil {
+		h.sc.lost(err)
+	}
 	h.ops.renewer().remove(h)
 	h.cfg.emit(Event{Kind: Lost, Name: h.name, Err: err})
+}
+
+// loseHolding marks h lost because Redis no longer has its holding (the key
+// is gone or another owner's): every Lock of h's scope shares that holding,
+// so they are all lost.
+func (h *held) loseHolding(err error) {
+	if h.sc != nil {
+		h.sc.reg.lose(h.sc, err)
+		return
+	}
+	h.lose(err)
 }
 
 // dropRef gives back one handle; released reports that Redis no longer has a

@@ -11,9 +11,19 @@ type ownerKey struct{}
 
 // WithOwner returns a context under which Lock and TryLock acquire on behalf of
 // owner id: a nested acquisition of a name this owner already holds re-enters
-// (the hold count goes up) instead of waiting for itself, and each Unlock takes
-// one hold back. The id must be unique to one logical holder (a request, a job):
-// two holders sharing an id would share the lock.
+// (the hold count goes up, and it shares the holding's fence) instead of
+// waiting for itself, and each Unlock takes one hold back. The id must be
+// unique to one logical holder (a request, a job): two holders sharing an id
+// would share the lock.
+//
+// A lost scope is never re-acquired behind the caller's back: while this
+// process has a Lock of the name under the owner that is not Unlocked yet, a
+// nested acquisition only ever re-enters that holding. It makes one attempt
+// and never waits; when the holding is lost — known already, or found by the
+// attempt (the key is gone or another owner's) — it takes nothing, marks every
+// Lock of the scope lost, and fails with ErrLost (which matches ErrNotHeld and
+// ErrNotObtained), until every Lock of the scope is Unlocked. After that the
+// owner may lock the name afresh, under a newer fence.
 func WithOwner(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, ownerKey{}, id)
 }

@@ -51,7 +51,9 @@ var _ Locker = (*Redlock)(nil)
 // within the remaining validity; Lost closes when a quorum can no longer be
 // renewed in time. On a Redlock lock, Extend(ctx, d) makes d the new validity:
 // the keys get d plus the drift allowance. Reentrancy by owner (WithOwner)
-// works as on a Client: each acquisition is its own hold on every node.
+// works as on a Client: each acquisition is its own hold on every node, and a
+// nested acquisition succeeds only when a quorum of nodes still has the
+// owner's holding (ErrLost otherwise, as on a Client).
 //
 // Use an odd number of servers, 3 or 5. With an even N the quorum N/2+1 needs
 // the same number of live servers as N+1 would, so the extra server adds
@@ -85,6 +87,7 @@ type Redlock struct {
 	quorum int
 	cfg    config
 	ren    *renewer
+	scopes scopes // owners' holdings in this process (WithOwner)
 
 	mu       sync.Mutex           // guards closed and flights; orders inflight.Add before Close's Wait
 	closed   bool                 // Close was called
@@ -233,9 +236,6 @@ func redlockKey(prefix, name string) string { return prefix + "rlock:{" + name +
 func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
-	if owner == "" {
-		owner = token()
-	}
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
@@ -253,14 +253,48 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: e})
 		return nil, e
 	}
+	// A nested acquisition (this owner's scope of the name has Locks not yet
+	// Unlocked) may only re-enter that holding: one attempt, no waiting, and
+	// ErrLost when the holding is gone.
+	scoped := owner != ""
+	if !scoped {
+		owner = token()
+	}
+	var sc *scope
+	if scoped {
+		var err error
+		if sc, err = r.scopes.find(owner, name); err != nil {
+			e := r.opError("lock", name)
+			e.Err = err
+			return fail(e, 0)
+		}
+	}
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
-		h, e := r.attempt(ctx, name, key, owner, px, cfg)
+		h, reentered, e := r.attempt(ctx, name, key, owner, px, cfg, sc != nil)
+		if h != nil && scoped {
+			if err := r.scopes.join(h, owner, reentered); err != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				r.release(rctx, h)
+				cancel()
+				e = r.opError("lock", name)
+				e.Err = err
+				return fail(e, attempt)
+			}
+		}
 		if h != nil {
+			r.ren.add(h)
 			cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
 			return &Lock{h: h}, nil
 		}
-		if !wait || ctx.Err() != nil || r.isClosed() {
+		if errors.Is(e.Err, ErrLost) {
+			if r.scopes.current(sc) {
+				r.scopes.lose(sc, ErrLost)
+				return fail(e, attempt)
+			}
+			e.Err = nil // the scope ended meanwhile: an ordinary refusal
+		}
+		if !wait || sc != nil || ctx.Err() != nil || r.isClosed() {
 			return fail(e, attempt)
 		}
 		// Retry after a random delay, if another attempt (acquisition plus
@@ -287,19 +321,29 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 
 // attempt runs one round of the algorithm: acquire on every node at once,
 // count the grants, check the validity left, and on failure release on every
-// node. It returns the holding, or the nodes' answers.
-func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg config) (*held, *RedlockError) {
+// node. It returns the holding (not yet registered with the renewer) and
+// whether a quorum of nodes granted it as a re-entry of the owner's holding,
+// or the nodes' answers. A nested attempt (the owner's scope of the name is
+// held in this process) succeeds only as such a re-entry, and fails with
+// ErrLost when too few nodes can still have the owner's holding.
+func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg config, nested bool) (*held, bool, *RedlockError) {
 	acq := token() // per attempt: a late release of a failed attempt never removes a later grant
 	timeout := rlNodeTimeout(&cfg, px)
 	span := rlSpan(&cfg, px)
-	granted := func(res []nodeResult[[]int64]) int {
+	count := func(res []nodeResult[[]int64], holds int64) int {
 		n := 0
 		for _, x := range res {
-			if x.done && x.err == nil && len(x.v) == 2 && x.v[0] == 1 {
+			if x.done && x.err == nil && len(x.v) == 2 && x.v[0] == 1 && x.v[1] >= holds {
 				n++
 			}
 		}
 		return n
+	}
+	granted := func(res []nodeResult[[]int64]) int {
+		if nested {
+			return count(res, 2) // re-entries only
+		}
+		return count(res, 1)
 	}
 	// Each node's goroutine waits for the verdict after its acquisition
 	// returns. If the attempt failed, it releases the acquisition there. If
@@ -352,9 +396,21 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			close(decided)
 			hcfg := cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
-			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start), nil
+			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start, span), count(res, 2) >= r.quorum, nil
 		}
 		noValidity = ErrNoValidity
+	} else if nested {
+		// The owner's holding can only be on the nodes that re-entered it and
+		// those not heard from; fewer than a quorum means it is gone.
+		unknown := 0
+		for _, x := range res {
+			if !x.done || x.err != nil {
+				unknown++
+			}
+		}
+		if n+unknown < r.quorum {
+			noValidity = ErrLost
+		}
 	}
 	failed = true
 	close(decided)
@@ -390,7 +446,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			pending = 0
 		}
 	}
-	return nil, e
+	return nil, false, e
 }
 
 // releaseOn releases acquisition acq on node i, whatever ctx's state.

@@ -33,10 +33,12 @@ func (e NodeError) Unwrap() error { return e.Err }
 // RedlockError reports what each node answered to a Redlock operation that
 // did not reach a quorum in time. For Op "lock" (Lock and TryLock; the last
 // attempt) it matches ErrNotObtained with errors.Is, and the caller's context
-// error too when the context ended the call; otherwise also ErrBusy when the
-// nodes that refused (held by another owner) kept the quorum out of reach,
-// or ErrUnavailable when failed nodes did (or the quorum came too late). Every node that granted a failed
-// attempt was asked to release it before the error was returned.
+// error too when the context ended the call, or ErrLost when the owner's
+// scope was lost (see WithOwner); otherwise also ErrBusy when the nodes that
+// refused (held by another owner) kept the quorum out of reach, or
+// ErrUnavailable when failed nodes did (or the quorum came too late). Every
+// node that granted a failed attempt was asked to release it before the
+// error was returned.
 type RedlockError struct {
 	Op       string        // "lock", "extend" or "unlock"
 	Name     string        // the lock name
@@ -47,7 +49,7 @@ type RedlockError struct {
 	Failed   []NodeError   // nodes that did not answer usefully, each with its cause
 	Attempts int           // "lock": how many attempts were made
 	Waited   time.Duration // "lock": how long the call took
-	Err      error         // ErrNoValidity, the caller's context error, or nil
+	Err      error         // ErrNoValidity, ErrLost, the caller's context error, or nil
 }
 
 func (e *RedlockError) Error() string {
@@ -85,7 +87,8 @@ func (e *RedlockError) Unwrap() []error {
 		errs = append(errs, ErrNotObtained)
 		switch {
 		case e.Err != nil && !unavailableCause(e.Err):
-			// The caller's context ended the call: neither busy nor unavailable.
+			// The caller's context ended the call, or the owner's scope was
+			// lost: neither busy nor unavailable.
 		case e.Err == nil && len(e.Refused) > 0 && len(e.Failed) <= e.Nodes-e.Quorum:
 			// Without the refusals a quorum was within reach: contention.
 			errs = append(errs, ErrBusy)

@@ -197,7 +197,7 @@ func (r *renewer) renew(ctx context.Context, due []*held) {
 				h.mu.Unlock()
 				h.extended(sent, lease)
 			case errors.Is(err, errNotOwner):
-				h.lose(ErrNotHeld)
+				h.loseHolding(ErrNotHeld)
 			default:
 				h.cfg.emit(Event{Kind: RenewalFailed, Name: h.name, Err: err})
 				h.mu.Lock()

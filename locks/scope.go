@@ -1,0 +1,111 @@
+package locks
+
+import "sync"
+
+// A scope is one owner's holding of one lock name in this process: the Locks
+// acquired under WithOwner(ctx, owner) that are not Unlocked yet. They share
+// the lock (one key, one fence); a nested acquisition joins the scope only as
+// a re-entry of that same holding. Once the scope is lost — one of its Locks
+// lost the lock, or a nested attempt found the holding gone — it stays lost
+// until every Lock of it is Unlocked, and nested acquisitions fail with
+// ErrLost meanwhile: granting the name afresh would let a write based on what
+// was read under the lost Lock land under a newer fence.
+type scope struct {
+	reg   *scopes
+	key   scopeKey
+	fence uint64 // the holding's fence (Client; 0 for Redlock)
+
+	// Guarded by reg.mu:
+	locks map[*held]struct{} // the scope's Locks not yet Unlocked
+	err   error              // why it was lost; nil while held
+}
+
+type scopeKey struct{ owner, name string }
+
+// scopes registers the scopes of one Client or Redlock. The zero value is ready.
+type scopes struct {
+	mu sync.Mutex // guards m and every scope's locks and err
+	m  map[scopeKey]*scope
+}
+
+// find returns owner's scope of name, nil when there is none, or ErrLost when
+// it is lost.
+func (r *scopes) find(owner, name string) (*scope, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sc := r.m[scopeKey{owner, name}]
+	if sc != nil && sc.err != nil {
+		return nil, ErrLost
+	}
+	return sc, nil
+}
+
+// join adds h, a Lock just granted to owner, to its scope. When this process
+// already has a scope of the name, h joins it only if the scope is held and h
+// re-entered that very holding (the same fence); otherwise the scope is lost
+// (its holding is gone, as h's fresh grant shows), h is not added, and join
+// returns ErrLost: the caller gives h's grant back.
+func (r *scopes) join(h *held, owner string, reentered bool) error {
+	k := scopeKey{owner, h.name}
+	r.mu.Lock()
+	sc := r.m[k]
+	if sc == nil {
+		if r.m == nil {
+			r.m = map[scopeKey]*scope{}
+		}
+		sc = &scope{reg: r, key: k, fence: h.fence, locks: map[*held]struct{}{}}
+		r.m[k] = sc
+	} else if sc.err != nil || !reentered || sc.fence != h.fence {
+		r.mu.Unlock()
+		r.lose(sc, ErrLost)
+		return ErrLost
+	}
+	sc.locks[h] = struct{}{}
+	h.sc = sc
+	r.mu.Unlock()
+	return nil
+}
+
+// current reports whether sc still has Locks not yet Unlocked.
+func (r *scopes) current(sc *scope) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[sc.key] == sc
+}
+
+// lose marks sc lost and every Lock of it: their holding is gone.
+func (r *scopes) lose(sc *scope, err error) {
+	r.mu.Lock()
+	if sc.err == nil {
+		sc.err = err
+	}
+	hs := make([]*held, 0, len(sc.locks))
+	for h := range sc.locks {
+		hs = append(hs, h)
+	}
+	r.mu.Unlock()
+	for _, h := range hs {
+		h.lose(err)
+	}
+}
+
+// lost records that h, a Lock of sc, lost the lock.
+func (sc *scope) lost(err error) {
+	sc.reg.mu.Lock()
+	if sc.err == nil {
+		sc.err = err
+	}
+	sc.reg.mu.Unlock()
+}
+
+// leave takes h, being Unlocked, out of its scope; the scope ends with its
+// last Lock.
+func (sc *scope) leave(h *held) {
+	r := sc.reg
+	r.mu.Lock()
+	delete(sc.locks, h)
+	if len(sc.locks) == 0 && r.m[sc.key] == sc {
+		delete(r.m, sc.key)
+	}
+	r.mu.Unlock()
+}
