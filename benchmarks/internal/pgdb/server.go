@@ -29,9 +29,6 @@ const Query = "SELECT count(*), coalesce(sum(stars), 0), coalesce(max(size), 0) 
 // database is the benchmark's database on the private server.
 const database = "cgbench"
 
-// ErrNoServer reports that PostgreSQL's server binaries are not installed.
-var ErrNoServer = pgserver.ErrNoBinary
-
 // Options size the database.
 type Options struct {
 	// Rows is the size of the table; the loader's query scans all of them.
