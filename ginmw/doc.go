@@ -117,4 +117,33 @@
 //     reloaded in the foreground once its stale window ends, and a FailFast
 //     miss is served directly. (A refresh that asks while the request that
 //     started it is still in Cache is run by that request.)
+//
+// # Graceful shutdown
+//
+// Stop a process in this order (tested in TestServerShutdownCompletesInFlight
+// and TestServerCloseReleasesLocks):
+//
+//	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//	defer cancel()
+//	if err := srv.Shutdown(ctx); err != nil { // stop accepting; requests in flight finish
+//		srv.Close() // grace over: cancel the requests still running
+//	}
+//	g.Shutdown(ctx) // loads still running finish, or hand their fill over to another process
+//	l.Shutdown(ctx) // or l.Close(): what is still held is released
+//
+// http.Server.Shutdown waits for the requests in flight without cancelling
+// them: a locked request finishes, then Lock releases its lock (the next
+// holder elsewhere is granted at once) and InvalidateAfter's invalidation
+// runs before the request ends, so no committed write's invalidation is left
+// behind; a request that runs the handler for Cache stores its response, and
+// the requests of other processes that waited for it get it. When the grace
+// ends first, http.Server.Close cancels the requests' contexts: a request
+// still waiting for a lock or a cached response gives up (499), a handler
+// holding a lock sees its context end — Lock then releases the lock under a
+// context the cancellation does not reach, so nothing stays locked until its
+// lease runs out. A handler that loads for Cache runs under the load's
+// context, not the client's: Guard.Shutdown lets it finish within its context
+// and otherwise cancels it and hands the fill over (the other processes' waiters
+// take it over with no error). A process killed outright leaves its locks
+// and fill leases to expire with their leases.
 package ginmw
