@@ -129,7 +129,7 @@
 //		srv.Close() // grace over: cancel the requests still running
 //	}
 //	g.Shutdown(ctx) // loads still running finish, or hand their fill over to another process
-//	l.Shutdown(ctx) // or l.Close(): what is still held is released
+//	l.Close()       // the lock client last: its locks were released by the requests
 //
 // http.Server.Shutdown waits for the requests in flight without cancelling
 // them: a locked request finishes, then Lock releases its lock (the next
