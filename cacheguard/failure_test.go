@@ -221,10 +221,23 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	}
 }
 
+// TestRedisDownFailsOpenThenRecovers runs with both kinds of client: one
+// whose socket calls follow the context's deadline (the read runs on the
+// caller's goroutine) and one whose calls do not (the read is handed over).
 func TestRedisDownFailsOpenThenRecovers(t *testing.T) {
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", ctxTimeouts), func(t *testing.T) { redisDownFailsOpen(t, ctxTimeouts) })
+	}
+}
+
+func redisDownFailsOpen(t *testing.T, ctxTimeouts bool) {
 	ctx := context.Background()
 	s := redistest.Start(t)
-	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
+	rdb := s.Client(func(o *redis.Options) {
+		o.MaxRetries = -1
+		o.DialTimeout = 200 * time.Millisecond
+		o.ContextTimeoutEnabled = ctxTimeouts
+	})
 	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
 	defer g.Close()
 	key := testKey(t)

@@ -36,13 +36,14 @@ func (g *Guard) readStored(ctx context.Context, genKey, valueKey string, deadlin
 	case led:
 		rctx, cancel := context.WithDeadline(ctx, deadline)
 		s := g.mget(rctx, genKey, valueKey)
+		budgetEnded := errors.Is(rctx.Err(), context.DeadlineExceeded)
 		cancel()
 		g.reads.end(valueKey, w, s)
 		switch {
 		case s.err == nil:
 		case ctx.Err() != nil:
 			return stored{}, ctx.Err()
-		case rctx.Err() != nil:
+		case budgetEnded:
 			return stored{}, errBudget
 		}
 		return s, nil
