@@ -179,7 +179,7 @@ func TestReliabilityCacheRedisKilledMidStampede(t *testing.T) {
 			t.Fatal("the cache never served a hit after the restart")
 		}
 	}
-	fig.Note = fmt.Sprintf("loads: %d for the 40-call stampede hit by the kill, %d for 20 calls while down (coalesced per guard), %d until the first hit after the restart",
+	fig.Note = fmt.Sprintf("loads: %d for the 40-call stampede hit by the kill, %d for 20 calls while down (per guard: the first caller's, and one shared by the calls that arrived meanwhile), %d until the first hit after the restart",
 		during, down, loads.Load()-during-down)
 	fig.Report(t)
 }
