@@ -8,8 +8,8 @@
 // panics or the client goes away:
 //
 //	l := locks.New(rdb)
-//	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), updateSettings)
-//	r.DELETE("/repos/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), deleteRepo)
+//	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))), updateSettings)
+//	r.DELETE("/repos/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))), deleteRepo)
 //
 // Both routes lock "repos:<id>", so they exclude each other; gormplugin guards
 // the row of table repos with the same name, so a GORM write inside the handler
@@ -75,7 +75,7 @@
 // every process while the others wait for its response:
 //
 //	g := cacheguard.New(rdb)
-//	repo := ginmw.Resource("repos", ginmw.Param("id"))
+//	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
 //	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), getRepo)
 //	r.PUT("/repos/:id/settings", ginmw.Lock(l, repo), ginmw.InvalidateAfter(g, repo), updateSettings)
 //
