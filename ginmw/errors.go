@@ -10,14 +10,16 @@ import (
 
 var (
 	// ErrBadKey means a KeyFunc could not name the request's resource: a missing
-	// parameter, header or query value, an empty or over-long key, or a custom
-	// KeyFunc's error. Lock answers 400.
+	// parameter, header or query value, an empty or over-long key, a value that
+	// Int, UUID or Check refused, or a custom KeyFunc's error. Lock, Cache and
+	// InvalidateAfter answer 400, or 404 when it also matches ErrNotFound.
 	ErrBadKey = errors.New("ginmw: bad key")
 	// ErrLocked means another request held the resource for the whole wait
 	// budget. Lock answers 409 (see ConflictStatus) with Retry-After.
 	ErrLocked = errors.New("ginmw: resource locked")
 	// ErrUnavailable means the lock service failed (Redis down, a network error,
-	// a closed client). Lock answers 503 unless FailOpen is set.
+	// a closed client). Lock answers 503 (FailOpen runs the handler instead when
+	// the Locker reports locks.ErrUnavailable).
 	ErrUnavailable = errors.New("ginmw: lock service unavailable")
 	// ErrLockLost is the cause (context.Cause) of a request context cancelled
 	// because its lock was lost while the handler ran. A request whose lock was
