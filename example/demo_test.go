@@ -91,7 +91,7 @@ func TestDemoEmbedded(t *testing.T) {
 	defer e.Close()
 	cfg := testDemo()
 	var out bytes.Buffer
-	rep, err := runDemo(context.Background(), cfg, func() *redis.Client { return redis.NewClient(&redis.Options{Addr: e.Addr()}) }, &out)
+	rep, err := runDemo(context.Background(), cfg, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: e.Addr()}) }, &out)
 	if err != nil {
 		t.Fatalf("runDemo: %v\n%s", err, out.String())
 	}
@@ -104,7 +104,7 @@ func TestDemoRealRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := testDemo()
 	var out bytes.Buffer
-	rep, err := runDemo(context.Background(), cfg, func() *redis.Client { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) }, &out)
+	rep, err := runDemo(context.Background(), cfg, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) }, &out)
 	if err != nil {
 		t.Fatalf("runDemo: %v\n%s", err, out.String())
 	}
@@ -147,6 +147,12 @@ func TestRunBadUsage(t *testing.T) {
 		{"-redis", "redis://:x@[::1"},
 		{"dance"},
 		{"serve", "extra"},
+		{"serve", "-control", "no-fencing"},
+		{"serve", "-hooks", "-control", "nope"},
+		{"serve", "-lease", "0"},
+		{"serve", "-cache-ttl", "0"},
+		{"serve", "-db", "mysql://x"},
+		{"serve", "-cluster"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), args, noEnv, &stdout, &stderr)
