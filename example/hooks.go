@@ -11,16 +11,25 @@ package main
 //
 //	hook at <step> <tag>
 //
-// on stdout and parks the request there, on a channel, until it is released:
+// on stdout and parks the request there, on a channel (a parked cache load
+// also goes on when its context ends), until it is released:
 // by SIGCONT, which releases every parked request (the suite SIGSTOPs the process on reading the line, waits, and
 // continues it, so the pause lands exactly at the step) or by
 // POST /_hooks/release?tag=<tag> (a hold without a stop, e.g. to measure how
 // fast a waiter is woken). Each request pauses at most once.
 //
+// A request with X-Ignore-Lost: 1 runs its edit's transaction under a
+// context that the loss of its lock does not cancel, so that a paused write
+// meets the database's defences (the plugin's lost-scope check, the fence
+// condition) rather than a cancelled context: which of the two comes first
+// after SIGCONT is otherwise a race between goroutines.
+//
 // -control switches one protection off, so the suite can show that it bites
 // without it (negative controls): no-plugin (gormplugin not registered: no
 // row guard, no fencing, no invalidation), no-fencing (gormplugin.NoFencing)
-// and no-invalidate (no cache invalidation after COMMIT).
+// and no-invalidate (no cache invalidation after COMMIT). Under no-plugin and
+// no-fencing every edit also ignores its lock's loss, as with X-Ignore-Lost,
+// so that the control does not depend on that race either.
 //
 // Edits also report their critical section in a response header,
 // X-Edit-Span: <enter>,<exit>,<lost> in Unix nanoseconds (lost is 0 when the
@@ -71,9 +80,10 @@ var controls = []string{controlNoPlugin, controlNoFencing, controlNoInvalidate}
 func validControl(name string) bool { return slices.Contains(controls, name) }
 
 const (
-	headerPauseAt  = "X-Pause-At"
-	headerHookTag  = "X-Hook-Tag"
-	headerEditSpan = "X-Edit-Span"
+	headerPauseAt    = "X-Pause-At"
+	headerHookTag    = "X-Hook-Tag"
+	headerIgnoreLost = "X-Ignore-Lost"
+	headerEditSpan   = "X-Edit-Span"
 )
 
 // hooks are the test-only pause points and controls of one process.
@@ -152,7 +162,10 @@ type pausePoint struct {
 	once      sync.Once
 }
 
-type pauseKey struct{}
+type (
+	pauseKey      struct{}
+	ignoreLostKey struct{}
+)
 
 // routes adds the hooks' middleware (before every other, so the request's
 // context carries its pause point through ginmw.Lock, cacheguard and GORM)
@@ -162,10 +175,14 @@ func (h *hooks) routes(r *gin.Engine) {
 		return
 	}
 	r.Use(func(c *gin.Context) {
+		ctx := c.Request.Context()
 		if step := c.GetHeader(headerPauseAt); step != "" {
-			p := &pausePoint{step: step, tag: c.GetHeader(headerHookTag)}
-			c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), pauseKey{}, p))
+			ctx = context.WithValue(ctx, pauseKey{}, &pausePoint{step: step, tag: c.GetHeader(headerHookTag)})
 		}
+		if c.GetHeader(headerIgnoreLost) == "1" {
+			ctx = context.WithValue(ctx, ignoreLostKey{}, true)
+		}
+		c.Request = c.Request.WithContext(ctx)
 		c.Next()
 	})
 	r.POST("/_hooks/release", func(c *gin.Context) {
@@ -176,8 +193,17 @@ func (h *hooks) routes(r *gin.Engine) {
 }
 
 // at parks the request of ctx if it asked to pause at step (once), after
-// telling the suite on stdout.
-func (h *hooks) at(ctx context.Context, step string) {
+// telling the suite on stdout, until it is released: a pause in the middle
+// of a write ignores the request's cancellation, as a real pause would.
+func (h *hooks) at(ctx context.Context, step string) { h.park(ctx, step, nil) }
+
+// inLoad is the step inside a cache load, after the database read and before
+// the value is stored: the request of req is parked there until it is
+// released or the load's context ends (a load timeout, or the cache guard
+// closing).
+func (h *hooks) inLoad(req, load context.Context) { h.park(req, stepCacheLoad, load.Done()) }
+
+func (h *hooks) park(ctx context.Context, step string, abort <-chan struct{}) {
 	if h == nil {
 		return
 	}
@@ -197,7 +223,11 @@ func (h *hooks) at(ctx context.Context, step string) {
 		h.parked[p] = ch
 		fmt.Fprintf(h.out, "hook at %s %s\n", step, p.tag)
 		h.mu.Unlock()
-		<-ch
+		select {
+		case <-ch:
+		case <-abort:
+			h.release(func(q *pausePoint) bool { return q == p })
+		}
 	})
 }
 
@@ -243,6 +273,19 @@ func (h *hooks) pluginOptions(invalidate gormplugin.Option) []gormplugin.Option 
 		return nil
 	}
 	return []gormplugin.Option{invalidate}
+}
+
+// txContext returns the context an edit's transaction runs under: ctx, or,
+// when the request or the control asks to ignore lock loss, ctx without its
+// cancellation (its values — the lock owner, the fence — are kept).
+func (h *hooks) txContext(ctx context.Context) context.Context {
+	if h == nil {
+		return ctx
+	}
+	if ignore, _ := ctx.Value(ignoreLostKey{}).(bool); ignore || h.control == controlNoPlugin || h.control == controlNoFencing {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
 }
 
 // unguardedTransaction is a plain GORM transaction, for the no-plugin control.

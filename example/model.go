@@ -48,7 +48,12 @@ var seedRepos = []Repo{
 // dialector picks the driver for dsn: a postgres:// (or postgresql://) URL
 // is PostgreSQL, anything else a SQLite file, opened in WAL mode (readers
 // never wait for the writer) with a busy timeout (writers wait for each
-// other, as they do on a server database).
+// other, as they do on a server database). SQLite transactions begin
+// IMMEDIATE, taking the write lock up front: a deferred transaction that
+// reads and then writes fails at once with "database is locked" when
+// another connection committed in between (its snapshot is stale, and
+// waiting cannot help), so two edits of different repositories would
+// conflict.
 func dialector(dsn string) (gorm.Dialector, error) {
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
@@ -58,7 +63,7 @@ func dialector(dsn string) (gorm.Dialector, error) {
 	case dsn == "":
 		return nil, fmt.Errorf("-db: empty")
 	default:
-		return sqlite.Open("file:" + dsn + "?_journal_mode=WAL&_busy_timeout=5000"), nil
+		return sqlite.Open("file:" + dsn + "?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate"), nil
 	}
 }
 

@@ -56,8 +56,11 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 		return err
 	}
 	defer func() {
-		cfg.Hooks.close() // parked requests go on, so that the shutdown need not wait for them
+		// Requests parked by the test-only hooks stay parked through the
+		// shutdown, as slow requests would be: it waits for them (up to its
+		// grace), then closes the service, which ends parked cache loads.
 		err = errors.Join(err, closeAll([]*instance{in}))
+		cfg.Hooks.close()
 		if r.embedded == nil && !shared { // leave a shared Redis as it was found
 			rdb := r.client()
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

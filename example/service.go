@@ -187,12 +187,12 @@ func (s *service) listRepos(c *gin.Context) {
 	if m := s.cfg.Meter; m != nil {
 		m.loads.Add(1)
 	}
-	s.cfg.Hooks.at(ctx, stepCacheLoad)
 	var repos []Repo
 	if err := s.db.WithContext(ctx).Order("id").Find(&repos).Error; err != nil {
 		c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
 		return
 	}
+	s.cfg.Hooks.inLoad(ctx, ctx)
 	c.JSON(http.StatusOK, repos)
 }
 
@@ -208,8 +208,9 @@ func (s *service) getRepo(c *gin.Context) {
 			if m := s.cfg.Meter; m != nil {
 				m.loads.Add(1)
 			}
-			s.cfg.Hooks.at(reqCtx, stepCacheLoad)
-			return s.loadRepo(ctx, id)
+			repo, err := s.loadRepo(ctx, id)
+			s.cfg.Hooks.inLoad(reqCtx, ctx)
+			return repo, err
 		},
 		cacheguard.TTL(s.cfg.CacheTTL), cacheguard.ReportTo(&res))
 	if res != 0 {
@@ -298,7 +299,7 @@ func (s *service) updateSettings(c *gin.Context) {
 		defer m.leaveEdit()
 	}
 	var repo Repo
-	err := s.transaction(ctx, s.db, func(tx *gorm.DB) error {
+	err := s.transaction(s.cfg.Hooks.txContext(ctx), s.db, func(tx *gorm.DB) error {
 		if err := tx.First(&repo, id).Error; err != nil {
 			return err
 		}
