@@ -54,9 +54,9 @@ func clock(t time.Time) string { return t.Format("15:04:05.000") }
 
 // editRequest describes an edit to send.
 type editRequest struct {
-	proc    int
-	repo    uint
-	path    string // default /repos/<repo>/settings
+	proc       int
+	repo       uint
+	path       string // default /repos/<repo>/settings
 	pauseAt    string // X-Pause-At
 	tag        string // X-Hook-Tag
 	ignoreLost bool   // X-Ignore-Lost: the transaction does not watch the lock's loss

@@ -9,10 +9,10 @@ type Recorder struct {
 	cur       string
 	edits     []EditOp
 	reads     []ReadOp
-	acked     map[uint]int     // repo -> newest version acknowledged (200) so far
-	seen      map[seenKey]int  // newest version a process returned on a route
-	stale     []ReadOp         // reads older than a version acknowledged before they started
-	backwards []ReadOp         // reads older than one their process had returned before they started
+	acked     map[uint]int    // repo -> newest version acknowledged (200) so far
+	seen      map[seenKey]int // newest version a process returned on a route
+	stale     []ReadOp        // reads older than a version acknowledged before they started
+	backwards []ReadOp        // reads older than one their process had returned before they started
 }
 
 type seenKey struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/faultproxy"
@@ -283,14 +282,4 @@ func (f *Fleet) WakeFill(ctx context.Context, p, q int, repo uint, holdFor time.
 		return 0, fmt.Errorf("wake probe: %s; %s", a, b)
 	}
 	return b.End.Sub(released), nil
-}
-
-// median returns the median of ds (0 for none).
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

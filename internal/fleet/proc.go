@@ -23,16 +23,16 @@ type Proc struct {
 	bin  string
 	args []string
 
-	mu      sync.Mutex            // guards the fields below
-	cmd     *exec.Cmd             // nil once reaped
-	url     string                // http://host:port of the running process
-	exited  chan struct{}         // closed when cmd has been reaped
+	mu      sync.Mutex             // guards the fields below
+	cmd     *exec.Cmd              // nil once reaped
+	url     string                 // http://host:port of the running process
+	exited  chan struct{}          // closed when cmd has been reaped
 	expect  map[string]chan string // hook tag -> the step line, for hooks the driver waits for
-	stops   []interval            // when the process was stopped (SIGSTOP to SIGCONT), wall clock
-	stopped time.Time             // when the current stop began, zero if running
-	downs   []interval            // from each kill or SIGTERM to the next start (to: 0 while down)
-	stderr  tail                  // the last lines of stderr, of every run
-	panics  int                   // lines of stderr that report a panic or a data race
+	stops   []interval             // when the process was stopped (SIGSTOP to SIGCONT), wall clock
+	stopped time.Time              // when the current stop began, zero if running
+	downs   []interval             // from each kill or SIGTERM to the next start (to: 0 while down)
+	stderr  tail                   // the last lines of stderr, of every run
+	panics  int                    // lines of stderr that report a panic or a data race
 	// panicsSeen is how many of panics a check has reported already.
 	panicsSeen int
 	runs       int // processes started in this slot
