@@ -200,16 +200,23 @@ func (h *hooks) at(ctx context.Context, step string) { h.park(ctx, step, nil) }
 // inLoad is the step inside a cache load, after the database read and before
 // the value is stored: the request of req is parked there until it is
 // released or the load's context ends (a load timeout, or the cache guard
-// closing).
-func (h *hooks) inLoad(req, load context.Context) { h.park(req, stepCacheLoad, load.Done()) }
+// closing), which it returns as a slow query would.
+func (h *hooks) inLoad(req, load context.Context) error {
+	if h.park(req, stepCacheLoad, load.Done()) {
+		return context.Cause(load)
+	}
+	return nil
+}
 
-func (h *hooks) park(ctx context.Context, step string, abort <-chan struct{}) {
+// park parks the request of ctx at step if it asked for it, and reports
+// whether abort ended the pause.
+func (h *hooks) park(ctx context.Context, step string, abort <-chan struct{}) (aborted bool) {
 	if h == nil {
-		return
+		return false
 	}
 	p, _ := ctx.Value(pauseKey{}).(*pausePoint)
 	if p == nil || p.step != step {
-		return
+		return false
 	}
 	p.once.Do(func() {
 		ch := make(chan struct{})
@@ -226,9 +233,11 @@ func (h *hooks) park(ctx context.Context, step string, abort <-chan struct{}) {
 		select {
 		case <-ch:
 		case <-abort:
+			aborted = true
 			h.release(func(q *pausePoint) bool { return q == p })
 		}
 	})
+	return aborted
 }
 
 // registerGORM places the write steps among GORM's and gormplugin's

@@ -192,7 +192,10 @@ func (s *service) listRepos(c *gin.Context) {
 		c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
 		return
 	}
-	s.cfg.Hooks.inLoad(ctx, ctx)
+	if err := s.cfg.Hooks.inLoad(ctx, ctx); err != nil { // test-only pause point
+		c.AbortWithStatusJSON(http.StatusServiceUnavailable, gin.H{"error": err.Error()})
+		return
+	}
 	c.JSON(http.StatusOK, repos)
 }
 
@@ -209,7 +212,9 @@ func (s *service) getRepo(c *gin.Context) {
 				m.loads.Add(1)
 			}
 			repo, err := s.loadRepo(ctx, id)
-			s.cfg.Hooks.inLoad(reqCtx, ctx)
+			if err == nil {
+				err = s.cfg.Hooks.inLoad(reqCtx, ctx) // test-only pause point
+			}
 			return repo, err
 		},
 		cacheguard.TTL(s.cfg.CacheTTL), cacheguard.ReportTo(&res))

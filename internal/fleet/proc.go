@@ -76,9 +76,6 @@ func (p *Proc) start(within time.Duration) error {
 	p.mu.Lock()
 	p.cmd, p.exited, p.url = cmd, exited, ""
 	p.runs++
-	if n := len(p.downs); n > 0 && p.downs[n-1].to == 0 {
-		p.downs[n-1].to = time.Now().UnixNano()
-	}
 	p.mu.Unlock()
 
 	timer := time.NewTimer(within)
@@ -87,6 +84,9 @@ func (p *Proc) start(within time.Duration) error {
 	case u := <-serving:
 		p.mu.Lock()
 		p.url = u
+		if n := len(p.downs); n > 0 && p.downs[n-1].to == 0 {
+			p.downs[n-1].to = time.Now().UnixNano() // down until it serves again
+		}
 		p.mu.Unlock()
 		return nil
 	case <-exited:
