@@ -26,7 +26,7 @@ const (
 	InvKilledEdit   = "edits of a SIGKILLed holder applied"
 	InvEdge5xx      = "5xx or no answer at the HTTP edge"
 	InvKeysLeft     = "Redis keys left by bad requests"
-	InvSlowWake     = "wake-ups slower than before the fault (faster of 2 probes)"
+	InvSlowWake     = "wake-ups slower than before the fault (fastest of 3 probes)"
 	InvRestartError = "requests failed by another process's shutdown"
 )
 

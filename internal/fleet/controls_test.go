@@ -5,14 +5,13 @@ import (
 	"time"
 )
 
-// TestFleetControls are the negative controls: with a protection switched
+// testControls are the negative controls: with a protection switched
 // off (the service's test-only -control), the scenario it protects against
 // must show violations, or the suite could not see them either. The write
 // controls run on PostgreSQL: on SQLite the paused holder's transaction
 // holds the database-wide write lock (BEGIN IMMEDIATE), so the next holder
 // cannot read before it commits and no update is lost even unguarded.
-func TestFleetControls(t *testing.T) {
-	t.Parallel()
+func testControls(t *testing.T) {
 	t.Run("no-plugin", func(t *testing.T) {
 		// Without gormplugin, only ginmw.Lock orders the edits: a holder
 		// paused past its lease after its read writes over the next

@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// TestFleetEdge sends bad ids and bodies at the HTTP edge, and cold-key
+// testEdge sends bad ids and bodies at the HTTP edge, and cold-key
 // stampedes at both cached routes.
-func TestFleetEdge(t *testing.T) {
+func testEdge(t *testing.T) {
 	f := Start(t, Config{CacheTTL: 3 * time.Second})
 	ctx := t.Context()
 

@@ -26,9 +26,6 @@ func pauseIssues(step string) Issues {
 	return is
 }
 
-func TestFleetPausesSQLite(t *testing.T)   { t.Parallel(); testPauses(t, "sqlite") }
-func TestFleetPausesPostgres(t *testing.T) { t.Parallel(); testPauses(t, "postgres") }
-
 // testPauses runs the write path against a holder SIGSTOPped at each named
 // step (as it is, and ignoring its lock's loss so that the database's
 // defences decide), inside cache loads, and SIGKILLed mid-edit.

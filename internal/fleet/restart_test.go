@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// TestFleetRollingRestart restarts the processes one at a time under load,
+// testRollingRestart restarts the processes one at a time under load,
 // as a deployment does: SIGTERM (a graceful shutdown), then SIGKILL as the
 // control. Another process's shutdown must never fail a request.
-func TestFleetRollingRestart(t *testing.T) {
+func testRollingRestart(t *testing.T) {
 	f := Start(t, Config{CacheTTL: 2 * time.Second})
 	ctx := t.Context()
 
