@@ -266,6 +266,13 @@ func TestServe(t *testing.T) {
 	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Settings.DefaultBranch != "trunk" {
 		t.Errorf("PUT: %d %s, want 200, version 1, a fence, branch trunk", code, b)
 	}
+	code, _, b = do("PATCH", "/repos/2", `{"edit":"r1","name":"acme/web2"}`)
+	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Name != "acme/web2" {
+		t.Errorf("PATCH: %d %s, want 200, version 1, a fence, the new name", code, b)
+	}
+	if code, _, b := do("PATCH", "/repos/2", `{"edit":"r2"}`); code != 400 {
+		t.Errorf("PATCH without a name: %d %s, want 400", code, b)
+	}
 	if code, h, b := do("GET", "/repos/1", ""); code != 200 || h.Get("X-Cache") != "MISS" || repo(b).Version != 1 {
 		t.Errorf("GET /repos/1 after the edit: %d X-Cache %q %s, want the edit reloaded", code, h.Get("X-Cache"), b)
 	}

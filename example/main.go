@@ -1,6 +1,7 @@
 // Command example is a small repository-settings service built on cacheguard:
-// reads through cacheguard.Get and ginmw.Cache, settings edits under ginmw.Lock
-// with gormplugin's row guard, fence column and invalidate-after-commit.
+// reads through cacheguard.Get and ginmw.Cache, settings edits and renames
+// under ginmw.Lock with gormplugin's row guard, fence column and
+// invalidate-after-commit.
 //
 // By default it runs a short demonstration against an embedded Redis and a
 // SQLite file in a temporary directory, and exits:

@@ -80,11 +80,14 @@ try:
   curl -i -X PUT %s/repos/1/settings \
        -H 'Content-Type: application/json' -d '{"edit":"e1","default_branch":"trunk"}'
                           # ginmw.Lock + gormplugin: version and fence go up
-  curl -i %s/repos/1      # the edit, read back: the commit invalidated the cache
+  curl -i -X PATCH %s/repos/1 \
+       -H 'Content-Type: application/json' -d '{"edit":"e2","name":"acme/api2"}'
+                          # a rename: plain GORM First and Updates under the same lock
+  curl -i %s/repos/1      # the edits, read back: the commits invalidated the cache
   curl -s %s/stats        # this instance's cache counters
 
 Ctrl-C stops.
-`, u, r.desc, prefix, redactDSN(dsn), cfg.QueryCost, u, u, u, u, u)
+`, u, r.desc, prefix, redactDSN(dsn), cfg.QueryCost, u, u, u, u, u, u)
 
 	select {
 	case <-ctx.Done():

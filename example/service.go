@@ -160,8 +160,11 @@ func (s *service) routes() *gin.Engine {
 	// Edits hold the repository's lock, "repos:<id>", for the whole handler;
 	// the GORM transaction inside locks the same row name, so it re-enters
 	// the request's lock, stamps the fence column and invalidates after COMMIT.
-	settings := ginmw.Resource("repos", ginmw.Param("id"))
-	r.PUT("/repos/:id/settings", ginmw.Lock(s.locks, settings, ginmw.Wait(s.cfg.EditWait)), s.updateSettings)
+	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	lock := ginmw.Lock(s.locks, repo, ginmw.Wait(s.cfg.EditWait))
+	r.PUT("/repos/:id/settings", lock, s.updateSettings)
+	// Renames hold the same lock, and write with plain GORM calls.
+	r.PATCH("/repos/:id", lock, s.renameRepo)
 	r.GET("/stats", s.stats)
 	return r
 }
@@ -323,6 +326,51 @@ func (s *service) updateSettings(c *gin.Context) {
 		return tx.Model(&repo).Select("settings", "version").Updates(&repo).Error
 	}, &Repo{ID: id})
 	span.done(c) // test-only: the critical section's span, in a header
+	s.answerEdit(c, repo, err)
+}
+
+// rename is the body of PATCH /repos/:id.
+type rename struct {
+	ID   string `json:"edit" binding:"required,max=64"`
+	Name string `json:"name" binding:"required,max=100"`
+}
+
+// renameRepo runs under ginmw.Lock like updateSettings, but reads and writes
+// the row with plain GORM calls, as most handlers are written: the write
+// re-enters the request's lock (same owner, "repos:<id>") and is fenced with
+// its token, and the read is exact because the request's lock spans it.
+func (s *service) renameRepo(c *gin.Context) {
+	ctx := c.Request.Context()
+	span := s.cfg.Hooks.enterEdit(ctx)
+	defer span.leave()
+	s.cfg.Hooks.at(ctx, stepAfterLock)
+	id, ok := repoID(c)
+	if !ok {
+		return
+	}
+	var r rename
+	if err := c.ShouldBindJSON(&r); err != nil {
+		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return
+	}
+	db := s.db.WithContext(s.cfg.Hooks.txContext(ctx))
+	var repo Repo
+	err := db.First(&repo, id).Error
+	if err == nil {
+		s.cfg.Hooks.at(ctx, stepAfterRead)
+		repo.Name = r.Name
+		repo.Settings.Edits = append(repo.Settings.Edits, r.ID)
+		repo.Version++
+		err = db.Model(&repo).Select("name", "settings", "version").Updates(&repo).Error
+	}
+	span.done(c)
+	s.answerEdit(c, repo, err)
+}
+
+// answerEdit answers an edit with the row as written, or with the status
+// its error calls for.
+func (s *service) answerEdit(c *gin.Context, repo Repo, err error) {
+	ctx := c.Request.Context()
 	switch {
 	case err == nil, errors.Is(err, gormplugin.ErrInvalidate):
 		// ErrInvalidate: committed, but a cached copy may be served until it expires.

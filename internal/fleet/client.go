@@ -60,6 +60,7 @@ type editRequest struct {
 	pauseAt    string // X-Pause-At
 	tag        string // X-Hook-Tag
 	ignoreLost bool   // X-Ignore-Lost: the transaction does not watch the lock's loss
+	rename     bool   // PATCH /repos/<repo> (plain GORM calls, re-entering the request's lock) instead of PUT .../settings (gormplugin.Transaction)
 }
 
 // Edit sends one settings edit of repo to process proc and records it.
@@ -68,11 +69,20 @@ func (f *Fleet) Edit(ctx context.Context, proc int, repo uint) EditOp {
 }
 
 func (f *Fleet) edit(ctx context.Context, r editRequest) EditOp {
-	if r.path == "" {
+	method := "PUT"
+	switch {
+	case r.path != "":
+	case r.rename:
+		method, r.path = "PATCH", fmt.Sprintf("/repos/%d", r.repo)
+	default:
 		r.path = fmt.Sprintf("/repos/%d/settings", r.repo)
 	}
-	op := EditOp{Scenario: f.Rec.scenario(), Proc: r.proc, Repo: r.repo, ID: f.NewID("e"), Path: r.path, PausedAt: r.pauseAt}
-	body, _ := json.Marshal(map[string]string{"edit": op.ID})
+	op := EditOp{Scenario: f.Rec.scenario(), Proc: r.proc, Repo: r.repo, ID: f.NewID("e"), Path: method + " " + r.path, PausedAt: r.pauseAt}
+	fields := map[string]string{"edit": op.ID}
+	if r.rename {
+		fields["name"] = "renamed-" + op.ID
+	}
+	body, _ := json.Marshal(fields)
 	op.Start = time.Now()
 	hdr := http.Header{}
 	if r.pauseAt != "" {
@@ -83,7 +93,7 @@ func (f *Fleet) edit(ctx context.Context, r editRequest) EditOp {
 		hdr.Set("X-Ignore-Lost", "1")
 		op.PausedAt += " (ignoring lock loss)"
 	}
-	resp, err := f.do(ctx, r.proc, "PUT", r.path, body, hdr)
+	resp, err := f.do(ctx, r.proc, method, r.path, body, hdr)
 	if err != nil {
 		op.Err = err
 	} else {

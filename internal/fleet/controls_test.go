@@ -19,7 +19,7 @@ func testControls(t *testing.T) {
 		f := Start(t, Config{Procs: 2, DB: "postgres", Control: "no-plugin"})
 		ctx := t.Context()
 		s := f.Scenario(t, rep, "control: plugin unregistered, holder SIGSTOPped after its read")
-		a, b, err := f.PauseEdit(ctx, StepAfterRead, 0, 1, f.FreshRepo(), f.Cfg.Lease+1500*time.Millisecond, false)
+		a, b, err := f.PauseEdit(ctx, Pause{Step: StepAfterRead, P: 0, Q: 1, Repo: f.FreshRepo(), For: f.Cfg.Lease + 1500*time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -36,7 +36,7 @@ func testControls(t *testing.T) {
 		f := Start(t, Config{Procs: 2, DB: "postgres", Control: "no-fencing"})
 		ctx := t.Context()
 		s := f.Scenario(t, rep, "control: fencing off, holder SIGSTOPped before its UPDATE")
-		a, b, err := f.PauseEdit(ctx, StepBeforeUpdate, 0, 1, f.FreshRepo(), f.Cfg.Lease+1500*time.Millisecond, false)
+		a, b, err := f.PauseEdit(ctx, Pause{Step: StepBeforeUpdate, P: 0, Q: 1, Repo: f.FreshRepo(), For: f.Cfg.Lease + 1500*time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

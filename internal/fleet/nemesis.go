@@ -67,18 +67,30 @@ func hold(ctx context.Context, d time.Duration) {
 	}
 }
 
-// PauseEdit is the central fencing scenario at one step: an edit of repo on
-// process p is parked at step, the whole process is SIGSTOPped for pause
-// (longer than the lease), meanwhile process q edits the same repository;
-// then p is continued. It returns the paused edit and the other one.
-//
-// With ignoreLost the paused edit's transaction does not watch its lock's
-// loss (X-Ignore-Lost), so it meets the plugin's checks and the fence
-// instead of a cancelled context.
-func (f *Fleet) PauseEdit(ctx context.Context, step string, p, q int, repo uint, pause time.Duration, ignoreLost bool) (paused, other EditOp, err error) {
+// Pause describes a paused edit.
+type Pause struct {
+	Step string        // where the edit stops
+	P, Q int           // the paused process, and the one that edits meanwhile
+	Repo uint          // the repository both edit
+	For  time.Duration // how long p stays stopped (longer than the lease)
+	// IgnoreLost: the paused edit's transaction does not watch its lock's
+	// loss (X-Ignore-Lost), so it meets the plugin's checks and the fence
+	// instead of a cancelled context.
+	IgnoreLost bool
+	// Rename: the paused edit is a rename (plain GORM calls under the
+	// request's lock) rather than a settings edit (gormplugin.Transaction).
+	Rename bool
+}
+
+// PauseEdit is the central fencing scenario at one step: an edit of the
+// repository on process P is parked at the step, the whole process is
+// SIGSTOPped (longer than the lease), meanwhile process Q edits the same
+// repository; then P is continued. It returns the paused edit and the other.
+func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, err error) {
+	p, q, repo, step, pause := pz.P, pz.Q, pz.Repo, pz.Step, pz.For
 	var a EditOp
 	pk, err := f.park(ctx, p, step, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: ignoreLost})
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename})
 	})
 	if err != nil {
 		return a, other, err

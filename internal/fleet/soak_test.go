@@ -34,7 +34,8 @@ func soakFaults() []soakFault {
 			}
 			out = append(out, soakFault{name: name, weight: 2, issues: pauseIssues(step), run: func(ctx context.Context, f *Fleet, rng *rand.Rand) error {
 				p, q := twoProcs(rng, f.Procs())
-				_, _, err := f.PauseEdit(ctx, step, p, q, f.soakRepo(rng), f.Cfg.Lease+time.Duration(500+rng.IntN(2000))*time.Millisecond, ignore)
+				_, _, err := f.PauseEdit(ctx, Pause{Step: step, P: p, Q: q, Repo: f.soakRepo(rng),
+					For: f.Cfg.Lease + time.Duration(500+rng.IntN(2000))*time.Millisecond, IgnoreLost: ignore, Rename: rng.IntN(2) == 0})
 				return err
 			}})
 		}
