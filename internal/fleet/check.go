@@ -174,7 +174,11 @@ func (s *Scenario) CheckReads(issues Issues, allowFail bool) {
 		back = append(back, op.String())
 	}
 	reads := s.F.Rec.Reads(s.Name)
+	var slowest time.Duration
 	for _, op := range reads {
+		if op.PausedAt == "" {
+			slowest = max(slowest, op.End.Sub(op.Start))
+		}
 		if (op.Err != nil || op.Status != http.StatusOK) && !s.F.procs[op.Proc].killedDuring(op.Start, op.End) {
 			failed = append(failed, op.String())
 		}
@@ -188,6 +192,7 @@ func (s *Scenario) CheckReads(issues Issues, allowFail bool) {
 		s.Count(InvReadErrors, len(failed), issues[InvReadErrors], failed...)
 	}
 	s.Figure("reads", fmt.Sprint(len(reads)))
+	s.FigureDuration("slowest read (not paused)", slowest)
 }
 
 // CheckProcs counts crashes: panics or data races on stderr, and processes
