@@ -27,8 +27,7 @@
 //     resource. The handler never runs without the lock — FailOpen included.
 //   - Redis unavailable (locks.ErrUnavailable): 503 with Retry-After: 1,
 //     because mutual exclusion fails closed [FailOpen runs the handler
-//     unlocked instead]. A closed Locker, or too few replicas acknowledging
-//     (WithReplicas), is a 503 too, FailOpen or not.
+//     unlocked instead]. A closed Locker is a 503, FailOpen or not.
 //   - A hold of the same resource by this request's owner was lost further up
 //     the chain (locks.ErrLost): 409 with ErrLockLost.
 //   - A bad key (missing parameter, header or query value, a custom KeyFunc's

@@ -115,7 +115,8 @@ func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, 
 		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second, Cause: err})
 	case errors.Is(err, locks.ErrInvalid):
 		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: ErrUnavailable, Resource: name, Cause: err})
-	case errors.Is(err, locks.ErrUnavailable) && cfg.failOpen:
+	case errors.Is(err, locks.ErrUnavailable) && !errors.Is(err, locks.ErrClosed) && cfg.failOpen:
+		// (A closed Locker is the process shutting down, not an outage.)
 		c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err}) //nolint:errcheck // recorded for loggers
 		return false
 	default:
