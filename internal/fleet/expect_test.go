@@ -8,8 +8,5 @@ var expectFail = map[string]string{
 	"13.1":  "locks: a slow shard stalls every shard's renewals",
 	"13.2":  "locks/wake: push wake-ups lost after an outage longer than ~2s",
 	"13.9":  "locks: every lock name leaves a fence counter for 7 days",
-	"14.1":  "cacheguard: stale reads after another process's invalidation",
-	"14.5":  "ginmw: the lock is taken before the id is validated (any string becomes a lock name)",
 	"15.A2": "gormplugin: the next holder builds on a read taken before the previous holder's commit",
-	"22.1":  "cacheguard: Close fails other processes' waiters instead of handing the fill over",
 }
