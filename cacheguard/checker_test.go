@@ -151,7 +151,9 @@ func childChecker(ctx context.Context, rdb *redis.Client, base string) error {
 			return int64(v.ID), err
 		},
 		func(ctx context.Context, key string) error { return g.Invalidate(ctx, key) })
-	fmt.Printf("reads=%d writes=%d stale=%d backwards=%d errors=%d example=%q\n", r.reads, r.writes, r.stale, r.backwards, r.errs, r.example)
+	st := g.Stats()
+	fmt.Printf("reads=%d writes=%d stale=%d backwards=%d errors=%d example=%q failopen=%d redis_errors=%d wait_timeouts=%d\n",
+		r.reads, r.writes, r.stale, r.backwards, r.errs, r.example, st.FailOpenLoads, st.RedisErrors, st.WaitTimeouts)
 	return nil
 }
 
@@ -190,9 +192,17 @@ func TestReadYourWritesChecker(t *testing.T) {
 		t.Logf("child %d: %s", i, out[0])
 		var r checkResult
 		var ex string
-		fmt.Sscanf(out[0], "reads=%d writes=%d stale=%d backwards=%d errors=%d example=%q", &r.reads, &r.writes, &r.stale, &r.backwards, &r.errs, &ex)
-		if r.stale+r.backwards+r.errs > 0 {
+		var failOpen, redisErrs, timeouts int
+		fmt.Sscanf(out[0], "reads=%d writes=%d stale=%d backwards=%d errors=%d example=%q failopen=%d redis_errors=%d wait_timeouts=%d",
+			&r.reads, &r.writes, &r.stale, &r.backwards, &r.errs, &ex, &failOpen, &redisErrs, &timeouts)
+		// Going backwards is claimed only while every value served was
+		// stored (see the package documentation, Consistency): a run where
+		// Redis errors kept loads out of the cache reports it instead.
+		unclaimed := failOpen+redisErrs+timeouts > 0
+		if r.stale+r.errs > 0 || r.backwards > 0 && !unclaimed {
 			t.Errorf("child %d: %d stale reads, %d backwards, %d errors (%s)", i, r.stale, r.backwards, r.errs, ex)
+		} else if r.backwards > 0 {
+			t.Logf("child %d: %d backwards after %d Redis errors (not claimed): %s", i, r.backwards, redisErrs, ex)
 		}
 		reads += r.reads
 		writes += r.writes
