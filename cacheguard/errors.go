@@ -27,7 +27,10 @@ var (
 	// process; the error carries that load's message.
 	ErrRemoteLoad = errors.New("cacheguard: load failed in another process")
 	// ErrClosed is returned by calls on a Guard after Close, and to callers whose
-	// shared load Close stopped.
+	// shared load Close stopped. A loader may return it too (wrapped or not),
+	// when its own process is closing: the fill is then handed over as Close
+	// hands it over — waiters in other processes take it over, they get no
+	// error.
 	ErrClosed = errors.New("cacheguard: guard closed")
 	// ErrDecode marks bytes that are not a valid envelope, or a payload the codec
 	// cannot decode. Get never returns it: such a value is treated as a miss.

@@ -20,9 +20,10 @@ func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id
 // fill runs the loader while renewing the fill lease, then stores the value
 // (or the absence) with the lease's compare-and-set and wakes the waiters, or,
 // when the load failed, releases the lease and tells the waiters why. A load
-// that Close (or Shutdown's deadline) cancelled is handed over: the lease is
-// released with a message that makes a waiter elsewhere take the fill over at
-// once, and this process's callers get ErrClosed — never an error for others.
+// that Close (or Shutdown's deadline) cancelled, or whose loader returned an
+// error matching ErrClosed, is handed over: the lease is released with a
+// message that makes a waiter elsewhere take the fill over at once, and this
+// process's callers get ErrClosed — never an error for others.
 func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T, error) {
 	g := c.g
 	start := time.Now()
@@ -31,7 +32,9 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T,
 	stop()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
-	closing := err != nil && context.Cause(ctx) == ErrClosed
+	// Handed over: Close (or Shutdown's deadline) cancelled the load, or the
+	// loader itself reports that its process is closing (ErrClosed).
+	closing := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
 	// Store or release even when Close cancelled the load: a lease left behind
 	// would keep other processes waiting for its expiry.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)

@@ -177,3 +177,16 @@ func TestShutdownFinishesFill(t *testing.T) {
 		t.Fatalf("loads = %d, want 1", n)
 	}
 }
+
+// A loader that fails with ErrClosed (its process is closing) hands the fill
+// over too: the waiter of the other Guard takes it over with no error.
+func TestLoaderErrClosedHandsFillOver(t *testing.T) {
+	errA, errB := failWhileWaiting(t, fmt.Errorf("db pool: %w", cacheguard.ErrClosed),
+		func(context.Context) (item, error) { return item{ID: 2, Name: "taken over"}, nil })
+	if !errors.Is(errA, cacheguard.ErrClosed) {
+		t.Fatalf("holder: %v, want ErrClosed", errA)
+	}
+	if errB != nil {
+		t.Fatalf("waiter: %v, want its own load's value", errB)
+	}
+}
