@@ -87,7 +87,9 @@
 //     name; Guard.Invalidate of the name (what gormplugin calls after a
 //     commit, or Invalidate and InvalidateAfter here) drops them all at once,
 //     in every process, and a request that begins after it returned never
-//     gets a response loaded before it (see cacheguard, Consistency).
+//     gets a response loaded before it (see cacheguard, Consistency; a
+//     response answered with X-Cache BYPASS was not stored, like cacheguard's
+//     fail-open loads).
 //   - Stored: 2xx responses other than 206, without Set-Cookie, up to MaxBody
 //     (1 MiB). Anything else is answered but not stored. A response that is
 //     flushed, hijacked or larger than MaxBody streams straight to its client.
