@@ -451,7 +451,9 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 			return nil, err
 		}
 	}
-	c.ren.add(h)
+	if !c.ren.add(h) {
+		h.lose(ErrClosed) // closed meanwhile: nothing keeps it alive
+	}
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
 	return &Lock{h: h}, nil
 }
@@ -466,88 +468,85 @@ func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool
 }
 
 // renewBatch extends every lock in hs: one pipeline per master node, the
-// nodes in parallel, each bounded by a third of the shortest lease in it, so a
-// dead or slow node delays only its own locks' renewals, never the others'.
-func (c *Client) renewBatch(ctx context.Context, hs []*held) []error {
-	errs := make([]error, len(hs))
-	groups := map[string][]int{} // node address -> indexes into hs
+// nodes in parallel, each reporting its locks' outcomes as soon as it
+// answered, so a dead or slow node delays only its own locks' renewals, never
+// the others'.
+func (c *Client) renewBatch(ctx context.Context, hs []*held, report func(*held, error)) {
+	groups := map[string][]*held{} // by master address
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		for i, h := range hs {
+		for _, h := range hs {
 			addr := "?"
 			if node, err := cc.MasterForKey(ctx, h.keys[0]); err == nil {
 				addr = node.Options().Addr
 			}
-			groups[addr] = append(groups[addr], i)
+			groups[addr] = append(groups[addr], h)
 		}
 	} else {
-		all := make([]int, len(hs))
-		for i := range all {
-			all[i] = i
-		}
-		groups[""] = all
+		groups[""] = hs
 	}
 	var wg sync.WaitGroup
-	for _, idx := range groups {
-		wg.Go(func() { c.renewGroup(ctx, hs, idx, errs) })
+	for _, g := range groups {
+		wg.Go(func() { c.renewGroup(ctx, g, report) })
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil && err != errNotOwner {
-			c.reload(ctx)
-			break
-		}
-	}
-	return errs
 }
 
-func (c *Client) renewGroup(ctx context.Context, hs []*held, idx []int, errs []error) {
+func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, error)) {
 	shortest := time.Duration(0)
-	for _, i := range idx {
-		hs[i].mu.Lock()
-		if l := hs[i].lease; shortest == 0 || l < shortest {
+	leases := make([]int64, len(hs))
+	for i, h := range hs {
+		h.mu.Lock()
+		if l := h.lease; shortest == 0 || l < shortest {
 			shortest = l
 		}
-		hs[i].mu.Unlock()
+		leases[i] = h.lease.Milliseconds()
+		h.mu.Unlock()
 	}
+	// The bound reaches the socket only with ContextTimeoutEnabled; without
+	// it the renewer's deadlines still end the locks on time.
 	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
 	defer cancel()
 	// EVALSHA first; a node without the script (a promoted replica, a
 	// restarted server) gets EVAL for its commands, which also caches it there.
 	// (SCRIPT LOAD on a cluster goes to every master and fails while one is down.)
-	pending := idx
+	pending := make([]int, len(hs))
+	for i := range pending {
+		pending[i] = i
+	}
+	failed := false
 	for _, eval := range []bool{false, true} {
 		pipe := c.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(pending))
 		for j, i := range pending {
 			h := hs[i]
-			h.mu.Lock()
-			lease := h.lease.Milliseconds()
-			h.mu.Unlock()
 			if eval {
-				cmds[j] = pipe.Eval(ctx, extendLua, h.keys[:1], h.owner, lease)
+				cmds[j] = pipe.Eval(ctx, extendLua, h.keys[:1], h.owner, leases[i])
 			} else {
-				cmds[j] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, lease)
+				cmds[j] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, leases[i])
 			}
 		}
-		pipe.Exec(ctx)
+		_, _ = pipe.Exec(ctx) // each command carries its own error
 		var again []int
 		for j, cmd := range cmds {
 			n, err := cmd.Int64()
 			switch {
-			case err != nil && !eval && strings.HasPrefix(err.Error(), "NOSCRIPT"):
+			case err != nil && !eval && noScript(err):
 				again = append(again, pending[j])
+				continue
 			case err != nil:
-				errs[pending[j]] = err
+				failed = true
 			case n != 1:
-				errs[pending[j]] = errNotOwner
-			default:
-				errs[pending[j]] = nil
+				err = errNotOwner
 			}
+			report(hs[pending[j]], err)
 		}
 		if len(again) == 0 {
-			return
+			break
 		}
 		pending = again
+	}
+	if failed {
+		c.reload(ctx)
 	}
 }
 

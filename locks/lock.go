@@ -2,7 +2,6 @@ package locks
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 )
@@ -140,6 +139,8 @@ type held struct {
 	lease     time.Duration
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
+	renewing  bool  // a renewal is on the wire
+	lastErr   error // the last renewal's error, while none succeeded since
 	refs      int
 	ended     bool  // released or lost
 	err       error // why it was lost
@@ -258,4 +259,3 @@ func (h *held) dropRef(released bool) {
 	}
 }
 
-var errExpired = errors.New("locks: lease expired without renewal")

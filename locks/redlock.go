@@ -283,7 +283,9 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			}
 		}
 		if h != nil {
-			r.ren.add(h)
+			if !r.ren.add(h) {
+				h.lose(ErrClosed) // closed meanwhile: nothing keeps it alive
+			}
 			cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
 			return &Lock{h: h}, nil
 		}

@@ -76,14 +76,18 @@ func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) (boo
 
 // renewBatch renews every lock in hs by its own lease (its validity), for the
 // renewer: nil when renewed, errNotOwner when lost, a *RedlockError otherwise.
-func (r *Redlock) renewBatch(ctx context.Context, hs []*held) []error {
+// The outcomes come together, once a quorum decided each lock or the node
+// timeout passed.
+func (r *Redlock) renewBatch(ctx context.Context, hs []*held, report func(*held, error)) {
 	leases := make([]time.Duration, len(hs))
 	for i, h := range hs {
 		h.mu.Lock()
 		leases[i] = h.lease
 		h.mu.Unlock()
 	}
-	return r.extendAll(ctx, hs, leases)
+	for i, err := range r.extendAll(ctx, hs, leases) {
+		report(hs[i], err)
+	}
 }
 
 // extendAll extends each hs[i] to validity leases[i] on every node at once,
