@@ -258,4 +258,3 @@ func (h *held) dropRef(released bool) {
 		h.cfg.emit(Event{Kind: Released, Name: h.name})
 	}
 }
-
