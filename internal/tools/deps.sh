@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs when it is absent and the machine allows it:
-# redis-server (Debian package) and gcc (cgo: -race and the sqlite driver).
+# redis-server and postgresql (Debian packages; the tests start their own
+# servers) and gcc (cgo: -race and the sqlite driver).
 set -u
 missing=()
 if [ -z "${REDIS_SERVER_BIN:-}" ] && ! command -v redis-server >/dev/null 2>&1; then missing+=(redis-server); fi
+if [ -z "${PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && ! command -v postgres >/dev/null 2>&1; then missing+=(postgresql); fi
 if ! command -v gcc >/dev/null 2>&1; then missing+=(gcc); fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -23,6 +25,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 else
   echo "deps: missing ${missing[*]}: install the Debian packages (sudo apt-get install ${missing[*]})" >&2
 fi
-# A missing redis-server skips the tests that need it, unless CACHEGUARD_REQUIRE_REDIS=1.
+# A missing redis-server or postgresql skips the tests that need it, unless CACHEGUARD_REQUIRE_REDIS=1.
 if [ "${CACHEGUARD_REQUIRE_REDIS:-}" = 1 ]; then exit 1; fi
 exit 0
