@@ -33,11 +33,12 @@ type batcher struct {
 	ctx  context.Context // the senders'; cancelled by close
 	stop context.CancelFunc
 
-	mu     sync.Mutex
-	busy   int        // direct calls and senders on the wire
-	queue  []*pending // calls waiting for a sender
-	closed bool       // Close: no more senders; every call goes direct
-	wg     sync.WaitGroup
+	mu      sync.Mutex    // guards the fields below
+	busy    int           // direct calls and senders on the wire
+	queue   []*pending    // calls waiting for a sender
+	closed  bool          // Close: no more senders; every call goes direct
+	drained chan struct{} // closed when nothing is busy or queued (made by drain)
+	wg      sync.WaitGroup
 }
 
 // States of a pending call.
@@ -119,7 +120,38 @@ func (b *batcher) next() {
 	if len(b.queue) > 0 {
 		b.startSender() // takes the slot just freed
 	}
+	b.idle()
 	b.mu.Unlock()
+}
+
+// idle tells drain when nothing is on the wire or queued (b.mu held).
+func (b *batcher) idle() {
+	if b.busy == 0 && len(b.queue) == 0 && b.drained != nil {
+		close(b.drained)
+		b.drained = nil
+	}
+}
+
+// drain waits until nothing is on the wire or queued (clean-ups included),
+// or ctx ends.
+func (b *batcher) drain(ctx context.Context) {
+	for {
+		b.mu.Lock()
+		if b.busy == 0 && len(b.queue) == 0 {
+			b.mu.Unlock()
+			return
+		}
+		if b.drained == nil {
+			b.drained = make(chan struct{})
+		}
+		drained := b.drained
+		b.mu.Unlock()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // startSender takes a slot and starts a sender for the queue (b.mu held).
@@ -140,6 +172,7 @@ func (b *batcher) send(q []*pending) {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.busy--
+			b.idle()
 			b.mu.Unlock()
 			return
 		}

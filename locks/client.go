@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -61,7 +60,7 @@ type Client struct {
 	b    *batcher
 	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
 
-	closed atomic.Bool
+	life   life   // Close and Shutdown
 	scopes scopes // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
@@ -87,25 +86,43 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		c.pubV = "SPUBLISH"
 	}
 	c.ren = newRenewer(c.renewBatch)
+	c.life.init()
 	return c
 }
 
 // MonotonicFences reports true: a Client's fence tokens strictly increase per name.
 func (c *Client) MonotonicFences() bool { return true }
 
-// Close stops the renewal loop and the shared subscription. Locks still held
-// stop being renewed and count as lost (their Lost channels close); they expire
-// in Redis when their lease ends. Calls of other goroutines still queued for a
-// shared round trip fail; later calls (an Unlock after Close) go to Redis on
-// their own. Close does not close rdb.
+// Close closes the client at once: new calls fail with ErrClosed, waiting
+// Lock calls end with ErrClosed (their places in the locks' queues given
+// back), a grant that arrives meanwhile is given back, and once those calls
+// have returned, the renewal loop and the shared subscription stop. Locks
+// still held stop being renewed and count as lost (their Lost channels close
+// with ErrClosed, reported to the observer); they expire in Redis when their
+// lease ends. Clean-ups still queued for a shared round trip are dropped;
+// later calls (an Unlock after Close) go to Redis on their own. Close does
+// not close rdb, and always returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
-	if c.closed.Swap(true) {
-		return nil
-	}
-	c.ren.close()
-	c.hub.Close()
-	c.b.close()
+	c.life.hurryUp()
+	c.Shutdown(context.Background())
 	return nil
+}
+
+// Shutdown closes the client gracefully, for a rolling restart: as Close, it
+// refuses new calls and ends waiting Lock calls at once with ErrClosed
+// (withdrawn from the locks' queues, so the next holder elsewhere is granted
+// at once); then, until ctx ends, it keeps renewing the locks still held while
+// the application finishes with them (a nested acquisition of a scope still
+// held re-enters, see WithOwner), and sends the releases still queued. It
+// returns nil once every lock was Unlocked; when ctx ends first, the locks
+// still held are dropped as Close drops them and the error (matching
+// ErrStillHeld and ctx's error) names them. Close cuts a Shutdown short.
+func (c *Client) Shutdown(ctx context.Context) error {
+	return c.life.shutdown(ctx, c.ren.waitEmpty, c.b.drain, func() {
+		c.ren.close()
+		c.hub.Close()
+		c.b.close()
+	})
 }
 
 // Held returns how many locks this client is keeping alive.
@@ -141,9 +158,6 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	}
 	if err := validName(name); err != nil {
 		return config{}, err
-	}
-	if c.closed.Load() {
-		return config{}, ErrClosed
 	}
 	if len(opts) == 0 {
 		return c.cfg, nil
@@ -282,9 +296,15 @@ func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg c
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+	c.life.enter()
+	defer c.life.leave()
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
+	closing := c.life.closed.Load()
+	if closing && !reentrant {
+		return nil, ErrClosed
+	}
 	var ov, acq any
 	if reentrant {
 		ov, acq = owner, token()
@@ -311,6 +331,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		var err error
 		if sc, err = c.scopes.find(owner, name); err != nil {
 			return fail(0, err)
+		}
+		if closing && sc == nil {
+			return nil, ErrClosed // only a nested acquisition goes on while closing
 		}
 	}
 	granted := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
@@ -351,18 +374,20 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 
 	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
 	defer cancel()
+	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
+	defer stop()
 	if !cfg.fair {
 		g := c.gate(ks[0])
 		defer c.ungate(ks[0], g)
 		if err := g.enter(wctx); err != nil {
-			return fail(0, waitErr(ctx))
+			return fail(0, c.life.cause(ctx))
 		}
 		defer g.leave()
 	}
 	sub, err := c.hub.Subscribe(wctx, channel(ks[0]))
 	if err != nil {
-		if wctx.Err() != nil {
-			return fail(0, waitErr(ctx))
+		if wctx.Err() != nil || c.life.closed.Load() {
+			return fail(0, c.life.cause(ctx))
 		}
 		return fail(0, err)
 	}
@@ -380,7 +405,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			c.reload(ctx)
 			c.withdraw(ctx, kv, ov, acq, cfg, member)
 			if wctx.Err() != nil {
-				return fail(pttl, waitErr(ctx))
+				return fail(pttl, c.life.cause(ctx))
 			}
 			return fail(pttl, err)
 		}
@@ -413,7 +438,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		case <-timer.C:
 		case <-wctx.Done():
 			c.withdraw(ctx, kv, ov, acq, cfg, member)
-			return fail(pttl, waitErr(ctx))
+			return fail(pttl, c.life.cause(ctx))
 		}
 	}
 }
@@ -424,9 +449,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// waitErr is the cause of a wait that ended: the caller's context error, or nil
-// when only the wait budget ran out.
-func waitErr(ctx context.Context) error { return ctx.Err() }
 
 // withdraw leaves the queue; if the lock was handed to this waiter in the
 // meantime, it is released (and handed on), so giving up never strands it.
@@ -443,16 +465,25 @@ func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg con
 func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, sent, start time.Time, first time.Duration) (*Lock, error) {
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
 	h.keyv, h.ownerv, h.acqv = kv, owner, acq
+	giveBack := func(err error) (*Lock, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		c.releaseRaw(rctx, kv, owner, acq, cfg, "")
+		return nil, err
+	}
+	if c.life.closed.Load() && !(scoped && c.scopes.held(h.owner, name)) {
+		return giveBack(ErrClosed) // closing: only a nested acquisition goes on
+	}
 	if scoped {
 		if err := c.scopes.join(h, h.owner, res.holds > 1); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			c.releaseRaw(rctx, kv, owner, acq, cfg, "")
-			return nil, err
+			return giveBack(err)
 		}
 	}
 	if !c.ren.add(h) {
-		h.lose(ErrClosed) // closed meanwhile: nothing keeps it alive
+		if h.sc != nil {
+			h.sc.leave(h)
+		}
+		return giveBack(ErrClosed)
 	}
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
 	return &Lock{h: h}, nil

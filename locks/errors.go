@@ -26,6 +26,11 @@ var (
 	ErrInvalid = errors.New("locks: invalid argument")
 	// ErrClosed is returned by calls on a Client after Close.
 	ErrClosed = errors.New("locks: client closed")
+	// ErrStillHeld is returned by Shutdown when its context ended while
+	// locks were still held: the error names them; they were then dropped as
+	// Close drops them (Lost closes with ErrClosed; they expire with their
+	// lease in Redis).
+	ErrStillHeld = errors.New("locks: locks still held at shutdown")
 	// ErrConflict is returned by Optimistic when every retry met a conflicting write.
 	ErrConflict = errors.New("locks: optimistic transaction kept conflicting")
 	// ErrBusy marks an acquisition that failed because another owner held the

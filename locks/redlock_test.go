@@ -235,11 +235,13 @@ func TestRedlockTwoOfFiveKilled(t *testing.T) {
 // budget, names the dead nodes, and leaves nothing on the live ones.
 func TestRedlockThreeOfFiveKilled(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second), locks.WithNodeTimeout(50*time.Millisecond))
+	// (A node timeout of 50ms was missed now and then by the live nodes of a
+	// loaded 2-core machine under -race, which then counted as failed.)
+	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second), locks.WithNodeTimeout(150*time.Millisecond))
 	for _, i := range []int{0, 2, 4} {
 		s.servers[i].Kill()
 	}
-	const budget = 600 * time.Millisecond
+	const budget = 1500 * time.Millisecond
 	start := time.Now()
 	_, err := s.r.Lock(ctx, "rl:three-down", locks.WithWait(budget))
 	took := time.Since(start)

@@ -45,11 +45,12 @@ type renewer struct {
 	done   chan struct{} // closed when the loop has returned
 	sends  sync.WaitGroup
 
-	mu      sync.Mutex // guards items, running, closed, next
+	mu      sync.Mutex // guards the fields below
 	items   map[*held]struct{}
 	running bool
 	closed  bool
-	next    time.Time // when the loop plans to wake; zero when idle
+	next    time.Time     // when the loop plans to wake; zero when idle
+	emptied chan struct{} // closed when items becomes empty (made by waitEmpty)
 }
 
 func newRenewer(send func(ctx context.Context, hs []*held, report func(*held, error))) *renewer {
@@ -85,7 +86,39 @@ func (r *renewer) add(h *held) bool {
 func (r *renewer) remove(h *held) {
 	r.mu.Lock()
 	delete(r.items, h)
+	if len(r.items) == 0 && r.emptied != nil {
+		close(r.emptied)
+		r.emptied = nil
+	}
 	r.mu.Unlock()
+}
+
+// waitEmpty waits until no lock is kept alive, or ctx ends; it returns the
+// names of the locks still kept alive.
+func (r *renewer) waitEmpty(ctx context.Context) []string {
+	for {
+		r.mu.Lock()
+		if len(r.items) == 0 {
+			r.mu.Unlock()
+			return nil
+		}
+		if r.emptied == nil {
+			r.emptied = make(chan struct{})
+		}
+		emptied := r.emptied
+		r.mu.Unlock()
+		select {
+		case <-emptied:
+		case <-ctx.Done():
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			names := make([]string, 0, len(r.items))
+			for h := range r.items {
+				names = append(names, h.name)
+			}
+			return names
+		}
+	}
 }
 
 // poke wakes the loop (it coalesces).
