@@ -449,7 +449,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-
 // withdraw leaves the queue; if the lock was handed to this waiter in the
 // meantime, it is released (and handed on), so giving up never strands it.
 func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg config, member string) {
