@@ -236,59 +236,101 @@ func parseAttempt(v []any) (attemptResult, error) {
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
 }
 
-// attemptWait runs the acquire script and WAIT in one pipeline on one
-// connection to the master that owns the lock's slot: WAIT only counts the
-// writes of its own connection, and a keyless WAIT routed to another master of
-// a cluster would succeed without waiting for anything.
+// attemptWait is attempt with WithReplicas: see withWait. When too few
+// replicas acknowledged a grant, the grant is given back.
 func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
+	cmd, acks, werr := c.withWait(ctx, ks[0], acquireS.call(kv, args), cfg)
+	v, err := cmd.Slice()
+	if err != nil {
+		return attemptResult{}, err
+	}
+	res, err := parseAttempt(v)
+	if err != nil || !res.ok {
+		return res, err
+	}
+	if err := c.acked(ctx, kv, owner, args[1], cfg, acks, werr); err != nil {
+		return attemptResult{}, err
+	}
+	return res, nil
+}
+
+// handedWait makes a lock handed to this waiter honour WithReplicas: the
+// hand-off was written by the releaser's connection, and WAIT counts only the
+// writes of its own, so the waiter writes to the lock itself (restoring the
+// full lease) and WAITs for that; replicas apply writes in order, so they
+// then have the hand-off too. When too few acknowledge, the lock is given
+// back (handed on).
+func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg config) error {
+	cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds()}), cfg)
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		c.giveBack(ctx, kv, owner, acq, cfg)
+		return err
+	case n != 1:
+		return ErrNotHeld // lost before it was confirmed
+	}
+	return c.acked(ctx, kv, owner, acq, cfg, acks, werr)
+}
+
+// acked checks a WAIT's reply; with too few acknowledgements the grant is
+// given back: a failover now could grant the lock twice.
+func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg config, acks int, werr error) error {
+	if werr == nil && acks >= cfg.replicas {
+		return nil
+	}
+	c.giveBack(ctx, kv, owner, acq, cfg)
+	if werr != nil {
+		return werr
+	}
+	return &ReplicaError{Want: cfg.replicas, Got: acks}
+}
+
+// withWait sends call (a script's command line) and WAIT in one pipeline on
+// one connection to the master that owns key: WAIT only counts the writes of
+// its own connection, and a keyless WAIT routed to another master of a
+// cluster would succeed without waiting for anything. A node without the
+// script gets the pipeline again with EVAL (as everywhere, see script). It
+// returns the script's reply, and the acknowledgements (or WAIT's error).
+func (c *Client) withWait(ctx context.Context, key string, call []any, cfg config) (*redis.Cmd, int, error) {
 	var node *redis.Client
 	switch r := c.rdb.(type) {
 	case *redis.ClusterClient:
-		n, err := r.MasterForKey(ctx, ks[0])
+		n, err := r.MasterForKey(ctx, key)
 		if err != nil {
-			return attemptResult{}, err
+			cmd := redis.NewCmd(ctx, call...)
+			cmd.SetErr(err)
+			return cmd, 0, err
 		}
 		node = n
 	case *redis.Client:
 		node = r
 	default:
-		return attemptResult{}, invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+		cmd := redis.NewCmd(ctx, call...)
+		err := invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+		cmd.SetErr(err)
+		return cmd, 0, err
 	}
 	for try := 0; ; try++ {
 		pipe := node.Pipeline()
-		ev := pipe.EvalSha(ctx, acquireScript.Hash(), ks, args...)
+		cmd := redis.NewCmd(ctx, call...)
+		_ = pipe.Process(ctx, cmd)
 		wait := pipe.Do(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if err := ev.Err(); err != nil {
-			if try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-				if err := acquireScript.Load(ctx, node).Err(); err != nil {
-					return attemptResult{}, err
-				}
-				continue
-			}
-			return attemptResult{}, err
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+		if try == 0 && noScript(cmd.Err()) && toEval(call) {
+			continue
 		}
-		v, err := ev.Slice()
-		if err != nil {
-			return attemptResult{}, err
-		}
-		res, err := parseAttempt(v)
-		if err != nil || !res.ok {
-			return res, err
-		}
-		acks, werr := wait.Int()
-		if werr == nil && acks >= cfg.replicas {
-			return res, nil
-		}
-		// Too few replicas have the lock: a failover now could grant it twice.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.releaseRaw(rctx, kv, owner, args[1], cfg, "")
-		cancel()
-		if werr != nil {
-			return attemptResult{}, werr
-		}
-		return attemptResult{}, &ReplicaError{Want: cfg.replicas, Got: acks}
+		acks, err := wait.Int()
+		return cmd, acks, err
 	}
+}
+
+// giveBack releases the hold acq of owner, whatever ctx's state (bounded by a
+// second): a grant its caller will not use is handed on at once.
+func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	c.releaseRaw(rctx, kv, owner, acq, cfg, "")
 }
 
 func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
@@ -427,10 +469,17 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			}
 			fence, _ := strconv.ParseUint(f, 10, 64)
 			// A hand-off comes with a short claim lease; the renewer restores
-			// the full lease at its first turn (a fixed lease is set at once).
+			// the full lease at its first turn (a fixed lease, or one that
+			// replicas must acknowledge, is set at once).
 			claim := min(cfg.lease, placeTTL)
-			if !cfg.renew && claim < cfg.lease {
-				if _, err := c.extend(wctx, &held{keys: ks, keyv: kv, owner: owner, ownerv: ov}, cfg.lease); err == nil {
+			switch {
+			case cfg.replicas > 0:
+				if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
+					return fail(0, err)
+				}
+				claim = cfg.lease
+			case !cfg.renew && claim < cfg.lease:
+				if ok, err := c.extendKey(wctx, kv, ov, cfg.lease); ok && err == nil {
 					claim = cfg.lease
 				}
 			}
@@ -465,9 +514,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
 	h.keyv, h.ownerv, h.acqv = kv, owner, acq
 	giveBack := func(err error) (*Lock, error) {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		c.releaseRaw(rctx, kv, owner, acq, cfg, "")
+		c.giveBack(ctx, kv, owner, acq, cfg)
 		return nil, err
 	}
 	if c.life.closed.Load() && !(scoped && c.scopes.held(h.owner, name)) {
@@ -493,7 +540,12 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	n, err := extendS.runVia(ctx, c.b, nil, h.keyv[:1], h.ownerv, lease.Milliseconds()).Int64()
+	return c.extendKey(ctx, h.keyv, h.ownerv, lease)
+}
+
+// extendKey sets the lease of the lock (keys kv) held by owner.
+func (c *Client) extendKey(ctx context.Context, kv []any, owner any, lease time.Duration) (bool, error) {
+	n, err := extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds()).Int64()
 	return n == 1, err
 }
 

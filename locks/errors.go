@@ -39,9 +39,11 @@ var (
 	// Client, a *RedlockError of a Redlock), and it also matches ErrNotObtained.
 	ErrBusy = errors.New("locks: held by another owner")
 	// ErrUnavailable marks an acquisition that failed because the lock service
-	// could not be asked: Redis unreachable or answering errors (for Redlock:
-	// too many nodes failed for a quorum, or the quorum came too late). It also
-	// matches ErrNotObtained and the Redis error.
+	// could not be asked: Redis unreachable or answering errors, too few
+	// replicas acknowledging in time (WithReplicas; a *ReplicaError), the
+	// client closing (ErrClosed), for Redlock too many nodes failed for a
+	// quorum or the quorum came too late. It also matches ErrNotObtained and
+	// the cause. Retrying later can help; the lock was not held by another.
 	ErrUnavailable = errors.New("locks: lock service unavailable")
 )
 
@@ -71,8 +73,8 @@ func (e *NotObtainedError) Error() string {
 }
 
 // Unwrap returns ErrNotObtained and the cause, with ErrBusy when the lock was
-// held by another owner (no cause) and ErrUnavailable when the cause is a Redis
-// failure (not the caller's context, not a *ReplicaError, not ErrLost).
+// held by another owner (no cause) and ErrUnavailable when the cause is a
+// failure of the lock service (not the caller's context, not ErrLost).
 func (e *NotObtainedError) Unwrap() []error {
 	switch {
 	case e.Err == nil:
@@ -84,12 +86,11 @@ func (e *NotObtainedError) Unwrap() []error {
 }
 
 // unavailableCause reports whether err, the cause of a failed acquisition,
-// says that Redis could not be asked (rather than the caller's context ending,
-// too few replicas acknowledging, or the owner's scope being lost).
+// says that the lock service could not grant it (rather than the caller's
+// context ending, bad input, or the owner's scope being lost).
 func unavailableCause(err error) bool {
-	var re *ReplicaError
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
-		!errors.As(err, &re) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotHeld)
+		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotHeld)
 }
 
 // ReplicaError reports that fewer replicas than asked acknowledged the lock's
