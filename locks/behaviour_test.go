@@ -696,3 +696,61 @@ func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
 		t.Fatal("lock left after both holds were given back")
 	}
 }
+
+// The Released event means the last hold was released: not an inner
+// re-entry's Unlock (other holds remain), not an Unlock that failed (the
+// outcome is unknown; the lease ends it), not a lost lock's Unlock.
+func TestReleasedEventOnLastHold(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var released []string
+	s := redistest.Start(t)
+	c := locks.New(s.Client(), locks.WithObserver(func(e locks.Event) {
+		if e.Kind == locks.Released {
+			mu.Lock()
+			released = append(released, e.Name)
+			mu.Unlock()
+		}
+	}))
+	defer c.Close()
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(released)
+	}
+	octx := locks.WithOwner(ctx, "req")
+	outer, err := c.Lock(octx, "ev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := c.Lock(octx, "ev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d Released events after an inner Unlock, want 0", n)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d Released events after the last Unlock, want 1", n)
+	}
+
+	lk, err := c.TryLock(ctx, "ev:failed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := lk.Unlock(tctx); err == nil {
+		t.Fatal("Unlock with the server down succeeded")
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("a failed Unlock emitted Released (%d events, want 1)", n)
+	}
+}
