@@ -523,12 +523,14 @@ func TestBadInputSendsNothing(t *testing.T) {
 	c := locks.New(rdb)
 	defer c.Close()
 	cases := map[string]func() error{
-		"empty name":      func() error { _, err := c.TryLock(ctx, ""); return err },
-		"long name":       func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
-		"zero lease":      func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
-		"negative lease":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
-		"lease too short": func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
-		"negative wait":   func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"empty name":       func() error { _, err := c.TryLock(ctx, ""); return err },
+		"long name":        func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
+		"zero lease":       func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
+		"negative lease":   func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
+		"lease too short":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
+		"negative wait":    func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"open tag prefix":  func() error { _, err := c.TryLock(ctx, "x", locks.WithPrefix("app{:")); return err },
+		"empty tag prefix": func() error { _, err := c.TryLock(ctx, "x", locks.WithPrefix("a{}:")); return err },
 		"replicas no timeout": func() error {
 			_, err := c.TryLock(ctx, "x", locks.WithReplicas(1, 0))
 			return err

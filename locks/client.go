@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -175,14 +176,43 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 }
 
 // keys returns the lock's keys, all under one hash tag so they share a slot:
-// lock, fence counter, waiter queue, waiter deadlines (one allocation).
+// lock, fence counter, waiter queue, waiter deadlines (one allocation). The
+// tag is the name itself (cg:lock:{repo:42}), readable, unless the name
+// contains '}', which would end the tag early (a name starting with '}' would
+// leave it empty, and Redis would hash each whole key): then the tag is a
+// hash of the name and the name follows it (cg:lock:{#1f0c…}a}b), so every
+// name keeps its keys in one slot and distinct names keep distinct keys.
 func keys(prefix, name string) []string {
-	all := prefix + "lock:{" + name + "}" + prefix + "fence:{" + name + "}" + prefix + "q:{" + name + "}" + prefix + "qt:{" + name + "}"
-	n, p := len(name)+2, len(prefix)
-	a := p + 5 + n
-	b := a + p + 6 + n
-	c := b + p + 2 + n
-	return []string{all[:a], all[a:b], all[b:c], all[c:]}
+	tag, rest := tagged(name)
+	kinds := [4]string{"lock:{", "fence:{", "q:{", "qt:{"}
+	n := 0
+	for _, k := range kinds {
+		n += len(prefix) + len(k) + len(tag) + 1 + len(rest)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	var ends [4]int
+	for i, k := range kinds {
+		b.WriteString(prefix)
+		b.WriteString(k)
+		b.WriteString(tag)
+		b.WriteByte('}')
+		b.WriteString(rest)
+		ends[i] = b.Len()
+	}
+	all := b.String()
+	return []string{all[:ends[0]], all[ends[0]:ends[1]], all[ends[1]:ends[2]], all[ends[2]:]}
+}
+
+// tagged returns the hash tag of a lock name and what follows the tag in its
+// keys (see keys).
+func tagged(name string) (tag, rest string) {
+	if strings.IndexByte(name, '}') < 0 {
+		return name, ""
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return "#" + strconv.FormatUint(h.Sum64(), 16), name
 }
 
 // channel is where a lock's waiters hear of hand-offs: the lock key plus

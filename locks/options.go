@@ -2,6 +2,7 @@ package locks
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -109,6 +110,9 @@ func WithReplicas(n int, timeout time.Duration) Option {
 }
 
 // WithPrefix sets the prefix of every key and channel. The default is "cg:".
+// A prefix with a complete hash tag ("{app}:") puts every lock in that one
+// slot of a cluster; one that opens a tag without closing it ("app{:", or
+// an empty "{}") would split a lock's keys over slots and is refused.
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // WithFenceRetention sets how long a lock's fence counter lives after it was
@@ -150,6 +154,8 @@ func (c *config) validate() error {
 		return invalid("fence retention %v is shorter than the lease %v", c.fenceRetention, c.lease)
 	case c.drift < 0 || c.nodeTimeout < 0:
 		return invalid("negative drift or node timeout")
+	case !prefixTagSafe(c.prefix):
+		return invalid("prefix %q opens a hash tag it does not close", c.prefix)
 	}
 	return nil
 }
@@ -162,4 +168,15 @@ func validName(name string) error {
 		return invalid("lock name of %d bytes exceeds %d", len(name), MaxNameLen)
 	}
 	return nil
+}
+
+// prefixTagSafe reports whether prefix leaves the keys' hash tags whole: no
+// '{', or a '{' closed by a later '}' with something in between.
+func prefixTagSafe(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	if i < 0 {
+		return true
+	}
+	j := strings.IndexByte(prefix[i+1:], '}')
+	return j > 0
 }

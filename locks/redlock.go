@@ -236,8 +236,11 @@ func (r *Redlock) callConfig(name string, opts []Option) (config, error) {
 
 // redlockKey is the lock's key on every node: a hash of the owner and one
 // field per acquisition (see redlock_acquire.lua). It differs from a Client's
-// key so that the two layouts never meet.
-func redlockKey(prefix, name string) string { return prefix + "rlock:{" + name + "}" }
+// key so that the two layouts never meet; its hash tag is a Client's (see keys).
+func redlockKey(prefix, name string) string {
+	tag, rest := tagged(name)
+	return prefix + "rlock:{" + tag + "}" + rest
+}
 
 func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
 	r.life.enter()
