@@ -19,12 +19,18 @@ import (
 )
 
 var (
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed acquire.lua
-	acquireLua string
+	acquireBody string
 	//go:embed release.lua
-	releaseLua string
+	releaseBody string
 	//go:embed extend.lua
 	extendLua string
+
+	// acquire and release issue fence tokens: one definition, prepended.
+	acquireLua = fenceLua + acquireBody
+	releaseLua = fenceLua + releaseBody
 
 	acquireScript = redis.NewScript(acquireLua)
 	releaseScript = redis.NewScript(releaseLua)
