@@ -71,11 +71,11 @@ func (c *config) pack() {
 
 func defaults() config {
 	return config{
-		lease:          DefaultLease,
-		renew:          true,
-		wait:           DefaultWait,
-		prefix:         DefaultPrefix,
-		drift:          2 * time.Millisecond,
+		lease:  DefaultLease,
+		renew:  true,
+		wait:   DefaultWait,
+		prefix: DefaultPrefix,
+		drift:  2 * time.Millisecond,
 	}
 }
 
