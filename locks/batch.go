@@ -89,7 +89,7 @@ func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) 
 		b.busy++
 		b.mu.Unlock()
 		cmd := b.rdb.Do(ctx, args...)
-		if noScript(cmd.Err()) && toEval(args) {
+		if noScript(cmd.Err()) && toEval(args) { // see script
 			cmd = b.rdb.Do(ctx, args...)
 		}
 		b.next()
@@ -187,26 +187,13 @@ func (b *batcher) exec(q []*pending) {
 	// must not cancel the others' calls.
 	ctx, cancel := context.WithTimeout(b.ctx, sendTimeout)
 	defer cancel()
-	pipe := b.rdb.Pipeline()
-	for _, p := range q {
-		p.cmd = redis.NewCmd(ctx, p.args...)
-		_ = pipe.Process(ctx, p.cmd)
+	cmds := make([]*redis.Cmd, len(q))
+	for i, p := range q {
+		cmds[i] = redis.NewCmd(ctx, p.args...)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
-	// A node without a script (new, restarted, promoted) gets EVAL, which
-	// also caches it there.
-	var again redis.Pipeliner
-	for _, p := range q {
-		if noScript(p.cmd.Err()) && toEval(p.args) {
-			if again == nil {
-				again = b.rdb.Pipeline()
-			}
-			p.cmd = redis.NewCmd(ctx, p.args...)
-			_ = again.Process(ctx, p.cmd)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
+	pipeline(ctx, b.rdb, cmds, false)
+	for i, p := range q {
+		p.cmd = cmds[i]
 	}
 	for _, p := range q {
 		if p.state.CompareAndSwap(waiting, answered) {
@@ -237,7 +224,9 @@ func (b *batcher) later(args []any) {
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	b.rdb.Do(ctx, args...)
+	if noScript(b.rdb.Do(ctx, args...).Err()) && toEval(args) {
+		b.rdb.Do(ctx, args...) // best effort: what it releases otherwise expires with its lease
+	}
 }
 
 // close makes every later call go direct, fails what is still queued or on

@@ -31,10 +31,6 @@ var (
 	// acquire and release issue fence tokens: one definition, prepended.
 	acquireLua = fenceLua + acquireBody
 	releaseLua = fenceLua + releaseBody
-
-	acquireScript = redis.NewScript(acquireLua)
-	releaseScript = redis.NewScript(releaseLua)
-	extendScript  = redis.NewScript(extendLua)
 )
 
 // placeTTL is how long a waiter's place in a lock's queue lasts without being
@@ -111,7 +107,7 @@ func (c *Client) MonotonicFences() bool { return true }
 // not close rdb, and always returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
 	c.life.hurryUp()
-	c.Shutdown(context.Background())
+	_ = c.Shutdown(context.Background()) // held locks are reported through Lost and the observer
 	return nil
 }
 
@@ -246,7 +242,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	// taken the lock or a place in its queue: give both back.
 	abandon := func(cmd *redis.Cmd) {
 		if cmd.Err() == nil {
-			c.b.later(releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq}))
+			c.giveBack(context.Background(), kv, owner, acq, cfg, member, true)
 		}
 	}
 	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, packed).Slice()
@@ -301,7 +297,7 @@ func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg c
 	n, err := cmd.Int64()
 	switch {
 	case err != nil:
-		c.giveBack(ctx, kv, owner, acq, cfg)
+		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 		return err
 	case n != 1:
 		return ErrNotHeld // lost before it was confirmed
@@ -315,7 +311,7 @@ func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg config
 	if werr == nil && acks >= cfg.replicas {
 		return nil
 	}
-	c.giveBack(ctx, kv, owner, acq, cfg)
+	c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 	if werr != nil {
 		return werr
 	}
@@ -347,30 +343,33 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 		cmd.SetErr(err)
 		return cmd, 0, err
 	}
-	for try := 0; ; try++ {
-		pipe := node.Pipeline()
-		cmd := redis.NewCmd(ctx, call...)
-		_ = pipe.Process(ctx, cmd)
-		wait := pipe.Do(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		if try == 0 && noScript(cmd.Err()) && toEval(call) {
-			continue
+	cmds := []*redis.Cmd{redis.NewCmd(ctx, call...), redis.NewCmd(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())}
+	pipeline(ctx, node, cmds, true)
+	acks, err := cmds[1].Int()
+	return cmds[0], acks, err
+}
+
+// giveBack gives back what an acquisition attempt of owner (acquisition id
+// acq) may hold in Redis: its hold — granted, handed to it, or re-entered —
+// and its place in the lock's queue (member, or ""). Giving back what is not
+// held changes nothing, so it is safe whenever an attempt's outcome is
+// unknown. It is the one clean-up of every acquisition abandoned, refused
+// (too few replicas, a lost scope, a closing client) or given up while
+// waiting: a grant nobody will use is handed on at once, never left to run
+// out its lease. It waits for Redis (bounded by a second, whatever ctx's
+// state) unless async; when that fails, or with async, the release travels
+// with the batcher's next pipeline.
+func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
+	call := releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq})
+	if !async {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		err := c.b.do(rctx, call, nil).Err()
+		cancel()
+		if err == nil {
+			return
 		}
-		acks, err := wait.Int()
-		return cmd, acks, err
 	}
-}
-
-// giveBack releases the hold acq of owner, whatever ctx's state (bounded by a
-// second): a grant its caller will not use is handed on at once.
-func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	c.releaseRaw(rctx, kv, owner, acq, cfg, "")
-}
-
-func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
-	return releaseS.runVia(ctx, c.b, nil, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
+	c.b.later(call)
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
@@ -431,9 +430,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		if err != nil {
 			c.reload(ctx)
 			if ctx.Err() != nil || isTimeout(err) {
-				// The script may have run although its reply never came:
-				// give back the hold it may have taken (a no-op otherwise).
-				c.b.later(releaseS.call(kv, []any{ov, cfg.argsReleaseV, c.pubV, "", acq}))
+				// The script may have run although its reply never came.
+				c.giveBack(ctx, kv, ov, acq, cfg, "", true)
 			}
 			return fail(0, err)
 		}
@@ -481,7 +479,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 		if err != nil {
 			c.reload(ctx)
-			c.withdraw(ctx, kv, ov, acq, cfg, member)
+			c.giveBack(ctx, kv, ov, acq, cfg, member, false)
 			if wctx.Err() != nil {
 				return fail(pttl, c.life.cause(ctx))
 			}
@@ -496,34 +494,49 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		d := min(pttl+time.Millisecond, placeTTL/2)
 		d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
 		timer.Reset(d)
-	wait:
+		fence, handed, done := await(wctx, sub, timer, acqs)
+		if done {
+			c.giveBack(ctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
+			return fail(pttl, c.life.cause(ctx))
+		}
+		if !handed {
+			continue
+		}
+		// A hand-off comes with a short claim lease; the renewer restores the
+		// full lease at its first turn (a fixed lease, or one that replicas
+		// must acknowledge, is set at once).
+		claim := min(cfg.lease, placeTTL)
+		switch {
+		case cfg.replicas > 0:
+			if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
+				return fail(0, err)
+			}
+			claim = cfg.lease
+		case !cfg.renew && claim < cfg.lease:
+			if ok, err := c.extendKey(wctx, kv, ov, cfg.lease); ok && err == nil {
+				claim = cfg.lease
+			}
+		}
+		return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
+	}
+}
+
+// await sleeps until the lock is handed to the waiter with acquisition id acq
+// (its fence), the timer fires, or wctx ends (done).
+func await(wctx context.Context, sub *wake.Sub, timer *time.Timer, acq string) (fence uint64, handed, done bool) {
+	for {
 		select {
 		case msg := <-sub.C():
 			who, f, ok := strings.Cut(msg, " ")
-			if !ok || who != acqs {
-				goto wait // a hand-off to somebody else
+			if ok && who == acq {
+				fence, _ = strconv.ParseUint(f, 10, 64)
+				return fence, true, false
 			}
-			fence, _ := strconv.ParseUint(f, 10, 64)
-			// A hand-off comes with a short claim lease; the renewer restores
-			// the full lease at its first turn (a fixed lease, or one that
-			// replicas must acknowledge, is set at once).
-			claim := min(cfg.lease, placeTTL)
-			switch {
-			case cfg.replicas > 0:
-				if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
-					return fail(0, err)
-				}
-				claim = cfg.lease
-			case !cfg.renew && claim < cfg.lease:
-				if ok, err := c.extendKey(wctx, kv, ov, cfg.lease); ok && err == nil {
-					claim = cfg.lease
-				}
-			}
-			return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
+			// a hand-off to somebody else: sleep on
 		case <-timer.C:
+			return 0, false, false
 		case <-wctx.Done():
-			c.withdraw(ctx, kv, ov, acq, cfg, member)
-			return fail(pttl, c.life.cause(ctx))
+			return 0, false, true
 		}
 	}
 }
@@ -534,14 +547,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// withdraw leaves the queue; if the lock was handed to this waiter in the
-// meantime, it is released (and handed on), so giving up never strands it.
-func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg config, member string) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	c.releaseRaw(rctx, kv, owner, acq, cfg, member)
-}
-
 // granted makes the Lock of a grant; first is its current lease (see
 // newHeld). A grant to an owner (WithOwner) joins the owner's scope of the
 // name; when that scope's holding turns out to be gone, the grant is given
@@ -550,7 +555,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
 	h.keyv, h.ownerv, h.acqv = kv, owner, acq
 	giveBack := func(err error) (*Lock, error) {
-		c.giveBack(ctx, kv, owner, acq, cfg)
+		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 		return nil, err
 	}
 	if c.life.closed.Load() && !(scoped && c.scopes.held(h.owner, name)) {
@@ -624,44 +629,21 @@ func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, 
 	// it the renewer's deadlines still end the locks on time.
 	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
 	defer cancel()
-	// EVALSHA first; a node without the script (a promoted replica, a
-	// restarted server) gets EVAL for its commands, which also caches it there.
-	// (SCRIPT LOAD on a cluster goes to every master and fails while one is down.)
-	pending := make([]int, len(hs))
-	for i := range pending {
-		pending[i] = i
+	cmds := make([]*redis.Cmd, len(hs))
+	for i, h := range hs {
+		cmds[i] = extendS.cmd(ctx, h.keyv[:1], h.ownerv, leases[i])
 	}
+	pipeline(ctx, c.rdb, cmds, false)
 	failed := false
-	for _, eval := range []bool{false, true} {
-		pipe := c.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(pending))
-		for j, i := range pending {
-			h := hs[i]
-			if eval {
-				cmds[j] = pipe.Eval(ctx, extendLua, h.keys[:1], h.owner, leases[i])
-			} else {
-				cmds[j] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, leases[i])
-			}
+	for i, cmd := range cmds {
+		n, err := cmd.Int64()
+		switch {
+		case err != nil:
+			failed = true
+		case n != 1:
+			err = errNotOwner
 		}
-		_, _ = pipe.Exec(ctx) // each command carries its own error
-		var again []int
-		for j, cmd := range cmds {
-			n, err := cmd.Int64()
-			switch {
-			case err != nil && !eval && noScript(err):
-				again = append(again, pending[j])
-				continue
-			case err != nil:
-				failed = true
-			case n != 1:
-				err = errNotOwner
-			}
-			report(hs[pending[j]], err)
-		}
-		if len(again) == 0 {
-			break
-		}
-		pending = again
+		report(hs[i], err)
 	}
 	if failed {
 		c.reload(ctx)

@@ -92,7 +92,8 @@ func (l *life) shutdown(ctx context.Context, waitHeld func(context.Context) []st
 	}
 	defer close(l.shut)
 	l.stopWaiting()
-	l.calls.Lock() // every acquisition in progress has returned
+	l.calls.Lock() // a barrier: it returns once every acquisition in progress has returned
+	//lint:ignore SA2001 the empty critical section is the barrier
 	l.calls.Unlock()
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -20,9 +20,9 @@ var (
 	//go:embed redlock_extend.lua
 	redlockExtendLua string
 
-	redlockAcquireS     = newScript(redlockAcquireLua)
-	redlockReleaseS     = newScript(redlockReleaseLua)
-	redlockExtendScript = redis.NewScript(redlockExtendLua) // run in pipelines: EVALSHA, then SCRIPT LOAD on NOSCRIPT
+	redlockAcquireS = newScript(redlockAcquireLua)
+	redlockReleaseS = newScript(redlockReleaseLua)
+	redlockExtendS  = newScript(redlockExtendLua)
 )
 
 var _ Locker = (*Redlock)(nil)
@@ -168,7 +168,7 @@ func (r *Redlock) Quorum() int { return r.quorum }
 // returns nil.
 func (r *Redlock) Close() error {
 	r.life.hurryUp()
-	r.Shutdown(context.Background())
+	_ = r.Shutdown(context.Background()) // held locks are reported through Lost and the observer
 	return nil
 }
 
@@ -293,7 +293,9 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		if h != nil {
 			giveBack := func(err error) (*Lock, error) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				r.release(rctx, h)
+				if _, rerr := r.release(rctx, h); rerr != nil {
+					r.releaseInBackground(h) // once more; at worst the keys expire with the lease
+				}
 				cancel()
 				e = r.opError("lock", name)
 				e.Err = err

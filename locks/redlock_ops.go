@@ -205,36 +205,22 @@ func (r *Redlock) releaseInBackground(h *held) {
 }
 
 // extendPipeline runs the extend script for every lock in hs on one node, in
-// one pipeline, loading the script once if the node does not have it (a
-// restarted server). Per lock: nil when extended, errNotOwner when the
-// acquisition is not held there, the command's error otherwise.
+// one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
+// when extended, errNotOwner when the acquisition is not held there, the
+// command's error otherwise.
 func extendPipeline(ctx context.Context, rdb redis.UniversalClient, hs []*held, pxs []int64) ([]error, error) {
+	cmds := make([]*redis.Cmd, len(hs))
+	for i, h := range hs {
+		cmds[i] = redlockExtendS.cmd(ctx, []any{h.keys[0]}, h.owner, h.keys[1], pxs[i])
+	}
+	pipeline(ctx, rdb, cmds, false)
 	out := make([]error, len(hs))
-	for try := 0; try < 2; try++ {
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(hs))
-		for i, h := range hs {
-			cmds[i] = pipe.EvalSha(ctx, redlockExtendScript.Hash(), h.keys[:1], h.owner, h.keys[1], pxs[i])
-		}
-		pipe.Exec(ctx)
-		noscript := false
-		for i, c := range cmds {
-			n, err := c.Int64()
-			switch {
-			case err != nil:
-				noscript = noscript || redis.HasErrorPrefix(err, "NOSCRIPT")
-				out[i] = err
-			case n != 1:
-				out[i] = errNotOwner
-			default:
-				out[i] = nil
-			}
-		}
-		if !noscript || try > 0 {
-			break
-		}
-		if err := redlockExtendScript.Load(ctx, rdb).Err(); err != nil {
-			break
+	for i, c := range cmds {
+		switch n, err := c.Int64(); {
+		case err != nil:
+			out[i] = err
+		case n != 1:
+			out[i] = errNotOwner
 		}
 	}
 	return out, nil

@@ -222,7 +222,7 @@ func (h *Hub) attach(ctx context.Context, ch *channel) error {
 	}
 	ch.conn, ch.state = c, subscribing
 	h.mu.Unlock()
-	h.sendCtx(ctx, c, "subscribe", ch.name)
+	_ = h.sendCtx(ctx, c, "subscribe", ch.name) // a failed write stays in go-redis's set: subscribed on reconnect
 	return nil
 }
 
@@ -315,7 +315,7 @@ func (h *Hub) unsubscribed(c *conn, ch *channel) {
 	}
 	h.mu.Unlock()
 	if resend {
-		h.send(c, "subscribe", ch.name) // kept for the reconnect even if this write fails
+		_ = h.send(c, "subscribe", ch.name) // kept for the reconnect even if this write fails
 	}
 }
 
@@ -391,7 +391,7 @@ func (h *Hub) Close() {
 	h.mu.Unlock()
 	for _, c := range conns {
 		c.stop()
-		c.ps.Close()
+		_ = c.ps.Close() // closing: nothing to do about an error
 	}
 	h.wg.Wait()
 }
@@ -407,7 +407,7 @@ func (h *Hub) read(ctx context.Context, c *conn) {
 			}
 			var nerr interface{ Timeout() bool }
 			if errors.As(err, &nerr) && nerr.Timeout() {
-				c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
+				_ = c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
 				continue
 			}
 			if h.cluster != nil {
@@ -460,7 +460,7 @@ func (h *Hub) fail(c *conn, backoff time.Duration) {
 	}
 	h.mu.Unlock()
 	c.stop()
-	c.ps.Close()
+	_ = c.ps.Close() // the connection failed already
 	h.reroute(moved, backoff)
 }
 

@@ -234,6 +234,7 @@ func TestFailedAttachLeavesNoChannel(t *testing.T) {
 			if fail.Load() {
 				return nil, errors.New("slot map not loadable (injected)")
 			}
+			//lint:ignore SA1019 the ClusterSlots option takes this form
 			return admin.ClusterSlots(ctx).Result()
 		}
 	})
