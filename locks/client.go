@@ -379,9 +379,6 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
 	closing := c.life.closed.Load()
-	if closing && !reentrant {
-		return nil, ErrClosed
-	}
 	var ov, acq any
 	if reentrant {
 		ov, acq = owner, token()
@@ -397,6 +394,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
 		return nil, e
 	}
+	if closing && !reentrant {
+		return fail(0, ErrClosed)
+	}
 	if err := ctx.Err(); err != nil {
 		return fail(0, err)
 	}
@@ -410,7 +410,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, err)
 		}
 		if closing && sc == nil {
-			return nil, ErrClosed // only a nested acquisition goes on while closing
+			return fail(0, ErrClosed) // only a nested acquisition goes on while closing
 		}
 	}
 	granted := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {

@@ -24,7 +24,11 @@ var (
 	ErrLost = fmt.Errorf("locks: lock scope lost: %w", ErrNotHeld)
 	// ErrInvalid marks a bad argument, reported before anything is sent to Redis.
 	ErrInvalid = errors.New("locks: invalid argument")
-	// ErrClosed is returned by calls on a Client after Close.
+	// ErrClosed is the cause of an acquisition on a Client or Redlock that is
+	// closing or closed (Close, Shutdown): refused, ended while waiting, or
+	// granted too late and given back. Such failures also match
+	// ErrNotObtained and ErrUnavailable (a process shutting down answers like
+	// a lock service that is away: try again, elsewhere).
 	ErrClosed = errors.New("locks: client closed")
 	// ErrStillHeld is returned by Shutdown when its context ended while
 	// locks were still held: the error names them; they were then dropped as

@@ -248,12 +248,15 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	closing := r.life.closed.Load()
-	if closing && owner == "" {
-		return nil, ErrClosed
-	}
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
+	if closing && owner == "" {
+		e := r.opError("lock", name)
+		e.Err = ErrClosed
+		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		return nil, e
+	}
 	if err := ctx.Err(); err != nil {
 		e := r.opError("lock", name)
 		e.Err = err
@@ -284,7 +287,9 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			return fail(e, 0)
 		}
 		if closing && sc == nil {
-			return nil, ErrClosed // only a nested acquisition goes on while closing
+			e := r.opError("lock", name)
+			e.Err = ErrClosed // only a nested acquisition goes on while closing
+			return fail(e, 0)
 		}
 	}
 	var timer *time.Timer
