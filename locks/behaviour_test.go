@@ -756,3 +756,37 @@ func TestReleasedEventOnLastHold(t *testing.T) {
 		t.Fatalf("a failed Unlock emitted Released (%d events, want 1)", n)
 	}
 }
+
+// A lock handed to a waiter with a fixed lease longer than the hand-off's
+// claim gets its full lease at once (nothing would renew the claim).
+func TestHandOffFixedLease(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, s := newClient(t)
+	b := locks.New(s.Client())
+	defer b.Close()
+	held, err := c.TryLock(ctx, "fixed-ho")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *locks.Lock, 1)
+	go func() {
+		lk, err := b.Lock(ctx, "fixed-ho", locks.WithoutRenewal(), locks.WithLease(6*time.Second), locks.WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{fixed-ho}").Val() == 1 })
+	held.Unlock(ctx)
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	defer lk.Unlock(ctx)
+	if pttl := rdb.PTTL(ctx, "cg:lock:{fixed-ho}").Val(); pttl < 4*time.Second {
+		t.Fatalf("handed-off fixed lease: PTTL %v, want about the 6s lease (the claim is 2s)", pttl)
+	}
+	if ttl := lk.TTL(); ttl < 4*time.Second {
+		t.Fatalf("handed-off fixed lease: TTL %v, want about 6s", ttl)
+	}
+}
