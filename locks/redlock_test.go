@@ -309,11 +309,12 @@ func TestRedlockPreheldSubsets(t *testing.T) {
 				t.Errorf("mask %05b: granted %v refused %v", mask, re.Granted, re.Refused)
 			}
 		}
-		for j, o := range s.owners(t, name, free...) {
-			if o != "" {
-				t.Errorf("mask %05b: key left on free node %d", mask, free[j])
-			}
-		}
+		// A free node that answered after the quorum was reached has its late
+		// grant undone by that node's call as it lands, which may be just
+		// after Unlock (or the failed TryLock) returned.
+		eventually(t, 2*time.Second, fmt.Sprintf("mask %05b: free nodes empty", mask), func() bool {
+			return rlCountEmpty(s.owners(t, name, free...)) == len(free)
+		})
 		for j, o := range s.owners(t, name, held...) {
 			if o != "someone-else" {
 				t.Errorf("mask %05b: foreign hold on node %d became %q", mask, held[j], o)
