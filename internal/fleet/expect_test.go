@@ -6,6 +6,5 @@ package fleet
 // table's last line names the items that did not reproduce in a run.
 var expectFail = map[string]string{
 	"13.2":  "wake: after a 2s black hole (fault proxy: bytes dropped, connections kept) push wake-ups fall back to timers (outages are fixed)",
-	"13.9":  "locks: bad ids leave fence counters (now bounded to 10 min; gone once ids are validated before locking, 14.5)",
 	"15.A2": "gormplugin: the next holder builds on a read taken before the previous holder's commit",
 }
