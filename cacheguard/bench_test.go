@@ -3,6 +3,8 @@ package cacheguard_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -27,6 +29,9 @@ func benchGetHit(b *testing.B, opt *redis.Options) {
 	ctx := context.Background()
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
+	cc := &commandCount{}
+	rdb.AddHook(cc)
+	defer func() { b.ReportMetric(float64(cc.n.Load())/float64(b.N), "requests/op") }()
 	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
 	defer g.Close()
 	key := testKey(b)
@@ -90,4 +95,82 @@ func reportCPU(b *testing.B) func() {
 		cpu := time.Duration(end.Utime.Nano() + end.Stime.Nano() - start.Utime.Nano() - start.Stime.Nano())
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
+}
+
+// BenchmarkGetHitKeys is the warm scenario of benchmarks/: 16 goroutines (on
+// GOMAXPROCS 2) reading 1000 warm keys round-robin; compare with
+// BenchmarkRawGetJSONKeys.
+func BenchmarkGetHitKeys(b *testing.B) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	keys := make([]string, 1000)
+	load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
+	for i := range keys {
+		keys[i] = testKey(b, strconv.Itoa(i))
+		if _, err := cacheguard.Get(ctx, g, keys[i], load); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Uint64
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := cacheguard.Get(ctx, g, keys[next.Add(1)%1000], load); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkRawGetJSONKeys(b *testing.B) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	keys := make([]string, 1000)
+	raw, _ := json.Marshal(Repo{ID: 42, Name: "cacheguard"})
+	for i := range keys {
+		keys[i] = testKey(b, strconv.Itoa(i))
+		if err := rdb.Set(ctx, keys[i], raw, time.Hour).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Uint64
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			bs, err := rdb.Get(ctx, keys[next.Add(1)%1000]).Bytes()
+			var r Repo
+			if err == nil {
+				err = json.Unmarshal(bs, &r)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// commandCount is a go-redis hook that counts commands.
+type commandCount struct{ n atomic.Int64 }
+
+func (h *commandCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+func (h *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
 }

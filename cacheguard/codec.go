@@ -4,7 +4,8 @@ import "encoding/json"
 
 // Codec encodes values inside the stored envelope. Implementations must be
 // safe for concurrent use; Unmarshal must return an error, not panic, on bytes
-// it cannot read (a panic is recovered and counted as a decode error anyway).
+// it cannot read (a panic is recovered and counted as a decode error anyway),
+// and must not modify data (it is the reply's memory, not a copy).
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error

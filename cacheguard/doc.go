@@ -4,10 +4,10 @@
 //
 // # How a miss is served
 //
-// A hit is one MGET of the value and its key's generation (see Consistency),
-// shared by the callers of one process that read the same key at the same
-// moment (so a stampede costs one read per process, not one per request; a
-// caller shares only a read sent after it arrived). On a miss those callers
+// A hit is one HGET of the value (see Keys), shared by the callers of one
+// process that read the same key at the same moment (so a stampede costs one
+// read per process, not one per request; a caller shares only a read sent
+// after it arrived). On a miss those callers
 // share one flight per key and type (see Consistency for which flight a call
 // may join). The flight runs one script
 // that returns the value if it is fresh or else grants the fill lease (SET
@@ -36,12 +36,16 @@
 //
 // Every cache key has a generation in Redis: a number created by the key's
 // first fill and moved forward by every Invalidate, never to a value it held
-// before. Each stored value carries the generation its load began under and is
-// served only while that is still the key's generation; a fill stores only if
-// the generation has not moved since its lease was granted; and a call joins
-// only a flight of its process whose value can only have been loaded under
-// the generation the call read or a later one. For a key whose writers
-// invalidate it after they commit, this gives:
+// before. Invalidate deletes the key's values in the script that moves its
+// generation, so a value present in Redis is always of the current generation
+// and a hit reads nothing else; a fill stores only if the generation has not
+// moved since its lease was granted; and a call joins only a flight of its
+// process whose value can only have been loaded under the generation current
+// when the call's read was sent, or a later one (a flight created after that
+// read, or one whose get-or-lease script has seen at least the generation the
+// read fetched: a read sent while a flight of its representation runs fetches
+// the generation with the value, in the same round trip). For a key whose
+// writers invalidate it after they commit, this gives:
 //
 //   - Read-your-writes across the fleet: a Get that begins after an
 //     Invalidate of its key returned — in any process — returns a value whose
@@ -59,19 +63,21 @@
 // without being told of the write); and a value from a load that was not
 // stored (fail-open, TimeoutLoad, a fill whose lease was lost) may be newer
 // than a cached one served after it within that window. A generation lost in
-// Redis (evicted, flushed, a failover that lost the last writes) turns every
-// value of the key into a miss, never into a stale hit; an Invalidate that a
-// failed-over master acknowledged but did not replicate is lost like any
-// other write to it.
+// Redis (evicted, flushed, a failover that lost the last writes) never turns
+// an invalidated value into a hit, since the invalidation deleted it; the
+// values hash and the generation live in one slot and any of them may be
+// evicted alone. An Invalidate that a failed-over master acknowledged but did
+// not replicate is lost like any other write to it.
 //
 // # Keys
 //
 // For a key k, the prefix p (default "cg:") and a representation r — the Go
 // name of the value type (reflect.Type.String, e.g. "main.Repo", hashed when
 // longer than 64 bytes), followed by "|" and the Variant if the call has one:
-// the generation is p+"g:{k}", the envelope p+"v:{k}|r", the fill lease
-// p+"fl:{k}|r" (holding the generation and the holder's token), and the
-// wake-up channel p+"fw:{k}" (published with SPUBLISH on a Redis Cluster).
+// the generation is p+"g:{k}", the envelopes are the fields of the hash
+// p+"v:{k}" (field r), the fill lease is p+"fl:{k}|r" (holding the generation
+// and the holder's token), and the wake-up channel p+"fw:{k}" (published with
+// SPUBLISH on a Redis Cluster).
 // Values of different types or variants therefore never share an entry or a
 // flight, and Invalidate(k) reaches them all. The hash tag keeps every name of
 // k in one slot, so the scripts work on a cluster: a key that contains '}' or
@@ -79,9 +85,10 @@
 // base64url form (which holds no brace), so that no key — not even one that
 // begins with '}' — splits its names over slots, while every other key stays
 // readable. A prefix must not contain braces. What a key leaves in Redis: its
-// envelopes until they expire (TTL plus the stale window), and its generation
-// for as long as any of them, or a lease, or at least a minute after a fill or
-// an invalidation.
+// values hash until the longest-lived envelope in it expires (TTL plus the
+// stale window; a fill drops the envelopes of other representations that are
+// past their stale window), and its generation for as long as the hash, or a
+// lease, or at least a minute after a fill or an invalidation.
 //
 // # The envelope
 //
@@ -107,10 +114,10 @@
 //
 // # Invalidation
 //
-// Invalidate moves the key's generation forward and publishes on its wake-up
-// channel, in one script: every value of the key stops being served at once
-// (its bytes stay until overwritten or expired), a fill that started before
-// the invalidation fails its compare-and-set and writes nothing, and its
+// Invalidate moves the key's generation forward, deletes its values and
+// publishes on its wake-up channel, in one script: every value of the key
+// stops being served at once, a fill that started before the invalidation
+// fails its compare-and-set and writes nothing, and its
 // waiters are woken to take a new lease (the old one is void) and load data
 // that is newer than the invalidation. A fill that lost its lease this way
 // still returns what it loaded to the callers that were waiting for it, as
@@ -123,10 +130,15 @@
 // or context ends (what it returns then is set by OnWaitTimeout). A go-redis
 // client bounds its socket calls by the context's deadline only with
 // ContextTimeoutEnabled; without it a Get hands its read to a goroutine of the
-// Guard's, so that it can stop waiting — a hand-off that costs about as much
-// CPU as the read itself. With ContextTimeoutEnabled set on the client (as we
-// recommend), a Get that finds its key idle reads on its own goroutine,
-// bounded by its deadline (see BenchmarkGetHitContextTimeout). When a Redis call fails (other than
+// Guard's, so that it can stop waiting — a hand-off that costs a few
+// microseconds of latency (two goroutine wake-ups; BenchmarkGetHit). With
+// ContextTimeoutEnabled set on the client (as we recommend), a Get that reads
+// alone does so on its own goroutine, bounded by its deadline, and a hit
+// costs what a plain HGET and decode do (BenchmarkGetHitContextTimeout).
+// (Reading on the caller's goroutine whenever the budget is longer than what
+// the client's own timeouts allow was rejected: with go-redis's defaults that
+// bound — dial retries, pool wait, read and write timeouts, command retries —
+// is minutes, and no wait budget is that long.) When a Redis call fails (other than
 // by the caller's context), Get fails open by default: the loader runs, shared
 // by the callers of the process that arrived before it began (so at most two
 // loads per key run at once in a process: one running, one queued) and

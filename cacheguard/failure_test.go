@@ -47,7 +47,7 @@ func TestCorruptBytesAreAMiss(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			g, rdb := newGuard(t)
 			key := testKey(t)
-			if err := rdb.Set(ctx, valueKey(key), raw, time.Hour).Err(); err != nil {
+			if err := storeRaw(ctx, rdb, key, raw); err != nil {
 				t.Fatal(err)
 			}
 			if err := rdb.Set(ctx, "cg:g:{"+key+"}", corruptGen, time.Hour).Err(); err != nil {
@@ -192,7 +192,7 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	raw, err := rdb.Get(ctx, valueKey(key)).Bytes()
+	raw, err := rdb.HGet(ctx, valueKey(key), itemField).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,7 +146,7 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 func (c *call[T]) refresh(ctx context.Context, gen int64, force, early bool, after int64) {
 	g := c.g
 	ks := g.keys(c.key, c.rep)
-	mark := ks.value + " " + strconv.FormatInt(gen, 10)
+	mark := ks.rep + " " + strconv.FormatInt(gen, 10)
 	if !g.startRefresh(mark) {
 		return
 	}

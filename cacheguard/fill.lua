@@ -5,9 +5,11 @@
 -- naming the token (a waiter trusts only the fill whose lease it saw: a
 -- message from an earlier fill may still be on its way when an invalidation
 -- has come between).
--- KEYS[1] value   KEYS[2] fill lease   KEYS[3] generation
+-- KEYS[1] values (a hash: one envelope per representation)
+-- KEYS[2] fill lease   KEYS[3] generation
 -- ARGV: lease ("<generation> <token>"), envelope, value ttl ms, wake channel,
---       publish command (PUBLISH or SPUBLISH), token, generation
+--       publish command (PUBLISH or SPUBLISH), token, generation, the
+--       representation's field, now (unix ms)
 -- Returns 1 when stored, 0 when the lease was no longer this token's or an
 -- invalidation came after it was granted.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
@@ -17,12 +19,37 @@ redis.call('DEL', KEYS[2])
 if redis.call('GET', KEYS[3]) ~= ARGV[7] then
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+-- The hash lives as long as its longest-lived value. Other representations
+-- past their stale-until (bytes 13-20 of the envelope) are dropped here, so
+-- a representation no longer asked for does not live on with the others.
+local n = redis.call('HLEN', KEYS[1])
+if n > 1 or (n == 1 and redis.call('HEXISTS', KEYS[1], ARGV[8]) == 0) then
+  local all = redis.call('HGETALL', KEYS[1])
+  local now = tonumber(ARGV[9])
+  for i = 1, #all, 2 do
+    if all[i] ~= ARGV[8] then
+      local e, stale = all[i + 1], 0
+      if string.len(e) >= 32 then
+        for j = 13, 20 do stale = stale * 256 + string.byte(e, j) end
+      end
+      if stale <= now then
+        redis.call('HDEL', KEYS[1], all[i])
+      end
+    end
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[8], ARGV[2])
+local ttl = tonumber(ARGV[3])
+local ht = redis.call('PTTL', KEYS[1])
+if ht < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  ht = ttl
+end
 -- The generation outlives every value stored under it: were it to expire
 -- first, a value could not be told from one of a later generation.
 local gt = redis.call('PTTL', KEYS[3])
-if gt >= 0 and gt < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+if gt >= 0 and gt < ht then
+  redis.call('PEXPIRE', KEYS[3], ht)
 end
 redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[6] .. ' ' .. ARGV[2])
 return 1

@@ -14,8 +14,7 @@ import (
 // absent or expired, so that each expiry costs one load across every process
 // sharing the Redis:
 //
-//   - A hit costs one round trip (an MGET of the value and the key's
-//     generation).
+//   - A hit costs one round trip (an HGET of the value).
 //   - On a miss, the callers of one process share one flight per type and
 //     generation (in-process coalescing); the flight runs one script that
 //     returns the value or grants the fill lease, and waits for the holder's
@@ -49,7 +48,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		var zero T
 		return zero, err
 	}
-	c := call[T]{g: g, cfg: &cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load} // on the stack
+	c := call[T]{g: g, cfg: cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load} // on the stack
 	v, res, err := c.get(ctx)
 	if cfg.report != nil {
 		*cfg.report = res
@@ -60,7 +59,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 // call is one Get.
 type call[T any] struct {
 	g    *Guard
-	cfg  *config
+	cfg  config // by value: escape analysis would move a pointed-to config to the heap
 	key  string
 	rep  string // the representation: T's name and the Variant
 	load func(context.Context) (T, error)
@@ -69,8 +68,8 @@ type call[T any] struct {
 // detach returns a copy of c on the heap, for the goroutines of the miss path,
 // so that the hit path keeps c and its configuration on the stack.
 func (c *call[T]) detach() *call[T] {
-	cfg := *c.cfg
-	return &call[T]{g: c.g, cfg: &cfg, key: c.key, rep: c.rep, load: c.load}
+	d := *c
+	return &d
 }
 
 func (c *call[T]) get(ctx context.Context) (T, Result, error) {
@@ -79,8 +78,8 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	budget := getTimer(c.cfg.wait)
 	defer putTimer(budget)
 	g := c.g
-	genKey, valueKey := g.readKeys(c.key, c.rep)
-	s, err := g.readStored(ctx, genKey, valueKey, start.Add(c.cfg.wait), budget.C)
+	values, field, rep := g.readKeys(c.key, c.rep)
+	s, err := g.readStored(ctx, values, field, rep, start.Add(c.cfg.wait), budget.C)
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
@@ -106,23 +105,21 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 		c.detach().refresh(ctx, s.gen, force, false, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
-	return c.detach().wait(ctx, start, budget, s.gen, force, redisErr)
+	return c.detach().wait(ctx, start, budget, s, force, redisErr)
 }
 
-// fromStored serves a stored envelope when it is of the key's current
-// generation and fresh at now (unix ms, read before the GET), or stale and
-// the policy allows it. done is false when the call must go on as a miss; err
-// is then a decode error (or nil when the value is only too old, or of an
-// invalidated generation).
+// fromStored serves a stored envelope when it is fresh at now (unix ms, read
+// before the read was sent), or stale and the policy allows it. A value in
+// Redis is always of the key's current generation: Invalidate deletes the
+// values with the generation's move. done is false when the call must go on
+// as a miss; err is then a decode error (or nil when the value is only too
+// old).
 func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res Result, err error, done bool) {
 	g := c.g
 	env, err := decodeEnvelope(s.b)
 	if err != nil {
 		g.note(EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
-	}
-	if env.gen != s.gen {
-		return v, 0, nil, false // invalidated (or the generation was lost)
 	}
 	switch {
 	case now < env.freshUntil && env.negative:
@@ -135,7 +132,7 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			return v, 0, err, false
 		}
 		if xfetch(now, &env, c.cfg.beta) {
-			c.detach().refresh(ctx, s.gen, false, true, env.freshUntil)
+			c.detach().refresh(ctx, env.gen, false, true, env.freshUntil)
 		}
 		g.note(EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -145,7 +142,7 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			return v, 0, err, false
 		}
 		g.note(EventStale, c.key, 0, nil)
-		c.detach().refresh(ctx, s.gen, false, false, 0)
+		c.detach().refresh(ctx, env.gen, false, false, 0)
 		return v, Stale, nil, true
 	}
 	return v, 0, nil, false
@@ -161,28 +158,28 @@ func xfetch(now int64, e *envelope, beta float64) bool {
 }
 
 // wait runs the miss path: join (or start) a flight of this process for the
-// representation that the generation the call read allows it to join (see
-// flight.floor), and wait for it within ctx and the wait budget. With Redis unreachable it shares a fail-open load
-// instead.
-func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer, gen int64, force bool, redisErr error) (T, Result, error) {
+// representation that what the call's read found (s) allows it to join (see
+// flights.join), and wait for it within ctx and the wait budget. With Redis
+// unreachable it shares a fail-open load instead.
+func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer, s stored, force bool, redisErr error) (T, Result, error) {
 	g := c.g
 	ks := g.keys(c.key, c.rep)
 	id := g.callIDs.Add(1)
 	deadline := start.Add(c.cfg.wait)
-	k := flightKey{value: ks.value, typ: reflect.TypeFor[T]()}
+	k := flightKey{rep: ks.rep, typ: reflect.TypeFor[T]()}
 	missed := false
 	for {
 		var done <-chan struct{}
 		var o func() *outcome
 		var leave func()
 		if redisErr != nil {
-			w, _ := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) }, false)
+			w := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) })
 			if w == nil {
 				return c.zero(Miss, ErrClosed)
 			}
 			done, o, leave = w.done, func() *outcome { return w.r }, func() { g.unleased.leave(k, w) }
 		} else {
-			f, leader, pending := g.flights.join(k, gen)
+			f, leader, pending := g.flights.join(k, s)
 			if pending {
 				// A flight that has not heard from Redis yet may turn out to be
 				// one this call can join: see what its script answers.
@@ -251,8 +248,8 @@ func (c *call[T]) timedOut(ctx context.Context) (T, Result, error) {
 func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 	g := c.g
 	id := g.callIDs.Add(1)
-	k := flightKey{value: g.keys(c.key, c.rep).value, typ: reflect.TypeFor[T]()}
-	w, _ := g.unleased.join(k, func() *outcome {
+	k := flightKey{rep: g.keys(c.key, c.rep).rep, typ: reflect.TypeFor[T]()}
+	w := g.unleased.join(k, func() *outcome {
 		tctx, done, ok := g.track(context.WithoutCancel(ctx))
 		if !ok {
 			return &outcome{leader: id, err: ErrClosed}
@@ -260,7 +257,7 @@ func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 		defer done()
 		v, err := c.runLoader(tctx)
 		return &outcome{leader: id, loaded: true, val: v, err: err}
-	}, false)
+	})
 	if w == nil {
 		return c.zero(Miss, ErrClosed)
 	}

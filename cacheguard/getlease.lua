@@ -2,11 +2,13 @@
 -- fresh enough, of an older generation or unreadable and no other fill of this
 -- generation is running: one round trip, atomic, so a fill that completes
 -- between a miss and the lease can never be loaded twice.
--- KEYS[1] value (envelope)   KEYS[2] fill lease ("<generation> <token>", PX)
+-- KEYS[1] values (a hash: one envelope per representation)
+-- KEYS[2] fill lease ("<generation> <token>", PX)
 -- KEYS[3] generation of the cache key (created here when absent)
 -- ARGV: token, lease ms, after (unix ms: a value fresh until later than this is
 --       returned as it is), force (1 = the caller could not decode the value:
---       never return it as fresh), ttl ms of a generation created here
+--       never return it as fresh), ttl ms of a generation created here, the
+--       representation's field in KEYS[1]
 -- Returns {0, value, generation} for a fresh value of the current generation,
 -- {1, generation} when the lease is this caller's, {2, pttl ms, holder's token,
 -- generation} when another fill of the current generation holds it (its
@@ -21,7 +23,7 @@ if not g then
   g = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
   redis.call('SET', KEYS[3], g, 'PX', ARGV[5])
 end
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('HGET', KEYS[1], ARGV[6])
 -- Envelope header: 'c' 'g' version(2) flags, fresh-until ms (8 bytes,
 -- big-endian) at 5, ..., generation (8 bytes, big-endian) at 25.
 if v and ARGV[4] ~= '1' and string.len(v) >= 32 and string.sub(v, 1, 2) == 'cg' and string.byte(v, 3) == 2 then

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,7 @@ type Guard struct {
 	// a caller may read on its own goroutine (see readStored).
 	ctxDeadlines bool
 
-	reads    queue[string, stored]      // per value key: reads (MGET) begun after their callers arrived
+	reads    reads                      // per representation: reads begun after their callers arrived
 	flights  flights                    // per representation and generation: one flight to Redis per process
 	unleased queue[flightKey, *outcome] // per representation: loads without the lease (Redis unreachable, TimeoutLoad)
 	stats    counters
@@ -64,7 +65,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
 	}
-	g.reads.runner = newRunner()
+	g.reads.m, g.reads.read, g.reads.max = map[string]readSlot{}, g.read, max(2, runtime.GOMAXPROCS(0))
+	g.reads.runner = newRunner(g.reads.work)
 	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {
 		g.sem = make(chan struct{}, cfg.maxLoads)
@@ -127,7 +129,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 		<-idle
 	}
 	g.unleased.close(&outcome{err: ErrClosed})
-	g.reads.close(stored{err: ErrClosed})
+	g.reads.close()
 	g.reads.runner.close()
 	if first {
 		g.hub.Close()

@@ -99,7 +99,17 @@ func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// The Redis names of a test key's item value and fill lease (see the package
-// documentation, "Keys").
-func valueKey(key string) string { return "cg:v:{" + key + "}|cacheguard_test.item" }
+// The Redis names of a test key's values hash, the field of its item value in
+// it, and its item fill lease (see the package documentation, "Keys").
+func valueKey(key string) string { return "cg:v:{" + key + "}" }
 func leaseKey(key string) string { return "cg:fl:{" + key + "}|cacheguard_test.item" }
+
+const itemField = "cacheguard_test.item"
+
+// storeRaw writes raw bytes as a test key's item value.
+func storeRaw(ctx context.Context, rdb redis.UniversalClient, key string, raw []byte) error {
+	if err := rdb.HSet(ctx, valueKey(key), itemField, raw).Err(); err != nil {
+		return err
+	}
+	return rdb.Expire(ctx, valueKey(key), time.Hour).Err()
+}

@@ -1,7 +1,9 @@
 -- Invalidate a cache key: move its generation forward, which voids at once
--- every value stored under it (of every type and variant) and every fill
--- lease granted under it, and wake the waiters so that they take a new lease.
--- KEYS[1] generation
+-- every fill lease granted under it, delete its values (of every type and
+-- variant: a value present in Redis is therefore always of the current
+-- generation, and a hit need not read the generation), and wake the waiters
+-- so that they take a new lease.
+-- KEYS[1] generation   KEYS[2] values (hash)
 -- ARGV: wake channel, publish command, shortest ttl ms of the generation
 -- The new generation is larger than the old one and than the server's clock in
 -- µs, so it never repeats one seen before, even if the old one was lost.
@@ -12,5 +14,6 @@ if g <= old then g = old + 1 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < tonumber(ARGV[3]) then ttl = tonumber(ARGV[3]) end
 redis.call('SET', KEYS[1], string.format('%d', g), 'PX', ttl)
+redis.call('DEL', KEYS[2])
 redis.call(ARGV[2], ARGV[1], 'x')
 return 1

@@ -8,11 +8,14 @@ import (
 )
 
 // keySet holds the Redis names of one representation of one cache key, all
-// under one hash tag so that they share a slot on a cluster: the generation
-// and the wake-up channel belong to the cache key (every representation
-// shares them), the envelope and the fill lease to the representation.
+// under one hash tag so that they share a slot on a cluster: the generation,
+// the hash of values and the wake-up channel belong to the cache key (every
+// representation shares them); the field in that hash and the fill lease to
+// the representation. rep names the representation inside this process (the
+// values hash, "|" and the field): it keys the coalescing of reads and
+// flights.
 type keySet struct {
-	gen, value, lease, wake string
+	gen, values, field, lease, wake, rep string
 }
 
 // hashTag returns what goes between the braces of key's Redis names. A key
@@ -51,26 +54,28 @@ func representation(t reflect.Type, variant string) string {
 	return typeName(t) + "|" + variant
 }
 
-// readKeys returns the generation and value names of a representation (what
-// a hit reads), cut from one string so that a hit allocates once for both.
-func (g *Guard) readKeys(key, rep string) (gen, value string) {
+// readKeys returns what a hit reads: the values hash and the
+// representation's field in it, and rep, the two joined by "|" (see keySet);
+// cut from one string so that a hit allocates once for all three.
+func (g *Guard) readKeys(key, rep string) (values, field, joined string) {
 	tag := hashTag(key)
 	p := g.cfg.prefix
-	s := p + "g:{" + tag + "}" + p + "v:{" + tag + "}|" + rep
-	n := len(p) + len("g:{") + len(tag) + len("}")
-	return s[:n], s[n:]
+	s := p + "v:{" + tag + "}|" + rep
+	n := len(p) + len("v:{") + len(tag) + len("}")
+	return s[:n], s[n+1:], s
 }
 
 // keys returns every Redis name of a representation.
 func (g *Guard) keys(key, rep string) keySet {
 	tag := "{" + hashTag(key) + "}"
 	p := g.cfg.prefix
-	return keySet{gen: p + "g:" + tag, value: p + "v:" + tag + "|" + rep, lease: p + "fl:" + tag + "|" + rep, wake: p + "fw:" + tag}
+	values := p + "v:" + tag
+	return keySet{gen: p + "g:" + tag, values: values, field: rep, lease: p + "fl:" + tag + "|" + rep, wake: p + "fw:" + tag, rep: values + "|" + rep}
 }
 
 // cacheKeys returns the names of a cache key that every representation
-// shares: the generation and the wake-up channel.
-func (g *Guard) cacheKeys(key string) (gen, wake string) {
+// shares: the generation, the values hash and the wake-up channel.
+func (g *Guard) cacheKeys(key string) (gen, values, wake string) {
 	tag := "{" + hashTag(key) + "}"
-	return g.cfg.prefix + "g:" + tag, g.cfg.prefix + "fw:" + tag
+	return g.cfg.prefix + "g:" + tag, g.cfg.prefix + "v:" + tag, g.cfg.prefix + "fw:" + tag
 }

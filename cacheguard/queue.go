@@ -13,12 +13,9 @@ import "sync"
 // not N. A queued work whose callers all gave up is dropped, so nothing is
 // left behind. The zero value is ready to use.
 //
-// The work runs on a goroutine of the queue's (of its runner, when it has
-// one), detached from every caller (a caller that gives up does not fail the
-// others); close waits for it.
+// The work runs on a goroutine of the queue's, detached from every caller
+// (a caller that gives up does not fail the others); close waits for it.
 type queue[K comparable, R any] struct {
-	runner *runner // runs the work, when set; else a goroutine per work
-
 	mu      sync.Mutex // guards m, closed, closedR and every queued's and work's waiting
 	m       map[K]*queued[R]
 	closed  bool
@@ -42,15 +39,11 @@ type work[R any] struct {
 // is closed): started now if the key is idle, or queued behind the running
 // work. run does the work; of the callers of one queued work, the first one's
 // run is used. After close, join returns nil.
-//
-// With lead, work started now for an idle key is not started: the caller
-// runs it itself (led is true) and must then call end. Only that caller ever
-// shares such a work: the callers that arrive meanwhile queue for the next.
-func (q *queue[K, R]) join(key K, run func() R, lead bool) (w *work[R], led bool) {
+func (q *queue[K, R]) join(key K, run func() R) *work[R] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return nil, false
+		return nil
 	}
 	if q.m == nil {
 		q.m = map[K]*queued[R]{}
@@ -64,17 +57,14 @@ func (q *queue[K, R]) join(key K, run func() R, lead bool) (w *work[R], led bool
 		w := &work[R]{run: run, done: make(chan struct{})}
 		kq.inflight = w
 		q.wg.Add(1)
-		if lead {
-			return w, true
-		}
 		q.start(key, w)
-		return w, false
+		return w
 	}
 	if kq.next == nil {
 		kq.next = &work[R]{run: run, done: make(chan struct{})}
 	}
 	kq.next.waiting++
-	return kq.next, false
+	return kq.next
 }
 
 // leave is called by a caller that stops waiting for w before it is done: a
@@ -91,10 +81,7 @@ func (q *queue[K, R]) leave(key K, w *work[R]) {
 // start runs w, the key's work in flight (counted in q.wg), on a goroutine;
 // q.mu is held.
 func (q *queue[K, R]) start(key K, w *work[R]) {
-	f := func() { q.end(key, w, w.run()) }
-	if q.runner == nil || !q.runner.run(f) {
-		go f()
-	}
+	go func() { q.end(key, w, w.run()) }()
 }
 
 // end ends w, the key's work in flight, with r, and starts the work queued

@@ -13,7 +13,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// holdReplies counts MGET commands and, while armed, holds each one's reply
+// holdReplies counts reads (HGET) and, while armed, holds each one's reply
 // (the command has run on the server) until release is closed.
 type holdReplies struct {
 	n       atomic.Int64
@@ -21,20 +21,22 @@ type holdReplies struct {
 	release chan struct{}
 }
 
-// heldGets starts a server holding k = v and a Guard on it. The replies to
-// reads (MGET) through the client it returns are held by the hook it returns
-// until hook.open.
+// heldGets starts a server holding field k = v of the hash "h" and a Guard on
+// it that sends one read of a representation at a time. The replies to reads
+// (HGET) through the client it returns are held by the hook it returns until
+// hook.open.
 func heldGets(t *testing.T, v string) (*redistest.Server, *Guard, *holdReplies) {
 	t.Helper()
 	s := redistest.Start(t)
 	rdb := s.Client()
-	if err := rdb.Set(context.Background(), "k", v, 0).Err(); err != nil {
+	if err := rdb.HSet(context.Background(), "h", "k", v).Err(); err != nil {
 		t.Fatal(err)
 	}
 	hook := &holdReplies{release: make(chan struct{})}
 	hook.armed.Store(true)
 	rdb.AddHook(hook)
 	g := New(rdb)
+	g.reads.max = 1 // one read out at a time: see TestReadsOutAtOnce for more
 	t.Cleanup(func() {
 		hook.open()
 		g.Close()
@@ -53,7 +55,7 @@ func (h *holdReplies) DialHook(next redis.DialHook) redis.DialHook { return next
 func (h *holdReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if cmd.Name() == "mget" {
+		if cmd.Name() == "hget" {
 			h.n.Add(1)
 			if h.armed.Load() {
 				<-h.release
@@ -82,15 +84,15 @@ func (g *Guard) queued(key string) int {
 	q := &g.reads
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if kq := q.m[key]; kq != nil && kq.next != nil {
-		return kq.next.waiting
+	if st := q.m["h|"+key]; st.next != nil {
+		return st.next.waiting
 	}
 	return 0
 }
 
-// read is a read of k through g.
+// read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readStored(ctx, "gen", k, time.Now().Add(time.Hour), nil)
+	s, err := g.readStored(ctx, "h", k, "h|"+k, time.Now().Add(time.Hour), nil)
 	if err == nil {
 		err = s.err
 	}
@@ -132,7 +134,7 @@ func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 	go func() { v, _ := read(ctx, g, "k"); first <- v }()
 	waitFor(t, "first GET answered by the server", func() bool { return hook.n.Load() == 1 })
 	// The invalidation completes while that GET's reply is still on its way.
-	if err := s.Client().Del(ctx, "k").Err(); err != nil {
+	if err := s.Client().HDel(ctx, "h", "k").Err(); err != nil {
 		t.Fatal(err)
 	}
 	later := make(chan error, 1)
@@ -207,5 +209,36 @@ func TestGivenUpReadsLeaveNothing(t *testing.T) {
 	q.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d keys left in the coalescing map after every read ended", left)
+	}
+}
+
+// TestReadsOutAtOnce: callers on different cores do not wait for each
+// other's reads: up to max reads of a representation go out at once, and
+// only the callers that arrive while max are out queue for the next, which
+// they share (a burst of 50 costs max+1 reads).
+func TestReadsOutAtOnce(t *testing.T) {
+	ctx := context.Background()
+	_, g, hook := heldGets(t, "v")
+	g.reads.max = 3
+	const n = 50
+	var wg sync.WaitGroup
+	got := make([]string, n+3)
+	for i := range 3 {
+		wg.Go(func() { got[n+i], _ = read(ctx, g, "k") })
+	}
+	waitFor(t, "three reads out", func() bool { return hook.n.Load() == 3 })
+	for i := range n {
+		wg.Go(func() { got[i], _ = read(ctx, g, "k") })
+	}
+	waitFor(t, "burst queued", func() bool { return g.queued("k") == n })
+	hook.open()
+	wg.Wait()
+	if g := hook.n.Load(); g != 4 {
+		t.Fatalf("%d reads for %d concurrent callers, want 4", g, n+3)
+	}
+	for i, v := range got {
+		if v != "v" {
+			t.Fatalf("reader %d got %q", i, v)
+		}
 	}
 }

@@ -5,15 +5,15 @@ import (
 	"time"
 )
 
-// runner runs functions on goroutines it keeps for a while, for the reads
-// of Get: a read runs off the caller's goroutine (so that the caller can
-// stop waiting at its budget), and the call path into go-redis needs a
-// deeper stack than a new goroutine starts with — a goroutine per read would
-// copy its stack on every hit. A worker that finds no work for workerIdle
-// exits; close stops them all and waits. The zero value is not usable: see
-// newRunner.
+// runner runs reads on goroutines it keeps for a while: a read runs off the
+// caller's goroutine (so that the caller can stop waiting at its budget), and
+// the call path into go-redis needs a deeper stack than a new goroutine
+// starts with — a goroutine per read would copy its stack on every hit. A
+// worker that finds no work for workerIdle exits; close stops them all once
+// they are idle, and waits.
 type runner struct {
-	jobs chan func() // unbuffered: a send succeeds only when a worker is idle
+	do   func(*readWork)
+	jobs chan *readWork // unbuffered: a send succeeds only when a worker is idle
 	quit chan struct{}
 
 	mu     sync.Mutex // guards closed
@@ -24,36 +24,37 @@ type runner struct {
 // workerIdle is how long an idle worker waits for work before it exits.
 const workerIdle = 10 * time.Second
 
-func newRunner() *runner {
-	return &runner{jobs: make(chan func()), quit: make(chan struct{})}
+func newRunner(do func(*readWork)) *runner {
+	return &runner{do: do, jobs: make(chan *readWork), quit: make(chan struct{})}
 }
 
-// run runs f on an idle worker, or a new one; false after close.
-func (r *runner) run(f func()) bool {
+// run runs w on an idle worker, or a new one (after close, on a goroutine of
+// its own: the reads that close waits for are still run).
+func (r *runner) run(w *readWork) {
 	select {
-	case r.jobs <- f:
-		return true
+	case r.jobs <- w:
+		return
 	default:
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return false
+		go r.do(w)
+		return
 	}
 	r.wg.Add(1)
-	go r.work(f)
-	return true
+	go r.work(w)
 }
 
-func (r *runner) work(f func()) {
+func (r *runner) work(w *readWork) {
 	defer r.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		f()
+		r.do(w)
 		idle.Reset(workerIdle)
 		select {
-		case f = <-r.jobs:
+		case w = <-r.jobs:
 		case <-idle.C:
 			return
 		case <-r.quit:

@@ -64,7 +64,7 @@ func (l lease) String() string { return strconv.FormatInt(l.gen, 10) + " " + l.t
 // it. With force the stored value is never fresh enough (it could not be
 // decoded).
 func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, leaseFor time.Duration, after int64, force bool) (leaseReply, error) {
-	v, err := getLeaseScript.Run(ctx, g.rdb, []string{ks.value, ks.lease, ks.gen}, tok, leaseFor.Milliseconds(), after, flag(force), genTTL.Milliseconds()).Slice()
+	v, err := getLeaseScript.Run(ctx, g.rdb, []string{ks.values, ks.lease, ks.gen}, tok, leaseFor.Milliseconds(), after, flag(force), genTTL.Milliseconds(), ks.field).Slice()
 	if err != nil {
 		return leaseReply{}, err
 	}
@@ -98,8 +98,8 @@ func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, leaseFor ti
 // compare-and-set, releases the lease and publishes the envelope to the
 // waiters. It reports whether it wrote.
 func (g *Guard) store(ctx context.Context, ks keySet, l lease, env []byte, ttl time.Duration) (bool, error) {
-	n, err := fillScript.Run(ctx, g.rdb, []string{ks.value, ks.lease, ks.gen},
-		l.String(), env, max(ttl.Milliseconds(), 1), ks.wake, g.pub, l.token, strconv.FormatInt(l.gen, 10)).Int64()
+	n, err := fillScript.Run(ctx, g.rdb, []string{ks.values, ks.lease, ks.gen},
+		l.String(), env, max(ttl.Milliseconds(), 1), ks.wake, g.pub, l.token, strconv.FormatInt(l.gen, 10), ks.field, time.Now().UnixMilli()).Int64()
 	return n == 1, err
 }
 
@@ -138,16 +138,16 @@ func (g *Guard) renewLease(ctx context.Context, ks keySet, l lease, leaseFor tim
 	return func() { close(quit); <-done }
 }
 
-// invalidate moves the generation of each key forward and wakes its
-// waiters, in one pipeline. The script goes as EVAL (it is short, and an
+// invalidate moves the generation of each key forward, deletes its values
+// and wakes its waiters, in one pipeline. The script goes as EVAL (it is short, and an
 // invalidation is rare next to reads), so a server that has not seen it yet —
 // restarted, or a cluster master not asked before — needs no second try.
 func (g *Guard) invalidate(ctx context.Context, keys []string) error {
 	pipe := g.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
-		gen, wake := g.cacheKeys(k)
-		cmds[i] = invalidateScript.Eval(ctx, pipe, []string{gen}, wake, g.pub, genTTL.Milliseconds())
+		gen, values, wake := g.cacheKeys(k)
+		cmds[i] = invalidateScript.Eval(ctx, pipe, []string{gen, values}, wake, g.pub, genTTL.Milliseconds())
 	}
 	if _, err := pipe.Exec(ctx); err == nil {
 		return nil

@@ -2,6 +2,7 @@ package ginmw_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -41,9 +42,23 @@ func startGuard(t *testing.T) (*cacheguard.Guard, *redis.Client) {
 func waitEntries(t *testing.T, rdb *redis.Client, n int) {
 	t.Helper()
 	eventually(t, 10*time.Second, fmt.Sprintf("%d stored entries", n), func() bool {
-		keys, err := rdb.Keys(context.Background(), "cg:v:*").Result()
-		return err == nil && len(keys) == n
+		got, err := storedEntries(rdb)
+		return err == nil && got == n
 	})
+}
+
+// storedEntries counts the entries cached in rdb: the fields of every values
+// hash (see cacheguard's "Keys").
+func storedEntries(rdb *redis.Client) (int, error) {
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "cg:v:*").Result()
+	n := 0
+	for _, k := range keys {
+		l, herr := rdb.HLen(ctx, k).Result()
+		err = errors.Join(err, herr)
+		n += int(l)
+	}
+	return n, err
 }
 
 func totalMisses(gs ...*cacheguard.Guard) uint64 {

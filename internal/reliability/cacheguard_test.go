@@ -214,8 +214,9 @@ func TestReliabilityCacheCorruptEntries(t *testing.T) {
 					b[0], b[1], b[2] = 'c', 'g', 2 // a plausible header with garbage behind it
 				}
 			}
-			// The value of a string under key corrupt:N (see cacheguard's "Keys").
-			if raw.Set(ctx, fmt.Sprintf("cg:v:{corrupt:%d}|string", i%4), b, 0).Err() == nil {
+			// The value of a string under key corrupt:N: field "string" of
+			// the key's values hash (see cacheguard's "Keys").
+			if raw.HSet(ctx, fmt.Sprintf("cg:v:{corrupt:%d}", i%4), "string", b).Err() == nil {
 				written.Add(1)
 			}
 		}

@@ -60,7 +60,7 @@ func FuzzReliabilityEnvelope(f *testing.F) {
 		defer g.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := rdb.Set(ctx, "fz:v:{envelope}", b, 0).Err(); err != nil {
+		if err := rdb.HSet(ctx, "fz:v:{envelope}", "string", b).Err(); err != nil {
 			t.Fatal(err)
 		}
 		v, err := cacheguard.Get(ctx, g, "envelope", func(context.Context) (string, error) { return "loaded", nil },
