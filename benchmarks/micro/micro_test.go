@@ -44,6 +44,7 @@ var short = map[string]string{
 	systems.Rueidislock:  "rueidislock",
 	systems.RawSetNX:     "raw",
 	systems.Guard:        "cacheguard",
+	systems.GuardHandOff: "cacheguard-handoff",
 	systems.RawGetDecode: "raw",
 	systems.GoRedisGet:   "gorediscache",
 }
@@ -117,7 +118,7 @@ func BenchmarkLockUnlockParallel(b *testing.B) {
 	}
 }
 
-var caches = []string{systems.Guard, systems.RawGetDecode, systems.GoRedisGet}
+var caches = []string{systems.Guard, systems.GuardHandOff, systems.RawGetDecode, systems.GoRedisGet}
 
 // BenchmarkWarmGet is one read of a warm key, one goroutine.
 func BenchmarkWarmGet(b *testing.B) {

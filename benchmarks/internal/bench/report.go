@@ -128,6 +128,8 @@ func (r *Results) Targets() []Target {
 		g, s8 := med(id, systems.Guard, "ops")
 		w, s9 := med(id, systems.RawGetDecode, "ops")
 		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys): cacheguard.Get vs raw GET + decode", "≥ 0.9×", g/w, worst(s8, s9), g/w >= 0.9, "%.2f×")
+		h, s14 := med(id, systems.GuardHandOff, "ops")
+		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys), client without ContextTimeoutEnabled (hand-off): cacheguard.Get vs raw GET + decode", "≥ 0.9×", h/w, worst(s14, s9), h/w >= 0.9, "%.2f×")
 	}
 
 	// Redlock.

@@ -28,6 +28,10 @@ const (
 	Guard            = "cacheguard (wait)"
 	GuardStale       = "cacheguard (serve-stale, expired key)"
 	GuardSWR         = "cacheguard (serve-stale)"
+	// GuardHandOff is cacheguard (wait) on a client without
+	// ContextTimeoutEnabled, on which a hit hands its read to a goroutine of
+	// the Guard's (the others use the client cacheguard's README recommends).
+	GuardHandOff = "cacheguard (wait, client without ContextTimeoutEnabled)"
 	// GuardNear is cacheguard with its in-process near cache, which is not
 	// built yet: its rows say TODO until it is (see Available).
 	GuardNear      = "cacheguard (near cache)"
@@ -120,10 +124,13 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 		}
 		return &lockCheck{naive: naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}, mu: m}, nil
 	case Guard:
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+	case GuardHandOff:
 		rdb := NewRedis(cfg.Addr, cfg.Counter)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
 	case GuardStale, GuardSWR:
-		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.ServeStale(staleWindow))}, nil
 	}
 	return nil, fmt.Errorf("systems: unknown cache %q", name)
@@ -258,6 +265,17 @@ func (l *lockCheck) Get(ctx context.Context, key string, load Loader) (Repo, err
 func (l *lockCheck) Close() error { return errors.Join(l.mu.Close(), l.naive.Close()) }
 
 // --- cacheguard
+
+// newGuardRedis is the client cacheguard's README asks for: go-redis bounds
+// its socket calls by the context's deadline (ContextTimeoutEnabled), so a
+// Get reads on its own goroutine and still keeps its wait budget.
+func newGuardRedis(addr string, c *Counter) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	if c != nil {
+		rdb.AddHook(hook{c})
+	}
+	return rdb
+}
 
 type guard struct {
 	rdb *redis.Client

@@ -315,7 +315,7 @@ func Available(name string) error {
 	switch name {
 	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
 		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
-		GoRedisLocal, Guard, GuardStale, GuardSWR:
+		GoRedisLocal, Guard, GuardHandOff, GuardStale, GuardSWR:
 		return nil
 	case GuardNear:
 		return fmt.Errorf("%w: %s", ErrNotMerged, name)
