@@ -34,7 +34,23 @@ func TestPushAfterBlackHole(t *testing.T) {
 		p := newProxy(t, s.Addr())
 		rdb := s.Client(func(o *redis.Options) { o.Addr = p.Addr() })
 		admin := s.Client()
-		blackHoleCase(t, wake.New(rdb), p, [3]string{"bh:old", "bh:during", "bh:idle"},
+		blackHoleCase(t, wake.New(rdb), p, blackHole, [3]string{"bh:old", "bh:during", "bh:idle"},
+			func(ctx context.Context, ch string) int64 { return admin.PubSubNumSub(ctx, ch).Val()[ch] },
+			func(ctx context.Context, ch, msg string) error { return admin.Publish(ctx, ch, msg).Err() })
+	})
+	// Longer than a PING may go unanswered: the connection is replaced while
+	// the partition lasts (its replacement's attempts fail until it heals),
+	// and everything is subscribed again on the next attempt after it.
+	t.Run("server/long", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("long partition: skipped with -short")
+		}
+		t.Parallel()
+		s := redistest.Start(t)
+		p := newProxy(t, s.Addr())
+		rdb := s.Client(func(o *redis.Options) { o.Addr = p.Addr() })
+		admin := s.Client()
+		blackHoleCase(t, wake.New(rdb), p, 5*time.Second, [3]string{"bh:old", "bh:during", "bh:idle"},
 			func(ctx context.Context, ch string) int64 { return admin.PubSubNumSub(ctx, ch).Val()[ch] },
 			func(ctx context.Context, ch, msg string) error { return admin.Publish(ctx, ch, msg).Err() })
 	})
@@ -63,7 +79,7 @@ func TestPushAfterBlackHole(t *testing.T) {
 			}
 		}
 		admin := m.Client()
-		blackHoleCase(t, wake.New(cc), p, names,
+		blackHoleCase(t, wake.New(cc), p, blackHole, names,
 			func(ctx context.Context, ch string) int64 {
 				v, _ := admin.Do(ctx, "PUBSUB", "SHARDNUMSUB", ch).Slice()
 				if len(v) != 2 {
@@ -88,7 +104,7 @@ func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 // blackHoleCase runs the scenario on the channels old (subscribed before the
 // partition), during (subscribed in it) and idle (subscribed before, idle in
 // it, subscribed again after it).
-func blackHoleCase(t *testing.T, h *wake.Hub, p *faultproxy.Proxy, names [3]string,
+func blackHoleCase(t *testing.T, h *wake.Hub, p *faultproxy.Proxy, hole time.Duration, names [3]string,
 	numsub func(context.Context, string) int64, publish func(ctx context.Context, ch, msg string) error) {
 	ctx := context.Background()
 	defer h.Close()
@@ -105,6 +121,7 @@ func blackHoleCase(t *testing.T, h *wake.Hub, p *faultproxy.Proxy, names [3]stri
 	publishUntil(t, func() error { return publish(ctx, old, "before") }, oldSub, "before", 5*time.Second)
 	idleSub.Close() // its linger runs out inside the partition
 
+	accepted := p.Accepted()
 	p.Set(faultproxy.BlackHole)
 	start := time.Now()
 	type result struct {
@@ -116,9 +133,14 @@ func blackHoleCase(t *testing.T, h *wake.Hub, p *faultproxy.Proxy, names [3]stri
 		s, err := h.Subscribe(ctx, during)
 		res <- result{s, err}
 	}()
-	time.Sleep(blackHole - time.Since(start)) // the partition's length is the subject
+	time.Sleep(hole - time.Since(start)) // the partition's length is the subject
+	redials := p.Accepted() - accepted
 	p.Set(faultproxy.Pass)
 	healed := time.Now()
+	t.Logf("%v partition: %d connections made during it", hole, redials)
+	if hole > 4*time.Second && redials == 0 {
+		t.Error("a connection whose PINGs went unanswered for the whole partition was kept")
+	}
 	r := <-res
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -131,7 +153,7 @@ func blackHoleCase(t *testing.T, h *wake.Hub, p *faultproxy.Proxy, names [3]stri
 		name string
 		sub  *wake.Sub
 	}{{old, oldSub}, {during, duringSub}} {
-		publishUntil(t, func() error { return publish(ctx, c.name, "after") }, c.sub, "after", time.Second+time.Since(healed))
+		publishUntil(t, func() error { return publish(ctx, c.name, "after") }, c.sub, "after", 2*time.Second+time.Since(healed))
 		t.Logf("%s: push delivered %v after the partition healed", c.name, time.Since(healed))
 	}
 
