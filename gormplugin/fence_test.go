@@ -31,7 +31,10 @@ func pausedWriter(ctx context.Context, db *gorm.DB, id uint, started chan<- stru
 // noticed yet (its process was not running), is refused by the fence in the
 // database: the newer writer's value survives.
 func TestPausedWriterRefusedByFence(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testPausedWriterRefusedByFence)
+}
+
+func testPausedWriterRefusedByFence(t *testing.T, e *env) {
 	ctx := context.Background()
 	// A long lease: A's first renewal, which would tell it the lock is gone,
 	// is twenty seconds off.
@@ -44,7 +47,7 @@ func TestPausedWriterRefusedByFence(t *testing.T) {
 	<-started
 	// The lease ends while A is paused; from Redis's side that is the key
 	// going away. A has not run since, so it does not know.
-	if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+	if err := e.rdb.Del(ctx, e.lockKey("counters:1")).Err(); err != nil {
 		t.Fatal(err)
 	}
 	b := Counter{ID: 1}
@@ -70,7 +73,10 @@ func TestPausedWriterRefusedByFence(t *testing.T) {
 // A writer paused past its (unrenewed) lease is refused whichever layer sees
 // it first: its own lock's lost signal or the fence.
 func TestWriterPausedPastLeaseRefused(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testWriterPausedPastLeaseRefused)
+}
+
+func testWriterPausedPastLeaseRefused(t *testing.T, e *env) {
 	ctx := context.Background()
 	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(100*time.Millisecond), locks.WithoutRenewal()))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
@@ -79,7 +85,7 @@ func TestWriterPausedPastLeaseRefused(t *testing.T) {
 	started, resume := make(chan struct{}), make(chan struct{})
 	done := pausedWriter(ctx, db, 1, started, resume)
 	<-started
-	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, lockKey("counters:1")) })
+	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, e.lockKey("counters:1")) })
 	if err := db.Model(&Counter{ID: 1}).Update("n", 222).Error; err != nil {
 		t.Fatalf("newer writer: %v", err)
 	}
@@ -95,7 +101,10 @@ func TestWriterPausedPastLeaseRefused(t *testing.T) {
 }
 
 func TestFenceWrittenAndReported(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testFenceWrittenAndReported)
+}
+
+func testFenceWrittenAndReported(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
@@ -132,7 +141,10 @@ func TestFenceWrittenAndReported(t *testing.T) {
 // Zero rows affected because the row does not exist is not a stale write:
 // the update reports 0 rows, as GORM does without the plugin.
 func TestMissingRowIsNotStale(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testMissingRowIsNotStale)
+}
+
+func testMissingRowIsNotStale(t *testing.T, e *env) {
 	db := e.guarded(t)
 	res := db.Model(&Counter{ID: 404}).Update("n", 1)
 	if res.Error != nil || res.RowsAffected != 0 {
@@ -155,7 +167,10 @@ func TestMissingRowIsNotStale(t *testing.T) {
 // A stale Delete is refused too, and a stale Save does not fall back to an
 // insert that would overwrite the newer row.
 func TestStaleDeleteAndSaveRefused(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testStaleDeleteAndSaveRefused)
+}
+
+func testStaleDeleteAndSaveRefused(t *testing.T, e *env) {
 	ctx := context.Background()
 	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
@@ -176,7 +191,7 @@ func TestStaleDeleteAndSaveRefused(t *testing.T) {
 				}, &Counter{ID: 1})
 			}()
 			<-started
-			if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+			if err := e.rdb.Del(ctx, e.lockKey("counters:1")).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if err := db.Model(&Counter{ID: 1}).Update("n", 5).Error; err != nil {
@@ -195,14 +210,17 @@ func TestStaleDeleteAndSaveRefused(t *testing.T) {
 }
 
 func TestCompositeKeyAndTaggedFence(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testCompositeKeyAndTaggedFence)
+}
+
+func testCompositeKeyAndTaggedFence(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Pair{A: 1, B: "x"}).Error; err != nil {
 		t.Fatal(err)
 	}
 	var during string
 	if err := db.Callback().Update().Before("gorm:update").Register("test:observe", func(tx *gorm.DB) {
-		during = holds(t, e.rdb, "pairs:1:x")
+		during = e.holds(t, "pairs:1:x")
 	}); err != nil {
 		t.Fatal(err)
 	}

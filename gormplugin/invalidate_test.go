@@ -12,7 +12,10 @@ import (
 )
 
 func TestInvalidateAfterCommitNotRollback(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateAfterCommitNotRollback)
+}
+
+func testInvalidateAfterCommitNotRollback(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
@@ -59,7 +62,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 			if !exists(t, e.rdb, key) {
 				t.Fatal("rollback invalidated the cache")
 			}
-			if exists(t, e.rdb, lockKey("repos:1")) {
+			if exists(t, e.rdb, e.lockKey("repos:1")) {
 				t.Fatal("row lock still held after rollback")
 			}
 		})
@@ -72,7 +75,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 				if !exists(t, e.rdb, key) {
 					return errors.New("invalidated before COMMIT")
 				}
-				if !exists(t, e.rdb, lockKey("repos:1")) {
+				if !exists(t, e.rdb, e.lockKey("repos:1")) {
 					return errors.New("row lock released before COMMIT")
 				}
 				return nil
@@ -83,7 +86,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 			if exists(t, e.rdb, key) {
 				t.Fatal("commit did not invalidate the cache")
 			}
-			if exists(t, e.rdb, lockKey("repos:1")) {
+			if exists(t, e.rdb, e.lockKey("repos:1")) {
 				t.Fatal("row lock still held after commit")
 			}
 		})
@@ -110,7 +113,10 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 // A failed statement in GORM's own transaction is rolled back and not
 // invalidated.
 func TestFailedStatementNotInvalidated(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testFailedStatementNotInvalidated)
+}
+
+func testFailedStatementNotInvalidated(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
@@ -143,7 +149,10 @@ func TestFailedStatementNotInvalidated(t *testing.T) {
 type failKey struct{}
 
 func TestInvalidateUnkeyedAndFailure(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateUnkeyedAndFailure)
+}
+
+func testInvalidateUnkeyedAndFailure(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.Unkeyed(gormplugin.PassThrough))
@@ -175,15 +184,13 @@ type failInvalidator struct{}
 func (failInvalidator) Invalidate(context.Context, ...string) error { return errors.New("cache down") }
 
 func TestInvalidateAgain(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateAgain)
+}
+
+func testInvalidateAgain(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
-	p := gormplugin.New(e.l, gormplugin.Invalidate(inv, cacheKeys), gormplugin.InvalidateAgain(50*time.Millisecond))
-	db := openFile(t, e.path)
-	if err := db.Use(p); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	db, p := e.guardedPlugin(t, &gorm.Config{}, gormplugin.Invalidate(inv, cacheKeys), gormplugin.InvalidateAgain(50*time.Millisecond))
 	if err := db.Create(&Repo{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}

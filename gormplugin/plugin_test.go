@@ -17,8 +17,11 @@ type redlockish struct{ locks.Locker }
 func (redlockish) MonotonicFences() bool { return false }
 
 func TestRegistration(t *testing.T) {
-	e := newEnv(t)
-	db := openFile(t, e.path)
+	forDBs(t, testRegistration)
+}
+
+func testRegistration(t *testing.T, e *env) {
+	db := e.plain(t)
 	p := gormplugin.New(e.l)
 	if p.Name() != "cacheguard:gormplugin" {
 		t.Fatalf("Name() = %q", p.Name())
@@ -41,7 +44,10 @@ func TestRegistration(t *testing.T) {
 }
 
 func TestNewRefusesBadConfiguration(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testNewRefusesBadConfiguration)
+}
+
+func testNewRefusesBadConfiguration(t *testing.T, e *env) {
 	cases := map[string]*gormplugin.Plugin{
 		"nil locker":        gormplugin.New(nil),
 		"redlock fences":    gormplugin.New(redlockish{e.l}),
@@ -51,14 +57,14 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 	}
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
-			db := openFile(t, e.path)
+			db := e.plain(t)
 			if err := db.Use(p); !errors.Is(err, gormplugin.ErrInvalid) {
 				t.Fatalf("Use: %v, want ErrInvalid", err)
 			}
 		})
 	}
 	t.Run("redlock without fencing", func(t *testing.T) {
-		db := openFile(t, e.path)
+		db := e.plain(t)
 		if err := db.Use(gormplugin.New(redlockish{e.l}, gormplugin.NoFencing())); err != nil {
 			t.Fatal(err)
 		}
@@ -77,9 +83,12 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 }
 
 func TestTransactionRefusesBadArguments(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testTransactionRefusesBadArguments)
+}
+
+func testTransactionRefusesBadArguments(t *testing.T, e *env) {
 	ctx := context.Background()
-	plain := openFile(t, e.path)
+	plain := e.plain(t)
 	db := e.guarded(t)
 	ok := func(*gorm.DB) error { return nil }
 	for name, err := range map[string]error{
