@@ -98,8 +98,9 @@ func (g *guard) token() any {
 			expr += " ? = ?"
 			vars = append(vars, clause.Column{Name: col}, r.vals[i])
 		}
-		expr += " THEN ?"
-		vars = append(vars, int64(r.fence))
+		// The token is written into the SQL: a bound parameter in a CASE
+		// has no type PostgreSQL can infer (it would compare bigint with text).
+		expr += " THEN " + strconv.FormatInt(int64(r.fence), 10)
 	}
 	return clause.Expr{SQL: expr + " END", Vars: vars}
 }

@@ -49,8 +49,13 @@ type config struct {
 	failOpen bool
 	noFence  bool
 	lockOpts []locks.Option
-	err      error // the first invalid option
+	// unavailableAfter bounds the first attempt at a row lock.
+	unavailableAfter time.Duration
+	err              error // the first invalid option
 }
+
+// DefaultUnavailableAfter is the default of UnavailableAfter.
+const DefaultUnavailableAfter = 500 * time.Millisecond
 
 func (c *config) fail(err error) {
 	if c.err == nil {
@@ -110,6 +115,24 @@ func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 // checked or written. It is required to use a Locker whose fence tokens are
 // not monotonic (locks.Redlock); by default the plugin refuses such a Locker.
 func NoFencing() Option { return func(c *config) { c.noFence = true } }
+
+// UnavailableAfter sets how long the plugin's first attempt at a row lock (a
+// TryLock; only a lock held by another owner is then awaited) may go
+// unanswered before the lock service counts as unavailable: the write then
+// fails with ErrLock matching locks.ErrUnavailable, or with FailOpen goes
+// through unguarded. It bounds what an unreachable Redis costs each write,
+// where go-redis would retry its dials for a second or more and a Redlock
+// would retry until its wait budget ends. The default is 500ms
+// (DefaultUnavailableAfter).
+func UnavailableAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail(invalid("UnavailableAfter %v must be positive", d))
+			return
+		}
+		c.unavailableAfter = d
+	}
+}
 
 // LockOptions are passed to every Lock and TryLock call of the plugin, e.g.
 // locks.WithWait(5*time.Second) to bound how long a write waits for a row.

@@ -3,6 +3,7 @@ package gormplugin
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -35,6 +36,9 @@ type Plugin struct {
 	timers  map[*time.Timer]struct{} // pending delayed invalidations
 	closed  bool
 	running sync.WaitGroup // delayed invalidations in flight
+
+	attempts  sync.WaitGroup // lock attempts in flight (see attempt)
+	abandoned atomic.Int32   // attempts whose caller stopped waiting, still unanswered
 }
 
 // New returns the plugin guarding writes with locks taken from l. A nil l, an
@@ -43,6 +47,7 @@ type Plugin struct {
 // itself never fails.
 func New(l locks.Locker, opts ...Option) *Plugin {
 	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}}
+	p.cfg.unavailableAfter = DefaultUnavailableAfter
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
@@ -147,6 +152,7 @@ func (p *Plugin) Close() error {
 	clear(p.timers)
 	p.mu.Unlock()
 	p.running.Wait()
+	p.attempts.Wait()
 	return nil
 }
 

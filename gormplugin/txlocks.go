@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -126,21 +127,101 @@ func (r *txLocks) committed() bool {
 	return r.commit
 }
 
-// take acquires one lock: waiting for it, or with try a single attempt.
+// take acquires one lock: waiting for it, or with try a single attempt. The
+// first attempt is a TryLock bounded by the UnavailableAfter timeout (see
+// attempt), so that an unanswering Redis costs a write that long, not
+// go-redis's read timeouts and retries or a Redlock's wait budget; only a
+// lock held by another owner is then awaited. A nested acquisition of a lost
+// scope (locks.ErrLost) is a stale write: what the caller read under that
+// scope may be outdated.
 func (p *Plugin) take(ctx context.Context, name string, try bool) (*locks.Lock, error) {
-	var (
+	lk, err := p.attempt(ctx, name)
+	switch {
+	case err == nil:
+		return lk, nil
+	case errors.Is(err, errNoAnswer):
+		return nil, fmt.Errorf("%w: %q: %w: %w", ErrLock, name, locks.ErrNotObtained, err)
+	case errors.Is(err, locks.ErrLost):
+		return nil, &StaleWriteError{Name: name, Lost: true, Err: err}
+	case !try && errors.Is(err, locks.ErrBusy):
+		if lk, err = p.l.Lock(ctx, name, p.cfg.lockOpts...); err == nil {
+			return lk, nil
+		}
+		if errors.Is(err, locks.ErrLost) {
+			return nil, &StaleWriteError{Name: name, Lost: true, Err: err}
+		}
+	}
+	return nil, fmt.Errorf("%w: %q: %w", ErrLock, name, err)
+}
+
+// errNoAnswer is the cause of an attempt the lock service did not answer
+// within UnavailableAfter; it matches locks.ErrUnavailable.
+var errNoAnswer = fmt.Errorf("gormplugin: the lock service did not answer in time: %w", locks.ErrUnavailable)
+
+// maxAbandoned bounds the attempts left running after their caller stopped
+// waiting: beyond it, new attempts fail at once, without asking Redis.
+const maxAbandoned = 64
+
+// attempt makes one TryLock of name and waits for it at most UnavailableAfter.
+// The call runs on its own goroutine: go-redis applies a context's deadline to
+// a blocked socket read only when the client was built with
+// ContextTimeoutEnabled, and the bound must not depend on that. An attempt
+// the caller stopped waiting for finishes in the background (owned by the
+// plugin; Close waits for it) and gives back a lock it was granted late.
+func (p *Plugin) attempt(ctx context.Context, name string) (*locks.Lock, error) {
+	if p.abandoned.Load() >= maxAbandoned {
+		return nil, fmt.Errorf("%w (%d earlier attempts still unanswered)", errNoAnswer, maxAbandoned)
+	}
+	const (
+		waiting int32 = iota
+		answered
+		abandoned
+	)
+	type result struct {
 		lk  *locks.Lock
 		err error
-	)
-	if try {
-		lk, err = p.l.TryLock(ctx, name, p.cfg.lockOpts...)
-	} else {
-		lk, err = p.l.Lock(ctx, name, p.cfg.lockOpts...)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", ErrLock, name, err)
+	var state atomic.Int32
+	ch := make(chan result, 1)
+	actx, cancel := context.WithTimeout(ctx, p.cfg.unavailableAfter)
+	defer cancel()
+	p.attempts.Add(1)
+	go func() {
+		defer p.attempts.Done()
+		lk, err := p.l.TryLock(actx, name, p.cfg.lockOpts...)
+		if state.CompareAndSwap(waiting, answered) {
+			ch <- result{lk, err}
+			return
+		}
+		// The caller gave up: give back a late grant.
+		if lk != nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), releaseTimeout)
+			lk.Unlock(rctx)
+			rcancel()
+		}
+		p.abandoned.Add(-1)
+	}()
+	answer := func(r result) (*locks.Lock, error) {
+		if r.err != nil && actx.Err() != nil && ctx.Err() == nil {
+			// The bound, not the caller's context, ended the attempt.
+			return nil, fmt.Errorf("%w: no answer within %v (%v)", errNoAnswer, p.cfg.unavailableAfter, r.err)
+		}
+		return r.lk, r.err
 	}
-	return lk, nil
+	select {
+	case r := <-ch:
+		return answer(r)
+	case <-actx.Done():
+	}
+	p.abandoned.Add(1)
+	if !state.CompareAndSwap(waiting, abandoned) {
+		p.abandoned.Add(-1)
+		return answer(<-ch) // it came back meanwhile: the reply is the truth
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", locks.ErrNotObtained, err)
+	}
+	return nil, fmt.Errorf("%w: no answer within %v", errNoAnswer, p.cfg.unavailableAfter)
 }
 
 // lockAll takes the locks of rows (sorted by name) in order, for one
@@ -178,20 +259,10 @@ func (p *Plugin) unlockAll(ctx context.Context, rows []row) {
 }
 
 // busy reports whether err is a lock held by another owner (not a Redis
-// failure, not the caller's context ending).
-func busy(err error) bool {
-	var noe *locks.NotObtainedError
-	return errors.As(err, &noe) && noe.Err == nil
-}
+// failure, not the caller's context ending), for every Locker.
+func busy(err error) bool { return errors.Is(err, locks.ErrBusy) }
 
 // unavailable reports whether err is a lock that could not be taken because
-// Redis could not be asked (as opposed to held by another writer, or the
-// caller's context ending).
-func unavailable(err error) bool {
-	var noe *locks.NotObtainedError
-	if !errors.As(err, &noe) || noe.Err == nil {
-		return false
-	}
-	var re *locks.ReplicaError
-	return !errors.Is(noe.Err, context.Canceled) && !errors.Is(noe.Err, context.DeadlineExceeded) && !errors.As(noe.Err, &re)
-}
+// the lock service could not be asked (as opposed to held by another writer,
+// or the caller's context ending), for every Locker.
+func unavailable(err error) bool { return errors.Is(err, locks.ErrUnavailable) }
