@@ -3,6 +3,7 @@ package gormplugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"gorm.io/gorm"
@@ -102,5 +103,50 @@ func testTransactionRefusesBadArguments(t *testing.T, e *env) {
 		if !errors.Is(err, gormplugin.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+// With PrepareStmt, GORM's own types stay where GORM and its users look for
+// them (issue 15 B.8): the database's pool is still a *gorm.PreparedStmtDB
+// and a transaction's a *gorm.PreparedStmtTX, and the guard still holds row
+// locks to COMMIT.
+func TestPrepareStmtKeepsGormTypes(t *testing.T) {
+	forDBs(t, testPrepareStmtKeepsGormTypes)
+}
+
+func testPrepareStmtKeepsGormTypes(t *testing.T, e *env) {
+	db, _ := e.guardedPlugin(t, &gorm.Config{PrepareStmt: true})
+	pdb, ok := db.ConnPool.(*gorm.PreparedStmtDB)
+	if !ok {
+		t.Fatalf("db.ConnPool is a %T, want *gorm.PreparedStmtDB", db.ConnPool)
+	}
+	if _, ok := db.Statement.ConnPool.(*gorm.PreparedStmtDB); !ok {
+		t.Fatalf("db.Statement.ConnPool is a %T, want *gorm.PreparedStmtDB", db.Statement.ConnPool)
+	}
+	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		if _, ok := tx.Statement.ConnPool.(*gorm.PreparedStmtTX); !ok {
+			return fmt.Errorf("tx.Statement.ConnPool is a %T, want *gorm.PreparedStmtTX", tx.Statement.ConnPool)
+		}
+		if err := tx.Model(&Counter{ID: 1}).Update("n", 1).Error; err != nil {
+			return err
+		}
+		if !e.held(t, "counters:1") {
+			return errors.New("row lock not held to COMMIT")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if e.held(t, "counters:1") {
+		t.Fatal("row lock left after COMMIT")
+	}
+	if len(pdb.Stmts.Keys()) == 0 {
+		t.Fatal("no statement was prepared")
+	}
+	if _, err := db.DB(); err != nil {
+		t.Fatal(err)
 	}
 }
