@@ -80,13 +80,7 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 	}
 	p.log = db.Logger
 
-	if _, ok := db.ConnPool.(*guardPool); !ok {
-		pool := &guardPool{ConnPool: db.ConnPool, p: p}
-		if db.Statement != nil && db.Statement.ConnPool == db.ConnPool {
-			db.Statement.ConnPool = pool
-		}
-		db.ConnPool = pool
-	}
+	p.wrapPool(db)
 	if db.ClauseBuilders == nil {
 		db.ClauseBuilders = map[string]clause.ClauseBuilder{}
 	}
@@ -113,6 +107,28 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 		return err
 	}
 	return p.register(del.Get, regDelete, "gorm:delete", "gorm:after_delete", true)
+}
+
+// wrapPool puts the plugin's pool under db, so that it sees every
+// transaction begin and end. With PrepareStmt, GORM's *gorm.PreparedStmtDB
+// stays on top, where GORM and its users look for it (db.ConnPool.(*gorm.
+// PreparedStmtDB)), and the plugin's pool goes beneath it: its transactions
+// are then *gorm.PreparedStmtTX around the plugin's.
+func (p *Plugin) wrapPool(db *gorm.DB) {
+	if pdb, ok := db.ConnPool.(*gorm.PreparedStmtDB); ok {
+		if _, ok := pdb.ConnPool.(*guardPool); !ok {
+			pdb.ConnPool = &guardPool{ConnPool: pdb.ConnPool, p: p}
+		}
+		return
+	}
+	if _, ok := db.ConnPool.(*guardPool); ok {
+		return
+	}
+	pool := &guardPool{ConnPool: db.ConnPool, p: p}
+	if db.Statement != nil && db.Statement.ConnPool == db.ConnPool {
+		db.Statement.ConnPool = pool
+	}
+	db.ConnPool = pool
 }
 
 // register places the plugin's steps around GORM's own for one processor:
