@@ -469,43 +469,6 @@ func testGormModes(t *testing.T, e *env) {
 	}
 }
 
-type Owner struct {
-	ID   uint
-	Pets []Pet
-}
-
-type Pet struct {
-	ID      uint
-	OwnerID *uint
-}
-
-// GORM's Association API writes by foreign key: refused by default, sent
-// under an Unguarded context.
-func TestAssociationWrites(t *testing.T) {
-	forLockers(t, testAssociationWrites)
-}
-
-func testAssociationWrites(t *testing.T, e *env) {
-	db := e.guarded(t)
-	if err := db.AutoMigrate(&Owner{}, &Pet{}); err != nil {
-		t.Fatal(err)
-	}
-	o := Owner{ID: 1, Pets: []Pet{{ID: 1}, {ID: 2}}}
-	if err := db.Create(&o).Error; err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Model(&o).Association("Pets").Clear(); !errors.Is(err, gormplugin.ErrUnkeyed) {
-		t.Fatalf("Association.Clear: %v, want ErrUnkeyed", err)
-	}
-	ctx := gormplugin.Unguarded(context.Background())
-	if err := db.WithContext(ctx).Model(&o).Association("Pets").Clear(); err != nil {
-		t.Fatal(err)
-	}
-	if n := db.Model(&o).Association("Pets").Count(); n != 0 {
-		t.Fatalf("%d pets left", n)
-	}
-}
-
 // Transaction called with a transaction takes the new rows' locks into it and
 // runs fn in a SAVEPOINT; the locks are held until the outer COMMIT.
 func TestNestedTransaction(t *testing.T) {
