@@ -211,6 +211,64 @@ func testUnnamedRowsGuarded(t *testing.T, e *env) {
 	}
 }
 
+// Tag has no primary key: no write can name one of its rows, so each guarded
+// write of it takes the table's one lock, "tags:*".
+type Tag struct {
+	Name string
+	Note string
+}
+
+// The rows of UPDATE ... FROM are those of the table written that join the
+// others; a table without a primary key is locked as a whole.
+func TestUnnamedRowsFromAndNoKey(t *testing.T) {
+	forLockers(t, testUnnamedRowsFromAndNoKey)
+}
+
+func testUnnamedRowsFromAndNoKey(t *testing.T, e *env) {
+	if err := e.plain(t).AutoMigrate(&Tag{}); err != nil {
+		t.Fatal(err)
+	}
+	db := e.guarded(t)
+	if err := db.Create(&[]Widget{{ID: 1}, {ID: 2}, {ID: 3}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(&[]Repo{{ID: 2, Name: "two"}, {ID: 3, Name: "three"}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(&[]Tag{{Name: "a"}, {Name: "b"}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	seen := lockedDuring(t, e, db, "widgets:1", "widgets:2", "widgets:3", "tags:*")
+	err := db.Model(&Widget{}).Clauses(clause.From{Tables: []clause.Table{{Name: "repos"}}}).
+		Where("repos.id = widgets.id AND repos.name = ?", "two").Update("color", gorm.Expr("repos.name")).Error
+	if err != nil {
+		t.Fatalf("UPDATE ... FROM: %v", err)
+	}
+	if len(*seen) != 1 || !slices.Equal((*seen)[0], []string{"widgets:2"}) {
+		t.Fatalf("locks during UPDATE ... FROM: %v, want widgets:2", *seen)
+	}
+	var w Widget
+	db.First(&w, 2)
+	if w.Color != "two" {
+		t.Fatalf("widget 2 %+v", w)
+	}
+	*seen = nil
+	if err := db.Model(&Tag{}).Where("name = ?", "a").Update("note", "x").Error; err != nil {
+		t.Fatalf("update of a table without a primary key: %v", err)
+	}
+	if err := db.Where("name = ?", "b").Delete(&Tag{}).Error; err != nil {
+		t.Fatalf("delete from a table without a primary key: %v", err)
+	}
+	if len(*seen) != 2 || !slices.Equal((*seen)[0], []string{"tags:*"}) || !slices.Equal((*seen)[1], []string{"tags:*"}) {
+		t.Fatalf("locks during writes of a table without a primary key: %v, want tags:* each time", *seen)
+	}
+	var tags []Tag
+	db.Find(&tags)
+	if len(tags) != 1 || tags[0].Note != "x" {
+		t.Fatalf("tags %+v", tags)
+	}
+}
+
 // B.6: GORM's own refusal of a global write is kept.
 func TestMissingWhereKept(t *testing.T) {
 	forDBs(t, testMissingWhereKept)

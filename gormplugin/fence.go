@@ -204,7 +204,7 @@ func (g *guard) checkFence(db *gorm.DB) {
 // stampModel sets the model's fence field to the token written, for a
 // single-row update of an addressable struct.
 func (g *guard) stampModel(db *gorm.DB) {
-	if g.delete || len(g.rows) != 1 {
+	if g.delete || len(g.rows) != 1 || !g.fromModel {
 		return
 	}
 	rv := reflect.ValueOf(db.Statement.Model)

@@ -196,8 +196,8 @@ func testUnkeyedPolicies(t *testing.T, e *env) {
 		return out
 	}
 
-	t.Run("Refuse (default)", func(t *testing.T) {
-		db := e.guarded(t)
+	t.Run("Refuse", func(t *testing.T) {
+		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.Refuse))
 		if err := batch(db, "red"); !errors.Is(err, gormplugin.ErrUnkeyed) {
 			t.Fatalf("got %v, want ErrUnkeyed", err)
 		}
@@ -212,23 +212,6 @@ func testUnkeyedPolicies(t *testing.T, e *env) {
 		}
 		if c := colors(t); !equal(c, []string{"red", "red"}) {
 			t.Fatalf("Unguarded write: %v", c)
-		}
-	})
-	t.Run("LockTable", func(t *testing.T) {
-		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.LockTable))
-		var held bool
-		observe(t, db, func(*gorm.DB) { held = e.held(t, "widgets:*") })
-		if err := batch(db, "green"); err != nil {
-			t.Fatal(err)
-		}
-		if !held {
-			t.Fatal("the table lock widgets:* was not held during the write")
-		}
-		if c := colors(t); !equal(c, []string{"green", "green"}) {
-			t.Fatalf("rows %v", c)
-		}
-		if e.held(t, "widgets:*") {
-			t.Fatal("table lock left after the write")
 		}
 	})
 	t.Run("PassThrough", func(t *testing.T) {

@@ -23,32 +23,58 @@ func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error {
 // Option configures a Plugin.
 type Option func(*config)
 
-// UnkeyedPolicy says what a guarded Update or Delete does when the plugin
-// cannot name its rows by primary key (a batch write with a Where condition).
+// UnkeyedPolicy says what a guarded Update or Delete does when its rows are
+// not named by primary key up front: a batch write with a condition on other
+// columns (Where("name = ?")), a db.Table(...) write, a global write with
+// AllowGlobalUpdate, and the writes GORM's association API makes by foreign
+// key.
 type UnkeyedPolicy int
 
 const (
-	// Refuse fails such writes with ErrUnkeyed before they are sent. It is
-	// the default: a write the plugin cannot guard would silently break the
-	// promise that writes to a row never interleave. Send a write known to
-	// be safe under a context from Unguarded.
-	Refuse UnkeyedPolicy = iota
-	// LockTable takes the table-wide lock "<table>:*" around the write. It
-	// serialises unkeyed writes on a table with each other, not with row
-	// writes (a lock has no shared mode), and it writes no fence.
-	LockTable
+	// LockMatched, the default, reads the primary keys of the rows the
+	// write's conditions match (in the write's transaction, if any), locks
+	// them like named rows (in name order, fenced), and restricts the write to
+	// them (AND pk IN (...)), so it excludes, and is excluded by, every writer
+	// of those rows. A row that starts to match between that read and the
+	// write is left out, as if the write had run first. A write matching more
+	// than MaxMatchedRows rows fails with ErrUnkeyed; one on a table without
+	// a primary key too.
+	LockMatched UnkeyedPolicy = iota
+	// Refuse fails such writes with ErrUnkeyed before they are sent. GORM's
+	// association operations are several statements: run them in a
+	// transaction so that a refusal rolls the whole operation back.
+	Refuse
 	// PassThrough sends such writes without a lock or fence.
 	PassThrough
 )
 
+// DefaultMaxMatchedRows is the default of MaxMatchedRows.
+const DefaultMaxMatchedRows = 1000
+
+// MaxMatchedRows bounds how many rows a write whose rows are not named may
+// lock under LockMatched (one Redis round trip each); a write matching more
+// fails with ErrUnkeyed before anything is written. The default is 1000
+// (DefaultMaxMatchedRows).
+func MaxMatchedRows(n int) Option {
+	return func(c *config) {
+		if n <= 0 {
+			c.fail(invalid("MaxMatchedRows %d must be positive", n))
+			return
+		}
+		c.maxMatched = n
+	}
+}
+
 type config struct {
-	inv      Invalidator
-	keys     func(table string, pk any) []string
-	again    time.Duration
-	unkeyed  UnkeyedPolicy
-	failOpen bool
-	noFence  bool
-	lockOpts []locks.Option
+	inv     Invalidator
+	keys    func(table string, pk any) []string
+	again   time.Duration
+	unkeyed UnkeyedPolicy
+	// maxMatched bounds the rows LockMatched locks for one write.
+	maxMatched int
+	failOpen   bool
+	noFence    bool
+	lockOpts   []locks.Option
 	// unavailableAfter bounds the first attempt at a row lock.
 	unavailableAfter time.Duration
 	err              error // the first invalid option
@@ -93,11 +119,11 @@ func InvalidateAgain(d time.Duration) Option {
 	}
 }
 
-// Unkeyed sets what happens to writes whose rows cannot be named by primary
-// key. The default is Refuse.
+// Unkeyed sets what happens to writes whose rows are not named by primary
+// key. The default is LockMatched.
 func Unkeyed(p UnkeyedPolicy) Option {
 	return func(c *config) {
-		if p < Refuse || p > PassThrough {
+		if p < LockMatched || p > PassThrough {
 			c.fail(invalid("unknown UnkeyedPolicy %d", p))
 			return
 		}

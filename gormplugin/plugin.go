@@ -31,6 +31,7 @@ type Plugin struct {
 	log logger.Interface
 
 	fences sync.Map // *schema.Schema → *schema.Field (nil when none)
+	pks    sync.Map // table name → []string, primary key columns read from the catalogue
 
 	mu      sync.Mutex               // guards timers, closed
 	timers  map[*time.Timer]struct{} // pending delayed invalidations
@@ -48,6 +49,7 @@ type Plugin struct {
 func New(l locks.Locker, opts ...Option) *Plugin {
 	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}}
 	p.cfg.unavailableAfter = DefaultUnavailableAfter
+	p.cfg.maxMatched = DefaultMaxMatchedRows
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
