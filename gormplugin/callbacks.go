@@ -117,6 +117,9 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 		}
 		g.keys = p.keysOf(g)
 		db.InstanceSet(guardKey, g)
+		if g.tx == nil {
+			p.begin() // ended by releaseStep
+		}
 		if !lock {
 			return
 		}
@@ -141,6 +144,7 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 			if err != nil {
 				if p.cfg.failOpen && unavailable(err) {
 					p.warn(stmt.Context, "gormplugin: writing %q without a lock (FailOpen): %v", table, err)
+					p.emit(Event{Kind: WroteUnguarded, Table: table, Err: err})
 					g.locked = nil
 					return
 				}
@@ -239,13 +243,10 @@ func (p *Plugin) releaseStep(db *gorm.DB) {
 		}
 		return
 	}
+	defer p.end()
 	ctx := context.WithoutCancel(db.Statement.Context)
-	var err error
 	if ok {
-		err = p.invalidate(ctx, g.keys)
+		p.invalidate(ctx, g.keys)
 	}
 	p.unlockAll(ctx, g.locked)
-	if err != nil {
-		db.AddError(err)
-	}
 }

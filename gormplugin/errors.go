@@ -36,8 +36,11 @@ var (
 	// db.Connection), so it could not hold the row lock until that
 	// transaction's COMMIT.
 	ErrForeignTx = errors.New("gormplugin: write inside a transaction the plugin cannot follow")
-	// ErrInvalidate means the write was committed but invalidating the cached
-	// copies of its rows failed; they may be served stale until they expire.
+	// ErrInvalidate is returned by Shutdown when its context ended before
+	// every invalidation owed to a committed write was made: those keys may
+	// be served stale until they expire. A write whose invalidation fails
+	// returns nil (it has committed); the invalidation is retried in the
+	// background and reported to the Observer.
 	ErrInvalidate = errors.New("gormplugin: committed, but cache invalidation failed")
 )
 

@@ -223,7 +223,6 @@ func (f *flakyInvalidator) Invalidate(ctx context.Context, keys ...string) error
 	return f.rdb.Del(ctx, keys...).Err()
 }
 
-
 func TestInvalidateAgain(t *testing.T) {
 	forDBs(t, testInvalidateAgain)
 }

@@ -72,9 +72,13 @@ type config struct {
 	unkeyed UnkeyedPolicy
 	// maxMatched bounds the rows LockMatched locks for one write.
 	maxMatched int
-	failOpen   bool
-	noFence    bool
-	lockOpts   []locks.Option
+	// attempts and backoff shape the retries of a failed invalidation.
+	attempts int
+	backoff  time.Duration
+	observer func(Event)
+	failOpen bool
+	noFence  bool
+	lockOpts []locks.Option
 	// unavailableAfter bounds the first attempt at a row lock.
 	unavailableAfter time.Duration
 	err              error // the first invalid option
@@ -141,6 +145,23 @@ func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 // checked or written. It is required to use a Locker whose fence tokens are
 // not monotonic (locks.Redlock); by default the plugin refuses such a Locker.
 func NoFencing() Option { return func(c *config) { c.noFence = true } }
+
+// RetryInvalidation shapes the retries of an invalidation that failed after
+// its COMMIT (the write itself has committed and returned nil): up to
+// attempts attempts in all, the second backoff after the first, each wait
+// twice the one before, at most 5 s. The retries run in the background,
+// owned by the plugin; Shutdown flushes them, Close drops them, and each is
+// reported to the Observer. The default is 8 attempts from 100 ms (about 16 s
+// in all); attempts 1 turns retries off.
+func RetryInvalidation(attempts int, backoff time.Duration) Option {
+	return func(c *config) {
+		if attempts < 1 || backoff <= 0 {
+			c.fail(invalid("RetryInvalidation(%d, %v): want at least 1 attempt and a positive backoff", attempts, backoff))
+			return
+		}
+		c.attempts, c.backoff = attempts, backoff
+	}
+}
 
 // UnavailableAfter sets how long the plugin's first attempt at a row lock (a
 // TryLock; only a lock held by another owner is then awaited) may go

@@ -34,6 +34,7 @@ func (p *Plugin) newTxLocks(ctx context.Context) *txLocks {
 	if !ok {
 		owner = locks.NewOwnerID()
 	}
+	p.begin() // ended by finish
 	return &txLocks{p: p, owner: owner, held: map[string]*locks.Lock{}, seen: map[string]bool{}}
 }
 
@@ -96,28 +97,27 @@ func (r *txLocks) addKeys(keys []string) {
 
 // finish ends the registry once: after a COMMIT (committed) it invalidates
 // the pending keys, then it releases every lock.
-func (r *txLocks) finish(committed bool) error {
+func (r *txLocks) finish(committed bool) {
 	r.mu.Lock()
 	if r.done {
 		r.mu.Unlock()
-		return nil
+		return
 	}
 	r.done, r.commit = true, committed
 	held, keys := r.held, r.keys
 	r.held, r.keys = nil, nil
 	r.mu.Unlock()
 
+	defer r.p.end()
 	ctx := context.Background()
-	var err error
 	if committed {
-		err = r.p.invalidate(ctx, keys)
+		r.p.invalidate(ctx, keys)
 	}
 	rows := make([]row, 0, len(held))
 	for name, lk := range held {
 		rows = append(rows, row{name: name, lock: lk})
 	}
 	r.p.unlockAll(ctx, rows)
-	return err
 }
 
 // committed reports whether the transaction ended with a COMMIT.
