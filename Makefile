@@ -3,13 +3,21 @@ TEST_TIMEOUT ?= 14m
 # -race and the sqlite driver need cgo.
 export CGO_ENABLED := 1
 
-.PHONY: test deps vet bench bench-quick bench-long
+SOAK         ?= 10m
+SOAK_TIMEOUT ?= 3h
+
+.PHONY: test deps vet soak bench bench-quick bench-long
 
 ## test: install what is missing, vet, and run every test with -race against real redis-server processes.
 test: deps vet
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@if [ -f benchmarks/go.mod ]; then cd benchmarks && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; fi
 	@if [ -f benchmarks/Makefile.inc ]; then $(MAKE) --no-print-directory bench-quick; fi
+
+## soak: the end-to-end fleet suite for $(SOAK) under a random fault schedule (its seed is
+## printed; FLEET_SEED=n replays it, FLEET_DB=postgres runs it on PostgreSQL), then its table.
+soak: deps
+	FLEET_SOAK=$(SOAK) $(GO) test -race -count=1 -v -run '^TestFleetSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/fleet/
 
 deps:
 	@./internal/tools/deps.sh

@@ -62,7 +62,7 @@ func demo(ctx context.Context, r *redisServer, cfg demoConfig, out io.Writer) er
 
 // runDemo starts the instances on a new database, runs the bursts and the
 // edits, and closes everything. newClient makes each instance's Redis client.
-func runDemo(ctx context.Context, cfg demoConfig, newClient func() *redis.Client, out io.Writer) (rep *report, err error) {
+func runDemo(ctx context.Context, cfg demoConfig, newClient func() redis.UniversalClient, out io.Writer) (rep *report, err error) {
 	dbPath, remove, err := workdir()
 	if err != nil {
 		return nil, err
@@ -73,7 +73,7 @@ func runDemo(ctx context.Context, cfg demoConfig, newClient func() *redis.Client
 	prefix := runPrefix()
 	m := &meter{}
 	base := serviceConfig{
-		DBPath:    dbPath,
+		DB:        dbPath,
 		Prefix:    prefix,
 		Pool:      cfg.Pool,
 		QueryCost: cfg.QueryCost,

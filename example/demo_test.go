@@ -91,7 +91,7 @@ func TestDemoEmbedded(t *testing.T) {
 	defer e.Close()
 	cfg := testDemo()
 	var out bytes.Buffer
-	rep, err := runDemo(context.Background(), cfg, func() *redis.Client { return redis.NewClient(&redis.Options{Addr: e.Addr()}) }, &out)
+	rep, err := runDemo(context.Background(), cfg, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: e.Addr()}) }, &out)
 	if err != nil {
 		t.Fatalf("runDemo: %v\n%s", err, out.String())
 	}
@@ -104,7 +104,7 @@ func TestDemoRealRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := testDemo()
 	var out bytes.Buffer
-	rep, err := runDemo(context.Background(), cfg, func() *redis.Client { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) }, &out)
+	rep, err := runDemo(context.Background(), cfg, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) }, &out)
 	if err != nil {
 		t.Fatalf("runDemo: %v\n%s", err, out.String())
 	}
@@ -147,6 +147,12 @@ func TestRunBadUsage(t *testing.T) {
 		{"-redis", "redis://:x@[::1"},
 		{"dance"},
 		{"serve", "extra"},
+		{"serve", "-control", "no-fencing"},
+		{"serve", "-hooks", "-control", "nope"},
+		{"serve", "-lease", "0"},
+		{"serve", "-cache-ttl", "0"},
+		{"serve", "-db", "mysql://x"},
+		{"serve", "-cluster"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), args, noEnv, &stdout, &stderr)
@@ -259,6 +265,13 @@ func TestServe(t *testing.T) {
 	code, _, b := do("PUT", "/repos/1/settings", `{"edit":"e1","default_branch":"trunk"}`)
 	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Settings.DefaultBranch != "trunk" {
 		t.Errorf("PUT: %d %s, want 200, version 1, a fence, branch trunk", code, b)
+	}
+	code, _, b = do("PATCH", "/repos/2", `{"edit":"r1","name":"acme/web2"}`)
+	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Name != "acme/web2" {
+		t.Errorf("PATCH: %d %s, want 200, version 1, a fence, the new name", code, b)
+	}
+	if code, _, b := do("PATCH", "/repos/2", `{"edit":"r2"}`); code != 400 {
+		t.Errorf("PATCH without a name: %d %s, want 400", code, b)
 	}
 	if code, h, b := do("GET", "/repos/1", ""); code != 200 || h.Get("X-Cache") != "MISS" || repo(b).Version != 1 {
 		t.Errorf("GET /repos/1 after the edit: %d X-Cache %q %s, want the edit reloaded", code, h.Get("X-Cache"), b)

@@ -19,7 +19,7 @@ import (
 // pool. Only the Redis server and the SQLite file are shared.
 type instance struct {
 	svc  *service
-	rdb  *redis.Client
+	rdb  redis.UniversalClient
 	srv  *http.Server
 	url  string        // http://host:port
 	done chan struct{} // closed when Serve returned
@@ -28,7 +28,7 @@ type instance struct {
 
 // startInstance starts an instance listening on listen ("127.0.0.1:0" for a
 // free port). cfg.Redis is set to rdb, which the instance closes.
-func startInstance(cfg serviceConfig, rdb *redis.Client, listen string) (*instance, error) {
+func startInstance(cfg serviceConfig, rdb redis.UniversalClient, listen string) (*instance, error) {
 	cfg.Redis = rdb
 	svc, err := newService(cfg)
 	if err != nil {
@@ -105,24 +105,40 @@ func runPrefix() string {
 }
 
 // dropKeys deletes the keys under prefix (best effort, when leaving a Redis
-// that outlives the run).
+// that outlives the run), on every master of a cluster.
 func dropKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return dropNodeKeys(ctx, node, prefix)
+		})
+	}
+	return dropNodeKeys(ctx, rdb, prefix)
+}
+
+// dropNodeKeys deletes the keys under prefix on one server, one at a time
+// on a cluster node (a batch would cross slots).
+func dropNodeKeys(ctx context.Context, rdb redis.Cmdable, prefix string) error {
 	iter := rdb.Scan(ctx, 0, prefix+"*", 500).Iterator()
 	var batch []string
+	flush := func() error {
+		for _, k := range batch {
+			if err := rdb.Unlink(ctx, k).Err(); err != nil {
+				return err
+			}
+		}
+		batch = batch[:0]
+		return nil
+	}
 	for iter.Next(ctx) {
 		batch = append(batch, iter.Val())
 		if len(batch) == 500 {
-			if err := rdb.Del(ctx, batch...).Err(); err != nil {
+			if err := flush(); err != nil {
 				return err
 			}
-			batch = batch[:0]
 		}
 	}
 	if err := iter.Err(); err != nil {
 		return err
 	}
-	if len(batch) > 0 {
-		return rdb.Del(ctx, batch...).Err()
-	}
-	return nil
+	return flush()
 }

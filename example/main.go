@@ -1,6 +1,7 @@
 // Command example is a small repository-settings service built on cacheguard:
-// reads through cacheguard.Get and ginmw.Cache, settings edits under ginmw.Lock
-// with gormplugin's row guard, fence column and invalidate-after-commit.
+// reads through cacheguard.Get and ginmw.Cache, settings edits and renames
+// under ginmw.Lock with gormplugin's row guard, fence column and
+// invalidate-after-commit.
 //
 // By default it runs a short demonstration against an embedded Redis and a
 // SQLite file in a temporary directory, and exits:
@@ -8,6 +9,12 @@
 //	go run ./example
 //	go run ./example serve                 # keep serving; prints curl lines to try
 //	go run ./example -redis 127.0.0.1:6379 # a real Redis (or REDIS_URL=rediss://:password@host:port/0)
+//
+// Several serve processes make one service when they share a Redis, a
+// database and a key prefix:
+//
+//	go run ./example serve -redis 127.0.0.1:6379 -db /tmp/repos.db -prefix svc: -listen :8081
+//	go run ./example serve -redis 127.0.0.1:6379 -db /tmp/repos.db -prefix svc: -listen :8082
 package main
 
 import (
@@ -27,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 const usage = `usage: go run ./example [flags] [demo|serve]
@@ -45,15 +53,40 @@ flags:
   -edit-wait d     how long an edit waits for the repository's lock before
                    409 (default %[4]s in the demo, %[6]s in serve)
   -listen addr     serve: address to listen on (default %[5]s, a free port)
+  -db dsn          serve: the database, a SQLite file or a postgres:// URL,
+                   shared by every process of the service (its table is
+                   created and seeded when missing); default a new SQLite
+                   file in a temporary directory
+  -prefix p        serve: the prefix of every Redis key, shared by every
+                   process of the service; default a new one per run (whose
+                   keys are deleted at exit)
+  -cluster         -redis names a node of a Redis Cluster
+  -lease d         the repository locks' lease, renewed while held (default %[7]s)
+  -cache-ttl d     how long a cached repository or list stays fresh (default %[8]s)
+  -quiet           serve: no request log
+
+test-only flags (the end-to-end suite in internal/fleet uses them):
+  -hooks           enable pause points: a request with X-Pause-At: <step>
+                   stops at that step until released (see hooks.go)
+  -control name    with -hooks, switch a protection off to show what it
+                   prevents: no-plugin, no-fencing or no-invalidate
 `
 
 // options are the parsed command line.
 type options struct {
-	mode    string
-	redis   string
-	listen  string
-	demo    demoConfig
-	waitSet bool // -edit-wait was given
+	mode     string
+	redis    string
+	cluster  bool // -redis names a cluster node
+	listen   string
+	db       string // serve: "" for a new SQLite file
+	prefix   string // serve: "" for a new one
+	lease    time.Duration
+	cacheTTL time.Duration
+	quiet    bool
+	hooks    bool   // test-only pause points
+	control  string // test-only: a protection switched off
+	demo     demoConfig
+	waitSet  bool // -edit-wait was given
 }
 
 func main() {
@@ -83,7 +116,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "example: %v (go run ./example -h for usage)\n", err)
 		return 2
 	}
-	r, err := openRedis(ctx, opts.redis)
+	r, err := openRedis(ctx, opts.redis, opts.cluster)
 	if err != nil {
 		fmt.Fprintf(stderr, "example: %v\n", err)
 		return 1
@@ -103,7 +136,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 func printUsage(w io.Writer) {
 	d := defaultDemo()
-	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, ginmw.DefaultWait)
+	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, ginmw.DefaultWait, locks.DefaultLease, defaultCacheTTL)
 }
 
 const defaultListen = "127.0.0.1:0"
@@ -111,7 +144,7 @@ const defaultListen = "127.0.0.1:0"
 // parse reads flags before and after the mode word ("serve -listen :8080"
 // and "-listen :8080 serve" both work).
 func parse(args []string, getenv func(string) string) (options, error) {
-	o := options{mode: "demo", redis: getenv("REDIS_URL"), listen: defaultListen, demo: defaultDemo()}
+	o := options{mode: "demo", redis: getenv("REDIS_URL"), listen: defaultListen, lease: locks.DefaultLease, cacheTTL: defaultCacheTTL, demo: defaultDemo()}
 	fs := flag.NewFlagSet("example", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.redis, "redis", o.redis, "")
@@ -120,6 +153,14 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.IntVar(&o.demo.Requests, "requests", o.demo.Requests, "")
 	fs.IntVar(&o.demo.Edits, "edits", o.demo.Edits, "")
 	fs.DurationVar(&o.demo.EditWait, "edit-wait", o.demo.EditWait, "")
+	fs.BoolVar(&o.cluster, "cluster", false, "")
+	fs.StringVar(&o.db, "db", "", "")
+	fs.StringVar(&o.prefix, "prefix", "", "")
+	fs.DurationVar(&o.lease, "lease", o.lease, "")
+	fs.DurationVar(&o.cacheTTL, "cache-ttl", o.cacheTTL, "")
+	fs.BoolVar(&o.quiet, "quiet", false, "")
+	fs.BoolVar(&o.hooks, "hooks", false, "")
+	fs.StringVar(&o.control, "control", "", "")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -144,6 +185,21 @@ func parse(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("-edits %d: want 1 to 1000", o.demo.Edits)
 	case o.demo.EditWait < 0:
 		return o, fmt.Errorf("-edit-wait %v: must not be negative", o.demo.EditWait)
+	case o.lease < 10*time.Millisecond:
+		return o, fmt.Errorf("-lease %v: want at least 10ms", o.lease)
+	case o.cacheTTL < time.Millisecond:
+		return o, fmt.Errorf("-cache-ttl %v: want at least 1ms", o.cacheTTL)
+	case o.control != "" && !o.hooks:
+		return o, fmt.Errorf("-control %s: only with -hooks (it switches a protection off)", o.control)
+	case o.control != "" && !validControl(o.control):
+		return o, fmt.Errorf("-control %q: want one of %s", o.control, strings.Join(controls, ", "))
+	case o.cluster && o.redis == "":
+		return o, fmt.Errorf("-cluster: needs -redis (the embedded server is not a cluster)")
+	}
+	if o.db != "" {
+		if _, err := dialector(o.db); err != nil {
+			return o, err
+		}
 	}
 	if _, _, err := net.SplitHostPort(o.listen); err != nil {
 		return o, fmt.Errorf("-listen %q: %v", o.listen, err)
@@ -179,13 +235,14 @@ func redisOptions(spec string) (*redis.Options, error) {
 // embedded one started for this run.
 type redisServer struct {
 	opts     *redis.Options
+	cluster  bool      // opts.Addr is a node of a Redis Cluster
 	embedded *embedded // nil for a real server
 	desc     string    // for the banner
 }
 
 // openRedis starts the embedded server when spec is empty, or checks that the
 // real one answers a PING within a few seconds.
-func openRedis(ctx context.Context, spec string) (*redisServer, error) {
+func openRedis(ctx context.Context, spec string, cluster bool) (*redisServer, error) {
 	if spec == "" {
 		e, err := startEmbedded()
 		if err != nil {
@@ -201,7 +258,10 @@ func openRedis(ctx context.Context, spec string) (*redisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &redisServer{opts: opts, desc: opts.Addr}
+	r := &redisServer{opts: opts, cluster: cluster, desc: opts.Addr}
+	if cluster {
+		r.desc = "cluster at " + opts.Addr
+	}
 	if opts.TLSConfig != nil {
 		r.desc += " (TLS)"
 	}
@@ -222,9 +282,18 @@ func openRedis(ctx context.Context, spec string) (*redisServer, error) {
 	return r, nil
 }
 
-// client returns a new client of its own, as a separate process would have.
-func (r *redisServer) client() *redis.Client {
+// client returns a new client of its own, as a separate process would have:
+// a cluster client when the server is a cluster node.
+func (r *redisServer) client() redis.UniversalClient {
 	o := *r.opts
+	if r.cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:     []string{o.Addr},
+			Username:  o.Username,
+			Password:  o.Password,
+			TLSConfig: o.TLSConfig,
+		})
+	}
 	return redis.NewClient(&o)
 }
 

@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"net/url"
+	"strings"
 
+	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -42,13 +45,37 @@ var seedRepos = []Repo{
 	{ID: 3, Name: "acme/docs", Settings: Settings{DefaultBranch: "trunk", Visibility: "public", Edits: []string{}}},
 }
 
-// openDB opens the SQLite file shared by the instances: WAL so readers never
-// wait for the writer, and a busy timeout so writers wait for each other.
-func openDB(path string, pool int) (*gorm.DB, error) {
-	dsn := "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+// dialector picks the driver for dsn: a postgres:// (or postgresql://) URL
+// is PostgreSQL, anything else a SQLite file, opened in WAL mode (readers
+// never wait for the writer) with a busy timeout (writers wait for each
+// other, as they do on a server database). SQLite transactions begin
+// IMMEDIATE, taking the write lock up front: a deferred transaction that
+// reads and then writes fails at once with "database is locked" when
+// another connection committed in between (its snapshot is stale, and
+// waiting cannot help), so two edits of different repositories would
+// conflict.
+func dialector(dsn string) (gorm.Dialector, error) {
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return postgres.Open(dsn), nil
+	case strings.Contains(dsn, "://"):
+		return nil, fmt.Errorf("-db %q: want a SQLite file or a postgres:// URL", dsn)
+	case dsn == "":
+		return nil, fmt.Errorf("-db: empty")
+	default:
+		return sqlite.Open("file:" + dsn + "?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate"), nil
+	}
+}
+
+// openDB opens the database shared by the instances with at most pool connections.
+func openDB(dsn string, pool int) (*gorm.DB, error) {
+	d, err := dialector(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, err
+	}
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		return nil, fmt.Errorf("open the database: %w", err)
 	}
 	sqlDB, err := db.DB()
 	if err != nil {
@@ -59,9 +86,11 @@ func openDB(path string, pool int) (*gorm.DB, error) {
 	return db, nil
 }
 
-// createSchema creates the table and its seed rows in a new database file.
-func createSchema(path string) error {
-	db, err := openDB(path, 1)
+// createSchema creates the table when it is missing and adds the seed rows
+// when it is empty: the first process of a service prepares the database,
+// the others find it ready.
+func createSchema(dsn string) error {
+	db, err := openDB(dsn, 1)
 	if err != nil {
 		return err
 	}
@@ -70,5 +99,20 @@ func createSchema(path string) error {
 	if err := db.AutoMigrate(&Repo{}); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}
+	var n int64
+	if err := db.Model(&Repo{}).Count(&n).Error; err != nil {
+		return fmt.Errorf("count repositories: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
 	return db.Create(seedRepos).Error
+}
+
+// redactDSN hides the password of a database URL, for the banner.
+func redactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return dsn
 }

@@ -10,35 +10,58 @@ import (
 	"github.com/cacheguard/cacheguard/ginmw"
 )
 
-// serve runs one instance on a new database until ctx ends (SIGINT or
-// SIGTERM), then closes everything.
+// serve runs one instance until ctx ends (SIGINT or SIGTERM), then closes
+// everything. Without -db it works on a new SQLite file; without -prefix on
+// keys of its own, which it deletes from a real Redis at exit.
 func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err error) {
-	dbPath, remove, err := workdir()
-	if err != nil {
+	dsn := o.db
+	if dsn == "" {
+		dbPath, remove, err := workdir()
+		if err != nil {
+			return err
+		}
+		defer remove()
+		dsn = dbPath
+	} else if err := createSchema(dsn); err != nil {
 		return err
 	}
-	defer remove()
 	wait := ginmw.DefaultWait
 	if o.waitSet {
 		wait = o.demo.EditWait
 	}
-	prefix := runPrefix()
+	prefix, shared := o.prefix, o.prefix != ""
+	if !shared {
+		prefix = runPrefix()
+	}
 	cfg := serviceConfig{
-		DBPath:    dbPath,
+		DB:        dsn,
 		Prefix:    prefix,
 		Pool:      8,
 		QueryCost: o.demo.QueryCost,
 		EditWait:  wait,
+		Lease:     o.lease,
+		CacheTTL:  o.cacheTTL,
 		Meter:     &meter{},
 		Log:       out,
 	}
+	if o.quiet {
+		cfg.Log = nil
+	}
+	if o.hooks {
+		cfg.Hooks = newHooks(out, o.control)
+	}
 	in, err := startInstance(cfg, r.client(), o.listen)
 	if err != nil {
+		cfg.Hooks.close()
 		return err
 	}
 	defer func() {
+		// Requests parked by the test-only hooks stay parked through the
+		// shutdown, as slow requests would be: it waits for them (up to its
+		// grace), then closes the service, which ends parked cache loads.
 		err = errors.Join(err, closeAll([]*instance{in}))
-		if r.embedded == nil { // leave a shared Redis as it was found
+		cfg.Hooks.close()
+		if r.embedded == nil && !shared { // leave a shared Redis as it was found
 			rdb := r.client()
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = errors.Join(err, dropKeys(dctx, rdb, prefix), rdb.Close())
@@ -49,7 +72,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 	u := in.url
 	fmt.Fprintf(out, `cacheguard example serving on %s
   redis   %s (keys under %q)
-  sqlite  %s; a repository query holds a connection for %v
+  db      %s; a repository query holds a connection for %v
 
 try:
   curl -i %s/repos/1      # cacheguard.Get: X-Cache MISS, then HIT
@@ -57,11 +80,14 @@ try:
   curl -i -X PUT %s/repos/1/settings \
        -H 'Content-Type: application/json' -d '{"edit":"e1","default_branch":"trunk"}'
                           # ginmw.Lock + gormplugin: version and fence go up
-  curl -i %s/repos/1      # the edit, read back: the commit invalidated the cache
+  curl -i -X PATCH %s/repos/1 \
+       -H 'Content-Type: application/json' -d '{"edit":"e2","name":"acme/api2"}'
+                          # a rename: plain GORM First and Updates under the same lock
+  curl -i %s/repos/1      # the edits, read back: the commits invalidated the cache
   curl -s %s/stats        # this instance's cache counters
 
 Ctrl-C stops.
-`, u, r.desc, prefix, dbPath, cfg.QueryCost, u, u, u, u, u)
+`, u, r.desc, prefix, redactDSN(dsn), cfg.QueryCost, u, u, u, u, u, u)
 
 	select {
 	case <-ctx.Done():

@@ -24,20 +24,27 @@ import (
 // serviceConfig configures one instance of the service.
 type serviceConfig struct {
 	Redis     redis.UniversalClient // this instance's own client
-	DBPath    string                // the SQLite file, shared by every instance
+	DB        string                // the database (a SQLite file or a postgres:// URL), shared by every instance
 	Prefix    string                // of every Redis key and channel (locks and cache)
 	Pool      int                   // open database connections at most
 	QueryCost time.Duration         // how long a repository query holds its connection (a stand-in for a heavy query)
 	EditCost  time.Duration         // time an edit spends between its read and its write
 	EditWait  time.Duration         // how long an edit waits for the repository's lock before 409
+	Lease     time.Duration         // of the repository locks (0: locks.DefaultLease)
+	CacheTTL  time.Duration         // how long cached repositories and lists stay fresh (0: defaultCacheTTL)
 	Meter     *meter                // where queries and edits are counted
 	Log       io.Writer             // request log; nil for none
+	Hooks     *hooks                // test-only pause points and controls; nil (inert) in a real deployment
 }
+
+// defaultCacheTTL is how long a cached repository or list stays fresh.
+const defaultCacheTTL = time.Minute
 
 // meter counts what the demonstration reports. Instances share one, as they
 // would share a metrics backend; nothing in the service reads it back.
 type meter struct {
 	queries   atomic.Int64 // SELECTs on table repos
+	loads     atomic.Int64 // repositories and lists loaded for the cache (cacheguard.Get's loader, ginmw.Cache's handler)
 	editing   atomic.Int64 // edits inside their critical section now
 	maxEdit   atomic.Int64 // the most edits ever inside at once
 	editsDone atomic.Int64 // edits committed
@@ -62,8 +69,11 @@ type service struct {
 	db     *gorm.DB
 	locks  *locks.Client
 	guard  *cacheguard.Guard
-	plugin *gormplugin.Plugin
+	plugin *gormplugin.Plugin // nil under the test-only control no-plugin
 	engine *gin.Engine
+	// transaction runs a read-modify-write of rows: gormplugin.Transaction,
+	// which holds the rows' locks from before BEGIN until after COMMIT.
+	transaction func(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, rows ...any) error
 }
 
 // listKey is the ginmw.Cache entry of GET /repos.
@@ -74,10 +84,16 @@ func repoKey(id any) string { return fmt.Sprintf("repo:%v", id) }
 
 // newService wires one instance. Close releases what it made (not cfg.Redis).
 func newService(cfg serviceConfig) (*service, error) {
-	s := &service{cfg: cfg}
-	s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix))
+	if cfg.Lease <= 0 {
+		cfg.Lease = locks.DefaultLease
+	}
+	if cfg.CacheTTL <= 0 {
+		cfg.CacheTTL = defaultCacheTTL
+	}
+	s := &service{cfg: cfg, transaction: gormplugin.Transaction}
+	s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
 	s.guard = cacheguard.New(cfg.Redis, cacheguard.Prefix(cfg.Prefix))
-	db, err := openDB(cfg.DBPath, cfg.Pool)
+	db, err := openDB(cfg.DB, cfg.Pool)
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -90,10 +106,22 @@ func newService(cfg serviceConfig) (*service, error) {
 	})
 	// (pk is never nil here: writes whose rows cannot be named are refused,
 	// the plugin's default.)
-	s.plugin = gormplugin.New(s.locks, gormplugin.Invalidate(inv, func(_ string, pk any) []string {
+	invalidate := gormplugin.Invalidate(inv, func(_ string, pk any) []string {
 		return []string{repoKey(pk)}
-	}))
-	if err := db.Use(s.plugin); err != nil {
+	})
+	opts := cfg.Hooks.pluginOptions(invalidate) // [invalidate], unless a test-only control changes it
+	if cfg.Hooks.unguarded() {
+		// Test-only control no-plugin: writes take no row locks, check no
+		// fence and invalidate nothing; only ginmw.Lock remains.
+		s.transaction = unguardedTransaction
+	} else {
+		s.plugin = gormplugin.New(s.locks, opts...)
+		if err := db.Use(s.plugin); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	if err := cfg.Hooks.registerGORM(db); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -118,10 +146,11 @@ func (s *service) routes() *gin.Engine {
 		r.Use(gin.LoggerWithWriter(s.cfg.Log))
 	}
 	r.Use(gin.Recovery())
+	s.cfg.Hooks.routes(r) // test-only; nothing without -hooks
 
 	// The list is a whole response cached by ginmw.Cache; a settings commit
 	// drops it (see newService).
-	r.GET("/repos", ginmw.Cache(s.guard, 30*time.Second), s.listRepos)
+	r.GET("/repos", ginmw.Cache(s.guard, s.cfg.CacheTTL), s.listRepos)
 	// One repository through cacheguard.Get: one load per expiry across every
 	// instance sharing the Redis.
 	r.GET("/repos/:id", s.getRepo)
@@ -131,8 +160,11 @@ func (s *service) routes() *gin.Engine {
 	// Edits hold the repository's lock, "repos:<id>", for the whole handler;
 	// the GORM transaction inside locks the same row name, so it re-enters
 	// the request's lock, stamps the fence column and invalidates after COMMIT.
-	settings := ginmw.Resource("repos", ginmw.Param("id"))
-	r.PUT("/repos/:id/settings", ginmw.Lock(s.locks, settings, ginmw.Wait(s.cfg.EditWait)), s.updateSettings)
+	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	lock := ginmw.Lock(s.locks, repo, ginmw.Wait(s.cfg.EditWait))
+	r.PUT("/repos/:id/settings", lock, s.updateSettings)
+	// Renames hold the same lock, and write with plain GORM calls.
+	r.PATCH("/repos/:id", lock, s.renameRepo)
 	r.GET("/stats", s.stats)
 	return r
 }
@@ -152,10 +184,19 @@ func (s *service) Close() error {
 	return errors.Join(errs...)
 }
 
+// listRepos runs when GET /repos is not cached: ginmw.Cache stores its answer.
 func (s *service) listRepos(c *gin.Context) {
+	ctx := c.Request.Context()
+	if m := s.cfg.Meter; m != nil {
+		m.loads.Add(1)
+	}
 	var repos []Repo
-	if err := s.db.WithContext(c.Request.Context()).Order("id").Find(&repos).Error; err != nil {
+	if err := s.db.WithContext(ctx).Order("id").Find(&repos).Error; err != nil {
 		c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
+		return
+	}
+	if err := s.cfg.Hooks.inLoad(ctx, ctx); err != nil { // test-only pause point
+		c.AbortWithStatusJSON(http.StatusServiceUnavailable, gin.H{"error": err.Error()})
 		return
 	}
 	c.JSON(http.StatusOK, repos)
@@ -167,9 +208,19 @@ func (s *service) getRepo(c *gin.Context) {
 		return
 	}
 	var res cacheguard.Result
-	repo, err := cacheguard.Get(c.Request.Context(), s.guard, repoKey(id),
-		func(ctx context.Context) (Repo, error) { return s.loadRepo(ctx, id) },
-		cacheguard.TTL(time.Minute), cacheguard.ReportTo(&res))
+	reqCtx := c.Request.Context()
+	repo, err := cacheguard.Get(reqCtx, s.guard, repoKey(id),
+		func(ctx context.Context) (Repo, error) {
+			if m := s.cfg.Meter; m != nil {
+				m.loads.Add(1)
+			}
+			repo, err := s.loadRepo(ctx, id)
+			if err == nil {
+				err = s.cfg.Hooks.inLoad(reqCtx, ctx) // test-only pause point
+			}
+			return repo, err
+		},
+		cacheguard.TTL(s.cfg.CacheTTL), cacheguard.ReportTo(&res))
 	if res != 0 {
 		c.Header("X-Cache", res.String())
 	}
@@ -238,6 +289,10 @@ func (s *service) loadRepo(ctx context.Context, id uint) (Repo, error) {
 // the write are one critical section; the write stamps the fence column, and
 // the commit invalidates the cached copies.
 func (s *service) updateSettings(c *gin.Context) {
+	ctx := c.Request.Context()
+	span := s.cfg.Hooks.enterEdit(ctx)
+	defer span.leave()
+	s.cfg.Hooks.at(ctx, stepAfterLock)
 	id, ok := repoID(c)
 	if !ok {
 		return
@@ -251,12 +306,12 @@ func (s *service) updateSettings(c *gin.Context) {
 		m.enterEdit()
 		defer m.leaveEdit()
 	}
-	ctx := c.Request.Context()
 	var repo Repo
-	err := gormplugin.Transaction(ctx, s.db, func(tx *gorm.DB) error {
+	err := s.transaction(s.cfg.Hooks.txContext(ctx), s.db, func(tx *gorm.DB) error {
 		if err := tx.First(&repo, id).Error; err != nil {
 			return err
 		}
+		s.cfg.Hooks.at(ctx, stepAfterRead)
 		if err := pause(ctx, s.cfg.EditCost); err != nil {
 			return err
 		}
@@ -270,6 +325,52 @@ func (s *service) updateSettings(c *gin.Context) {
 		repo.Version++
 		return tx.Model(&repo).Select("settings", "version").Updates(&repo).Error
 	}, &Repo{ID: id})
+	span.done(c) // test-only: the critical section's span, in a header
+	s.answerEdit(c, repo, err)
+}
+
+// rename is the body of PATCH /repos/:id.
+type rename struct {
+	ID   string `json:"edit" binding:"required,max=64"`
+	Name string `json:"name" binding:"required,max=100"`
+}
+
+// renameRepo runs under ginmw.Lock like updateSettings, but reads and writes
+// the row with plain GORM calls, as most handlers are written: the write
+// re-enters the request's lock (same owner, "repos:<id>") and is fenced with
+// its token, and the read is exact because the request's lock spans it.
+func (s *service) renameRepo(c *gin.Context) {
+	ctx := c.Request.Context()
+	span := s.cfg.Hooks.enterEdit(ctx)
+	defer span.leave()
+	s.cfg.Hooks.at(ctx, stepAfterLock)
+	id, ok := repoID(c)
+	if !ok {
+		return
+	}
+	var r rename
+	if err := c.ShouldBindJSON(&r); err != nil {
+		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return
+	}
+	db := s.db.WithContext(s.cfg.Hooks.txContext(ctx))
+	var repo Repo
+	err := db.First(&repo, id).Error
+	if err == nil {
+		s.cfg.Hooks.at(ctx, stepAfterRead)
+		repo.Name = r.Name
+		repo.Settings.Edits = append(repo.Settings.Edits, r.ID)
+		repo.Version++
+		err = db.Model(&repo).Select("name", "settings", "version").Updates(&repo).Error
+	}
+	span.done(c)
+	s.answerEdit(c, repo, err)
+}
+
+// answerEdit answers an edit with the row as written, or with the status
+// its error calls for.
+func (s *service) answerEdit(c *gin.Context, repo Repo, err error) {
+	ctx := c.Request.Context()
 	switch {
 	case err == nil, errors.Is(err, gormplugin.ErrInvalidate):
 		// ErrInvalidate: committed, but a cached copy may be served until it expires.
@@ -282,9 +383,14 @@ func (s *service) updateSettings(c *gin.Context) {
 		c.JSON(http.StatusOK, repo)
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		c.AbortWithStatusJSON(http.StatusNotFound, gin.H{"error": "no such repository"})
-	case errors.Is(err, gormplugin.ErrStaleWrite), errors.Is(context.Cause(ctx), ginmw.ErrLockLost):
+	case errors.Is(err, gormplugin.ErrStaleWrite), errors.Is(err, locks.ErrNotHeld), errors.Is(context.Cause(ctx), ginmw.ErrLockLost):
 		// The lock was lost before the write: nothing was written.
 		c.AbortWithStatusJSON(http.StatusConflict, gin.H{"error": "lock lost before the write; retry"})
+	case errors.Is(err, gormplugin.ErrLock), errors.Is(err, locks.ErrBusy):
+		c.AbortWithStatusJSON(http.StatusConflict, gin.H{"error": "the repository is being edited; retry"})
+	case errors.Is(err, locks.ErrUnavailable):
+		c.Header("Retry-After", "1")
+		c.AbortWithStatusJSON(http.StatusServiceUnavailable, gin.H{"error": "lock service unavailable; retry"})
 	default:
 		c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
 	}
@@ -295,6 +401,7 @@ func (s *service) stats(c *gin.Context) {
 	out := gin.H{"cache": s.guard.Stats()}
 	if m := s.cfg.Meter; m != nil {
 		out["repo_queries"] = m.queries.Load()
+		out["cache_loads"] = m.loads.Load()
 		out["edits_committed"] = m.editsDone.Load()
 	}
 	c.JSON(http.StatusOK, out)

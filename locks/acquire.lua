@@ -12,26 +12,10 @@ local lease, place, fencettl, fair = tonumber(leases), tonumber(places), tonumbe
 -- writes that id into the lock, so only the waiter's own attempt matches it.
 local member = owner .. '|' .. leases .. '|' .. acq
 
--- The fence token: the counter plus one; when the counter was lost (restart
--- without persistence, failover, eviction, or its retention ran out), the
--- server's clock in microseconds, which is above every earlier token unless one
--- lock was taken more than once per microsecond since the counter's last reset
--- or the server's clock went back. INCR keeps the key's TTL, so the retention
--- counts from that reset and needs no write per acquisition.
-local function nextFence()
-  local f = redis.call('INCR', fk)
-  if f == 1 then
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', fk, string.format('%.0f', f), 'PX', fencettl)
-  end
-  return f
-end
-
--- Fast path: free and nobody queued (4 commands).
+-- Fast path: free and nobody queued (5 commands).
 if redis.call('EXISTS', lk, q) == 0 then
-  local f = nextFence()
-  redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', string.format('%.0f', f), 'h:' .. acq, 1)
+  local f, fs = nextFence(fk, fencettl, redis.call('TIME'))
+  redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', fs, 'h:' .. acq, 1)
   redis.call('PEXPIRE', lk, lease)
   return {1, f, 1}
 end
@@ -65,8 +49,8 @@ if cur[1] == false then
   local head = nil
   if fair then head = redis.call('ZRANGE', q, 0, 0)[1] end
   if head == nil or head == member then
-    local f = nextFence()
-    redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', string.format('%.0f', f), 'h:' .. acq, 1)
+    local f, fs = nextFence(fk, fencettl, t)
+    redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', fs, 'h:' .. acq, 1)
     redis.call('PEXPIRE', lk, lease)
     redis.call('ZREM', q, member)
     redis.call('ZREM', qt, member)

@@ -33,11 +33,12 @@ type batcher struct {
 	ctx  context.Context // the senders'; cancelled by close
 	stop context.CancelFunc
 
-	mu     sync.Mutex
-	busy   int        // direct calls and senders on the wire
-	queue  []*pending // calls waiting for a sender
-	closed bool       // Close: no more senders; every call goes direct
-	wg     sync.WaitGroup
+	mu      sync.Mutex    // guards the fields below
+	busy    int           // direct calls and senders on the wire
+	queue   []*pending    // calls waiting for a sender
+	closed  bool          // Close: no more senders; every call goes direct
+	drained chan struct{} // closed when nothing is busy or queued (made by drain)
+	wg      sync.WaitGroup
 }
 
 // States of a pending call.
@@ -88,7 +89,7 @@ func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) 
 		b.busy++
 		b.mu.Unlock()
 		cmd := b.rdb.Do(ctx, args...)
-		if noScript(cmd.Err()) && toEval(args) {
+		if noScript(cmd.Err()) && toEval(args) { // see script
 			cmd = b.rdb.Do(ctx, args...)
 		}
 		b.next()
@@ -119,7 +120,38 @@ func (b *batcher) next() {
 	if len(b.queue) > 0 {
 		b.startSender() // takes the slot just freed
 	}
+	b.idle()
 	b.mu.Unlock()
+}
+
+// idle tells drain when nothing is on the wire or queued (b.mu held).
+func (b *batcher) idle() {
+	if b.busy == 0 && len(b.queue) == 0 && b.drained != nil {
+		close(b.drained)
+		b.drained = nil
+	}
+}
+
+// drain waits until nothing is on the wire or queued (clean-ups included),
+// or ctx ends.
+func (b *batcher) drain(ctx context.Context) {
+	for {
+		b.mu.Lock()
+		if b.busy == 0 && len(b.queue) == 0 {
+			b.mu.Unlock()
+			return
+		}
+		if b.drained == nil {
+			b.drained = make(chan struct{})
+		}
+		drained := b.drained
+		b.mu.Unlock()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // startSender takes a slot and starts a sender for the queue (b.mu held).
@@ -140,6 +172,7 @@ func (b *batcher) send(q []*pending) {
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.busy--
+			b.idle()
 			b.mu.Unlock()
 			return
 		}
@@ -154,26 +187,13 @@ func (b *batcher) exec(q []*pending) {
 	// must not cancel the others' calls.
 	ctx, cancel := context.WithTimeout(b.ctx, sendTimeout)
 	defer cancel()
-	pipe := b.rdb.Pipeline()
-	for _, p := range q {
-		p.cmd = redis.NewCmd(ctx, p.args...)
-		_ = pipe.Process(ctx, p.cmd)
+	cmds := make([]*redis.Cmd, len(q))
+	for i, p := range q {
+		cmds[i] = redis.NewCmd(ctx, p.args...)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
-	// A node without a script (new, restarted, promoted) gets EVAL, which
-	// also caches it there.
-	var again redis.Pipeliner
-	for _, p := range q {
-		if noScript(p.cmd.Err()) && toEval(p.args) {
-			if again == nil {
-				again = b.rdb.Pipeline()
-			}
-			p.cmd = redis.NewCmd(ctx, p.args...)
-			_ = again.Process(ctx, p.cmd)
-		}
-	}
-	if again != nil {
-		_, _ = again.Exec(ctx)
+	pipeline(ctx, b.rdb, cmds, false)
+	for i, p := range q {
+		p.cmd = cmds[i]
 	}
 	for _, p := range q {
 		if p.state.CompareAndSwap(waiting, answered) {
@@ -204,7 +224,9 @@ func (b *batcher) later(args []any) {
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	b.rdb.Do(ctx, args...)
+	if noScript(b.rdb.Do(ctx, args...).Err()) && toEval(args) {
+		b.rdb.Do(ctx, args...) // best effort: what it releases otherwise expires with its lease
+	}
 }
 
 // close makes every later call go direct, fails what is still queued or on

@@ -523,12 +523,14 @@ func TestBadInputSendsNothing(t *testing.T) {
 	c := locks.New(rdb)
 	defer c.Close()
 	cases := map[string]func() error{
-		"empty name":      func() error { _, err := c.TryLock(ctx, ""); return err },
-		"long name":       func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
-		"zero lease":      func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
-		"negative lease":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
-		"lease too short": func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
-		"negative wait":   func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"empty name":       func() error { _, err := c.TryLock(ctx, ""); return err },
+		"long name":        func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
+		"zero lease":       func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
+		"negative lease":   func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
+		"lease too short":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
+		"negative wait":    func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"open tag prefix":  func() error { _, err := c.TryLock(ctx, "x", locks.WithPrefix("app{:")); return err },
+		"empty tag prefix": func() error { _, err := c.TryLock(ctx, "x", locks.WithPrefix("a{}:")); return err },
 		"replicas no timeout": func() error {
 			_, err := c.TryLock(ctx, "x", locks.WithReplicas(1, 0))
 			return err
@@ -694,5 +696,97 @@ func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
 	second.Unlock(ctx)
 	if rdb.Exists(ctx, "cg:lock:{shared}").Val() != 0 {
 		t.Fatal("lock left after both holds were given back")
+	}
+}
+
+// The Released event means the last hold was released: not an inner
+// re-entry's Unlock (other holds remain), not an Unlock that failed (the
+// outcome is unknown; the lease ends it), not a lost lock's Unlock.
+func TestReleasedEventOnLastHold(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var released []string
+	s := redistest.Start(t)
+	c := locks.New(s.Client(), locks.WithObserver(func(e locks.Event) {
+		if e.Kind == locks.Released {
+			mu.Lock()
+			released = append(released, e.Name)
+			mu.Unlock()
+		}
+	}))
+	defer c.Close()
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(released)
+	}
+	octx := locks.WithOwner(ctx, "req")
+	outer, err := c.Lock(octx, "ev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := c.Lock(octx, "ev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d Released events after an inner Unlock, want 0", n)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("%d Released events after the last Unlock, want 1", n)
+	}
+
+	lk, err := c.TryLock(ctx, "ev:failed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Kill()
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := lk.Unlock(tctx); err == nil {
+		t.Fatal("Unlock with the server down succeeded")
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("a failed Unlock emitted Released (%d events, want 1)", n)
+	}
+}
+
+// A lock handed to a waiter with a fixed lease longer than the hand-off's
+// claim gets its full lease at once (nothing would renew the claim).
+func TestHandOffFixedLease(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, s := newClient(t)
+	b := locks.New(s.Client())
+	defer b.Close()
+	held, err := c.TryLock(ctx, "fixed-ho")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *locks.Lock, 1)
+	go func() {
+		lk, err := b.Lock(ctx, "fixed-ho", locks.WithoutRenewal(), locks.WithLease(6*time.Second), locks.WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{fixed-ho}").Val() == 1 })
+	held.Unlock(ctx)
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	defer lk.Unlock(ctx)
+	if pttl := rdb.PTTL(ctx, "cg:lock:{fixed-ho}").Val(); pttl < 4*time.Second {
+		t.Fatalf("handed-off fixed lease: PTTL %v, want about the 6s lease (the claim is 2s)", pttl)
+	}
+	if ttl := lk.TTL(); ttl < 4*time.Second {
+		t.Fatalf("handed-off fixed lease: TTL %v, want about 6s", ttl)
 	}
 }

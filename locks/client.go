@@ -5,12 +5,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,16 +19,18 @@ import (
 )
 
 var (
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed acquire.lua
-	acquireLua string
+	acquireBody string
 	//go:embed release.lua
-	releaseLua string
+	releaseBody string
 	//go:embed extend.lua
 	extendLua string
 
-	acquireScript = redis.NewScript(acquireLua)
-	releaseScript = redis.NewScript(releaseLua)
-	extendScript  = redis.NewScript(extendLua)
+	// acquire and release issue fence tokens: one definition, prepended.
+	acquireLua = fenceLua + acquireBody
+	releaseLua = fenceLua + releaseBody
 )
 
 // placeTTL is how long a waiter's place in a lock's queue lasts without being
@@ -61,7 +63,7 @@ type Client struct {
 	b    *batcher
 	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
 
-	closed atomic.Bool
+	life   life   // Close and Shutdown
 	scopes scopes // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
@@ -87,25 +89,43 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		c.pubV = "SPUBLISH"
 	}
 	c.ren = newRenewer(c.renewBatch)
+	c.life.init()
 	return c
 }
 
 // MonotonicFences reports true: a Client's fence tokens strictly increase per name.
 func (c *Client) MonotonicFences() bool { return true }
 
-// Close stops the renewal loop and the shared subscription. Locks still held
-// stop being renewed and count as lost (their Lost channels close); they expire
-// in Redis when their lease ends. Calls of other goroutines still queued for a
-// shared round trip fail; later calls (an Unlock after Close) go to Redis on
-// their own. Close does not close rdb.
+// Close closes the client at once: new calls fail with ErrClosed, waiting
+// Lock calls end with ErrClosed (their places in the locks' queues given
+// back), a grant that arrives meanwhile is given back, and once those calls
+// have returned, the renewal loop and the shared subscription stop. Locks
+// still held stop being renewed and count as lost (their Lost channels close
+// with ErrClosed, reported to the observer); they expire in Redis when their
+// lease ends. Clean-ups still queued for a shared round trip are dropped;
+// later calls (an Unlock after Close) go to Redis on their own. Close does
+// not close rdb, and always returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
-	if c.closed.Swap(true) {
-		return nil
-	}
-	c.ren.close()
-	c.hub.Close()
-	c.b.close()
+	c.life.hurryUp()
+	_ = c.Shutdown(context.Background()) // held locks are reported through Lost and the observer
 	return nil
+}
+
+// Shutdown closes the client gracefully, for a rolling restart: as Close, it
+// refuses new calls and ends waiting Lock calls at once with ErrClosed
+// (withdrawn from the locks' queues, so the next holder elsewhere is granted
+// at once); then, until ctx ends, it keeps renewing the locks still held while
+// the application finishes with them (a nested acquisition of a scope still
+// held re-enters, see WithOwner), and sends the releases still queued. It
+// returns nil once every lock was Unlocked; when ctx ends first, the locks
+// still held are dropped as Close drops them and the error (matching
+// ErrStillHeld and ctx's error) names them. Close cuts a Shutdown short.
+func (c *Client) Shutdown(ctx context.Context) error {
+	return c.life.shutdown(ctx, c.ren.waitEmpty, c.b.drain, func() {
+		c.ren.close()
+		c.hub.Close()
+		c.b.close()
+	})
 }
 
 // Held returns how many locks this client is keeping alive.
@@ -142,9 +162,6 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	if err := validName(name); err != nil {
 		return config{}, err
 	}
-	if c.closed.Load() {
-		return config{}, ErrClosed
-	}
 	if len(opts) == 0 {
 		return c.cfg, nil
 	}
@@ -161,14 +178,43 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 }
 
 // keys returns the lock's keys, all under one hash tag so they share a slot:
-// lock, fence counter, waiter queue, waiter deadlines (one allocation).
+// lock, fence counter, waiter queue, waiter deadlines (one allocation). The
+// tag is the name itself (cg:lock:{repo:42}), readable, unless the name
+// contains '}', which would end the tag early (a name starting with '}' would
+// leave it empty, and Redis would hash each whole key): then the tag is a
+// hash of the name and the name follows it (cg:lock:{#1f0c…}a}b), so every
+// name keeps its keys in one slot and distinct names keep distinct keys.
 func keys(prefix, name string) []string {
-	all := prefix + "lock:{" + name + "}" + prefix + "fence:{" + name + "}" + prefix + "q:{" + name + "}" + prefix + "qt:{" + name + "}"
-	n, p := len(name)+2, len(prefix)
-	a := p + 5 + n
-	b := a + p + 6 + n
-	c := b + p + 2 + n
-	return []string{all[:a], all[a:b], all[b:c], all[c:]}
+	tag, rest := tagged(name)
+	kinds := [4]string{"lock:{", "fence:{", "q:{", "qt:{"}
+	n := 0
+	for _, k := range kinds {
+		n += len(prefix) + len(k) + len(tag) + 1 + len(rest)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	var ends [4]int
+	for i, k := range kinds {
+		b.WriteString(prefix)
+		b.WriteString(k)
+		b.WriteString(tag)
+		b.WriteByte('}')
+		b.WriteString(rest)
+		ends[i] = b.Len()
+	}
+	all := b.String()
+	return []string{all[:ends[0]], all[ends[0]:ends[1]], all[ends[1]:ends[2]], all[ends[2]:]}
+}
+
+// tagged returns the hash tag of a lock name and what follows the tag in its
+// keys (see keys).
+func tagged(name string) (tag, rest string) {
+	if strings.IndexByte(name, '}') < 0 {
+		return name, ""
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return "#" + strconv.FormatUint(h.Sum64(), 16), name
 }
 
 // channel is where a lock's waiters hear of hand-offs: the lock key plus
@@ -196,7 +242,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	// taken the lock or a place in its queue: give both back.
 	abandon := func(cmd *redis.Cmd) {
 		if cmd.Err() == nil {
-			c.b.later(releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq}))
+			c.giveBack(context.Background(), kv, owner, acq, cfg, member, true)
 		}
 	}
 	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, packed).Slice()
@@ -222,69 +268,117 @@ func parseAttempt(v []any) (attemptResult, error) {
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
 }
 
-// attemptWait runs the acquire script and WAIT in one pipeline on one
-// connection to the master that owns the lock's slot: WAIT only counts the
-// writes of its own connection, and a keyless WAIT routed to another master of
-// a cluster would succeed without waiting for anything.
+// attemptWait is attempt with WithReplicas: see withWait. When too few
+// replicas acknowledged a grant, the grant is given back.
 func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
+	cmd, acks, werr := c.withWait(ctx, ks[0], acquireS.call(kv, args), cfg)
+	v, err := cmd.Slice()
+	if err != nil {
+		return attemptResult{}, err
+	}
+	res, err := parseAttempt(v)
+	if err != nil || !res.ok {
+		return res, err
+	}
+	if err := c.acked(ctx, kv, owner, args[1], cfg, acks, werr); err != nil {
+		return attemptResult{}, err
+	}
+	return res, nil
+}
+
+// handedWait makes a lock handed to this waiter honour WithReplicas: the
+// hand-off was written by the releaser's connection, and WAIT counts only the
+// writes of its own, so the waiter writes to the lock itself (restoring the
+// full lease) and WAITs for that; replicas apply writes in order, so they
+// then have the hand-off too. When too few acknowledge, the lock is given
+// back (handed on).
+func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg config) error {
+	cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds()}), cfg)
+	n, err := cmd.Int64()
+	switch {
+	case err != nil:
+		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
+		return err
+	case n != 1:
+		return ErrNotHeld // lost before it was confirmed
+	}
+	return c.acked(ctx, kv, owner, acq, cfg, acks, werr)
+}
+
+// acked checks a WAIT's reply; with too few acknowledgements the grant is
+// given back: a failover now could grant the lock twice.
+func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg config, acks int, werr error) error {
+	if werr == nil && acks >= cfg.replicas {
+		return nil
+	}
+	c.giveBack(ctx, kv, owner, acq, cfg, "", false)
+	if werr != nil {
+		return werr
+	}
+	return &ReplicaError{Want: cfg.replicas, Got: acks}
+}
+
+// withWait sends call (a script's command line) and WAIT in one pipeline on
+// one connection to the master that owns key: WAIT only counts the writes of
+// its own connection, and a keyless WAIT routed to another master of a
+// cluster would succeed without waiting for anything. A node without the
+// script gets the pipeline again with EVAL (as everywhere, see script). It
+// returns the script's reply, and the acknowledgements (or WAIT's error).
+func (c *Client) withWait(ctx context.Context, key string, call []any, cfg config) (*redis.Cmd, int, error) {
 	var node *redis.Client
 	switch r := c.rdb.(type) {
 	case *redis.ClusterClient:
-		n, err := r.MasterForKey(ctx, ks[0])
+		n, err := r.MasterForKey(ctx, key)
 		if err != nil {
-			return attemptResult{}, err
+			cmd := redis.NewCmd(ctx, call...)
+			cmd.SetErr(err)
+			return cmd, 0, err
 		}
 		node = n
 	case *redis.Client:
 		node = r
 	default:
-		return attemptResult{}, invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+		cmd := redis.NewCmd(ctx, call...)
+		err := invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+		cmd.SetErr(err)
+		return cmd, 0, err
 	}
-	for try := 0; ; try++ {
-		pipe := node.Pipeline()
-		ev := pipe.EvalSha(ctx, acquireScript.Hash(), ks, args...)
-		wait := pipe.Do(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())
-		_, _ = pipe.Exec(ctx)
-		if err := ev.Err(); err != nil {
-			if try == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-				if err := acquireScript.Load(ctx, node).Err(); err != nil {
-					return attemptResult{}, err
-				}
-				continue
-			}
-			return attemptResult{}, err
-		}
-		v, err := ev.Slice()
-		if err != nil {
-			return attemptResult{}, err
-		}
-		res, err := parseAttempt(v)
-		if err != nil || !res.ok {
-			return res, err
-		}
-		acks, werr := wait.Int()
-		if werr == nil && acks >= cfg.replicas {
-			return res, nil
-		}
-		// Too few replicas have the lock: a failover now could grant it twice.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		c.releaseRaw(rctx, kv, owner, args[1], cfg, "")
-		cancel()
-		if werr != nil {
-			return attemptResult{}, werr
-		}
-		return attemptResult{}, &ReplicaError{Want: cfg.replicas, Got: acks}
-	}
+	cmds := []*redis.Cmd{redis.NewCmd(ctx, call...), redis.NewCmd(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())}
+	pipeline(ctx, node, cmds, true)
+	acks, err := cmds[1].Int()
+	return cmds[0], acks, err
 }
 
-func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
-	return releaseS.runVia(ctx, c.b, nil, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
+// giveBack gives back what an acquisition attempt of owner (acquisition id
+// acq) may hold in Redis: its hold — granted, handed to it, or re-entered —
+// and its place in the lock's queue (member, or ""). Giving back what is not
+// held changes nothing, so it is safe whenever an attempt's outcome is
+// unknown. It is the one clean-up of every acquisition abandoned, refused
+// (too few replicas, a lost scope, a closing client) or given up while
+// waiting: a grant nobody will use is handed on at once, never left to run
+// out its lease. It waits for Redis (bounded by a second, whatever ctx's
+// state) unless async; when that fails, or with async, the release travels
+// with the batcher's next pipeline.
+func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
+	call := releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq})
+	if !async {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		err := c.b.do(rctx, call, nil).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	c.b.later(call)
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+	c.life.enter()
+	defer c.life.leave()
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
+	closing := c.life.closed.Load()
 	var ov, acq any
 	if reentrant {
 		ov, acq = owner, token()
@@ -300,6 +394,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
 		return nil, e
 	}
+	if closing && !reentrant {
+		return fail(0, ErrClosed)
+	}
 	if err := ctx.Err(); err != nil {
 		return fail(0, err)
 	}
@@ -311,6 +408,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		var err error
 		if sc, err = c.scopes.find(owner, name); err != nil {
 			return fail(0, err)
+		}
+		if closing && sc == nil {
+			return fail(0, ErrClosed) // only a nested acquisition goes on while closing
 		}
 	}
 	granted := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
@@ -330,9 +430,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		if err != nil {
 			c.reload(ctx)
 			if ctx.Err() != nil || isTimeout(err) {
-				// The script may have run although its reply never came:
-				// give back the hold it may have taken (a no-op otherwise).
-				c.b.later(releaseS.call(kv, []any{ov, cfg.argsReleaseV, c.pubV, "", acq}))
+				// The script may have run although its reply never came.
+				c.giveBack(ctx, kv, ov, acq, cfg, "", true)
 			}
 			return fail(0, err)
 		}
@@ -351,18 +450,20 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 
 	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
 	defer cancel()
+	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
+	defer stop()
 	if !cfg.fair {
 		g := c.gate(ks[0])
 		defer c.ungate(ks[0], g)
 		if err := g.enter(wctx); err != nil {
-			return fail(0, waitErr(ctx))
+			return fail(0, c.life.cause(ctx))
 		}
 		defer g.leave()
 	}
 	sub, err := c.hub.Subscribe(wctx, channel(ks[0]))
 	if err != nil {
-		if wctx.Err() != nil {
-			return fail(0, waitErr(ctx))
+		if wctx.Err() != nil || c.life.closed.Load() {
+			return fail(0, c.life.cause(ctx))
 		}
 		return fail(0, err)
 	}
@@ -378,9 +479,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 		if err != nil {
 			c.reload(ctx)
-			c.withdraw(ctx, kv, ov, acq, cfg, member)
+			c.giveBack(ctx, kv, ov, acq, cfg, member, false)
 			if wctx.Err() != nil {
-				return fail(pttl, waitErr(ctx))
+				return fail(pttl, c.life.cause(ctx))
 			}
 			return fail(pttl, err)
 		}
@@ -393,27 +494,49 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		d := min(pttl+time.Millisecond, placeTTL/2)
 		d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
 		timer.Reset(d)
-	wait:
+		fence, handed, done := await(wctx, sub, timer, acqs)
+		if done {
+			c.giveBack(ctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
+			return fail(pttl, c.life.cause(ctx))
+		}
+		if !handed {
+			continue
+		}
+		// A hand-off comes with a short claim lease; the renewer restores the
+		// full lease at its first turn (a fixed lease, or one that replicas
+		// must acknowledge, is set at once).
+		claim := min(cfg.lease, placeTTL)
+		switch {
+		case cfg.replicas > 0:
+			if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
+				return fail(0, err)
+			}
+			claim = cfg.lease
+		case !cfg.renew && claim < cfg.lease:
+			if ok, err := c.extendKey(wctx, kv, ov, cfg.lease); ok && err == nil {
+				claim = cfg.lease
+			}
+		}
+		return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
+	}
+}
+
+// await sleeps until the lock is handed to the waiter with acquisition id acq
+// (its fence), the timer fires, or wctx ends (done).
+func await(wctx context.Context, sub *wake.Sub, timer *time.Timer, acq string) (fence uint64, handed, done bool) {
+	for {
 		select {
 		case msg := <-sub.C():
 			who, f, ok := strings.Cut(msg, " ")
-			if !ok || who != acqs {
-				goto wait // a hand-off to somebody else
+			if ok && who == acq {
+				fence, _ = strconv.ParseUint(f, 10, 64)
+				return fence, true, false
 			}
-			fence, _ := strconv.ParseUint(f, 10, 64)
-			// A hand-off comes with a short claim lease; the renewer restores
-			// the full lease at its first turn (a fixed lease is set at once).
-			claim := min(cfg.lease, placeTTL)
-			if !cfg.renew && claim < cfg.lease {
-				if _, err := c.extend(wctx, &held{keys: ks, keyv: kv, owner: owner, ownerv: ov}, cfg.lease); err == nil {
-					claim = cfg.lease
-				}
-			}
-			return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
+			// a hand-off to somebody else: sleep on
 		case <-timer.C:
+			return 0, false, false
 		case <-wctx.Done():
-			c.withdraw(ctx, kv, ov, acq, cfg, member)
-			return fail(pttl, waitErr(ctx))
+			return 0, false, true
 		}
 	}
 }
@@ -424,18 +547,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// waitErr is the cause of a wait that ended: the caller's context error, or nil
-// when only the wait budget ran out.
-func waitErr(ctx context.Context) error { return ctx.Err() }
-
-// withdraw leaves the queue; if the lock was handed to this waiter in the
-// meantime, it is released (and handed on), so giving up never strands it.
-func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg config, member string) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	c.releaseRaw(rctx, kv, owner, acq, cfg, member)
-}
-
 // granted makes the Lock of a grant; first is its current lease (see
 // newHeld). A grant to an owner (WithOwner) joins the owner's scope of the
 // name; when that scope's holding turns out to be gone, the grant is given
@@ -443,15 +554,24 @@ func (c *Client) withdraw(ctx context.Context, kv []any, owner, acq any, cfg con
 func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, sent, start time.Time, first time.Duration) (*Lock, error) {
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
 	h.keyv, h.ownerv, h.acqv = kv, owner, acq
+	giveBack := func(err error) (*Lock, error) {
+		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
+		return nil, err
+	}
+	if c.life.closed.Load() && !(scoped && c.scopes.held(h.owner, name)) {
+		return giveBack(ErrClosed) // closing: only a nested acquisition goes on
+	}
 	if scoped {
 		if err := c.scopes.join(h, h.owner, res.holds > 1); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			c.releaseRaw(rctx, kv, owner, acq, cfg, "")
-			return nil, err
+			return giveBack(err)
 		}
 	}
-	c.ren.add(h)
+	if !c.ren.add(h) {
+		if h.sc != nil {
+			h.sc.leave(h)
+		}
+		return giveBack(ErrClosed)
+	}
 	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
 	return &Lock{h: h}, nil
 }
@@ -461,93 +581,72 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	n, err := extendS.runVia(ctx, c.b, nil, h.keyv[:1], h.ownerv, lease.Milliseconds()).Int64()
+	return c.extendKey(ctx, h.keyv, h.ownerv, lease)
+}
+
+// extendKey sets the lease of the lock (keys kv) held by owner.
+func (c *Client) extendKey(ctx context.Context, kv []any, owner any, lease time.Duration) (bool, error) {
+	n, err := extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds()).Int64()
 	return n == 1, err
 }
 
 // renewBatch extends every lock in hs: one pipeline per master node, the
-// nodes in parallel, each bounded by a third of the shortest lease in it, so a
-// dead or slow node delays only its own locks' renewals, never the others'.
-func (c *Client) renewBatch(ctx context.Context, hs []*held) []error {
-	errs := make([]error, len(hs))
-	groups := map[string][]int{} // node address -> indexes into hs
+// nodes in parallel, each reporting its locks' outcomes as soon as it
+// answered, so a dead or slow node delays only its own locks' renewals, never
+// the others'.
+func (c *Client) renewBatch(ctx context.Context, hs []*held, report func(*held, error)) {
+	groups := map[string][]*held{} // by master address
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		for i, h := range hs {
+		for _, h := range hs {
 			addr := "?"
 			if node, err := cc.MasterForKey(ctx, h.keys[0]); err == nil {
 				addr = node.Options().Addr
 			}
-			groups[addr] = append(groups[addr], i)
+			groups[addr] = append(groups[addr], h)
 		}
 	} else {
-		all := make([]int, len(hs))
-		for i := range all {
-			all[i] = i
-		}
-		groups[""] = all
+		groups[""] = hs
 	}
 	var wg sync.WaitGroup
-	for _, idx := range groups {
-		wg.Go(func() { c.renewGroup(ctx, hs, idx, errs) })
+	for _, g := range groups {
+		wg.Go(func() { c.renewGroup(ctx, g, report) })
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil && err != errNotOwner {
-			c.reload(ctx)
-			break
-		}
-	}
-	return errs
 }
 
-func (c *Client) renewGroup(ctx context.Context, hs []*held, idx []int, errs []error) {
+func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, error)) {
 	shortest := time.Duration(0)
-	for _, i := range idx {
-		hs[i].mu.Lock()
-		if l := hs[i].lease; shortest == 0 || l < shortest {
+	leases := make([]int64, len(hs))
+	for i, h := range hs {
+		h.mu.Lock()
+		if l := h.lease; shortest == 0 || l < shortest {
 			shortest = l
 		}
-		hs[i].mu.Unlock()
+		leases[i] = h.lease.Milliseconds()
+		h.mu.Unlock()
 	}
+	// The bound reaches the socket only with ContextTimeoutEnabled; without
+	// it the renewer's deadlines still end the locks on time.
 	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
 	defer cancel()
-	// EVALSHA first; a node without the script (a promoted replica, a
-	// restarted server) gets EVAL for its commands, which also caches it there.
-	// (SCRIPT LOAD on a cluster goes to every master and fails while one is down.)
-	pending := idx
-	for _, eval := range []bool{false, true} {
-		pipe := c.rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(pending))
-		for j, i := range pending {
-			h := hs[i]
-			h.mu.Lock()
-			lease := h.lease.Milliseconds()
-			h.mu.Unlock()
-			if eval {
-				cmds[j] = pipe.Eval(ctx, extendLua, h.keys[:1], h.owner, lease)
-			} else {
-				cmds[j] = pipe.EvalSha(ctx, extendScript.Hash(), h.keys[:1], h.owner, lease)
-			}
+	cmds := make([]*redis.Cmd, len(hs))
+	for i, h := range hs {
+		cmds[i] = extendS.cmd(ctx, h.keyv[:1], h.ownerv, leases[i])
+	}
+	pipeline(ctx, c.rdb, cmds, false)
+	failed := false
+	for i, cmd := range cmds {
+		n, err := cmd.Int64()
+		switch {
+		case err != nil:
+			failed = true
+		case n != 1:
+			err = errNotOwner
 		}
-		pipe.Exec(ctx)
-		var again []int
-		for j, cmd := range cmds {
-			n, err := cmd.Int64()
-			switch {
-			case err != nil && !eval && strings.HasPrefix(err.Error(), "NOSCRIPT"):
-				again = append(again, pending[j])
-			case err != nil:
-				errs[pending[j]] = err
-			case n != 1:
-				errs[pending[j]] = errNotOwner
-			default:
-				errs[pending[j]] = nil
-			}
-		}
-		if len(again) == 0 {
-			return
-		}
-		pending = again
+		report(hs[i], err)
+	}
+	if failed {
+		c.reload(ctx)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -312,4 +313,78 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	nl.Unlock(ctx)
 	lk.Unlock(ctx)
+}
+
+// Every lock name works on a cluster: names with braces — one starting with
+// '}' used to leave the hash tag empty, so a lock's keys fell in different
+// slots and every call failed with CROSSSLOT — keep all of a lock's keys (and
+// its wake-up channel) in one slot, through TryLock, a hand-off to a waiter,
+// re-entry and Unlock, on a Client and a Redlock over cluster nodes.
+func TestClusterOddNames(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t)
+	a, _ := clusterClient(t, cl, locks.WithLease(2*time.Second))
+	b, _ := clusterClient(t, cl)
+	rl, err := locks.NewRedlock([]redis.UniversalClient{cl.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rl.Close()
+	for _, name := range []string{"}x", "}", "a}b", "{", "{}", "}{", "{a}", "x{y}z", "}}{{"} {
+		lk, err := a.TryLock(ctx, name)
+		if err != nil {
+			t.Fatalf("%q: TryLock: %v", name, err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			wl, err := b.Lock(ctx, name, locks.WithWait(10*time.Second))
+			if err == nil {
+				err = wl.Unlock(ctx)
+			}
+			got <- err
+		}()
+		eventually(t, 5*time.Second, fmt.Sprintf("%q: the waiter's queue place", name), func() bool {
+			return b.Held() == 0 && queued(ctx, cl, name)
+		})
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatalf("%q: Unlock: %v", name, err)
+		}
+		if err := waitErr(t, got, 10*time.Second, fmt.Sprintf("%q: waiter", name)); err != nil {
+			t.Fatalf("%q: waiter: %v", name, err)
+		}
+		octx := locks.WithOwner(ctx, "req")
+		outer, err := a.TryLock(octx, name)
+		if err != nil {
+			t.Fatalf("%q: owner: %v", name, err)
+		}
+		inner, err := a.TryLock(octx, name)
+		if err != nil || inner.Fence() != outer.Fence() {
+			t.Fatalf("%q: re-entry: %v", name, err)
+		}
+		inner.Unlock(ctx)
+		outer.Unlock(ctx)
+		rlk, err := rl.TryLock(ctx, name)
+		if err != nil {
+			t.Fatalf("%q: Redlock: %v", name, err)
+		}
+		rlk.Unlock(ctx)
+	}
+}
+
+// queued reports whether some waiter has a place in name's queue on the
+// cluster (the queue key is found by scanning every master).
+func queued(ctx context.Context, cl *redistest.Cluster, name string) bool {
+	for _, m := range cl.Masters() {
+		keys, _ := m.Do(ctx, "KEYS", "cg:q:*")
+		list, _ := keys.([]any)
+		for _, k := range list {
+			ks, _ := k.(string)
+			if strings.HasSuffix(ks, "}"+name) || strings.HasSuffix(ks, "{"+name+"}") {
+				if n, _ := m.Do(ctx, "ZCARD", ks); n != int64(0) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

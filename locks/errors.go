@@ -24,8 +24,17 @@ var (
 	ErrLost = fmt.Errorf("locks: lock scope lost: %w", ErrNotHeld)
 	// ErrInvalid marks a bad argument, reported before anything is sent to Redis.
 	ErrInvalid = errors.New("locks: invalid argument")
-	// ErrClosed is returned by calls on a Client after Close.
+	// ErrClosed is the cause of an acquisition on a Client or Redlock that is
+	// closing or closed (Close, Shutdown): refused, ended while waiting, or
+	// granted too late and given back. Such failures also match
+	// ErrNotObtained and ErrUnavailable (a process shutting down answers like
+	// a lock service that is away: try again, elsewhere).
 	ErrClosed = errors.New("locks: client closed")
+	// ErrStillHeld is returned by Shutdown when its context ended while
+	// locks were still held: the error names them; they were then dropped as
+	// Close drops them (Lost closes with ErrClosed; they expire with their
+	// lease in Redis).
+	ErrStillHeld = errors.New("locks: locks still held at shutdown")
 	// ErrConflict is returned by Optimistic when every retry met a conflicting write.
 	ErrConflict = errors.New("locks: optimistic transaction kept conflicting")
 	// ErrBusy marks an acquisition that failed because another owner held the
@@ -34,9 +43,11 @@ var (
 	// Client, a *RedlockError of a Redlock), and it also matches ErrNotObtained.
 	ErrBusy = errors.New("locks: held by another owner")
 	// ErrUnavailable marks an acquisition that failed because the lock service
-	// could not be asked: Redis unreachable or answering errors (for Redlock:
-	// too many nodes failed for a quorum, or the quorum came too late). It also
-	// matches ErrNotObtained and the Redis error.
+	// could not be asked: Redis unreachable or answering errors, too few
+	// replicas acknowledging in time (WithReplicas; a *ReplicaError), the
+	// client closing (ErrClosed), for Redlock too many nodes failed for a
+	// quorum or the quorum came too late. It also matches ErrNotObtained and
+	// the cause. Retrying later can help; the lock was not held by another.
 	ErrUnavailable = errors.New("locks: lock service unavailable")
 )
 
@@ -66,8 +77,8 @@ func (e *NotObtainedError) Error() string {
 }
 
 // Unwrap returns ErrNotObtained and the cause, with ErrBusy when the lock was
-// held by another owner (no cause) and ErrUnavailable when the cause is a Redis
-// failure (not the caller's context, not a *ReplicaError, not ErrLost).
+// held by another owner (no cause) and ErrUnavailable when the cause is a
+// failure of the lock service (not the caller's context, not ErrLost).
 func (e *NotObtainedError) Unwrap() []error {
 	switch {
 	case e.Err == nil:
@@ -79,12 +90,11 @@ func (e *NotObtainedError) Unwrap() []error {
 }
 
 // unavailableCause reports whether err, the cause of a failed acquisition,
-// says that Redis could not be asked (rather than the caller's context ending,
-// too few replicas acknowledging, or the owner's scope being lost).
+// says that the lock service could not grant it (rather than the caller's
+// context ending, bad input, or the owner's scope being lost).
 func unavailableCause(err error) bool {
-	var re *ReplicaError
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
-		!errors.As(err, &re) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotHeld)
+		!errors.Is(err, ErrInvalid) && !errors.Is(err, ErrNotHeld)
 }
 
 // ReplicaError reports that fewer replicas than asked acknowledged the lock's

@@ -67,3 +67,9 @@ func TestReleaseIdempotentUnderRetry(t *testing.T) {
 		t.Fatal("lock left after the last hold")
 	}
 }
+
+// releaseRaw releases hold acq of owner (and queue place mine), reporting the
+// remaining holds.
+func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
+	return releaseS.runVia(ctx, c.b, nil, kv, owner, cfg.argsReleaseV, c.pubV, mine, acq).Int64()
+}

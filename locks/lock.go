@@ -2,7 +2,6 @@ package locks
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 )
@@ -71,21 +70,19 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		h.sc.leave(h)
 	}
 	if err := h.lostErr(); err != nil {
-		h.dropRef(false)
 		return ErrNotHeld
 	}
 	n, err := h.ops.release(ctx, h)
 	switch {
 	case err != nil:
 		// The outcome is unknown; stop renewing so that the lease ends it.
-		h.dropRef(true)
+		h.retire(false)
 		return err
 	case n < 0:
 		h.loseHolding(ErrNotHeld)
-		h.dropRef(false)
 		return ErrNotHeld
 	}
-	h.dropRef(n == 0)
+	h.retire(n == 0)
 	return nil
 }
 
@@ -140,7 +137,8 @@ type held struct {
 	lease     time.Duration
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
-	refs      int
+	renewing  bool  // a renewal is on the wire
+	lastErr   error // the last renewal's error, while none succeeded since
 	ended     bool  // released or lost
 	err       error // why it was lost
 }
@@ -150,7 +148,7 @@ type held struct {
 // than the configured one: the first renewal comes at a third of first and
 // restores the full lease). The caller registers it with the renewer.
 func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
-	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, refs: 1}
+	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg}
 	h.setDeadline(sent, min(first, cfg.lease))
 	h.lease = cfg.lease
 	return h
@@ -245,17 +243,14 @@ func (h *held) loseHolding(err error) {
 	h.lose(err)
 }
 
-// dropRef gives back one handle; released reports that Redis no longer has a
-// hold of this owner (or that its fate is left to the lease).
-func (h *held) dropRef(released bool) {
-	h.mu.Lock()
-	h.refs--
-	over := released || h.refs <= 0
-	h.mu.Unlock()
-	if over && h.end(nil) {
+// retire ends h after its Unlock: renewal stops. last reports that Redis
+// confirmed the owner's last hold released (the Released event); otherwise
+// other holds of the owner remain, or the release's outcome is unknown.
+func (h *held) retire(last bool) {
+	if h.end(nil) {
 		h.ops.renewer().remove(h)
-		h.cfg.emit(Event{Kind: Released, Name: h.name})
+		if last {
+			h.cfg.emit(Event{Kind: Released, Name: h.name})
+		}
 	}
 }
-
-var errExpired = errors.New("locks: lease expired without renewal")

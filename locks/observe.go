@@ -9,7 +9,7 @@ type EventKind int
 const (
 	Acquired      EventKind = iota + 1 // the lock was obtained (Event.Wait says how long it took)
 	NotObtained                        // TryLock found it held, or Lock gave up (Event.Err says why)
-	Released                           // the last hold was released
+	Released                           // Unlock released the owner's last hold (not an inner re-entry's, not a failed Unlock)
 	Lost                               // ownership was lost while held
 	RenewalFailed                      // one renewal attempt failed (the lock may still be held)
 )

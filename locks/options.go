@@ -2,6 +2,7 @@ package locks
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -11,7 +12,7 @@ const (
 	DefaultLease          = 10 * time.Second
 	DefaultWait           = 30 * time.Second
 	DefaultPrefix         = "cg:"
-	DefaultFenceRetention = 7 * 24 * time.Hour
+	DefaultFenceRetention = 10 * time.Minute
 	// MinLease is the shortest lease accepted: a renewal must fit in a third of it.
 	MinLease = 30 * time.Millisecond
 	// MaxNameLen bounds lock names; longer names are refused with ErrInvalid.
@@ -61,21 +62,20 @@ func (c *config) pack() {
 	}
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	head := ms(c.lease) + ","
-	tail := "," + ms(c.fenceRetention) + "," + fair
+	tail := "," + ms(c.retention()) + "," + fair
 	c.argsTry = head + "0" + tail
 	c.argsWait = head + ms(placeTTL) + tail
-	c.argsRelease = ms(c.fenceRetention) + "," + ms(min(c.lease, placeTTL))
+	c.argsRelease = ms(c.retention()) + "," + ms(min(c.lease, placeTTL))
 	c.argsTryV, c.argsWaitV, c.argsReleaseV = c.argsTry, c.argsWait, c.argsRelease
 }
 
 func defaults() config {
 	return config{
-		lease:          DefaultLease,
-		renew:          true,
-		wait:           DefaultWait,
-		prefix:         DefaultPrefix,
-		fenceRetention: DefaultFenceRetention,
-		drift:          2 * time.Millisecond,
+		lease:  DefaultLease,
+		renew:  true,
+		wait:   DefaultWait,
+		prefix: DefaultPrefix,
+		drift:  2 * time.Millisecond,
 	}
 }
 
@@ -109,19 +109,32 @@ func WithReplicas(n int, timeout time.Duration) Option {
 }
 
 // WithPrefix sets the prefix of every key and channel. The default is "cg:".
+// A prefix with a complete hash tag ("{app}:") puts every lock in that one
+// slot of a cluster; one that opens a tag without closing it ("app{:", or
+// an empty "{}") would split a lock's keys over slots and is refused.
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithFenceRetention sets how long a lock's fence counter lives after it was
-// last started from the server's clock (each acquisition increments it; the
-// TTL is not refreshed, so acquiring costs no extra write). When the counter
-// expires or is lost (a restart without persistence, a failover, eviction),
-// the next token is the server's clock in microseconds, still above every
-// earlier token unless the server's clock went back or one lock was taken more
-// than once per microsecond on average since the counter started. A counter
-// costs about 60 bytes of Redis memory per lock name; run Redis with
-// maxmemory-policy noeviction (or volatile-*) so that live locks are never
-// evicted. The default is 7 days.
+// WithFenceRetention sets how long a lock name's fence counter lives after the
+// name was last taken: what a name leaves behind in Redis once nobody uses it.
+// A token is the larger of the counter plus one and the server's clock in
+// microseconds, so tokens keep increasing without the counter — after it
+// expired, was evicted or lost in a restart, or went stale in a failover —
+// as long as the server's clock has not gone back; the counter adds
+// tolerance of a clock that steps back by less than the retention (and of
+// more than one token per microsecond). The cost is one counter per name
+// taken within the retention, about 60 bytes of Redis memory each (plus the
+// key's share of the keyspace tables; MEMORY USAGE reports ~70). The
+// default is 10 minutes, or the lease when that is longer; a retention
+// shorter than the lease is refused.
 func WithFenceRetention(d time.Duration) Option { return func(c *config) { c.fenceRetention = d } }
+
+// retention is the fence counter's TTL: the one set, or the default.
+func (c *config) retention() time.Duration {
+	if c.fenceRetention > 0 {
+		return c.fenceRetention
+	}
+	return max(DefaultFenceRetention, c.lease)
+}
 
 // WithObserver sets a function called with every lock outcome (acquired,
 // timed out, lost, renewal failed, released), e.g. to feed a metrics library.
@@ -146,10 +159,12 @@ func (c *config) validate() error {
 		return invalid("negative replica count %d", c.replicas)
 	case c.replicas > 0 && c.replicaTimeout <= 0:
 		return invalid("replica timeout %v must be positive", c.replicaTimeout)
-	case c.fenceRetention < c.lease:
+	case c.fenceRetention != 0 && c.fenceRetention < c.lease:
 		return invalid("fence retention %v is shorter than the lease %v", c.fenceRetention, c.lease)
 	case c.drift < 0 || c.nodeTimeout < 0:
 		return invalid("negative drift or node timeout")
+	case !prefixTagSafe(c.prefix):
+		return invalid("prefix %q opens a hash tag it does not close", c.prefix)
 	}
 	return nil
 }
@@ -162,4 +177,15 @@ func validName(name string) error {
 		return invalid("lock name of %d bytes exceeds %d", len(name), MaxNameLen)
 	}
 	return nil
+}
+
+// prefixTagSafe reports whether prefix leaves the keys' hash tags whole: no
+// '{', or a '{' closed by a later '}' with something in between.
+func prefixTagSafe(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	if i < 0 {
+		return true
+	}
+	j := strings.IndexByte(prefix[i+1:], '}')
+	return j > 0
 }

@@ -20,9 +20,9 @@ var (
 	//go:embed redlock_extend.lua
 	redlockExtendLua string
 
-	redlockAcquireS     = newScript(redlockAcquireLua)
-	redlockReleaseS     = newScript(redlockReleaseLua)
-	redlockExtendScript = redis.NewScript(redlockExtendLua) // run in pipelines: EVALSHA, then SCRIPT LOAD on NOSCRIPT
+	redlockAcquireS = newScript(redlockAcquireLua)
+	redlockReleaseS = newScript(redlockReleaseLua)
+	redlockExtendS  = newScript(redlockExtendLua)
 )
 
 var _ Locker = (*Redlock)(nil)
@@ -88,9 +88,10 @@ type Redlock struct {
 	cfg    config
 	ren    *renewer
 	scopes scopes // owners' holdings in this process (WithOwner)
+	life   life   // Close and Shutdown
 
 	mu       sync.Mutex           // guards closed and flights; orders inflight.Add before Close's Wait
-	closed   bool                 // Close was called
+	closed   bool                 // closing finished: no more node calls
 	flights  map[string]*rlFlight // granted attempts with node calls still running, by acquisition id
 	inflight sync.WaitGroup       // node calls still running, some abandoned by their caller
 }
@@ -128,6 +129,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, erro
 		r.nodes = append(r.nodes, rlNode{name: name, rdb: c, b: newBatcher(c)})
 	}
 	r.ren = newRenewer(r.renewBatch)
+	r.life.init()
 	return r, nil
 }
 
@@ -157,24 +159,37 @@ func (r *Redlock) MonotonicFences() bool { return false }
 // Quorum returns how many nodes must grant a lock: N/2+1.
 func (r *Redlock) Quorum() int { return r.quorum }
 
-// Close stops the renewal loop, and waits for node calls still running. Locks
-// still held stop being renewed and count as lost (their Lost channels close);
-// they expire on the servers when their lease ends. Close does not close the
-// clients.
+// Close closes the Redlock at once, as Client.Close does: new calls fail with
+// ErrClosed, waiting Lock calls end with ErrClosed, a grant that arrives
+// meanwhile is given back, the renewal loop stops and node calls still
+// running are waited for. Locks still held stop being renewed and count as
+// lost (their Lost channels close with ErrClosed); they expire on the servers
+// when their lease ends. Close does not close the clients, and always
+// returns nil.
 func (r *Redlock) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil
-	}
-	r.closed = true
-	r.mu.Unlock()
-	r.ren.close()
-	r.inflight.Wait()
-	for _, n := range r.nodes {
-		n.b.close()
-	}
+	r.life.hurryUp()
+	_ = r.Shutdown(context.Background()) // held locks are reported through Lost and the observer
 	return nil
+}
+
+// Shutdown closes the Redlock gracefully, as Client.Shutdown does: it ends
+// waiting calls at once, keeps renewing the locks still held until they are
+// all Unlocked or ctx ends, and reports those still held then (ErrStillHeld).
+func (r *Redlock) Shutdown(ctx context.Context) error {
+	return r.life.shutdown(ctx, r.ren.waitEmpty, func(ctx context.Context) {
+		for _, n := range r.nodes {
+			n.b.drain(ctx)
+		}
+	}, func() {
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.ren.close()
+		r.inflight.Wait()
+		for _, n := range r.nodes {
+			n.b.close()
+		}
+	})
 }
 
 func (r *Redlock) renewer() *renewer { return r.ren }
@@ -216,29 +231,32 @@ func (r *Redlock) callConfig(name string, opts []Option) (config, error) {
 	if err := redlockValidate(&cfg); err != nil {
 		return config{}, err
 	}
-	if r.isClosed() {
-		return config{}, ErrClosed
-	}
 	return cfg, nil
-}
-
-func (r *Redlock) isClosed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.closed
 }
 
 // redlockKey is the lock's key on every node: a hash of the owner and one
 // field per acquisition (see redlock_acquire.lua). It differs from a Client's
-// key so that the two layouts never meet.
-func redlockKey(prefix, name string) string { return prefix + "rlock:{" + name + "}" }
+// key so that the two layouts never meet; its hash tag is a Client's (see keys).
+func redlockKey(prefix, name string) string {
+	tag, rest := tagged(name)
+	return prefix + "rlock:{" + tag + "}" + rest
+}
 
 func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+	r.life.enter()
+	defer r.life.leave()
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
+	closing := r.life.closed.Load()
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
+	if closing && owner == "" {
+		e := r.opError("lock", name)
+		e.Err = ErrClosed
+		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		return nil, e
+	}
 	if err := ctx.Err(); err != nil {
 		e := r.opError("lock", name)
 		e.Err = err
@@ -268,22 +286,40 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			e.Err = err
 			return fail(e, 0)
 		}
+		if closing && sc == nil {
+			e := r.opError("lock", name)
+			e.Err = ErrClosed // only a nested acquisition goes on while closing
+			return fail(e, 0)
+		}
 	}
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
 		h, reentered, e := r.attempt(ctx, name, key, owner, px, cfg, sc != nil)
-		if h != nil && scoped {
-			if err := r.scopes.join(h, owner, reentered); err != nil {
+		if h != nil {
+			giveBack := func(err error) (*Lock, error) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				r.release(rctx, h)
+				if _, rerr := r.release(rctx, h); rerr != nil {
+					r.releaseInBackground(h) // once more; at worst the keys expire with the lease
+				}
 				cancel()
 				e = r.opError("lock", name)
 				e.Err = err
 				return fail(e, attempt)
 			}
-		}
-		if h != nil {
-			r.ren.add(h)
+			if r.life.closed.Load() && !(scoped && r.scopes.held(owner, name)) {
+				return giveBack(ErrClosed) // closing: only a nested acquisition goes on
+			}
+			if scoped {
+				if err := r.scopes.join(h, owner, reentered); err != nil {
+					return giveBack(err)
+				}
+			}
+			if !r.ren.add(h) {
+				if h.sc != nil {
+					h.sc.leave(h)
+				}
+				return giveBack(ErrClosed)
+			}
 			cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
 			return &Lock{h: h}, nil
 		}
@@ -294,7 +330,11 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			}
 			e.Err = nil // the scope ended meanwhile: an ordinary refusal
 		}
-		if !wait || sc != nil || ctx.Err() != nil || r.isClosed() {
+		if !wait || sc != nil || ctx.Err() != nil {
+			return fail(e, attempt)
+		}
+		if r.life.closed.Load() {
+			e.Err = errors.Join(e.Err, ErrClosed)
 			return fail(e, attempt)
 		}
 		// Retry after a random delay, if another attempt (acquisition plus
@@ -314,6 +354,9 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
+			return fail(e, attempt)
+		case <-r.life.closing.Done():
+			e.Err = errors.Join(e.Err, ErrClosed)
 			return fail(e, attempt)
 		}
 	}

@@ -76,14 +76,18 @@ func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) (boo
 
 // renewBatch renews every lock in hs by its own lease (its validity), for the
 // renewer: nil when renewed, errNotOwner when lost, a *RedlockError otherwise.
-func (r *Redlock) renewBatch(ctx context.Context, hs []*held) []error {
+// The outcomes come together, once a quorum decided each lock or the node
+// timeout passed.
+func (r *Redlock) renewBatch(ctx context.Context, hs []*held, report func(*held, error)) {
 	leases := make([]time.Duration, len(hs))
 	for i, h := range hs {
 		h.mu.Lock()
 		leases[i] = h.lease
 		h.mu.Unlock()
 	}
-	return r.extendAll(ctx, hs, leases)
+	for i, err := range r.extendAll(ctx, hs, leases) {
+		report(hs[i], err)
+	}
 }
 
 // extendAll extends each hs[i] to validity leases[i] on every node at once,
@@ -201,36 +205,22 @@ func (r *Redlock) releaseInBackground(h *held) {
 }
 
 // extendPipeline runs the extend script for every lock in hs on one node, in
-// one pipeline, loading the script once if the node does not have it (a
-// restarted server). Per lock: nil when extended, errNotOwner when the
-// acquisition is not held there, the command's error otherwise.
+// one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
+// when extended, errNotOwner when the acquisition is not held there, the
+// command's error otherwise.
 func extendPipeline(ctx context.Context, rdb redis.UniversalClient, hs []*held, pxs []int64) ([]error, error) {
+	cmds := make([]*redis.Cmd, len(hs))
+	for i, h := range hs {
+		cmds[i] = redlockExtendS.cmd(ctx, []any{h.keys[0]}, h.owner, h.keys[1], pxs[i])
+	}
+	pipeline(ctx, rdb, cmds, false)
 	out := make([]error, len(hs))
-	for try := 0; try < 2; try++ {
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.Cmd, len(hs))
-		for i, h := range hs {
-			cmds[i] = pipe.EvalSha(ctx, redlockExtendScript.Hash(), h.keys[:1], h.owner, h.keys[1], pxs[i])
-		}
-		pipe.Exec(ctx)
-		noscript := false
-		for i, c := range cmds {
-			n, err := c.Int64()
-			switch {
-			case err != nil:
-				noscript = noscript || redis.HasErrorPrefix(err, "NOSCRIPT")
-				out[i] = err
-			case n != 1:
-				out[i] = errNotOwner
-			default:
-				out[i] = nil
-			}
-		}
-		if !noscript || try > 0 {
-			break
-		}
-		if err := redlockExtendScript.Load(ctx, rdb).Err(); err != nil {
-			break
+	for i, c := range cmds {
+		switch n, err := c.Int64(); {
+		case err != nil:
+			out[i] = err
+		case n != 1:
+			out[i] = errNotOwner
 		}
 	}
 	return out, nil

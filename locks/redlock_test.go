@@ -235,11 +235,13 @@ func TestRedlockTwoOfFiveKilled(t *testing.T) {
 // budget, names the dead nodes, and leaves nothing on the live ones.
 func TestRedlockThreeOfFiveKilled(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second), locks.WithNodeTimeout(50*time.Millisecond))
+	// (A node timeout of 50ms was missed now and then by the live nodes of a
+	// loaded 2-core machine under -race, which then counted as failed.)
+	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second), locks.WithNodeTimeout(150*time.Millisecond))
 	for _, i := range []int{0, 2, 4} {
 		s.servers[i].Kill()
 	}
-	const budget = 600 * time.Millisecond
+	const budget = 1500 * time.Millisecond
 	start := time.Now()
 	_, err := s.r.Lock(ctx, "rl:three-down", locks.WithWait(budget))
 	took := time.Since(start)
@@ -307,11 +309,12 @@ func TestRedlockPreheldSubsets(t *testing.T) {
 				t.Errorf("mask %05b: granted %v refused %v", mask, re.Granted, re.Refused)
 			}
 		}
-		for j, o := range s.owners(t, name, free...) {
-			if o != "" {
-				t.Errorf("mask %05b: key left on free node %d", mask, free[j])
-			}
-		}
+		// A free node that answered after the quorum was reached has its late
+		// grant undone by that node's call as it lands, which may be just
+		// after Unlock (or the failed TryLock) returned.
+		eventually(t, 2*time.Second, fmt.Sprintf("mask %05b: free nodes empty", mask), func() bool {
+			return rlCountEmpty(s.owners(t, name, free...)) == len(free)
+		})
 		for j, o := range s.owners(t, name, held...) {
 			if o != "someone-else" {
 				t.Errorf("mask %05b: foreign hold on node %d became %q", mask, held[j], o)

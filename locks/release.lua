@@ -43,12 +43,7 @@ if head then
   -- owner|lease|acquisition id (the owner may itself contain '|')
   local w, wl, wacq = string.match(head, '^(.*)|(%d+)|([^|]*)$')
   local wlease = tonumber(wl)
-  local f = redis.call('INCR', fk)
-  if f == 1 then -- the counter was lost: restart from the clock (see acquire.lua)
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', fk, string.format('%.0f', f), 'PX', fencettl)
-  end
-  f = string.format('%.0f', f)
+  local _, f = nextFence(fk, fencettl, t)
   redis.call('HSET', lk, 'o', w, 'n', 1, 'f', f, 'h:' .. wacq, 1, 'p', owner .. '|' .. acq)
   redis.call('PEXPIRE', lk, math.min(wlease, claim))
   redis.call('ZREM', q, head)

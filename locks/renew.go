@@ -7,40 +7,65 @@ import (
 	"time"
 )
 
-// errNotOwner is what a batch renewal reports for a lock no longer held by its owner.
-var errNotOwner = errors.New("locks: not owner")
+var (
+	// errNotOwner is what a renewal reports for a lock no longer held by its owner.
+	errNotOwner = errors.New("locks: not owner")
+	// errExpired is why a lock with a fixed lease (WithoutRenewal) is lost.
+	errExpired = errors.New("locks: lease expired without renewal")
+	// errNoRenewal is why a renewed lock is lost when no renewal was confirmed
+	// before its local deadline (joined with the last renewal's error, if any).
+	errNoRenewal = errors.New("locks: lease ran out before a renewal was confirmed")
+)
 
-// renewer is the one background loop of a Client that keeps every held lock's
-// lease alive: each tick it renews all locks that are due in one pipeline, so
-// holding 10,000 locks costs one goroutine and a handful of round trips, not a
-// goroutine and a timer per lock.
+// renewChunk bounds how many locks one renewal round trip carries.
+const renewChunk = 1000
+
+// renewer is the one background loop of a Client (or Redlock) that keeps every
+// held lock's lease alive: each turn it sends the renewals that are due, in
+// batches (one pipeline per node), so holding 10,000 locks costs a few
+// goroutines and round trips, not a goroutine and a timer per lock.
+//
+// The loop never waits for Redis. A batch is on the wire on its own
+// goroutine, and its outcomes apply lock by lock as each node answers, so a
+// slow or paused node delays only the renewals of its own locks. The loop
+// watches every lock's local deadline independently of the batches: a lock
+// whose deadline passes with no renewal confirmed is lost then, even while
+// its renewal is still on the wire — whether the go-redis client ends calls
+// at their context deadline (ContextTimeoutEnabled) or not.
 type renewer struct {
-	// batch renews hs (each by its own lease) and reports, per lock, nil when
-	// extended, errNotOwner when the lock is gone, or another error when the
-	// outcome is unknown.
-	batch func(ctx context.Context, hs []*held) []error
+	// send renews hs (each by its own lease) and calls report once per lock,
+	// as the lock's outcome becomes known: nil when extended, errNotOwner when
+	// the lock is gone, another error when the outcome is unknown. It returns
+	// when every lock was reported.
+	send func(ctx context.Context, hs []*held, report func(h *held, err error))
 
-	mu      sync.Mutex // guards items, running, closed, next
+	ctx    context.Context // the batches'; cancelled by close
+	cancel context.CancelFunc
+	kick   chan struct{} // wakes the loop to look again
+	done   chan struct{} // closed when the loop has returned
+	sends  sync.WaitGroup
+
+	mu      sync.Mutex // guards the fields below
 	items   map[*held]struct{}
 	running bool
 	closed  bool
-	next    time.Time // when the loop plans to wake; zero when idle
-	kick    chan struct{}
-	quit    chan struct{}
-	done    chan struct{}
+	next    time.Time     // when the loop plans to wake; zero when idle
+	emptied chan struct{} // closed when items becomes empty (made by waitEmpty)
 }
 
-func newRenewer(batch func(ctx context.Context, hs []*held) []error) *renewer {
-	return &renewer{batch: batch, items: map[*held]struct{}{}, kick: make(chan struct{}, 1),
-		quit: make(chan struct{}), done: make(chan struct{})}
+func newRenewer(send func(ctx context.Context, hs []*held, report func(*held, error))) *renewer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &renewer{send: send, ctx: ctx, cancel: cancel, items: map[*held]struct{}{},
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-func (r *renewer) add(h *held) {
+// add keeps h alive from now on. It reports false after close: then nothing
+// would keep h alive.
+func (r *renewer) add(h *held) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		go h.lose(ErrClosed) // the client is closed: nothing keeps this lock alive
-		return
+		return false
 	}
 	r.items[h] = struct{}{}
 	if !r.running {
@@ -53,17 +78,55 @@ func (r *renewer) add(h *held) {
 	if r.next.IsZero() || t.Before(r.next) {
 		// Only a lock due before the loop's next wake-up needs to wake it.
 		r.next = t
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
+		r.poke()
 	}
+	return true
 }
 
 func (r *renewer) remove(h *held) {
 	r.mu.Lock()
 	delete(r.items, h)
+	if len(r.items) == 0 && r.emptied != nil {
+		close(r.emptied)
+		r.emptied = nil
+	}
 	r.mu.Unlock()
+}
+
+// waitEmpty waits until no lock is kept alive, or ctx ends; it returns the
+// names of the locks still kept alive.
+func (r *renewer) waitEmpty(ctx context.Context) []string {
+	for {
+		r.mu.Lock()
+		if len(r.items) == 0 {
+			r.mu.Unlock()
+			return nil
+		}
+		if r.emptied == nil {
+			r.emptied = make(chan struct{})
+		}
+		emptied := r.emptied
+		r.mu.Unlock()
+		select {
+		case <-emptied:
+		case <-ctx.Done():
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			names := make([]string, 0, len(r.items))
+			for h := range r.items {
+				names = append(names, h.name)
+			}
+			return names
+		}
+	}
+}
+
+// poke wakes the loop (it coalesces).
+func (r *renewer) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Len returns the number of locks being kept alive.
@@ -73,7 +136,9 @@ func (r *renewer) len() int {
 	return len(r.items)
 }
 
-// close stops the loop and reports every lock still held as lost.
+// close stops the loop and the batches on the wire (as far as the client
+// honours a cancelled context; otherwise it waits for them), and reports every
+// lock still held as lost with ErrClosed.
 func (r *renewer) close() {
 	r.mu.Lock()
 	if r.closed {
@@ -82,15 +147,18 @@ func (r *renewer) close() {
 	}
 	r.closed = true
 	running := r.running
+	r.mu.Unlock()
+	r.cancel()
+	if running {
+		<-r.done
+	}
+	r.sends.Wait()
+	r.mu.Lock()
 	items := make([]*held, 0, len(r.items))
 	for h := range r.items {
 		items = append(items, h)
 	}
 	r.mu.Unlock()
-	close(r.quit)
-	if running {
-		<-r.done
-	}
 	for _, h := range items {
 		h.lose(ErrClosed)
 	}
@@ -100,25 +168,14 @@ func (r *renewer) loop() {
 	defer close(r.done)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-r.quit:
-			cancel()
-		case <-ctx.Done():
+	for r.ctx.Err() == nil {
+		due, expired, next := r.scan(time.Now())
+		for _, h := range expired {
+			h.lose(h.expiry())
 		}
-	}()
-	for {
-		select {
-		case <-r.quit:
-			return
-		default:
-		}
-		due, next := r.due(time.Now())
-		if len(due) > 0 {
-			r.renew(ctx, due)
-			continue
+		for i := 0; i < len(due); i += renewChunk {
+			r.sends.Add(1)
+			go r.renew(due[i:min(i+renewChunk, len(due))])
 		}
 		wait := time.Hour
 		if !next.IsZero() {
@@ -126,94 +183,96 @@ func (r *renewer) loop() {
 		}
 		timer.Reset(wait)
 		select {
-		case <-r.quit:
+		case <-r.ctx.Done():
 			return
 		case <-r.kick:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
 		case <-timer.C:
 		}
 	}
 }
 
-// due returns the locks whose renewal (or expiry check) is due, and the
-// earliest time another one will be. A renewal due within an eighth of the
-// time its lock has left after it (a twelfth of the lease, normally) is taken
-// early, so locks taken at different moments share batches. (Relative to the
-// current deadline, not the lease: a hand-off's first deadline is a short
-// claim, and an early window from the full lease would renew it at once.)
-func (r *renewer) due(now time.Time) (due []*held, next time.Time) {
+// scan returns the locks whose renewal is due (marking them in flight), those
+// whose local deadline has passed, and the earliest time either will happen
+// to another lock. A renewal due within an eighth of the time its lock has
+// left after it (a twelfth of the lease, normally) is taken early, so locks
+// taken at different moments share batches. (Relative to the current
+// deadline, not the lease: a hand-off's first deadline is a short claim, and
+// an early window from the full lease would renew it at once.)
+func (r *renewer) scan(now time.Time) (due, expired []*held, next time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for h := range r.items {
-		h.mu.Lock()
-		t, early := h.nextRenew, h.deadline.Sub(h.nextRenew)/8
-		if !h.cfg.renew || early < 0 {
-			early = 0 // an expiry check is never early
-		}
-		h.mu.Unlock()
-		if !t.Add(-early).After(now) {
-			due = append(due, h)
-		} else if next.IsZero() || t.Before(next) {
+	soonest := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
 			next = t
 		}
 	}
-	r.next = next
-	if len(due) > 0 {
-		r.next = now
+	for h := range r.items {
+		h.mu.Lock()
+		switch {
+		case !now.Before(h.deadline):
+			expired = append(expired, h)
+		case !h.cfg.renew || h.renewing:
+			soonest(h.deadline)
+		case !h.nextRenew.Add(-h.deadline.Sub(h.nextRenew) / 8).After(now):
+			h.renewing = true
+			due = append(due, h)
+			soonest(h.deadline)
+		default:
+			soonest(h.nextRenew)
+		}
+		h.mu.Unlock()
 	}
-	return due, next
+	r.next = next
+	return due, expired, next
 }
 
-func (r *renewer) renew(ctx context.Context, due []*held) {
-	var send []*held
-	for _, h := range due {
-		if !h.cfg.renew {
-			h.lose(errExpired)
-			continue
+// renew sends one batch and applies each lock's outcome as it is reported.
+func (r *renewer) renew(hs []*held) {
+	defer r.sends.Done()
+	sent := time.Now()
+	r.send(r.ctx, hs, func(h *held, err error) {
+		if r.ctx.Err() == nil {
+			h.renewed(sent, err)
 		}
-		send = append(send, h)
-	}
-	if len(send) == 0 {
-		return
-	}
-	const chunk = 1000
-	for i := 0; i < len(send); i += chunk {
-		part := send[i:min(i+chunk, len(send))]
-		sent := time.Now()
-		errs := r.batch(ctx, part)
-		if ctx.Err() != nil {
-			return
+		h.mu.Lock()
+		h.renewing = false
+		h.mu.Unlock()
+		r.poke()
+	})
+}
+
+// renewed applies the outcome of h's renewal sent at sent.
+func (h *held) renewed(sent time.Time, err error) {
+	switch {
+	case err == nil:
+		h.mu.Lock()
+		if !h.ended {
+			h.lastErr = nil
+			h.setDeadline(sent, h.lease)
 		}
-		for j, h := range part {
-			switch err := errs[j]; {
-			case err == nil:
-				h.mu.Lock()
-				lease := h.lease
-				h.mu.Unlock()
-				h.extended(sent, lease)
-			case errors.Is(err, errNotOwner):
-				h.loseHolding(ErrNotHeld)
-			default:
-				h.cfg.emit(Event{Kind: RenewalFailed, Name: h.name, Err: err})
-				h.mu.Lock()
-				now := time.Now()
-				expired := !now.Before(h.deadline)
-				// Retry soon, and once more at the deadline at the latest.
-				retry := now.Add(min(max(h.deadline.Sub(now)/4, 5*time.Millisecond), h.lease/6))
-				if retry.After(h.deadline) {
-					retry = h.deadline
-				}
-				h.nextRenew = retry
-				h.mu.Unlock()
-				if expired {
-					h.lose(errors.Join(ErrNotHeld, err))
-				}
-			}
-		}
+		h.mu.Unlock()
+	case errors.Is(err, errNotOwner):
+		h.loseHolding(ErrNotHeld)
+	default:
+		h.cfg.emit(Event{Kind: RenewalFailed, Name: h.name, Err: err})
+		h.mu.Lock()
+		// Retry soon; the loop ends the lock at its deadline if none succeeds.
+		now := time.Now()
+		h.lastErr = err
+		h.nextRenew = now.Add(min(max(h.deadline.Sub(now)/4, 5*time.Millisecond), h.lease/6))
+		h.mu.Unlock()
 	}
+}
+
+// expiry is why h is lost when its local deadline passed.
+func (h *held) expiry() error {
+	if !h.cfg.renew {
+		return errExpired
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastErr != nil {
+		return errors.Join(ErrNotHeld, errNoRenewal, h.lastErr)
+	}
+	return errors.Join(ErrNotHeld, errNoRenewal)
 }

@@ -74,3 +74,67 @@ func TestReplicaAcknowledgement(t *testing.T) {
 		t.Fatal("a lock refused for want of replicas was left behind")
 	}
 }
+
+// WithReplicas holds on every grant path. On a server without replicas a
+// lock handed to a queued Lock(WithReplicas(1)) fails with a ReplicaError
+// and is handed on (it used to be returned without any WAIT), and a nested
+// acquisition that re-enters fails likewise while the outer hold stays.
+func TestReplicasOnEveryGrantPath(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range []string{"default", "fair"} {
+		t.Run("hand-off/"+mode, func(t *testing.T) {
+			c, rdb, s := newClient(t)
+			var opts []locks.Option
+			if mode == "fair" {
+				opts = append(opts, locks.WithFair())
+			}
+			b := locks.New(s.Client(), opts...)
+			defer b.Close()
+			held, err := c.TryLock(ctx, "ho")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan error, 1)
+			go func() {
+				lk, err := b.Lock(ctx, "ho", locks.WithReplicas(1, 100*time.Millisecond), locks.WithWait(10*time.Second))
+				if lk != nil {
+					err = errors.Join(errors.New("got a lock"), err)
+				}
+				got <- err
+			}()
+			eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{ho}").Val() == 1 })
+			before := waitCalls(t, s)
+			if err := held.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+			err = waitErr(t, got, 5*time.Second, "queued Lock")
+			var re *locks.ReplicaError
+			if !errors.As(err, &re) || !errors.Is(err, locks.ErrNotObtained) || !errors.Is(err, locks.ErrUnavailable) || errors.Is(err, locks.ErrBusy) {
+				t.Fatalf("lock handed to a waiter with WithReplicas(1) and no replica: %v, want a ReplicaError", err)
+			}
+			if waitCalls(t, s) == before {
+				t.Fatal("no WAIT sent for the hand-off")
+			}
+			eventually(t, time.Second, "the refused hand-off released", func() bool { return rdb.Exists(ctx, "cg:lock:{ho}").Val() == 0 })
+		})
+	}
+	t.Run("re-entry", func(t *testing.T) {
+		c, rdb, _ := newClient(t)
+		octx := locks.WithOwner(ctx, "req")
+		outer, err := c.TryLock(octx, "re")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.TryLock(octx, "re", locks.WithReplicas(1, 100*time.Millisecond))
+		var re *locks.ReplicaError
+		if !errors.As(err, &re) {
+			t.Fatalf("nested acquisition with WithReplicas(1) and no replica: %v, want a ReplicaError", err)
+		}
+		if n := rdb.HGet(ctx, "cg:lock:{re}", "n").Val(); n != "1" {
+			t.Fatalf("hold count %q after the refused re-entry, want the outer's 1", n)
+		}
+		if err := outer.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -40,6 +40,12 @@ func (r *scopes) find(owner, name string) (*scope, error) {
 	return sc, nil
 }
 
+// held reports whether owner has a scope of name that is not lost.
+func (r *scopes) held(owner, name string) bool {
+	sc, err := r.find(owner, name)
+	return sc != nil && err == nil
+}
+
 // join adds h, a Lock just granted to owner, to its scope. When this process
 // already has a scope of the name, h joins it only if the scope is held and h
 // re-entered that very holding (the same fence); otherwise the scope is lost

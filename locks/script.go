@@ -2,6 +2,8 @@ package locks
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -11,6 +13,12 @@ import (
 // caller boxed once: go-redis's Script.Run boxes every key and argument into
 // an interface on every call, which made up a third of a lock cycle's
 // allocations.
+//
+// NOSCRIPT — a node that has not seen the script yet (new, restarted,
+// promoted) — is handled one way throughout the package: the call is sent
+// again as EVAL, which also caches the script there (toEval; pipelines do it
+// in pipeline). SCRIPT LOAD is never used: on a cluster it goes to every
+// master and fails while one is down.
 type script struct {
 	sha any // boxed once
 }
@@ -20,9 +28,30 @@ type script struct {
 var sources = map[string]string{}
 
 func newScript(src string) script {
-	sha := redis.NewScript(src).Hash()
+	sum := sha1.Sum([]byte(src))
+	sha := hex.EncodeToString(sum[:])
 	sources[sha] = src
 	return script{sha: sha}
+}
+
+// call is the EVALSHA command line.
+func (s script) call(keys, args []any) []any {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", s.sha, len(keys))
+	a = append(a, keys...)
+	return append(a, args...)
+}
+
+// cmd is the EVALSHA command, for a pipeline.
+func (s script) cmd(ctx context.Context, keys []any, args ...any) *redis.Cmd {
+	return redis.NewCmd(ctx, s.call(keys, args)...)
+}
+
+// runVia sends the script through a batcher (see batcher.do): the call may
+// share its round trip with others. abandon (may be nil) gets the reply when
+// it came after ctx ended.
+func (s script) runVia(ctx context.Context, b *batcher, abandon func(*redis.Cmd), keys []any, args ...any) *redis.Cmd {
+	return b.do(ctx, s.call(keys, args), abandon)
 }
 
 // toEval turns an EVALSHA command line of a known script into EVAL in place.
@@ -38,33 +67,40 @@ func toEval(a []any) bool {
 	return ok
 }
 
-// run sends EVALSHA, and EVAL when the node does not have the script yet (a
-// new, restarted or promoted server); EVAL also caches it there.
-func (s script) run(ctx context.Context, rdb redis.UniversalClient, keys []any, args ...any) *redis.Cmd {
-	a := s.call(keys, args)
-	cmd := rdb.Do(ctx, a...)
-	if noScript(cmd.Err()) && toEval(a) {
-		cmd = rdb.Do(ctx, a...)
-	}
-	return cmd
-}
-
-// runVia is run through a batcher, which falls back to EVAL itself: the call
-// may share its round trip with others. abandon (may be nil) gets the reply
-// when it came after ctx ended.
-func (s script) runVia(ctx context.Context, b *batcher, abandon func(*redis.Cmd), keys []any, args ...any) *redis.Cmd {
-	return b.do(ctx, s.call(keys, args), abandon)
-}
-
-// call is the EVALSHA command line.
-func (s script) call(keys, args []any) []any {
-	a := make([]any, 0, 3+len(keys)+len(args))
-	a = append(a, "evalsha", s.sha, len(keys))
-	a = append(a, keys...)
-	return append(a, args...)
-}
-
 func noScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
+
+// pipeline sends cmds in one pipeline on rdb; the script calls that failed
+// with NOSCRIPT are sent again as EVAL, in place in cmds — in a second
+// pipeline of their own, or, when whole is set, with every other command of
+// cmds again too (a WAIT must follow the write it waits for, on the same
+// connection). Each command carries its own error.
+func pipeline(ctx context.Context, rdb interface{ Pipeline() redis.Pipeliner }, cmds []*redis.Cmd, whole bool) {
+	send := func(cs []*redis.Cmd) {
+		pipe := rdb.Pipeline()
+		for _, c := range cs {
+			_ = pipe.Process(ctx, c)
+		}
+		_, _ = pipe.Exec(ctx) // each command carries its own error
+	}
+	send(cmds)
+	var again []*redis.Cmd
+	for i, c := range cmds {
+		if noScript(c.Err()) && toEval(c.Args()) {
+			cmds[i] = redis.NewCmd(ctx, c.Args()...)
+			again = append(again, cmds[i])
+		}
+	}
+	switch {
+	case len(again) == 0:
+	case whole:
+		for i, c := range cmds {
+			cmds[i] = redis.NewCmd(ctx, c.Args()...)
+		}
+		send(cmds)
+	default:
+		send(again)
+	}
+}
 
 var (
 	acquireS = newScript(acquireLua)

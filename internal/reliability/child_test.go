@@ -57,7 +57,7 @@ func (p *proc) do(t *testing.T, command string, within time.Duration) string {
 
 // childRoles are the roles for childproc.Main.
 func childRoles() map[string]func() error {
-	return map[string]func() error{"holder": childHolder, "cg-fill": childFill}
+	return map[string]func() error{"holder": childHolder, "cg-fill": childFill, "scoped": childScoped}
 }
 
 // childHolder serves commands: acquire, write <value>, release, wait-lost.

@@ -4,7 +4,8 @@
 // porcupine.
 //
 // The package holds only test helpers (porcupine models, a history recorder,
-// an in-process TCP fault proxy, a fenced register, the figures table); the
+// the in-process TCP fault proxy of internal/faultproxy under short names, a
+// fenced register, the figures table); the
 // scenarios are its tests, all named TestReliability*, run with
 //
 //	go test -race -run Reliability ./internal/reliability

@@ -7,6 +7,13 @@
 // publish that follows the attempt cannot be missed. Messages can still be lost
 // while a connection is re-established; waiters therefore always keep a
 // fallback timer (the lease's remaining time), and never rely on push alone.
+// After a connection failed, every channel counts as unconfirmed until Redis
+// confirms it on the new connection (Subscribe waits for that, as for a new
+// channel), and a channel whose UNSUBSCRIBE was sent around the failure —
+// go-redis drops it from its resubscribe set before the write, and no
+// confirmation comes — counts as unsubscribed and is subscribed again when a
+// listener wants it, so no outage, however long, leaves a channel that looks
+// subscribed but is not.
 //
 // On a Redis Cluster, channels are shard channels (SSUBSCRIBE): each is
 // subscribed with its own command on the connection to the master that owns
@@ -67,9 +74,10 @@ func (h *Hub) Sharded() bool { return h.cluster != nil }
 type state int
 
 const (
-	subscribing state = iota
-	subscribed
-	unsubscribing
+	detached      state = iota // not sent on any connection yet (being attached)
+	subscribing                // SUBSCRIBE sent (or queued for go-redis's reconnect), not confirmed
+	subscribed                 // confirmed by Redis on the current connection
+	unsubscribing              // UNSUBSCRIBE sent; go-redis no longer re-subscribes it
 )
 
 type channel struct {
@@ -77,7 +85,9 @@ type channel struct {
 	conn   *conn
 	state  state
 	again  bool          // a listener arrived while unsubscribing: subscribe again
-	ready  chan struct{} // closed once the first subscription is confirmed
+	ready  chan struct{} // closed when the current subscription is confirmed; replaced when it ends
+	failed chan struct{} // closed when the first attach failed (err says why)
+	err    error
 	subs   map[*Sub]bool
 	linger *time.Timer // pending unsubscribe of an idle channel
 }
@@ -88,6 +98,14 @@ func (ch *channel) confirmed() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// unconfirm marks the subscription as no longer confirmed (h.mu held): a
+// Subscribe from now on waits for the next confirmation.
+func (ch *channel) unconfirm() {
+	if ch.confirmed() {
+		ch.ready = make(chan struct{})
 	}
 }
 
@@ -127,7 +145,7 @@ func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
 	ch := h.chans[name]
 	fresh := ch == nil
 	if fresh {
-		ch = &channel{name: name, ready: make(chan struct{}), subs: map[*Sub]bool{}}
+		ch = &channel{name: name, ready: make(chan struct{}), failed: make(chan struct{}), subs: map[*Sub]bool{}}
 		h.chans[name] = ch
 	} else if ch.state == unsubscribing && len(ch.subs) == 0 {
 		ch.again = true
@@ -138,21 +156,25 @@ func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
 	}
 	s := &Sub{h: h, ch: ch, msgs: make(chan string, 4)}
 	ch.subs[s] = true
+	ready, failed := ch.ready, ch.failed
 	h.mu.Unlock()
 
 	if fresh {
 		if err := h.attach(ctx, ch); err != nil {
-			s.Close()
+			h.detachFailed(ch, s, err)
 			return nil, err
 		}
 	}
 	t := time.NewTimer(maxConfirm)
 	defer t.Stop()
 	select {
-	case <-ch.ready:
+	case <-ready:
 		return s, nil
 	case <-t.C:
 		return s, nil
+	case <-failed:
+		s.Close()
+		return nil, ch.err
 	case <-h.done:
 		s.Close()
 		return nil, ErrClosed
@@ -162,17 +184,28 @@ func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
 	}
 }
 
+// detachFailed ends a channel whose first attach failed: the channel is
+// forgotten (a later Subscribe starts afresh), and the listeners that joined
+// it meanwhile fail with the same error.
+func (h *Hub) detachFailed(ch *channel, s *Sub, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for o := range ch.subs {
+		delete(ch.subs, o)
+	}
+	if h.chans[ch.name] == ch {
+		delete(h.chans, ch.name)
+	}
+	ch.err = err
+	close(ch.failed)
+}
+
 // attach subscribes ch on the connection to the node that serves it.
 func (h *Hub) attach(ctx context.Context, ch *channel) error {
 	addr := ""
 	if h.cluster != nil {
 		node, err := h.cluster.MasterForKey(ctx, ch.name)
 		if err != nil {
-			h.mu.Lock()
-			if len(ch.subs) == 0 && h.chans[ch.name] == ch {
-				delete(h.chans, ch.name)
-			}
-			h.mu.Unlock()
 			return err
 		}
 		addr = node.Options().Addr
@@ -189,7 +222,7 @@ func (h *Hub) attach(ctx context.Context, ch *channel) error {
 	}
 	ch.conn, ch.state = c, subscribing
 	h.mu.Unlock()
-	h.sendCtx(ctx, c, "subscribe", ch.name)
+	_ = h.sendCtx(ctx, c, "subscribe", ch.name) // a failed write stays in go-redis's set: subscribed on reconnect
 	return nil
 }
 
@@ -206,22 +239,28 @@ func (h *Hub) newConn(addr string) *conn {
 	return c
 }
 
-// send writes a (un)subscribe command; a failure surfaces in the reader, and
-// go-redis keeps the channel in its set, so it is subscribed on reconnect.
-func (h *Hub) send(c *conn, op, name string) { h.sendCtx(context.Background(), c, op, name) }
+// send writes a (un)subscribe command. go-redis keeps a channel being
+// subscribed in its set even when the write fails, and subscribes it again on
+// reconnect. A channel being unsubscribed leaves that set before the write:
+// when the write fails, or the connection fails before Redis confirmed, the
+// channel is subscribed nowhere, and no confirmation will come (see
+// unsubscribed and reconnected).
+func (h *Hub) send(c *conn, op, name string) error {
+	return h.sendCtx(context.Background(), c, op, name)
+}
 
-func (h *Hub) sendCtx(ctx context.Context, c *conn, op, name string) {
+func (h *Hub) sendCtx(ctx context.Context, c *conn, op, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	switch {
 	case op == "subscribe" && h.cluster != nil:
-		c.ps.SSubscribe(ctx, name)
+		return c.ps.SSubscribe(ctx, name)
 	case op == "subscribe":
-		c.ps.Subscribe(ctx, name)
+		return c.ps.Subscribe(ctx, name)
 	case h.cluster != nil:
-		c.ps.SUnsubscribe(ctx, name)
+		return c.ps.SUnsubscribe(ctx, name)
 	default:
-		c.ps.Unsubscribe(ctx, name)
+		return c.ps.Unsubscribe(ctx, name)
 	}
 }
 
@@ -246,11 +285,62 @@ func (h *Hub) idle(ch *channel) {
 	ch.linger = nil
 	if send {
 		ch.state = unsubscribing
+		ch.unconfirm()
 	}
 	c := ch.conn
 	h.mu.Unlock()
 	if send {
-		h.send(c, "unsubscribe", ch.name)
+		if err := h.send(c, "unsubscribe", ch.name); err != nil {
+			h.unsubscribed(c, ch)
+		}
+	}
+}
+
+// unsubscribed ends the unsubscription of ch on c: confirmed by Redis, or
+// known to have happened because go-redis dropped the channel (see send). A
+// channel that got listeners meanwhile is subscribed again; otherwise it is
+// forgotten.
+func (h *Hub) unsubscribed(c *conn, ch *channel) {
+	h.mu.Lock()
+	if h.chans[ch.name] != ch || ch.conn != c || ch.state != unsubscribing {
+		h.mu.Unlock()
+		return
+	}
+	resend := ch.again || len(ch.subs) > 0
+	if resend {
+		ch.again = false
+		ch.state = subscribing
+	} else {
+		delete(h.chans, ch.name)
+	}
+	h.mu.Unlock()
+	if resend {
+		_ = h.send(c, "subscribe", ch.name) // kept for the reconnect even if this write fails
+	}
+}
+
+// reconnected records that c's connection failed (one server: go-redis dials
+// again and re-subscribes its set). Subscribed channels stay in that set but
+// are unconfirmed until Redis confirms them again; channels being
+// unsubscribed are not in it any more, so they are unsubscribed now.
+func (h *Hub) reconnected(c *conn) {
+	h.mu.Lock()
+	var gone []*channel
+	for _, ch := range h.chans {
+		if ch.conn != c {
+			continue
+		}
+		switch ch.state {
+		case subscribed:
+			ch.state = subscribing
+			ch.unconfirm()
+		case unsubscribing:
+			gone = append(gone, ch)
+		}
+	}
+	h.mu.Unlock()
+	for _, ch := range gone {
+		h.unsubscribed(c, ch)
 	}
 }
 
@@ -301,7 +391,7 @@ func (h *Hub) Close() {
 	h.mu.Unlock()
 	for _, c := range conns {
 		c.stop()
-		c.ps.Close()
+		_ = c.ps.Close() // closing: nothing to do about an error
 	}
 	h.wg.Wait()
 }
@@ -317,14 +407,15 @@ func (h *Hub) read(ctx context.Context, c *conn) {
 			}
 			var nerr interface{ Timeout() bool }
 			if errors.As(err, &nerr) && nerr.Timeout() {
-				c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
+				_ = c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
 				continue
 			}
 			if h.cluster != nil {
 				h.fail(c, backoff)
 				return
 			}
-			// One server: go-redis re-dials and re-subscribes every channel.
+			// One server: go-redis re-dials and re-subscribes its set.
+			h.reconnected(c)
 			if !h.sleep(backoff) {
 				return
 			}
@@ -363,12 +454,13 @@ func (h *Hub) fail(c *conn, backoff time.Duration) {
 	var moved []*channel
 	for _, ch := range h.chans {
 		if ch.conn == c {
+			ch.unconfirm()
 			moved = append(moved, ch)
 		}
 	}
 	h.mu.Unlock()
 	c.stop()
-	c.ps.Close()
+	_ = c.ps.Close() // the connection failed already
 	h.reroute(moved, backoff)
 }
 
@@ -412,7 +504,7 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 		h.mu.Unlock()
 		return
 	}
-	var resend, lost bool
+	var unsub, lost bool
 	switch m.Kind {
 	case "subscribe", "ssubscribe":
 		if ch.state == subscribing {
@@ -427,26 +519,20 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 	case "unsubscribe", "sunsubscribe":
 		switch ch.state {
 		case unsubscribing:
-			if ch.again || len(ch.subs) > 0 {
-				ch.again = false
-				ch.state = subscribing
-				resend = true
-			} else {
-				delete(h.chans, m.Channel)
-			}
+			unsub = true
 		case subscribed:
 			// Not asked for: the channel's slot moved to another node.
-			lost = h.cluster != nil
+			if lost = h.cluster != nil; lost {
+				ch.state = subscribing
+				ch.unconfirm()
+			}
 		}
 	}
 	h.mu.Unlock()
 	switch {
-	case resend:
-		h.send(c, "subscribe", m.Channel)
+	case unsub:
+		h.unsubscribed(c, ch)
 	case lost:
-		h.mu.Lock()
-		ch.state = subscribing
-		h.mu.Unlock()
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()

@@ -2,7 +2,9 @@ package wake_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,3 +217,48 @@ func TestCluster(t *testing.T) {
 }
 
 var _ = redis.Nil
+
+// A Subscribe whose first attach fails (the cluster's slot map cannot be
+// loaded) leaves nothing behind: the next Subscribe of the channel attaches
+// afresh, is confirmed by Redis and receives. (The channel used to stay
+// behind looking "subscribing": later subscribers waited out the confirmation
+// bound and never received.)
+func TestFailedAttachLeavesNoChannel(t *testing.T) {
+	ctx := context.Background()
+	cl := redistest.StartCluster(t)
+	admin := cl.Masters()[0].Client()
+	var fail atomic.Bool
+	fail.Store(true)
+	cc := cl.Client(func(o *redis.ClusterOptions) {
+		o.ClusterSlots = func(ctx context.Context) ([]redis.ClusterSlot, error) {
+			if fail.Load() {
+				return nil, errors.New("slot map not loadable (injected)")
+			}
+			//lint:ignore SA1019 the ClusterSlots option takes this form
+			return admin.ClusterSlots(ctx).Result()
+		}
+	})
+	h := wake.New(cc)
+	defer h.Close()
+	const ch = "w:{attach}"
+	if _, err := h.Subscribe(ctx, ch); err == nil {
+		t.Fatal("Subscribe succeeded without a slot map")
+	}
+	if n := h.Listening(); n != 0 {
+		t.Fatalf("%d channels listening after a failed Subscribe", n)
+	}
+	fail.Store(false)
+	start := time.Now()
+	sub, err := h.Subscribe(ctx, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	owner := cl.MasterForSlot(cl.Slot(ch)).Client()
+	v, _ := owner.Do(ctx, "PUBSUB", "SHARDNUMSUB", ch).Slice()
+	if len(v) != 2 || v[1] != int64(1) {
+		t.Fatalf("Subscribe returned after %v without the channel subscribed at its master: %v", time.Since(start), v)
+	}
+	cc.SPublish(ctx, ch, "hello")
+	recv(t, sub, "hello", 2*time.Second)
+}

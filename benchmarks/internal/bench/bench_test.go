@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/pgserver"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
@@ -41,11 +42,85 @@ func testEnv(t *testing.T) *env {
 	}
 	t.Cleanup(srv.Close)
 	cfg := Config{Quick: true, tiny: true, Reps: 1}
-	res := &Results{Started: time.Now(), Reps: 1, s: cfg.sizes(),
-		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{}}
+	res := newResults(cfg)
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { admin.Close() })
-	return &env{cfg: cfg, s: res.s, reps: 1, addr: srv.Addr(), admin: admin, res: res}
+	e := &env{cfg: cfg, s: res.s, reps: 1, addr: srv.Addr(), admin: admin, res: res}
+	t.Cleanup(func() {
+		if e.pg != nil {
+			e.pg.Close()
+		}
+	})
+	return e
+}
+
+// havePG skips the test when PostgreSQL's server binaries are not installed.
+func havePG(t *testing.T) {
+	t.Helper()
+	if _, err := pgserver.BinDir(); err != nil {
+		t.Skip(err)
+	}
+}
+
+// On the real database the harness counts every query in the loaders and
+// PostgreSQL counts the same ones: a naive cache-aside sends several for a
+// cold key, cacheguard one, and both counts agree when no client gave up.
+func TestPGCountsQueries(t *testing.T) {
+	havePG(t)
+	e := testEnv(t)
+	e.cfg.Systems = []string{systems.Naive, systems.Guard}
+	ctx := context.Background()
+	if err := e.pgStampede(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pgMix(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.res.PG == nil || e.res.PG.Alone <= 0 {
+		t.Fatalf("no description of the database: %+v", e.res.PG)
+	}
+	st, mix, mdb := e.res.Table("pg-stampede"), e.res.Table("pg-mix"), e.res.Table("pg-mix-db")
+	for _, tb := range []*Table{st, mix, mdb} {
+		for _, r := range tb.Rows {
+			if len(r.Errs) > 0 {
+				t.Errorf("%s / %s: %v", tb.ID, r.System, r.Errs)
+			}
+		}
+	}
+	med := func(tb *Table, sys, key string) float64 {
+		v, ok := tb.Median(sys, key)
+		if !ok {
+			t.Errorf("%s / %s: no %s", tb.ID, sys, key)
+		}
+		return v
+	}
+	if n := med(st, systems.Naive, "loads"); n <= 1 {
+		t.Errorf("naive stampede sent %v queries, want > 1", n)
+	}
+	if n, pg := med(st, systems.Guard, "loads"), med(st, systems.Guard, "pgcalls"); n != 1 || pg != 1 {
+		t.Errorf("cacheguard stampede: %v queries sent, %v completed by PostgreSQL; want 1 and 1", n, pg)
+	}
+	if f := med(st, systems.Guard, "failed"); f != 0 {
+		t.Errorf("cacheguard stampede: %v failed requests", f)
+	}
+	for _, sys := range []string{systems.Naive, systems.Guard} {
+		sent, answered, pg := med(mdb, sys, "loads"), med(mdb, sys, "answered"), med(mdb, sys, "pgcalls")
+		if sent < 1 || answered > pg || pg > sent {
+			t.Errorf("%s mix: %v queries sent, %v answered, %v completed by PostgreSQL; want 1 ≤ answered ≤ completed ≤ sent", sys, sent, answered, pg)
+		}
+		if v := med(mix, sys, "rps"); v <= 0 {
+			t.Errorf("%s mix: %v completed/s", sys, v)
+		}
+		if v := med(mdb, sys, "ideal"); v < 0.5 {
+			t.Errorf("%s mix: loads ÷ ideal %v", sys, v)
+		}
+	}
+	if v := med(mdb, systems.Guard, "overlap"); v != 0 {
+		t.Errorf("cacheguard mix: %v queries overlapped another for the same key", v)
+	}
+	if s := e.res.PGSeries[systems.Guard]; s == nil || len(s.Done) == 0 {
+		t.Error("no time series for the chart")
+	}
 }
 
 // The stampede harness must count every load in every process: a naive
@@ -117,7 +192,14 @@ func TestSmokeAllScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"uncontended", "redlock", "stampede", "warm-1", "scale-procs-loads", "scale-total-p99", "mix"} {
+	ids := []string{"uncontended", "redlock", "stampede", "warm-1", "scale-procs-loads", "scale-total-p99", "mix"}
+	wantMD := []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
+		"results/scale-processes.png", "results/scale-requests.png"}
+	if _, err := pgserver.BinDir(); err == nil {
+		ids = append(ids, "pg-stampede", "pg-mix", "pg-mix-db")
+		wantMD = append(wantMD, "## Real database", "R2. Hot-key mix, real PostgreSQL", "results/pg-mix-timeline.png")
+	}
+	for _, id := range ids {
 		tb := res.Table(id)
 		if tb == nil {
 			t.Errorf("no table %s", id)
@@ -160,8 +242,7 @@ func TestSmokeAllScenarios(t *testing.T) {
 		f.Close()
 	}
 	md := res.Markdown(Describe(), "go test", charts, dir)
-	for _, want := range []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
-		"results/scale-processes.png", "results/scale-requests.png"} {
+	for _, want := range wantMD {
 		if !strings.Contains(md, want) {
 			t.Errorf("RESULTS.md lacks %q", want)
 		}

@@ -90,7 +90,10 @@ func cdfChart(path, title, xlabel, ylabel string, order []string, samples map[st
 
 // Charts writes the charts into dir and returns their paths.
 func (r *Results) Charts(dir string) ([]string, error) {
-	var out []string
+	out, err := r.pgCharts(dir)
+	if err != nil {
+		return out, err
+	}
 	if t := r.Table("stampede"); t != nil {
 		p := filepath.Join(dir, "stampede-latency.png")
 		if err := cdfChart(p, "Stampede: request latency on a cold key (all reps pooled)", "latency (ms, log scale)", "share of requests ≤ x",
@@ -109,6 +112,117 @@ func (r *Results) Charts(dir string) ([]string, error) {
 	}
 	sweeps, err := r.sweepCharts(dir)
 	return append(out, sweeps...), err
+}
+
+// pgCharts writes the charts of the real-database scenarios into dir and
+// returns their paths.
+func (r *Results) pgCharts(dir string) ([]string, error) {
+	var out []string
+	if t := r.Table("pg-mix"); t != nil && len(r.PGSeries) > 0 {
+		p := filepath.Join(dir, "pg-mix-timeline.png")
+		ok, err := timelineChart(p, rowOrder(t), r.PGSeries, r.s.pgMixRate)
+		if err != nil {
+			return out, err
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
+	if t := r.Table("pg-stampede"); t != nil && len(r.PGStampedeLat) > 0 {
+		p := filepath.Join(dir, "pg-stampede-latency.png")
+		if err := cdfChart(p, "Stampede on PostgreSQL: request latency on a cold key (all reps pooled; a failed request at its deadline)",
+			"latency (ms, log scale)", "share of requests ≤ x", rowOrder(t), r.PGStampedeLat); err != nil {
+			return out, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// timelineChart draws the real-database mix over time, one line per system:
+// requests completed per second, requests failed per second and queries sent
+// to PostgreSQL per second, in three panels one above the other, and saves it
+// as a PNG. It reports whether it wrote the chart.
+func timelineChart(path string, order []string, series map[string]*Series, offered float64) (bool, error) {
+	panels := []struct {
+		title, ylabel string
+		of            func(*Series) []int
+	}{
+		{"Requests completed (last repetition)", "completed / s", func(s *Series) []int { return s.Done }},
+		{"Requests failed", "failed / s", func(s *Series) []int { return s.Failed }},
+		{"Queries sent to PostgreSQL", "queries / s", func(s *Series) []int { return s.Qry }},
+	}
+	plots := make([][]*plot.Plot, len(panels))
+	n := 0
+	for pi, pn := range panels {
+		p := plot.New()
+		p.Title.Text = pn.title
+		p.X.Label.Text = "time since the start of the run (s)"
+		p.Y.Label.Text = pn.ylabel
+		p.Y.Min = 0
+		p.X.Tick.Marker, p.Y.Tick.Marker = plainTicks{}, plainTicks{}
+		p.Legend.Top = true
+		p.Legend.Left = false
+		p.Legend.ThumbnailWidth = vg.Points(20)
+		p.Legend.TextStyle.Font.Size = vg.Points(8)
+		p.Add(plotter.NewGrid())
+		for i, name := range order {
+			s := series[name]
+			if s == nil {
+				continue
+			}
+			ys := pn.of(s)
+			pts := make(plotter.XYs, len(ys))
+			for j, c := range ys {
+				pts[j] = plotter.XY{X: (float64(j) + 0.5) * s.Bucket.Seconds(), Y: float64(c) / s.Bucket.Seconds()}
+			}
+			l, err := plotter.NewLine(pts)
+			if err != nil {
+				return false, err
+			}
+			l.Color = palette[i%len(palette)]
+			l.Width = vg.Points(1.5)
+			if strings.HasPrefix(name, "cacheguard") {
+				l.Width = vg.Points(3)
+			}
+			p.Add(l)
+			if pi == 0 {
+				p.Legend.Add(name, l)
+				n++
+			}
+		}
+		if pi == 0 && offered > 0 {
+			l, err := plotter.NewLine(plotter.XYs{{X: p.X.Min, Y: offered}, {X: p.X.Max, Y: offered}})
+			if err != nil {
+				return false, err
+			}
+			l.Color = color.RGBA{0x7f, 0x7f, 0x7f, 0xff}
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+			p.Add(l)
+			p.Legend.Add(fmt.Sprintf("offered at full rate (%g/s)", offered), l)
+			p.Y.Max *= 1.6 // room for the legend
+		}
+		plots[pi] = []*plot.Plot{p}
+	}
+	if n == 0 {
+		return false, nil
+	}
+	img := vgimg.NewWith(vgimg.UseWH(10*vg.Inch, 12*vg.Inch), vgimg.UseBackgroundColor(color.White))
+	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadY: 4 * vg.Millimeter,
+		PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
+	cs := plot.Align(plots, tiles, draw.New(img))
+	for i := range plots {
+		plots[i][0].Draw(cs[i][0])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return false, err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return false, err
+	}
+	return true, f.Close()
 }
 
 // sweepCharts writes the charts of the scale sweeps into dir and returns
@@ -285,4 +399,17 @@ func (ticks125) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return out
+}
+
+// plainTicks are gonum's default ticks labelled without trailing zeros.
+type plainTicks struct{}
+
+func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = strconv.FormatFloat(ts[i].Value, 'f', -1, 64)
+		}
+	}
+	return ts
 }

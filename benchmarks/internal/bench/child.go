@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 )
 
 // ChildEnv is set in the environment of worker processes: a binary that sees
@@ -26,7 +28,7 @@ func IsChild() bool { return os.Getenv(ChildEnv) == "1" }
 
 // Job is what the coordinator asks one worker process to do.
 type Job struct {
-	Kind       string        `json:"kind"` // cycle, contended, stampede, warm, mix
+	Kind       string        `json:"kind"` // cycle, contended, stampede, warm, mix, pgstampede, pgmix
 	System     string        `json:"system"`
 	Addrs      []string      `json:"addrs"`
 	Goroutines int           `json:"goroutines"`
@@ -44,6 +46,13 @@ type Job struct {
 	Settle time.Duration `json:"settle,omitempty"`
 	// Warmup is how long a mix worker runs before it records latencies.
 	Warmup time.Duration `json:"warmup,omitempty"`
+
+	// The real database (pgstampede, pgmix).
+	DSN      string        `json:"dsn,omitempty"`
+	Pool     int           `json:"pool,omitempty"`     // connections in this process's pool
+	Deadline time.Duration `json:"deadline,omitempty"` // per request
+	Rate     float64       `json:"rate,omitempty"`     // pgmix: requests/s this process offers
+	Bucket   time.Duration `json:"bucket,omitempty"`   // pgmix: width of the time series' buckets
 }
 
 // Acq is one acquisition of a contended lock.
@@ -66,7 +75,44 @@ type Report struct {
 	FirstErr string  `json:"firstErr,omitempty"`
 	Start    int64   `json:"start"`   // wall clock (unix ns) at GO
 	Elapsed  int64   `json:"elapsed"` // ns from GO to the end of the run
+
+	// ReqKey and ReqAt are every request of a mix: its key (the Zipf rank)
+	// and when it was sent (unix ns), for the ideal number of loads.
+	ReqKey []int32 `json:"reqKey,omitempty"`
+	ReqAt  []int64 `json:"reqAt,omitempty"`
+
+	PG *PGReport `json:"pg,omitempty"` // pgstampede, pgmix
 }
+
+// PGReport is what a worker on the real database measured beyond Report.
+type PGReport struct {
+	// The loader's counts: queries sent to the server, queries that
+	// returned, calls that found no free pool connection before their
+	// context ended, queries that failed or hit the deadline.
+	Sent, OK, PoolFails, QueryErrs int64
+	// Outcome of each request, in the order of ReqAt (pgmix) or of Lat
+	// (pgstampede): one of the out* constants.
+	Out []uint8 `json:"out,omitempty"`
+	// LatAll is every request's latency (ns), in the order of Out.
+	LatAll []int64 `json:"latAll,omitempty"`
+	// Age is, for each request that succeeded (pgmix), how long before it
+	// returned the query that produced its value had returned (ns).
+	Age []int64 `json:"age,omitempty"`
+	// Spans are the queries the loader sent (pgmix).
+	Spans []pgdb.Span `json:"spans,omitempty"`
+	// MaxLag is how late (ns) the open-loop generator sent its latest
+	// request: a loaded machine can starve it.
+	MaxLag int64 `json:"maxLag,omitempty"`
+}
+
+// Request outcomes on the real database.
+const (
+	outOK      uint8 = iota
+	outPool          // no pool connection before the deadline (pool exhaustion)
+	outQuery         // the query hit the deadline or failed
+	outTimeout       // the deadline ended while waiting for another caller's load
+	outOther
+)
 
 // worker is a prepared job: Run measures, Close tears down.
 type worker interface {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
@@ -67,6 +68,8 @@ func (r *Results) Targets() []Target {
 		return ""
 	}
 
+	out = append(out, r.pgTargets()...)
+
 	// Uncontended locks.
 	lk, s1 := med("uncontended", systems.Locks, "ops")
 	rs, s2 := med("uncontended", systems.Redsync, "ops")
@@ -87,6 +90,8 @@ func (r *Results) Targets() []Target {
 	add("contended default: client requests per acquisition", "≤ 4", q, sq, q <= 4, "%.2f")
 	c, sc := med("contended", systems.Locks, "cpu")
 	add("contended default: Redis CPU per acquisition", "≤ 150 µs", c, sc, c <= 150, "%.0f µs")
+	rc, src := med("contended", systems.RawSetNX, "cpu")
+	add("contended default: Redis CPU per acquisition vs the raw SET NX PX + EVALSHA loop", "≤ 0.5×", c/rc, worst(sc, src), c/rc <= 0.5, "%.2f×")
 
 	// Contended, fair mode.
 	bound := 2 * float64(r.s.contProcs*r.s.contG) * float64(r.s.hold) / float64(time.Millisecond)
@@ -148,7 +153,29 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "- Machine: %d CPUs, %s; %s; load average at start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
 	fmt.Fprintf(&b, "- Go: %s; Redis: %s (started by the harness, persistence off, on loopback)\n", m.Go, m.Redis)
+	if r.PG != nil {
+		fmt.Fprintf(&b, "- PostgreSQL: %s (started by the harness on loopback, a new cluster per run; settings beyond the defaults: "+
+			"fsync off, %s)\n", r.PG.Version, strings.Join(pgdb.Settings, ", "))
+	}
 	b.WriteString("- The machine was shared with other work during the run: read ratios within one table, not absolute numbers.\n\n")
+
+	// The real database leads, with its charts.
+	var rest []string
+	lead := r.pgLead()
+	for _, c := range charts {
+		rel, err := filepath.Rel(outDir, c)
+		if err != nil {
+			rel = c
+		}
+		name := strings.TrimSuffix(filepath.Base(c), ".png")
+		img := fmt.Sprintf("![%s](%s)\n\n", name, filepath.ToSlash(rel))
+		if lead != "" && strings.HasPrefix(name, "pg-") {
+			lead += img
+		} else {
+			rest = append(rest, img)
+		}
+	}
+	b.WriteString(lead)
 
 	b.WriteString("## Targets\n\n| goal | target | measured | status |\n|---|---|---:|---|\n")
 	for _, t := range r.Targets() {
@@ -158,14 +185,10 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 	for _, n := range r.Notes {
 		b.WriteString("> " + n + "\n\n")
 	}
-	if len(charts) > 0 {
+	if len(rest) > 0 {
 		b.WriteString("## Charts\n\n")
-		for _, c := range charts {
-			rel, err := filepath.Rel(outDir, c)
-			if err != nil {
-				rel = c
-			}
-			fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(filepath.Base(c), ".png"), filepath.ToSlash(rel))
+		for _, img := range rest {
+			b.WriteString(img)
 		}
 	}
 	b.WriteString("## Scenarios\n\n")

@@ -14,12 +14,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
 // Scenarios, in the order they run.
-var Scenarios = []string{"uncontended", "contended", "redlock", "stampede", "warm", "scale", "mix", "micro"}
+var Scenarios = []string{"pg-stampede", "pg-mix", "uncontended", "contended", "redlock", "stampede", "warm", "scale", "mix", "micro"}
 
 // Config says what to run and how big.
 type Config struct {
@@ -85,6 +86,19 @@ type sizes struct {
 	mixReps       int // at most this many repetitions of the mix (all with Long)
 	microCount    int
 	microBenchDur string
+
+	// The real database.
+	pgRows     int           // table size: the loader's query scans every row
+	pgPool     int           // connections per worker process
+	pgDeadline time.Duration // per request
+	pgMixProcs int
+	pgMixRate  float64 // requests/s offered, all processes together
+	pgMixKeys  int
+	pgMixTTL   time.Duration
+	pgMixWarm  time.Duration // the ramp-up, left out of the steady-state figures
+	pgMixDur   time.Duration
+	pgMixReps  int // at most this many repetitions
+	pgBucket   time.Duration
 }
 
 func (c Config) sizes() sizes {
@@ -96,6 +110,9 @@ func (c Config) sizes() sizes {
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 5 * time.Second, mixReps: 3,
 		microCount: 5, microBenchDur: "300ms",
+		pgRows: 500_000, pgPool: 10, pgDeadline: time.Second,
+		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
+		pgMixDur: 10 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
 	}
 	if c.Long {
 		s.mixDur, s.mixReps = 30*time.Second, 0
@@ -108,12 +125,16 @@ func (c Config) sizes() sizes {
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microBenchDur = 1, "20x"
+		s.pgRows, s.pgMixReps = 20_000, 1
+		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.pgMixWarm, s.pgMixDur = 2, 100, 20, 300*time.Millisecond, 300*time.Millisecond, 1200*time.Millisecond
 	}
 	if c.tiny {
 		s.cycleDur, s.contDur, s.warmDur, s.warmKeys = 100*time.Millisecond, 150*time.Millisecond, 100*time.Millisecond, 5
 		s.stampG = 8
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1}, 8, []int{8}, 1
 		s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 50, 400*time.Millisecond, 150*time.Millisecond
+		s.pgRows, s.pgPool = 5_000, 4
+		s.pgMixRate, s.pgMixDur = 60, 900*time.Millisecond
 	}
 	return s
 }
@@ -139,9 +160,13 @@ type Results struct {
 	// Latency samples pooled over repetitions, in ms, for the charts.
 	StampedeLat   map[string][]float64
 	ContendedWait map[string][]float64
-	Micro         string   // go test -bench output
-	Notes         []string // skipped scenarios and other remarks
-	s             sizes
+	PGStampedeLat map[string][]float64
+	// PGSeries is the last repetition of the real-database mix over time.
+	PGSeries map[string]*Series
+	PG       *PGInfo  // nil when the real-database scenarios did not run
+	Micro    string   // go test -bench output
+	Notes    []string // skipped scenarios and other remarks
+	s        sizes
 }
 
 // Table returns the table with the given ID, or nil.
@@ -162,7 +187,9 @@ type env struct {
 	addr  string
 	admin *redis.Client
 	res   *Results
-	seq   int // makes keys unique within a run
+	seq   int          // makes keys unique within a run
+	pg    *pgdb.Server // started by the first real-database scenario
+	pgErr error        // why it could not start
 }
 
 func (e *env) key(prefix string) string {
@@ -172,8 +199,7 @@ func (e *env) key(prefix string) string {
 
 // Run runs the selected scenarios and returns their results.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
-	res := &Results{Started: time.Now(), Quick: cfg.Quick, Long: cfg.Long, Reps: cfg.reps(),
-		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{}, s: cfg.sizes()}
+	res := newResults(cfg)
 	e := &env{cfg: cfg, s: res.s, reps: res.Reps, addr: cfg.Redis, res: res}
 	if e.addr == "" {
 		srv, err := redisproc.Start()
@@ -185,6 +211,11 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	e.admin = redis.NewClient(&redis.Options{Addr: e.addr})
 	defer e.admin.Close()
+	defer func() {
+		if e.pg != nil {
+			e.pg.Close()
+		}
+	}()
 	if err := e.admin.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("redis at %s: %w", e.addr, err)
 	}
@@ -192,6 +223,8 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		name string
 		fn   func(context.Context) error
 	}{
+		{"pg-stampede", e.pgStampede},
+		{"pg-mix", e.pgMix},
 		{"uncontended", e.uncontended},
 		{"contended", e.contended},
 		{"redlock", e.redlock},
@@ -214,6 +247,12 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	res.Took = time.Since(res.Started)
 	return res, nil
+}
+
+func newResults(cfg Config) *Results {
+	return &Results{Started: time.Now(), Quick: cfg.Quick, Long: cfg.Long, Reps: cfg.reps(), s: cfg.sizes(),
+		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{},
+		PGStampedeLat: map[string][]float64{}, PGSeries: map[string]*Series{}}
 }
 
 // series runs fn for every system and repetition, interleaved: each

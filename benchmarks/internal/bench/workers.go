@@ -18,6 +18,9 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 	if len(j.Addrs) == 0 {
 		return nil, fmt.Errorf("job %s: no Redis address", j.Kind)
 	}
+	if j.Kind == "pgstampede" || j.Kind == "pgmix" {
+		return preparePG(ctx, j)
+	}
 	cnt := &systems.Counter{}
 	switch j.Kind {
 	case "cycle", "contended":
@@ -323,6 +326,8 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 	d := &db{d: w.j.Load, stamp: true}
 	var e errs
 	lats := make([][]int64, w.j.Goroutines)
+	keys := make([][]int32, w.j.Goroutines) // every request's key and send time, for the ideal
+	sent := make([][]int64, w.j.Goroutines)
 	req0 := w.cnt.Load()
 	start := time.Now()
 	end := start.Add(w.j.Duration)
@@ -337,8 +342,11 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 			var lat []int64
 			for next.Before(end) {
 				time.Sleep(time.Until(next))
-				k := w.j.Key + ":" + strconv.FormatUint(zipf.Uint64(), 10)
+				z := zipf.Uint64()
+				k := w.j.Key + ":" + strconv.FormatUint(z, 10)
 				t0 := time.Now()
+				keys[g] = append(keys[g], int32(z))
+				sent[g] = append(sent[g], t0.UnixNano())
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				_, err := w.c.Get(rctx, k, d.load)
 				cancel()
@@ -360,9 +368,11 @@ func (w *cacheWorker) mix(ctx context.Context) Report {
 	d.mu.Unlock()
 	r := Report{Loads: d.loads.Load(), LoadAt: at, Requests: w.cnt.Load() - req0,
 		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start))}
-	for _, l := range lats {
+	for g, l := range lats {
 		r.Ops += int64(len(l))
 		r.Lat = append(r.Lat, l...)
+		r.ReqKey = append(r.ReqKey, keys[g]...)
+		r.ReqAt = append(r.ReqAt, sent[g]...)
 	}
 	return r
 }

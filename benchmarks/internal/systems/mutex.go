@@ -315,8 +315,10 @@ func Available(name string) error {
 	switch name {
 	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
 		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
-		Guard, GuardStale, GuardSWR:
+		GoRedisLocal, Guard, GuardStale, GuardSWR:
 		return nil
+	case GuardNear:
+		return fmt.Errorf("%w: %s", ErrNotMerged, name)
 	}
 	return fmt.Errorf("systems: unknown system %q", name)
 }

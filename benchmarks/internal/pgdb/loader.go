@@ -1,0 +1,139 @@
+package pgdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The loader's failures, for errors.Is. Each wraps (joins) the cause, the
+// context's error included.
+var (
+	// ErrPool: no connection of the pool was free before the caller's
+	// context ended (pool exhaustion).
+	ErrPool = errors.New("pgdb: no pool connection before the deadline")
+	// ErrQuery: the query failed or the caller's context ended while it ran.
+	ErrQuery = errors.New("pgdb: query failed")
+)
+
+// Row is what the loader's query returns for one repo.
+type Row struct {
+	Events, Stars, MaxSize int64
+}
+
+// Loader runs the loader's query on a pool of fixed size and counts what it
+// does. It is safe for concurrent use.
+type Loader struct {
+	pool *pgxpool.Pool
+
+	sent      atomic.Int64 // queries sent to the server
+	ok        atomic.Int64 // queries that returned a row
+	poolFails atomic.Int64 // calls that found no connection in time
+	queryErrs atomic.Int64 // queries that failed (deadline included)
+
+	mu    sync.Mutex // guards spans
+	spans []Span     // every query sent
+}
+
+// Span is one query: its repo and when it was sent and returned (wall
+// clock, unix ns).
+type Span struct {
+	Key   int64 `json:"k"`
+	Start int64 `json:"s"`
+	End   int64 `json:"e"`
+}
+
+// Open connects a pool of conns connections to dsn and opens all of them, so
+// that a run does not measure dialling. Like most services, the pool uses
+// pgx's defaults otherwise: a query whose context ends closes its connection
+// (the server runs the query to its end regardless) and the next caller dials
+// a new one.
+func Open(ctx context.Context, dsn string, conns int) (*Loader, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgdb: %w", err)
+	}
+	cfg.MaxConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgdb: %w", err)
+	}
+	held := make([]*pgxpool.Conn, 0, conns)
+	for range conns {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			for _, h := range held {
+				h.Release()
+			}
+			pool.Close()
+			return nil, fmt.Errorf("pgdb: open the pool: %w", err)
+		}
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			c.Release()
+			for _, h := range held {
+				h.Release()
+			}
+			pool.Close()
+			return nil, fmt.Errorf("pgdb: warm-up query: %w", err)
+		}
+		held = append(held, c)
+	}
+	for _, h := range held {
+		h.Release()
+	}
+	return &Loader{pool: pool}, nil
+}
+
+// Load runs the query for repo under ctx.
+func (l *Loader) Load(ctx context.Context, repo int64) (Row, error) {
+	c, err := l.pool.Acquire(ctx)
+	if err != nil {
+		l.poolFails.Add(1)
+		return Row{}, errors.Join(ErrPool, err)
+	}
+	defer c.Release()
+	l.sent.Add(1)
+	sp := Span{Key: repo, Start: time.Now().UnixNano()}
+	var r Row
+	err = c.QueryRow(ctx, Query, repo).Scan(&r.Events, &r.Stars, &r.MaxSize)
+	sp.End = time.Now().UnixNano()
+	l.mu.Lock()
+	l.spans = append(l.spans, sp)
+	l.mu.Unlock()
+	if err != nil {
+		l.queryErrs.Add(1)
+		return Row{}, errors.Join(ErrQuery, err)
+	}
+	l.ok.Add(1)
+	return r, nil
+}
+
+// Stats are a loader's counts.
+type Stats struct {
+	Sent, OK, PoolFails, QueryErrs int64
+	At                             []int64 // wall clock (unix ns) of every query sent and returned, sorted
+	Spans                          []Span  // every query sent and returned, in no order
+}
+
+// Stats returns the counts so far.
+func (l *Loader) Stats() Stats {
+	l.mu.Lock()
+	spans := slices.Clone(l.spans)
+	l.mu.Unlock()
+	at := make([]int64, len(spans))
+	for i, sp := range spans {
+		at[i] = sp.Start
+	}
+	slices.Sort(at)
+	return Stats{Sent: l.sent.Load(), OK: l.ok.Load(), PoolFails: l.poolFails.Load(), QueryErrs: l.queryErrs.Load(),
+		At: at, Spans: spans}
+}
+
+// Close closes the pool.
+func (l *Loader) Close() { l.pool.Close() }

@@ -1,0 +1,297 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// The steps a request can be paused at (the service's hooks.go).
+const (
+	StepAfterLock    = "after-lock"
+	StepAfterRead    = "after-read"
+	StepBeforeUpdate = "before-update"
+	StepAfterUpdate  = "after-update"
+	StepCacheLoad    = "cache-load"
+)
+
+// WriteSteps are the steps of an edit, in order.
+var WriteSteps = []string{StepAfterLock, StepAfterRead, StepBeforeUpdate, StepAfterUpdate}
+
+// parkWithin bounds the wait for a request to reach its step.
+const parkWithin = 20 * time.Second
+
+// parked is a request the driver sent with X-Pause-At, parked at its step.
+type parked struct {
+	proc *Proc
+	tag  string
+	done chan struct{} // closed when the request has been answered
+}
+
+// park sends a request to process p (send runs in a goroutine of its own,
+// owned by the returned parked: wait on done) and waits until the process
+// reports it parked at step.
+func (f *Fleet) park(ctx context.Context, p int, step string, send func(tag string)) (*parked, error) {
+	tag := f.NewID("h")
+	reached := f.procs[p].Expect(tag)
+	pk := &parked{proc: f.procs[p], tag: tag, done: make(chan struct{})}
+	go func() {
+		defer close(pk.done)
+		send(tag)
+	}()
+	timer := time.NewTimer(parkWithin)
+	defer timer.Stop()
+	select {
+	case <-reached:
+		return pk, nil
+	case <-pk.done:
+		return nil, fmt.Errorf("the request to process %d was answered without reaching step %s", p, step)
+	case <-timer.C:
+		<-pk.done // the client's timeout bounds this
+		return nil, fmt.Errorf("the request to process %d did not reach step %s within %v", p, step, parkWithin)
+	}
+}
+
+// hold waits d (the fault's duration is the subject here, not a guess at
+// synchronisation) unless ctx ends first.
+func hold(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Pause describes a paused edit.
+type Pause struct {
+	Step string        // where the edit stops
+	P, Q int           // the paused process, and the one that edits meanwhile
+	Repo uint          // the repository both edit
+	For  time.Duration // how long p stays stopped (longer than the lease)
+	// IgnoreLost: the paused edit's transaction does not watch its lock's
+	// loss (X-Ignore-Lost), so it meets the plugin's checks and the fence
+	// instead of a cancelled context.
+	IgnoreLost bool
+	// Rename: the paused edit is a rename (plain GORM calls under the
+	// request's lock) rather than a settings edit (gormplugin.Transaction).
+	Rename bool
+}
+
+// PauseEdit is the central fencing scenario at one step: an edit of the
+// repository on process P is parked at the step, the whole process is
+// SIGSTOPped (longer than the lease), meanwhile process Q edits the same
+// repository; then P is continued. It returns the paused edit and the other.
+func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, err error) {
+	p, q, repo, step, pause := pz.P, pz.Q, pz.Repo, pz.Step, pz.For
+	var a EditOp
+	pk, err := f.park(ctx, p, step, func(tag string) {
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename})
+	})
+	if err != nil {
+		return a, other, err
+	}
+	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v at %s (edit of repo %d)", p, pause, step, repo))
+	pk.proc.Stop()
+	bDone := make(chan EditOp, 1)
+	go func() { bDone <- f.Edit(ctx, q, repo) }()
+	hold(ctx, pause)
+	pk.proc.Cont()
+	end()
+	<-pk.done
+	return a, <-bDone, nil
+}
+
+// PauseLoad pauses a cache load: a read of repo on process p is parked inside
+// its load (after the database read, before the value is stored), p is
+// SIGSTOPped for pause, meanwhile process q edits the repository and every
+// process reads it; then p is continued and every process reads it again.
+func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint, pause time.Duration) error {
+	pk, err := f.park(ctx, p, StepCacheLoad, func(tag string) {
+		f.read(ctx, p, route, repo, StepCacheLoad, tag)
+	})
+	if err != nil {
+		return err
+	}
+	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v inside a cache load (%s, repo %d)", p, pause, route, repo))
+	pk.proc.Stop()
+	f.Edit(ctx, q, repo)
+	for i := range f.procs {
+		if i != p {
+			f.Read(ctx, i, route, repo)
+		}
+	}
+	hold(ctx, pause)
+	pk.proc.Cont()
+	end()
+	<-pk.done
+	for i := range f.procs {
+		f.Read(ctx, i, route, repo)
+	}
+	return nil
+}
+
+// KillEdit SIGKILLs process p while its edit of repo is parked after the
+// read, lets process q edit the repository, and restarts p. It returns the
+// killed edit, the other edit and the time from the kill to the other edit's
+// answer.
+func (f *Fleet) KillEdit(ctx context.Context, p, q int, repo uint) (killed, other EditOp, recovery time.Duration, err error) {
+	var a EditOp
+	pk, err := f.park(ctx, p, StepAfterRead, func(tag string) {
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterRead, tag: tag})
+	})
+	if err != nil {
+		return a, other, 0, err
+	}
+	end := f.fault(fmt.Sprintf("process %d SIGKILLed after the read of an edit of repo %d", p, repo))
+	killedAt := time.Now()
+	pk.proc.Kill()
+	<-pk.done
+	end()
+	other = f.Edit(ctx, q, repo)
+	recovery = other.End.Sub(killedAt)
+	return a, other, recovery, f.Restart(p)
+}
+
+// RedisOutage kills redis-server, keeps it down for d, and restarts it (same
+// port, its append-only file replayed).
+func (f *Fleet) RedisOutage(ctx context.Context, d time.Duration) error {
+	end := f.fault(fmt.Sprintf("redis-server killed, restarted after %v", d))
+	defer end()
+	f.Redis.Kill()
+	hold(ctx, d)
+	return f.Redis.Restart()
+}
+
+// RedisPause SIGSTOPs redis-server for d.
+func (f *Fleet) RedisPause(ctx context.Context, d time.Duration) {
+	end := f.fault(fmt.Sprintf("redis-server SIGSTOPped %v", d))
+	defer end()
+	f.Redis.Pause()
+	hold(ctx, d)
+	f.Redis.Resume()
+}
+
+// BlackHole makes the proxy swallow all traffic both ways for d: a partition.
+func (f *Fleet) BlackHole(ctx context.Context, d time.Duration) {
+	end := f.fault(fmt.Sprintf("redis black-holed %v (fault proxy)", d))
+	defer end()
+	f.Proxy.Set(faultproxy.BlackHole)
+	hold(ctx, d)
+	f.Proxy.Set(faultproxy.Pass)
+}
+
+// PauseMaster SIGSTOPs master m for d (no failover when d is below the
+// cluster's node timeout, 1s).
+func (f *Fleet) PauseMaster(ctx context.Context, m *redistest.Server, d time.Duration) {
+	end := f.fault(fmt.Sprintf("cluster master %s SIGSTOPped %v", m.Addr(), d))
+	defer end()
+	m.Pause()
+	hold(ctx, d)
+	m.Resume()
+}
+
+// FailOver SIGSTOPs master m until the cluster has promoted its replica
+// (bounded by within), then continues m, which rejoins as a replica. It
+// returns how long the failover took.
+func (f *Fleet) FailOver(ctx context.Context, m *redistest.Server, within time.Duration) (time.Duration, error) {
+	var replica *redistest.Server
+	for i, mm := range f.Cluster.Masters() {
+		if mm == m {
+			replica = f.Cluster.Replicas()[i]
+		}
+	}
+	if replica == nil {
+		return 0, fmt.Errorf("%s is not a master with a replica", m.Addr())
+	}
+	end := f.fault(fmt.Sprintf("cluster master %s SIGSTOPped until its replica %s took over", m.Addr(), replica.Addr()))
+	defer end()
+	start := time.Now()
+	m.Pause()
+	defer m.Resume()
+	for deadline := start.Add(within); ; {
+		info, err := replica.Info(ctx, "replication")
+		if err == nil && info["role"] == "master" {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("replica %s not promoted within %v", replica.Addr(), within)
+		}
+		hold(ctx, 50*time.Millisecond)
+	}
+}
+
+// FirstEdit edits repo, round robin over the processes, until an edit is
+// answered 200 or within passes, and returns how long that took.
+func (f *Fleet) FirstEdit(ctx context.Context, repo uint, within time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	for i := 0; time.Since(start) < within; i++ {
+		if op := f.Edit(ctx, i%len(f.procs), repo); op.Status == http.StatusOK {
+			return time.Since(start), true
+		}
+		hold(ctx, 20*time.Millisecond)
+	}
+	return time.Since(start), false
+}
+
+// WakeLock measures how fast a waiting edit is woken: an edit of repo on
+// process p holds the lock (parked after it) for holdFor while process q's
+// edit of the same repository waits; it returns the time from the release
+// of p's edit to q's answer.
+func (f *Fleet) WakeLock(ctx context.Context, p, q int, repo uint, holdFor time.Duration) (time.Duration, error) {
+	var a EditOp
+	pk, err := f.park(ctx, p, StepAfterLock, func(tag string) {
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterLock, tag: tag})
+	})
+	if err != nil {
+		return 0, err
+	}
+	bDone := make(chan EditOp, 1)
+	go func() { bDone <- f.Edit(ctx, q, repo) }()
+	hold(ctx, holdFor)
+	released := time.Now()
+	if err := f.release(ctx, pk.proc, pk.tag); err != nil {
+		<-pk.done
+		<-bDone
+		return 0, err
+	}
+	<-pk.done
+	b := <-bDone
+	if a.Status != http.StatusOK || b.Status != http.StatusOK {
+		return 0, fmt.Errorf("wake probe: %s; %s", a, b)
+	}
+	return b.End.Sub(released), nil
+}
+
+// WakeFill measures how fast a read waiting for another process's cache fill
+// is woken: a read of a cold repository on process p is parked inside its
+// load for holdFor while process q reads the same repository; it returns the
+// time from the release of p's load to q's answer.
+func (f *Fleet) WakeFill(ctx context.Context, p, q int, repo uint, holdFor time.Duration) (time.Duration, error) {
+	var a ReadOp
+	pk, err := f.park(ctx, p, StepCacheLoad, func(tag string) {
+		a = f.read(ctx, p, RouteGet, repo, StepCacheLoad, tag)
+	})
+	if err != nil {
+		return 0, err
+	}
+	bDone := make(chan ReadOp, 1)
+	go func() { bDone <- f.Read(ctx, q, RouteGet, repo) }()
+	hold(ctx, holdFor)
+	released := time.Now()
+	if err := f.release(ctx, pk.proc, pk.tag); err != nil {
+		<-pk.done
+		<-bDone
+		return 0, err
+	}
+	<-pk.done
+	b := <-bDone
+	if a.Status != http.StatusOK || b.Status != http.StatusOK {
+		return 0, fmt.Errorf("wake probe: %s; %s", a, b)
+	}
+	return b.End.Sub(released), nil
+}

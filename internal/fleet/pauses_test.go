@@ -1,0 +1,110 @@
+package fleet
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// readIssues: reads older than an acknowledged write, or older than what
+// the same process served before, are issue 14.1.
+var readIssues = Issues{InvStaleGet: {"14.1"}, InvStaleCache: {"14.1"}, InvBackwards: {"14.1"}}
+
+// pauseIssues names the defect a paused holder's write reproduces at step:
+// a lost scope re-acquired (15.A1), or, after the UPDATE, the next holder
+// reading before the paused holder's COMMIT (15.A2).
+func pauseIssues(step string) Issues {
+	item := "15.A1"
+	if step == StepAfterUpdate {
+		item = "15.A2"
+	}
+	is := Issues{}
+	for _, inv := range []string{InvLost, InvRefused, InvStatus, InvDupVersion, InvRow} {
+		is[inv] = []string{item}
+	}
+	return is
+}
+
+// testPauses runs the write path against a holder SIGSTOPped at each named
+// step (as it is, and ignoring its lock's loss so that the database's
+// defences decide), inside cache loads, and SIGKILLed mid-edit.
+func testPauses(t *testing.T, db string) {
+	f := Start(t, Config{DB: db})
+	ctx := t.Context()
+	pause := f.Cfg.Lease + 1500*time.Millisecond
+
+	s := f.Scenario(t, rep, "steady load, 4 processes ("+db+")")
+	l := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 15 * time.Millisecond})
+	hold(ctx, 3*time.Second)
+	l.Stop()
+	s.CheckEdits(ctx, nil)
+	s.CheckReads(readIssues, false)
+	s.Figure("edits answered 200", fmt.Sprintf("%d of %d", l.acked.Load(), l.edits.Load()))
+	s.Done()
+
+	// The settings edit (gormplugin.Transaction) at every step, as it is and
+	// ignoring lock loss; the rename (plain GORM calls re-entering the
+	// request's lock) at the steps after its read, ignoring lock loss.
+	var pauses []Pause
+	for _, ignore := range []bool{false, true} {
+		for _, step := range WriteSteps {
+			pauses = append(pauses, Pause{Step: step, IgnoreLost: ignore})
+		}
+	}
+	for _, step := range WriteSteps[1:] {
+		pauses = append(pauses, Pause{Step: step, IgnoreLost: true, Rename: true})
+	}
+	for _, pz := range pauses {
+		step := pz.Step
+		what := "edit"
+		if pz.Rename {
+			what = "rename"
+		}
+		name := fmt.Sprintf("%s holder SIGSTOPped %v at %s (%s)", what, pause, step, db)
+		if pz.IgnoreLost {
+			name = fmt.Sprintf("%s holder SIGSTOPped %v at %s, ignoring lock loss (%s)", what, pause, step, db)
+		}
+		s := f.Scenario(t, rep, name)
+		pz.P, pz.Q, pz.Repo, pz.For = 0, 1, f.FreshRepo(), pause
+		a, b, err := f.PauseEdit(ctx, pz)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		s.CheckEdits(ctx, pauseIssues(step))
+		s.Figure("the paused edit", a.answer())
+		s.Figure("the other edit", b.answer())
+		s.Done()
+	}
+
+	for _, route := range []string{RouteGet, RouteList} {
+		name := fmt.Sprintf("cache load SIGSTOPped %v after its read, %s route (%s)", pause, route, db)
+		s := f.Scenario(t, rep, name)
+		if err := f.PauseLoad(ctx, route, 0, 1, f.FreshRepo(), pause); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		s.CheckEdits(ctx, nil)
+		s.CheckReads(readIssues, false)
+		s.Done()
+	}
+
+	s = f.Scenario(t, rep, "holder SIGKILLed after its read ("+db+")")
+	killed, other, recovery, err := f.KillEdit(ctx, 0, 1, f.FreshRepo())
+	if err != nil {
+		t.Errorf("kill mid-edit: %v", err)
+	}
+	rows, err := f.Rows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if slices.Contains(rows[killed.Repo].Settings.Edits, killed.ID) {
+		n = 1
+	}
+	s.Count(InvKilledEdit, n, nil, killed.String())
+	s.CheckEdits(ctx, nil)
+	s.FigureDuration("recovery: kill to the next edit's answer", recovery)
+	s.Figure("the other edit", other.answer())
+	s.CheckProcs(nil)
+	s.Done()
+}

@@ -1,0 +1,121 @@
+package locks_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// What a lock name leaves behind is bounded: its fence counter lives for the
+// fence retention after the name was last taken (10 minutes by default, not 7
+// days), so the counters in Redis are bounded by the names taken in that
+// window, and each costs a few dozen bytes. The test also measures the cost.
+func TestFenceCounterBounded(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+
+	t.Run("default retention", func(t *testing.T) {
+		c := locks.New(s.Client())
+		defer c.Close()
+		lk, err := c.TryLock(ctx, "bound:default")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lk.Unlock(ctx)
+		pttl := rdb.PTTL(ctx, "cg:fence:{bound:default}").Val()
+		if pttl <= 0 || pttl > locks.DefaultFenceRetention {
+			t.Fatalf("counter PTTL %v, want within the default retention %v", pttl, locks.DefaultFenceRetention)
+		}
+		if locks.DefaultFenceRetention > 10*time.Minute {
+			t.Fatalf("default retention %v: a name's counter outlives 10 minutes", locks.DefaultFenceRetention)
+		}
+		used, err := rdb.MemoryUsage(ctx, "cg:fence:{bound:default}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("one fence counter: %d bytes (MEMORY USAGE)", used)
+	})
+
+	t.Run("expire after retention", func(t *testing.T) {
+		const retention = 300 * time.Millisecond
+		c := locks.New(s.Client(), locks.WithLease(100*time.Millisecond), locks.WithFenceRetention(retention))
+		defer c.Close()
+		before := rdb.DBSize(ctx).Val()
+		for i := range 50 {
+			lk, err := c.TryLock(ctx, fmt.Sprintf("bound:%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lk.Unlock(ctx)
+		}
+		if n := rdb.DBSize(ctx).Val() - before; n != 50 {
+			t.Fatalf("%d keys after 50 names were taken and released, want their 50 counters", n)
+		}
+		eventually(t, 5*time.Second, "counters expired", func() bool { return rdb.DBSize(ctx).Val() == before })
+	})
+}
+
+// Fence tokens stay strictly increasing when the counter is behind what was
+// issued: a failover to a replica that missed the last INCRs (asynchronous
+// replication), or a counter that expired or was evicted. A token is never
+// below the server's clock in microseconds, nor below the counter plus one.
+func TestFenceMonotonicWithStaleCounter(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	var last uint64
+	take := func(what string) {
+		t.Helper()
+		lk, err := c.TryLock(ctx, "stale")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lk.Fence() <= last {
+			t.Fatalf("%s: fence %d not above the previous %d", what, lk.Fence(), last)
+		}
+		last = lk.Fence()
+		lk.Unlock(ctx)
+	}
+	take("first")
+	take("second")
+	// A failover to a replica that had not received the last increments.
+	rdb.Set(ctx, "cg:fence:{stale}", strconv.FormatUint(last-1, 10), 0)
+	take("after the counter went back by one")
+	rdb.Set(ctx, "cg:fence:{stale}", "1", 0)
+	take("after the counter went back to 1")
+	rdb.Del(ctx, "cg:fence:{stale}")
+	take("after the counter was lost")
+	// A hand-off issues its token the same way.
+	holder, err := c.TryLock(ctx, "stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if holder.Fence() <= last {
+		t.Fatalf("fence %d not above %d", holder.Fence(), last)
+	}
+	last = holder.Fence()
+	rdb.Set(ctx, "cg:fence:{stale}", "7", 0)
+	got := make(chan *locks.Lock, 1)
+	go func() {
+		lk, err := c.Lock(ctx, "stale", locks.WithFair(), locks.WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{stale}").Val() == 1 })
+	holder.Unlock(ctx)
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	if lk.Fence() <= last {
+		t.Fatalf("hand-off after the counter went back: fence %d not above %d", lk.Fence(), last)
+	}
+	lk.Unlock(ctx)
+}
