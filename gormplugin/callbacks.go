@@ -42,6 +42,8 @@ type guard struct {
 	locked    []row         // the locks taken (the rows, or none)
 	fence     *schema.Field // the fence column, or nil
 	fencing   bool          // the statement carries the fence condition
+	version   uint64        // the fence the written struct carried (its version), or 0
+	unstamp   func()        // puts back the struct's fence stamped by a write that then rolled back
 	delete    bool
 	tx        *txLocks // non-nil: the locks belong to the surrounding transaction
 	own       *txLocks // the transaction GORM opened for this statement, if any
@@ -209,6 +211,9 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 		}
 	}
 	if g.fence != nil && len(g.rows) > 0 {
+		if g.fromModel && len(g.rows) == 1 {
+			g.version = g.modelFence(db.Statement)
+		}
 		g.addFenceCondition(db.Statement)
 		g.fencing = true
 	}
@@ -240,10 +245,16 @@ func (p *Plugin) releaseStep(db *gorm.DB) {
 	if g.tx != nil {
 		if db.Error == nil {
 			g.tx.addKeys(g.keys)
+			g.tx.addUnstamp(g.unstamp)
+		} else if g.unstamp != nil {
+			g.unstamp()
 		}
 		return
 	}
 	defer p.end()
+	if !ok && g.unstamp != nil {
+		g.unstamp()
+	}
 	ctx := context.WithoutCancel(db.Statement.Context)
 	if ok {
 		p.invalidate(ctx, g.keys)

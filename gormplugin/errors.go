@@ -56,6 +56,7 @@ type StaleWriteError struct {
 	Name   string // the row's lock name, "<table>:<primary key>"
 	Fence  uint64 // the refused writer's fence token (0 when unknown)
 	Stored uint64 // the fence stored in the row (0 when Lost)
+	Read   uint64 // the fence the written struct carried, when the row no longer has it (0 otherwise)
 	Lost   bool   // the lock was known lost before the write; the database was not asked
 	Err    error  // the Locker's error when it found the scope lost (locks.ErrLost), or nil
 }
@@ -66,6 +67,8 @@ func (e *StaleWriteError) Error() string {
 		return fmt.Sprintf("gormplugin: stale write refused: the lock scope of %q was lost before the write: %v", e.Name, e.Err)
 	case e.Lost:
 		return fmt.Sprintf("gormplugin: stale write refused: the lock on %q (fence %d) was lost before the write", e.Name, e.Fence)
+	case e.Read != 0:
+		return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, not the %d it was read with: another writer committed since the read", e.Name, e.Stored, e.Read)
 	}
 	return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, newer than this writer's %d", e.Name, e.Stored, e.Fence)
 }

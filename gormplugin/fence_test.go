@@ -12,20 +12,40 @@ import (
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-// pausedWriter starts writer A in a Transaction on counter id; A takes the
-// row lock, reports its fence on started, and pauses until resume is closed,
-// then writes n=111. Its result arrives on the returned channel.
-func pausedWriter(ctx context.Context, db *gorm.DB, id uint, started chan<- struct{}, resume <-chan struct{}) <-chan error {
+type writePause struct {
+	started chan<- struct{}
+	resume  <-chan struct{}
+}
+
+// pausedWriter starts writer A's write on db; A takes the row lock, passes
+// the plugin's checks, reports it on started, and pauses just before its
+// statement is sent until resume is closed (a stop-the-world GC, a SIGSTOP, a
+// slow network). Its result arrives on the returned channel. The write is
+// not in a transaction of its own yet holding the row (as one declared to
+// gormplugin.Transaction would: the next writer would wait for it).
+func pausedWriter(t *testing.T, db *gorm.DB, write func(tx *gorm.DB) error, started chan<- struct{}, resume <-chan struct{}) <-chan error {
+	t.Helper()
+	hook := func(tx *gorm.DB) {
+		if wp, ok := tx.Statement.Context.Value(writePause{}).(*writePause); ok {
+			close(wp.started)
+			<-wp.resume
+		}
+	}
+	if db.Callback().Update().Get("test:pause") == nil {
+		if err := db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("test:pause", hook); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Callback().Delete().After("gormplugin:fence").Before("gorm:delete").Register("test:pause", hook); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.WithValue(context.Background(), writePause{}, &writePause{started: started, resume: resume})
 	done := make(chan error, 1)
-	go func() {
-		done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
-			close(started)
-			<-resume // the pause: a stop-the-world GC, a SIGSTOP, a slow disk
-			return tx.Model(&Counter{ID: id}).Update("n", 111).Error
-		}, &Counter{ID: id})
-	}()
+	go func() { done <- write(db.WithContext(ctx)) }()
 	return done
 }
+
+func write111(tx *gorm.DB) error { return tx.Model(&Counter{ID: 1}).Update("n", 111).Error }
 
 // A writer whose lease ran out in Redis while it was paused, but which has not
 // noticed yet (its process was not running), is refused by the fence in the
@@ -43,7 +63,7 @@ func testPausedWriterRefusedByFence(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	started, resume := make(chan struct{}), make(chan struct{})
-	done := pausedWriter(ctx, db, 1, started, resume)
+	done := pausedWriter(t, db, write111, started, resume)
 	<-started
 	// The lease ends while A is paused; from Redis's side that is the key
 	// going away. A has not run since, so it does not know.
@@ -77,13 +97,12 @@ func TestWriterPausedPastLeaseRefused(t *testing.T) {
 }
 
 func testWriterPausedPastLeaseRefused(t *testing.T, e *env) {
-	ctx := context.Background()
 	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(100*time.Millisecond), locks.WithoutRenewal()))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
 	started, resume := make(chan struct{}), make(chan struct{})
-	done := pausedWriter(ctx, db, 1, started, resume)
+	done := pausedWriter(t, db, write111, started, resume)
 	<-started
 	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, e.lockKey("counters:1")) })
 	if err := db.Model(&Counter{ID: 1}).Update("n", 222).Error; err != nil {
@@ -182,14 +201,7 @@ func testStaleDeleteAndSaveRefused(t *testing.T, e *env) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			started, resume := make(chan struct{}), make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
-					close(started)
-					<-resume
-					return write(tx)
-				}, &Counter{ID: 1})
-			}()
+			done := pausedWriter(t, db, write, started, resume)
 			<-started
 			if err := e.rdb.Del(ctx, e.lockKey("counters:1")).Err(); err != nil {
 				t.Fatal(err)

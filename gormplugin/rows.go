@@ -47,6 +47,7 @@ type row struct {
 	lock  *locks.Lock // the lock held, once taken
 	vals  []any       // primary key values, in schema order
 	fence uint64      // the lock's fence token
+	decl  *declared   // for a row declared to Transaction: how to claim it
 }
 
 // pk is the value handed to the invalidation key function.

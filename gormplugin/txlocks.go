@@ -21,6 +21,7 @@ type txLocks struct {
 	held    map[string]*locks.Lock // by name
 	last    string                 // the greatest name held
 	keys    []string               // to invalidate after COMMIT
+	unstamp []func()               // to run after ROLLBACK (see stampModel)
 	seen    map[string]bool        // keys already listed
 	adopted bool                   // a transaction has taken these locks over
 	done    bool                   // committed or rolled back
@@ -84,6 +85,15 @@ func (r *txLocks) lock(ctx context.Context, rows []row) error {
 	return nil
 }
 
+func (r *txLocks) addUnstamp(f func()) {
+	if f == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unstamp = append(r.unstamp, f)
+}
+
 func (r *txLocks) addKeys(keys []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -104,9 +114,14 @@ func (r *txLocks) finish(committed bool) {
 		return
 	}
 	r.done, r.commit = true, committed
-	held, keys := r.held, r.keys
-	r.held, r.keys = nil, nil
+	held, keys, unstamp := r.held, r.keys, r.unstamp
+	r.held, r.keys, r.unstamp = nil, nil, nil
 	r.mu.Unlock()
+	if !committed {
+		for i := len(unstamp) - 1; i >= 0; i-- {
+			unstamp[i]()
+		}
+	}
 
 	defer r.p.end()
 	ctx := context.Background()
