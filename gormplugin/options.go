@@ -136,9 +136,11 @@ func Unkeyed(p UnkeyedPolicy) Option {
 }
 
 // FailOpen lets guarded writes proceed without a lock (and without a fence)
-// when Redis cannot be reached, logging a warning through GORM's logger, and
-// downgrades failed invalidations to warnings. By default such writes fail
-// with ErrLock and nothing is written.
+// when the lock service is unavailable (locks.ErrUnavailable, or no answer
+// within UnavailableAfter), logging a warning through GORM's logger and
+// reporting WroteUnguarded to the Observer. A lock held by another writer is
+// never failed open. By default such writes fail with ErrLock and nothing is
+// written.
 func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 
 // NoFencing ignores fence columns: writes are still locked, but no fence is

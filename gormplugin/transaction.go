@@ -20,6 +20,14 @@ import (
 // read too. Writes in fn re-enter the locks (same owner) and add the locks
 // of other rows they touch; see ErrLockOrder.
 //
+// Before fn runs, the transaction claims each row (see the package
+// documentation): an UPDATE that stamps the row's fence with its lock's token
+// (SET pk = pk on a row without a fence column), so that it waits for a
+// previous holder's uncommitted write to commit or roll back, and fn reads
+// what was committed. A row whose fence is already above the token (a newer
+// holder wrote it) fails the claim with a *StaleWriteError; a missing row is
+// not claimed.
+//
 // ctx carries the lock owner: when it has one (locks.WithOwner, as ginmw
 // sets on a request) the transaction re-enters the request's locks; else a
 // new owner is set for the transaction. After COMMIT the rows' cache keys
