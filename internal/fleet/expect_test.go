@@ -9,6 +9,5 @@ var expectFail = map[string]string{
 	"13.9":  "locks: bad ids leave fence counters (now bounded to 10 min; gone once ids are validated before locking, 14.5)",
 	"14.1":  "cacheguard: stale reads after another process's invalidation",
 	"14.5":  "ginmw: the lock is taken before the id is validated (any string becomes a lock name)",
-	"15.A2": "gormplugin: the next holder builds on a read taken before the previous holder's commit",
 	"22.1":  "cacheguard: Close fails other processes' waiters instead of handing the fill over",
 }
