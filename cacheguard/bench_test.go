@@ -14,9 +14,18 @@ import (
 
 // BenchmarkGetHit measures the hit path; compare with BenchmarkRawGetJSON,
 // a plain go-redis GET and JSON decode of the same value.
-func BenchmarkGetHit(b *testing.B) {
+func BenchmarkGetHit(b *testing.B) { benchGetHit(b, &redis.Options{Addr: redisAddr}) }
+
+// BenchmarkGetHitContextTimeout is BenchmarkGetHit with a client that bounds
+// its socket calls by the context's deadline (ContextTimeoutEnabled), on which
+// a Get reads on its own goroutine instead of handing the read over.
+func BenchmarkGetHitContextTimeout(b *testing.B) {
+	benchGetHit(b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+}
+
+func benchGetHit(b *testing.B, opt *redis.Options) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
 	defer g.Close()

@@ -22,7 +22,7 @@ const (
 	childEnv  = "CACHEGUARD_TEST_CHILD" // the role
 	childAddr = "CACHEGUARD_TEST_ADDR"  // the Redis address
 	childKey  = "CACHEGUARD_TEST_KEY"   // the cache key; the other keys derive from it
-	childN    = "CACHEGUARD_TEST_N"     // concurrent requests per child
+	childN    = "CACHEGUARD_TEST_N"     // concurrent requests per child (stampede), run time in ms (checker)
 )
 
 // Redis keys a child and its parent coordinate with.
@@ -39,7 +39,13 @@ func startChild(t *testing.T, role string, env ...string) *childproc.Proc {
 
 // childRoles are the roles for childproc.Main.
 func childRoles() map[string]func() error {
-	return map[string]func() error{"stampede": withClient(childStampede), "holder": withClient(childHolder)}
+	return map[string]func() error{
+		"stampede": withClient(childStampede),
+		"holder":   withClient(childHolder),
+		"writer":   withClient(childWriter),
+		"checker":  withClient(childChecker),
+		"closer":   withClient(childCloser),
+	}
 }
 
 // withClient gives role a client of the parent's server and the cache key.

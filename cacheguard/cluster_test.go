@@ -50,8 +50,9 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range keys {
-		if n := ra.Exists(ctx, "cg:v:{"+key+"}").Val(); n != 0 {
-			t.Fatalf("%s survived Invalidate", key)
+		var res cacheguard.Result
+		if v, err := cacheguard.Get(ctx, b, key, (&counter{name: "again"}).load, cacheguard.ReportTo(&res)); err != nil || res != cacheguard.Miss || v.Name != "again" {
+			t.Fatalf("%s survived Invalidate: %v, %v, %v", key, v, err, res)
 		}
 	}
 }

@@ -4,24 +4,27 @@
 //
 // # How a miss is served
 //
-// A hit is one GET, shared by the callers of one process that read the same key
-// at the same moment (so a stampede costs one GET per process, not one per
-// request). On a miss those callers share one flight per key
-// (golang.org/x/sync/singleflight). The flight runs one script that returns
-// the value if it is fresh or else grants the fill lease (SET NX PX with a
-// random token) — atomically, so a fill that completes between the miss and
-// the script is never loaded twice. A flight that finds another fill running
-// subscribes to the key's wake-up channel (one shared subscription connection
-// per Guard, see internal/wake) and runs the script once more before it
-// waits, so a push cannot be missed; the lease holder, everyone's critical
-// path, never waits for a subscription. The lease holder runs the loader under a context detached from every
-// caller, renews the lease every third of it while the loader runs, and stores
-// the value with a compare-and-set on the lease token, deleting the lease and
-// publishing the stored envelope on the wake-up channel in the same script.
-// Waiters in other processes take the value from the message itself; they do
-// not queue through a lock. A waiter also wakes a little after the holder's
-// lease would end (pub/sub messages can be lost on a reconnect, and a holder
-// can die): the lease is then free and one waiter takes it over.
+// A hit is one MGET of the value and its key's generation (see Consistency),
+// shared by the callers of one process that read the same key at the same
+// moment (so a stampede costs one read per process, not one per request; a
+// caller shares only a read sent after it arrived). On a miss those callers
+// share one flight per key and type (see Consistency for which flight a call
+// may join). The flight runs one script
+// that returns the value if it is fresh or else grants the fill lease (SET
+// with a random token) — atomically, so a fill that completes between the
+// miss and the script is never loaded twice. A flight that finds another fill
+// running subscribes to the key's wake-up channel (one shared subscription
+// connection per Guard, see internal/wake) and runs the script once more
+// before it waits, so a push cannot be missed; the lease holder, everyone's
+// critical path, never waits for a subscription. The lease holder runs the
+// loader under a context detached from every caller, renews the lease every
+// third of it while the loader runs, and stores the value with a
+// compare-and-set on the lease token and the generation, deleting the lease
+// and publishing the stored envelope on the wake-up channel in the same
+// script. Waiters in other processes take the value from the message itself;
+// they do not queue through a lock. A waiter also wakes a little after the
+// holder's lease would end (pub/sub messages can be lost on a reconnect, and a
+// holder can die): the lease is then free and one waiter takes it over.
 //
 // A load that fails is not retried by each waiter: the holder releases the
 // lease and publishes the error's message, and every waiter of that fill
@@ -29,21 +32,66 @@
 // the loader's own error). ErrNotFound is cached as an absence instead (see
 // NegativeTTL).
 //
+// # Consistency
+//
+// Every cache key has a generation in Redis: a number created by the key's
+// first fill and moved forward by every Invalidate, never to a value it held
+// before. Each stored value carries the generation its load began under and is
+// served only while that is still the key's generation; a fill stores only if
+// the generation has not moved since its lease was granted; and a call joins
+// only a flight of its process whose value can only have been loaded under
+// the generation the call read or a later one. For a key whose writers
+// invalidate it after they commit, this gives:
+//
+//   - Read-your-writes across the fleet: a Get that begins after an
+//     Invalidate of its key returned — in any process — returns a value whose
+//     load began after that invalidation, never data from before the write it
+//     followed. It holds while this process cannot reach Redis too: a
+//     fail-open call shares only a load that began after the call did.
+//   - Reads do not go backwards across invalidations within a process: a Get
+//     that begins after another Get of the key returned, in the same process,
+//     returns a value loaded under the same generation or a later one.
+//
+// Not guaranteed: a call that began before an invalidation may return what
+// was loaded before it; between a write's commit and the return of its
+// invalidation, a value loaded before the commit and one loaded after it can
+// both be served, in either order (cache-aside's window: no cache can close it
+// without being told of the write); and a value from a load that was not
+// stored (fail-open, TimeoutLoad, a fill whose lease was lost) may be newer
+// than a cached one served after it within that window. A generation lost in
+// Redis (evicted, flushed, a failover that lost the last writes) turns every
+// value of the key into a miss, never into a stale hit; an Invalidate that a
+// failed-over master acknowledged but did not replicate is lost like any
+// other write to it.
+//
 // # Keys
 //
-// For a key k and the prefix p (default "cg:"): the envelope is stored at
-// p+"v:{k}", the fill lease at p+"fl:{k}", and the wake-up channel is
-// p+"fw:{k}" (published with SPUBLISH on a Redis Cluster). The hash tag keeps
-// them in one slot, so the scripts work on a cluster.
+// For a key k, the prefix p (default "cg:") and a representation r — the Go
+// name of the value type (reflect.Type.String, e.g. "main.Repo", hashed when
+// longer than 64 bytes), followed by "|" and the Variant if the call has one:
+// the generation is p+"g:{k}", the envelope p+"v:{k}|r", the fill lease
+// p+"fl:{k}|r" (holding the generation and the holder's token), and the
+// wake-up channel p+"fw:{k}" (published with SPUBLISH on a Redis Cluster).
+// Values of different types or variants therefore never share an entry or a
+// flight, and Invalidate(k) reaches them all. The hash tag keeps every name of
+// k in one slot, so the scripts work on a cluster: a key that contains '}' or
+// begins with '~' goes inside the braces as '~' followed by its unpadded
+// base64url form (which holds no brace), so that no key — not even one that
+// begins with '}' — splits its names over slots, while every other key stays
+// readable. A prefix must not contain braces. What a key leaves in Redis: its
+// envelopes until they expire (TTL plus the stale window), and its generation
+// for as long as any of them, or a lease, or at least a minute after a fill or
+// an invalidation.
 //
 // # The envelope
 //
-// A stored value is a 24-byte header — magic "cg", version 1, flags (bit 0: a
-// cached absence), fresh-until and stale-until in Unix milliseconds, and the
-// duration of the load that produced it (Δ of early refresh) — followed by the
-// codec's bytes. Bytes that are not a version-1 envelope, or that the codec
-// cannot decode, are a miss and counted in Stats.DecodeErrors, never a panic;
-// the next fill replaces them.
+// A stored value is a 32-byte header — magic "cg", version 2, flags (bit 0: a
+// cached absence), fresh-until and stale-until in Unix milliseconds, the
+// duration of the load that produced it (Δ of early refresh) and the
+// generation it was loaded under — followed by the codec's bytes. Bytes that
+// are not a version-2 envelope, or that the codec cannot decode, are a miss
+// and counted in Stats.DecodeErrors, never a panic; the next fill replaces
+// them. (Version-1 envelopes of earlier releases are such bytes.)
 //
 // # Clocks
 //
@@ -54,30 +102,45 @@
 // within a small fraction of the TTL of each other (NTP); a reader whose clock
 // runs ahead sees values expire early and refreshes them sooner, one that runs
 // behind serves them a little longer. Leases use Redis's own expiry (PX) and
-// never a wall clock.
+// never a wall clock; generations come from Redis's clock and only ever move
+// forward.
 //
 // # Invalidation
 //
-// Invalidate deletes the value and the fill lease: a fill that started before
-// the invalidation then fails its compare-and-set and writes nothing, and its
-// waiters are woken to take a new lease and load data that is newer than the
-// invalidation. (A per-key generation counter would do the same with one more
-// key per entry; deleting the lease needs nothing new.) A fill that lost its
-// lease this way still returns what it loaded to the callers that were
-// waiting for it, as those calls started before the invalidation.
+// Invalidate moves the key's generation forward and publishes on its wake-up
+// channel, in one script: every value of the key stops being served at once
+// (its bytes stay until overwritten or expired), a fill that started before
+// the invalidation fails its compare-and-set and writes nothing, and its
+// waiters are woken to take a new lease (the old one is void) and load data
+// that is newer than the invalidation. A fill that lost its lease this way
+// still returns what it loaded to the callers that were waiting for it, as
+// those calls started before the invalidation; it takes no new callers.
 //
 // # Redis unavailable
 //
-// When a Redis call fails (other than by the caller's context), Get fails open
-// by default: the loader runs, coalesced per process and key and optionally
-// bounded by MaxConcurrentLoads, its result is returned and nothing is cached;
-// Stats.FailOpenLoads counts it. FailClosed returns ErrUnavailable instead.
+// Every Get returns within its wait budget and its context whatever the
+// go-redis client's timeouts: a caller stops waiting for Redis when its budget
+// or context ends (what it returns then is set by OnWaitTimeout). A go-redis
+// client bounds its socket calls by the context's deadline only with
+// ContextTimeoutEnabled; without it a Get hands its read to a goroutine of the
+// Guard's, so that it can stop waiting — a hand-off that costs about as much
+// CPU as the read itself. With ContextTimeoutEnabled set on the client (as we
+// recommend), a Get that finds its key idle reads on its own goroutine,
+// bounded by its deadline (see BenchmarkGetHitContextTimeout). When a Redis call fails (other than
+// by the caller's context), Get fails open by default: the loader runs, shared
+// by the callers of the process that arrived before it began (so at most two
+// loads per key run at once in a process: one running, one queued) and
+// optionally bounded by MaxConcurrentLoads, its result is returned and nothing
+// is cached; Stats.FailOpenLoads counts it. FailClosed returns ErrUnavailable
+// instead.
 //
 // # Lifetimes
 //
 // A flight outlives callers whose context ends (its load is shared); it stops
 // waiting for another process's fill at the wait budget of the call that
-// started it and a load it runs ends with the load timeout. Close cancels and
-// waits for every flight, background refresh, lease renewal and the shared
-// subscription.
+// started it and a load it runs ends with the load timeout. Shutdown lets the
+// loads and waits that are running finish within its context and hands the
+// rest over (a waiter in another process takes a handed-over fill at once and
+// sees no error); Close does the same without waiting. Both then stop every
+// background refresh, lease renewal, read and the shared subscription.
 package cacheguard

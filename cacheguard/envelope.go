@@ -7,22 +7,23 @@ import (
 	"time"
 )
 
-// The stored envelope, version 1 (getlease.lua reads the header too):
+// The stored envelope, version 2 (getlease.lua reads the header too):
 //
 //	0  'c' 'g'            magic
-//	2  version            1
+//	2  version            2
 //	3  flags              bit 0: negative (a cached absence, no payload)
 //	4  fresh-until        unix ms, uint64 big-endian (the writer's wall clock)
 //	12 stale-until        unix ms, uint64 big-endian (≥ fresh-until)
 //	20 last load          µs, uint32 big-endian (Δ of early refresh)
-//	24 payload            the codec's bytes
+//	24 generation         uint64 big-endian: the key's generation the load started under
+//	32 payload            the codec's bytes
 const (
-	envVersion   = 1
-	envHeaderLen = 24
+	envVersion   = 2
+	envHeaderLen = 32
 	flagNegative = 1 << 0
 	knownFlags   = flagNegative
-	// maxTime bounds the times (year 287,000): getlease.lua reads them as
-	// doubles, exact up to 2^53.
+	// maxTime bounds the times (year 287,000) and generations: getlease.lua
+	// reads them as doubles, exact up to 2^53.
 	maxTime = 1<<53 - 1
 )
 
@@ -30,6 +31,7 @@ type envelope struct {
 	freshUntil int64 // unix ms
 	staleUntil int64 // unix ms
 	delta      time.Duration
+	gen        int64 // the key's generation when the fill lease was granted
 	negative   bool
 	payload    []byte
 }
@@ -43,12 +45,13 @@ func (e *envelope) encode() []byte {
 	binary.BigEndian.PutUint64(b[4:], uint64(e.freshUntil))
 	binary.BigEndian.PutUint64(b[12:], uint64(e.staleUntil))
 	binary.BigEndian.PutUint32(b[20:], uint32(min(e.delta.Microseconds(), math.MaxUint32)))
+	binary.BigEndian.PutUint64(b[24:], uint64(e.gen))
 	copy(b[envHeaderLen:], e.payload)
 	return b
 }
 
 // decodeEnvelope parses b; the payload aliases b. Any bytes that are not a
-// version-1 envelope are an error wrapping ErrDecode.
+// version-2 envelope are an error wrapping ErrDecode.
 func decodeEnvelope(b []byte) (envelope, error) {
 	switch {
 	case len(b) < envHeaderLen:
@@ -62,13 +65,18 @@ func decodeEnvelope(b []byte) (envelope, error) {
 	}
 	fresh := binary.BigEndian.Uint64(b[4:])
 	stale := binary.BigEndian.Uint64(b[12:])
+	gen := binary.BigEndian.Uint64(b[24:])
 	if stale > maxTime || stale < fresh {
 		return envelope{}, fmt.Errorf("%w: bad times %d, %d", ErrDecode, fresh, stale)
+	}
+	if gen == 0 || gen > maxTime {
+		return envelope{}, fmt.Errorf("%w: bad generation %d", ErrDecode, gen)
 	}
 	e := envelope{
 		freshUntil: int64(fresh),
 		staleUntil: int64(stale),
 		delta:      time.Duration(binary.BigEndian.Uint32(b[20:])) * time.Microsecond,
+		gen:        int64(gen),
 		negative:   b[3]&flagNegative != 0,
 		payload:    b[envHeaderLen:],
 	}

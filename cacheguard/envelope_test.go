@@ -10,16 +10,16 @@ import (
 func TestEnvelopeRoundTrip(t *testing.T) {
 	now := time.Now().UnixMilli()
 	for _, e := range []envelope{
-		{freshUntil: now, staleUntil: now + 1000, delta: 1500 * time.Microsecond, payload: []byte(`{"id":1}`)},
-		{freshUntil: now, staleUntil: now, negative: true},
-		{freshUntil: 0, staleUntil: 0, payload: []byte{}},
+		{freshUntil: now, staleUntil: now + 1000, delta: 1500 * time.Microsecond, gen: 1, payload: []byte(`{"id":1}`)},
+		{freshUntil: now, staleUntil: now, gen: now * 1000, negative: true},
+		{freshUntil: 0, staleUntil: 0, gen: maxTime, payload: []byte{}},
 	} {
 		got, err := decodeEnvelope(e.encode())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got.freshUntil != e.freshUntil || got.staleUntil != e.staleUntil || got.delta != e.delta ||
-			got.negative != e.negative || !bytes.Equal(got.payload, e.payload) {
+			got.gen != e.gen || got.negative != e.negative || !bytes.Equal(got.payload, e.payload) {
 			t.Fatalf("decoded %+v, want %+v", got, e)
 		}
 	}
@@ -30,9 +30,9 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 // codec without a panic either. The seeds run as a normal test.
 func FuzzDecodeEnvelope(f *testing.F) {
 	now := time.Now().UnixMilli()
-	f.Add((&envelope{freshUntil: now, staleUntil: now + 60000, delta: time.Millisecond, payload: []byte(`{"id":7,"name":"x"}`)}).encode())
-	f.Add((&envelope{freshUntil: now, staleUntil: now, negative: true}).encode())
-	f.Add((&envelope{freshUntil: now, staleUntil: now, payload: []byte(`[1,2`)}).encode())
+	f.Add((&envelope{freshUntil: now, staleUntil: now + 60000, delta: time.Millisecond, gen: 7, payload: []byte(`{"id":7,"name":"x"}`)}).encode())
+	f.Add((&envelope{freshUntil: now, staleUntil: now, gen: 7, negative: true}).encode())
+	f.Add((&envelope{freshUntil: now, staleUntil: now, gen: 7, payload: []byte(`[1,2`)}).encode())
 	f.Add([]byte{})
 	f.Add([]byte("cg"))
 	f.Add([]byte("cg\x01\x00"))

@@ -19,14 +19,18 @@ var (
 	// ErrMiss is returned under FailFast when no fresh or servable stale value
 	// is cached; a fill has been started in the background.
 	ErrMiss = errors.New("cacheguard: not cached")
-	// ErrUnavailable is returned under FailClosed when Redis cannot be reached;
-	// it is joined with the Redis error.
+	// ErrUnavailable is returned under FailClosed when Redis cannot be reached,
+	// and by an Invalidate that could not reach it; it is joined with the Redis
+	// error.
 	ErrUnavailable = errors.New("cacheguard: redis unavailable")
 	// ErrRemoteLoad means the load this call waited for failed in another
 	// process; the error carries that load's message.
 	ErrRemoteLoad = errors.New("cacheguard: load failed in another process")
 	// ErrClosed is returned by calls on a Guard after Close, and to callers whose
-	// shared load Close stopped.
+	// shared load Close stopped. A loader may return it too (wrapped or not),
+	// when its own process is closing: the fill is then handed over as Close
+	// hands it over — waiters in other processes take it over, they get no
+	// error.
 	ErrClosed = errors.New("cacheguard: guard closed")
 	// ErrDecode marks bytes that are not a valid envelope, or a payload the codec
 	// cannot decode. Get never returns it: such a value is treated as a miss.

@@ -16,12 +16,16 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// header builds a version-1 envelope header by hand.
+// corruptGen is the generation the corrupt-bytes test stores with its key.
+const corruptGen = 12345
+
+// header builds a version-2 envelope header of generation corruptGen by hand.
 func header(version, flags byte, fresh, stale time.Time) []byte {
-	b := make([]byte, 24)
+	b := make([]byte, 32)
 	b[0], b[1], b[2], b[3] = 'c', 'g', version, flags
 	binary.BigEndian.PutUint64(b[4:], uint64(fresh.UnixMilli()))
 	binary.BigEndian.PutUint64(b[12:], uint64(stale.UnixMilli()))
+	binary.BigEndian.PutUint64(b[24:], corruptGen)
 	return b
 }
 
@@ -31,18 +35,22 @@ func TestCorruptBytesAreAMiss(t *testing.T) {
 	cases := map[string][]byte{
 		"foreign":               []byte(`{"id":1}`),
 		"empty":                 {},
-		"short header":          []byte("cg\x01\x00abc"),
-		"future version":        header(2, 0, later, later),
-		"unknown flag":          header(1, 0x80, later, later),
-		"bad times":             header(1, 0, later, later.Add(-time.Minute)),
-		"fresh, bad payload":    append(header(1, 0, later, later), "{not json"...),
-		"negative with payload": append(header(1, 1, later, later), "x"...),
+		"short header":          []byte("cg\x02\x00abc"),
+		"old version":           header(1, 0, later, later),
+		"future version":        header(3, 0, later, later),
+		"unknown flag":          header(2, 0x80, later, later),
+		"bad times":             header(2, 0, later, later.Add(-time.Minute)),
+		"fresh, bad payload":    append(header(2, 0, later, later), "{not json"...),
+		"negative with payload": append(header(2, 1, later, later), "x"...),
 	}
 	for name, raw := range cases {
 		t.Run(name, func(t *testing.T) {
 			g, rdb := newGuard(t)
 			key := testKey(t)
-			if err := rdb.Set(ctx, "cg:v:{"+key+"}", raw, time.Hour).Err(); err != nil {
+			if err := rdb.Set(ctx, valueKey(key), raw, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, "cg:g:{"+key+"}", corruptGen, time.Hour).Err(); err != nil {
 				t.Fatal(err)
 			}
 			c := &counter{name: "repaired"}
@@ -92,7 +100,7 @@ func TestPanickingLoaderWith100Waiters(t *testing.T) {
 	if loads != 1 {
 		t.Fatalf("loads = %d, want 1", loads)
 	}
-	if rdb.Exists(ctx, "cg:fl:{"+key+"}").Val() != 0 {
+	if rdb.Exists(ctx, leaseKey(key)).Val() != 0 {
 		t.Fatal("the fill lease was not released")
 	}
 	// The process lives on and the key loads normally.
@@ -121,7 +129,7 @@ func TestCallerCtxEndsLoadGoesOn(t *testing.T) {
 	// The shared load was not cancelled: it completes and fills the cache.
 	close(l.release)
 	eventually(t, 5*time.Second, "value stored by the abandoned load", func() bool {
-		return rdb.Exists(context.Background(), "cg:v:{"+key+"}").Val() == 1
+		return rdb.Exists(context.Background(), valueKey(key)).Val() == 1
 	})
 
 	// A waiter whose deadline passes leaves alone, the others still get the value.
@@ -184,12 +192,12 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	raw, err := rdb.Get(ctx, "cg:v:{"+key+"}").Bytes()
+	raw, err := rdb.Get(ctx, valueKey(key)).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var v item
-	if err := (cacheguard.JSON{}).Unmarshal(raw[24:], &v); err != nil || v.Name != "after" {
+	if err := (cacheguard.JSON{}).Unmarshal(raw[32:], &v); err != nil || v.Name != "after" {
 		t.Fatalf("stored %v (%v), want the post-invalidation value", v, err)
 	}
 
@@ -208,15 +216,28 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if rdb.Exists(ctx, "cg:v:{"+solo+"}", "cg:fl:{"+solo+"}").Val() != 0 {
+	if rdb.Exists(ctx, valueKey(solo), leaseKey(solo)).Val() != 0 {
 		t.Fatal("an invalidated fill wrote its value")
 	}
 }
 
+// TestRedisDownFailsOpenThenRecovers runs with both kinds of client: one
+// whose socket calls follow the context's deadline (the read runs on the
+// caller's goroutine) and one whose calls do not (the read is handed over).
 func TestRedisDownFailsOpenThenRecovers(t *testing.T) {
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", ctxTimeouts), func(t *testing.T) { redisDownFailsOpen(t, ctxTimeouts) })
+	}
+}
+
+func redisDownFailsOpen(t *testing.T, ctxTimeouts bool) {
 	ctx := context.Background()
 	s := redistest.Start(t)
-	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
+	rdb := s.Client(func(o *redis.Options) {
+		o.MaxRetries = -1
+		o.DialTimeout = 200 * time.Millisecond
+		o.ContextTimeoutEnabled = ctxTimeouts
+	})
 	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
 	defer g.Close()
 	key := testKey(t)
@@ -225,7 +246,10 @@ func TestRedisDownFailsOpenThenRecovers(t *testing.T) {
 	}
 	s.Kill()
 
-	// Down: every call still gets a value, loaded once per process and key.
+	// Down: every call still gets a value. A call shares only a load that
+	// began after it (a load from before could predate an invalidation it
+	// must see), so the burst costs two loads: the first caller's, and one
+	// shared by every call that arrived while it ran.
 	base := g.Stats()
 	l := newGated("open")
 	const n = 20
@@ -246,10 +270,10 @@ func TestRedisDownFailsOpenThenRecovers(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	if got := l.n.Load(); got != 1 {
-		t.Fatalf("fail-open loads = %d, want 1 (coalesced)", got)
+	if got := l.n.Load(); got != 2 {
+		t.Fatalf("fail-open loads = %d, want 2 (coalesced)", got)
 	}
-	if st := g.Stats(); st.FailOpenLoads != base.FailOpenLoads+1 || st.RedisErrors == base.RedisErrors {
+	if st := g.Stats(); st.FailOpenLoads != base.FailOpenLoads+2 || st.RedisErrors == base.RedisErrors {
 		t.Fatalf("stats %+v", st)
 	}
 	if _, err := cacheguard.Get(ctx, g, key, l.load, cacheguard.FailClosed()); !errors.Is(err, cacheguard.ErrUnavailable) {
@@ -301,7 +325,7 @@ func TestCloseStopsBackgroundRefresh(t *testing.T) {
 	}
 	<-l.entered
 	g.Close() // cancels the background fill's context and waits for it
-	if rdb.Exists(ctx, "cg:v:{"+key+"}").Val() != 0 {
+	if rdb.Exists(ctx, valueKey(key)).Val() != 0 {
 		t.Fatal("a cancelled fill stored a value")
 	}
 }

@@ -5,69 +5,87 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"time"
 )
 
 // fillFor loads with the fill lease held and turns the result into the
-// flight's outcome.
-func (c *call[T]) fillFor(ctx context.Context, ks keySet, tok string, id uint64) *outcome {
-	v, env, err := c.fill(ctx, ks, tok)
-	return &outcome{leader: id, loaded: true, val: v, env: env, err: err}
+// flight's outcome. A flight whose lease turns out lost takes no new callers:
+// what it loads may be older than what another fill stored meanwhile.
+func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id uint64) *outcome {
+	v, err := c.fill(ctx, ks, l, func() { f.closed.Store(true) })
+	return &outcome{leader: id, loaded: true, val: v, err: err}
 }
 
 // fill runs the loader while renewing the fill lease, then stores the value
 // (or the absence) with the lease's compare-and-set and wakes the waiters, or,
-// when the load failed, releases the lease and tells the waiters why.
-func (c *call[T]) fill(ctx context.Context, ks keySet, tok string) (T, *envelope, error) {
+// when the load failed, releases the lease and tells the waiters why. A load
+// that Close (or Shutdown's deadline) cancelled, or whose loader returned an
+// error matching ErrClosed, is handed over: the lease is released with a
+// message that makes a waiter elsewhere take the fill over at once, and this
+// process's callers get ErrClosed — never an error for others.
+func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T, error) {
 	g := c.g
 	start := time.Now()
-	stop := g.renewLease(ctx, ks, tok, c.cfg.lease)
+	stop := g.renewLease(ctx, ks, l, c.cfg.lease, lost)
 	v, err := c.runLoader(ctx)
 	stop()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
+	// Handed over: Close (or Shutdown's deadline) cancelled the load, or the
+	// loader itself reports that its process is closing (ErrClosed).
+	closing := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
 	// Store or release even when Close cancelled the load: a lease left behind
 	// would keep other processes waiting for its expiry.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)
 	defer cancel()
 
 	switch {
+	case closing:
+		c.releaseLease(ctx, ks, l, "h"+l.token+" ")
+		var zero T
+		return zero, errors.Join(ErrClosed, err)
 	case err == nil:
 		payload, merr := encodeValue(c.cfg.codec, v)
 		if merr != nil {
 			err = fmt.Errorf("cacheguard: encode %q: %w", c.key, merr)
-			c.releaseLease(ctx, ks, tok, "e"+tok+" "+err.Error())
-			return v, nil, err
+			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
+			return v, err
 		}
 		fresh := jittered(c.cfg.ttl, c.cfg.jitter)
 		env := &envelope{
 			freshUntil: now + fresh.Milliseconds(),
 			staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(),
 			delta:      took,
+			gen:        l.gen,
 			payload:    payload,
 		}
-		if _, err := g.store(ctx, ks, tok, env.encode(), fresh+c.cfg.staleWindow); err != nil {
+		if ok, err := g.store(ctx, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
 			g.note(EventRedisError, c.key, 0, err)
+		} else if !ok {
+			lost()
 		}
-		return v, env, nil
+		return v, nil
 	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
 		ttl := jittered(c.cfg.negTTL, c.cfg.jitter)
-		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
-		if _, serr := g.store(ctx, ks, tok, env.encode(), ttl); serr != nil {
+		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
+		if ok, serr := g.store(ctx, ks, l, env.encode(), ttl); serr != nil {
 			g.note(EventRedisError, c.key, 0, serr)
+		} else if !ok {
+			lost()
 		}
-		return v, env, err
+		return v, err
 	case errors.Is(err, ErrNotFound):
-		c.releaseLease(ctx, ks, tok, "n"+tok+" ")
-		return v, nil, err
+		c.releaseLease(ctx, ks, l, "n"+l.token+" ")
+		return v, err
 	default:
-		c.releaseLease(ctx, ks, tok, "e"+tok+" "+err.Error())
-		return v, nil, err
+		c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
+		return v, err
 	}
 }
 
-func (c *call[T]) releaseLease(ctx context.Context, ks keySet, tok, msg string) {
-	if err := c.g.release(ctx, ks, tok, msg); err != nil {
+func (c *call[T]) releaseLease(ctx context.Context, ks keySet, l lease, msg string) {
+	if err := c.g.release(ctx, ks, l, msg); err != nil {
 		c.g.note(EventRedisError, c.key, 0, err)
 	}
 }
@@ -87,14 +105,20 @@ func (c *call[T]) runLoader(ctx context.Context) (v T, err error) {
 	return c.load(lctx)
 }
 
-// failOpen serves a flight while Redis cannot be reached: the loader runs
+// failOpen serves callers while Redis cannot be reached: the loader runs
 // (bounded by MaxConcurrentLoads) and nothing is cached; or, with FailClosed,
-// the flight fails with ErrUnavailable.
+// it fails with ErrUnavailable. It runs inside a flight (whose getLease
+// failed) or as the work of g.unleased (the call's own read failed).
 func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, cause error) *outcome {
 	g := c.g
 	if c.cfg.failClosed {
 		return &outcome{leader: id, err: errors.Join(fmt.Errorf("%w: %q", ErrUnavailable, c.key), cause)}
 	}
+	ctx, done, ok := g.track(context.WithoutCancel(ctx))
+	if !ok {
+		return &outcome{leader: id, err: ErrClosed}
+	}
+	defer done()
 	if g.sem != nil {
 		wctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
@@ -113,20 +137,21 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 	return &outcome{leader: id, loaded: true, val: v, err: err}
 }
 
-// refresh fills the key in the background under the fill lease, at most one
-// refresh per key and process at a time: for a stale value (ServeStale), an
-// early refresh (XFetch: only while the value is still the one fresh until
-// after), or a miss under FailFast. The lease is taken only when the value is
-// not fresh until later than after (0: now), so a refresh that another process
-// finished meanwhile is not repeated.
-func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
+// refresh fills the representation in the background under the fill lease,
+// at most one refresh per representation, generation and process at a time:
+// for a stale value (ServeStale), an early refresh (XFetch: only while the
+// value is still the one fresh until after), or a miss under FailFast. The
+// lease is taken only when the value is not fresh until later than after (0:
+// now), so a refresh that another process finished meanwhile is not repeated.
+func (c *call[T]) refresh(ctx context.Context, gen int64, force, early bool, after int64) {
 	g := c.g
-	ks := g.keys(c.key)
-	if !g.startRefresh(ks.value) {
+	ks := g.keys(c.key, c.rep)
+	mark := ks.value + " " + strconv.FormatInt(gen, 10)
+	if !g.startRefresh(mark) {
 		return
 	}
 	var holdUntil time.Time // set when another process's fill holds the lease
-	unmark := func() { g.endRefresh(ks.value, holdUntil) }
+	unmark := func() { g.endRefresh(mark, holdUntil) }
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
 		unmark()
@@ -156,7 +181,7 @@ func (c *call[T]) refresh(ctx context.Context, force, early bool, after int64) {
 		if early {
 			g.note(EventEarlyRefresh, c.key, 0, nil)
 		}
-		c.fill(tctx, ks, tok)
+		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, func() {})
 	}()
 }
 

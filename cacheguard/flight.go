@@ -18,32 +18,39 @@ const subscribeTimeout = time.Second
 
 // outcome is what a flight gives every caller sharing it.
 type outcome struct {
-	leader uint64    // the call that started the flight
-	loaded bool      // the flight ran the loader
-	val    any       // a T of the leader's type, or nil
-	env    *envelope // the stored form of val, when there is one
+	leader uint64 // the call that started the flight
+	loaded bool   // the flight ran the loader
+	val    any    // a T (flights are kept apart by type), or nil
 	err    error
 }
 
-// flight is one process's miss path for one key, shared by every caller of
-// the process that misses meanwhile: get the value or the fill lease in one
-// script; fill with the lease, or subscribe to the wake-up channel, ask once
-// more, and wait for the holder's push (or its lease's expiry) and try again.
-func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline time.Time, force bool, redisErr error) (o *outcome) {
-	g := c.g
+// startFlight runs a new flight f on a goroutine that Close cancels and waits
+// for, detached from the caller that started it (a caller that gives up does
+// not end a load others share), and ends it with run's outcome.
+func (g *Guard) startFlight(parent context.Context, k flightKey, f *flight, run func(ctx context.Context) *outcome) {
 	ctx, done, ok := g.track(context.WithoutCancel(parent))
 	if !ok {
-		return &outcome{leader: id, err: ErrClosed}
+		g.flights.finish(k, f, &outcome{err: ErrClosed})
+		return
 	}
-	defer done()
+	go func() {
+		defer done()
+		g.flights.finish(k, f, run(ctx))
+	}()
+}
+
+// flight is one process's miss path for one representation, shared by every
+// caller of the process that misses meanwhile under the same generation: get
+// the value or the fill lease in one script; fill with the lease, or
+// subscribe to the wake-up channel, ask once more, and wait for the holder's
+// push (or its lease's expiry) and try again.
+func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, deadline time.Time, force bool) (o *outcome) {
+	g := c.g
 	defer func() {
 		if p := recover(); p != nil { // a codec or an observer panicked
 			o = &outcome{leader: id, err: newPanicError(p)}
 		}
 	}()
-	if redisErr != nil {
-		return c.failOpen(ctx, id, deadline, redisErr)
-	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 
@@ -56,6 +63,10 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 	for {
 		r, err := g.getLease(wctx, ks, tok, c.cfg.lease, time.Now().UnixMilli(), force)
 		force = false
+		if err == nil {
+			f.saw(r.gen)
+		}
+		f.answered()
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return &outcome{leader: id, err: ErrClosed}
@@ -65,7 +76,7 @@ func (c *call[T]) flight(parent context.Context, ks keySet, id uint64, deadline 
 			g.note(EventRedisError, c.key, 0, err)
 			return c.failOpen(ctx, id, deadline, err)
 		case r.granted:
-			return c.fillFor(ctx, ks, tok, id)
+			return c.fillFor(ctx, f, ks, lease{gen: r.gen, token: tok}, id)
 		case r.fresh:
 			if o := c.remote(id, r.value); o != nil {
 				return o
@@ -120,23 +131,25 @@ func (c *call[T]) remote(id uint64, b []byte) *outcome {
 	g.note(EventCoalescedRemote, c.key, 0, nil)
 	if env.negative {
 		g.note(EventNegativeHit, c.key, 0, nil)
-		return &outcome{leader: id, env: &env, err: c.notFound()}
+		return &outcome{leader: id, err: c.notFound()}
 	}
 	v, err := decodeValue[T](c.cfg.codec, &env)
 	if err != nil {
 		g.note(EventDecodeError, c.key, 0, err)
 		return nil
 	}
-	return &outcome{leader: id, val: v, env: &env}
+	return &outcome{leader: id, val: v}
 }
 
-// fromWake handles a push on the key's channel: 'v'+token+' '+envelope (a
-// fill stored it), 'e'+token+' '+message (the fill's load failed),
-// 'n'+token+' ' (the load found nothing and negative caching is off), 'x'
-// (invalidated). Only a push from holder, the fill whose lease this flight
-// saw, is trusted: one from an earlier fill can arrive after an invalidation
-// that came later (the subscription may predate this flight). It returns nil
-// when the flight must ask again.
+// fromWake handles a push on the key's channel (shared by every
+// representation of the key): 'v'+token+' '+envelope (a fill stored it),
+// 'e'+token+' '+message (the fill's load failed), 'n'+token+' ' (the load
+// found nothing and negative caching is off), 'h'+token+' ' (a closing Guard
+// handed its fill over: take the lease now), 'x' (invalidated). Only a push
+// from holder, the fill whose lease this flight saw, is trusted: one from an
+// earlier fill can arrive after an invalidation that came later (the
+// subscription may predate this flight). It returns nil when the flight must
+// ask again.
 func (c *call[T]) fromWake(id uint64, m, holder string) *outcome {
 	if m == "" || m[0] == 'x' {
 		return nil

@@ -6,31 +6,38 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Get returns the value cached under key, loading it with load when it is
 // absent or expired, so that each expiry costs one load across every process
 // sharing the Redis:
 //
-//   - A hit costs one round trip (a GET).
-//   - On a miss, the callers of one process share one flight (in-process
-//     coalescing); the flight subscribes to the key's wake-up channel, then
-//     runs one script that returns the value or grants the fill lease. The
-//     lease holder loads under a context detached from every caller (bounded by
-//     LoadTimeout), renewing the lease while the loader runs, stores the value
-//     only if it still holds the lease, and publishes it; the waiters of every
-//     other process receive the value itself with the wake-up. A holder that
-//     dies stops renewing; its lease expires and one waiter takes over.
+//   - A hit costs one round trip (an MGET of the value and the key's
+//     generation).
+//   - On a miss, the callers of one process share one flight per type and
+//     generation (in-process coalescing); the flight runs one script that
+//     returns the value or grants the fill lease, and waits for the holder's
+//     push when another process fills. The lease holder loads under a
+//     context detached from every caller (bounded by LoadTimeout), renewing
+//     the lease while the loader runs, stores the value only if it still holds
+//     the lease and the key was not invalidated meanwhile, and publishes it;
+//     the waiters of every other process receive the value itself with the
+//     wake-up. A holder that dies stops renewing; its lease expires and one
+//     waiter takes over.
 //   - The policy (Wait, ServeStale, FailFast) says what a call that finds no
-//     fresh value does; none waits longer than its ctx and its wait budget.
+//     fresh value does; none waits longer than its ctx and its wait budget,
+//     even when Redis does not answer.
+//   - A Get that begins after an Invalidate of key returned, in any process,
+//     never returns a value loaded before it (see the package documentation,
+//     Consistency).
 //   - A loader returning (or wrapping) ErrNotFound is cached as absent for the
 //     negative TTL; a panicking loader becomes a *PanicError for every caller
 //     sharing the load.
 //   - When Redis cannot be reached the call fails open by default: the loader
-//     runs, coalesced in the process, and nothing is cached (see FailClosed).
+//     runs, coalesced in the process (a call shares only a load that began
+//     after it), and nothing is cached (see FailClosed).
 //
 // Callers sharing a load share its value: when T holds pointers, maps or
 // slices, treat the value as read-only. Bad input (nil guard, empty or
@@ -42,7 +49,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		var zero T
 		return zero, err
 	}
-	c := call[T]{g: g, cfg: &cfg, key: key, load: load} // on the stack: a hit allocates nothing here
+	c := call[T]{g: g, cfg: &cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load} // on the stack
 	v, res, err := c.get(ctx)
 	if cfg.report != nil {
 		*cfg.report = res
@@ -55,6 +62,7 @@ type call[T any] struct {
 	g    *Guard
 	cfg  *config
 	key  string
+	rep  string // the representation: T's name and the Variant
 	load func(context.Context) (T, error)
 }
 
@@ -62,47 +70,59 @@ type call[T any] struct {
 // so that the hit path keeps c and its configuration on the stack.
 func (c *call[T]) detach() *call[T] {
 	cfg := *c.cfg
-	return &call[T]{g: c.g, cfg: &cfg, key: c.key, load: c.load}
+	return &call[T]{g: c.g, cfg: &cfg, key: c.key, rep: c.rep, load: c.load}
 }
 
 func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	var zero T
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
+	budget := getTimer(c.cfg.wait)
+	defer putTimer(budget)
 	g := c.g
-	b, err := g.reads.get(ctx, g.rdb, g.valueKey(c.key))
+	genKey, valueKey := g.readKeys(c.key, c.rep)
+	s, err := g.readStored(ctx, genKey, valueKey, start.Add(c.cfg.wait), budget.C)
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
-	case err == nil:
-		v, res, err, done := c.fromStored(ctx, b, start.UnixMilli())
+	case errors.Is(err, errBudget):
+		g.note(EventRedisError, c.key, 0, err)
+		return c.detach().timedOut(ctx)
+	case errors.Is(err, ErrClosed):
+		return zero, Miss, err
+	case err != nil:
+		return zero, Miss, c.ctxErr(ctx)
+	case s.err != nil:
+		g.note(EventRedisError, c.key, 0, s.err)
+		redisErr = s.err
+	case s.b != nil:
+		v, res, err, done := c.fromStored(ctx, s, start.UnixMilli())
 		if done {
 			return v, res, err
 		}
 		force = err != nil
-	case errors.Is(err, redis.Nil):
-	case ctx.Err() != nil:
-		return zero, Miss, c.ctxErr(ctx)
-	default:
-		g.note(EventRedisError, c.key, 0, err)
-		redisErr = err
 	}
 	if c.cfg.policy == policyFailFast && redisErr == nil {
 		g.note(EventMiss, c.key, 0, nil)
-		c.detach().refresh(ctx, force, false, 0)
+		c.detach().refresh(ctx, s.gen, force, false, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
-	return c.detach().wait(ctx, start, force, redisErr)
+	return c.detach().wait(ctx, start, budget, s.gen, force, redisErr)
 }
 
-// fromStored serves a stored envelope when it is fresh at now (unix ms, read
-// before the GET), or stale and the policy allows it. done is false when the call must go on as a miss; err is
-// then a decode error (or nil when the value is only too old).
-func (c *call[T]) fromStored(ctx context.Context, b []byte, now int64) (v T, res Result, err error, done bool) {
+// fromStored serves a stored envelope when it is of the key's current
+// generation and fresh at now (unix ms, read before the GET), or stale and
+// the policy allows it. done is false when the call must go on as a miss; err
+// is then a decode error (or nil when the value is only too old, or of an
+// invalidated generation).
+func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res Result, err error, done bool) {
 	g := c.g
-	env, err := decodeEnvelope(b)
+	env, err := decodeEnvelope(s.b)
 	if err != nil {
 		g.note(EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
+	}
+	if env.gen != s.gen {
+		return v, 0, nil, false // invalidated (or the generation was lost)
 	}
 	switch {
 	case now < env.freshUntil && env.negative:
@@ -115,7 +135,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte, now int64) (v T, res
 			return v, 0, err, false
 		}
 		if xfetch(now, &env, c.cfg.beta) {
-			c.detach().refresh(ctx, false, true, env.freshUntil)
+			c.detach().refresh(ctx, s.gen, false, true, env.freshUntil)
 		}
 		g.note(EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -125,7 +145,7 @@ func (c *call[T]) fromStored(ctx context.Context, b []byte, now int64) (v T, res
 			return v, 0, err, false
 		}
 		g.note(EventStale, c.key, 0, nil)
-		c.detach().refresh(ctx, false, false, 0)
+		c.detach().refresh(ctx, s.gen, false, false, 0)
 		return v, Stale, nil, true
 	}
 	return v, 0, nil, false
@@ -140,20 +160,48 @@ func xfetch(now int64, e *envelope, beta float64) bool {
 	return float64(now)+gap >= float64(e.freshUntil)
 }
 
-// wait runs the miss path: join (or start) this process's flight for the key
-// and wait for it within ctx and the wait budget.
-func (c *call[T]) wait(ctx context.Context, start time.Time, force bool, redisErr error) (T, Result, error) {
+// wait runs the miss path: join (or start) a flight of this process for the
+// representation that the generation the call read allows it to join (see
+// flight.floor), and wait for it within ctx and the wait budget. With Redis unreachable it shares a fail-open load
+// instead.
+func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer, gen int64, force bool, redisErr error) (T, Result, error) {
 	g := c.g
-	ks := g.keys(c.key)
+	ks := g.keys(c.key, c.rep)
 	id := g.callIDs.Add(1)
 	deadline := start.Add(c.cfg.wait)
-	budget := time.NewTimer(time.Until(deadline))
-	defer budget.Stop()
+	k := flightKey{value: ks.value, typ: reflect.TypeFor[T]()}
 	missed := false
 	for {
-		ch := g.flights.DoChan(ks.value, func() (any, error) {
-			return c.flight(ctx, ks, id, deadline, force, redisErr), nil
-		})
+		var done <-chan struct{}
+		var o func() *outcome
+		var leave func()
+		if redisErr != nil {
+			w, _ := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) }, false)
+			if w == nil {
+				return c.zero(Miss, ErrClosed)
+			}
+			done, o, leave = w.done, func() *outcome { return w.r }, func() { g.unleased.leave(k, w) }
+		} else {
+			f, leader, pending := g.flights.join(k, gen)
+			if pending {
+				// A flight that has not heard from Redis yet may turn out to be
+				// one this call can join: see what its script answers.
+				select {
+				case <-f.asked:
+					continue
+				case <-ctx.Done():
+					return c.zero(Miss, c.ctxErr(ctx))
+				case <-budget.C:
+					return c.timedOut(ctx)
+				}
+			}
+			if leader {
+				g.startFlight(ctx, k, f, func(fctx context.Context) *outcome {
+					return c.flight(fctx, f, ks, id, deadline, force)
+				})
+			}
+			done, o, leave = f.done, func() *outcome { return f.o }, func() {}
+		}
 		if !missed {
 			// Counted once the call has joined a flight, so a miss in Stats
 			// (or an observer's EventMiss) is a call already waiting for it.
@@ -161,8 +209,8 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, force bool, redisEr
 			g.note(EventMiss, c.key, 0, nil)
 		}
 		select {
-		case r := <-ch:
-			o := r.Val.(*outcome)
+		case <-done:
+			o := o()
 			if errors.Is(o.err, errFlightExpired) {
 				if ctx.Err() != nil {
 					return c.zero(Miss, c.ctxErr(ctx))
@@ -170,52 +218,61 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, force bool, redisEr
 				if time.Now().Before(deadline) {
 					// Another caller's shorter budget ended that flight; this
 					// caller's budget goes on with a flight of its own.
-					force, redisErr = false, nil
+					force = false
 					continue
 				}
-				return c.timedOut(ctx, ks, id)
+				return c.timedOut(ctx)
 			}
 			if o.leader != id {
 				g.note(EventCoalescedLocal, c.key, 0, nil)
 			}
 			return c.deliver(o, id)
 		case <-ctx.Done():
+			leave()
 			return c.zero(Miss, c.ctxErr(ctx))
 		case <-budget.C:
-			return c.timedOut(ctx, ks, id)
+			leave()
+			return c.timedOut(ctx)
 		}
 	}
 }
 
-func (c *call[T]) timedOut(ctx context.Context, ks keySet, id uint64) (T, Result, error) {
+func (c *call[T]) timedOut(ctx context.Context) (T, Result, error) {
 	c.g.note(EventWaitTimeout, c.key, 0, nil)
 	if c.cfg.onTimeout == TimeoutLoad {
-		return c.loadWithoutLease(ctx, ks, id)
+		return c.loadWithoutLease(ctx)
 	}
 	return c.zero(Miss, fmt.Errorf("%w: %q after %v", ErrWaitTimeout, c.key, c.cfg.wait))
 }
 
-// loadWithoutLease runs the loader, coalesced in the process, without the fill
-// lease, after the wait budget ended (TimeoutLoad). Nothing is stored.
-func (c *call[T]) loadWithoutLease(ctx context.Context, ks keySet, id uint64) (T, Result, error) {
+// loadWithoutLease runs the loader without the fill lease after the wait
+// budget ended (TimeoutLoad), shared only with the callers of this process
+// that arrived before it started (see queue). Nothing is stored.
+func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 	g := c.g
-	ch := g.noLease.DoChan(ks.value, func() (any, error) {
+	id := g.callIDs.Add(1)
+	k := flightKey{value: g.keys(c.key, c.rep).value, typ: reflect.TypeFor[T]()}
+	w, _ := g.unleased.join(k, func() *outcome {
 		tctx, done, ok := g.track(context.WithoutCancel(ctx))
 		if !ok {
-			return &outcome{leader: id, err: ErrClosed}, nil
+			return &outcome{leader: id, err: ErrClosed}
 		}
 		defer done()
 		v, err := c.runLoader(tctx)
-		return &outcome{leader: id, loaded: true, val: v, err: err}, nil
-	})
+		return &outcome{leader: id, loaded: true, val: v, err: err}
+	}, false)
+	if w == nil {
+		return c.zero(Miss, ErrClosed)
+	}
 	select {
-	case r := <-ch:
-		o := r.Val.(*outcome)
+	case <-w.done:
+		o := w.r
 		if o.leader != id {
 			g.note(EventCoalescedLocal, c.key, 0, nil)
 		}
 		return c.deliver(o, id)
 	case <-ctx.Done():
+		g.unleased.leave(k, w)
 		return c.zero(Miss, c.ctxErr(ctx))
 	}
 }
@@ -232,15 +289,8 @@ func (c *call[T]) deliver(o *outcome, id uint64) (T, Result, error) {
 	if v, ok := o.val.(T); ok || o.val == nil {
 		return v, res, nil
 	}
-	// The flight was started by a call asking for another type.
-	if o.env != nil {
-		v, err := decodeValue[T](c.cfg.codec, o.env)
-		if err != nil {
-			return c.zero(res, err)
-		}
-		return v, res, nil
-	}
-	return c.zero(res, invalid("key %q was loaded as %T by a concurrent call, not as %T", c.key, o.val, *new(T)))
+	// Flights are kept apart by type: this cannot happen.
+	return c.zero(res, fmt.Errorf("cacheguard: key %q was loaded as %T by a concurrent call, not as %T", c.key, o.val, *new(T)))
 }
 
 func (c *call[T]) zero(res Result, err error) (T, Result, error) {

@@ -28,10 +28,10 @@ func TestGetMissThenHit(t *testing.T) {
 	if n := c.n.Load(); n != 1 {
 		t.Fatalf("loads = %d, want 1", n)
 	}
-	if ttl := rdb.PTTL(ctx, "cg:v:{"+key+"}").Val(); ttl <= 50*time.Second || ttl > time.Minute {
+	if ttl := rdb.PTTL(ctx, valueKey(key)).Val(); ttl <= 50*time.Second || ttl > time.Minute {
 		t.Fatalf("value TTL %v, want the default minute less at most 10%% jitter", ttl)
 	}
-	if n := rdb.Exists(ctx, "cg:fl:{"+key+"}").Val(); n != 0 {
+	if n := rdb.Exists(ctx, leaseKey(key)).Val(); n != 0 {
 		t.Fatal("fill lease left behind")
 	}
 	st := g.Stats()

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/singleflight"
 
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
@@ -23,16 +22,19 @@ type Guard struct {
 	hub *wake.Hub // the shared subscription for fill wake-ups
 	pub string    // PUBLISH, or SPUBLISH on a cluster
 	sem chan struct{}
+	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
+	// a caller may read on its own goroutine (see readStored).
+	ctxDeadlines bool
 
-	reads   reads              // per value key: one GET in flight per process
-	flights singleflight.Group // per value key: one flight to Redis per process
-	noLease singleflight.Group // per value key: loads without the lease after a wait timeout
-	stats   counters
-	callIDs atomic.Uint64
+	reads    queue[string, stored]      // per value key: reads (MGET) begun after their callers arrived
+	flights  flights                    // per representation and generation: one flight to Redis per process
+	unleased queue[flightKey, *outcome] // per representation: loads without the lease (Redis unreachable, TimeoutLoad)
+	stats    counters
+	callIDs  atomic.Uint64
 
-	mu         sync.Mutex                    // guards tasks, refreshing, nextTask, closed
-	tasks      map[uint64]context.CancelFunc // running flights and refreshes, cancelled by Close
-	refreshing map[string]time.Time          // value keys not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
+	mu         sync.Mutex                         // guards tasks, refreshing, nextTask, closed
+	tasks      map[uint64]context.CancelCauseFunc // running flights, loads and refreshes, cancelled by Close
+	refreshing map[string]time.Time               // representations and generations not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
 	nextTask   uint64
 	closed     bool
 	wg         sync.WaitGroup // the tasks
@@ -52,48 +54,85 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	if cfg.report != nil {
-		panic(invalid("ReportTo is a per-call option").Error())
+	if cfg.report != nil || cfg.variant != "" {
+		panic(invalid("ReportTo and Variant are per-call options").Error())
 	}
 	g := &Guard{
 		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH",
-		tasks: map[uint64]context.CancelFunc{}, refreshing: map[string]time.Time{},
+		tasks: map[uint64]context.CancelCauseFunc{}, refreshing: map[string]time.Time{},
 	}
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
 	}
+	g.reads.runner = newRunner()
+	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {
 		g.sem = make(chan struct{}, cfg.maxLoads)
 	}
 	return g
 }
 
-// Close stops every background refresh, renewal and load the Guard started
-// (their contexts are cancelled; a load that ignores its context is waited
-// for) and the shared subscription. Calls still waiting get ErrClosed; later
-// calls fail with ErrClosed. Close does not close rdb. It is safe to call more
-// than once.
+// Close is Shutdown without a grace period: it hands over at once every fill
+// this Guard runs (so a waiter in another process takes it over without
+// waiting for the lease to expire, and without an error) and stops its
+// background work. Calls still waiting get ErrClosed; later calls fail with
+// ErrClosed. Close does not close rdb. It is safe to call more than once.
 func (g *Guard) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.Shutdown(ctx) //nolint:errcheck // an ended context: the error says only that
+	return nil
+}
+
+// Shutdown closes the Guard gracefully, as http.Server.Shutdown does a
+// server: calls that begin afterwards fail with ErrClosed at once, while the
+// work already running — loads (for callers of this process or in the
+// background), waits for another process's fill — goes on until it ends or
+// ctx does. A load that finishes in time is stored and pushed to the waiters
+// of every process as usual. When ctx ends first, the rest is cancelled: a
+// load that then fails hands its fill lease over (released with a message
+// that makes a waiter in another process take the fill over at once — it sees
+// one more load, never an error), its callers here and the calls still
+// waiting get ErrClosed. A loader that ignores its context is waited for.
+// Then the shared subscription stops. Shutdown returns ctx's error when it had
+// to cancel work, else nil; a second call waits like the first.
+func (g *Guard) Shutdown(ctx context.Context) error {
 	if g == nil {
 		return nil
 	}
 	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
-		return nil
-	}
+	first := !g.closed
 	g.closed = true
-	cancels := make([]context.CancelFunc, 0, len(g.tasks))
-	for _, c := range g.tasks {
-		cancels = append(cancels, c)
-	}
 	g.mu.Unlock()
-	for _, c := range cancels {
-		c()
+
+	idle := make(chan struct{})
+	go func() {
+		g.wg.Wait()
+		close(idle)
+	}()
+	var err error
+	select {
+	case <-idle:
+	case <-ctx.Done():
+		err = ctx.Err()
+		g.mu.Lock()
+		cancels := make([]context.CancelCauseFunc, 0, len(g.tasks))
+		for _, c := range g.tasks {
+			cancels = append(cancels, c)
+		}
+		g.mu.Unlock()
+		for _, c := range cancels {
+			c(ErrClosed)
+		}
+		<-idle
 	}
-	g.wg.Wait()
-	g.hub.Close()
-	return nil
+	g.unleased.close(&outcome{err: ErrClosed})
+	g.reads.close(stored{err: ErrClosed})
+	g.reads.runner.close()
+	if first {
+		g.hub.Close()
+	}
+	return err
 }
 
 // Stats returns the Guard's counters.
@@ -104,12 +143,17 @@ func (g *Guard) Stats() Stats {
 	return g.stats.snapshot()
 }
 
-// Invalidate deletes the cached values of keys and voids every fill in flight
-// for them: it deletes the fill leases too, so a load that started before the
-// invalidation fails its compare-and-set and writes nothing (its callers still
-// get what it loaded), and wakes the waiters, who take a new lease and load
-// again. Calls of this process that start after Invalidate returns do not
-// join a flight that started before it.
+// Invalidate voids everything cached for keys, across every process: each
+// key's generation moves forward in Redis, so at once every value stored
+// under it — of every type and Variant, such as the responses ginmw.Cache
+// keeps under a resource name — stops being served (its bytes stay until
+// they are overwritten or expire), every fill in flight for it fails its
+// compare-and-set and writes nothing (its callers still get what it loaded,
+// as they began before the invalidation), and its waiters are woken to take
+// a new lease and load again. A Get that begins after Invalidate returned, in
+// any process, returns only a value loaded after it: calls join only flights
+// of the generation they read (see the package documentation). When Redis
+// cannot be reached it returns an error matching ErrUnavailable.
 func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	if g == nil {
 		return invalid("nil Guard")
@@ -125,25 +169,9 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	pipe := g.rdb.Pipeline()
-	for _, k := range keys {
-		ks := g.keys(k)
-		pipe.Del(ctx, ks.value, ks.lease)
-		if g.hub.Sharded() {
-			pipe.SPublish(ctx, ks.wake, "x")
-		} else {
-			pipe.Publish(ctx, ks.wake, "x")
-		}
-	}
-	_, err := pipe.Exec(ctx)
-	for _, k := range keys {
-		vk := g.keys(k).value
-		g.flights.Forget(vk)
-		g.noLease.Forget(vk)
-	}
-	if err != nil {
+	if err := g.invalidate(ctx, keys); err != nil {
 		g.note(EventRedisError, keys[0], 0, err)
-		return fmt.Errorf("cacheguard: invalidate: %w", err)
+		return fmt.Errorf("%w: invalidate: %w", ErrUnavailable, err)
 	}
 	return nil
 }
@@ -186,15 +214,16 @@ func (g *Guard) callConfig(key string, hasLoad bool, opts []Option) (config, err
 	return *cfg, nil
 }
 
-// track registers a task (a flight or a background refresh) that Close must
-// cancel and wait for. It returns false after Close.
+// track registers a task (a flight, a load or a background refresh) that
+// Close must cancel (with cause ErrClosed) and wait for. It returns false
+// after Close.
 func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return nil, nil, false
 	}
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancelCause(parent)
 	id := g.nextTask
 	g.nextTask++
 	g.tasks[id] = cancel
@@ -203,22 +232,9 @@ func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 		g.mu.Lock()
 		delete(g.tasks, id)
 		g.mu.Unlock()
-		cancel()
+		cancel(nil)
 		g.wg.Done()
 	}, true
-}
-
-// keySet holds the Redis names of one cache key, under one hash tag so they
-// share a slot: the envelope, the fill lease and the wake-up channel.
-type keySet struct {
-	value, lease, wake string
-}
-
-func (g *Guard) valueKey(key string) string { return g.cfg.prefix + "v:{" + key + "}" }
-
-func (g *Guard) keys(key string) keySet {
-	tag := "{" + key + "}"
-	return keySet{value: g.cfg.prefix + "v:" + tag, lease: g.cfg.prefix + "fl:" + tag, wake: g.cfg.prefix + "fw:" + tag}
 }
 
 // token returns a random fill-lease token.

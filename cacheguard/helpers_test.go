@@ -88,13 +88,18 @@ func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		name := cmd.Name()
 		if c, ok := cmd.(*redis.Cmd); ok && err == nil && (name == "evalsha" || name == "eval") {
-			// The get-or-lease script answers {2, pttl, holder} when another fill holds
+			// The get-or-lease script answers {2, pttl, holder, generation} when another fill holds
 			// the lease; a flight asks again once subscribed, so the second such
 			// answer means it waits for the holder's push.
-			if v, _ := c.Slice(); len(v) == 3 && v[0] == int64(2) && h.n.Add(1) == 2 {
+			if v, _ := c.Slice(); len(v) == 4 && v[0] == int64(2) && h.n.Add(1) == 2 {
 				h.once.Do(func() { close(h.seen) })
 			}
 		}
 		return err
 	}
 }
+
+// The Redis names of a test key's item value and fill lease (see the package
+// documentation, "Keys").
+func valueKey(key string) string { return "cg:v:{" + key + "}|cacheguard_test.item" }
+func leaseKey(key string) string { return "cg:fl:{" + key + "}|cacheguard_test.item" }

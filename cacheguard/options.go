@@ -2,6 +2,7 @@ package cacheguard
 
 import (
 	"math"
+	"strings"
 	"time"
 )
 
@@ -23,8 +24,8 @@ const (
 
 // Option configures a Guard (as the default of every call, in New) or one Get
 // call (overriding the Guard's default). Prefix, MaxConcurrentLoads and
-// WithObserver are Guard options only, ReportTo is a call option only; passing
-// them in the wrong place is an ErrInvalid (a panic in New).
+// WithObserver are Guard options only, ReportTo and Variant are call options
+// only; passing them in the wrong place is an ErrInvalid (a panic in New).
 type Option func(*config)
 
 type policy uint8
@@ -61,6 +62,7 @@ type config struct {
 	failClosed  bool
 	codec       Codec
 	report      *Result // call only
+	variant     string  // call only
 
 	// Guard only.
 	prefix    string
@@ -183,6 +185,14 @@ func WithObserver(f func(Event)) Option {
 	return func(c *config) { c.observer, c.guardOnly = f, true }
 }
 
+// Variant keeps the value as one representation of key among others, next to
+// the values cached under key by calls with another Variant or another type T
+// (call only): each has an entry and a fill of its own, and Invalidate(key)
+// voids them all. ginmw.Cache, for instance, keeps the GET and the HEAD
+// response of a resource as two variants of the resource's name. The default
+// is none; the type T always sets one representation apart from another.
+func Variant(name string) Option { return func(c *config) { c.variant = name } }
+
 // ReportTo makes the call store how it was served in *r (call only): Hit,
 // Miss, Stale or Coalesced. It is left unchanged when the call fails before
 // reading the cache (bad input, closed guard).
@@ -212,6 +222,10 @@ func (c *config) validate() error {
 		return invalid("nil Codec")
 	case c.maxLoads < 0:
 		return invalid("negative MaxConcurrentLoads %d", c.maxLoads)
+	case len(c.variant) > MaxKeyLen:
+		return invalid("variant of %d bytes exceeds %d", len(c.variant), MaxKeyLen)
+	case strings.ContainsAny(c.prefix, "{}"):
+		return invalid("prefix %q holds a brace: the hash tag of every name must be the key's", c.prefix)
 	}
 	return nil
 }

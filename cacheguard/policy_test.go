@@ -45,7 +45,7 @@ func TestServeStaleWithoutWaitingOneRefresh(t *testing.T) {
 	if _, err := cacheguard.Get(ctx, a, key, first.load); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := rdb.PTTL(ctx, "cg:v:{"+key+"}").Val(); ttl < 59*time.Second {
+	if ttl := rdb.PTTL(ctx, valueKey(key)).Val(); ttl < 59*time.Second {
 		t.Fatalf("value TTL %v, want TTL + stale window", ttl)
 	}
 	loadedAt := time.Now()
@@ -155,7 +155,7 @@ func TestWaitTimeoutAndLoadOnTimeout(t *testing.T) {
 	if err != nil || v.Name != "other" || res != cacheguard.Miss {
 		t.Fatalf("LoadOnTimeout = %v, %v, %v; want the call's own load", v, err, res)
 	}
-	if n := rdb.Exists(ctx, "cg:v:{"+key+"}").Val(); n != 0 {
+	if n := rdb.Exists(ctx, valueKey(key)).Val(); n != 0 {
 		t.Fatal("a load without the lease was stored")
 	}
 	close(holder.release)

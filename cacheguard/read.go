@@ -3,111 +3,94 @@ package cacheguard
 import (
 	"context"
 	"errors"
-	"sync"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// reads coalesces concurrent reads of one key in a process: when a hot entry
-// expires, a process sends at most two GETs for it however many requests
-// arrive at once, and those requests then share one flight on the miss path.
-// (Without it a stampede of N requests costs N GETs before any coalescing.)
-//
-// A caller only ever shares a GET sent after it arrived, so a read never
-// returns what Redis held before the call started (a Get that begins after an
-// Invalidate returned never sees the invalidated value). Callers that arrive
-// while a GET is in flight therefore wait for it to finish and share the next
-// one, sent by the first of them. The zero value is ready to use.
-type reads struct {
-	mu sync.Mutex           // guards m and every keyReads and readCall.sent
-	m  map[string]*keyReads // by key, while reads are in flight or queued
+// stored is what one read of a representation found: the envelope (nil when
+// absent) and the cache key's generation (0 when absent), read together with
+// one MGET (the two names share a slot).
+type stored struct {
+	b   []byte
+	gen int64
+	err error
 }
 
-type keyReads struct {
-	inflight *readCall // sent, answer pending
-	next     *readCall // callers that arrived while inflight was out; not sent yet
-}
-
-type readCall struct {
-	after  *readCall     // the GET that must finish before this one is sent (nil: none)
-	sent   bool          // a leader has taken it
-	done   chan struct{} // closed when b and err are set
-	b      []byte
-	err    error
-	joined int // callers sharing it besides its leader
-}
-
-// get returns the value of key through a GET sent after this call began,
-// shared with the other callers of the same key that it overlaps.
-func (r *reads) get(ctx context.Context, rdb redis.UniversalClient, key string) ([]byte, error) {
-	r.mu.Lock()
-	if r.m == nil {
-		r.m = map[string]*keyReads{}
-	}
-	kr := r.m[key]
-	if kr == nil {
-		kr = &keyReads{}
-		r.m[key] = kr
-	}
-	if kr.inflight == nil && kr.next == nil {
-		c := &readCall{done: make(chan struct{}), sent: true}
-		kr.inflight = c
-		r.mu.Unlock()
-		return r.run(ctx, rdb, key, kr, c)
-	}
-	c := kr.next
-	if c == nil {
-		c = &readCall{done: make(chan struct{}), after: kr.inflight}
-		kr.next = c
-	} else {
-		c.joined++
-	}
-	r.mu.Unlock()
-
-	if c.after != nil {
-		select {
-		case <-c.after.done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+// readStored reads a representation's envelope and its key's generation
+// through g.reads: an MGET sent after this call began, shared with the other
+// callers of the same representation that overlap it. It returns when the
+// read answers, ctx ends or the budget ends (at deadline, or when budget
+// fires), whichever is first. Unless the client bounds its socket calls by
+// the context's deadline (ContextTimeoutEnabled), the read runs on a
+// goroutine of the Guard's, so that a Redis that does not answer
+// (black-holed, paused) holds no caller beyond its budget whatever the
+// client's own timeouts; with it, a caller that finds the key idle reads on
+// its own goroutine, bounded by its deadline, and saves the hand-off.
+func (g *Guard) readStored(ctx context.Context, genKey, valueKey string, deadline time.Time, budget <-chan time.Time) (stored, error) {
+	w, led := g.reads.join(valueKey, func() stored { return g.mget(context.WithoutCancel(ctx), genKey, valueKey) }, g.ctxDeadlines)
+	switch {
+	case w == nil:
+		return stored{}, ErrClosed
+	case led:
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		s := g.mget(rctx, genKey, valueKey)
+		budgetEnded := errors.Is(rctx.Err(), context.DeadlineExceeded)
+		cancel()
+		g.reads.end(valueKey, w, s)
+		switch {
+		case s.err == nil:
+		case ctx.Err() != nil:
+			return stored{}, ctx.Err()
+		case budgetEnded:
+			return stored{}, errBudget
 		}
+		return s, nil
 	}
-	r.mu.Lock()
-	if !c.sent {
-		// The first caller to get here sends the shared GET.
-		c.sent = true
-		if kr.next == c {
-			kr.next = nil
-		}
-		kr.inflight = c
-		r.mu.Unlock()
-		return r.run(ctx, rdb, key, kr, c)
-	}
-	r.mu.Unlock()
 	select {
-	case <-c.done:
-		if errors.Is(c.err, context.Canceled) || errors.Is(c.err, context.DeadlineExceeded) {
-			return rdb.Get(ctx, key).Bytes() // the leader gave up: read for itself
-		}
-		return c.b, c.err
+	case <-w.done:
+		return w.r, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		g.reads.leave(valueKey, w)
+		return stored{}, ctx.Err()
+	case <-budget:
+		g.reads.leave(valueKey, w)
+		return stored{}, errBudget
 	}
 }
 
-// run sends c's GET under the leader's context and publishes the answer.
-func (r *reads) run(ctx context.Context, rdb redis.UniversalClient, key string, kr *keyReads, c *readCall) ([]byte, error) {
-	c.b, c.err = rdb.Get(ctx, key).Bytes()
-	if c.err != nil && ctx.Err() != nil {
-		c.err = ctx.Err()
+// honoursDeadlines reports whether rdb bounds every socket call by its
+// context's deadline (go-redis's ContextTimeoutEnabled): then a read may run
+// on the caller's goroutine.
+func honoursDeadlines(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
 	}
-	r.mu.Lock()
-	if kr.inflight == c {
-		kr.inflight = nil
+	return false
+}
+
+// errBudget means the wait budget ended before Redis answered a read.
+var errBudget = errors.New("cacheguard: wait budget ended during a read")
+
+func (g *Guard) mget(ctx context.Context, genKey, valueKey string) stored {
+	v, err := g.rdb.MGet(ctx, valueKey, genKey).Result()
+	if err != nil {
+		return stored{err: err}
 	}
-	if kr.inflight == nil && kr.next == nil && r.m[key] == kr {
-		delete(r.m, key)
+	var s stored
+	if len(v) == 2 {
+		if b, ok := v[0].(string); ok {
+			s.b = []byte(b)
+		}
+		if gs, ok := v[1].(string); ok {
+			s.gen, _ = strconv.ParseInt(gs, 10, 64)
+		}
 	}
-	r.mu.Unlock()
-	close(c.done)
-	return c.b, c.err
+	return s
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// holdReplies counts GET commands and, while armed, holds each GET's reply
+// holdReplies counts MGET commands and, while armed, holds each one's reply
 // (the command has run on the server) until release is closed.
 type holdReplies struct {
 	n       atomic.Int64
@@ -21,9 +21,10 @@ type holdReplies struct {
 	release chan struct{}
 }
 
-// heldGets starts a server holding k = v. The replies to GETs through the
-// client it returns are held by the hook it returns until hook.open.
-func heldGets(t *testing.T, v string) (*redistest.Server, *redis.Client, *holdReplies) {
+// heldGets starts a server holding k = v and a Guard on it. The replies to
+// reads (MGET) through the client it returns are held by the hook it returns
+// until hook.open.
+func heldGets(t *testing.T, v string) (*redistest.Server, *Guard, *holdReplies) {
 	t.Helper()
 	s := redistest.Start(t)
 	rdb := s.Client()
@@ -33,20 +34,26 @@ func heldGets(t *testing.T, v string) (*redistest.Server, *redis.Client, *holdRe
 	hook := &holdReplies{release: make(chan struct{})}
 	hook.armed.Store(true)
 	rdb.AddHook(hook)
-	return s, rdb, hook
+	g := New(rdb)
+	t.Cleanup(func() {
+		hook.open()
+		g.Close()
+	})
+	return s, g, hook
 }
 
 // open lets the held replies go and stops holding new ones.
 func (h *holdReplies) open() {
-	h.armed.Store(false)
-	close(h.release)
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.release)
+	}
 }
 
 func (h *holdReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if cmd.Name() == "get" {
+		if cmd.Name() == "mget" {
 			h.n.Add(1)
 			if h.armed.Load() {
 				<-h.release
@@ -70,30 +77,40 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (r *reads) queued(key string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if kr := r.m[key]; kr != nil && kr.next != nil {
-		return kr.next.joined + 1
+// queued is how many callers wait for the next read of key.
+func (g *Guard) queued(key string) int {
+	q := &g.reads
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if kq := q.m[key]; kq != nil && kq.next != nil {
+		return kq.next.waiting
 	}
 	return 0
+}
+
+// read is a read of k through g.
+func read(ctx context.Context, g *Guard, k string) (string, error) {
+	s, err := g.readStored(ctx, "gen", k, time.Now().Add(time.Hour), nil)
+	if err == nil {
+		err = s.err
+	}
+	return string(s.b), err
 }
 
 // TestConcurrentReadsShareGets: a burst of reads costs two GETs — the one in
 // flight when the burst arrives, and one more that all of the burst shares.
 func TestConcurrentReadsShareGets(t *testing.T) {
 	ctx := context.Background()
-	_, rdb, hook := heldGets(t, "v")
-	var r reads
+	_, g, hook := heldGets(t, "v")
 	const n = 50
 	var wg sync.WaitGroup
 	got := make([]string, n+1)
-	wg.Go(func() { b, _ := r.get(ctx, rdb, "k"); got[n] = string(b) })
+	wg.Go(func() { got[n], _ = read(ctx, g, "k") })
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
-		wg.Go(func() { b, _ := r.get(ctx, rdb, "k"); got[i] = string(b) })
+		wg.Go(func() { got[i], _ = read(ctx, g, "k") })
 	}
-	waitFor(t, "burst queued", func() bool { return r.queued("k") == n })
+	waitFor(t, "burst queued", func() bool { return g.queued("k") == n })
 	hook.open()
 	wg.Wait()
 	if g := hook.n.Load(); g != 2 {
@@ -110,10 +127,9 @@ func TestConcurrentReadsShareGets(t *testing.T) {
 // value was deleted never shares a GET that was answered before the delete.
 func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 	ctx := context.Background()
-	s, rdb, hook := heldGets(t, "old")
-	var r reads
+	s, g, hook := heldGets(t, "old")
 	first := make(chan string, 1)
-	go func() { b, _ := r.get(ctx, rdb, "k"); first <- string(b) }()
+	go func() { v, _ := read(ctx, g, "k"); first <- v }()
 	waitFor(t, "first GET answered by the server", func() bool { return hook.n.Load() == 1 })
 	// The invalidation completes while that GET's reply is still on its way.
 	if err := s.Client().Del(ctx, "k").Err(); err != nil {
@@ -121,36 +137,36 @@ func TestReadAfterInvalidationNotServedOldValue(t *testing.T) {
 	}
 	later := make(chan error, 1)
 	go func() {
-		b, err := r.get(ctx, rdb, "k")
-		if err == nil {
-			err = errors.New("got " + string(b))
+		v, err := read(ctx, g, "k")
+		if err == nil && v != "" {
+			err = errors.New("got " + v)
 		}
 		later <- err
 	}()
-	waitFor(t, "later read queued", func() bool { return r.queued("k") == 1 })
+	waitFor(t, "later read queued", func() bool { return g.queued("k") == 1 })
 	hook.open()
 	if v := <-first; v != "old" {
 		t.Fatalf("first read got %q", v)
 	}
-	if err := <-later; !errors.Is(err, redis.Nil) {
-		t.Fatalf("a read that began after the delete: %v, want redis.Nil", err)
+	if err := <-later; err != nil {
+		t.Fatalf("a read that began after the delete: %v, want nothing found", err)
 	}
 }
 
-// TestCancelledLeaderDoesNotFailFollowers: a follower whose leader's context
-// ended reads for itself.
+// TestCancelledLeaderDoesNotFailFollowers: the read runs detached from the
+// caller that started it, so the others still get its answer when that
+// caller gives up.
 func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
 	ctx := context.Background()
-	_, rdb, hook := heldGets(t, "v")
-	var r reads
+	_, g, hook := heldGets(t, "v")
 	lctx, cancel := context.WithCancel(ctx)
 	leader := make(chan error, 1)
-	go func() { _, err := r.get(lctx, rdb, "k"); leader <- err }()
+	go func() { _, err := read(lctx, g, "k"); leader <- err }()
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
-	// Queue a burst behind it whose own leader gives up.
+	// Queue a burst behind it, and a second caller of the first read that gives up.
 	follower := make(chan string, 1)
-	go func() { b, _ := r.get(ctx, rdb, "k"); follower <- string(b) }()
-	waitFor(t, "follower queued", func() bool { return r.queued("k") == 1 })
+	go func() { v, _ := read(ctx, g, "k"); follower <- v }()
+	waitFor(t, "follower queued", func() bool { return g.queued("k") == 1 })
 	cancel()
 	hook.open()
 	<-leader
@@ -161,5 +177,35 @@ func TestCancelledLeaderDoesNotFailFollowers(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("follower stuck")
+	}
+}
+
+// TestGivenUpReadsLeaveNothing: a caller that queues behind a GET in flight
+// and gives up leaves no entry behind once that GET is answered (50 keys, 50
+// callers that gave up: an empty map).
+func TestGivenUpReadsLeaveNothing(t *testing.T) {
+	ctx := context.Background()
+	_, g, hook := heldGets(t, "v")
+	const n = 50
+	var wg sync.WaitGroup
+	for i := range n {
+		key := "k" + string(rune('A'+i))
+		wg.Go(func() { read(ctx, g, key) })
+		waitFor(t, "GET out", func() bool { return hook.n.Load() == int64(i+1) })
+		gctx, cancel := context.WithCancel(ctx)
+		gave := make(chan struct{})
+		go func() { read(gctx, g, key); close(gave) }()
+		waitFor(t, "queued", func() bool { return g.queued(key) == 1 })
+		cancel()
+		<-gave
+	}
+	hook.open()
+	wg.Wait()
+	q := &g.reads
+	q.mu.Lock()
+	left := len(q.m)
+	q.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d keys left in the coalescing map after every read ended", left)
 	}
 }

@@ -1,7 +1,8 @@
--- Give up the fill lease without storing anything (the load failed) and tell the
--- waiters why, so they do not each retry a failing load.
+-- Give up the fill lease without storing anything and tell the waiters why:
+-- the load failed (so they do not each retry a failing load), found nothing,
+-- or was handed over by a closing Guard (so one of them takes it over now).
 -- KEYS[1] fill lease
--- ARGV: token, wake channel, publish command, message
+-- ARGV: lease ("<generation> <token>"), wake channel, publish command, message
 -- Returns 1 when released, 0 when the lease was no longer this token's.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

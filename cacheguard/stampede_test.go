@@ -279,7 +279,7 @@ func TestWaiterIgnoresPushFromAnotherFill(t *testing.T) {
 	if _, err := cacheguard.Get(ctx, a, other, (&counter{name: "stale"}).load); err != nil {
 		t.Fatal(err)
 	}
-	stale, err := rdb.Get(ctx, "cg:v:{"+other+"}").Result()
+	stale, err := rdb.Get(ctx, valueKey(other)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

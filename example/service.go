@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -160,7 +161,9 @@ func (s *service) routes() *gin.Engine {
 	// Edits hold the repository's lock, "repos:<id>", for the whole handler;
 	// the GORM transaction inside locks the same row name, so it re-enters
 	// the request's lock, stamps the fence column and invalidates after COMMIT.
-	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	// The id is canonical before the lock is taken ("01" is "1"), and an id
+	// that names no row is refused without touching Redis.
+	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
 	lock := ginmw.Lock(s.locks, repo, ginmw.Wait(s.cfg.EditWait))
 	r.PUT("/repos/:id/settings", lock, s.updateSettings)
 	// Renames hold the same lock, and write with plain GORM calls.
@@ -408,6 +411,14 @@ func (s *service) stats(c *gin.Context) {
 }
 
 // repoID parses the :id parameter, answering 400 when it is not a positive integer.
+// positiveID refuses ids that no repository has (they are positive).
+func positiveID(id string) (string, error) {
+	if id == "0" || strings.HasPrefix(id, "-") {
+		return "", fmt.Errorf("no repository %s: %w", id, ginmw.ErrNotFound)
+	}
+	return id, nil
+}
+
 func repoID(c *gin.Context) (uint, bool) {
 	id, err := strconv.ParseUint(c.Param("id"), 10, 32)
 	if err != nil || id == 0 {

@@ -75,6 +75,7 @@ type cacheMW struct {
 type pending struct {
 	m         *cacheMW
 	key       string
+	variant   string
 	req       *http.Request // the request as it reached Cache
 	cancelGet context.CancelFunc
 
@@ -110,33 +111,42 @@ func (m *cacheMW) serve(c *gin.Context) {
 		c.Next()
 		return
 	}
-	key, err := m.cacheKey(c)
+	key, variant, err := m.cacheKey(c)
 	if err != nil {
-		WriteError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+		WriteError(c, badKey(err))
 		return
 	}
 
-	gctx, cancel := context.WithCancel(r.Context())
-	p := &pending{m: m, key: key, req: r, cancelGet: cancel}
-	opts := make([]cacheguard.Option, 0, len(m.guardOpts)+1)
-	opts = append(append(opts, m.guardOpts...), cacheguard.ReportTo(&p.res))
-	resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
-	cancel()
-	p.mu.Lock()
-	a := p.ask
-	p.left = true
-	p.mu.Unlock()
-	if a != nil {
-		// The load needs this request's handler (other requests may be waiting for it).
-		if out := p.answer(c, a); out != nil {
-			if out.cacheable() {
-				m.settle(r.Context(), key)
+	for tries := 0; ; tries++ {
+		gctx, cancel := context.WithCancel(r.Context())
+		p := &pending{m: m, key: key, variant: variant, req: r, cancelGet: cancel}
+		opts := make([]cacheguard.Option, 0, len(m.guardOpts)+2)
+		opts = append(append(opts, m.guardOpts...), cacheguard.Variant(variant), cacheguard.ReportTo(&p.res))
+		resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
+		cancel()
+		p.mu.Lock()
+		a := p.ask
+		p.left = true
+		p.mu.Unlock()
+		if a != nil {
+			// The load needs this request's handler (other requests may be waiting for it).
+			if out := p.answer(c, a); out != nil {
+				if out.cacheable() {
+					m.settle(r.Context(), key, variant)
+				}
+				writeResponse(c, out, "MISS")
 			}
-			writeResponse(c, out, "MISS")
+			return
 		}
+		if (errors.Is(err, errSettled) || errors.Is(err, errNoRequest)) && tries < 2 && r.Context().Err() == nil {
+			// This request joined a load that declined to run (another
+			// request's settle, or a load left without its request): ask
+			// again, one of the callers takes the fill now.
+			continue
+		}
+		m.finish(c, p, resp, err)
 		return
 	}
-	m.finish(c, p, resp, err)
 }
 
 // answer runs the handler for the load, replies, and returns the response for
@@ -158,17 +168,21 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 // so that a request that follows this one is served from the cache instead of
 // joining a load that has already answered: it joins that load with a Get, or
 // reads what it stored. Should the entry be gone meanwhile (invalidated), the
-// Get finds no load to join and its loader refuses, so nothing old is stored.
-func (m *cacheMW) settle(ctx context.Context, key string) {
+// Get finds no load to join and its loader declines, so nothing old is
+// stored. It declines with an error matching cacheguard.ErrClosed, which
+// hands the fill over: the waiters of other processes take it over instead
+// of failing, and requests here that joined it ask again.
+func (m *cacheMW) settle(ctx context.Context, key, variant string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	cacheguard.Get(ctx, m.g, key, refuseLoad, m.guardOpts...) //nolint:errcheck // only waiting
+	opts := append(m.guardOpts[:len(m.guardOpts):len(m.guardOpts)], cacheguard.Variant(variant))
+	cacheguard.Get(ctx, m.g, key, refuseLoad, opts...) //nolint:errcheck // only waiting
 }
 
 // settleTimeout bounds settle: the store it waits for is one round trip.
 const settleTimeout = 500 * time.Millisecond
 
-var errSettled = errors.New("ginmw: entry gone after its load answered")
+var errSettled = fmt.Errorf("ginmw: entry gone after its load answered, load declined: %w", cacheguard.ErrClosed)
 
 func refuseLoad(context.Context) (*response, error) { return nil, errSettled }
 
@@ -186,7 +200,7 @@ func (p *pending) load(ctx context.Context) (*response, error) {
 	p.mu.Lock()
 	if p.left || p.ask != nil {
 		p.mu.Unlock()
-		return p.m.refresh(ctx, p.req, p.key)
+		return p.m.refresh(ctx, p.req, p.key, p.variant)
 	}
 	p.ask = a
 	p.mu.Unlock()
@@ -245,7 +259,6 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) 
 		c.Header("X-Cache", "BYPASS")
 		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
-		c.Header("Retry-After", "1")
 		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
 	default:
 		// The load this request waited for produced nothing it may replay (a

@@ -12,10 +12,6 @@ import (
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
-// headSuffix marks the entry of a HEAD request: a handler may write no body
-// for HEAD (http.ServeContent does not), so HEAD never shares GET's entry.
-const headSuffix = "|HEAD"
-
 // PathKey is the key Cache stores a GET of path with query under by default:
 // "http:" + the cleaned path + "?" + the query with its parameters sorted by
 // name (no "?" without a query). Pass it to Invalidate.
@@ -33,14 +29,19 @@ func PathKey(p string, query url.Values) string {
 	return "http:" + clean + "?" + query.Encode()
 }
 
-// cacheKey returns the key of the request's entry.
-func (m *cacheMW) cacheKey(c *gin.Context) (string, error) {
+// cacheKey returns the name of the request's entry (the resource name given
+// to CacheKey, or PathKey) and its variant: the method — a handler may write
+// no body for HEAD (http.ServeContent does not), so HEAD never shares GET's
+// entry — and the hash of the VaryByHeader values. cacheguard keeps each
+// variant apart from the others and from values cached under the same name
+// by cacheguard.Get, and Invalidate(name) voids them all.
+func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 	r := c.Request
 	var k string
 	if m.cfg.key != nil {
 		name, err := m.cfg.key.name(c)
 		if err != nil {
-			return "", err
+			return "", "", err
 		}
 		k = name
 	} else {
@@ -50,6 +51,7 @@ func (m *cacheMW) cacheKey(c *gin.Context) (string, error) {
 		}
 		k = PathKey(r.URL.Path, q)
 	}
+	variant = r.Method
 	if len(m.cfg.vary) > 0 {
 		h := sha256.New()
 		for _, name := range m.cfg.vary {
@@ -60,14 +62,11 @@ func (m *cacheMW) cacheKey(c *gin.Context) (string, error) {
 			}
 			h.Write([]byte{1})
 		}
-		k += "|vary:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
-	}
-	if r.Method == "HEAD" {
-		k += headSuffix
+		variant += " vary:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
 	}
 	if len(k) > cacheguard.MaxKeyLen {
 		sum := sha256.Sum256([]byte(k))
 		k = "http:#" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}
-	return k, nil
+	return k, variant, nil
 }

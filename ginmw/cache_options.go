@@ -37,8 +37,8 @@ func CacheKey(key KeyFunc) CacheOption {
 
 // VaryByHeader keeps one entry per combination of the values of these request
 // headers (e.g. "Accept-Language"), and adds them to the response's Vary
-// header. The default varies by none. Entries that vary by header cannot be
-// named to Invalidate; they end with their TTL.
+// header. The default varies by none. Invalidate of the entry's name drops
+// every combination.
 func VaryByHeader(names ...string) CacheOption {
 	return func(c *cacheConfig) {
 		for _, n := range names {

@@ -12,19 +12,20 @@ type refreshKey struct{}
 // refreshSlot carries a background refresh's response back from the copy of
 // the request sent through the engine.
 type refreshSlot struct {
-	key    string
-	served bool
-	resp   *response
+	key     string
+	variant string
+	served  bool
+	resp    *response
 }
 
 // refresh loads an entry when no request is there to run the handler: it
 // sends a copy of orig through the engine (BackgroundRefresh), whose Cache
 // middleware runs the chain and hands the captured response back.
-func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key string) (*response, error) {
+func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key, variant string) (*response, error) {
 	if m.cfg.engine == nil {
 		return nil, errNoRequest
 	}
-	slot := &refreshSlot{key: key}
+	slot := &refreshSlot{key: key, variant: variant}
 	req := orig.Clone(context.WithValue(ctx, refreshKey{}, slot))
 	req.Body = http.NoBody
 	req.ContentLength = 0
@@ -38,8 +39,8 @@ func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key string) (
 
 // serveRefresh runs the chain for a background refresh's copy of a request.
 func (m *cacheMW) serveRefresh(c *gin.Context, slot *refreshSlot) {
-	key, err := m.cacheKey(c)
-	if err != nil || key != slot.key {
+	key, variant, err := m.cacheKey(c)
+	if err != nil || key != slot.key || variant != slot.variant {
 		c.Next() // another Cache on the same chain
 		return
 	}

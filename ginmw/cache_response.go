@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
 // response is a captured response: what Cache stores and replays. Callers
@@ -55,8 +57,11 @@ func (e *uncacheableError) Error() string {
 
 var (
 	errHandlerPanicked = errors.New("ginmw: handler panicked")
-	errNoRequest       = errors.New("ginmw: no request left to run the handler (see BackgroundRefresh)")
-	errNotServed       = errors.New("ginmw: background refresh request did not reach Cache")
+	// errNoRequest declines a load when no request is left to run the
+	// handler; it matches cacheguard.ErrClosed, so the fill is handed over
+	// (another process's waiter takes it) rather than failed for everyone.
+	errNoRequest = fmt.Errorf("ginmw: no request left to run the handler (see BackgroundRefresh): %w", cacheguard.ErrClosed)
+	errNotServed = errors.New("ginmw: background refresh request did not reach Cache")
 )
 
 // write replays r to the client with X-Cache set to xcache, answering 304

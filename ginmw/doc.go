@@ -8,8 +8,8 @@
 // panics or the client goes away:
 //
 //	l := locks.New(rdb)
-//	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), updateSettings)
-//	r.DELETE("/repos/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id"))), deleteRepo)
+//	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))), updateSettings)
+//	r.DELETE("/repos/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))), deleteRepo)
 //
 // Both routes lock "repos:<id>", so they exclude each other; gormplugin guards
 // the row of table repos with the same name, so a GORM write inside the handler
@@ -18,13 +18,18 @@
 // a parameter name never collide by accident.
 //
 // Decisions, with the defaults in brackets:
-//   - Contention: Lock waits up to a budget [Wait: 5s, push-woken, not polled],
-//     then answers 409 Conflict (see ConflictStatus) with Retry-After (the holder's
-//     remaining lease, rounded up to whole seconds, at least 1) and a JSON body
-//     naming the resource. The handler never runs without the lock.
-//   - Redis unavailable (any failure other than contention or the client's own
-//     cancellation): 503, because mutual exclusion fails closed [FailOpen runs the
-//     handler unlocked instead].
+//   - Every Locker's failures are told apart alike, through the locks
+//     sentinels, so a locks.Redlock behind Lock answers as a locks.Client does.
+//   - Contention (locks.ErrBusy): Lock waits up to a budget [Wait: 5s,
+//     push-woken, not polled], then answers 409 Conflict (see ConflictStatus)
+//     with Retry-After (the holder's remaining lease when the Locker reports
+//     it, rounded up to whole seconds, at least 1) and a JSON body naming the
+//     resource. The handler never runs without the lock — FailOpen included.
+//   - Redis unavailable (locks.ErrUnavailable): 503 with Retry-After: 1,
+//     because mutual exclusion fails closed [FailOpen runs the handler
+//     unlocked instead]. A closed Locker is a 503, FailOpen or not.
+//   - A hold of the same resource by this request's owner was lost further up
+//     the chain (locks.ErrLost): 409 with ErrLockLost.
 //   - A bad key (missing parameter, header or query value, a custom KeyFunc's
 //     error, longer than MaxKeyLen): 400 with a JSON body.
 //   - The client went away while waiting: the chain is aborted with status 499
@@ -32,11 +37,35 @@
 //   - The request context carries the lock: its owner (locks.WithOwner; an owner
 //     already on the context is kept, so nested acquisitions re-enter), its fence
 //     token (Fence, FenceFromContext), the lock itself (LockFromContext), and it is
-//     cancelled with cause ErrLockLost when the lock is lost mid-handler.
+//     cancelled with cause ErrLockLost when the lock is lost mid-handler. A
+//     handler that then answers nothing (its write refused, or it gave up) is
+//     answered 409 with ErrLockLost, never a default 200.
 //   - The release runs after the chain returns, under a context that the
 //     client's disconnect cannot cancel (bounded by 5s).
 //   - Lock never touches *gin.Context from another goroutine: lock loss reaches
 //     the handler only through the request's context.
+//
+// # Keys
+//
+// A KeyFunc names the resource of a request and runs before any Redis call:
+// Param, Header, Query or Func take a value, Int, UUID and Check bring it to
+// a canonical form and refuse what cannot name a row (404 from a path
+// parameter, 400 otherwise), and Resource scopes it to a kind:
+//
+//	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))) // /repos/01 and /repos/1 are both "repos:1"
+//
+// # Errors
+//
+// Abort(c, err) is the one place that turns what a handler gets from locks,
+// cacheguard, gormplugin and ginmw into an answer: a documented status, a JSON
+// body {"error", "resource", "retry_after"} and Retry-After (see ErrorFor for
+// the table). In short: bad key 400/404; contention 409 with the holder's
+// remaining lease; lock lost or a write fenced out (locks.ErrNotHeld, which
+// gormplugin's stale write matches) 409; not found 404; the cache's policy
+// refused or a remote load failed 503; Redis or the lock service unavailable
+// 503; anything else 500 without its details. Errors that know their answer
+// (an *Error in the chain, or an HTTPError) extend the table. Lock's refusals
+// and Cache's 503s use the same body.
 //
 // # Cache
 //
@@ -45,15 +74,22 @@
 // every process while the others wait for its response:
 //
 //	g := cacheguard.New(rdb)
-//	repo := ginmw.Resource("repos", ginmw.Param("id"))
+//	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
 //	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), getRepo)
 //	r.PUT("/repos/:id/settings", ginmw.Lock(l, repo), ginmw.InvalidateAfter(g, repo), updateSettings)
 //
 // Decisions:
 //   - Key: the cleaned path plus the query with its parameters sorted
-//     (PathKey), or a KeyFunc (CacheKey); VaryByHeader adds a hash of the named
-//     headers' values; HEAD has an entry of its own, since a handler may write
-//     no body for HEAD.
+//     (PathKey), or a resource name (CacheKey). The stored responses are
+//     cacheguard variants of that name — one for GET, one for HEAD (a handler
+//     may write no body for HEAD), one per VaryByHeader combination — kept
+//     apart from each other and from what cacheguard.Get stores under the same
+//     name; Guard.Invalidate of the name (what gormplugin calls after a
+//     commit, or Invalidate and InvalidateAfter here) drops them all at once,
+//     in every process, and a request that begins after it returned never
+//     gets a response loaded before it (see cacheguard, Consistency; a
+//     response answered with X-Cache BYPASS was not stored, like cacheguard's
+//     fail-open loads).
 //   - Stored: 2xx responses other than 206, without Set-Cookie, up to MaxBody
 //     (1 MiB). Anything else is answered but not stored. A response that is
 //     flushed, hijacked or larger than MaxBody streams straight to its client.
@@ -82,4 +118,33 @@
 //     reloaded in the foreground once its stale window ends, and a FailFast
 //     miss is served directly. (A refresh that asks while the request that
 //     started it is still in Cache is run by that request.)
+//
+// # Graceful shutdown
+//
+// Stop a process in this order (tested in TestServerShutdownCompletesInFlight
+// and TestServerCloseReleasesLocks):
+//
+//	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+//	defer cancel()
+//	if err := srv.Shutdown(ctx); err != nil { // stop accepting; requests in flight finish
+//		srv.Close() // grace over: cancel the requests still running
+//	}
+//	g.Shutdown(ctx) // loads still running finish, or hand their fill over to another process
+//	l.Close()       // the lock client last: its locks were released by the requests
+//
+// http.Server.Shutdown waits for the requests in flight without cancelling
+// them: a locked request finishes, then Lock releases its lock (the next
+// holder elsewhere is granted at once) and InvalidateAfter's invalidation
+// runs before the request ends, so no committed write's invalidation is left
+// behind; a request that runs the handler for Cache stores its response, and
+// the requests of other processes that waited for it get it. When the grace
+// ends first, http.Server.Close cancels the requests' contexts: a request
+// still waiting for a lock or a cached response gives up (499), a handler
+// holding a lock sees its context end — Lock then releases the lock under a
+// context the cancellation does not reach, so nothing stays locked until its
+// lease runs out. A handler that loads for Cache runs under the load's
+// context, not the client's: Guard.Shutdown lets it finish within its context
+// and otherwise cancels it and hands the fill over (the other processes' waiters
+// take it over with no error). A process killed outright leaves its locks
+// and fill leases to expire with their leases.
 package ginmw

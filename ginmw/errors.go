@@ -3,24 +3,32 @@ package ginmw
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 )
 
 var (
 	// ErrBadKey means a KeyFunc could not name the request's resource: a missing
-	// parameter, header or query value, an empty or over-long key, or a custom
-	// KeyFunc's error. Lock answers 400.
+	// parameter, header or query value, an empty or over-long key, a value that
+	// Int, UUID or Check refused, or a custom KeyFunc's error. Lock, Cache and
+	// InvalidateAfter answer 400, or 404 when it also matches ErrNotFound.
 	ErrBadKey = errors.New("ginmw: bad key")
 	// ErrLocked means another request held the resource for the whole wait
 	// budget. Lock answers 409 (see ConflictStatus) with Retry-After.
 	ErrLocked = errors.New("ginmw: resource locked")
 	// ErrUnavailable means the lock service failed (Redis down, a network error,
-	// a closed client). Lock answers 503 unless FailOpen is set.
+	// a closed client). Lock answers 503 (FailOpen runs the handler instead when
+	// the Locker reports locks.ErrUnavailable).
 	ErrUnavailable = errors.New("ginmw: lock service unavailable")
 	// ErrLockLost is the cause (context.Cause) of a request context cancelled
-	// because its lock was lost while the handler ran.
+	// because its lock was lost while the handler ran. A request whose lock was
+	// lost and whose handler answered nothing is answered 409 with it.
 	ErrLockLost = errors.New("ginmw: lock lost")
+	// ErrNotFound means the request names no resource: an id that Int or UUID
+	// refuses in a path parameter, or an error of a Check (or Func) function
+	// that wraps it. The request is answered 404.
+	ErrNotFound = errors.New("ginmw: no such resource")
 	// ErrInvalid marks a bad argument to a helper, reported before any Redis call.
 	ErrInvalid = errors.New("ginmw: invalid argument")
 )
@@ -30,17 +38,22 @@ var (
 // is written to the client.
 const StatusClientClosedRequest = 499
 
-// Error is a request that Lock refused, as handed to an ErrorHandler. It
-// matches its Kind and its Cause with errors.Is.
+// Error is an HTTP answer to a failed request: one that Lock refused, as
+// handed to an ErrorHandler, or what ErrorFor maps an error to. It matches
+// its Kind and its Cause with errors.Is. Return one (or wrap one) from your
+// own code to choose the answer Abort gives.
 type Error struct {
 	Status     int           // the HTTP status to answer with
-	Kind       error         // ErrBadKey, ErrLocked or ErrUnavailable
-	Resource   string        // the lock name ("" when the key could not be extracted)
-	RetryAfter time.Duration // ErrLocked: the holder's remaining lease, at least 1s
+	Kind       error         // ErrBadKey, ErrLocked, ErrLockLost, ErrUnavailable, ErrNotFound, ErrCacheUnavailable, ...
+	Resource   string        // the lock or cache name, when known
+	RetryAfter time.Duration // when set, the answer carries Retry-After (ErrLocked: the holder's remaining lease, at least 1s)
 	Cause      error         // what went wrong underneath, if anything
 }
 
 func (e *Error) Error() string {
+	if e.Kind == nil {
+		return "ginmw: " + e.message()
+	}
 	msg := e.Kind.Error()
 	if e.Resource != "" {
 		msg += fmt.Sprintf(" %q", e.Resource)
@@ -53,15 +66,22 @@ func (e *Error) Error() string {
 
 // Unwrap returns the kind and the cause.
 func (e *Error) Unwrap() []error {
-	if e.Cause == nil {
-		return []error{e.Kind}
+	var errs []error
+	if e.Kind != nil {
+		errs = append(errs, e.Kind)
 	}
-	return []error{e.Kind, e.Cause}
+	if e.Cause != nil && e.Cause != e.Kind {
+		errs = append(errs, e.Cause)
+	}
+	return errs
 }
 
 // message is the text for the client: the reason of a bad key, otherwise only
 // the kind (a Redis error's details are for the server's log, not the client).
 func (e *Error) message() string {
+	if e.Kind == nil {
+		return strings.ToLower(http.StatusText(e.Status))
+	}
 	msg := e.Kind.Error()
 	if errors.Is(e.Kind, ErrBadKey) && e.Cause != nil {
 		msg = e.Cause.Error()

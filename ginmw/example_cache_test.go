@@ -23,7 +23,7 @@ func ExampleCache() {
 	r := gin.New()
 	// The entry is named like the row: gormplugin's invalidate-after-commit
 	// and InvalidateAfter on the write route both drop "repos:42".
-	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
 	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), func(c *gin.Context) {
 		c.JSON(200, gin.H{"id": c.Param("id"), "name": "cacheguard"})
 	})

@@ -20,7 +20,7 @@ func ExampleLock() {
 
 	r := gin.New()
 	// PUT /repos/:id/settings and DELETE /repos/:id both lock "repos:<id>".
-	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
 	r.PUT("/repos/:id/settings", ginmw.Lock(l, repo), func(c *gin.Context) {
 		lk, _ := ginmw.LockFromContext(c.Request.Context())
 		_, fenced := ginmw.Fence(c) // pass the token to the storage you write
@@ -45,7 +45,7 @@ func ExampleLock_conflict() {
 	defer holder.Unlock(context.Background())
 
 	r := gin.New()
-	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Param("id")), ginmw.Wait(0)),
+	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))), ginmw.Wait(0)),
 		func(c *gin.Context) { c.Status(204) })
 	w := httptest.NewRecorder()
 	r.ServeHTTP(w, httptest.NewRequest("PUT", "/repos/7/settings", nil))

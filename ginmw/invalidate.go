@@ -3,29 +3,29 @@ package ginmw
 import (
 	"context"
 	"fmt"
-	"net/http"
 
 	"github.com/gin-gonic/gin"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
-// Invalidate drops the entries Cache stored under keys (each with its HEAD
-// twin), and voids the loads in flight for them, so the next request loads
-// afresh. A key is a resource name given to CacheKey ("repos:42"), or a
-// PathKey for routes cached by path.
+// Invalidate drops the entries Cache stored under keys — the GET and HEAD
+// responses and every VaryByHeader variant — and voids the loads in flight
+// for them, so the next request loads afresh. A key is a resource name given
+// to CacheKey ("repos:42"), or a PathKey for routes cached by path. It is
+// g.Invalidate(ctx, keys...) with ginmw's own checks: one resource name drops
+// the responses Cache keeps and the values cacheguard.Get keeps under it alike,
+// which is why gormplugin can invalidate through the Guard directly.
 func Invalidate(ctx context.Context, g *cacheguard.Guard, keys ...string) error {
 	if g == nil {
 		return fmt.Errorf("%w: nil *cacheguard.Guard", ErrInvalid)
 	}
-	all := make([]string, 0, 2*len(keys))
 	for _, k := range keys {
 		if k == "" {
 			return fmt.Errorf("%w: empty key", ErrInvalid)
 		}
-		all = append(all, k, k+headSuffix)
 	}
-	return g.Invalidate(ctx, all...)
+	return g.Invalidate(ctx, keys...)
 }
 
 // InvalidateAfter returns middleware for write routes: after the rest of the
@@ -51,7 +51,7 @@ func InvalidateAfter(g *cacheguard.Guard, keys ...KeyFunc) gin.HandlerFunc {
 		for _, k := range keys {
 			name, err := k.name(c)
 			if err != nil {
-				WriteError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+				WriteError(c, badKey(err))
 				return
 			}
 			names = append(names, name)

@@ -3,6 +3,8 @@ package ginmw
 import (
 	"errors"
 	"fmt"
+	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -15,16 +17,25 @@ const MaxKeyLen = 256
 
 // KeyFunc says which resource a request names: a path parameter (Param), a
 // header (Header), a query value (Query) or anything a function computes
-// (Func), scoped either to a resource kind (Resource) or, by default, to the
-// route's full path. The zero KeyFunc is invalid.
+// (Func), optionally brought to a canonical form that is also checked (Int,
+// UUID, Check), scoped either to a resource kind (Resource) or, by default,
+// to the route's full path. It runs before any Redis call. The zero KeyFunc
+// is invalid.
+//
+// Param, Header and Query take the value as the client wrote it: "/repos/01"
+// and "/repos/1" are two names, and any string up to MaxKeyLen is one. Wrap
+// them in Int or UUID (or Check) wherever the value names a row, so that every
+// spelling of an id takes the same lock and cache entry, and a value that
+// cannot name a row is refused without touching Redis.
 type KeyFunc struct {
-	kind string // resource kind; "" scopes the key to the route's full path
-	fn   func(c *gin.Context) (string, error)
+	kind  string // resource kind; "" scopes the key to the route's full path
+	param string // the path parameter the value comes from, if it does
+	fn    func(c *gin.Context) (string, error)
 }
 
 // Param extracts the path parameter name (as in "/repos/:id").
 func Param(name string) KeyFunc {
-	return KeyFunc{fn: func(c *gin.Context) (string, error) {
+	return KeyFunc{param: name, fn: func(c *gin.Context) (string, error) {
 		if v := c.Param(name); v != "" {
 			return v, nil
 		}
@@ -52,8 +63,9 @@ func Query(name string) KeyFunc {
 	}}
 }
 
-// Func extracts a key with f. An error from f refuses the request with 400 and
-// the error's text in the JSON body, so it should be fit for the client's eyes.
+// Func extracts a key with f. An error from f refuses the request with 400
+// (404 when it matches ErrNotFound) and the error's text in the JSON body, so
+// it should be fit for the client's eyes.
 // f runs on the request's goroutine before the handler.
 func Func(f func(c *gin.Context) (string, error)) KeyFunc {
 	if f == nil {
@@ -72,23 +84,147 @@ func Resource(kind string, key KeyFunc) KeyFunc {
 	case key.fn == nil:
 		panic("ginmw: Resource called with a zero KeyFunc")
 	}
-	return KeyFunc{kind: kind, fn: key.fn}
+	return KeyFunc{kind: kind, param: key.param, fn: key.fn}
 }
 
-// keyError is a bad key: it matches ErrBadKey and unwraps to a custom
-// KeyFunc's error.
+// Int brings key's value to the canonical form of a decimal integer (a
+// signed 64-bit one, without leading zeros or '+': "01" and "+1" are "1"),
+// the form gormplugin names a row with an integer primary key by. A value
+// that is not such an integer is refused: 404 Not Found when it comes from a
+// path parameter (no resource has that name), 400 otherwise.
+func Int(key KeyFunc) KeyFunc {
+	return key.canonical("is not an integer", func(v string) (string, bool) {
+		n, err := strconv.ParseInt(v, 10, 64)
+		return strconv.FormatInt(n, 10), err == nil
+	})
+}
+
+// UUID brings key's value to the canonical form of a UUID: 36 characters,
+// lower-case hexadecimal in groups of 8-4-4-4-12 ("0f8fad5b-d9cb-469f-a165-
+// 70867728950e"), the form most UUID types print. It accepts that form in
+// either case, the 32 digits without hyphens, and either wrapped in braces
+// or after "urn:uuid:". Any other value is refused as Int refuses one.
+func UUID(key KeyFunc) KeyFunc {
+	return key.canonical("is not a UUID", canonicalUUID)
+}
+
+// Check brings key's value to a canonical form with f, which returns the
+// canonical value or an error refusing the request: 404 Not Found when the
+// error matches ErrNotFound, 400 otherwise, with the error's text in the JSON
+// body (so it should be fit for the client's eyes). f runs on the request's
+// goroutine before any Redis call. Check panics with a "ginmw:" message when
+// f is nil.
+func Check(key KeyFunc, f func(v string) (string, error)) KeyFunc {
+	switch {
+	case f == nil:
+		panic("ginmw: Check called with a nil function")
+	case key.fn == nil:
+		panic("ginmw: Check called with a zero KeyFunc")
+	}
+	next := key.fn
+	key.fn = func(c *gin.Context) (string, error) {
+		v, err := next(c)
+		if err != nil {
+			return "", err
+		}
+		cv, err := f(v)
+		if err != nil {
+			status := http.StatusBadRequest
+			if errors.Is(err, ErrNotFound) {
+				status = http.StatusNotFound
+			}
+			return "", &keyError{msg: err.Error(), err: err, status: status}
+		}
+		return cv, nil
+	}
+	return key
+}
+
+// canonical wraps key's extractor with canon; a value canon refuses is a bad
+// key (404 for a path parameter, 400 otherwise) saying what, per the source.
+func (k KeyFunc) canonical(what string, canon func(string) (string, bool)) KeyFunc {
+	if k.fn == nil {
+		panic("ginmw: Int or UUID called with a zero KeyFunc")
+	}
+	next, param := k.fn, k.param
+	k.fn = func(c *gin.Context) (string, error) {
+		v, err := next(c)
+		if err != nil {
+			return "", err
+		}
+		if cv, ok := canon(v); ok {
+			return cv, nil
+		}
+		if param != "" {
+			return "", &keyError{msg: fmt.Sprintf("path parameter %q %s", param, what), status: http.StatusNotFound}
+		}
+		return "", &keyError{msg: "value " + what}
+	}
+	return k
+}
+
+func canonicalUUID(v string) (string, bool) {
+	switch {
+	case strings.HasPrefix(v, "urn:uuid:"):
+		v = v[len("urn:uuid:"):]
+	case len(v) == 38 && v[0] == '{' && v[37] == '}':
+		v = v[1:37]
+	}
+	var hex [32]byte
+	switch len(v) {
+	case 36:
+		if v[8] != '-' || v[13] != '-' || v[18] != '-' || v[23] != '-' {
+			return "", false
+		}
+		v = v[:8] + v[9:13] + v[14:18] + v[19:23] + v[24:]
+	case 32:
+	default:
+		return "", false
+	}
+	for i := range 32 {
+		c := v[i]
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		case c >= 'A' && c <= 'F':
+			c += 'a' - 'A'
+		default:
+			return "", false
+		}
+		hex[i] = c
+	}
+	h := string(hex[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], true
+}
+
+// keyError is a bad key: it matches ErrBadKey (and ErrNotFound when its status
+// is 404) and unwraps to a custom KeyFunc's error.
 type keyError struct {
-	msg string
-	err error // the KeyFunc's error, if any
+	msg    string
+	err    error // the KeyFunc's error, if any
+	status int   // 0: 400
 }
 
 func (e *keyError) Error() string { return "ginmw: bad key: " + e.msg }
 
 func (e *keyError) Unwrap() []error {
-	if e.err == nil {
-		return []error{ErrBadKey}
+	errs := []error{ErrBadKey}
+	if e.status == http.StatusNotFound {
+		errs = append(errs, ErrNotFound)
 	}
-	return []error{ErrBadKey, e.err}
+	if e.err != nil {
+		errs = append(errs, e.err)
+	}
+	return errs
+}
+
+// badKey is the answer to a request whose key could not be extracted.
+func badKey(err error) *Error {
+	e := &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err}
+	var ke *keyError
+	if errors.As(err, &ke) && ke.status != 0 {
+		e.Status = ke.status
+	}
+	return e
 }
 
 // name returns the scoped name: "<kind>:<value>", or "<full path>:<value>".
@@ -99,7 +235,11 @@ func (k KeyFunc) name(c *gin.Context) (string, error) {
 		if errors.Is(err, ErrBadKey) {
 			return "", err
 		}
-		return "", &keyError{msg: err.Error(), err: err}
+		status := 0
+		if errors.Is(err, ErrNotFound) {
+			status = http.StatusNotFound
+		}
+		return "", &keyError{msg: err.Error(), err: err, status: status}
 	case v == "":
 		return "", &keyError{msg: "empty key"}
 	case len(v) > MaxKeyLen:

@@ -47,7 +47,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		}
 		name, err := key.name(c)
 		if err != nil {
-			cfg.onError(c, &Error{Status: http.StatusBadRequest, Kind: ErrBadKey, Cause: err})
+			cfg.onError(c, badKey(err))
 			return
 		}
 
@@ -70,6 +70,7 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 		cctx, cancel := context.WithCancelCause(ctx)
 		stop := context.AfterFunc(lk.Context(), func() { cancel(ErrLockLost) })
 		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk, monotonic: monotonic}})
+		returned := false // the chain returned (it did not panic)
 		defer func() {
 			lost := !stop() && lk.Context().Err() != nil
 			cancel(nil)
@@ -78,6 +79,11 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 			uerr := lk.Unlock(rctx)
 			rcancel()
 			switch {
+			case lost && returned && !c.Writer.Written():
+				// The handler answered nothing (its write refused, or it saw
+				// its context end): the default would be a 200.
+				cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second})
+				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case lost:
 				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case uerr != nil:
@@ -85,39 +91,49 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 			}
 		}()
 		c.Next()
+		returned = true
 	}
 }
 
 // refuse answers a failed acquisition, or reports false when the handler
-// should run unlocked (FailOpen and the lock service is unavailable).
+// should run unlocked (FailOpen and the lock service is unavailable). It
+// classifies the failures of every Locker alike, through the locks
+// sentinels: ErrBusy (another owner holds the resource), ErrUnavailable (the
+// lock service could not be asked), ErrNotHeld (an enclosing hold of this
+// request's owner was lost: locks.ErrLost).
 func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
-	var noe *locks.NotObtainedError
-	isNoe := errors.As(err, &noe)
+	ctxEnded := ctx.Err() != nil && errors.Is(err, ctx.Err())
 	switch {
-	case isNoe && noe.Err == nil:
-		// The wait budget ran out (or Wait(0) met a held lock).
-		cfg.conflict(c, name, noe.RetryAfter, err)
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// The client went away: nobody is left to answer.
-			c.AbortWithStatus(StatusClientClosedRequest)
-			return true
-		}
-		// A deadline set upstream ended the wait: contention all the same.
-		var retry time.Duration
-		if isNoe {
-			retry = noe.RetryAfter
-		}
-		cfg.conflict(c, name, retry, err)
+	case ctxEnded && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The client went away: nobody is left to answer.
+		c.AbortWithStatus(StatusClientClosedRequest)
+	case errors.Is(err, locks.ErrBusy), ctxEnded:
+		// Held by another owner for the whole wait budget (or Wait(0) met a
+		// held lock), or a deadline set upstream ended the wait: contention.
+		cfg.conflict(c, name, retryAfter(err), err)
+	case errors.Is(err, locks.ErrNotHeld):
+		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second, Cause: err})
 	case errors.Is(err, locks.ErrInvalid):
 		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: ErrUnavailable, Resource: name, Cause: err})
-	case cfg.failOpen:
+	case errors.Is(err, locks.ErrUnavailable) && !errors.Is(err, locks.ErrClosed) && cfg.failOpen:
+		// (A closed Locker is the process shutting down, not an outage.)
 		c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err}) //nolint:errcheck // recorded for loggers
 		return false
 	default:
-		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err})
+		// Unavailable (fail closed), a closed Locker, too few replicas.
+		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, RetryAfter: time.Second, Cause: err})
 	}
 	return true
+}
+
+// retryAfter is the holder's remaining lease when the error says it (a
+// Client's *NotObtainedError); 0 otherwise.
+func retryAfter(err error) time.Duration {
+	var noe *locks.NotObtainedError
+	if errors.As(err, &noe) {
+		return noe.RetryAfter
+	}
+	return 0
 }
 
 func (cfg *lockConfig) conflict(c *gin.Context, name string, retry time.Duration, err error) {

@@ -91,16 +91,3 @@ func (c *lockConfig) validate() error {
 	}
 	return nil
 }
-
-// WriteError is the default ErrorHandler: it aborts with err.Status and a JSON
-// body {"error": "...", "resource": "...", "retry_after": seconds}.
-func WriteError(c *gin.Context, err *Error) {
-	body := gin.H{"error": err.message()}
-	if err.Resource != "" {
-		body["resource"] = err.Resource
-	}
-	if err.RetryAfter > 0 {
-		body["retry_after"] = retryAfterSeconds(err.RetryAfter)
-	}
-	c.AbortWithStatusJSON(err.Status, body)
-}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -12,6 +13,8 @@ import (
 var redisAddr string
 
 func TestMain(m *testing.M) {
+	// A child process of a multi-process test plays its role and exits.
+	childproc.Main(childEnv, childRoles())
 	gin.SetMode(gin.TestMode)
 	redistest.Main(m, &redisAddr)
 }

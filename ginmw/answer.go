@@ -1,0 +1,117 @@
+package ginmw
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// HTTPError is implemented by errors that know their own HTTP status; Abort
+// and ErrorFor answer the first one in an error's chain with it (the error's
+// text is the body's "error"). Return one from your handlers' code to extend
+// the mapping; an *Error in the chain works too, with every field.
+type HTTPError interface {
+	error
+	HTTPStatus() int
+}
+
+// Abort answers a request that failed with err — the answer ErrorFor gives,
+// through WriteError: the status, a JSON body {"error", "resource",
+// "retry_after"} and the Retry-After header — records err with c.Error for
+// the request's log, and aborts the chain. Use it as the one place where a
+// handler turns what locks, cacheguard, gormplugin and ginmw return into HTTP.
+// A request whose client went away is aborted with 499 and nothing written.
+func Abort(c *gin.Context, err error) {
+	c.Error(err) //nolint:errcheck // recorded for loggers
+	if errors.Is(err, context.Canceled) && c.Request.Context().Err() != nil {
+		c.AbortWithStatus(StatusClientClosedRequest)
+		return
+	}
+	WriteError(c, ErrorFor(err))
+}
+
+// ErrorFor maps err to the answer Abort gives, the first rule that matches:
+//
+//   - an *Error in err's chain: itself; an HTTPError: its status and text.
+//   - ErrBadKey: 400, or 404 when it also matches ErrNotFound.
+//   - Lock lost — ErrLockLost (the cause of a Lock request's context) or
+//     locks.ErrNotHeld, which a write fenced out by a newer holder matches
+//     (gormplugin.ErrStaleWrite) as does a nested lock of a lost hold
+//     (locks.ErrLost): 409 "lock lost", Retry-After 1. Nothing was written
+//     under the lock; the client may retry.
+//   - Contention — locks.ErrBusy, ErrLocked: 409 "resource locked",
+//     Retry-After the holder's remaining lease when known (at least 1s).
+//   - Not found — cacheguard.ErrNotFound, ErrNotFound: 404 "no such resource".
+//   - The cache's policy refused to load — cacheguard.ErrWaitTimeout,
+//     cacheguard.ErrMiss, ErrCacheUnavailable — or a load failed in another
+//     process (cacheguard.ErrRemoteLoad): 503 "cached response unavailable",
+//     Retry-After 1.
+//   - Redis or the lock service unavailable — locks.ErrUnavailable,
+//     cacheguard.ErrUnavailable (which a failed Guard.Invalidate matches too),
+//     ErrUnavailable, a closed Locker or Guard: 503 "lock service
+//     unavailable", Retry-After 1. A write that committed but whose
+//     invalidation failed is better answered with its success and the error
+//     recorded (the cached copies expire with their TTL), as InvalidateAfter
+//     does: Abort cannot know that the write committed.
+//   - context.DeadlineExceeded: 503 "request timed out", Retry-After 1.
+//   - anything else: 500 "internal error" (its text stays in the log).
+func ErrorFor(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	var he HTTPError
+	if errors.As(err, &he) {
+		return &Error{Status: he.HTTPStatus(), Kind: he, Cause: err}
+	}
+	var ke *keyError
+	switch {
+	case errors.As(err, &ke):
+		return badKey(err)
+	case errors.Is(err, ErrLockLost), errors.Is(err, locks.ErrNotHeld):
+		return &Error{Status: http.StatusConflict, Kind: ErrLockLost, RetryAfter: time.Second, Cause: err}
+	case errors.Is(err, locks.ErrBusy), errors.Is(err, ErrLocked):
+		return &Error{Status: http.StatusConflict, Kind: ErrLocked, RetryAfter: max(retryAfter(err), time.Second), Cause: err}
+	case errors.Is(err, cacheguard.ErrNotFound), errors.Is(err, ErrNotFound):
+		return &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Cause: err}
+	case errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrMiss),
+		errors.Is(err, ErrCacheUnavailable), errors.Is(err, cacheguard.ErrRemoteLoad):
+		return &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, RetryAfter: time.Second, Cause: err}
+	case errors.Is(err, locks.ErrUnavailable), errors.Is(err, cacheguard.ErrUnavailable), errors.Is(err, ErrUnavailable),
+		errors.Is(err, locks.ErrClosed), errors.Is(err, cacheguard.ErrClosed):
+		return &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, RetryAfter: time.Second, Cause: err}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &Error{Status: http.StatusServiceUnavailable, Kind: errTimedOut, RetryAfter: time.Second, Cause: err}
+	}
+	return &Error{Status: http.StatusInternalServerError, Kind: errInternal, Cause: err}
+}
+
+var (
+	errTimedOut = errors.New("ginmw: request timed out")
+	errInternal = errors.New("ginmw: internal error")
+)
+
+// WriteError is the default ErrorHandler, and what Abort writes: it aborts
+// with err.Status, the Retry-After header when err.RetryAfter is set (in whole
+// seconds, rounded up, at least 1), and a JSON body {"error": "...",
+// "resource": "...", "retry_after": seconds} ("resource" and "retry_after"
+// only when known).
+func WriteError(c *gin.Context, err *Error) {
+	body := gin.H{"error": err.message()}
+	if err.Resource != "" {
+		body["resource"] = err.Resource
+	}
+	if err.RetryAfter > 0 {
+		s := retryAfterSeconds(err.RetryAfter)
+		body["retry_after"] = s
+		c.Header("Retry-After", strconv.Itoa(s))
+	}
+	c.AbortWithStatusJSON(err.Status, body)
+}

@@ -1,0 +1,87 @@
+package ginmw_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/ginmw"
+)
+
+// TestCacheReadYourWritesAcrossProcesses is issue 14 item 1 through
+// ginmw.Cache, process B a real child process: A's first GET runs a handler
+// that reads version 1 and stalls; B commits 2, invalidates, and its GET
+// stores 2; A reads 2; B commits 3 and invalidates. A GET on A that starts
+// after both invalidations returned must answer 3 or later.
+func TestCacheReadYourWritesAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	key := strconv.FormatInt(time.Now().UnixNano(), 36) // the row's id, unique to the run
+	if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := startChild(t, "service", key)
+	g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
+	t.Cleanup(func() { g.Close() })
+
+	read := versionHandler(rdb, key)
+	var stalled atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	r := newEngine()
+	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(ginmw.Resource("repos", ginmw.Param("id")))), func(c *gin.Context) {
+		if stalled.CompareAndSwap(false, true) {
+			v, _ := rdb.Get(c.Request.Context(), dbKey(key)).Result()
+			close(entered)
+			<-release
+			c.String(http.StatusOK, v)
+			return
+		}
+		read(c)
+	})
+	first := make(chan string, 1)
+	go func() { first <- serve(r, http.MethodGet, "/repos/"+key).Body.String() }()
+	<-entered // A's handler read version 1 and stalls
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+		<-first
+	}()
+
+	ask(t, b, "write") // version 2, invalidated
+	if got := ask(t, b, "get"); got != "got 2" {
+		t.Fatalf("B: %q, want got 2", got)
+	}
+	if w := serve(r, http.MethodGet, "/repos/"+key); w.Body.String() != "2" {
+		t.Fatalf("A after B's fill: %q (X-Cache %s), want version 2", w.Body, w.Header().Get("X-Cache"))
+	}
+	ask(t, b, "write") // version 3, invalidated
+
+	misses := g.Stats().Misses
+	third := make(chan *httptest.ResponseRecorder, 1)
+	go func() { third <- serve(r, http.MethodGet, "/repos/"+key) }()
+	eventually(t, 10*time.Second, "the third GET to miss", func() bool { return g.Stats().Misses > misses || len(third) > 0 })
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-third:
+	case <-time.After(time.Second):
+		// Still waiting: it joined the stalled load. Let that load end to
+		// see what it answers.
+		released = true
+		close(release)
+		w = <-third
+	}
+	if v, _ := strconv.Atoi(w.Body.String()); w.Code != http.StatusOK || v < 3 {
+		t.Fatalf("A's GET after both invalidations returned: %d %q (X-Cache %s); want version 3 or later (A had served 2)", w.Code, w.Body, w.Header().Get("X-Cache"))
+	}
+}

@@ -1,0 +1,193 @@
+package ginmw_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// shutdownApp is one process of a service: a lock client, a Guard, and an
+// engine with a locked PUT and a cached GET whose handlers wait for release.
+type shutdownApp struct {
+	l       *locks.Client
+	g       *cacheguard.Guard
+	r       *gin.Engine
+	entered chan string // the method of each handler that started
+	release chan struct{}
+}
+
+func newShutdownApp(t *testing.T, s *redistest.Server) *shutdownApp {
+	a := &shutdownApp{entered: make(chan string, 4), release: make(chan struct{})}
+	a.l = locks.New(s.Client())
+	a.g = cacheguard.New(s.Client())
+	t.Cleanup(func() { a.g.Close(); a.l.Close() })
+	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
+	wait := func(c *gin.Context) error {
+		a.entered <- c.Request.Method
+		select {
+		case <-a.release:
+			return nil
+		case <-c.Request.Context().Done():
+			return context.Cause(c.Request.Context())
+		}
+	}
+	a.r = newEngine()
+	a.r.PUT("/repos/:id", ginmw.Lock(a.l, repo), ginmw.InvalidateAfter(a.g, repo), func(c *gin.Context) {
+		if err := wait(c); err != nil {
+			ginmw.Abort(c, err)
+			return
+		}
+		c.String(http.StatusOK, "saved")
+	})
+	a.r.GET("/repos/:id", ginmw.Cache(a.g, time.Minute, ginmw.CacheKey(repo)), func(c *gin.Context) {
+		if err := wait(c); err != nil {
+			ginmw.Abort(c, err)
+			return
+		}
+		c.String(http.StatusOK, "repo")
+	})
+	return a
+}
+
+// serveApp serves a's engine on a real listener; shutdown and close are the
+// server's.
+func serveApp(t *testing.T, a *shutdownApp) (srv *http.Server, url string) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv = &http.Server{Handler: a.r}
+	done := make(chan struct{})
+	go func() { srv.Serve(ln); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	return srv, "http://" + ln.Addr().String()
+}
+
+type answer struct {
+	code int
+	body string
+	err  error
+}
+
+func send(client *http.Client, method, url string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(method, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- answer{code: resp.StatusCode, body: string(b)}
+	}()
+	return out
+}
+
+// The recommended order for a graceful stop — http.Server.Shutdown, then
+// Guard.Shutdown, then the lock client's — lets in-flight requests finish:
+// a locked PUT completes and releases its lock and invalidates, a GET that
+// runs the handler for the cache stores its response, and a request of
+// another process that waited for that response gets it. Nothing is left
+// locked, no waiter elsewhere fails.
+func TestServerShutdownCompletesInFlight(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	a, b := newShutdownApp(t, s), newShutdownApp(t, s)
+	srv, url := serveApp(t, a)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	put := send(client, http.MethodPut, url+"/repos/1")
+	get := send(client, http.MethodGet, url+"/repos/2")
+	for range 2 {
+		within(t, 10*time.Second, recvAny(a.entered), "a's handlers")
+	}
+	// Another process waits for the response a's GET is loading.
+	other := make(chan answer, 1)
+	go func() {
+		w := serve(b.r, http.MethodGet, "/repos/2")
+		other <- answer{code: w.Code, body: w.Body.String() + " " + w.Header().Get("X-Cache")}
+	}()
+	eventually(t, 10*time.Second, "b's GET to wait", func() bool { return b.g.Stats().Misses == 1 })
+
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		shut <- srv.Shutdown(ctx) // waits for the two requests
+	}()
+	eventually(t, 10*time.Second, "the listener to close", func() bool {
+		_, err := net.DialTimeout("tcp", url[len("http://"):], time.Second)
+		return err != nil
+	})
+	close(a.release)
+	if got := <-put; got.err != nil || got.code != http.StatusOK || got.body != "saved" {
+		t.Fatalf("PUT in flight: %+v", got)
+	}
+	if got := <-get; got.err != nil || got.code != http.StatusOK || got.body != "repo" {
+		t.Fatalf("GET in flight: %+v", got)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("srv.Shutdown: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.g.Shutdown(ctx); err != nil {
+		t.Fatalf("Guard.Shutdown: %v", err)
+	}
+	if err := a.l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-other; got.code != http.StatusOK || got.body != "repo COALESCED" {
+		t.Fatalf("the other process's GET: %+v", got)
+	}
+	if lockExists(t, rdb, "repos:1") {
+		t.Fatal("the PUT's lock outlived the shutdown")
+	}
+}
+
+// When the grace period ends first, http.Server.Close cancels the requests
+// still running: a locked handler that follows its context answers (here
+// through Abort), and Lock releases its lock at once — it does not wait for
+// the lease to run out.
+func TestServerCloseReleasesLocks(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	a := newShutdownApp(t, s)
+	srv, url := serveApp(t, a)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	put := send(client, http.MethodPut, url+"/repos/3")
+	within(t, 10*time.Second, recvAny(a.entered), "the PUT's handler")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("srv.Shutdown with a handler still running: %v", err)
+	}
+	srv.Close() // cancels the running requests' contexts
+	if got := <-put; got.err == nil {
+		t.Fatalf("PUT: %+v, want the connection closed", got)
+	}
+	eventually(t, 5*time.Second, "the lock to be released (well before its 10s lease)", func() bool { return !lockExists(t, rdb, "repos:3") })
+}
+
+// recvAny turns one receive from ch into a closed channel, for within.
+func recvAny[T any](ch <-chan T) <-chan struct{} {
+	done := make(chan struct{})
+	go func() { <-ch; close(done) }()
+	return done
+}
