@@ -18,10 +18,10 @@ type unguardedKey struct{}
 // Unguarded returns a context under which Update and Delete statements are
 // sent without row locks or fence, whatever the Unkeyed policy; invalidation
 // after their commit still happens. Use it for a batch write known to be safe
-// while the default Refuse policy is in force, including the writes GORM's
-// Association API makes by foreign key:
+// that matches too many rows to lock (MaxMatchedRows), or under
+// Unkeyed(Refuse):
 //
-//	db.WithContext(gormplugin.Unguarded(ctx)).Model(&user).Association("Pets").Clear()
+//	db.WithContext(gormplugin.Unguarded(ctx)).Where("created_at < ?", cutoff).Delete(&Event{})
 func Unguarded(ctx context.Context) context.Context {
 	return context.WithValue(ctx, unguardedKey{}, true)
 }
