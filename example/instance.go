@@ -56,7 +56,8 @@ func startInstance(cfg serviceConfig, rdb redis.UniversalClient, listen string) 
 }
 
 // Close stops accepting requests, waits for those in flight (until ctx ends),
-// then closes the service and the Redis client.
+// then shuts the service down within what is left of ctx, and closes the
+// Redis client.
 func (in *instance) Close(ctx context.Context) error {
 	err := in.srv.Shutdown(ctx)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -66,7 +67,7 @@ func (in *instance) Close(ctx context.Context) error {
 	if !errors.Is(in.err, http.ErrServerClosed) {
 		err = errors.Join(err, in.err)
 	}
-	return errors.Join(err, in.svc.Close(), in.rdb.Close())
+	return errors.Join(err, in.svc.Shutdown(ctx), in.rdb.Close())
 }
 
 // closeAll closes instances, allowing each a few seconds to finish its requests.

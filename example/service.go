@@ -174,16 +174,32 @@ func (s *service) routes() *gin.Engine {
 
 // Close stops the instance's background work and closes its database pool.
 func (s *service) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no grace: drop what is still running
+	return s.Shutdown(ctx)
+}
+
+// Shutdown is the service's part of a graceful shutdown, after the HTTP
+// server's Shutdown has waited for the requests in flight: the plugin flushes
+// the invalidations of committed writes, the cache guard lets running loads
+// finish (or hands their fill leases to another process), the lock client
+// releases what is still held, each within ctx; then the database pool closes.
+func (s *service) Shutdown(ctx context.Context) error {
 	var errs []error
 	if s.plugin != nil {
-		errs = append(errs, s.plugin.Close())
+		errs = append(errs, s.plugin.Shutdown(ctx))
+	}
+	if s.guard != nil {
+		errs = append(errs, s.guard.Shutdown(ctx))
+	}
+	if s.locks != nil {
+		errs = append(errs, s.locks.Shutdown(ctx))
 	}
 	if s.db != nil {
 		if sqlDB, err := s.db.DB(); err == nil {
 			errs = append(errs, sqlDB.Close())
 		}
 	}
-	errs = append(errs, s.guard.Close(), s.locks.Close())
 	return errors.Join(errs...)
 }
 

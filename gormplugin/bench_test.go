@@ -25,24 +25,24 @@ func benchUpdate(b *testing.B, db *gorm.DB) {
 // (one Redis round trip to take, one to release), fence condition and stamp,
 // on a SQLite file in WAL mode.
 func BenchmarkUpdateGuarded(b *testing.B) {
-	e := newEnv(b)
+	e := newEnv(b, onSQLite, byClient)
 	benchUpdate(b, e.guarded(b))
 }
 
 // BenchmarkUpdateUnguarded is the same Update on the same kind of file
 // without the plugin.
 func BenchmarkUpdateUnguarded(b *testing.B) {
-	e := newEnv(b)
-	benchUpdate(b, openFile(b, e.path))
+	e := newEnv(b, onSQLite, byClient)
+	benchUpdate(b, e.plain(b))
 }
 
 // BenchmarkRowLockBaseline is the Redis part of the guard alone: Lock and
 // Unlock of one uncontended name, for reading the overhead above.
 func BenchmarkRowLockBaseline(b *testing.B) {
-	e := newEnv(b)
+	e := newEnv(b, onSQLite, byClient)
 	ctx := context.Background()
 	for b.Loop() {
-		lk, err := e.l.Lock(ctx, "counters:1")
+		lk, err := e.c.Lock(ctx, "counters:1")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,7 +17,10 @@ import (
 // With a real *cacheguard.Guard: a rolled-back write leaves the cached row, a
 // committed one invalidates it, and the next reads reload it once.
 func TestInvalidateThroughCacheguard(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateThroughCacheguard)
+}
+
+func testInvalidateThroughCacheguard(t *testing.T, e *env) {
 	ctx := context.Background()
 	g := cacheguard.New(e.rdb)
 	t.Cleanup(func() { g.Close() })

@@ -18,10 +18,10 @@ type unguardedKey struct{}
 // Unguarded returns a context under which Update and Delete statements are
 // sent without row locks or fence, whatever the Unkeyed policy; invalidation
 // after their commit still happens. Use it for a batch write known to be safe
-// while the default Refuse policy is in force, including the writes GORM's
-// Association API makes by foreign key:
+// that matches too many rows to lock (MaxMatchedRows), or under
+// Unkeyed(Refuse):
 //
-//	db.WithContext(gormplugin.Unguarded(ctx)).Model(&user).Association("Pets").Clear()
+//	db.WithContext(gormplugin.Unguarded(ctx)).Where("created_at < ?", cutoff).Delete(&Event{})
 func Unguarded(ctx context.Context) context.Context {
 	return context.WithValue(ctx, unguardedKey{}, true)
 }
@@ -33,16 +33,21 @@ func unguarded(ctx context.Context) bool {
 
 // guard is the plugin's state for one Update or Delete statement.
 type guard struct {
-	table   string
-	pkCols  []string
-	rows    []row         // the rows written, sorted by name (empty when unkeyed)
-	locked  []row         // the locks taken (the rows, or the table lock)
-	fence   *schema.Field // the fence column, or nil
-	fencing bool          // the statement carries the fence condition
-	delete  bool
-	tx      *txLocks // non-nil: the locks belong to the surrounding transaction
-	own     *txLocks // the transaction GORM opened for this statement, if any
-	keys    []string // cache keys to invalidate after COMMIT
+	table     string
+	pkCols    []string
+	rows      []row         // the rows written, sorted by name (empty when unknown)
+	fromModel bool          // rows are the statement's model (a struct or slice of them)
+	resolved  bool          // rows were read from the database (LockMatched)
+	tableLock bool          // LockMatched on a table without a primary key: "<table>:*" is locked
+	locked    []row         // the locks taken (the rows, or none)
+	fence     *schema.Field // the fence column, or nil
+	fencing   bool          // the statement carries the fence condition
+	version   uint64        // the fence the written struct carried (its version), or 0
+	unstamp   func()        // puts back the struct's fence stamped by a write that then rolled back
+	delete    bool
+	tx        *txLocks // non-nil: the locks belong to the surrounding transaction
+	own       *txLocks // the transaction GORM opened for this statement, if any
+	keys      []string // cache keys to invalidate after COMMIT
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -54,7 +59,8 @@ func guardOf(db *gorm.DB) *guard {
 	return g
 }
 
-// lockStep names the statement's rows, computes their cache keys and takes
+// lockStep names the statement's rows (from its model or its WHERE, or else
+// by reading the rows its WHERE matches), computes their cache keys and takes
 // their locks: held to the end of the statement (and of the transaction GORM
 // opens for it), or, inside a transaction, to its COMMIT or ROLLBACK.
 func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
@@ -71,67 +77,103 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 		if table == "" {
 			return
 		}
-		g := &guard{table: table, delete: isDelete, rows: sortRows(rowsOf(stmt, table))}
-		if stmt.Schema != nil {
-			g.pkCols = stmt.Schema.PrimaryFieldDBNames
-			g.fence = p.fenceOf(stmt.Schema)
-		}
-		if p.cfg.keys != nil {
-			if len(g.rows) == 0 {
-				g.keys = p.cfg.keys(table, nil)
-			}
-			for _, r := range g.rows {
-				g.keys = append(g.keys, p.cfg.keys(table, r.pk())...)
+		g := &guard{table: table, delete: isDelete}
+		if s := stmt.Schema; s != nil && len(s.PrimaryFields) > 0 {
+			g.pkCols = s.PrimaryFieldDBNames
+			g.fence = p.fenceOf(s)
+			if g.rows = sortRows(modelRows(stmt, s, table, stmt.Model)); len(g.rows) > 0 {
+				g.fromModel = true
+			} else {
+				g.rows = sortRows(whereRows(stmt, s, table))
 			}
 		}
 		tx := txOf(stmt.ConnPool)
 		if tx != nil {
 			g.tx = tx.locks
 		}
-		db.InstanceSet(guardKey, g)
 
-		g.locked = g.rows
-		if unguarded(stmt.Context) {
-			g.locked = nil
-		} else if len(g.rows) == 0 {
+		lock := !unguarded(stmt.Context)
+		if lock && len(g.rows) == 0 {
+			if _, where := stmt.Clauses["WHERE"]; !where && !db.AllowGlobalUpdate {
+				return // GORM refuses it with gorm.ErrMissingWhereClause
+			}
 			switch p.cfg.unkeyed {
 			case Refuse:
-				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockTable or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, opName(isDelete), table))
+				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockMatched or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, opName(isDelete), table))
 				return
 			case PassThrough:
-				g.locked = nil
-			case LockTable:
-				g.locked = []row{{name: RowName(table, "*")}}
+				lock = false
 			}
 		}
-		if tx == nil && isTx(stmt.ConnPool) && (len(g.locked) > 0 || len(g.keys) > 0) {
+		if tx == nil && isTx(stmt.ConnPool) && (lock || p.cfg.keys != nil) {
 			db.AddError(fmt.Errorf("%w: %s on %q: use db.Transaction or gormplugin.Transaction on the database the plugin is registered on", ErrForeignTx, opName(isDelete), table))
 			return
 		}
-		if len(g.locked) == 0 {
-			return
-		}
-		var err error
-		if tx != nil {
-			err = tx.locks.lock(stmt.Context, g.locked)
-		} else {
-			// One owner for the statement's locks and for any write its hooks
-			// make in the transaction GORM opens (which reads it from the
-			// statement's context), so such a nested write re-enters.
-			if _, ok := locks.OwnerFrom(stmt.Context); !ok {
-				stmt.Context = locks.WithOwner(stmt.Context, locks.NewOwnerID())
-			}
-			err = p.lockAll(stmt.Context, g.locked)
-		}
-		if err != nil {
-			if p.cfg.failOpen && unavailable(err) {
-				p.warn(stmt.Context, "gormplugin: writing %q without a lock (FailOpen): %v", table, err)
-				g.locked = nil
+		if lock && len(g.rows) == 0 {
+			rows, err := p.resolve(db, g)
+			if err != nil {
+				db.AddError(err)
 				return
 			}
-			db.AddError(err)
+			g.rows, g.resolved = rows, true
+		}
+		g.keys = p.keysOf(g)
+		db.InstanceSet(guardKey, g)
+		if g.tx == nil {
+			p.begin() // ended by releaseStep
+		}
+		if !lock {
+			return
+		}
+		g.locked = g.rows
+		if g.tableLock {
+			g.locked = []row{{name: RowName(table, "*")}}
+		}
+		if len(g.locked) > 0 {
+			var err error
+			if tx != nil {
+				err = tx.locks.lock(stmt.Context, g.locked)
+			} else {
+				// One owner for the statement's locks and for any write its
+				// hooks make in the transaction GORM opens (which reads it
+				// from the statement's context), so such a nested write
+				// re-enters.
+				if _, ok := locks.OwnerFrom(stmt.Context); !ok {
+					stmt.Context = locks.WithOwner(stmt.Context, locks.NewOwnerID())
+				}
+				err = p.lockAll(stmt.Context, g.locked)
+			}
+			if err != nil {
+				if p.cfg.failOpen && unavailable(err) {
+					p.warn(stmt.Context, "gormplugin: writing %q without a lock (FailOpen): %v", table, err)
+					p.emit(Event{Kind: WroteUnguarded, Table: table, Err: err})
+					g.locked = nil
+					return
+				}
+				db.AddError(err)
+				return
+			}
+		}
+		if g.resolved && !g.tableLock {
+			g.restrict(stmt)
 		}
 	}
+}
+
+// keysOf lists the cache keys of the rows g writes; nil primary key when they
+// are unknown.
+func (p *Plugin) keysOf(g *guard) []string {
+	if p.cfg.keys == nil {
+		return nil
+	}
+	if len(g.rows) == 0 && (!g.resolved || g.tableLock) {
+		return p.cfg.keys(g.table, nil)
+	}
+	var keys []string
+	for _, r := range g.rows {
+		keys = append(keys, p.cfg.keys(g.table, r.pk())...)
+	}
+	return keys
 }
 
 func opName(isDelete bool) string {
@@ -169,6 +211,9 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 		}
 	}
 	if g.fence != nil && len(g.rows) > 0 {
+		if g.fromModel && len(g.rows) == 1 {
+			g.version = g.modelFence(db.Statement)
+		}
 		g.addFenceCondition(db.Statement)
 		g.fencing = true
 	}
@@ -200,16 +245,19 @@ func (p *Plugin) releaseStep(db *gorm.DB) {
 	if g.tx != nil {
 		if db.Error == nil {
 			g.tx.addKeys(g.keys)
+			g.tx.addUnstamp(g.unstamp)
+		} else if g.unstamp != nil {
+			g.unstamp()
 		}
 		return
 	}
+	defer p.end()
+	if !ok && g.unstamp != nil {
+		g.unstamp()
+	}
 	ctx := context.WithoutCancel(db.Statement.Context)
-	var err error
 	if ok {
-		err = p.invalidate(ctx, g.keys)
+		p.invalidate(ctx, g.keys)
 	}
 	p.unlockAll(ctx, g.locked)
-	if err != nil {
-		db.AddError(err)
-	}
 }

@@ -3,6 +3,8 @@ package gormplugin
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 var (
@@ -17,7 +19,10 @@ var (
 	ErrStaleWrite = errors.New("gormplugin: stale write refused")
 	// ErrLock means a row lock could not be taken (held too long by another
 	// writer, the context ended, or Redis is unreachable). The write was not
-	// sent. The error also matches locks.ErrNotObtained and its cause.
+	// sent. The error also matches locks.ErrNotObtained and its cause:
+	// locks.ErrBusy when another owner held the row, locks.ErrUnavailable when
+	// the lock service could not be asked (see UnavailableAfter), the
+	// context's error when the caller's context ended the wait.
 	ErrLock = errors.New("gormplugin: row lock not obtained")
 	// ErrUnkeyed means a write whose rows cannot be named by primary key (a
 	// batch Update or Delete with a Where condition) was refused: see Unkeyed.
@@ -31,8 +36,11 @@ var (
 	// db.Connection), so it could not hold the row lock until that
 	// transaction's COMMIT.
 	ErrForeignTx = errors.New("gormplugin: write inside a transaction the plugin cannot follow")
-	// ErrInvalidate means the write was committed but invalidating the cached
-	// copies of its rows failed; they may be served stale until they expire.
+	// ErrInvalidate is returned by Shutdown when its context ended before
+	// every invalidation owed to a committed write was made: those keys may
+	// be served stale until they expire. A write whose invalidation fails
+	// returns nil (it has committed); the invalidation is retried in the
+	// background and reported to the Observer.
 	ErrInvalidate = errors.New("gormplugin: committed, but cache invalidation failed")
 )
 
@@ -41,23 +49,38 @@ func invalid(format string, args ...any) error {
 }
 
 // StaleWriteError is the error of a refused stale write. It matches
-// ErrStaleWrite with errors.Is.
+// ErrStaleWrite and locks.ErrNotHeld with errors.Is (the writer no longer
+// holds the row's lock, or never held it under the version it read), so an
+// HTTP error mapper that knows only package locks answers it as a lost lock.
 type StaleWriteError struct {
 	Name   string // the row's lock name, "<table>:<primary key>"
-	Fence  uint64 // the refused writer's fence token
+	Fence  uint64 // the refused writer's fence token (0 when unknown)
 	Stored uint64 // the fence stored in the row (0 when Lost)
+	Read   uint64 // the fence the written struct carried, when the row no longer has it (0 otherwise)
 	Lost   bool   // the lock was known lost before the write; the database was not asked
+	Err    error  // the Locker's error when it found the scope lost (locks.ErrLost), or nil
 }
 
 func (e *StaleWriteError) Error() string {
-	if e.Lost {
+	switch {
+	case e.Lost && e.Err != nil:
+		return fmt.Sprintf("gormplugin: stale write refused: the lock scope of %q was lost before the write: %v", e.Name, e.Err)
+	case e.Lost:
 		return fmt.Sprintf("gormplugin: stale write refused: the lock on %q (fence %d) was lost before the write", e.Name, e.Fence)
+	case e.Read != 0:
+		return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, not the %d it was read with: another writer committed since the read", e.Name, e.Stored, e.Read)
 	}
 	return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, newer than this writer's %d", e.Name, e.Stored, e.Fence)
 }
 
-// Unwrap returns ErrStaleWrite.
-func (e *StaleWriteError) Unwrap() error { return ErrStaleWrite }
+// Unwrap returns ErrStaleWrite, locks.ErrNotHeld and the Locker's error, if any.
+func (e *StaleWriteError) Unwrap() []error {
+	errs := []error{ErrStaleWrite, locks.ErrNotHeld}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
 
 // PanicError is returned by Transaction when its function panicked; the
 // transaction was rolled back and its row locks released.

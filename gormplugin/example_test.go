@@ -62,7 +62,12 @@ func ExampleNew() {
 		fmt.Println(err)
 		return
 	}
-	defer plugin.Close()
+	defer func() {
+		// After the HTTP server's Shutdown: flush what is still owed.
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		plugin.Shutdown(sctx)
+	}()
 	db.Create(&Account{ID: 1, Balance: 100})
 
 	load := func(ctx context.Context) (Account, error) {

@@ -98,8 +98,9 @@ func (g *guard) token() any {
 			expr += " ? = ?"
 			vars = append(vars, clause.Column{Name: col}, r.vals[i])
 		}
-		expr += " THEN ?"
-		vars = append(vars, int64(r.fence))
+		// The token is written into the SQL: a bound parameter in a CASE
+		// has no type PostgreSQL can infer (it would compare bigint with text).
+		expr += " THEN " + strconv.FormatInt(int64(r.fence), 10)
 	}
 	return clause.Expr{SQL: expr + " END", Vars: vars}
 }
@@ -128,6 +129,14 @@ func (g *guard) addFenceCondition(stmt *gorm.Statement) {
 		SQL:  "COALESCE(?, 0) <= ?",
 		Vars: []any{clause.Column{Name: g.fence.DBName}, g.token()},
 	}}})
+	if g.version != 0 {
+		// The struct carries the fence of the row as it was read: the row
+		// must still carry it (or this scope's own token, written since).
+		stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.Expr{
+			SQL:  "COALESCE(?, 0) IN (?, ?)",
+			Vars: []any{clause.Column{Name: g.fence.DBName}, int64(g.version), int64(g.rows[0].fence)},
+		}}})
+	}
 }
 
 // setBuilder wraps the SET clause builder so that a fenced statement also
@@ -160,9 +169,11 @@ func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 // checkFence runs after a fenced statement. When fewer rows than named were
 // affected, it reads the fence of each named row in the same transaction: a
 // row missing is not an error (GORM reports zero rows affected, as without
-// the plugin), a row whose fence is newer than this writer's token means the
-// write was refused, which becomes a *StaleWriteError (so the transaction
-// rolls back and GORM's Save does not fall back to an insert).
+// the plugin); a row whose fence is newer than this writer's token, or (for
+// a struct that carried the fence it was read with) neither that fence nor
+// this writer's token, means the write was refused, which becomes a
+// *StaleWriteError (so the transaction rolls back and GORM's Save does not
+// fall back to an insert).
 func (g *guard) checkFence(db *gorm.DB) {
 	if db.RowsAffected >= int64(len(g.rows)) {
 		g.stampModel(db)
@@ -170,40 +181,95 @@ func (g *guard) checkFence(db *gorm.DB) {
 	}
 	q := db.Session(&gorm.Session{NewDB: true})
 	for _, r := range g.rows {
-		query := "SELECT ? FROM ? WHERE"
-		vars := []any{clause.Column{Name: g.fence.DBName}, clause.Table{Name: g.table}}
-		for i, col := range g.pkCols {
-			if i > 0 {
-				query += " AND"
-			}
-			query += " ? = ?"
-			vars = append(vars, clause.Column{Name: col}, r.vals[i])
-		}
-		row := q.Raw(query, vars...).Row()
-		if row == nil {
-			db.AddError(fmt.Errorf("gormplugin: reading the fence of %q failed", r.name))
-			return
-		}
-		var stored sql.NullInt64
-		switch err := row.Scan(&stored); {
-		case errors.Is(err, sql.ErrNoRows):
-			continue
+		stored, found, err := readFence(q, g.table, g.fence.DBName, g.pkCols, r.vals)
+		switch {
 		case err != nil:
 			db.AddError(fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err))
 			return
-		}
-		if stored.Valid && stored.Int64 > 0 && uint64(stored.Int64) > r.fence {
-			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: uint64(stored.Int64)})
+		case !found:
+			continue
+		case stored > r.fence:
+			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored})
+			return
+		case g.version != 0 && stored != g.version && stored != r.fence:
+			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored, Read: g.version})
 			return
 		}
 	}
 	g.stampModel(db)
 }
 
+// readFence reads the fence of one row (NULL reads as 0); found is false
+// when the row does not exist.
+func readFence(q *gorm.DB, table, fenceCol string, pkCols []string, vals []any) (stored uint64, found bool, err error) {
+	query := "SELECT ? FROM ? WHERE"
+	vars := []any{clause.Column{Name: fenceCol}, clause.Table{Name: table}}
+	for i, col := range pkCols {
+		if i > 0 {
+			query += " AND"
+		}
+		query += " ? = ?"
+		vars = append(vars, clause.Column{Name: col}, vals[i])
+	}
+	row := q.Raw(query, vars...).Row()
+	if row == nil {
+		return 0, false, errors.New("no result")
+	}
+	var v sql.NullInt64
+	switch err := row.Scan(&v); {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	if !v.Valid || v.Int64 < 0 {
+		return 0, true, nil
+	}
+	return uint64(v.Int64), true, nil
+}
+
+// modelFence returns the fence the statement's model (one struct) carries:
+// the fence of the row when it was read, or the token of the last write
+// through it; 0 when it carries none.
+func (g *guard) modelFence(stmt *gorm.Statement) uint64 {
+	rv := reflect.ValueOf(stmt.Model)
+	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		rv = rv.Elem()
+	}
+	if rv.Kind() != reflect.Struct || rv.Type() != g.fence.Schema.ModelType {
+		return 0
+	}
+	v, zero := g.fence.ValueOf(stmt.Context, rv)
+	if zero {
+		return 0
+	}
+	switch x := v.(type) {
+	case Fence:
+		return uint64(x)
+	case *Fence:
+		if x != nil {
+			return uint64(*x)
+		}
+	}
+	n := reflect.ValueOf(v)
+	for n.Kind() == reflect.Pointer && !n.IsNil() {
+		n = n.Elem()
+	}
+	switch {
+	case n.CanInt() && n.Int() > 0:
+		return uint64(n.Int())
+	case n.CanUint():
+		return n.Uint()
+	}
+	return 0
+}
+
 // stampModel sets the model's fence field to the token written, for a
-// single-row update of an addressable struct.
+// single-row update of an addressable struct, and keeps what it replaced so
+// that a rollback can put it back (unstamp): a struct must not claim a fence
+// its row never committed, or its next write would fail the version check.
 func (g *guard) stampModel(db *gorm.DB) {
-	if g.delete || len(g.rows) != 1 {
+	if g.delete || len(g.rows) != 1 || !g.fromModel {
 		return
 	}
 	rv := reflect.ValueOf(db.Statement.Model)
@@ -213,5 +279,10 @@ func (g *guard) stampModel(db *gorm.DB) {
 	if rv.Kind() != reflect.Struct || !rv.CanAddr() || rv.Type() != g.fence.Schema.ModelType {
 		return
 	}
-	_ = g.fence.Set(db.Statement.Context, rv, g.rows[0].fence)
+	ctx := db.Statement.Context
+	old, _ := g.fence.ValueOf(ctx, rv)
+	if g.fence.Set(ctx, rv, g.rows[0].fence) == nil {
+		f := g.fence
+		g.unstamp = func() { _ = f.Set(ctx, rv, old) }
+	}
 }

@@ -12,26 +12,49 @@ import (
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-// pausedWriter starts writer A in a Transaction on counter id; A takes the
-// row lock, reports its fence on started, and pauses until resume is closed,
-// then writes n=111. Its result arrives on the returned channel.
-func pausedWriter(ctx context.Context, db *gorm.DB, id uint, started chan<- struct{}, resume <-chan struct{}) <-chan error {
+type writePause struct {
+	started chan<- struct{}
+	resume  <-chan struct{}
+}
+
+// pausedWriter starts writer A's write on db; A takes the row lock, passes
+// the plugin's checks, reports it on started, and pauses just before its
+// statement is sent until resume is closed (a stop-the-world GC, a SIGSTOP, a
+// slow network). Its result arrives on the returned channel. The write is
+// not in a transaction of its own yet holding the row (as one declared to
+// gormplugin.Transaction would: the next writer would wait for it).
+func pausedWriter(t *testing.T, db *gorm.DB, write func(tx *gorm.DB) error, started chan<- struct{}, resume <-chan struct{}) <-chan error {
+	t.Helper()
+	hook := func(tx *gorm.DB) {
+		if wp, ok := tx.Statement.Context.Value(writePause{}).(*writePause); ok {
+			close(wp.started)
+			<-wp.resume
+		}
+	}
+	if db.Callback().Update().Get("test:pause") == nil {
+		if err := db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("test:pause", hook); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Callback().Delete().After("gormplugin:fence").Before("gorm:delete").Register("test:pause", hook); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.WithValue(context.Background(), writePause{}, &writePause{started: started, resume: resume})
 	done := make(chan error, 1)
-	go func() {
-		done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
-			close(started)
-			<-resume // the pause: a stop-the-world GC, a SIGSTOP, a slow disk
-			return tx.Model(&Counter{ID: id}).Update("n", 111).Error
-		}, &Counter{ID: id})
-	}()
+	go func() { done <- write(db.WithContext(ctx)) }()
 	return done
 }
+
+func write111(tx *gorm.DB) error { return tx.Model(&Counter{ID: 1}).Update("n", 111).Error }
 
 // A writer whose lease ran out in Redis while it was paused, but which has not
 // noticed yet (its process was not running), is refused by the fence in the
 // database: the newer writer's value survives.
 func TestPausedWriterRefusedByFence(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testPausedWriterRefusedByFence)
+}
+
+func testPausedWriterRefusedByFence(t *testing.T, e *env) {
 	ctx := context.Background()
 	// A long lease: A's first renewal, which would tell it the lock is gone,
 	// is twenty seconds off.
@@ -40,11 +63,11 @@ func TestPausedWriterRefusedByFence(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, resume := make(chan struct{}), make(chan struct{})
-	done := pausedWriter(ctx, db, 1, started, resume)
+	done := pausedWriter(t, db, write111, started, resume)
 	<-started
 	// The lease ends while A is paused; from Redis's side that is the key
 	// going away. A has not run since, so it does not know.
-	if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+	if err := e.rdb.Del(ctx, e.lockKey("counters:1")).Err(); err != nil {
 		t.Fatal(err)
 	}
 	b := Counter{ID: 1}
@@ -70,16 +93,18 @@ func TestPausedWriterRefusedByFence(t *testing.T) {
 // A writer paused past its (unrenewed) lease is refused whichever layer sees
 // it first: its own lock's lost signal or the fence.
 func TestWriterPausedPastLeaseRefused(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
+	forDBs(t, testWriterPausedPastLeaseRefused)
+}
+
+func testWriterPausedPastLeaseRefused(t *testing.T, e *env) {
 	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(100*time.Millisecond), locks.WithoutRenewal()))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
 	started, resume := make(chan struct{}), make(chan struct{})
-	done := pausedWriter(ctx, db, 1, started, resume)
+	done := pausedWriter(t, db, write111, started, resume)
 	<-started
-	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, lockKey("counters:1")) })
+	eventually(t, 5*time.Second, "the lease to run out", func() bool { return !exists(t, e.rdb, e.lockKey("counters:1")) })
 	if err := db.Model(&Counter{ID: 1}).Update("n", 222).Error; err != nil {
 		t.Fatalf("newer writer: %v", err)
 	}
@@ -95,7 +120,10 @@ func TestWriterPausedPastLeaseRefused(t *testing.T) {
 }
 
 func TestFenceWrittenAndReported(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testFenceWrittenAndReported)
+}
+
+func testFenceWrittenAndReported(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
@@ -132,7 +160,10 @@ func TestFenceWrittenAndReported(t *testing.T) {
 // Zero rows affected because the row does not exist is not a stale write:
 // the update reports 0 rows, as GORM does without the plugin.
 func TestMissingRowIsNotStale(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testMissingRowIsNotStale)
+}
+
+func testMissingRowIsNotStale(t *testing.T, e *env) {
 	db := e.guarded(t)
 	res := db.Model(&Counter{ID: 404}).Update("n", 1)
 	if res.Error != nil || res.RowsAffected != 0 {
@@ -155,7 +186,10 @@ func TestMissingRowIsNotStale(t *testing.T) {
 // A stale Delete is refused too, and a stale Save does not fall back to an
 // insert that would overwrite the newer row.
 func TestStaleDeleteAndSaveRefused(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testStaleDeleteAndSaveRefused)
+}
+
+func testStaleDeleteAndSaveRefused(t *testing.T, e *env) {
 	ctx := context.Background()
 	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
@@ -167,16 +201,9 @@ func TestStaleDeleteAndSaveRefused(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			started, resume := make(chan struct{}), make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				done <- gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
-					close(started)
-					<-resume
-					return write(tx)
-				}, &Counter{ID: 1})
-			}()
+			done := pausedWriter(t, db, write, started, resume)
 			<-started
-			if err := e.rdb.Del(ctx, lockKey("counters:1")).Err(); err != nil {
+			if err := e.rdb.Del(ctx, e.lockKey("counters:1")).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if err := db.Model(&Counter{ID: 1}).Update("n", 5).Error; err != nil {
@@ -195,14 +222,17 @@ func TestStaleDeleteAndSaveRefused(t *testing.T) {
 }
 
 func TestCompositeKeyAndTaggedFence(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testCompositeKeyAndTaggedFence)
+}
+
+func testCompositeKeyAndTaggedFence(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Pair{A: 1, B: "x"}).Error; err != nil {
 		t.Fatal(err)
 	}
 	var during string
 	if err := db.Callback().Update().Before("gorm:update").Register("test:observe", func(tx *gorm.DB) {
-		during = holds(t, e.rdb, "pairs:1:x")
+		during = e.holds(t, "pairs:1:x")
 	}); err != nil {
 		t.Fatal(err)
 	}

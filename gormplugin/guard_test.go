@@ -31,7 +31,10 @@ func observe(t *testing.T, db *gorm.DB, f func(tx *gorm.DB)) {
 // and the lock "repos:42") re-enters when GORM writes the row with that
 // context: one lock key, hold count 2 during the write, 1 after, no wait.
 func TestWriteReentersRequestLock(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testWriteReentersRequestLock)
+}
+
+func testWriteReentersRequestLock(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Repo{ID: 42, Name: "a"}).Error; err != nil {
 		t.Fatal(err)
@@ -39,8 +42,8 @@ func TestWriteReentersRequestLock(t *testing.T) {
 	var during string
 	var keysDuring []string
 	observe(t, db, func(tx *gorm.DB) {
-		during = holds(t, e.rdb, "repos:42")
-		keysDuring, _ = e.rdb.Keys(context.Background(), "cg:lock:*").Result()
+		during = e.holds(t, "repos:42")
+		keysDuring = e.lockKeys(t)
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -56,13 +59,13 @@ func TestWriteReentersRequestLock(t *testing.T) {
 	if err := db.WithContext(ctx).Model(&r).Update("name", "b").Error; err != nil {
 		t.Fatalf("write under the request's lock: %v", err)
 	}
-	if during != "2" || len(keysDuring) != 1 || keysDuring[0] != "cg:lock:{repos:42}" {
-		t.Fatalf("during the write: hold count %q, lock keys %v; want 2 and only cg:lock:{repos:42}", during, keysDuring)
+	if during != "2" || len(keysDuring) != 1 || keysDuring[0] != e.lockKey("repos:42") {
+		t.Fatalf("during the write: hold count %q, lock keys %v; want 2 and only %s", during, keysDuring, e.lockKey("repos:42"))
 	}
-	if n := holds(t, e.rdb, "repos:42"); n != "1" {
+	if n := e.holds(t, "repos:42"); n != "1" {
 		t.Fatalf("hold count after the write %q, want 1", n)
 	}
-	if uint64(r.Fence) != lk.Fence() {
+	if e.c != nil && uint64(r.Fence) != lk.Fence() {
 		t.Fatalf("written fence %d, want the request's %d (re-entries share the token)", r.Fence, lk.Fence())
 	}
 	// A second write under the same acquisition passes the fence (<=, not <).
@@ -75,7 +78,7 @@ func TestWriteReentersRequestLock(t *testing.T) {
 	}, &Repo{ID: 42}); err != nil {
 		t.Fatal(err)
 	}
-	if n := holds(t, e.rdb, "repos:42"); n != "1" {
+	if n := e.holds(t, "repos:42"); n != "1" {
 		t.Fatalf("hold count after the transaction %q, want 1", n)
 	}
 }
@@ -84,7 +87,10 @@ func TestWriteReentersRequestLock(t *testing.T) {
 // and the transaction GORM opens for it: another owner cannot take the lock
 // during the write, and it is still held once GORM has committed.
 func TestStatementHoldsRowLock(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testStatementHoldsRowLock)
+}
+
+func testStatementHoldsRowLock(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Widget{ID: 1}).Error; err != nil {
 		t.Fatal(err)
@@ -95,7 +101,7 @@ func TestStatementHoldsRowLock(t *testing.T) {
 	})
 	var afterCommit bool
 	if err := db.Callback().Update().After("gorm:commit_or_rollback_transaction").Before("gormplugin:release").Register("test:after_commit", func(*gorm.DB) {
-		afterCommit = exists(t, e.rdb, lockKey("widgets:1"))
+		afterCommit = e.held(t, "widgets:1")
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -108,13 +114,16 @@ func TestStatementHoldsRowLock(t *testing.T) {
 	if !afterCommit {
 		t.Fatal("the lock was released before GORM's COMMIT")
 	}
-	if exists(t, e.rdb, lockKey("widgets:1")) {
+	if e.held(t, "widgets:1") {
 		t.Fatal("lock left after the write")
 	}
 }
 
 func TestRowsNamedFromWhere(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testRowsNamedFromWhere)
+}
+
+func testRowsNamedFromWhere(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&[]Repo{{ID: 1}, {ID: 2}, {ID: 3}}).Error; err != nil {
 		t.Fatal(err)
@@ -123,7 +132,7 @@ func TestRowsNamedFromWhere(t *testing.T) {
 	observe(t, db, func(tx *gorm.DB) {
 		var held []string
 		for _, n := range []string{"repos:1", "repos:2", "repos:3"} {
-			if exists(t, e.rdb, lockKey(n)) {
+			if e.held(t, n) {
 				held = append(held, n)
 			}
 		}
@@ -167,8 +176,11 @@ func equal(a, b []string) bool {
 }
 
 func TestUnkeyedPolicies(t *testing.T) {
-	e := newEnv(t)
-	if err := openFile(t, e.path).Create(&[]Widget{{ID: 1, Size: 1}, {ID: 2, Size: 1}}).Error; err != nil {
+	forLockers(t, testUnkeyedPolicies)
+}
+
+func testUnkeyedPolicies(t *testing.T, e *env) {
+	if err := e.plain(t).Create(&[]Widget{{ID: 1, Size: 1}, {ID: 2, Size: 1}}).Error; err != nil {
 		t.Fatal(err)
 	}
 	batch := func(db *gorm.DB, color string) error {
@@ -176,7 +188,7 @@ func TestUnkeyedPolicies(t *testing.T) {
 	}
 	colors := func(t *testing.T) []string {
 		var ws []Widget
-		openFile(t, e.path).Order("id").Find(&ws)
+		e.plain(t).Order("id").Find(&ws)
 		out := make([]string, len(ws))
 		for i, w := range ws {
 			out[i] = w.Color
@@ -184,8 +196,8 @@ func TestUnkeyedPolicies(t *testing.T) {
 		return out
 	}
 
-	t.Run("Refuse (default)", func(t *testing.T) {
-		db := e.guarded(t)
+	t.Run("Refuse", func(t *testing.T) {
+		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.Refuse))
 		if err := batch(db, "red"); !errors.Is(err, gormplugin.ErrUnkeyed) {
 			t.Fatalf("got %v, want ErrUnkeyed", err)
 		}
@@ -202,27 +214,10 @@ func TestUnkeyedPolicies(t *testing.T) {
 			t.Fatalf("Unguarded write: %v", c)
 		}
 	})
-	t.Run("LockTable", func(t *testing.T) {
-		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.LockTable))
-		var held bool
-		observe(t, db, func(*gorm.DB) { held = exists(t, e.rdb, lockKey("widgets:*")) })
-		if err := batch(db, "green"); err != nil {
-			t.Fatal(err)
-		}
-		if !held {
-			t.Fatal("the table lock widgets:* was not held during the write")
-		}
-		if c := colors(t); !equal(c, []string{"green", "green"}) {
-			t.Fatalf("rows %v", c)
-		}
-		if exists(t, e.rdb, lockKey("widgets:*")) {
-			t.Fatal("table lock left after the write")
-		}
-	})
 	t.Run("PassThrough", func(t *testing.T) {
 		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.PassThrough))
 		var keys []string
-		observe(t, db, func(*gorm.DB) { keys, _ = e.rdb.Keys(context.Background(), "cg:lock:*").Result() })
+		observe(t, db, func(*gorm.DB) { keys = e.lockKeys(t) })
 		if err := batch(db, "blue"); err != nil {
 			t.Fatal(err)
 		}
@@ -238,19 +233,15 @@ func TestUnkeyedPolicies(t *testing.T) {
 // With Redis gone, a guarded write is refused and nothing is written; with
 // FailOpen it goes through unguarded.
 func TestRedisDownRefusesWrite(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testRedisDownRefusesWrite)
+}
+
+func testRedisDownRefusesWrite(t *testing.T, e *env) {
 	// A client that gives up on a dead server at once (go-redis's defaults
 	// retry dialling for over a second per command).
 	rdb := e.srv.Client(func(o *redis.Options) { o.MaxRetries, o.DialerRetries = -1, 1 })
-	l := locks.New(rdb)
-	t.Cleanup(func() { l.Close() })
-	db, open := openFile(t, e.path), openFile(t, e.path)
-	if err := db.Use(gormplugin.New(l)); err != nil {
-		t.Fatal(err)
-	}
-	if err := open.Use(gormplugin.New(l, gormplugin.FailOpen())); err != nil {
-		t.Fatal(err)
-	}
+	e.l = e.newLocker(t, rdb)
+	db, open := e.guarded(t), e.guarded(t, gormplugin.FailOpen())
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -259,8 +250,8 @@ func TestRedisDownRefusesWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := db.WithContext(ctx).Model(&Counter{ID: 1}).Update("n", 2).Error
-	if !errors.Is(err, gormplugin.ErrLock) || !errors.Is(err, locks.ErrNotObtained) {
-		t.Fatalf("write with Redis down: %v, want ErrLock and locks.ErrNotObtained", err)
+	if !errors.Is(err, gormplugin.ErrLock) || !errors.Is(err, locks.ErrNotObtained) || !errors.Is(err, locks.ErrUnavailable) {
+		t.Fatalf("write with Redis down: %v, want ErrLock, locks.ErrNotObtained and locks.ErrUnavailable", err)
 	}
 	if err := gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error { return nil }, &Counter{ID: 1}); !errors.Is(err, gormplugin.ErrLock) {
 		t.Fatalf("Transaction with Redis down: %v, want ErrLock", err)
@@ -283,7 +274,10 @@ func TestRedisDownRefusesWrite(t *testing.T) {
 // Two transactions writing the same rows in opposite orders never deadlock
 // when they declare their rows: locks are taken in name order.
 func TestOppositeOrdersDoNotDeadlock(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testOppositeOrdersDoNotDeadlock)
+}
+
+func testOppositeOrdersDoNotDeadlock(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&[]Counter{{ID: 1}, {ID: 2}}).Error; err != nil {
 		t.Fatal(err)
@@ -325,7 +319,10 @@ func TestOppositeOrdersDoNotDeadlock(t *testing.T) {
 // A transaction that needs, undeclared, a row sorting before one it holds
 // does not wait for it (that could deadlock): ErrLockOrder when it is busy.
 func TestOutOfOrderLockIsTriedNotAwaited(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testOutOfOrderLockIsTriedNotAwaited)
+}
+
+func testOutOfOrderLockIsTriedNotAwaited(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&[]Counter{{ID: 1}, {ID: 2}}).Error; err != nil {
 		t.Fatal(err)
@@ -357,7 +354,10 @@ func TestOutOfOrderLockIsTriedNotAwaited(t *testing.T) {
 }
 
 func TestTransactionPanicBecomesError(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testTransactionPanicBecomesError)
+}
+
+func testTransactionPanicBecomesError(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
@@ -370,7 +370,7 @@ func TestTransactionPanicBecomesError(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Value != "bad handler" {
 		t.Fatalf("got %v, want a PanicError", err)
 	}
-	if exists(t, e.rdb, lockKey("counters:1")) {
+	if e.held(t, "counters:1") {
 		t.Fatal("lock left after the panic")
 	}
 	var c Counter
@@ -383,7 +383,10 @@ func TestTransactionPanicBecomesError(t *testing.T) {
 // A transaction begun outside the plugin's pool (on a *sql.Conn) cannot be
 // followed to its COMMIT: guarded writes in it are refused.
 func TestForeignTransactionRefused(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testForeignTransactionRefused)
+}
+
+func testForeignTransactionRefused(t *testing.T, e *env) {
 	db := e.guarded(t)
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
@@ -408,20 +411,20 @@ func TestForeignTransactionRefused(t *testing.T) {
 // The guard works the same with prepared statements and without GORM's
 // default transaction.
 func TestGormModes(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testGormModes)
+}
+
+func testGormModes(t *testing.T, e *env) {
 	for name, cfg := range map[string]*gorm.Config{
 		"PrepareStmt":            {PrepareStmt: true},
 		"SkipDefaultTransaction": {SkipDefaultTransaction: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			inv := newInvalidator(e.rdb)
-			db := openWith(t, e.path, cfg)
-			if err := db.Use(gormplugin.New(e.l, gormplugin.Invalidate(inv, cacheKeys))); err != nil {
-				t.Fatal(err)
-			}
+			db, _ := e.guardedPlugin(t, cfg, gormplugin.Invalidate(inv, cacheKeys))
 			db.Save(&Counter{ID: 1})
 			var held string
-			observe(t, db, func(*gorm.DB) { held = holds(t, e.rdb, "counters:1") })
+			observe(t, db, func(*gorm.DB) { held = e.holds(t, "counters:1") })
 			e.rdb.Set(context.Background(), "cache:counters:1", "x", 0)
 			c := Counter{ID: 1}
 			if err := db.Model(&c).Update("n", 4).Error; err != nil {
@@ -434,7 +437,7 @@ func TestGormModes(t *testing.T) {
 				if err := tx.Session(&gorm.Session{PrepareStmt: true}).Model(&Counter{ID: 1}).Update("n", 5).Error; err != nil {
 					return err
 				}
-				if !exists(t, e.rdb, lockKey("counters:1")) {
+				if !e.held(t, "counters:1") {
 					return errors.New("lock not held to COMMIT")
 				}
 				return nil
@@ -442,51 +445,20 @@ func TestGormModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if exists(t, e.rdb, lockKey("counters:1")) {
+			if e.held(t, "counters:1") {
 				t.Fatal("lock left after commit")
 			}
 		})
 	}
 }
 
-type Owner struct {
-	ID   uint
-	Pets []Pet
-}
-
-type Pet struct {
-	ID      uint
-	OwnerID *uint
-}
-
-// GORM's Association API writes by foreign key: refused by default, sent
-// under an Unguarded context.
-func TestAssociationWrites(t *testing.T) {
-	e := newEnv(t)
-	db := e.guarded(t)
-	if err := db.AutoMigrate(&Owner{}, &Pet{}); err != nil {
-		t.Fatal(err)
-	}
-	o := Owner{ID: 1, Pets: []Pet{{ID: 1}, {ID: 2}}}
-	if err := db.Create(&o).Error; err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Model(&o).Association("Pets").Clear(); !errors.Is(err, gormplugin.ErrUnkeyed) {
-		t.Fatalf("Association.Clear: %v, want ErrUnkeyed", err)
-	}
-	ctx := gormplugin.Unguarded(context.Background())
-	if err := db.WithContext(ctx).Model(&o).Association("Pets").Clear(); err != nil {
-		t.Fatal(err)
-	}
-	if n := db.Model(&o).Association("Pets").Count(); n != 0 {
-		t.Fatalf("%d pets left", n)
-	}
-}
-
 // Transaction called with a transaction takes the new rows' locks into it and
 // runs fn in a SAVEPOINT; the locks are held until the outer COMMIT.
 func TestNestedTransaction(t *testing.T) {
-	e := newEnv(t)
+	forLockers(t, testNestedTransaction)
+}
+
+func testNestedTransaction(t *testing.T, e *env) {
 	db := e.guarded(t)
 	ctx := context.Background()
 	if err := db.Create(&[]Counter{{ID: 1}, {ID: 2}, {ID: 3}}).Error; err != nil {
@@ -506,7 +478,7 @@ func TestNestedTransaction(t *testing.T) {
 		}, &Counter{ID: 3}); err != nil {
 			return err
 		}
-		if !exists(t, e.rdb, lockKey("counters:3")) {
+		if !e.held(t, "counters:3") {
 			return errors.New("nested lock released before the outer COMMIT")
 		}
 		// counters:1 sorts before the locks held and is busy: not awaited.
@@ -525,7 +497,7 @@ func TestNestedTransaction(t *testing.T) {
 		t.Fatalf("rows %+v", cs)
 	}
 	for _, n := range []string{"counters:2", "counters:3"} {
-		if exists(t, e.rdb, lockKey(n)) {
+		if e.held(t, n) {
 			t.Fatalf("%s held after COMMIT", n)
 		}
 	}

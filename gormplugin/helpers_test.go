@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
+	"github.com/cacheguard/cacheguard/internal/pgtest"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -46,52 +49,96 @@ type Pair struct {
 	Fence int64 `gormplugin:"fence" gorm:"not null;default:0"`
 }
 
+// The databases and Lockers the tests run on.
+const (
+	onSQLite   = "sqlite"
+	onPostgres = "postgres"
+	byClient   = "client"
+	byRedlock  = "redlock"
+)
+
+// env is one test's Redis server, Locker and database.
 type env struct {
-	srv  *redistest.Server
-	rdb  *redis.Client
-	l    *locks.Client
-	path string // the SQLite file
+	db     string // onSQLite or onPostgres
+	locker string // byClient or byRedlock
+	srv    *redistest.Server
+	rdb    *redis.Client
+	l      locks.Locker  // the plugin's Locker; tests lock rows as other writers with it too
+	c      *locks.Client // l, when it is a Client (fencing needs one); nil for a Redlock
+	dsn    string        // the PostgreSQL DSN, or the SQLite file's path
 }
 
-func newEnv(t testing.TB) *env {
+// forDBs runs fn on a SQLite file and on a PostgreSQL database, with a
+// locks.Client: the tests of fencing, which needs monotonic tokens.
+func forDBs(t *testing.T, fn func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, db := range []string{onSQLite, onPostgres} {
+		t.Run(db, func(t *testing.T) { fn(t, newEnv(t, db, byClient)) })
+	}
+}
+
+// forLockers runs fn on both databases with a locks.Client and with a
+// locks.Redlock (one node; the plugin gets NoFencing for it): the tests of
+// locking, whose outcome must not depend on the Locker.
+func forLockers(t *testing.T, fn func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, db := range []string{onSQLite, onPostgres} {
+		for _, lk := range []string{byClient, byRedlock} {
+			t.Run(db+"/"+lk, func(t *testing.T) { fn(t, newEnv(t, db, lk)) })
+		}
+	}
+}
+
+func newEnv(t testing.TB, db, locker string) *env {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := srv.Client()
-	l := locks.New(rdb)
-	t.Cleanup(func() { l.Close() })
-	e := &env{srv: srv, rdb: rdb, l: l, path: filepath.Join(t.TempDir(), "test.db")}
-	db := e.open(t)
-	if err := db.AutoMigrate(&Counter{}, &Repo{}, &Widget{}, &Pair{}); err != nil {
+	e := &env{db: db, locker: locker, srv: srv, rdb: srv.Client()}
+	e.l = e.newLocker(t, e.rdb)
+	if db == onPostgres {
+		e.dsn = pgtest.DSN(t)
+	} else {
+		e.dsn = filepath.Join(t.TempDir(), "test.db")
+	}
+	if err := e.plain(t).AutoMigrate(&Counter{}, &Repo{}, &Widget{}, &Pair{}); err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
 
-// open opens the SQLite file (WAL, busy timeout) and registers a plugin
-// built from opts, or no plugin when opts is nil.
-func (e *env) open(t testing.TB, opts ...gormplugin.Option) *gorm.DB {
+// newLocker returns a Locker of the env's kind on rdb, closed at cleanup.
+func (e *env) newLocker(t testing.TB, rdb redis.UniversalClient) locks.Locker {
 	t.Helper()
-	db := openFile(t, e.path)
-	if opts != nil {
-		p := gormplugin.New(e.l, opts...)
-		t.Cleanup(func() { p.Close() })
-		if err := db.Use(p); err != nil {
+	if e.locker == byRedlock {
+		rl, err := locks.NewRedlock([]redis.UniversalClient{rdb})
+		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { rl.Close() })
+		return rl
 	}
-	return db
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	if e.c == nil {
+		e.c = c
+	}
+	return c
 }
 
-func openFile(t testing.TB, path string) *gorm.DB {
-	t.Helper()
-	return openWith(t, path, &gorm.Config{})
+// dialector opens the env's database.
+func (e *env) dialector() gorm.Dialector {
+	if e.db == onPostgres {
+		return postgres.Open(e.dsn)
+	}
+	return sqlite.Open(fmt.Sprintf("file:%s?_journal_mode=WAL&_busy_timeout=5000", e.dsn))
 }
 
-func openWith(t testing.TB, path string, cfg *gorm.Config) *gorm.DB {
+// openWith opens the database with cfg, without the plugin.
+func (e *env) openWith(t testing.TB, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
-	dsn := fmt.Sprintf("file:%s?_journal_mode=WAL&_busy_timeout=5000", path)
-	cfg.Logger = logger.Discard
-	db, err := gorm.Open(sqlite.Open(dsn), cfg)
+	if cfg.Logger == nil {
+		cfg.Logger = logger.Discard
+	}
+	db, err := gorm.Open(e.dialector(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,13 +150,89 @@ func openWith(t testing.TB, path string, cfg *gorm.Config) *gorm.DB {
 	return db
 }
 
-// guarded opens the file with the plugin and the given options.
+// plain opens the database without the plugin.
+func (e *env) plain(t testing.TB) *gorm.DB { return e.openWith(t, &gorm.Config{}) }
+
+// guarded opens the database with a plugin on the env's Locker built from
+// opts (with NoFencing added for a Redlock).
 func (e *env) guarded(t testing.TB, opts ...gormplugin.Option) *gorm.DB {
 	t.Helper()
-	if opts == nil {
-		opts = []gormplugin.Option{}
+	db, _ := e.guardedPlugin(t, &gorm.Config{}, opts...)
+	return db
+}
+
+// guardedPlugin is guarded with a GORM configuration, returning the plugin too.
+func (e *env) guardedPlugin(t testing.TB, cfg *gorm.Config, opts ...gormplugin.Option) (*gorm.DB, *gormplugin.Plugin) {
+	t.Helper()
+	db := e.openWith(t, cfg)
+	p := e.plugin(t, opts...)
+	if err := db.Use(p); err != nil {
+		t.Fatal(err)
 	}
-	return e.open(t, opts...)
+	return db, p
+}
+
+// plugin returns a plugin on the env's Locker, closed at cleanup.
+func (e *env) plugin(t testing.TB, opts ...gormplugin.Option) *gormplugin.Plugin {
+	t.Helper()
+	if e.locker == byRedlock {
+		opts = append(opts, gormplugin.NoFencing())
+	}
+	p := gormplugin.New(e.l, opts...)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// lockKey is the Redis key of lock name.
+func (e *env) lockKey(name string) string {
+	if e.locker == byRedlock {
+		return "cg:rlock:{" + name + "}"
+	}
+	return "cg:lock:{" + name + "}"
+}
+
+// held reports whether lock name is held by anyone.
+func (e *env) held(t testing.TB, name string) bool {
+	t.Helper()
+	return exists(t, e.rdb, e.lockKey(name))
+}
+
+// holds returns the hold count of lock name, or "" when it is free.
+func (e *env) holds(t testing.TB, name string) string {
+	t.Helper()
+	ctx := context.Background()
+	if e.locker == byRedlock {
+		n, err := e.rdb.HLen(ctx, e.lockKey(name)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return ""
+		}
+		return strconv.FormatInt(n-1, 10)
+	}
+	v, err := e.rdb.HGet(ctx, e.lockKey(name), "n").Result()
+	if err == redis.Nil {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// lockKeys lists the keys of the locks held.
+func (e *env) lockKeys(t testing.TB) []string {
+	t.Helper()
+	pattern := "cg:lock:*"
+	if e.locker == byRedlock {
+		pattern = "cg:rlock:*"
+	}
+	keys, err := e.rdb.Keys(context.Background(), pattern).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
 }
 
 // keyInvalidator deletes cache keys from Redis and counts its calls.
@@ -154,17 +277,3 @@ func exists(t testing.TB, rdb redis.UniversalClient, key string) bool {
 
 // eventually waits for an observable event, bounded by d.
 var eventually = redistest.Eventually
-
-func lockKey(name string) string { return "cg:lock:{" + name + "}" }
-
-func holds(t testing.TB, rdb redis.UniversalClient, name string) string {
-	t.Helper()
-	v, err := rdb.HGet(context.Background(), lockKey(name), "n").Result()
-	if err == redis.Nil {
-		return ""
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}

@@ -60,7 +60,10 @@ func increment(t *testing.T, db *gorm.DB, id uint, do func(ctx context.Context, 
 }
 
 func TestIncrementsExactWithGuard(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testIncrementsExactWithGuard)
+}
+
+func testIncrementsExactWithGuard(t *testing.T, e *env) {
 	db := e.guarded(t)
 	got := increment(t, db, 1, func(ctx context.Context, inc func(tx *gorm.DB) error) error {
 		return gormplugin.Transaction(ctx, db, inc, &Counter{ID: 1})
@@ -76,8 +79,11 @@ func TestIncrementsExactWithGuard(t *testing.T) {
 }
 
 func TestIncrementsLoseUpdatesWithoutGuard(t *testing.T) {
-	e := newEnv(t)
-	db := openFile(t, e.path) // plain GORM, no plugin
+	forDBs(t, testIncrementsLoseUpdatesWithoutGuard)
+}
+
+func testIncrementsLoseUpdatesWithoutGuard(t *testing.T, e *env) {
+	db := e.plain(t) // plain GORM, no plugin
 	got := increment(t, db, 2, func(ctx context.Context, inc func(tx *gorm.DB) error) error {
 		return inc(db.WithContext(ctx))
 	})

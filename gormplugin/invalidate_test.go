@@ -3,8 +3,11 @@ package gormplugin_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"gorm.io/gorm"
 
@@ -12,7 +15,10 @@ import (
 )
 
 func TestInvalidateAfterCommitNotRollback(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateAfterCommitNotRollback)
+}
+
+func testInvalidateAfterCommitNotRollback(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
@@ -59,7 +65,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 			if !exists(t, e.rdb, key) {
 				t.Fatal("rollback invalidated the cache")
 			}
-			if exists(t, e.rdb, lockKey("repos:1")) {
+			if exists(t, e.rdb, e.lockKey("repos:1")) {
 				t.Fatal("row lock still held after rollback")
 			}
 		})
@@ -72,7 +78,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 				if !exists(t, e.rdb, key) {
 					return errors.New("invalidated before COMMIT")
 				}
-				if !exists(t, e.rdb, lockKey("repos:1")) {
+				if !exists(t, e.rdb, e.lockKey("repos:1")) {
 					return errors.New("row lock released before COMMIT")
 				}
 				return nil
@@ -83,7 +89,7 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 			if exists(t, e.rdb, key) {
 				t.Fatal("commit did not invalidate the cache")
 			}
-			if exists(t, e.rdb, lockKey("repos:1")) {
+			if exists(t, e.rdb, e.lockKey("repos:1")) {
 				t.Fatal("row lock still held after commit")
 			}
 		})
@@ -110,7 +116,10 @@ func TestInvalidateAfterCommitNotRollback(t *testing.T) {
 // A failed statement in GORM's own transaction is rolled back and not
 // invalidated.
 func TestFailedStatementNotInvalidated(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testFailedStatementNotInvalidated)
+}
+
+func testFailedStatementNotInvalidated(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
@@ -143,7 +152,10 @@ func TestFailedStatementNotInvalidated(t *testing.T) {
 type failKey struct{}
 
 func TestInvalidateUnkeyedAndFailure(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testInvalidateUnkeyedAndFailure)
+}
+
+func testInvalidateUnkeyedAndFailure(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.Unkeyed(gormplugin.PassThrough))
@@ -157,33 +169,68 @@ func TestInvalidateUnkeyedAndFailure(t *testing.T) {
 	if exists(t, e.rdb, "cache:widgets:*") {
 		t.Fatal("unkeyed write did not invalidate the table-level keys (pk nil)")
 	}
-
-	failing := e.guarded(t, gormplugin.Invalidate(failInvalidator{}, cacheKeys))
-	err := failing.Model(&Widget{ID: 1}).Update("color", "blue").Error
-	if !errors.Is(err, gormplugin.ErrInvalidate) {
-		t.Fatalf("got %v, want ErrInvalidate", err)
-	}
-	var w Widget
-	db.First(&w, 1)
-	if w.Color != "blue" {
-		t.Fatal("the write should be committed despite the failed invalidation")
-	}
 }
 
-type failInvalidator struct{}
+// A committed write is not an error (issue 15 B.9): when the invalidation
+// after COMMIT fails, the write still returns nil (an app mapping err != nil
+// to 500 would tell its client a committed edit failed), and the plugin
+// retries the invalidation in the background until it succeeds.
+func TestCommittedWriteIsNotAnError(t *testing.T) {
+	forDBs(t, testCommittedWriteIsNotAnError)
+}
 
-func (failInvalidator) Invalidate(context.Context, ...string) error { return errors.New("cache down") }
-
-func TestInvalidateAgain(t *testing.T) {
-	e := newEnv(t)
+func testCommittedWriteIsNotAnError(t *testing.T, e *env) {
 	ctx := context.Background()
-	inv := newInvalidator(e.rdb)
-	p := gormplugin.New(e.l, gormplugin.Invalidate(inv, cacheKeys), gormplugin.InvalidateAgain(50*time.Millisecond))
-	db := openFile(t, e.path)
-	if err := db.Use(p); err != nil {
+	inv := &flakyInvalidator{rdb: e.rdb}
+	inv.failing.Store(true)
+	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
+	if err := db.Create(&Widget{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { p.Close() })
+	e.rdb.Set(ctx, "cache:widgets:1", "cached", 0)
+	if err := db.Model(&Widget{ID: 1}).Update("color", "blue").Error; err != nil {
+		t.Fatalf("committed write whose invalidation failed: %v, want nil", err)
+	}
+	if err := gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+		return tx.Model(&Widget{ID: 1}).Update("size", 2).Error
+	}, &Widget{ID: 1}); err != nil {
+		t.Fatalf("committed Transaction whose invalidation failed: %v, want nil", err)
+	}
+	var w Widget
+	e.plain(t).First(&w, 1)
+	if w.Color != "blue" || w.Size != 2 {
+		t.Fatalf("row %+v: the writes should be committed", w)
+	}
+	if !exists(t, e.rdb, "cache:widgets:1") {
+		t.Fatal("the failing invalidator deleted the key")
+	}
+	inv.failing.Store(false) // the cache is back
+	eventually(t, 10*time.Second, "the retried invalidation", func() bool { return !exists(t, e.rdb, "cache:widgets:1") })
+}
+
+// flakyInvalidator deletes keys from Redis, or fails while failing is set.
+type flakyInvalidator struct {
+	rdb     *redis.Client
+	failing atomic.Bool
+	calls   atomic.Int32
+}
+
+func (f *flakyInvalidator) Invalidate(ctx context.Context, keys ...string) error {
+	f.calls.Add(1)
+	if f.failing.Load() {
+		return errors.New("cache down")
+	}
+	return f.rdb.Del(ctx, keys...).Err()
+}
+
+func TestInvalidateAgain(t *testing.T) {
+	forDBs(t, testInvalidateAgain)
+}
+
+func testInvalidateAgain(t *testing.T, e *env) {
+	ctx := context.Background()
+	inv := newInvalidator(e.rdb)
+	db, p := e.guardedPlugin(t, &gorm.Config{}, gormplugin.Invalidate(inv, cacheKeys), gormplugin.InvalidateAgain(50*time.Millisecond))
 	if err := db.Create(&Repo{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/cacheguard/cacheguard/internal/pgtest"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -12,7 +13,8 @@ import (
 var redisAddr string
 
 // GORM's prepared-statement cache (PrepareStmt) starts an expiry goroutine
-// that nothing can stop.
+// that nothing can stop. The PostgreSQL server that pgtest starts on first
+// use is stopped after the tests, before the leak check.
 func TestMain(m *testing.M) {
-	redistest.Main(m, &redisAddr, goleak.IgnoreTopFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"))
+	redistest.MainThen(m, &redisAddr, pgtest.Stop, goleak.IgnoreTopFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"))
 }

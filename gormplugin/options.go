@@ -23,34 +23,69 @@ func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error {
 // Option configures a Plugin.
 type Option func(*config)
 
-// UnkeyedPolicy says what a guarded Update or Delete does when the plugin
-// cannot name its rows by primary key (a batch write with a Where condition).
+// UnkeyedPolicy says what a guarded Update or Delete does when its rows are
+// not named by primary key up front: a batch write with a condition on other
+// columns (Where("name = ?")), a db.Table(...) write, a global write with
+// AllowGlobalUpdate, and the writes GORM's association API makes by foreign
+// key.
 type UnkeyedPolicy int
 
 const (
-	// Refuse fails such writes with ErrUnkeyed before they are sent. It is
-	// the default: a write the plugin cannot guard would silently break the
-	// promise that writes to a row never interleave. Send a write known to
-	// be safe under a context from Unguarded.
-	Refuse UnkeyedPolicy = iota
-	// LockTable takes the table-wide lock "<table>:*" around the write. It
-	// serialises unkeyed writes on a table with each other, not with row
-	// writes (a lock has no shared mode), and it writes no fence.
-	LockTable
+	// LockMatched, the default, reads the primary keys of the rows the
+	// write's conditions match (in the write's transaction, if any), locks
+	// them like named rows (in name order, fenced), and restricts the write to
+	// them (AND pk IN (...)), so it excludes, and is excluded by, every writer
+	// of those rows. A row that starts to match between that read and the
+	// write is left out, as if the write had run first. A write matching more
+	// than MaxMatchedRows rows fails with ErrUnkeyed; one on a table without
+	// a primary key too.
+	LockMatched UnkeyedPolicy = iota
+	// Refuse fails such writes with ErrUnkeyed before they are sent. GORM's
+	// association operations are several statements: run them in a
+	// transaction so that a refusal rolls the whole operation back.
+	Refuse
 	// PassThrough sends such writes without a lock or fence.
 	PassThrough
 )
 
+// DefaultMaxMatchedRows is the default of MaxMatchedRows.
+const DefaultMaxMatchedRows = 1000
+
+// MaxMatchedRows bounds how many rows a write whose rows are not named may
+// lock under LockMatched (one Redis round trip each); a write matching more
+// fails with ErrUnkeyed before anything is written. The default is 1000
+// (DefaultMaxMatchedRows).
+func MaxMatchedRows(n int) Option {
+	return func(c *config) {
+		if n <= 0 {
+			c.fail(invalid("MaxMatchedRows %d must be positive", n))
+			return
+		}
+		c.maxMatched = n
+	}
+}
+
 type config struct {
-	inv      Invalidator
-	keys     func(table string, pk any) []string
-	again    time.Duration
-	unkeyed  UnkeyedPolicy
+	inv     Invalidator
+	keys    func(table string, pk any) []string
+	again   time.Duration
+	unkeyed UnkeyedPolicy
+	// maxMatched bounds the rows LockMatched locks for one write.
+	maxMatched int
+	// attempts and backoff shape the retries of a failed invalidation.
+	attempts int
+	backoff  time.Duration
+	observer func(Event)
 	failOpen bool
 	noFence  bool
 	lockOpts []locks.Option
-	err      error // the first invalid option
+	// unavailableAfter bounds the first attempt at a row lock.
+	unavailableAfter time.Duration
+	err              error // the first invalid option
 }
+
+// DefaultUnavailableAfter is the default of UnavailableAfter.
+const DefaultUnavailableAfter = 500 * time.Millisecond
 
 func (c *config) fail(err error) {
 	if c.err == nil {
@@ -88,11 +123,11 @@ func InvalidateAgain(d time.Duration) Option {
 	}
 }
 
-// Unkeyed sets what happens to writes whose rows cannot be named by primary
-// key. The default is Refuse.
+// Unkeyed sets what happens to writes whose rows are not named by primary
+// key. The default is LockMatched.
 func Unkeyed(p UnkeyedPolicy) Option {
 	return func(c *config) {
-		if p < Refuse || p > PassThrough {
+		if p < LockMatched || p > PassThrough {
 			c.fail(invalid("unknown UnkeyedPolicy %d", p))
 			return
 		}
@@ -101,15 +136,52 @@ func Unkeyed(p UnkeyedPolicy) Option {
 }
 
 // FailOpen lets guarded writes proceed without a lock (and without a fence)
-// when Redis cannot be reached, logging a warning through GORM's logger, and
-// downgrades failed invalidations to warnings. By default such writes fail
-// with ErrLock and nothing is written.
+// when the lock service is unavailable (locks.ErrUnavailable, or no answer
+// within UnavailableAfter), logging a warning through GORM's logger and
+// reporting WroteUnguarded to the Observer. A lock held by another writer is
+// never failed open. By default such writes fail with ErrLock and nothing is
+// written.
 func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 
 // NoFencing ignores fence columns: writes are still locked, but no fence is
 // checked or written. It is required to use a Locker whose fence tokens are
 // not monotonic (locks.Redlock); by default the plugin refuses such a Locker.
 func NoFencing() Option { return func(c *config) { c.noFence = true } }
+
+// RetryInvalidation shapes the retries of an invalidation that failed after
+// its COMMIT (the write itself has committed and returned nil): up to
+// attempts attempts in all, the second backoff after the first, each wait
+// twice the one before, at most 5 s. The retries run in the background,
+// owned by the plugin; Shutdown flushes them, Close drops them, and each is
+// reported to the Observer. The default is 8 attempts from 100 ms (about 16 s
+// in all); attempts 1 turns retries off.
+func RetryInvalidation(attempts int, backoff time.Duration) Option {
+	return func(c *config) {
+		if attempts < 1 || backoff <= 0 {
+			c.fail(invalid("RetryInvalidation(%d, %v): want at least 1 attempt and a positive backoff", attempts, backoff))
+			return
+		}
+		c.attempts, c.backoff = attempts, backoff
+	}
+}
+
+// UnavailableAfter sets how long the plugin's first attempt at a row lock (a
+// TryLock; only a lock held by another owner is then awaited) may go
+// unanswered before the lock service counts as unavailable: the write then
+// fails with ErrLock matching locks.ErrUnavailable, or with FailOpen goes
+// through unguarded. It bounds what an unreachable Redis costs each write,
+// where go-redis would retry its dials for a second or more and a Redlock
+// would retry until its wait budget ends. The default is 500ms
+// (DefaultUnavailableAfter).
+func UnavailableAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail(invalid("UnavailableAfter %v must be positive", d))
+			return
+		}
+		c.unavailableAfter = d
+	}
+}
 
 // LockOptions are passed to every Lock and TryLock call of the plugin, e.g.
 // locks.WithWait(5*time.Second) to bound how long a write waits for a row.

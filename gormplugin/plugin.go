@@ -3,6 +3,7 @@ package gormplugin
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -23,18 +24,34 @@ const releaseTimeout = 5 * time.Second
 var _ gorm.Plugin = (*Plugin)(nil)
 
 // Plugin is the GORM plugin; register it with db.Use(gormplugin.New(l)). One
-// Plugin serves one *gorm.DB. Close stops its delayed invalidations.
+// Plugin serves one *gorm.DB. Its background work (retried and delayed
+// invalidations) is flushed by Shutdown or stopped by Close.
 type Plugin struct {
 	l   locks.Locker
 	cfg config
 	log logger.Interface
 
 	fences sync.Map // *schema.Schema → *schema.Field (nil when none)
+	pks    sync.Map // table name → []string, primary key columns read from the catalogue
 
-	mu      sync.Mutex               // guards timers, closed
-	timers  map[*time.Timer]struct{} // pending delayed invalidations
-	closed  bool
-	running sync.WaitGroup // delayed invalidations in flight
+	mu          sync.Mutex               // guards the fields below
+	timers      map[*time.Timer]struct{} // delayed invalidations (InvalidateAgain) not yet done
+	running     int                      // delayed invalidations running
+	pending     []*pendingInvalidation   // failed invalidations waiting for a retry
+	pendingKeys int                      // keys in pending
+	looping     bool                     // the retry loop runs
+	inflight    int                      // guarded statements and transactions not yet ended
+	flushing    bool                     // Shutdown: retry everything at once
+	stopping    bool                     // Close: the retry loop ends
+	closed      bool                     // Close: no more background work is accepted
+	changed     chan struct{}            // closed (and replaced) when the above change
+	wake        chan struct{}            // wakes the retry loop (buffer 1)
+	loops       sync.WaitGroup           // retry loops running
+	bg          context.Context          // background invalidations; cancelled by Close
+	stopBg      context.CancelFunc
+
+	attempts  sync.WaitGroup // lock attempts in flight (see attempt)
+	abandoned atomic.Int32   // attempts whose caller stopped waiting, still unanswered
 }
 
 // New returns the plugin guarding writes with locks taken from l. A nil l, an
@@ -42,7 +59,11 @@ type Plugin struct {
 // without NoFencing is reported by Initialize, so db.Use returns it; New
 // itself never fails.
 func New(l locks.Locker, opts ...Option) *Plugin {
-	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}}
+	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+	p.cfg.unavailableAfter = DefaultUnavailableAfter
+	p.cfg.attempts, p.cfg.backoff = DefaultInvalidateAttempts, DefaultInvalidateBackoff
+	p.bg, p.stopBg = context.WithCancel(context.Background())
+	p.cfg.maxMatched = DefaultMaxMatchedRows
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
@@ -75,13 +96,7 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 	}
 	p.log = db.Logger
 
-	if _, ok := db.ConnPool.(*guardPool); !ok {
-		pool := &guardPool{ConnPool: db.ConnPool, p: p}
-		if db.Statement != nil && db.Statement.ConnPool == db.ConnPool {
-			db.Statement.ConnPool = pool
-		}
-		db.ConnPool = pool
-	}
+	p.wrapPool(db)
 	if db.ClauseBuilders == nil {
 		db.ClauseBuilders = map[string]clause.ClauseBuilder{}
 	}
@@ -110,6 +125,28 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 	return p.register(del.Get, regDelete, "gorm:delete", "gorm:after_delete", true)
 }
 
+// wrapPool puts the plugin's pool under db, so that it sees every
+// transaction begin and end. With PrepareStmt, GORM's *gorm.PreparedStmtDB
+// stays on top, where GORM and its users look for it (db.ConnPool.(*gorm.
+// PreparedStmtDB)), and the plugin's pool goes beneath it: its transactions
+// are then *gorm.PreparedStmtTX around the plugin's.
+func (p *Plugin) wrapPool(db *gorm.DB) {
+	if pdb, ok := db.ConnPool.(*gorm.PreparedStmtDB); ok {
+		if _, ok := pdb.ConnPool.(*guardPool); !ok {
+			pdb.ConnPool = &guardPool{ConnPool: pdb.ConnPool, p: p}
+		}
+		return
+	}
+	if _, ok := db.ConnPool.(*guardPool); ok {
+		return
+	}
+	pool := &guardPool{ConnPool: db.ConnPool, p: p}
+	if db.Statement != nil && db.Statement.ConnPool == db.ConnPool {
+		db.Statement.ConnPool = pool
+	}
+	db.ConnPool = pool
+}
+
 // register places the plugin's steps around GORM's own for one processor:
 //
 //	gormplugin:lock     before gorm:begin_transaction (first without one): take the row locks
@@ -136,20 +173,6 @@ func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before
 	return reg("gormplugin:release", "", commit, p.releaseStep)
 }
 
-// Close drops pending delayed invalidations (InvalidateAgain) and waits for
-// those running. It does not close the Locker or the Invalidator.
-func (p *Plugin) Close() error {
-	p.mu.Lock()
-	p.closed = true
-	for t := range p.timers {
-		t.Stop()
-	}
-	clear(p.timers)
-	p.mu.Unlock()
-	p.running.Wait()
-	return nil
-}
-
 // fenceOf returns the fence column of s, or nil (always nil with NoFencing).
 func (p *Plugin) fenceOf(s *schema.Schema) *schema.Field {
 	if s == nil || p.cfg.noFence {
@@ -167,4 +190,9 @@ func (p *Plugin) warn(ctx context.Context, format string, args ...any) {
 	if p.log != nil {
 		p.log.Warn(ctx, format, args...)
 	}
+}
+
+// warnBg logs a warning about background work, which has no caller's context.
+func (p *Plugin) warnBg(format string, args ...any) {
+	p.warn(context.Background(), format, args...)
 }

@@ -3,6 +3,7 @@ package gormplugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"gorm.io/gorm"
@@ -17,8 +18,11 @@ type redlockish struct{ locks.Locker }
 func (redlockish) MonotonicFences() bool { return false }
 
 func TestRegistration(t *testing.T) {
-	e := newEnv(t)
-	db := openFile(t, e.path)
+	forDBs(t, testRegistration)
+}
+
+func testRegistration(t *testing.T, e *env) {
+	db := e.plain(t)
 	p := gormplugin.New(e.l)
 	if p.Name() != "cacheguard:gormplugin" {
 		t.Fatalf("Name() = %q", p.Name())
@@ -41,7 +45,10 @@ func TestRegistration(t *testing.T) {
 }
 
 func TestNewRefusesBadConfiguration(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testNewRefusesBadConfiguration)
+}
+
+func testNewRefusesBadConfiguration(t *testing.T, e *env) {
 	cases := map[string]*gormplugin.Plugin{
 		"nil locker":        gormplugin.New(nil),
 		"redlock fences":    gormplugin.New(redlockish{e.l}),
@@ -51,14 +58,14 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 	}
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
-			db := openFile(t, e.path)
+			db := e.plain(t)
 			if err := db.Use(p); !errors.Is(err, gormplugin.ErrInvalid) {
 				t.Fatalf("Use: %v, want ErrInvalid", err)
 			}
 		})
 	}
 	t.Run("redlock without fencing", func(t *testing.T) {
-		db := openFile(t, e.path)
+		db := e.plain(t)
 		if err := db.Use(gormplugin.New(redlockish{e.l}, gormplugin.NoFencing())); err != nil {
 			t.Fatal(err)
 		}
@@ -77,9 +84,12 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 }
 
 func TestTransactionRefusesBadArguments(t *testing.T) {
-	e := newEnv(t)
+	forDBs(t, testTransactionRefusesBadArguments)
+}
+
+func testTransactionRefusesBadArguments(t *testing.T, e *env) {
 	ctx := context.Background()
-	plain := openFile(t, e.path)
+	plain := e.plain(t)
 	db := e.guarded(t)
 	ok := func(*gorm.DB) error { return nil }
 	for name, err := range map[string]error{
@@ -93,5 +103,50 @@ func TestTransactionRefusesBadArguments(t *testing.T) {
 		if !errors.Is(err, gormplugin.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+// With PrepareStmt, GORM's own types stay where GORM and its users look for
+// them (issue 15 B.8): the database's pool is still a *gorm.PreparedStmtDB
+// and a transaction's a *gorm.PreparedStmtTX, and the guard still holds row
+// locks to COMMIT.
+func TestPrepareStmtKeepsGormTypes(t *testing.T) {
+	forDBs(t, testPrepareStmtKeepsGormTypes)
+}
+
+func testPrepareStmtKeepsGormTypes(t *testing.T, e *env) {
+	db, _ := e.guardedPlugin(t, &gorm.Config{PrepareStmt: true})
+	pdb, ok := db.ConnPool.(*gorm.PreparedStmtDB)
+	if !ok {
+		t.Fatalf("db.ConnPool is a %T, want *gorm.PreparedStmtDB", db.ConnPool)
+	}
+	if _, ok := db.Statement.ConnPool.(*gorm.PreparedStmtDB); !ok {
+		t.Fatalf("db.Statement.ConnPool is a %T, want *gorm.PreparedStmtDB", db.Statement.ConnPool)
+	}
+	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		if _, ok := tx.Statement.ConnPool.(*gorm.PreparedStmtTX); !ok {
+			return fmt.Errorf("tx.Statement.ConnPool is a %T, want *gorm.PreparedStmtTX", tx.Statement.ConnPool)
+		}
+		if err := tx.Model(&Counter{ID: 1}).Update("n", 1).Error; err != nil {
+			return err
+		}
+		if !e.held(t, "counters:1") {
+			return errors.New("row lock not held to COMMIT")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if e.held(t, "counters:1") {
+		t.Fatal("row lock left after COMMIT")
+	}
+	if len(pdb.Stmts.Keys()) == 0 {
+		t.Fatal("no statement was prepared")
+	}
+	if _, err := db.DB(); err != nil {
+		t.Fatal(err)
 	}
 }

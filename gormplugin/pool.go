@@ -86,7 +86,8 @@ func (t *guardTx) Commit() error {
 		t.locks.finish(false)
 		return err
 	}
-	return errors.Join(err, t.locks.finish(true))
+	t.locks.finish(true)
+	return err
 }
 
 // Rollback rolls back and releases, without invalidating.

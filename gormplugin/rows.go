@@ -47,6 +47,7 @@ type row struct {
 	lock  *locks.Lock // the lock held, once taken
 	vals  []any       // primary key values, in schema order
 	fence uint64      // the lock's fence token
+	decl  *declared   // for a row declared to Transaction: how to claim it
 }
 
 // pk is the value handed to the invalidation key function.
@@ -115,8 +116,10 @@ func modelRows(stmt *gorm.Statement, s *schema.Schema, table string, value any) 
 
 // whereRows reads the rows pinned by the statement's WHERE: an = or IN on the
 // primary key (on every part of a composite key) among conditions joined by
-// AND. Further conditions only narrow the rows, so locking these is enough;
-// an OR anywhere at the top level makes the rows unknown.
+// AND, as clauses (Where(&Repo{ID: 1}), Where("id", 1), db.Delete(&Repo{}, 1))
+// or as SQL text (Where("id = ?", 1), Where("repos.id IN ?", ids)). Further
+// conditions only narrow the rows, so locking these is enough; an OR anywhere
+// at the top level makes the rows unknown.
 func whereRows(stmt *gorm.Statement, s *schema.Schema, table string) []row {
 	c, ok := stmt.Clauses["WHERE"]
 	if !ok {
@@ -144,6 +147,10 @@ func whereRows(stmt *gorm.Statement, s *schema.Schema, table string) []row {
 	}
 	for _, e := range exprs {
 		switch e := e.(type) {
+		case clause.Expr:
+			if rows, ok := exprRows(e, s, table, pkIndex); ok {
+				return rows
+			}
 		case clause.Eq:
 			i, ok := pkColumn(e.Column, s, table, pkIndex)
 			if !ok || !literal(e.Value) {
@@ -313,4 +320,111 @@ func listOf(v any) ([]any, bool) {
 		out[i] = rv.Index(i).Interface()
 	}
 	return out, true
+}
+
+// exprRows reads the rows pinned by a condition written as SQL text: a
+// conjunction ("a = ? AND b IN ?") of simple comparisons, one of which is an
+// = or IN on the primary key (every part of a composite key) with a plain
+// value. Anything else (OR, NOT, parentheses other than "(?)", a function, a
+// named or numbered parameter, a quote) makes it unknown: the text is only
+// trusted where its meaning is certain.
+func exprRows(e clause.Expr, s *schema.Schema, table string, pkIndex map[string]int) ([]row, bool) {
+	sql := e.SQL
+	if strings.ContainsAny(sql, "'@$:;") || strings.Count(sql, "?") != len(e.Vars) {
+		return nil, false
+	}
+	parts := splitAnd(sql)
+	if parts == nil {
+		return nil, false
+	}
+	single := len(s.PrimaryFields) == 1
+	eqs := make([]any, len(s.PrimaryFields))
+	found := 0
+	var list []any
+	v := 0 // index of the first var of the current part
+	for _, part := range parts {
+		n := strings.Count(part, "?")
+		col, op, ok := simpleCond(part)
+		if ok {
+			i, isPK := pkColumn(col, s, table, pkIndex)
+			val := e.Vars[v]
+			if isPK && literal(val) {
+				vals, isList := listOf(val)
+				switch {
+				case op == "=" && !isList && eqs[i] == nil:
+					eqs[i] = val
+					found++
+				case op == "IN" && isList && single && allLiteral(vals):
+					list = vals
+				}
+			}
+		}
+		v += n
+	}
+	switch {
+	case list != nil:
+		return namesFor(table, singles(list)), true
+	case found == len(eqs):
+		return namesFor(table, [][]any{eqs}), true
+	}
+	return nil, false
+}
+
+// splitAnd splits SQL text at its top-level ANDs; nil when the text holds
+// anything but plain comparisons joined by AND.
+func splitAnd(sql string) []string {
+	fields := strings.Fields(sql)
+	var parts []string
+	var cur []string
+	for _, f := range fields {
+		switch strings.ToUpper(f) {
+		case "AND":
+			if len(cur) == 0 {
+				return nil
+			}
+			parts = append(parts, strings.Join(cur, " "))
+			cur = nil
+			continue
+		case "OR", "NOT", "BETWEEN", "CASE", "EXISTS", "SELECT":
+			return nil
+		}
+		cur = append(cur, f)
+	}
+	if len(cur) == 0 {
+		return nil
+	}
+	parts = append(parts, strings.Join(cur, " "))
+	for _, p := range parts {
+		if strings.ContainsAny(strings.ReplaceAll(p, "(?)", ""), "()") {
+			return nil
+		}
+	}
+	return parts
+}
+
+// simpleCond parses "<column> = ?", "<column> IN ?" and "<column> IN (?)"
+// (the column optionally qualified and quoted); ok is false for anything
+// else.
+func simpleCond(part string) (col, op string, ok bool) {
+	p := strings.TrimSpace(part)
+	var rest string
+	if i := strings.Index(p, "="); i > 0 {
+		col, op, rest = strings.TrimSpace(p[:i]), "=", strings.TrimSpace(p[i+1:])
+		if strings.ContainsAny(col, "<>!") {
+			return "", "", false
+		}
+	} else {
+		f := strings.Fields(p)
+		if len(f) != 3 || !strings.EqualFold(f[1], "IN") {
+			return "", "", false
+		}
+		col, op, rest = f[0], "IN", f[2]
+	}
+	if rest != "?" && !(op == "IN" && rest == "(?)") {
+		return "", "", false
+	}
+	if col == "" || strings.ContainsAny(col, " \t+-*/%|&^~") {
+		return "", "", false
+	}
+	return col, op, true
 }

@@ -2,9 +2,11 @@ package gormplugin
 
 import (
 	"context"
+	"fmt"
 	"runtime/debug"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -17,6 +19,14 @@ import (
 // before the write is only certain to be current when the lock spans the
 // read too. Writes in fn re-enter the locks (same owner) and add the locks
 // of other rows they touch; see ErrLockOrder.
+//
+// Before fn runs, the transaction claims each row (see the package
+// documentation): an UPDATE that stamps the row's fence with its lock's token
+// (SET pk = pk on a row without a fence column), so that it waits for a
+// previous holder's uncommitted write to commit or roll back, and fn reads
+// what was committed. A row whose fence is already above the token (a newer
+// holder wrote it) fails the claim with a *StaleWriteError; a missing row is
+// not claimed.
 //
 // ctx carries the lock owner: when it has one (locks.WithOwner, as ginmw
 // sets on a request) the transaction re-enters the request's locks; else a
@@ -51,11 +61,17 @@ func Transaction(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, r
 		}
 	}()
 
+	claimed := func(tx *gorm.DB) error {
+		if err := p.claim(tx, want); err != nil {
+			return err
+		}
+		return fn(tx)
+	}
 	if outer := txOf(db.Statement.ConnPool); outer != nil {
 		if err := outer.locks.lock(ctx, want); err != nil {
 			return err
 		}
-		return db.WithContext(ctx).Transaction(fn)
+		return db.WithContext(ctx).Transaction(claimed)
 	}
 	if isTx(db.Statement.ConnPool) {
 		return invalid("db is a transaction the plugin did not begin")
@@ -67,7 +83,79 @@ func Transaction(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, r
 	if err := r.lock(ctx, want); err != nil {
 		return err
 	}
-	return db.WithContext(context.WithValue(ctx, seedKey{}, r)).Transaction(fn)
+	return db.WithContext(context.WithValue(ctx, seedKey{}, r)).Transaction(claimed)
+}
+
+// declared is what a row declared to Transaction needs for its claim.
+type declared struct {
+	table  string
+	pkCols []string
+	fence  string // the fence column, or ""
+}
+
+// claim is a transaction's first statements: one UPDATE per declared row,
+// in name order, that takes the database's lock on the row before fn reads
+// it. On a fenced row it stamps the row's lock token:
+//
+//	UPDATE t SET fence = <token> WHERE pk = ? AND COALESCE(fence, 0) <= <token>
+//
+// (on another, SET pk = pk). A previous holder paused after its UPDATE and
+// before its COMMIT still holds that row lock, so the claim waits for its
+// COMMIT or ROLLBACK, and fn then reads what it committed; a fence above the
+// token means a newer holder has written the row, and the claim fails with a
+// *StaleWriteError. A row that does not exist is not claimed. A fenced claim
+// changes the row's fence, so the row's cache keys are invalidated after
+// COMMIT like those of a write.
+func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
+	reg := txOf(tx.Statement.ConnPool)
+	for _, r := range rows {
+		d := r.decl
+		if d == nil {
+			continue
+		}
+		set := []any{clause.Table{Name: d.table}}
+		sql := "UPDATE ? SET ? = "
+		if d.fence != "" {
+			sql += "?"
+			set = append(set, clause.Column{Name: d.fence}, int64(r.fence))
+		} else {
+			sql += "?"
+			set = append(set, clause.Column{Name: d.pkCols[0]}, clause.Column{Name: d.pkCols[0]})
+		}
+		sql += " WHERE"
+		for i, col := range d.pkCols {
+			if i > 0 {
+				sql += " AND"
+			}
+			sql += " ? = ?"
+			set = append(set, clause.Column{Name: col}, r.vals[i])
+		}
+		if d.fence != "" {
+			sql += " AND COALESCE(?, 0) <= ?"
+			set = append(set, clause.Column{Name: d.fence}, int64(r.fence))
+		}
+		res := tx.Session(&gorm.Session{NewDB: true}).Exec(sql, set...)
+		if res.Error != nil {
+			return fmt.Errorf("gormplugin: claiming %q: %w", r.name, res.Error)
+		}
+		if d.fence == "" {
+			continue
+		}
+		if res.RowsAffected == 0 {
+			stored, found, err := readFence(tx.Session(&gorm.Session{NewDB: true}), d.table, d.fence, d.pkCols, r.vals)
+			switch {
+			case err != nil:
+				return fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err)
+			case found && stored > r.fence:
+				return &StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored}
+			}
+			continue
+		}
+		if reg != nil && p.cfg.keys != nil {
+			reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
+		}
+	}
+	return nil
 }
 
 // modelRows names the rows of the given models, sorted.
@@ -85,6 +173,13 @@ func (p *Plugin) modelRows(db *gorm.DB, models []any) ([]row, error) {
 		rows := modelRows(stmt, stmt.Schema, stmt.Table, m)
 		if len(rows) == 0 {
 			return nil, invalid("row %T: no primary key value set", m)
+		}
+		d := &declared{table: stmt.Table, pkCols: stmt.Schema.PrimaryFieldDBNames}
+		if f := p.fenceOf(stmt.Schema); f != nil {
+			d.fence = f.DBName
+		}
+		for i := range rows {
+			rows[i].decl = d
 		}
 		out = append(out, rows...)
 	}

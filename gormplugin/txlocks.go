@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -20,6 +21,7 @@ type txLocks struct {
 	held    map[string]*locks.Lock // by name
 	last    string                 // the greatest name held
 	keys    []string               // to invalidate after COMMIT
+	unstamp []func()               // to run after ROLLBACK (see stampModel)
 	seen    map[string]bool        // keys already listed
 	adopted bool                   // a transaction has taken these locks over
 	done    bool                   // committed or rolled back
@@ -33,6 +35,7 @@ func (p *Plugin) newTxLocks(ctx context.Context) *txLocks {
 	if !ok {
 		owner = locks.NewOwnerID()
 	}
+	p.begin() // ended by finish
 	return &txLocks{p: p, owner: owner, held: map[string]*locks.Lock{}, seen: map[string]bool{}}
 }
 
@@ -82,6 +85,15 @@ func (r *txLocks) lock(ctx context.Context, rows []row) error {
 	return nil
 }
 
+func (r *txLocks) addUnstamp(f func()) {
+	if f == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unstamp = append(r.unstamp, f)
+}
+
 func (r *txLocks) addKeys(keys []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -95,28 +107,32 @@ func (r *txLocks) addKeys(keys []string) {
 
 // finish ends the registry once: after a COMMIT (committed) it invalidates
 // the pending keys, then it releases every lock.
-func (r *txLocks) finish(committed bool) error {
+func (r *txLocks) finish(committed bool) {
 	r.mu.Lock()
 	if r.done {
 		r.mu.Unlock()
-		return nil
+		return
 	}
 	r.done, r.commit = true, committed
-	held, keys := r.held, r.keys
-	r.held, r.keys = nil, nil
+	held, keys, unstamp := r.held, r.keys, r.unstamp
+	r.held, r.keys, r.unstamp = nil, nil, nil
 	r.mu.Unlock()
+	if !committed {
+		for i := len(unstamp) - 1; i >= 0; i-- {
+			unstamp[i]()
+		}
+	}
 
+	defer r.p.end()
 	ctx := context.Background()
-	var err error
 	if committed {
-		err = r.p.invalidate(ctx, keys)
+		r.p.invalidate(ctx, keys)
 	}
 	rows := make([]row, 0, len(held))
 	for name, lk := range held {
 		rows = append(rows, row{name: name, lock: lk})
 	}
 	r.p.unlockAll(ctx, rows)
-	return err
 }
 
 // committed reports whether the transaction ended with a COMMIT.
@@ -126,21 +142,101 @@ func (r *txLocks) committed() bool {
 	return r.commit
 }
 
-// take acquires one lock: waiting for it, or with try a single attempt.
+// take acquires one lock: waiting for it, or with try a single attempt. The
+// first attempt is a TryLock bounded by the UnavailableAfter timeout (see
+// attempt), so that an unanswering Redis costs a write that long, not
+// go-redis's read timeouts and retries or a Redlock's wait budget; only a
+// lock held by another owner is then awaited. A nested acquisition of a lost
+// scope (locks.ErrLost) is a stale write: what the caller read under that
+// scope may be outdated.
 func (p *Plugin) take(ctx context.Context, name string, try bool) (*locks.Lock, error) {
-	var (
+	lk, err := p.attempt(ctx, name)
+	switch {
+	case err == nil:
+		return lk, nil
+	case errors.Is(err, errNoAnswer):
+		return nil, fmt.Errorf("%w: %q: %w: %w", ErrLock, name, locks.ErrNotObtained, err)
+	case errors.Is(err, locks.ErrLost):
+		return nil, &StaleWriteError{Name: name, Lost: true, Err: err}
+	case !try && errors.Is(err, locks.ErrBusy):
+		if lk, err = p.l.Lock(ctx, name, p.cfg.lockOpts...); err == nil {
+			return lk, nil
+		}
+		if errors.Is(err, locks.ErrLost) {
+			return nil, &StaleWriteError{Name: name, Lost: true, Err: err}
+		}
+	}
+	return nil, fmt.Errorf("%w: %q: %w", ErrLock, name, err)
+}
+
+// errNoAnswer is the cause of an attempt the lock service did not answer
+// within UnavailableAfter; it matches locks.ErrUnavailable.
+var errNoAnswer = fmt.Errorf("gormplugin: the lock service did not answer in time: %w", locks.ErrUnavailable)
+
+// maxAbandoned bounds the attempts left running after their caller stopped
+// waiting: beyond it, new attempts fail at once, without asking Redis.
+const maxAbandoned = 64
+
+// attempt makes one TryLock of name and waits for it at most UnavailableAfter.
+// The call runs on its own goroutine: go-redis applies a context's deadline to
+// a blocked socket read only when the client was built with
+// ContextTimeoutEnabled, and the bound must not depend on that. An attempt
+// the caller stopped waiting for finishes in the background (owned by the
+// plugin; Close waits for it) and gives back a lock it was granted late.
+func (p *Plugin) attempt(ctx context.Context, name string) (*locks.Lock, error) {
+	if p.abandoned.Load() >= maxAbandoned {
+		return nil, fmt.Errorf("%w (%d earlier attempts still unanswered)", errNoAnswer, maxAbandoned)
+	}
+	const (
+		waiting int32 = iota
+		answered
+		abandoned
+	)
+	type result struct {
 		lk  *locks.Lock
 		err error
-	)
-	if try {
-		lk, err = p.l.TryLock(ctx, name, p.cfg.lockOpts...)
-	} else {
-		lk, err = p.l.Lock(ctx, name, p.cfg.lockOpts...)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", ErrLock, name, err)
+	var state atomic.Int32
+	ch := make(chan result, 1)
+	actx, cancel := context.WithTimeout(ctx, p.cfg.unavailableAfter)
+	defer cancel()
+	p.attempts.Add(1)
+	go func() {
+		defer p.attempts.Done()
+		lk, err := p.l.TryLock(actx, name, p.cfg.lockOpts...)
+		if state.CompareAndSwap(waiting, answered) {
+			ch <- result{lk, err}
+			return
+		}
+		// The caller gave up: give back a late grant.
+		if lk != nil {
+			rctx, rcancel := context.WithTimeout(context.Background(), releaseTimeout)
+			lk.Unlock(rctx)
+			rcancel()
+		}
+		p.abandoned.Add(-1)
+	}()
+	answer := func(r result) (*locks.Lock, error) {
+		if r.err != nil && actx.Err() != nil && ctx.Err() == nil {
+			// The bound, not the caller's context, ended the attempt.
+			return nil, fmt.Errorf("%w: no answer within %v (%v)", errNoAnswer, p.cfg.unavailableAfter, r.err)
+		}
+		return r.lk, r.err
 	}
-	return lk, nil
+	select {
+	case r := <-ch:
+		return answer(r)
+	case <-actx.Done():
+	}
+	p.abandoned.Add(1)
+	if !state.CompareAndSwap(waiting, abandoned) {
+		p.abandoned.Add(-1)
+		return answer(<-ch) // it came back meanwhile: the reply is the truth
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: %w", locks.ErrNotObtained, err)
+	}
+	return nil, fmt.Errorf("%w: no answer within %v", errNoAnswer, p.cfg.unavailableAfter)
 }
 
 // lockAll takes the locks of rows (sorted by name) in order, for one
@@ -178,20 +274,10 @@ func (p *Plugin) unlockAll(ctx context.Context, rows []row) {
 }
 
 // busy reports whether err is a lock held by another owner (not a Redis
-// failure, not the caller's context ending).
-func busy(err error) bool {
-	var noe *locks.NotObtainedError
-	return errors.As(err, &noe) && noe.Err == nil
-}
+// failure, not the caller's context ending), for every Locker.
+func busy(err error) bool { return errors.Is(err, locks.ErrBusy) }
 
 // unavailable reports whether err is a lock that could not be taken because
-// Redis could not be asked (as opposed to held by another writer, or the
-// caller's context ending).
-func unavailable(err error) bool {
-	var noe *locks.NotObtainedError
-	if !errors.As(err, &noe) || noe.Err == nil {
-		return false
-	}
-	var re *locks.ReplicaError
-	return !errors.Is(noe.Err, context.Canceled) && !errors.Is(noe.Err, context.DeadlineExceeded) && !errors.As(noe.Err, &re)
-}
+// the lock service could not be asked (as opposed to held by another writer,
+// or the caller's context ending), for every Locker.
+func unavailable(err error) bool { return errors.Is(err, locks.ErrUnavailable) }

@@ -32,11 +32,15 @@ func testControls(t *testing.T) {
 	t.Run("no-fencing", func(t *testing.T) {
 		// With gormplugin.NoFencing, a holder paused past its lease after
 		// the plugin's checks and before its UPDATE writes over the next
-		// holder's edit: only the fence condition would have refused it.
+		// holder's edit: only the fence condition (and the version the
+		// fence gives the struct read) would have refused it. The paused
+		// edit is a rename (plain GORM calls): a settings edit's
+		// gormplugin.Transaction claims the row first, and the next
+		// holder would wait for its COMMIT, fence or not.
 		f := Start(t, Config{Procs: 2, DB: "postgres", Control: "no-fencing"})
 		ctx := t.Context()
 		s := f.Scenario(t, rep, "control: fencing off, holder SIGSTOPped before its UPDATE")
-		a, b, err := f.PauseEdit(ctx, Pause{Step: StepBeforeUpdate, P: 0, Q: 1, Repo: f.FreshRepo(), For: f.Cfg.Lease + 1500*time.Millisecond})
+		a, b, err := f.PauseEdit(ctx, Pause{Step: StepBeforeUpdate, P: 0, Q: 1, Repo: f.FreshRepo(), For: f.Cfg.Lease + 1500*time.Millisecond, Rename: true, IgnoreLost: true})
 		if err != nil {
 			t.Fatal(err)
 		}

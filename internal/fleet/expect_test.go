@@ -4,7 +4,4 @@ package fleet
 // today's main and whose fixes have not merged yet: their rows print their
 // counts without failing the run. Remove an item when its fix merges; the
 // table's last line names the items that did not reproduce in a run.
-var expectFail = map[string]string{
-	"13.2":  "wake: after a 2s black hole (fault proxy: bytes dropped, connections kept) push wake-ups fall back to timers (outages are fixed)",
-	"15.A2": "gormplugin: the next holder builds on a read taken before the previous holder's commit",
-}
+var expectFail = map[string]string{}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -217,9 +218,12 @@ func (f *Fleet) Rows(ctx context.Context) (map[uint]repoRow, error) {
 }
 
 // CacheLoads sums the cache loads every running process reports (GET /stats).
-func (f *Fleet) CacheLoads(ctx context.Context) (int64, error) {
+func (f *Fleet) CacheLoads(ctx context.Context, only ...int) (int64, error) {
 	var total int64
-	for _, p := range f.procs {
+	for i, p := range f.procs {
+		if len(only) > 0 && !slices.Contains(only, i) {
+			continue
+		}
 		u := p.URL()
 		if u == "" {
 			continue

@@ -13,10 +13,16 @@ import (
 // server, checks for leaked goroutines, and exits. When the binary is missing it
 // prints the skip message and exits 0 (1 when CACHEGUARD_REQUIRE_REDIS=1).
 func Main(m *testing.M, addr *string, leakOpts ...goleak.Option) {
-	os.Exit(run(m, addr, leakOpts))
+	os.Exit(run(m, addr, nil, leakOpts))
 }
 
-func run(m *testing.M, addr *string, leakOpts []goleak.Option) int {
+// MainThen is Main with then called once the tests have run, before the leak
+// check: the place to stop other shared servers (pgtest.Stop).
+func MainThen(m *testing.M, addr *string, then func(), leakOpts ...goleak.Option) {
+	os.Exit(run(m, addr, then, leakOpts))
+}
+
+func run(m *testing.M, addr *string, then func(), leakOpts []goleak.Option) int {
 	bin, err := Binary()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "SKIP:", err)
@@ -38,6 +44,9 @@ func run(m *testing.M, addr *string, leakOpts []goleak.Option) int {
 	}
 	*addr = s.Addr()
 	code := m.Run()
+	if then != nil {
+		then()
+	}
 	s.Close()
 	if code == 0 {
 		if err := goleak.Find(append(LeakOptions(), leakOpts...)...); err != nil {

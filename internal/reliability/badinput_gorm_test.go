@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"gorm.io/driver/sqlite"
@@ -56,6 +57,11 @@ func TestReliabilityBadInputGORM(t *testing.T) {
 		check("db.Use(New(nil))", open().Use(gormplugin.New(nil)))
 		check("db.Use(New(Redlock)) without NoFencing", open().Use(gormplugin.New(rl)))
 		check("InvalidateAgain(-1)", open().Use(gormplugin.New(c, gormplugin.InvalidateAgain(-1))))
+		check("UnavailableAfter(0)", open().Use(gormplugin.New(c, gormplugin.UnavailableAfter(0))))
+		check("MaxMatchedRows(0)", open().Use(gormplugin.New(c, gormplugin.MaxMatchedRows(0))))
+		check("RetryInvalidation(0, 1s)", open().Use(gormplugin.New(c, gormplugin.RetryInvalidation(0, time.Second))))
+		check("RetryInvalidation(3, 0)", open().Use(gormplugin.New(c, gormplugin.RetryInvalidation(3, 0))))
+		check("Observer(nil)", open().Use(gormplugin.New(c, gormplugin.Observer(nil))))
 		fn := func(*gorm.DB) error { return nil }
 		db := open()
 		if err := db.Use(gormplugin.New(c)); err != nil {

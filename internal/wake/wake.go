@@ -7,23 +7,33 @@
 // publish that follows the attempt cannot be missed. Messages can still be lost
 // while a connection is re-established; waiters therefore always keep a
 // fallback timer (the lease's remaining time), and never rely on push alone.
-// After a connection failed, every channel counts as unconfirmed until Redis
-// confirms it on the new connection (Subscribe waits for that, as for a new
-// channel), and a channel whose UNSUBSCRIBE was sent around the failure —
-// go-redis drops it from its resubscribe set before the write, and no
-// confirmation comes — counts as unsubscribed and is subscribed again when a
-// listener wants it, so no outage, however long, leaves a channel that looks
-// subscribed but is not.
 //
-// On a Redis Cluster, channels are shard channels (SSUBSCRIBE): each is
-// subscribed with its own command on the connection to the master that owns
-// its slot. go-redis would re-subscribe all channels of a connection in one
-// SSUBSCRIBE after a reconnect, which Redis rejects (CROSSSLOT) when they span
-// slots; so the Hub never lets a cluster connection reconnect by itself: when
-// one fails, when Redis answers MOVED, or when Redis drops a channel because
-// its slot moved (an unsolicited SUNSUBSCRIBE), the Hub reloads the slot map
-// and subscribes each affected channel again, one command each, wherever its
-// slot now lives.
+// The Hub, not go-redis, owns reconnection, on one server as on a cluster:
+// when a connection fails, the Hub retires it and subscribes each of its
+// channels again, one command each, on a fresh connection (on a cluster,
+// after reloading the slot map, wherever each channel's slot now lives:
+// go-redis would re-subscribe all channels of a connection in one SSUBSCRIBE,
+// which Redis rejects with CROSSSLOT when they span slots). Until Redis
+// confirms a channel on the new connection it counts as unconfirmed, and
+// Subscribe waits for that as for a new channel. A channel whose UNSUBSCRIBE
+// was lost with its connection is forgotten, or subscribed again if a
+// listener wants it, so no outage leaves a channel that looks subscribed but
+// is not. On a cluster the same happens to a channel when Redis answers MOVED
+// or drops it because its slot moved (an unsolicited SUNSUBSCRIBE).
+//
+// A connection can also fail without an error: a partition that keeps the
+// TCP connection open but drops the bytes (a "black hole") loses the commands
+// written into it, and no confirmation ever comes. The Hub therefore watches
+// every connection (see watch.go): a command not confirmed within
+// confirmWait, or a connection silent for keepalive, makes it send a PING
+// tagged with a sequence number. Redis answers in order, so a PONG proves
+// that every command written before its PING was processed: a command still
+// unconfirmed then was lost, and the connection is replaced at once. A
+// connection whose PINGs go unanswered for deadAfter is replaced too. While a
+// partition lasts less than deadAfter, the connection is kept, so channels
+// subscribed before it receive again the moment it heals; the ones whose
+// commands were lost in it are confirmed on a fresh connection within about
+// probeEvery of the heal.
 package wake
 
 import (
@@ -52,18 +62,19 @@ type Hub struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // non-nil: shard channels, one connection per master
 
-	mu     sync.Mutex          // guards the fields below and every channel's and conn's state
-	conns  map[string]*conn    // by master address ("" when not a cluster)
-	chans  map[string]*channel // by channel name
-	closed bool
-	done   chan struct{} // closed by Close
-	wg     sync.WaitGroup
+	mu      sync.Mutex               // guards the fields below and every channel's and conn's state
+	conns   map[string]*conn         // by master address ("" when not a cluster)
+	chans   map[string]*channel      // by channel name
+	backoff map[string]time.Duration // by address: the delay before the next connection after a failure
+	closed  bool
+	done    chan struct{} // closed by Close
+	wg      sync.WaitGroup
 }
 
 // New returns a Hub on rdb. On a *redis.ClusterClient it uses shard channels
 // (SSUBSCRIBE); otherwise plain SUBSCRIBE on one connection.
 func New(rdb redis.UniversalClient) *Hub {
-	h := &Hub{rdb: rdb, conns: map[string]*conn{}, chans: map[string]*channel{}, done: make(chan struct{})}
+	h := &Hub{rdb: rdb, conns: map[string]*conn{}, chans: map[string]*channel{}, backoff: map[string]time.Duration{}, done: make(chan struct{})}
 	h.cluster, _ = rdb.(*redis.ClusterClient)
 	return h
 }
@@ -75,9 +86,9 @@ type state int
 
 const (
 	detached      state = iota // not sent on any connection yet (being attached)
-	subscribing                // SUBSCRIBE sent (or queued for go-redis's reconnect), not confirmed
+	subscribing                // SUBSCRIBE sent (or to be sent once its connection is up), not confirmed
 	subscribed                 // confirmed by Redis on the current connection
-	unsubscribing              // UNSUBSCRIBE sent; go-redis no longer re-subscribes it
+	unsubscribing              // UNSUBSCRIBE sent, not confirmed
 )
 
 type channel struct {
@@ -90,6 +101,7 @@ type channel struct {
 	err    error
 	subs   map[*Sub]bool
 	linger *time.Timer // pending unsubscribe of an idle channel
+	gen    uint64      // counts the commands sent for the channel (see conn.pending)
 }
 
 func (ch *channel) confirmed() bool {
@@ -107,13 +119,6 @@ func (ch *channel) unconfirm() {
 	if ch.confirmed() {
 		ch.ready = make(chan struct{})
 	}
-}
-
-type conn struct {
-	addr string
-	ps   *redis.PubSub
-	stop context.CancelFunc
-	dead bool // failed (cluster): no longer used for new subscriptions
 }
 
 // Sub is one listener on one channel. Close it when done.
@@ -193,74 +198,22 @@ func (h *Hub) detachFailed(ch *channel, s *Sub, err error) {
 	for o := range ch.subs {
 		delete(ch.subs, o)
 	}
-	if h.chans[ch.name] == ch {
-		delete(h.chans, ch.name)
-	}
+	h.forget(ch)
 	ch.err = err
 	close(ch.failed)
 }
 
-// attach subscribes ch on the connection to the node that serves it.
-func (h *Hub) attach(ctx context.Context, ch *channel) error {
-	addr := ""
-	if h.cluster != nil {
-		node, err := h.cluster.MasterForKey(ctx, ch.name)
-		if err != nil {
-			return err
-		}
-		addr = node.Options().Addr
+// forget drops ch from the hub (h.mu held).
+func (h *Hub) forget(ch *channel) {
+	if h.chans[ch.name] == ch {
+		delete(h.chans, ch.name)
 	}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return ErrClosed
+	if ch.linger != nil {
+		ch.linger.Stop()
+		ch.linger = nil
 	}
-	c := h.conns[addr]
-	if c == nil || c.dead {
-		c = h.newConn(addr)
-		h.conns[addr] = c
-	}
-	ch.conn, ch.state = c, subscribing
-	h.mu.Unlock()
-	_ = h.sendCtx(ctx, c, "subscribe", ch.name) // a failed write stays in go-redis's set: subscribed on reconnect
-	return nil
-}
-
-func (h *Hub) newConn(addr string) *conn {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &conn{addr: addr, stop: cancel}
-	if h.cluster != nil {
-		c.ps = h.cluster.SSubscribe(ctx)
-	} else {
-		c.ps = h.rdb.Subscribe(ctx)
-	}
-	h.wg.Add(1)
-	go h.read(ctx, c)
-	return c
-}
-
-// send writes a (un)subscribe command. go-redis keeps a channel being
-// subscribed in its set even when the write fails, and subscribes it again on
-// reconnect. A channel being unsubscribed leaves that set before the write:
-// when the write fails, or the connection fails before Redis confirmed, the
-// channel is subscribed nowhere, and no confirmation will come (see
-// unsubscribed and reconnected).
-func (h *Hub) send(c *conn, op, name string) error {
-	return h.sendCtx(context.Background(), c, op, name)
-}
-
-func (h *Hub) sendCtx(ctx context.Context, c *conn, op, name string) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	switch {
-	case op == "subscribe" && h.cluster != nil:
-		return c.ps.SSubscribe(ctx, name)
-	case op == "subscribe":
-		return c.ps.Subscribe(ctx, name)
-	case h.cluster != nil:
-		return c.ps.SUnsubscribe(ctx, name)
-	default:
-		return c.ps.Unsubscribe(ctx, name)
+	if ch.conn != nil {
+		delete(ch.conn.pending, ch)
 	}
 }
 
@@ -281,23 +234,22 @@ func (h *Hub) release(s *Sub) {
 
 func (h *Hub) idle(ch *channel) {
 	h.mu.Lock()
-	send := !h.closed && ch.linger != nil && ch.state == subscribed && len(ch.subs) == 0
+	send := !h.closed && h.chans[ch.name] == ch && ch.linger != nil && ch.state == subscribed && len(ch.subs) == 0
 	ch.linger = nil
+	var gen uint64
+	c := ch.conn
 	if send {
 		ch.state = unsubscribing
 		ch.unconfirm()
+		gen = h.expect(c, ch)
 	}
-	c := ch.conn
 	h.mu.Unlock()
 	if send {
-		if err := h.send(c, "unsubscribe", ch.name); err != nil {
-			h.unsubscribed(c, ch)
-		}
+		h.write(context.Background(), c, ch, gen, "unsubscribe")
 	}
 }
 
-// unsubscribed ends the unsubscription of ch on c: confirmed by Redis, or
-// known to have happened because go-redis dropped the channel (see send). A
+// unsubscribed ends the unsubscription of ch on c, confirmed by Redis. A
 // channel that got listeners meanwhile is subscribed again; otherwise it is
 // forgotten.
 func (h *Hub) unsubscribed(c *conn, ch *channel) {
@@ -306,41 +258,19 @@ func (h *Hub) unsubscribed(c *conn, ch *channel) {
 		h.mu.Unlock()
 		return
 	}
+	delete(c.pending, ch)
 	resend := ch.again || len(ch.subs) > 0
+	var gen uint64
 	if resend {
 		ch.again = false
 		ch.state = subscribing
+		gen = h.expect(c, ch)
 	} else {
-		delete(h.chans, ch.name)
+		h.forget(ch)
 	}
 	h.mu.Unlock()
 	if resend {
-		_ = h.send(c, "subscribe", ch.name) // kept for the reconnect even if this write fails
-	}
-}
-
-// reconnected records that c's connection failed (one server: go-redis dials
-// again and re-subscribes its set). Subscribed channels stay in that set but
-// are unconfirmed until Redis confirms them again; channels being
-// unsubscribed are not in it any more, so they are unsubscribed now.
-func (h *Hub) reconnected(c *conn) {
-	h.mu.Lock()
-	var gone []*channel
-	for _, ch := range h.chans {
-		if ch.conn != c {
-			continue
-		}
-		switch ch.state {
-		case subscribed:
-			ch.state = subscribing
-			ch.unconfirm()
-		case unsubscribing:
-			gone = append(gone, ch)
-		}
-	}
-	h.mu.Unlock()
-	for _, ch := range gone {
-		h.unsubscribed(c, ch)
+		h.write(context.Background(), c, ch, gen, "subscribe")
 	}
 }
 
@@ -386,50 +316,20 @@ func (h *Hub) Close() {
 			ch.linger = nil
 		}
 	}
-	conns := h.conns
+	var up []*conn
+	for _, c := range h.conns {
+		c.dead = true
+		c.stop()
+		if c.up {
+			up = append(up, c)
+		} // else its goroutine closes it when its attempt returns
+	}
 	h.conns = map[string]*conn{}
 	h.mu.Unlock()
-	for _, c := range conns {
-		c.stop()
+	for _, c := range up {
 		_ = c.ps.Close() // closing: nothing to do about an error
 	}
 	h.wg.Wait()
-}
-
-func (h *Hub) read(ctx context.Context, c *conn) {
-	defer h.wg.Done()
-	backoff := 10 * time.Millisecond
-	for ctx.Err() == nil {
-		msg, err := c.ps.ReceiveTimeout(ctx, 10*time.Second)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			var nerr interface{ Timeout() bool }
-			if errors.As(err, &nerr) && nerr.Timeout() {
-				_ = c.ps.Ping(ctx) // a dead connection fails here and shows on the next receive
-				continue
-			}
-			if h.cluster != nil {
-				h.fail(c, backoff)
-				return
-			}
-			// One server: go-redis re-dials and re-subscribes its set.
-			h.reconnected(c)
-			if !h.sleep(backoff) {
-				return
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 10 * time.Millisecond
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			h.confirm(c, m)
-		case *redis.Message:
-			h.deliver(c, m.Channel, m.Payload)
-		}
-	}
 }
 
 func (h *Hub) sleep(d time.Duration) bool {
@@ -443,62 +343,9 @@ func (h *Hub) sleep(d time.Duration) bool {
 	}
 }
 
-// fail retires a cluster connection and re-routes its channels, each with its
-// own command, to the masters that serve them now.
-func (h *Hub) fail(c *conn, backoff time.Duration) {
-	h.mu.Lock()
-	c.dead = true
-	if h.conns[c.addr] == c {
-		delete(h.conns, c.addr)
-	}
-	var moved []*channel
-	for _, ch := range h.chans {
-		if ch.conn == c {
-			ch.unconfirm()
-			moved = append(moved, ch)
-		}
-	}
-	h.mu.Unlock()
-	c.stop()
-	_ = c.ps.Close() // the connection failed already
-	h.reroute(moved, backoff)
-}
-
-// reroute reloads the cluster's slot map and subscribes chans again where
-// their slots now live, retrying with backoff while no node will take them.
-func (h *Hub) reroute(chans []*channel, backoff time.Duration) {
-	for len(chans) > 0 {
-		if !h.sleep(backoff) {
-			return
-		}
-		backoff = min(2*backoff, time.Second)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		h.cluster.ReloadState(ctx)
-		var retry []*channel
-		for _, ch := range chans {
-			h.mu.Lock()
-			drop := h.closed || h.chans[ch.name] != ch || (len(ch.subs) == 0 && !ch.again && ch.state != subscribing)
-			if drop && h.chans[ch.name] == ch {
-				if ch.linger != nil {
-					ch.linger.Stop()
-				}
-				delete(h.chans, ch.name)
-			}
-			h.mu.Unlock()
-			if drop {
-				continue
-			}
-			if err := h.attach(ctx, ch); err != nil {
-				retry = append(retry, ch)
-			}
-		}
-		cancel()
-		chans = retry
-	}
-}
-
 func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 	h.mu.Lock()
+	c.heard = time.Now()
 	ch := h.chans[m.Channel]
 	if ch == nil || ch.conn != c {
 		h.mu.Unlock()
@@ -508,6 +355,7 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 	switch m.Kind {
 	case "subscribe", "ssubscribe":
 		if ch.state == subscribing {
+			delete(c.pending, ch)
 			ch.state = subscribed
 			if !ch.confirmed() {
 				close(ch.ready)
@@ -536,7 +384,7 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			h.reroute([]*channel{ch}, 10*time.Millisecond)
+			h.reroute([]*channel{ch}, minBackoff)
 		}()
 	}
 }
@@ -544,6 +392,7 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 func (h *Hub) deliver(c *conn, name, payload string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	c.heard = time.Now()
 	ch := h.chans[name]
 	if ch == nil {
 		return

@@ -1,0 +1,74 @@
+package gormplugin
+
+import "fmt"
+
+// EventKind says what an Event reports.
+type EventKind int
+
+const (
+	// InvalidateFailed: an invalidation after COMMIT failed (Err); the write
+	// has committed and returned nil, and the invalidation will be retried in
+	// the background (see RetryInvalidation).
+	InvalidateFailed EventKind = iota + 1
+	// InvalidateRetried: a retry of a failed invalidation succeeded.
+	InvalidateRetried
+	// InvalidateDropped: an invalidation was given up — its retries ran out,
+	// too many were pending, or Close (or Shutdown's context) ended first.
+	// Its keys may be served stale until they expire.
+	InvalidateDropped
+	// WroteUnguarded: FailOpen sent a write without its row locks because the
+	// lock service was unavailable (Err).
+	WroteUnguarded
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case InvalidateFailed:
+		return "InvalidateFailed"
+	case InvalidateRetried:
+		return "InvalidateRetried"
+	case InvalidateDropped:
+		return "InvalidateDropped"
+	case WroteUnguarded:
+		return "WroteUnguarded"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is what the plugin reports to an Observer.
+type Event struct {
+	Kind    EventKind
+	Table   string   // WroteUnguarded: the table written
+	Keys    []string // invalidation events: the cache keys
+	Attempt int      // invalidation events: the attempts made so far
+	Err     error    // the failure, when there is one
+}
+
+// Observer makes the plugin report what it does in the background, and what
+// it let through, to f: failed, retried and dropped invalidations and
+// unguarded (FailOpen) writes. Each is also logged as a warning through
+// GORM's logger. f is called synchronously from the plugin's goroutines and
+// from writes: it must be quick and must not block; a panic in it is
+// recovered and logged. The default is none.
+func Observer(f func(Event)) Option {
+	return func(c *config) {
+		if f == nil {
+			c.fail(invalid("nil Observer"))
+			return
+		}
+		c.observer = f
+	}
+}
+
+// emit reports e to the observer, if any.
+func (p *Plugin) emit(e Event) {
+	if p.cfg.observer == nil {
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			p.warnBg("gormplugin: the Observer panicked on %v: %v", e.Kind, v)
+		}
+	}()
+	p.cfg.observer(e)
+}
