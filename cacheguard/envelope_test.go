@@ -62,3 +62,18 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// An early refresh never starts more than a twentieth of the TTL before
+// expiry, however slow the last load or large β.
+func TestXFetchWithinTheLastTwentieth(t *testing.T) {
+	e := envelope{freshUntil: 100_000, delta: time.Hour}
+	const ttl = 60 * time.Second // a twentieth: 3s
+	for range 1000 {
+		if xfetch(e.freshUntil-3_001, &e, 1e9, ttl) {
+			t.Fatal("refreshed 3.001s before expiry with a 60s TTL")
+		}
+	}
+	if !xfetch(e.freshUntil-2_999, &e, 1e9, ttl) {
+		t.Fatal("no refresh 2.999s before expiry with a huge β")
+	}
+}

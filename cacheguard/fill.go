@@ -13,9 +13,19 @@ import (
 // flight's outcome. A flight whose lease turns out lost takes no new callers:
 // what it loads may be older than what another fill stored meanwhile.
 func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id uint64) *outcome {
-	v, err := c.fill(ctx, ks, l, func() { f.closed.Store(true) })
+	v, err := c.fill(ctx, ks, l, fillMiss, func() { f.closed.Store(true) })
 	return &outcome{leader: id, loaded: true, val: v, err: err}
 }
+
+// fillKind says why a fill runs: it decides whether the stored TTL is
+// jittered (see Jitter).
+type fillKind uint8
+
+const (
+	fillMiss  fillKind = iota // nothing servable was cached (a flight, or a miss under FailFast)
+	fillStale                 // a stale value was served (ServeStale)
+	fillEarly                 // an early refresh of a fresh value (XFetch)
+)
 
 // fill runs the loader while renewing the fill lease, then stores the value
 // (or the absence) with the lease's compare-and-set and wakes the waiters, or,
@@ -24,7 +34,7 @@ func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id
 // error matching ErrClosed, is handed over: the lease is released with a
 // message that makes a waiter elsewhere take the fill over at once, and this
 // process's callers get ErrClosed — never an error for others.
-func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T, error) {
+func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, lost func()) (T, error) {
 	g := c.g
 	start := time.Now()
 	stop := g.renewLease(ctx, ks, l, c.cfg.lease, lost)
@@ -52,7 +62,10 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T,
 			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
 			return v, err
 		}
-		fresh := jittered(c.cfg.ttl, c.cfg.jitter)
+		fresh := c.cfg.ttl
+		if kind == fillMiss {
+			fresh = jittered(fresh, c.cfg.jitter)
+		}
 		env := &envelope{
 			freshUntil: now + fresh.Milliseconds(),
 			staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(),
@@ -67,7 +80,10 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, lost func()) (T,
 		}
 		return v, nil
 	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
-		ttl := jittered(c.cfg.negTTL, c.cfg.jitter)
+		ttl := c.cfg.negTTL
+		if kind == fillMiss {
+			ttl = jittered(ttl, c.cfg.jitter)
+		}
 		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
 		if ok, serr := g.store(ctx, ks, l, env.encode(), ttl); serr != nil {
 			g.note(EventRedisError, c.key, 0, serr)
@@ -143,7 +159,7 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 // value is still the one fresh until after), or a miss under FailFast. The
 // lease is taken only when the value is not fresh until later than after (0:
 // now), so a refresh that another process finished meanwhile is not repeated.
-func (c *call[T]) refresh(ctx context.Context, gen int64, force, early bool, after int64) {
+func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillKind, after int64) {
 	g := c.g
 	ks := g.keys(c.key, c.rep)
 	mark := ks.rep + " " + strconv.FormatInt(gen, 10)
@@ -178,10 +194,10 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force, early bool, aft
 			}
 			return
 		}
-		if early {
+		if kind == fillEarly {
 			g.note(EventEarlyRefresh, c.key, 0, nil)
 		}
-		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, func() {})
+		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {})
 	}()
 }
 

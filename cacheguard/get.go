@@ -102,7 +102,7 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	}
 	if c.cfg.policy == policyFailFast && redisErr == nil {
 		g.note(EventMiss, c.key, 0, nil)
-		c.detach().refresh(ctx, s.gen, force, false, 0)
+		c.detach().refresh(ctx, s.gen, force, fillMiss, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
 	return c.detach().wait(ctx, start, budget, s, force, redisErr)
@@ -131,8 +131,8 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			g.note(EventDecodeError, c.key, 0, err)
 			return v, 0, err, false
 		}
-		if xfetch(now, &env, c.cfg.beta) {
-			c.detach().refresh(ctx, env.gen, false, true, env.freshUntil)
+		if xfetch(now, &env, c.cfg.beta, c.cfg.ttl) {
+			c.detach().refresh(ctx, env.gen, false, fillEarly, env.freshUntil)
 		}
 		g.note(EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -142,18 +142,24 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			return v, 0, err, false
 		}
 		g.note(EventStale, c.key, 0, nil)
-		c.detach().refresh(ctx, env.gen, false, false, 0)
+		c.detach().refresh(ctx, env.gen, false, fillStale, 0)
 		return v, Stale, nil, true
 	}
 	return v, 0, nil, false
 }
 
-// xfetch decides a probabilistic early refresh: now − Δ·β·ln(rand) ≥ fresh-until.
-func xfetch(now int64, e *envelope, beta float64) bool {
+// earlyRefreshShare is the share of the TTL, at its end, within which an
+// early refresh may start (see EarlyRefresh).
+const earlyRefreshShare = 20 // the last 1/20
+
+// xfetch decides a probabilistic early refresh: now − Δ·β·ln(rand) ≥
+// fresh-until, the gap Δ·β·ln(rand) capped at ttl/earlyRefreshShare.
+func xfetch(now int64, e *envelope, beta float64, ttl time.Duration) bool {
 	if beta <= 0 || e.delta <= 0 {
 		return false
 	}
 	gap := -float64(e.delta.Microseconds()) / 1000 * beta * math.Log(rand.Float64())
+	gap = min(gap, float64(ttl.Milliseconds())/earlyRefreshShare)
 	return float64(now)+gap >= float64(e.freshUntil)
 }
 

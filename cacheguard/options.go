@@ -137,13 +137,21 @@ func NegativeTTL(d time.Duration) Option { return func(c *config) { c.negTTL = d
 // EarlyRefresh sets β of probabilistic early refresh (XFetch): a hit refreshes
 // the value in the background when now − Δ·β·ln(rand) ≥ fresh-until, Δ being
 // the stored duration of its last load, so a hot key is usually refreshed
-// before it expires, by one caller. Larger β refreshes earlier. The default is
-// 1; 0 turns it off.
+// before it expires, by one caller. Larger β refreshes earlier, but never
+// more than a twentieth of the TTL before expiry: the refreshed value is
+// stored fresh for a full TTL from the end of its load, so a key read without
+// pause costs at most about 5% more loads than one refreshed exactly at
+// expiry (a refresh that cannot finish within that twentieth — a load slower
+// than TTL/20 — makes the calls after expiry wait for it, or under
+// ServeStale serves them the stale value). The default is 1; 0 turns it off.
 func EarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
 
-// Jitter shortens each stored TTL by a random fraction in [0, frac), so keys
-// loaded together do not expire together. The default is 0.1; 0 turns it off;
-// it must be below 1.
+// Jitter shortens the TTL of a value loaded after a miss by a random fraction
+// in [0, frac), so that keys loaded together (at a cold start, or after an
+// invalidation of many keys) do not expire together. A refresh — early, or of
+// a stale value — stores a full TTL: its moment already comes from the
+// requests that triggered it, and a shorter TTL would only cost loads. The
+// default is 0.1; 0 turns it off; it must be below 1.
 func Jitter(frac float64) Option { return func(c *config) { c.jitter = frac } }
 
 // LoadTimeout bounds the context a loader runs under. That context is detached

@@ -2,6 +2,7 @@ package cacheguard_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -196,25 +197,73 @@ func TestNegativeCaching(t *testing.T) {
 	}
 }
 
+// TestEarlyRefresh: a hit close to expiry refreshes the value in the
+// background — no earlier than the last twentieth of the TTL, whatever β —
+// and the refreshed value is stored for a full TTL (no jitter), while a value
+// loaded after a miss has its TTL jittered.
 func TestEarlyRefresh(t *testing.T) {
 	ctx := context.Background()
-	g, _ := newGuard(t, cacheguard.EarlyRefresh(1e9)) // β so large that every hit refreshes
+	const ttl = 2 * time.Second
+	// β so large that every hit within the last twentieth (100ms) refreshes.
+	g, rdb := newGuard(t, cacheguard.EarlyRefresh(1e9), cacheguard.TTL(ttl), cacheguard.Jitter(0.9))
 	key := testKey(t)
 	c := &counter{delay: time.Millisecond, name: "e"}
+	freshUntil := func() time.Time {
+		b, _ := rdb.HGet(ctx, valueKey(key), itemField).Bytes()
+		if len(b) < 32 {
+			return time.Time{}
+		}
+		return time.UnixMilli(int64(binary.BigEndian.Uint64(b[4:])))
+	}
 	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
 		t.Fatal(err)
 	}
+	first := freshUntil()
 	var res cacheguard.Result
 	v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.ReportTo(&res))
 	if err != nil || v.ID != 1 || res != cacheguard.Hit {
 		t.Fatalf("hit = %v, %v, %v", v, err, res)
 	}
+	if time.Until(first) > ttl/20 && g.Stats().EarlyRefreshes != 0 {
+		t.Fatalf("an early refresh %v before expiry, more than a twentieth of the TTL", time.Until(first))
+	}
+	// Read until a hit falls within the last twentieth and refreshes (in the
+	// background: seen once this hit or the one before it has returned).
+	var start, before time.Time
 	eventually(t, 5*time.Second, "refreshed in the background", func() bool {
-		v, err := cacheguard.Get(ctx, g, key, c.load, cacheguard.EarlyRefresh(0))
-		return err == nil && v.ID == 2
+		before, start = start, time.Now()
+		_, err := cacheguard.Get(ctx, g, key, c.load)
+		return err == nil && g.Stats().EarlyRefreshes == 1
 	})
-	if st := g.Stats(); st.EarlyRefreshes < 1 {
-		t.Fatalf("stats %+v, want an early refresh", st)
+	if !before.IsZero() {
+		start = before
+	}
+	eventually(t, 5*time.Second, "the refresh stored", func() bool { return c.n.Load() == 2 && !freshUntil().Equal(first) })
+	if fu := freshUntil(); fu.Before(start.Add(ttl)) {
+		t.Fatalf("refreshed value fresh until %v after the refreshing hit, want the full TTL %v (no jitter)", fu.Sub(start), ttl)
+	}
+	if st := g.Stats(); st.Misses != 1 || st.Loads != 2 {
+		t.Fatalf("stats %+v, want one miss and one early refresh (the refresh ends before expiry)", st)
+	}
+}
+
+// A value loaded after a miss has its TTL shortened by the jitter.
+func TestJitterOnMisses(t *testing.T) {
+	ctx := context.Background()
+	const ttl = time.Hour
+	g, rdb := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0.9))
+	shortest := ttl
+	for i := range 5 {
+		key := testKey(t, fmt.Sprint(i))
+		start := time.Now()
+		if _, err := cacheguard.Get(ctx, g, key, (&counter{}).load); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := rdb.HGet(ctx, valueKey(key), itemField).Bytes()
+		shortest = min(shortest, time.UnixMilli(int64(binary.BigEndian.Uint64(b[4:]))).Sub(start))
+	}
+	if shortest > ttl*95/100 {
+		t.Fatalf("5 misses with Jitter(0.9): the shortest TTL is %v of %v", shortest, ttl)
 	}
 }
 
