@@ -2,14 +2,21 @@
 // entry expires, one request across every process sharing the Redis loads it
 // while the others wait a few milliseconds for the value or are served the stale one.
 //
+// New panics with a "cacheguard:" message on programmer error (a nil client,
+// an invalid option value); everything that talks to Redis returns errors.
+// Options are typed by scope: New takes Options (the Guard-wide ones —
+// Prefix, MaxConcurrentLoads, Observer, Logger — and every Setting, as the
+// Guard's default), Get takes CallOptions (Variant, ReportTo, and every
+// Setting, overriding that default), so a misplaced option does not compile.
+//
 // # How a miss is served
 //
-// A hit is one HGET of the value (see Keys), shared by the callers of one
-// process that read the same key at the same moment (so a stampede costs one
-// read per process, not one per request; a caller shares only a read sent
-// after it arrived). On a miss those callers
-// share one flight per key and type (see Consistency for which flight a call
-// may join). The flight runs one script
+// A hit is one HGET of the value (see Keys). The callers of one process that
+// read the same key at once send up to one read per core; the others share
+// the next one (so a stampede costs a few reads per process, not one per
+// request; a caller shares only a read sent after it arrived). On a miss
+// those callers share one flight per key and type (see Consistency for which
+// flight a call may join). The flight runs one script
 // that returns the value if it is fresh or else grants the fill lease (SET
 // with a random token) — atomically, so a fill that completes between the
 // miss and the script is never loaded twice. A flight that finds another fill

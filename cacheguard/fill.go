@@ -74,7 +74,7 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 			payload:    payload,
 		}
 		if ok, err := g.store(ctx, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
-			g.note(EventRedisError, c.key, 0, err)
+			g.note(ctx, EventRedisError, c.key, 0, err)
 		} else if !ok {
 			lost()
 		}
@@ -86,7 +86,7 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 		}
 		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
 		if ok, serr := g.store(ctx, ks, l, env.encode(), ttl); serr != nil {
-			g.note(EventRedisError, c.key, 0, serr)
+			g.note(ctx, EventRedisError, c.key, 0, serr)
 		} else if !ok {
 			lost()
 		}
@@ -102,7 +102,7 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 
 func (c *call[T]) releaseLease(ctx context.Context, ks keySet, l lease, msg string) {
 	if err := c.g.release(ctx, ks, l, msg); err != nil {
-		c.g.note(EventRedisError, c.key, 0, err)
+		c.g.note(ctx, EventRedisError, c.key, 0, err)
 	}
 }
 
@@ -116,7 +116,7 @@ func (c *call[T]) runLoader(ctx context.Context) (v T, err error) {
 		if p := recover(); p != nil {
 			err = newPanicError(p)
 		}
-		c.g.note(EventLoad, c.key, time.Since(start), err)
+		c.g.note(ctx, EventLoad, c.key, time.Since(start), err)
 	}()
 	return c.load(lctx)
 }
@@ -148,7 +148,7 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 			return &outcome{leader: id, err: errFlightExpired}
 		}
 	}
-	g.note(EventFailOpen, c.key, 0, cause)
+	g.note(ctx, EventFailOpen, c.key, 0, cause)
 	v, err := c.runLoader(ctx)
 	return &outcome{leader: id, loaded: true, val: v, err: err}
 }
@@ -184,7 +184,7 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillK
 		r, err := g.getLease(tctx, ks, tok, c.cfg.lease, after, force)
 		if err != nil {
 			if tctx.Err() == nil {
-				g.note(EventRedisError, c.key, 0, err)
+				g.note(ctx, EventRedisError, c.key, 0, err)
 			}
 			return
 		}
@@ -195,7 +195,7 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillK
 			return
 		}
 		if kind == fillEarly {
-			g.note(EventEarlyRefresh, c.key, 0, nil)
+			g.note(ctx, EventEarlyRefresh, c.key, 0, nil)
 		}
 		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {})
 	}()

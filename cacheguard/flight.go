@@ -73,12 +73,12 @@ func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, d
 		case err != nil && wctx.Err() != nil:
 			return &outcome{leader: id, err: errFlightExpired}
 		case err != nil:
-			g.note(EventRedisError, c.key, 0, err)
+			g.note(ctx, EventRedisError, c.key, 0, err)
 			return c.failOpen(ctx, id, deadline, err)
 		case r.granted:
 			return c.fillFor(ctx, f, ks, lease{gen: r.gen, token: tok}, id)
 		case r.fresh:
-			if o := c.remote(id, r.value); o != nil {
+			if o := c.remote(ctx, id, r.value); o != nil {
 				return o
 			}
 			force = true // unreadable: take the lease and replace it
@@ -106,7 +106,7 @@ func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, d
 		timer.Reset(d + rand.N(d/10+1))
 		select {
 		case m := <-wakeC:
-			if o := c.fromWake(id, m, r.holder); o != nil {
+			if o := c.fromWake(ctx, id, m, r.holder); o != nil {
 				return o
 			}
 		case <-timer.C:
@@ -121,21 +121,21 @@ func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, d
 
 // remote turns an envelope stored by another caller into an outcome, or nil
 // when it cannot be decoded (counted).
-func (c *call[T]) remote(id uint64, b []byte) *outcome {
+func (c *call[T]) remote(ctx context.Context, id uint64, b []byte) *outcome {
 	g := c.g
 	env, err := decodeEnvelope(b)
 	if err != nil {
-		g.note(EventDecodeError, c.key, 0, err)
+		g.note(ctx, EventDecodeError, c.key, 0, err)
 		return nil
 	}
-	g.note(EventCoalescedRemote, c.key, 0, nil)
+	g.note(ctx, EventCoalescedRemote, c.key, 0, nil)
 	if env.negative {
-		g.note(EventNegativeHit, c.key, 0, nil)
+		g.note(ctx, EventNegativeHit, c.key, 0, nil)
 		return &outcome{leader: id, err: c.notFound()}
 	}
 	v, err := decodeValue[T](c.cfg.codec, &env)
 	if err != nil {
-		g.note(EventDecodeError, c.key, 0, err)
+		g.note(ctx, EventDecodeError, c.key, 0, err)
 		return nil
 	}
 	return &outcome{leader: id, val: v}
@@ -150,7 +150,7 @@ func (c *call[T]) remote(id uint64, b []byte) *outcome {
 // earlier fill can arrive after an invalidation that came later (the
 // subscription may predate this flight). It returns nil when the flight must
 // ask again.
-func (c *call[T]) fromWake(id uint64, m, holder string) *outcome {
+func (c *call[T]) fromWake(ctx context.Context, id uint64, m, holder string) *outcome {
 	if m == "" || m[0] == 'x' {
 		return nil
 	}
@@ -167,7 +167,7 @@ func (c *call[T]) fromWake(id uint64, m, holder string) *outcome {
 		if env, err := decodeEnvelope(b); err != nil || time.Now().UnixMilli() >= env.freshUntil {
 			return nil // unreadable or already old: ask Redis
 		}
-		return c.remote(id, b)
+		return c.remote(ctx, id, b)
 	case 'e':
 		return &outcome{leader: id, err: remoteError(c.key, body)}
 	case 'n':

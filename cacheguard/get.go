@@ -42,7 +42,7 @@ import (
 // slices, treat the value as read-only. Bad input (nil guard, empty or
 // oversize key, nil loader, invalid option) is an ErrInvalid before any Redis
 // call.
-func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Context) (T, error), opts ...Option) (T, error) {
+func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Context) (T, error), opts ...CallOption) (T, error) {
 	cfg, err := g.callConfig(key, load != nil, opts)
 	if err != nil {
 		var zero T
@@ -84,14 +84,14 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
 	case errors.Is(err, errBudget):
-		g.note(EventRedisError, c.key, 0, err)
+		g.note(ctx, EventRedisError, c.key, 0, err)
 		return c.detach().timedOut(ctx)
 	case errors.Is(err, ErrClosed):
 		return zero, Miss, err
 	case err != nil:
 		return zero, Miss, c.ctxErr(ctx)
 	case s.err != nil:
-		g.note(EventRedisError, c.key, 0, s.err)
+		g.note(ctx, EventRedisError, c.key, 0, s.err)
 		redisErr = s.err
 	case s.b != nil:
 		v, res, err, done := c.fromStored(ctx, s, start.UnixMilli())
@@ -101,7 +101,7 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 		force = err != nil
 	}
 	if c.cfg.policy == policyFailFast && redisErr == nil {
-		g.note(EventMiss, c.key, 0, nil)
+		g.note(ctx, EventMiss, c.key, 0, nil)
 		c.detach().refresh(ctx, s.gen, force, fillMiss, 0)
 		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
 	}
@@ -118,30 +118,30 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 	g := c.g
 	env, err := decodeEnvelope(s.b)
 	if err != nil {
-		g.note(EventDecodeError, c.key, 0, err)
+		g.note(ctx, EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
 	}
 	switch {
 	case now < env.freshUntil && env.negative:
-		g.note(EventHit, c.key, 0, nil)
-		g.note(EventNegativeHit, c.key, 0, nil)
+		g.note(ctx, EventHit, c.key, 0, nil)
+		g.note(ctx, EventNegativeHit, c.key, 0, nil)
 		return v, Hit, c.notFound(), true
 	case now < env.freshUntil:
 		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-			g.note(EventDecodeError, c.key, 0, err)
+			g.note(ctx, EventDecodeError, c.key, 0, err)
 			return v, 0, err, false
 		}
 		if xfetch(now, &env, c.cfg.beta, c.cfg.ttl) {
 			c.detach().refresh(ctx, env.gen, false, fillEarly, env.freshUntil)
 		}
-		g.note(EventHit, c.key, 0, nil)
+		g.note(ctx, EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
 	case now < env.staleUntil && !env.negative && c.cfg.policy != policyWait:
 		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-			g.note(EventDecodeError, c.key, 0, err)
+			g.note(ctx, EventDecodeError, c.key, 0, err)
 			return v, 0, err, false
 		}
-		g.note(EventStale, c.key, 0, nil)
+		g.note(ctx, EventStale, c.key, 0, nil)
 		c.detach().refresh(ctx, env.gen, false, fillStale, 0)
 		return v, Stale, nil, true
 	}
@@ -209,7 +209,7 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 			// Counted once the call has joined a flight, so a miss in Stats
 			// (or an observer's EventMiss) is a call already waiting for it.
 			missed = true
-			g.note(EventMiss, c.key, 0, nil)
+			g.note(ctx, EventMiss, c.key, 0, nil)
 		}
 		select {
 		case <-done:
@@ -227,7 +227,7 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 				return c.timedOut(ctx)
 			}
 			if o.leader != id {
-				g.note(EventCoalescedLocal, c.key, 0, nil)
+				g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
 			}
 			return c.deliver(o, id)
 		case <-ctx.Done():
@@ -241,7 +241,7 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 }
 
 func (c *call[T]) timedOut(ctx context.Context) (T, Result, error) {
-	c.g.note(EventWaitTimeout, c.key, 0, nil)
+	c.g.note(ctx, EventWaitTimeout, c.key, 0, nil)
 	if c.cfg.onTimeout == TimeoutLoad {
 		return c.loadWithoutLease(ctx)
 	}
@@ -271,7 +271,7 @@ func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
 	case <-w.done:
 		o := w.r
 		if o.leader != id {
-			g.note(EventCoalescedLocal, c.key, 0, nil)
+			g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
 		}
 		return c.deliver(o, id)
 	case <-ctx.Done():

@@ -53,22 +53,21 @@ func TestBadInputBeforeRedis(t *testing.T) {
 		g    *cacheguard.Guard
 		key  string
 		load func(context.Context) (item, error)
-		opts []cacheguard.Option
+		opts []cacheguard.CallOption
 	}{
 		{"nil guard", nil, "k", load, nil},
 		{"empty key", g, "", load, nil},
 		{"oversize key", g, strings.Repeat("k", cacheguard.MaxKeyLen+1), load, nil},
 		{"nil loader", g, "k", nil, nil},
-		{"negative TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(-time.Second)}},
-		{"zero TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(0)}},
-		{"negative stale window", g, "k", load, []cacheguard.Option{cacheguard.ServeStale(-time.Second)}},
-		{"negative negative TTL", g, "k", load, []cacheguard.Option{cacheguard.NegativeTTL(-time.Second)}},
-		{"negative wait", g, "k", load, []cacheguard.Option{cacheguard.Wait(-time.Second)}},
-		{"jitter 1", g, "k", load, []cacheguard.Option{cacheguard.Jitter(1)}},
-		{"negative beta", g, "k", load, []cacheguard.Option{cacheguard.EarlyRefresh(-1)}},
-		{"short fill lease", g, "k", load, []cacheguard.Option{cacheguard.FillLease(time.Millisecond)}},
-		{"nil codec", g, "k", load, []cacheguard.Option{cacheguard.WithCodec(nil)}},
-		{"prefix per call", g, "k", load, []cacheguard.Option{cacheguard.Prefix("x:")}},
+		{"negative TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(-time.Second)}},
+		{"zero TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(0)}},
+		{"negative stale window", g, "k", load, []cacheguard.CallOption{cacheguard.ServeStale(-time.Second)}},
+		{"negative negative TTL", g, "k", load, []cacheguard.CallOption{cacheguard.NegativeTTL(-time.Second)}},
+		{"negative wait", g, "k", load, []cacheguard.CallOption{cacheguard.WaitBudget(-time.Second)}},
+		{"jitter 1", g, "k", load, []cacheguard.CallOption{cacheguard.Jitter(1)}},
+		{"negative beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(-1)}},
+		{"short fill lease", g, "k", load, []cacheguard.CallOption{cacheguard.FillLease(time.Millisecond)}},
+		{"nil codec", g, "k", load, []cacheguard.CallOption{cacheguard.Encoding(nil)}},
 	}
 	for _, tc := range cases {
 		_, err := cacheguard.Get(ctx, tc.g, tc.key, tc.load, tc.opts...)

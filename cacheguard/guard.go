@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/ratelog"
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
@@ -22,6 +23,7 @@ type Guard struct {
 	cfg config
 	hub *wake.Hub // the shared subscription for fill wake-ups
 	pub string    // PUBLISH, or SPUBLISH on a cluster
+	log *ratelog.Logger
 	sem chan struct{}
 	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
 	// a caller may read on its own goroutine (see readStored).
@@ -50,16 +52,16 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	cfg := defaults()
 	for _, o := range opts {
-		o(&cfg)
+		if o == nil {
+			panic("cacheguard: New called with a nil Option")
+		}
+		o.applyGuard(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	if cfg.report != nil || cfg.variant != "" {
-		panic(invalid("ReportTo and Variant are per-call options").Error())
-	}
 	g := &Guard{
-		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH",
+		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
 		tasks: map[uint64]context.CancelCauseFunc{}, refreshing: map[string]time.Time{},
 	}
 	if g.hub.Sharded() {
@@ -172,7 +174,7 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 		return nil
 	}
 	if err := g.invalidate(ctx, keys); err != nil {
-		g.note(EventRedisError, keys[0], 0, err)
+		g.note(ctx, EventRedisError, keys[0], 0, err)
 		return fmt.Errorf("%w: invalidate: %w", ErrUnavailable, err)
 	}
 	return nil
@@ -185,7 +187,7 @@ func (g *Guard) isClosed() bool {
 }
 
 // callConfig checks a call's arguments and returns its configuration.
-func (g *Guard) callConfig(key string, hasLoad bool, opts []Option) (config, error) {
+func (g *Guard) callConfig(key string, hasLoad bool, opts []CallOption) (config, error) {
 	if g == nil {
 		return config{}, invalid("nil Guard")
 	}
@@ -203,12 +205,11 @@ func (g *Guard) callConfig(key string, hasLoad bool, opts []Option) (config, err
 	}
 	cfg := new(config) // options see a pointer: it escapes, so only calls with options pay for it
 	*cfg = g.cfg
-	cfg.guardOnly = false
 	for _, o := range opts {
-		o(cfg)
-	}
-	if cfg.guardOnly {
-		return config{}, invalid("Prefix, MaxConcurrentLoads and WithObserver are Guard options (pass them to New)")
+		if o == nil {
+			return config{}, invalid("nil CallOption")
+		}
+		o.applyCall(cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return config{}, err

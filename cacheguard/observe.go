@@ -1,6 +1,8 @@
 package cacheguard
 
 import (
+	"context"
+	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -104,10 +106,18 @@ func (c *counters) snapshot() Stats {
 	}
 }
 
-// note counts an outcome and tells the observer.
-func (g *Guard) note(kind EventKind, key string, d time.Duration, err error) {
+// note counts an outcome, tells the observer, and logs the warnings.
+func (g *Guard) note(ctx context.Context, kind EventKind, key string, d time.Duration, err error) {
 	g.stats[kind].Add(1)
 	if g.cfg.observer != nil {
-		g.cfg.observer(Event{Kind: kind, Key: key, Duration: d, Err: err})
+		g.cfg.observer(ctx, Event{Kind: kind, Key: key, Duration: d, Err: err})
+	}
+	switch kind {
+	case EventFailOpen:
+		g.log.Warn(ctx, "fail_open", "cacheguard: Redis unreachable, the loader ran uncached (fail-open)", slog.String("key", key), slog.Any("error", err))
+	case EventRedisError:
+		g.log.Warn(ctx, "redis_error", "cacheguard: a Redis call failed", slog.String("key", key), slog.Any("error", err))
+	case EventDecodeError:
+		g.log.Warn(ctx, "decode_error", "cacheguard: a cached value could not be decoded (treated as a miss)", slog.String("key", key), slog.Any("error", err))
 	}
 }

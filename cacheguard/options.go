@@ -1,32 +1,45 @@
 package cacheguard
 
 import (
+	"context"
+	"log/slog"
 	"math"
 	"strings"
 	"time"
 )
 
-// Defaults of a Guard; each option's doc names its default too.
+// Limits.
 const (
-	DefaultTTL         = time.Minute
-	DefaultWait        = 10 * time.Second
-	DefaultNegativeTTL = 5 * time.Second
-	DefaultLoadTimeout = 10 * time.Second
-	DefaultFillLease   = 3 * time.Second
-	DefaultBeta        = 1.0
-	DefaultJitter      = 0.1
-	DefaultPrefix      = "cg:"
 	// MinFillLease is the shortest fill lease accepted: a renewal must fit in a third of it.
 	MinFillLease = 30 * time.Millisecond
 	// MaxKeyLen bounds keys; longer keys are refused with ErrInvalid.
 	MaxKeyLen = 1024
 )
 
-// Option configures a Guard (as the default of every call, in New) or one Get
-// call (overriding the Guard's default). Prefix, MaxConcurrentLoads and
-// WithObserver are Guard options only, ReportTo and Variant are call options
-// only; passing them in the wrong place is an ErrInvalid (a panic in New).
-type Option func(*config)
+// Option configures a Guard, in New: the Guard-wide options (Prefix,
+// MaxConcurrentLoads, Observer, Logger), and every Setting, which then is the
+// default of each call.
+type Option interface{ applyGuard(*config) }
+
+// CallOption configures one Get call: the call-only options (Variant,
+// ReportTo), and every Setting, which then overrides the Guard's default for
+// this call.
+type CallOption interface{ applyCall(*config) }
+
+// Setting is a knob that makes sense both as a Guard's default and for one
+// call: it is an Option and a CallOption.
+type Setting func(*config)
+
+func (s Setting) applyGuard(c *config) { s(c) }
+func (s Setting) applyCall(c *config)  { s(c) }
+
+type guardOption func(*config)
+
+func (o guardOption) applyGuard(c *config) { o(c) }
+
+type callOption func(*config)
+
+func (o callOption) applyCall(c *config) { o(c) }
 
 type policy uint8
 
@@ -65,29 +78,29 @@ type config struct {
 	variant     string  // call only
 
 	// Guard only.
-	prefix    string
-	maxLoads  int
-	observer  func(Event)
-	guardOnly bool // a Guard-only option was applied
+	prefix   string
+	maxLoads int
+	observer func(context.Context, Event)
+	logger   *slog.Logger
 }
 
 func defaults() config {
 	return config{
-		ttl:         DefaultTTL,
-		wait:        DefaultWait,
-		negTTL:      DefaultNegativeTTL,
-		loadTimeout: DefaultLoadTimeout,
-		lease:       DefaultFillLease,
-		beta:        DefaultBeta,
-		jitter:      DefaultJitter,
+		ttl:         time.Minute,
+		wait:        10 * time.Second,
+		negTTL:      5 * time.Second,
+		loadTimeout: 10 * time.Second,
+		lease:       3 * time.Second,
+		beta:        1,
+		jitter:      0.1,
 		codec:       JSON{},
-		prefix:      DefaultPrefix,
+		prefix:      "cg:",
 	}
 }
 
 // TTL sets how long a loaded value stays fresh (before jitter, see Jitter).
 // The default is 1 minute; it must be positive.
-func TTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+func TTL(d time.Duration) Setting { return func(c *config) { c.ttl = d } }
 
 // ServeStale selects the serve-stale policy and sets the stale window: after
 // its TTL a value stays servable for window more. A call that finds a stale
@@ -97,22 +110,21 @@ func TTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
 // window is stored with each value, so values written by any call carry the
 // window of that call's configuration. The default policy is Wait and the
 // default window 0.
-func ServeStale(window time.Duration) Option {
+func ServeStale(window time.Duration) Setting {
 	return func(c *config) { c.policy, c.staleWindow = policyStale, window }
 }
 
-// Wait selects the wait policy (the default) and sets the wait budget (see
-// WaitBudget): a miss waits for the one load across the fleet and returns its
-// value within milliseconds of it being stored.
-func Wait(budget time.Duration) Option {
-	return func(c *config) { c.policy, c.wait = policyWait, budget }
-}
+// Wait selects the wait policy, the default: a miss waits for the one load
+// across the fleet, within the wait budget (see WaitBudget), and returns its
+// value within milliseconds of it being stored. Passed to Get, it overrides
+// a Guard whose default policy is ServeStale or FailFast.
+func Wait() Setting { return func(c *config) { c.policy = policyWait } }
 
-// WaitBudget sets how long a call may wait for a value without changing the
-// policy: no call waits longer than its context and this budget, counted from
-// the start of the call (a call's own load included). What happens when it ends
+// WaitBudget sets how long a call may wait for a value, whatever the policy:
+// no call waits longer than its context and this budget, counted from the
+// start of the call (a call's own load included). What happens when it ends
 // is set by OnWaitTimeout. The default is 10s.
-func WaitBudget(d time.Duration) Option { return func(c *config) { c.wait = d } }
+func WaitBudget(d time.Duration) Setting { return func(c *config) { c.wait = d } }
 
 // FailFast selects the fail-fast policy: a call never waits for a load. It
 // returns a fresh value, or a stale one within the stale window, or else
@@ -120,19 +132,15 @@ func WaitBudget(d time.Duration) Option { return func(c *config) { c.wait = d } 
 // lease, so still one load across the fleet). While Redis cannot be reached,
 // fail-open still runs the loader for the call (see FailClosed). The default
 // policy is Wait.
-func FailFast() Option { return func(c *config) { c.policy = policyFailFast } }
+func FailFast() Setting { return func(c *config) { c.policy = policyFailFast } }
 
 // OnWaitTimeout sets what a call does when its wait budget ends. The default
 // is TimeoutFail (ErrWaitTimeout).
-func OnWaitTimeout(a TimeoutAction) Option { return func(c *config) { c.onTimeout = a } }
-
-// LoadOnTimeout is OnWaitTimeout(TimeoutLoad): when the wait budget ends the
-// call loads without the fill lease (coalesced in the process, not stored).
-func LoadOnTimeout() Option { return OnWaitTimeout(TimeoutLoad) }
+func OnWaitTimeout(a TimeoutAction) Setting { return func(c *config) { c.onTimeout = a } }
 
 // NegativeTTL sets how long a load that returned (or wrapped) ErrNotFound is
 // cached as absent. The default is 5s; 0 turns negative caching off.
-func NegativeTTL(d time.Duration) Option { return func(c *config) { c.negTTL = d } }
+func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = d } }
 
 // EarlyRefresh sets β of probabilistic early refresh (XFetch): a hit refreshes
 // the value in the background when now − Δ·β·ln(rand) ≥ fresh-until, Δ being
@@ -144,7 +152,7 @@ func NegativeTTL(d time.Duration) Option { return func(c *config) { c.negTTL = d
 // expiry (a refresh that cannot finish within that twentieth — a load slower
 // than TTL/20 — makes the calls after expiry wait for it, or under
 // ServeStale serves them the stale value). The default is 1; 0 turns it off.
-func EarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta } }
+func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // Jitter shortens the TTL of a value loaded after a miss by a random fraction
 // in [0, frac), so that keys loaded together (at a cold start, or after an
@@ -152,59 +160,68 @@ func EarlyRefresh(beta float64) Option { return func(c *config) { c.beta = beta 
 // a stale value — stores a full TTL: its moment already comes from the
 // requests that triggered it, and a shorter TTL would only cost loads. The
 // default is 0.1; 0 turns it off; it must be below 1.
-func Jitter(frac float64) Option { return func(c *config) { c.jitter = frac } }
+func Jitter(frac float64) Setting { return func(c *config) { c.jitter = frac } }
 
 // LoadTimeout bounds the context a loader runs under. That context is detached
 // from every caller (a caller that gives up never cancels a shared load) but
 // keeps the values of the context of the call that started the load. The
 // default is 10s.
-func LoadTimeout(d time.Duration) Option { return func(c *config) { c.loadTimeout = d } }
+func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeout = d } }
 
 // FillLease sets the fill lease: how long a process that took the lease and
 // then died (or stopped renewing) keeps the others waiting before one of them
 // takes over. The lease is renewed every third of it while the loader runs.
-// The default is 3s; at least 30ms.
-func FillLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+// The default is 3s; at least 30ms (MinFillLease).
+func FillLease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 
-// WithCodec sets how values are encoded inside the envelope. The default is
-// JSON. Readers must use the codec the writers used.
-func WithCodec(cd Codec) Option { return func(c *config) { c.codec = cd } }
+// Encoding sets the Codec values are encoded with inside the envelope. The
+// default is JSON. Readers must use the codec the writers used.
+func Encoding(cd Codec) Setting { return func(c *config) { c.codec = cd } }
 
 // FailClosed makes a call fail with ErrUnavailable (joined with the Redis
 // error) when Redis cannot be reached. By default a call fails open: the loader
 // runs (coalesced within the process, bounded by MaxConcurrentLoads) and its
 // result is returned uncached.
-func FailClosed() Option { return func(c *config) { c.failClosed = true } }
+func FailClosed() Setting { return func(c *config) { c.failClosed = true } }
 
-// Prefix sets the prefix of every key and channel (Guard only). The default is "cg:".
-func Prefix(p string) Option { return func(c *config) { c.prefix, c.guardOnly = p, true } }
+// Prefix sets the prefix of every key and channel; it must not contain
+// braces. The default is "cg:".
+func Prefix(p string) Option { return guardOption(func(c *config) { c.prefix = p }) }
 
 // MaxConcurrentLoads bounds how many fail-open loads (run while Redis is
 // unreachable) a Guard runs at once; a call waits for a slot within its wait
-// budget. Guard only. The default is 0: no bound.
+// budget. The default is 0: no bound.
 func MaxConcurrentLoads(n int) Option {
-	return func(c *config) { c.maxLoads, c.guardOnly = n, true }
+	return guardOption(func(c *config) { c.maxLoads = n })
 }
 
-// WithObserver sets a function called with every outcome (see EventKind), e.g.
-// to feed a metrics library. Guard only. It is called synchronously, from the
-// calling goroutine or a background one, and must not block. The default is none.
-func WithObserver(f func(Event)) Option {
-	return func(c *config) { c.observer, c.guardOnly = f, true }
+// Observer sets a function called with every outcome (see EventKind), e.g.
+// to feed a metrics library or a trace: ctx is the context of the call that
+// produced the event (for a load or refresh in the background, a context
+// detached from that call that keeps its values). It is called synchronously,
+// from the calling goroutine or a background one, and must not block. The
+// default is none.
+func Observer(f func(ctx context.Context, e Event)) Option {
+	return guardOption(func(c *config) { c.observer = f })
 }
+
+// Logger sets where the Guard's warnings go — a fail-open load, a failed
+// Redis call, an unreadable cached value — each kind at most once a second,
+// with the count of those suppressed since. The default discards them.
+func Logger(l *slog.Logger) Option { return guardOption(func(c *config) { c.logger = l }) }
 
 // Variant keeps the value as one representation of key among others, next to
-// the values cached under key by calls with another Variant or another type T
-// (call only): each has an entry and a fill of its own, and Invalidate(key)
-// voids them all. ginmw.Cache, for instance, keeps the GET and the HEAD
-// response of a resource as two variants of the resource's name. The default
-// is none; the type T always sets one representation apart from another.
-func Variant(name string) Option { return func(c *config) { c.variant = name } }
+// the values cached under key by calls with another Variant or another type T:
+// each has an entry and a fill of its own, and Invalidate(key) voids them all.
+// ginmw.Cache, for instance, keeps the GET and the HEAD response of a resource
+// as two variants of the resource's name. The default is none; the type T
+// always sets one representation apart from another.
+func Variant(name string) CallOption { return callOption(func(c *config) { c.variant = name }) }
 
-// ReportTo makes the call store how it was served in *r (call only): Hit,
-// Miss, Stale or Coalesced. It is left unchanged when the call fails before
-// reading the cache (bad input, closed guard).
-func ReportTo(r *Result) Option { return func(c *config) { c.report = r } }
+// ReportTo makes the call store how it was served in *r: Hit, Miss, Stale or
+// Coalesced. It is left unchanged when the call fails before reading the
+// cache (bad input, closed guard).
+func ReportTo(r *Result) CallOption { return callOption(func(c *config) { c.report = r }) }
 
 func (c *config) validate() error {
 	switch {

@@ -1,15 +1,21 @@
 package cacheguard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // gated is a loader that announces each call on entered and returns only when
@@ -100,7 +106,7 @@ func TestStaleValueUnderWaitPolicyWaits(t *testing.T) {
 	loadedAt := time.Now()
 	eventually(t, time.Second, "value stale", func() bool { return time.Since(loadedAt) > 40*time.Millisecond })
 	var res cacheguard.Result
-	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "v2"}).load, cacheguard.Wait(time.Second), cacheguard.ReportTo(&res))
+	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "v2"}).load, cacheguard.Wait(), cacheguard.WaitBudget(time.Second), cacheguard.ReportTo(&res))
 	if err != nil || v.Name != "v2" || res != cacheguard.Miss {
 		t.Fatalf("Wait on a stale value = %v, %v, %v; want a fresh load", v, err, res)
 	}
@@ -145,14 +151,14 @@ func TestWaitTimeoutAndLoadOnTimeout(t *testing.T) {
 	start := time.Now()
 	other := &counter{name: "other"}
 	var res cacheguard.Result
-	_, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(100*time.Millisecond), cacheguard.ReportTo(&res))
+	_, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(), cacheguard.WaitBudget(100*time.Millisecond), cacheguard.ReportTo(&res))
 	if !errors.Is(err, cacheguard.ErrWaitTimeout) || res != cacheguard.Miss {
 		t.Fatalf("Get = %v (%v), want ErrWaitTimeout", err, res)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("waited %v", waited)
 	}
-	v, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(50*time.Millisecond), cacheguard.LoadOnTimeout(), cacheguard.ReportTo(&res))
+	v, err := cacheguard.Get(ctx, b, key, other.load, cacheguard.Wait(), cacheguard.WaitBudget(50*time.Millisecond), cacheguard.OnWaitTimeout(cacheguard.TimeoutLoad), cacheguard.ReportTo(&res))
 	if err != nil || v.Name != "other" || res != cacheguard.Miss {
 		t.Fatalf("LoadOnTimeout = %v, %v, %v; want the call's own load", v, err, res)
 	}
@@ -267,13 +273,21 @@ func TestJitterOnMisses(t *testing.T) {
 	}
 }
 
+// The observer sees every outcome with the context of the call that produced
+// it — the load, run in the background, with a context that keeps the
+// call's values — so telemetry can parent its spans on the request's.
 func TestObserver(t *testing.T) {
-	ctx := context.Background()
+	type traceKey struct{}
+	ctx := context.WithValue(context.Background(), traceKey{}, "trace-1")
 	var mu sync.Mutex
 	seen := map[cacheguard.EventKind]int{}
-	g, _ := newGuard(t, cacheguard.WithObserver(func(e cacheguard.Event) {
+	untraced := 0
+	g, _ := newGuard(t, cacheguard.Observer(func(ctx context.Context, e cacheguard.Event) {
 		mu.Lock()
 		seen[e.Kind]++
+		if ctx.Value(traceKey{}) != "trace-1" {
+			untraced++
+		}
 		mu.Unlock()
 	}))
 	key := testKey(t)
@@ -287,4 +301,46 @@ func TestObserver(t *testing.T) {
 	if seen[cacheguard.EventMiss] != 1 || seen[cacheguard.EventLoad] != 1 || seen[cacheguard.EventHit] != 1 {
 		t.Fatalf("events %v", seen)
 	}
+	if untraced != 0 {
+		t.Fatalf("%d events without the call's context values", untraced)
+	}
+}
+
+// Warnings go to the Guard's Logger, each kind at most once a second; the
+// default discards them.
+func TestLoggerWarnsOncePerKind(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	var buf syncBuffer
+	g := cacheguard.New(rdb, cacheguard.Logger(slog.New(slog.NewTextHandler(&buf, nil))))
+	defer g.Close()
+	s.Kill()
+	for i := range 3 {
+		if _, err := cacheguard.Get(ctx, g, testKey(t, fmt.Sprint(i)), (&counter{}).load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := buf.String()
+	if n := strings.Count(out, "fail-open"); n != 1 {
+		t.Fatalf("%d fail-open warnings for 3 fail-open loads within a second, want 1:\n%s", n, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -33,7 +33,6 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cacheguard/cacheguard/ginmw"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -136,10 +135,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 func printUsage(w io.Writer) {
 	d := defaultDemo()
-	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, ginmw.DefaultWait, locks.DefaultLease, defaultCacheTTL)
+	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, defaultEditWait, locks.DefaultLease, defaultCacheTTL)
 }
 
 const defaultListen = "127.0.0.1:0"
+
+// defaultEditWait is how long a served edit waits for its repository's lock
+// before it is answered 409: ginmw.Lock's own default.
+const defaultEditWait = 5 * time.Second
 
 // parse reads flags before and after the mode word ("serve -listen :8080"
 // and "-listen :8080 serve" both work).

@@ -7,7 +7,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/cacheguard/cacheguard/ginmw"
 )
 
 // serve runs one instance until ctx ends (SIGINT or SIGTERM), then closes
@@ -25,7 +24,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 	} else if err := createSchema(dsn); err != nil {
 		return err
 	}
-	wait := ginmw.DefaultWait
+	wait := defaultEditWait
 	if o.waitSet {
 		wait = o.demo.EditWait
 	}

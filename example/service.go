@@ -103,7 +103,7 @@ func newService(cfg serviceConfig) (*service, error) {
 	// A committed write to a repository drops its cached copy and the cached
 	// list, after COMMIT and before the row's lock is released.
 	inv := gormplugin.InvalidatorFunc(func(ctx context.Context, keys ...string) error {
-		return errors.Join(s.guard.Invalidate(ctx, keys...), ginmw.Invalidate(ctx, s.guard, listKey))
+		return errors.Join(s.guard.Invalidate(ctx, keys...), s.guard.Invalidate(ctx, listKey))
 	})
 	// (pk is never nil here: writes whose rows cannot be named are refused,
 	// the plugin's default.)
@@ -164,7 +164,7 @@ func (s *service) routes() *gin.Engine {
 	// The id is canonical before the lock is taken ("01" is "1"), and an id
 	// that names no row is refused without touching Redis.
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
-	lock := ginmw.Lock(s.locks, repo, ginmw.Wait(s.cfg.EditWait))
+	lock := ginmw.Lock(s.locks, repo, ginmw.LockOptions(locks.WithWait(s.cfg.EditWait)))
 	r.PUT("/repos/:id/settings", lock, s.updateSettings)
 	// Renames hold the same lock, and write with plain GORM calls.
 	r.PATCH("/repos/:id", lock, s.renameRepo)

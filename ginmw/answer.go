@@ -22,10 +22,13 @@ type HTTPError interface {
 	HTTPStatus() int
 }
 
-// Abort answers a request that failed with err — the answer ErrorFor gives,
-// through WriteError: the status, a JSON body {"error", "resource",
-// "retry_after"} and the Retry-After header — records err with c.Error for
-// the request's log, and aborts the chain. Use it as the one place where a
+// Abort answers a request that failed with err — the answer ErrorFor gives:
+// the status, a JSON body {"error": "...", "resource": "...", "retry_after":
+// seconds} ("resource" and "retry_after" only when known) and the Retry-After
+// header when the answer has a RetryAfter (in whole seconds, rounded up, at
+// least 1) — records err with c.Error for the request's log, and aborts the
+// chain. An ErrorHandler that keeps the default answer for some errors calls
+// Abort with them. Use it as the one place where a
 // handler turns what locks, cacheguard, gormplugin and ginmw return into HTTP.
 // A request whose client went away is aborted with 499 and nothing written.
 func Abort(c *gin.Context, err error) {
@@ -34,7 +37,7 @@ func Abort(c *gin.Context, err error) {
 		c.AbortWithStatus(StatusClientClosedRequest)
 		return
 	}
-	WriteError(c, ErrorFor(err))
+	writeError(c, ErrorFor(err))
 }
 
 // ErrorFor maps err to the answer Abort gives, the first rule that matches:
@@ -98,12 +101,8 @@ var (
 	errInternal = errors.New("ginmw: internal error")
 )
 
-// WriteError is the default ErrorHandler, and what Abort writes: it aborts
-// with err.Status, the Retry-After header when err.RetryAfter is set (in whole
-// seconds, rounded up, at least 1), and a JSON body {"error": "...",
-// "resource": "...", "retry_after": seconds} ("resource" and "retry_after"
-// only when known).
-func WriteError(c *gin.Context, err *Error) {
+// writeError is what Abort writes, and the default ErrorHandler.
+func writeError(c *gin.Context, err *Error) {
 	body := gin.H{"error": err.message()}
 	if err.Resource != "" {
 		body["resource"] = err.Resource

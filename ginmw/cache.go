@@ -45,7 +45,7 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 	case ttl <= 0:
 		panic("ginmw: Cache called with a non-positive TTL")
 	}
-	cfg := cacheConfig{maxBody: DefaultMaxBody}
+	cfg := cacheConfig{maxBody: defaultMaxBody}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -53,7 +53,7 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 		panic("ginmw: MaxBody must be positive")
 	}
 	m := &cacheMW{g: g, cfg: cfg}
-	m.guardOpts = append(append([]cacheguard.Option(nil), cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.WithCodec(respCodec{}))
+	m.guardOpts = append(append([]cacheguard.CallOption(nil), cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
 	if cfg.engine == nil {
 		m.guardOpts = append(m.guardOpts, cacheguard.EarlyRefresh(0))
 	}
@@ -63,7 +63,7 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 type cacheMW struct {
 	g         *cacheguard.Guard
 	cfg       cacheConfig
-	guardOpts []cacheguard.Option // without ReportTo
+	guardOpts []cacheguard.CallOption // without ReportTo
 }
 
 // pending is one request's Get. The Get runs on the request's goroutine; when
@@ -113,14 +113,14 @@ func (m *cacheMW) serve(c *gin.Context) {
 	}
 	key, variant, err := m.cacheKey(c)
 	if err != nil {
-		WriteError(c, badKey(err))
+		writeError(c, badKey(err))
 		return
 	}
 
 	for tries := 0; ; tries++ {
 		gctx, cancel := context.WithCancel(r.Context())
 		p := &pending{m: m, key: key, variant: variant, req: r, cancelGet: cancel}
-		opts := make([]cacheguard.Option, 0, len(m.guardOpts)+2)
+		opts := make([]cacheguard.CallOption, 0, len(m.guardOpts)+2)
 		opts = append(append(opts, m.guardOpts...), cacheguard.Variant(variant), cacheguard.ReportTo(&p.res))
 		resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
 		cancel()
@@ -259,7 +259,7 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) 
 		c.Header("X-Cache", "BYPASS")
 		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
-		WriteError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
+		writeError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
 	default:
 		// The load this request waited for produced nothing it may replay (a
 		// response setting a cookie, a streamed one, a panic, a failure in

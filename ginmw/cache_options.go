@@ -7,17 +7,17 @@ import (
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
-// DefaultMaxBody is the largest response body Cache stores. A larger
-// response is streamed to its client as the handler writes it, and not cached.
-const DefaultMaxBody = 1 << 20
+// defaultMaxBody is the largest response body Cache stores unless MaxBody
+// says otherwise.
+const defaultMaxBody = 1 << 20
 
 // CacheOption configures Cache.
 type CacheOption func(*cacheConfig)
 
 type cacheConfig struct {
-	key        *KeyFunc // nil: the normalised path and query
+	key        *Key // nil: the normalised path and query
 	vary       []string // canonical header names, sorted
-	guardOpts  []cacheguard.Option
+	guardOpts  []cacheguard.CallOption
 	engine     http.Handler
 	maxBody    int
 	allowAuthz bool
@@ -28,9 +28,9 @@ type cacheConfig struct {
 // ("repos:42"), so gormplugin's invalidate-after-commit and InvalidateAfter on
 // a write route can drop it by that name. The default is the request's path,
 // cleaned, plus its query with the parameters sorted (see PathKey).
-func CacheKey(key KeyFunc) CacheOption {
+func CacheKey(key Key) CacheOption {
 	if key.fn == nil {
-		panic("ginmw: CacheKey called with a zero KeyFunc")
+		panic("ginmw: CacheKey called with a zero Key")
 	}
 	return func(c *cacheConfig) { c.key = &key }
 }
@@ -51,13 +51,12 @@ func VaryByHeader(names ...string) CacheOption {
 	}
 }
 
-// CacheOptions passes options to every cacheguard.Get: the miss policy
+// CacheOptions passes call options to every cacheguard.Get: the miss policy
 // (cacheguard.Wait, ServeStale, FailFast), the wait budget, the fill lease,
 // the load timeout, jitter, early refresh, FailClosed. The TTL given to Cache
-// and the codec are set by Cache and override TTL and WithCodec here;
-// Guard-only options (Prefix, MaxConcurrentLoads, WithObserver) belong in
-// cacheguard.New. The default is the Guard's own defaults.
-func CacheOptions(opts ...cacheguard.Option) CacheOption {
+// and the codec are set by Cache and override cacheguard.TTL and Encoding
+// here. The default is the Guard's own defaults.
+func CacheOptions(opts ...cacheguard.CallOption) CacheOption {
 	return func(c *cacheConfig) { c.guardOpts = append(c.guardOpts, opts...) }
 }
 
@@ -75,7 +74,8 @@ func BackgroundRefresh(h http.Handler) CacheOption {
 }
 
 // MaxBody sets the largest response body Cache stores; a larger response is
-// streamed to its client and not cached. The default is DefaultMaxBody (1 MiB).
+// streamed to its client as the handler writes it, and not cached. The default
+// is 1 MiB.
 func MaxBody(n int) CacheOption { return func(c *cacheConfig) { c.maxBody = n } }
 
 // AllowAuthorization caches requests that carry an Authorization header. By

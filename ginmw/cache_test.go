@@ -350,13 +350,13 @@ func TestCacheInvalidate(t *testing.T) {
 	if got := get("/orgs/1"); got != "v0" {
 		t.Fatalf("/orgs/1 %q, want the cached v0", got)
 	}
-	if err := ginmw.Invalidate(context.Background(), g, ginmw.PathKey("/orgs/1", nil)); err != nil {
+	if err := g.Invalidate(context.Background(), ginmw.PathKey("/orgs/1", nil)); err != nil {
 		t.Fatal(err)
 	}
 	if got := get("/orgs/1"); got != "v1" {
 		t.Fatalf("after Invalidate: %q, want v1", got)
 	}
-	if err := ginmw.Invalidate(context.Background(), g, ""); err == nil {
+	if err := g.Invalidate(context.Background(), ""); err == nil {
 		t.Fatal("empty key accepted")
 	}
 }

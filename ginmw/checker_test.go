@@ -77,7 +77,7 @@ func childChecker() error {
 			id := ids[rand.IntN(len(ids))]
 			v, err := rdb.Incr(ctx, dbKey(id)).Result()
 			if err == nil {
-				err = ginmw.Invalidate(ctx, g, "repos:"+id)
+				err = g.Invalidate(ctx, "repos:"+id)
 			}
 			if err == nil {
 				err = ackScript.Run(ctx, rdb, []string{ackKey(id)}, v).Err()

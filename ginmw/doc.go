@@ -1,6 +1,11 @@
 // Package ginmw provides Gin middleware for per-resource mutual exclusion (Lock)
 // and stampede-safe response caching (Cache) on Redis.
 //
+// The constructors (Lock, Cache, InvalidateAfter, and the Key functions)
+// panic with a "ginmw:" message on programmer error — a nil Locker or Guard,
+// a zero Key, an invalid option value; at request time every failure is an
+// HTTP answer (see Errors).
+//
 // # Lock
 //
 // Lock takes a Redis lock named after the resource a request touches before
@@ -20,8 +25,9 @@
 // Decisions, with the defaults in brackets:
 //   - Every Locker's failures are told apart alike, through the locks
 //     sentinels, so a locks.Redlock behind Lock answers as a locks.Client does.
-//   - Contention (locks.ErrBusy): Lock waits up to a budget [Wait: 5s,
-//     push-woken, not polled], then answers 409 Conflict (see ConflictStatus)
+//   - Contention (locks.ErrBusy): Lock waits up to a budget [5s, set with
+//     LockOptions(locks.WithWait(d)); push-woken, not polled], then answers
+//     409 Conflict (see ConflictStatus)
 //     with Retry-After (the holder's remaining lease when the Locker reports
 //     it, rounded up to whole seconds, at least 1) and a JSON body naming the
 //     resource. The handler never runs without the lock — FailOpen included.
@@ -30,13 +36,13 @@
 //     unlocked instead]. A closed Locker is a 503, FailOpen or not.
 //   - A hold of the same resource by this request's owner was lost further up
 //     the chain (locks.ErrLost): 409 with ErrLockLost.
-//   - A bad key (missing parameter, header or query value, a custom KeyFunc's
+//   - A bad key (missing parameter, header or query value, a custom Key's
 //     error, longer than MaxKeyLen): 400 with a JSON body.
 //   - The client went away while waiting: the chain is aborted with status 499
 //     and nothing else is written.
 //   - The request context carries the lock: its owner (locks.WithOwner; an owner
 //     already on the context is kept, so nested acquisitions re-enter), its fence
-//     token (Fence, FenceFromContext), the lock itself (LockFromContext), and it is
+//     token (Fence), the lock itself (LockFromContext), and it is
 //     cancelled with cause ErrLockLost when the lock is lost mid-handler. A
 //     handler that then answers nothing (its write refused, or it gave up) is
 //     answered 409 with ErrLockLost, never a default 200.
@@ -47,7 +53,7 @@
 //
 // # Keys
 //
-// A KeyFunc names the resource of a request and runs before any Redis call:
+// A Key names the resource of a request and runs before any Redis call:
 // Param, Header, Query or Func take a value, Int, UUID and Check bring it to
 // a canonical form and refuse what cannot name a row (404 from a path
 // parameter, 400 otherwise), and Resource scopes it to a kind:
@@ -85,7 +91,7 @@
 //     may write no body for HEAD), one per VaryByHeader combination — kept
 //     apart from each other and from what cacheguard.Get stores under the same
 //     name; Guard.Invalidate of the name (what gormplugin calls after a
-//     commit, or Invalidate and InvalidateAfter here) drops them all at once,
+//     commit, or InvalidateAfter here) drops them all at once,
 //     in every process, and a request that begins after it returned never
 //     gets a response loaded before it (see cacheguard, Consistency; a
 //     response answered with X-Cache BYPASS was not stored, like cacheguard's

@@ -9,9 +9,9 @@ import (
 )
 
 var (
-	// ErrBadKey means a KeyFunc could not name the request's resource: a missing
+	// ErrBadKey means a Key could not name the request's resource: a missing
 	// parameter, header or query value, an empty or over-long key, a value that
-	// Int, UUID or Check refused, or a custom KeyFunc's error. Lock, Cache and
+	// Int, UUID or Check refused, or a custom Key's error. Lock, Cache and
 	// InvalidateAfter answer 400, or 404 when it also matches ErrNotFound.
 	ErrBadKey = errors.New("ginmw: bad key")
 	// ErrLocked means another request held the resource for the whole wait
@@ -29,8 +29,6 @@ var (
 	// refuses in a path parameter, or an error of a Check (or Func) function
 	// that wraps it. The request is answered 404.
 	ErrNotFound = errors.New("ginmw: no such resource")
-	// ErrInvalid marks a bad argument to a helper, reported before any Redis call.
-	ErrInvalid = errors.New("ginmw: invalid argument")
 )
 
 // StatusClientClosedRequest is the status Lock aborts with when the client went

@@ -18,7 +18,7 @@ func ExampleCache() {
 	defer rdb.Close()
 	g := cacheguard.New(rdb)
 	defer g.Close()
-	ginmw.Invalidate(context.Background(), g, "repos:42") // start cold
+	g.Invalidate(context.Background(), "repos:42") // start cold
 
 	r := gin.New()
 	// The entry is named like the row: gormplugin's invalidate-after-commit

@@ -10,16 +10,16 @@ import (
 	"github.com/gin-gonic/gin"
 )
 
-// MaxKeyLen bounds the value a KeyFunc extracts, in bytes; a longer value is a
+// MaxKeyLen bounds the value a Key extracts, in bytes; a longer value is a
 // bad key (400). It keeps lock names and cache keys far below Redis limits and
 // below locks.MaxNameLen once scoped.
 const MaxKeyLen = 256
 
-// KeyFunc says which resource a request names: a path parameter (Param), a
+// Key says which resource a request names: a path parameter (Param), a
 // header (Header), a query value (Query) or anything a function computes
 // (Func), optionally brought to a canonical form that is also checked (Int,
 // UUID, Check), scoped either to a resource kind (Resource) or, by default,
-// to the route's full path. It runs before any Redis call. The zero KeyFunc
+// to the route's full path. It runs before any Redis call. The zero Key
 // is invalid.
 //
 // Param, Header and Query take the value as the client wrote it: "/repos/01"
@@ -27,15 +27,15 @@ const MaxKeyLen = 256
 // them in Int or UUID (or Check) wherever the value names a row, so that every
 // spelling of an id takes the same lock and cache entry, and a value that
 // cannot name a row is refused without touching Redis.
-type KeyFunc struct {
+type Key struct {
 	kind  string // resource kind; "" scopes the key to the route's full path
 	param string // the path parameter the value comes from, if it does
 	fn    func(c *gin.Context) (string, error)
 }
 
 // Param extracts the path parameter name (as in "/repos/:id").
-func Param(name string) KeyFunc {
-	return KeyFunc{param: name, fn: func(c *gin.Context) (string, error) {
+func Param(name string) Key {
+	return Key{param: name, fn: func(c *gin.Context) (string, error) {
 		if v := c.Param(name); v != "" {
 			return v, nil
 		}
@@ -44,8 +44,8 @@ func Param(name string) KeyFunc {
 }
 
 // Header extracts the value of the request header name.
-func Header(name string) KeyFunc {
-	return KeyFunc{fn: func(c *gin.Context) (string, error) {
+func Header(name string) Key {
+	return Key{fn: func(c *gin.Context) (string, error) {
 		if v := c.GetHeader(name); v != "" {
 			return v, nil
 		}
@@ -54,8 +54,8 @@ func Header(name string) KeyFunc {
 }
 
 // Query extracts the value of the URL query parameter name.
-func Query(name string) KeyFunc {
-	return KeyFunc{fn: func(c *gin.Context) (string, error) {
+func Query(name string) Key {
+	return Key{fn: func(c *gin.Context) (string, error) {
 		if v := c.Query(name); v != "" {
 			return v, nil
 		}
@@ -67,24 +67,24 @@ func Query(name string) KeyFunc {
 // (404 when it matches ErrNotFound) and the error's text in the JSON body, so
 // it should be fit for the client's eyes.
 // f runs on the request's goroutine before the handler.
-func Func(f func(c *gin.Context) (string, error)) KeyFunc {
+func Func(f func(c *gin.Context) (string, error)) Key {
 	if f == nil {
 		panic("ginmw: Func called with a nil function")
 	}
-	return KeyFunc{fn: f}
+	return Key{fn: f}
 }
 
 // Resource scopes key to a resource kind: Resource("repos", Param("id")) names
 // "repos:<id>", the name gormplugin uses for the row of table repos with that
 // primary key, so every route and every GORM write on the row shares one lock.
-func Resource(kind string, key KeyFunc) KeyFunc {
+func Resource(kind string, key Key) Key {
 	switch {
 	case kind == "":
 		panic("ginmw: Resource called with an empty kind")
 	case key.fn == nil:
-		panic("ginmw: Resource called with a zero KeyFunc")
+		panic("ginmw: Resource called with a zero Key")
 	}
-	return KeyFunc{kind: kind, param: key.param, fn: key.fn}
+	return Key{kind: kind, param: key.param, fn: key.fn}
 }
 
 // Int brings key's value to the canonical form of a decimal integer (a
@@ -92,7 +92,7 @@ func Resource(kind string, key KeyFunc) KeyFunc {
 // the form gormplugin names a row with an integer primary key by. A value
 // that is not such an integer is refused: 404 Not Found when it comes from a
 // path parameter (no resource has that name), 400 otherwise.
-func Int(key KeyFunc) KeyFunc {
+func Int(key Key) Key {
 	return key.canonical("is not an integer", func(v string) (string, bool) {
 		n, err := strconv.ParseInt(v, 10, 64)
 		return strconv.FormatInt(n, 10), err == nil
@@ -104,7 +104,7 @@ func Int(key KeyFunc) KeyFunc {
 // 70867728950e"), the form most UUID types print. It accepts that form in
 // either case, the 32 digits without hyphens, and either wrapped in braces
 // or after "urn:uuid:". Any other value is refused as Int refuses one.
-func UUID(key KeyFunc) KeyFunc {
+func UUID(key Key) Key {
 	return key.canonical("is not a UUID", canonicalUUID)
 }
 
@@ -114,12 +114,12 @@ func UUID(key KeyFunc) KeyFunc {
 // body (so it should be fit for the client's eyes). f runs on the request's
 // goroutine before any Redis call. Check panics with a "ginmw:" message when
 // f is nil.
-func Check(key KeyFunc, f func(v string) (string, error)) KeyFunc {
+func Check(key Key, f func(v string) (string, error)) Key {
 	switch {
 	case f == nil:
 		panic("ginmw: Check called with a nil function")
 	case key.fn == nil:
-		panic("ginmw: Check called with a zero KeyFunc")
+		panic("ginmw: Check called with a zero Key")
 	}
 	next := key.fn
 	key.fn = func(c *gin.Context) (string, error) {
@@ -142,9 +142,9 @@ func Check(key KeyFunc, f func(v string) (string, error)) KeyFunc {
 
 // canonical wraps key's extractor with canon; a value canon refuses is a bad
 // key (404 for a path parameter, 400 otherwise) saying what, per the source.
-func (k KeyFunc) canonical(what string, canon func(string) (string, bool)) KeyFunc {
+func (k Key) canonical(what string, canon func(string) (string, bool)) Key {
 	if k.fn == nil {
-		panic("ginmw: Int or UUID called with a zero KeyFunc")
+		panic("ginmw: Int or UUID called with a zero Key")
 	}
 	next, param := k.fn, k.param
 	k.fn = func(c *gin.Context) (string, error) {
@@ -197,10 +197,10 @@ func canonicalUUID(v string) (string, bool) {
 }
 
 // keyError is a bad key: it matches ErrBadKey (and ErrNotFound when its status
-// is 404) and unwraps to a custom KeyFunc's error.
+// is 404) and unwraps to a custom Key's error.
 type keyError struct {
 	msg    string
-	err    error // the KeyFunc's error, if any
+	err    error // the Key's error, if any
 	status int   // 0: 400
 }
 
@@ -228,7 +228,7 @@ func badKey(err error) *Error {
 }
 
 // name returns the scoped name: "<kind>:<value>", or "<full path>:<value>".
-func (k KeyFunc) name(c *gin.Context) (string, error) {
+func (k Key) name(c *gin.Context) (string, error) {
 	v, err := k.fn(c)
 	switch {
 	case err != nil:

@@ -18,13 +18,13 @@ import (
 // chain, and releases the lock when the chain returns, panics, or the client
 // goes away. See the package documentation for the answers it gives when it
 // cannot lock. Lock panics with a "ginmw:" message when l is nil, key is the
-// zero KeyFunc or an option is invalid.
-func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
+// zero Key or an option is invalid.
+func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 	if l == nil {
 		panic("ginmw: Lock called with a nil locks.Locker")
 	}
 	if key.fn == nil {
-		panic("ginmw: Lock called with a zero KeyFunc")
+		panic("ginmw: Lock called with a zero Key")
 	}
 	cfg := lockDefaults()
 	for _, o := range opts {
@@ -33,7 +33,8 @@ func Lock(l locks.Locker, key KeyFunc, opts ...LockOption) gin.HandlerFunc {
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	lockOpts := append(append([]locks.Option(nil), cfg.lockOpts...), locks.WithWait(cfg.wait))
+	// The default wait first: a locks.WithWait among the user's options wins.
+	lockOpts := append([]locks.Option{locks.WithWait(defaultWait)}, cfg.lockOpts...)
 	monotonic := l.MonotonicFences()
 	// Each request is an owner of its own: a random 128-bit prefix per
 	// middleware and a counter, unique without a call to the OS per request.

@@ -81,11 +81,11 @@ func TestLockEveryLocker(t *testing.T) {
 			var ran atomic.Int64
 			handler := func(c *gin.Context) { ran.Add(1); c.Status(http.StatusOK) }
 			r := newEngine()
-			r.PUT("/closed/:id", ginmw.Lock(l, repoKey, ginmw.Wait(50*time.Millisecond)), handler)
-			r.PUT("/open/:id", ginmw.Lock(l, repoKey, ginmw.Wait(50*time.Millisecond), ginmw.FailOpen()), handler)
-			r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.ConflictStatus(http.StatusLocked)), handler)
+			r.PUT("/closed/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond))), handler)
+			r.PUT("/open/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond)), ginmw.FailOpen()), handler)
+			r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
 			var inside, overlaps atomic.Int64
-			r.PUT("/serial/:id", ginmw.Lock(l, repoKey, ginmw.Wait(time.Minute)), func(c *gin.Context) {
+			r.PUT("/serial/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) {
 				if inside.Add(1) != 1 {
 					overlaps.Add(1)
 				}
@@ -94,7 +94,7 @@ func TestLockEveryLocker(t *testing.T) {
 				c.Status(http.StatusNoContent)
 			})
 			var panics atomic.Int64
-			r.PUT("/panic/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0)), func(c *gin.Context) {
+			r.PUT("/panic/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
 				if panics.Add(1) == 1 {
 					panic("boom")
 				}

@@ -1,6 +1,7 @@
 package ginmw
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -11,10 +12,11 @@ import (
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-// DefaultWait is how long Lock waits for a held resource before answering 409.
-// It is short because a person is usually waiting for the answer: an edit that
-// queues longer than a few seconds is better refused with Retry-After.
-const DefaultWait = 5 * time.Second
+// defaultWait is how long Lock waits for a held resource before answering
+// 409, unless LockOptions sets locks.WithWait. It is short because a person is
+// usually waiting for the answer: an edit that queues longer than a few
+// seconds is better refused with Retry-After.
+const defaultWait = 5 * time.Second
 
 // releaseTimeout bounds the release after the handler; the client's disconnect
 // cannot cancel it.
@@ -24,7 +26,6 @@ const releaseTimeout = 5 * time.Second
 type LockOption func(*lockConfig)
 
 type lockConfig struct {
-	wait           time.Duration
 	conflictStatus int
 	failOpen       bool
 	methods        map[string]bool // nil: every method
@@ -33,14 +34,8 @@ type lockConfig struct {
 }
 
 func lockDefaults() lockConfig {
-	return lockConfig{wait: DefaultWait, conflictStatus: http.StatusConflict, onError: WriteError}
+	return lockConfig{conflictStatus: http.StatusConflict, onError: writeError}
 }
-
-// Wait sets how long a request waits for a resource another request holds
-// before it is refused with ErrLocked. The default is DefaultWait (5s); zero
-// refuses at once. The request's own context (a client that goes away, a
-// deadline set by an earlier middleware) can end the wait sooner.
-func Wait(d time.Duration) LockOption { return func(c *lockConfig) { c.wait = d } }
 
 // ConflictStatus sets the status of a request refused because the resource
 // stayed locked, e.g. http.StatusLocked (423). The default is 409 Conflict.
@@ -64,9 +59,12 @@ func Methods(methods ...string) LockOption {
 	}
 }
 
-// LockOptions passes options (lease, fair mode, replicas, prefix, observer) to
-// every acquisition. The wait budget is set with Wait, not locks.WithWait. The
-// default is the Locker's own defaults.
+// LockOptions passes options to every acquisition: the wait budget
+// (locks.WithWait: how long a request waits for a resource another request
+// holds before it is refused with ErrLocked; zero refuses at once; the
+// request's own context can end the wait sooner), the lease, fair mode,
+// replicas. The default is the Locker's own defaults, except the wait budget:
+// 5s, since a person is usually waiting for the answer.
 func LockOptions(opts ...locks.Option) LockOption {
 	return func(c *lockConfig) { c.lockOpts = append(c.lockOpts, opts...) }
 }
@@ -75,19 +73,17 @@ func LockOptions(opts ...locks.Option) LockOption {
 // contention, lock service unavailable). The handler must write the answer
 // and abort the chain (the handler after Lock does not run either way). When
 // it is called for ErrLocked, the Retry-After header is already set. The
-// default is WriteError.
+// default answers as Abort does.
 func ErrorHandler(h func(c *gin.Context, err *Error)) LockOption {
 	return func(c *lockConfig) { c.onError = h }
 }
 
 func (c *lockConfig) validate() error {
 	switch {
-	case c.wait < 0:
-		return fmt.Errorf("%w: negative wait %v", ErrInvalid, c.wait)
 	case c.conflictStatus < 100 || c.conflictStatus > 999:
-		return fmt.Errorf("%w: conflict status %d", ErrInvalid, c.conflictStatus)
+		return fmt.Errorf("ginmw: conflict status %d", c.conflictStatus)
 	case c.onError == nil:
-		return fmt.Errorf("%w: nil ErrorHandler", ErrInvalid)
+		return errors.New("ginmw: nil ErrorHandler")
 	}
 	return nil
 }

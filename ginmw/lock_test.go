@@ -90,7 +90,7 @@ func TestLockKeepsOwnerFromContext(t *testing.T) {
 		c.Request = c.Request.WithContext(locks.WithOwner(c.Request.Context(), "job-7"))
 	})
 	var holds, owner string
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey), ginmw.Lock(l, repoKey, ginmw.Wait(0)), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey), ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
 		ctx := c.Request.Context()
 		holds, _ = rdb.HGet(ctx, "cg:lock:{repos:1}", "n").Result()
 		owner, _ = rdb.HGet(ctx, "cg:lock:{repos:1}", "o").Result()
@@ -108,7 +108,7 @@ func TestLockExcludesConcurrentRequests(t *testing.T) {
 	l, _, _ := newLocker(t)
 	r := newEngine()
 	var inside, overlaps, ran atomic.Int64
-	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey, ginmw.Wait(time.Minute)), func(c *gin.Context) {
+	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) {
 		if inside.Add(1) != 1 {
 			overlaps.Add(1)
 		}
@@ -180,9 +180,9 @@ func TestLockConflictAfterWaitBudget(t *testing.T) {
 	var ran atomic.Bool
 	handler := func(c *gin.Context) { ran.Store(true) }
 	r := newEngine()
-	r.PUT("/wait/:id", ginmw.Lock(l, repoKey, ginmw.Wait(50*time.Millisecond)), handler)
-	r.PUT("/now/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0)), handler)
-	r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.ConflictStatus(http.StatusLocked)), handler)
+	r.PUT("/wait/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond))), handler)
+	r.PUT("/now/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), handler)
+	r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
 
 	for _, tc := range []struct {
 		path string
@@ -234,7 +234,7 @@ func TestLockReleasedWhenHandlerPanics(t *testing.T) {
 	l, rdb, _ := newLocker(t)
 	r := newEngine()
 	var calls atomic.Int64
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0)), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
 		if calls.Add(1) == 1 {
 			panic("boom")
 		}
@@ -296,7 +296,7 @@ func TestLockClientGivesUpWhileWaiting(t *testing.T) {
 		c.Next()
 		status <- c.Writer.Status()
 	})
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.Wait(time.Minute)), func(c *gin.Context) { ran.Store(true) })
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) { ran.Store(true) })
 	cancel, errc := startRequest(t, r, http.MethodPut, "/repos/6")
 	// The request is waiting once it has a place in the lock's queue.
 	eventually(t, 10*time.Second, "the request to queue for the lock", func() bool {
@@ -410,7 +410,7 @@ func TestLockOnlySomeMethods(t *testing.T) {
 	l, _, _ := newLocker(t)
 	hold(t, l, "repos:11")
 	r := newEngine()
-	r.Use(ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.Methods("put", "DELETE")))
+	r.Use(ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.Methods("put", "DELETE")))
 	var fenced atomic.Bool
 	h := func(c *gin.Context) {
 		_, ok := ginmw.Fence(c)
@@ -437,8 +437,8 @@ func TestLockRouteScopesName(t *testing.T) {
 		lk, _ := ginmw.LockFromContext(c.Request.Context())
 		names <- lk.Name()
 	}
-	r.PUT("/repos/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.Wait(0)), h)
-	r.PUT("/orgs/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.Wait(0)), h)
+	r.PUT("/repos/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WithWait(0))), h)
+	r.PUT("/orgs/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WithWait(0))), h)
 	hold(t, l, "/repos/:id:1")
 	if w := serve(r, http.MethodPut, "/repos/1"); w.Code != http.StatusConflict {
 		t.Fatalf("/repos/1: status %d, want 409", w.Code)
@@ -512,7 +512,7 @@ func TestLockErrorHandler(t *testing.T) {
 	hold(t, l, "repos:12")
 	var got *ginmw.Error
 	r := newEngine()
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.Wait(0), ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {
 		got = e
 		c.AbortWithStatus(http.StatusTeapot)
 	})), func(c *gin.Context) {})
@@ -542,7 +542,7 @@ func TestLockFenceOnContext(t *testing.T) {
 	r.PUT("/repos/:id", ginmw.Lock(l, repoKey), func(c *gin.Context) {
 		var s seen
 		s.fence, s.ok = ginmw.Fence(c)
-		s.fromCtx, _ = ginmw.FenceFromContext(c.Request.Context())
+		s.fromCtx, _ = ginmw.Fence(c.Request.Context())
 		s.owner, _ = locks.OwnerFrom(c.Request.Context())
 		out <- s
 	})
@@ -555,7 +555,7 @@ func TestLockFenceOnContext(t *testing.T) {
 	if a.owner == "" || a.owner == b.owner {
 		t.Fatalf("owners %q and %q, want one per request", a.owner, b.owner)
 	}
-	if _, ok := ginmw.FenceFromContext(context.Background()); ok {
+	if _, ok := ginmw.Fence(context.Background()); ok {
 		t.Fatal("fence on a bare context")
 	}
 }
@@ -564,13 +564,12 @@ func TestLockConstructionPanics(t *testing.T) {
 	l, _, _ := newLocker(t)
 	for name, f := range map[string]func(){
 		"nil locker":   func() { ginmw.Lock(nil, repoKey) },
-		"zero key":     func() { ginmw.Lock(l, ginmw.KeyFunc{}) },
-		"negative":     func() { ginmw.Lock(l, repoKey, ginmw.Wait(-1)) },
+		"zero key":     func() { ginmw.Lock(l, ginmw.Key{}) },
 		"status":       func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(42)) },
 		"nil handler":  func() { ginmw.Lock(l, repoKey, ginmw.ErrorHandler(nil)) },
 		"empty kind":   func() { ginmw.Resource("", ginmw.Param("id")) },
 		"nil func":     func() { ginmw.Func(nil) },
-		"zero in kind": func() { ginmw.Resource("repos", ginmw.KeyFunc{}) },
+		"zero in kind": func() { ginmw.Resource("repos", ginmw.Key{}) },
 	} {
 		func() {
 			defer func() {

@@ -164,8 +164,8 @@ func TestReliabilityBadInput(t *testing.T) {
 	// cacheguard
 	panicsWith(t, "cacheguard.New(nil)", "cacheguard:", func() { cacheguard.New(nil) })
 	panicsWith(t, "cacheguard.New(rdb, TTL(0))", "cacheguard:", func() { cacheguard.New(w.rdb, cacheguard.TTL(0)) })
-	var res cacheguard.Result
-	panicsWith(t, "cacheguard.New(rdb, ReportTo)", "cacheguard:", func() { cacheguard.New(w.rdb, cacheguard.ReportTo(&res)) })
+	// ReportTo, Variant (call only) and Prefix, Observer (Guard only) in the
+	// wrong place do not compile.
 	panicsWith(t, "cacheguard.New(rdb, MaxConcurrentLoads(-1))", "cacheguard:", func() { cacheguard.New(w.rdb, cacheguard.MaxConcurrentLoads(-1)) })
 	g := cacheguard.New(w.rdb)
 	load := func(context.Context) (string, error) { return "v", nil }
@@ -175,27 +175,26 @@ func TestReliabilityBadInput(t *testing.T) {
 		g    *cacheguard.Guard
 		key  string
 		load func(context.Context) (string, error)
-		opts []cacheguard.Option
+		opts []cacheguard.CallOption
 	}{
 		{"nil guard", nil, "k", load, nil},
 		{"empty key", g, "", load, nil},
 		{"key over MaxKeyLen", g, longKey, load, nil},
 		{"nil loader", g, "k", nil, nil},
-		{"zero TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(0)}},
-		{"negative TTL", g, "k", load, []cacheguard.Option{cacheguard.TTL(-time.Second)}},
-		{"negative stale window", g, "k", load, []cacheguard.Option{cacheguard.ServeStale(-1)}},
-		{"negative wait budget", g, "k", load, []cacheguard.Option{cacheguard.Wait(-1)}},
-		{"negative NegativeTTL", g, "k", load, []cacheguard.Option{cacheguard.NegativeTTL(-1)}},
-		{"zero load timeout", g, "k", load, []cacheguard.Option{cacheguard.LoadTimeout(0)}},
-		{"fill lease below minimum", g, "k", load, []cacheguard.Option{cacheguard.FillLease(cacheguard.MinFillLease - 1)}},
-		{"negative beta", g, "k", load, []cacheguard.Option{cacheguard.EarlyRefresh(-1)}},
-		{"NaN beta", g, "k", load, []cacheguard.Option{cacheguard.EarlyRefresh(math.NaN())}},
-		{"infinite beta", g, "k", load, []cacheguard.Option{cacheguard.EarlyRefresh(math.Inf(1))}},
-		{"jitter 1", g, "k", load, []cacheguard.Option{cacheguard.Jitter(1)}},
-		{"NaN jitter", g, "k", load, []cacheguard.Option{cacheguard.Jitter(math.NaN())}},
-		{"unknown timeout action", g, "k", load, []cacheguard.Option{cacheguard.OnWaitTimeout(99)}},
-		{"nil codec", g, "k", load, []cacheguard.Option{cacheguard.WithCodec(nil)}},
-		{"Prefix per call", g, "k", load, []cacheguard.Option{cacheguard.Prefix("other:")}},
+		{"zero TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(0)}},
+		{"negative TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(-time.Second)}},
+		{"negative stale window", g, "k", load, []cacheguard.CallOption{cacheguard.ServeStale(-1)}},
+		{"negative wait budget", g, "k", load, []cacheguard.CallOption{cacheguard.WaitBudget(-1)}},
+		{"negative NegativeTTL", g, "k", load, []cacheguard.CallOption{cacheguard.NegativeTTL(-1)}},
+		{"zero load timeout", g, "k", load, []cacheguard.CallOption{cacheguard.LoadTimeout(0)}},
+		{"fill lease below minimum", g, "k", load, []cacheguard.CallOption{cacheguard.FillLease(cacheguard.MinFillLease - 1)}},
+		{"negative beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(-1)}},
+		{"NaN beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(math.NaN())}},
+		{"infinite beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(math.Inf(1))}},
+		{"jitter 1", g, "k", load, []cacheguard.CallOption{cacheguard.Jitter(1)}},
+		{"NaN jitter", g, "k", load, []cacheguard.CallOption{cacheguard.Jitter(math.NaN())}},
+		{"unknown timeout action", g, "k", load, []cacheguard.CallOption{cacheguard.OnWaitTimeout(99)}},
+		{"nil codec", g, "k", load, []cacheguard.CallOption{cacheguard.Encoding(nil)}},
 	}
 	for _, tc := range getCases {
 		w.silent(t, tc.what, func() {

@@ -46,14 +46,14 @@ func TestReliabilityCacheBlackHoleBudget(t *testing.T) {
 		name string
 		key  string
 		ctx  func() (context.Context, context.CancelFunc)
-		opts []cacheguard.Option
+		opts []cacheguard.CallOption
 	}{
-		{"wait budget, cached key", "warm", nil, []cacheguard.Option{cacheguard.WaitBudget(budget)}},
-		{"wait budget, cold key", "cold", nil, []cacheguard.Option{cacheguard.WaitBudget(budget)}},
+		{"wait budget, cached key", "warm", nil, []cacheguard.CallOption{cacheguard.WaitBudget(budget)}},
+		{"wait budget, cold key", "cold", nil, []cacheguard.CallOption{cacheguard.WaitBudget(budget)}},
 		{"ctx deadline", "warm", func() (context.Context, context.CancelFunc) { return context.WithTimeout(bg, budget) }, nil},
-		{"budget, FailClosed", "warm", nil, []cacheguard.Option{cacheguard.WaitBudget(budget), cacheguard.FailClosed()}},
-		{"budget, ServeStale", "warm", nil, []cacheguard.Option{cacheguard.WaitBudget(budget), cacheguard.ServeStale(time.Minute)}},
-		{"budget, FailFast", "cold2", nil, []cacheguard.Option{cacheguard.WaitBudget(budget), cacheguard.FailFast()}},
+		{"budget, FailClosed", "warm", nil, []cacheguard.CallOption{cacheguard.WaitBudget(budget), cacheguard.FailClosed()}},
+		{"budget, ServeStale", "warm", nil, []cacheguard.CallOption{cacheguard.WaitBudget(budget), cacheguard.ServeStale(time.Minute)}},
+		{"budget, FailFast", "cold2", nil, []cacheguard.CallOption{cacheguard.WaitBudget(budget), cacheguard.FailFast()}},
 	} {
 		ctx, cancel := bg, context.CancelFunc(func() {})
 		if tc.ctx != nil {
