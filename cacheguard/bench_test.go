@@ -174,3 +174,46 @@ func (h *commandCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func (h *commandCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
 }
+
+// BenchmarkGetNearHit is a warm hit served from the near cache, 16 goroutines
+// (on GOMAXPROCS 2) over 1 and 1000 keys; compare with BenchmarkRawGetJSONKeys.
+func BenchmarkGetNearHit(b *testing.B) {
+	for _, n := range []int{1, 1000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			ctx := context.Background()
+			rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+			defer rdb.Close()
+			g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0), cacheguard.NearCache(10000, time.Hour))
+			defer g.Close()
+			for !cacheguard.NearTrusted(g) {
+				time.Sleep(time.Millisecond)
+			}
+			keys := make([]string, n)
+			load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
+			for i := range keys {
+				keys[i] = testKey(b, strconv.Itoa(i))
+				if _, err := cacheguard.Get(ctx, g, keys[i], load); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var next atomic.Uint64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := next.Add(1) * 7919
+				for pb.Next() {
+					i++
+					if _, err := cacheguard.Get(ctx, g, keys[i%uint64(n)], load); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			if st := g.Stats(); st.NearHits < uint64(b.N) {
+				b.Fatalf("%d near hits for %d reads", st.NearHits, b.N)
+			}
+		})
+	}
+}

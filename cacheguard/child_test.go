@@ -45,6 +45,7 @@ func childRoles() map[string]func() error {
 		"writer":   withClient(childWriter),
 		"checker":  withClient(childChecker),
 		"closer":   withClient(childCloser),
+		"near":     withClient(childNear),
 	}
 }
 

@@ -153,6 +153,45 @@
 // is cached; Stats.FailOpenLoads counts it. FailClosed returns ErrUnavailable
 // instead.
 //
+// # Near cache
+//
+// With NearCache, a Guard also keeps decoded values in its process: a hit
+// there costs no round trip and allocates nothing (about 100ns at 16
+// goroutines on 2 cores, against about 7µs for a read from Redis:
+// BenchmarkGetNearHit). Only fresh values enter it — read from Redis, loaded
+// by this process, or received from another process's fill — and only stored
+// ones (never a fail-open or TimeoutLoad result). Every fill, Invalidate and
+// InvalidateTags publishes, in the same script as its write, one message on
+// the channel prefix+"nc", on which every Guard with a near cache listens:
+// the entries of that key (or tag) are dropped in every other process within
+// the message's latency (about a millisecond on loopback:
+// TestNearCacheInvalidatedAcrossProcesses). Every Guard publishes these
+// messages, near cache or not, so that any process may turn it on. On a
+// Redis Cluster the channel is a classic one (PUBLISH is forwarded to every
+// node over the cluster bus): each fill and invalidation costs one message
+// per node, whatever the number of listeners — fine for read-mostly data,
+// worth measuring for write-heavy keys.
+//
+// Read-your-writes with a near cache holds as documented under Consistency
+// once the invalidation's message has reached the reading process: a Get
+// that begins between the return of an Invalidate and that moment (a
+// millisecond or so) may still be served the near-cached value. Without a
+// near cache it holds exactly.
+//
+// The near cache is trusted only while its subscription provably hears every
+// message: the Guard PINGs on the subscription's connection when it is
+// quiet, and Redis answers in order, so an answer proves that every message
+// published before it arrived. When no sign of life came for a second (a
+// dropped connection, a black hole, a restart), the near cache is bypassed;
+// when the subscription is back it is flushed, since messages may have been
+// lost. The near cache's own TTL bounds how long a value whose message was
+// lost unseen can be served. A value is kept only if no message about its key
+// (or its tags) arrived since the read that found it began, so a read that
+// races an invalidation cannot put the old value back. The near cache is a
+// sync.Map (lock-free reads: about 13ns per lookup at 16 goroutines, where
+// otter v2 took 18–70ns and a sharded map under read locks 33–100ns), bounded
+// by its number of entries, evicted first in, first out.
+//
 // # Lifetimes
 //
 // A flight outlives callers whose context ends (its load is shared); it stops

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -73,10 +74,16 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 			gen:        l.gen,
 			payload:    payload,
 		}
-		if ok, err := g.store(ctx, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
+		if ok, err := g.store(ctx, c.key, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
 			g.note(ctx, EventRedisError, c.key, 0, err)
 		} else if !ok {
 			lost()
+		} else if n := g.near; n != nil {
+			// What this process near-cached of the key is older now: the
+			// other processes drop it on the store's message (which this
+			// Guard ignores), this one here — and keeps the new value.
+			n.drop(c.key)
+			n.put(n.snap(c.key, c.cfg.tags, time.Now()), c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, env)
 		}
 		return v, nil
 	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
@@ -85,10 +92,12 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 			ttl = jittered(ttl, c.cfg.jitter)
 		}
 		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
-		if ok, serr := g.store(ctx, ks, l, env.encode(), ttl); serr != nil {
+		if ok, serr := g.store(ctx, c.key, ks, l, env.encode(), ttl); serr != nil {
 			g.note(ctx, EventRedisError, c.key, 0, serr)
 		} else if !ok {
 			lost()
+		} else if g.near != nil {
+			g.near.drop(c.key)
 		}
 		return v, err
 	case errors.Is(err, ErrNotFound):

@@ -9,7 +9,8 @@
 -- KEYS[2] fill lease   KEYS[3] generation
 -- ARGV: lease ("<generation> <token>"), envelope, value ttl ms, wake channel,
 --       publish command (PUBLISH or SPUBLISH), token, generation, the
---       representation's field, now (unix ms)
+--       representation's field, now (unix ms), the near-cache channel and its
+--       message (a classic channel, so PUBLISH, even on a cluster)
 -- Returns 1 when stored, 0 when the lease was no longer this token's or an
 -- invalidation came after it was granted.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
@@ -52,4 +53,5 @@ if gt >= 0 and gt < ht then
   redis.call('PEXPIRE', KEYS[3], ht)
 end
 redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[6] .. ' ' .. ARGV[2])
+redis.call('PUBLISH', ARGV[10], ARGV[11])
 return 1

@@ -22,6 +22,9 @@ type outcome struct {
 	loaded bool   // the flight ran the loader
 	val    any    // a T (flights are kept apart by type), or nil
 	err    error
+	// stored describes val as stored in Redis (fresh until, last load),
+	// when it was: only such a value may enter the near cache.
+	stored *envelope
 }
 
 // startFlight runs a new flight f on a goroutine that Close cancels and waits
@@ -138,7 +141,8 @@ func (c *call[T]) remote(ctx context.Context, id uint64, b []byte) *outcome {
 		g.note(ctx, EventDecodeError, c.key, 0, err)
 		return nil
 	}
-	return &outcome{leader: id, val: v}
+	env.payload = nil
+	return &outcome{leader: id, val: v, stored: &env}
 }
 
 // fromWake handles a push on the key's channel (shared by every

@@ -48,6 +48,21 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		var zero T
 		return zero, err
 	}
+	if n := g.near; n != nil {
+		now := time.Now()
+		if v, e, ok := nearGet[T](n, key, reflect.TypeFor[T](), cfg.variant, cfg.tags, now); ok {
+			g.note(ctx, EventHit, key, 0, nil)
+			g.note(ctx, EventNearHit, key, 0, nil)
+			if nearXFetch(now, e, cfg.beta, cfg.ttl) {
+				c := call[T]{g: g, cfg: cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load}
+				c.detach().refresh(ctx, e.gen, false, fillEarly, e.freshUntil)
+			}
+			if cfg.report != nil {
+				*cfg.report = Hit
+			}
+			return v, nil
+		}
+	}
 	c := call[T]{g: g, cfg: cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load} // on the stack
 	v, res, err := c.get(ctx)
 	if cfg.report != nil {
@@ -63,6 +78,7 @@ type call[T any] struct {
 	key  string
 	rep  string // the representation: T's name and the Variant
 	load func(context.Context) (T, error)
+	near nearSnap // the near cache when the call's read began
 }
 
 // detach returns a copy of c on the heap, for the goroutines of the miss path,
@@ -79,6 +95,9 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	defer putTimer(budget)
 	g := c.g
 	values, field, rep := g.readKeys(c.key, c.rep)
+	if g.near != nil {
+		c.near = g.near.snap(c.key, c.cfg.tags, start)
+	}
 	s, err := g.readStored(ctx, values, field, rep, start.Add(c.cfg.wait), budget.C)
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
@@ -133,6 +152,9 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 		}
 		if xfetch(now, &env, c.cfg.beta, c.cfg.ttl) {
 			c.detach().refresh(ctx, env.gen, false, fillEarly, env.freshUntil)
+		}
+		if g.near != nil {
+			g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, &env)
 		}
 		g.note(ctx, EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -229,7 +251,11 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 			if o.leader != id {
 				g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
 			}
-			return c.deliver(o, id)
+			v, res, err := c.deliver(o, id)
+			if err == nil && o.stored != nil && g.near != nil {
+				g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, o.stored)
+			}
+			return v, res, err
 		case <-ctx.Done():
 			leave()
 			return c.zero(Miss, c.ctxErr(ctx))

@@ -23,8 +23,12 @@ type Guard struct {
 	cfg config
 	hub *wake.Hub // the shared subscription for fill wake-ups
 	pub string    // PUBLISH, or SPUBLISH on a cluster
-	log *ratelog.Logger
-	sem chan struct{}
+	// origin names this Guard in the near-cache channel's messages, which
+	// every Guard publishes on (ncChannel) whether it has a near cache or not.
+	origin, ncChannel string
+	near              *nearCache // nil unless NearCache
+	log               *ratelog.Logger
+	sem               chan struct{}
 	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
 	// a caller may read on its own goroutine (see readStored).
 	ctxDeadlines bool
@@ -40,6 +44,7 @@ type Guard struct {
 	refreshing map[string]time.Time               // representations and generations not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
 	nextTask   uint64
 	closed     bool
+	isShut     atomic.Bool    // closed, read without mu by every call
 	wg         sync.WaitGroup // the tasks
 }
 
@@ -66,6 +71,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
+	}
+	g.origin, g.ncChannel = token()[:12], cfg.prefix+"nc"
+	if cfg.nearSize > 0 {
+		g.near = newNearCache(g, cfg.nearSize, cfg.nearTTL)
 	}
 	g.reads.m, g.reads.read, g.reads.max = map[string]readSlot{}, g.read, max(2, runtime.GOMAXPROCS(0))
 	g.reads.runner = newRunner(g.reads.work)
@@ -107,6 +116,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	g.mu.Lock()
 	first := !g.closed
 	g.closed = true
+	g.isShut.Store(true)
 	g.mu.Unlock()
 
 	idle := make(chan struct{})
@@ -135,6 +145,9 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	g.reads.runner.close()
 	if first {
 		g.hub.Close()
+		if g.near != nil {
+			g.near.close()
+		}
 	}
 	return err
 }
@@ -173,6 +186,20 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
+	// The near cache drops the keys before (a read that begins now must not
+	// keep what it finds) and after (a read that began before the script ran
+	// and found the old value must not keep it either). The other processes
+	// drop theirs on the script's message.
+	if g.near != nil {
+		for _, k := range keys {
+			g.near.drop(k)
+		}
+		defer func() {
+			for _, k := range keys {
+				g.near.drop(k)
+			}
+		}()
+	}
 	if err := g.invalidate(ctx, keys); err != nil {
 		g.note(ctx, EventRedisError, keys[0], 0, err)
 		return fmt.Errorf("%w: invalidate: %w", ErrUnavailable, err)
@@ -180,11 +207,7 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	return nil
 }
 
-func (g *Guard) isClosed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.closed
-}
+func (g *Guard) isClosed() bool { return g.isShut.Load() }
 
 // callConfig checks a call's arguments and returns its configuration.
 func (g *Guard) callConfig(key string, hasLoad bool, opts []CallOption) (config, error) {

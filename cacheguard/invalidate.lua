@@ -4,7 +4,8 @@
 -- generation, and a hit need not read the generation), and wake the waiters
 -- so that they take a new lease.
 -- KEYS[1] generation   KEYS[2] values (hash)
--- ARGV: wake channel, publish command, shortest ttl ms of the generation
+-- ARGV: wake channel, publish command, shortest ttl ms of the generation, the
+--       near-cache channel and its message (classic PUBLISH, even on a cluster)
 -- The new generation is larger than the old one and than the server's clock in
 -- µs, so it never repeats one seen before, even if the old one was lost.
 local old = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
@@ -16,4 +17,5 @@ if ttl < tonumber(ARGV[3]) then ttl = tonumber(ARGV[3]) end
 redis.call('SET', KEYS[1], string.format('%d', g), 'PX', ttl)
 redis.call('DEL', KEYS[2])
 redis.call(ARGV[2], ARGV[1], 'x')
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1

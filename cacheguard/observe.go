@@ -50,11 +50,12 @@ const (
 	EventFailOpen                             // the loader ran because Redis could not be reached (Event.Err: the Redis error)
 	EventDecodeError                          // cached bytes were not a valid envelope or payload (Event.Err)
 	EventRedisError                           // a Redis call failed (Event.Err)
+	EventNearHit                              // a hit served from the near cache (counted as EventHit too)
 	numKinds
 )
 
 var kindNames = [numKinds]string{"", "hit", "miss", "load", "coalesced_local", "coalesced_remote",
-	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error"}
+	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit"}
 
 func (k EventKind) String() string {
 	if k > 0 && k < numKinds {
@@ -85,6 +86,7 @@ type Stats struct {
 	FailOpenLoads   uint64 // loads run because Redis could not be reached
 	DecodeErrors    uint64 // cached values that could not be decoded (treated as misses)
 	RedisErrors     uint64 // failed Redis calls
+	NearHits        uint64 // hits served from the near cache (counted in Hits too)
 }
 
 type counters [numKinds]atomic.Uint64
@@ -103,6 +105,7 @@ func (c *counters) snapshot() Stats {
 		FailOpenLoads:   c[EventFailOpen].Load(),
 		DecodeErrors:    c[EventDecodeError].Load(),
 		RedisErrors:     c[EventRedisError].Load(),
+		NearHits:        c[EventNearHit].Load(),
 	}
 }
 

@@ -97,9 +97,10 @@ func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, leaseFor ti
 // store writes env (whose generation is l's) with the fill lease's
 // compare-and-set, releases the lease and publishes the envelope to the
 // waiters. It reports whether it wrote.
-func (g *Guard) store(ctx context.Context, ks keySet, l lease, env []byte, ttl time.Duration) (bool, error) {
+func (g *Guard) store(ctx context.Context, key string, ks keySet, l lease, env []byte, ttl time.Duration) (bool, error) {
 	n, err := fillScript.Run(ctx, g.rdb, []string{ks.values, ks.lease, ks.gen},
-		l.String(), env, max(ttl.Milliseconds(), 1), ks.wake, g.pub, l.token, strconv.FormatInt(l.gen, 10), ks.field, time.Now().UnixMilli()).Int64()
+		l.String(), env, max(ttl.Milliseconds(), 1), ks.wake, g.pub, l.token, strconv.FormatInt(l.gen, 10), ks.field, time.Now().UnixMilli(),
+		g.ncChannel, g.origin+" f"+key).Int64()
 	return n == 1, err
 }
 
@@ -147,7 +148,7 @@ func (g *Guard) invalidate(ctx context.Context, keys []string) error {
 	cmds := make([]*redis.Cmd, len(keys))
 	for i, k := range keys {
 		gen, values, wake := g.cacheKeys(k)
-		cmds[i] = invalidateScript.Eval(ctx, pipe, []string{gen, values}, wake, g.pub, genTTL.Milliseconds())
+		cmds[i] = invalidateScript.Eval(ctx, pipe, []string{gen, values}, wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
 	}
 	if _, err := pipe.Exec(ctx); err == nil {
 		return nil

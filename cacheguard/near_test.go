@@ -1,0 +1,198 @@
+package cacheguard_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// childNear is a process of the service with a near cache: on "get" it reads
+// the key through its Guard and answers "got <version> near" when the near
+// cache served it, "got <version> redis" otherwise.
+func childNear(ctx context.Context, rdb *redis.Client, key string) error {
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
+	defer g.Close()
+	sc := bufio.NewScanner(os.Stdin)
+	fmt.Println("ready")
+	for sc.Scan() {
+		if sc.Text() != "get" {
+			return fmt.Errorf("unknown command %q", sc.Text())
+		}
+		before := g.Stats().NearHits
+		v, err := cacheguard.Get(ctx, g, key, versionLoad(rdb, key))
+		if err != nil {
+			return err
+		}
+		from := "redis"
+		if g.Stats().NearHits > before {
+			from = "near"
+		}
+		fmt.Println("got", v.ID, from)
+	}
+	return sc.Err()
+}
+
+// TestNearCacheInvalidatedAcrossProcesses: a value in another process's near
+// cache is served from memory, and an Invalidate in this process reaches it
+// within milliseconds: the next reads there return the new version (first
+// from Redis, then from the near cache again).
+func TestNearCacheInvalidatedAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	key := testKey(t)
+	if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := startChild(t, "near", childKey+"="+key)
+	if line, err := b.Next(30 * time.Second); err != nil || line != "ready" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	if got := ask(t, b, "get"); got != "got 1 redis" {
+		t.Fatalf("first read: %q", got)
+	}
+	if got := ask(t, b, "get"); got != "got 1 near" {
+		t.Fatalf("second read: %q, want it from the near cache", got)
+	}
+	a, _ := newGuard(t)
+	if err := rdb.Incr(ctx, dbKey(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var got string
+	eventually(t, 5*time.Second, "the invalidation to reach the other process's near cache", func() bool {
+		got = ask(t, b, "get")
+		return strings.HasPrefix(got, "got 2 ")
+	})
+	t.Logf("new version seen after %v", time.Since(start))
+	eventually(t, 5*time.Second, "the new version near-cached", func() bool { return ask(t, b, "get") == "got 2 near" })
+
+	// A fill in another process reaches it too: this one loads version 3
+	// after the entry expires... here, after an invalidation that the child
+	// hears, then a fill of this process's that it hears as well.
+	if err := rdb.Incr(ctx, dbKey(key)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := cacheguard.Get(ctx, a, key, versionLoad(rdb, key)); err != nil || v.ID != 3 {
+		t.Fatalf("this process's fill: %v, %v", v, err)
+	}
+	eventually(t, 5*time.Second, "the other process to read version 3", func() bool { return strings.HasPrefix(ask(t, b, "get"), "got 3 ") })
+}
+
+// overwrite replaces the stored item of key with id in Redis without any
+// message, as a message lost while a subscription was down would leave it.
+func overwrite(t *testing.T, rdb *redis.Client, key string, id int) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := rdb.HGet(ctx, valueKey(key), itemField).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := json.Marshal(item{ID: id, Name: "raw"})
+	if err := rdb.HSet(ctx, valueKey(key), itemField, append(b[:32:32], payload...)).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNearCacheNotTrustedWithoutSubscription: when the near cache's
+// subscription is lost (its connection killed), messages may have been lost,
+// so the near cache is bypassed and then flushed: the value Redis holds is
+// served, not the one remembered.
+func TestNearCacheNotTrustedWithoutSubscription(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
+	eventually(t, 5*time.Second, "near cache subscribed", func() bool { return cacheguard.NearTrusted(g) })
+	key := testKey(t)
+	c := &counter{name: "v"}
+	for range 2 {
+		if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := g.Stats(); st.NearHits != 1 {
+		t.Fatalf("stats %+v: want the second read from the near cache", st)
+	}
+	if err := rdb.ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	overwrite(t, rdb, key, 99) // as if its message were lost with the connection
+	eventually(t, 5*time.Second, "the value in Redis served", func() bool {
+		v, err := cacheguard.Get(ctx, g, key, c.load)
+		return err == nil && v.ID == 99
+	})
+	// Once the subscription is back, the near cache fills again, with what
+	// Redis holds.
+	eventually(t, 5*time.Second, "near cache trusted again", func() bool {
+		before := g.Stats().NearHits
+		v, err := cacheguard.Get(ctx, g, key, c.load)
+		return err == nil && v.ID == 99 && g.Stats().NearHits > before
+	})
+}
+
+// TestNearCacheTTLIsASafetyNet: a change that no message announced (here, a
+// raw overwrite) is seen once the near cache's own TTL ends.
+func TestNearCacheTTLIsASafetyNet(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, 200*time.Millisecond))
+	eventually(t, 5*time.Second, "near cache subscribed", func() bool { return cacheguard.NearTrusted(g) })
+	key := testKey(t)
+	c := &counter{name: "v"}
+	for range 2 {
+		if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	overwrite(t, rdb, key, 42)
+	start := time.Now()
+	eventually(t, 5*time.Second, "the overwritten value", func() bool {
+		v, err := cacheguard.Get(ctx, g, key, c.load)
+		return err == nil && v.ID == 42
+	})
+	if took := time.Since(start); took < 100*time.Millisecond {
+		t.Logf("seen after %v (the entry was older than its TTL already)", took)
+	}
+}
+
+// TestNearCacheBounded: the near cache holds at most its number of entries.
+func TestNearCacheBounded(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.EarlyRefresh(0), cacheguard.NearCache(10, time.Minute))
+	eventually(t, 5*time.Second, "near cache subscribed", func() bool { return cacheguard.NearTrusted(g) })
+	keys := make([]string, 30)
+	for i := range keys {
+		keys[i] = testKey(t, fmt.Sprint(i))
+		if _, err := cacheguard.Get(ctx, g, keys[i], (&counter{}).load); err != nil {
+			t.Fatal(err)
+		}
+	}
+	near := 0
+	for i := 20; i < 30; i++ {
+		before := g.Stats().NearHits
+		if _, err := cacheguard.Get(ctx, g, keys[i], (&counter{}).load); err != nil {
+			t.Fatal(err)
+		}
+		if g.Stats().NearHits > before {
+			near++
+		}
+	}
+	if near != 10 {
+		t.Fatalf("%d of the 10 latest keys near-cached, want 10", near)
+	}
+	if n := cacheguard.NearLen(g); n != 10 {
+		t.Fatalf("%d entries, want at most 10", n)
+	}
+}
