@@ -46,6 +46,7 @@ func childRoles() map[string]func() error {
 		"checker":  withClient(childChecker),
 		"closer":   withClient(childCloser),
 		"near":     withClient(childNear),
+		"tagged":   withClient(childTagged),
 	}
 }
 

@@ -153,6 +153,25 @@
 // is cached; Stats.FailOpenLoads counts it. FailClosed returns ErrUnavailable
 // instead.
 //
+// # Tags
+//
+// A call with Tags("repos", ...) stores its value as depending on those tags,
+// and InvalidateTags("repos") voids every such value, of every key, in every
+// process. Each tag has a version in Redis, prefix+"t:{tag}" (one small key
+// per tag, in the tag's own slot, living at least as long as the values that
+// recorded it), which InvalidateTags moves forward (never back) and which a
+// tagged load reads before it begins and records in the envelope. A tagged
+// call reads its tags' versions with the value, in the same round trip (one
+// pipeline; on a cluster one per node, in parallel), and a value recorded
+// under older versions is not served: the call loads again, under the fill
+// lease as for a miss. A call that shares a flight whose load began under
+// older versions than the call read does not take its value either. So a Get
+// that begins after InvalidateTags returned never returns a value whose load
+// began before it, as for Invalidate; no tag→key set is kept (nothing grows
+// with the keys), and no command spans two slots. A tagged value costs its
+// tags' reads on every hit from Redis (not from the near cache, which drops
+// tagged entries on the tag's message).
+//
 // # Near cache
 //
 // With NearCache, a Guard also keeps decoded values in its process: a hit

@@ -11,17 +11,21 @@ import (
 //
 //	0  'c' 'g'            magic
 //	2  version            2
-//	3  flags              bit 0: negative (a cached absence, no payload)
+//	3  flags              bit 0: negative (a cached absence, no payload); bit 1: tags
 //	4  fresh-until        unix ms, uint64 big-endian (the writer's wall clock)
 //	12 stale-until        unix ms, uint64 big-endian (≥ fresh-until)
 //	20 last load          µs, uint32 big-endian (Δ of early refresh)
 //	24 generation         uint64 big-endian: the key's generation the load started under
-//	32 payload            the codec's bytes
+//	32 tags               when flag bit 1 is set: count (1 byte), the hash of the
+//	                      tag set (uint64), and each tag's version when the load
+//	                      began (count × uint64), tags sorted by name
+//	   payload            the codec's bytes
 const (
 	envVersion   = 2
 	envHeaderLen = 32
 	flagNegative = 1 << 0
-	knownFlags   = flagNegative
+	flagTags     = 1 << 1
+	knownFlags   = flagNegative | flagTags
 	// maxTime bounds the times (year 287,000) and generations: getlease.lua
 	// reads them as doubles, exact up to 2^53.
 	maxTime = 1<<53 - 1
@@ -33,20 +37,35 @@ type envelope struct {
 	delta      time.Duration
 	gen        int64 // the key's generation when the fill lease was granted
 	negative   bool
+	tagHash    uint64   // the tag set's hash (see tagSet), with tagVers
+	tagVers    []uint64 // the tags' versions when the load began; nil: untagged
 	payload    []byte
 }
 
 func (e *envelope) encode() []byte {
-	b := make([]byte, envHeaderLen+len(e.payload))
+	tl := 0
+	if e.tagVers != nil {
+		tl = 1 + 8 + 8*len(e.tagVers)
+	}
+	b := make([]byte, envHeaderLen+tl+len(e.payload))
 	b[0], b[1], b[2] = 'c', 'g', envVersion
 	if e.negative {
 		b[3] = flagNegative
+	}
+	if e.tagVers != nil {
+		b[3] |= flagTags
+		t := b[envHeaderLen:]
+		t[0] = byte(len(e.tagVers))
+		binary.BigEndian.PutUint64(t[1:], e.tagHash)
+		for i, v := range e.tagVers {
+			binary.BigEndian.PutUint64(t[9+8*i:], v)
+		}
 	}
 	binary.BigEndian.PutUint64(b[4:], uint64(e.freshUntil))
 	binary.BigEndian.PutUint64(b[12:], uint64(e.staleUntil))
 	binary.BigEndian.PutUint32(b[20:], uint32(min(e.delta.Microseconds(), math.MaxUint32)))
 	binary.BigEndian.PutUint64(b[24:], uint64(e.gen))
-	copy(b[envHeaderLen:], e.payload)
+	copy(b[envHeaderLen+tl:], e.payload)
 	return b
 }
 
@@ -79,6 +98,19 @@ func decodeEnvelope(b []byte) (envelope, error) {
 		gen:        int64(gen),
 		negative:   b[3]&flagNegative != 0,
 		payload:    b[envHeaderLen:],
+	}
+	if b[3]&flagTags != 0 {
+		t := e.payload
+		if len(t) < 9 || len(t) < 9+8*int(t[0]) {
+			return envelope{}, fmt.Errorf("%w: truncated tags", ErrDecode)
+		}
+		n := int(t[0])
+		e.tagHash = binary.BigEndian.Uint64(t[1:])
+		e.tagVers = make([]uint64, n)
+		for i := range n {
+			e.tagVers[i] = binary.BigEndian.Uint64(t[9+8*i:])
+		}
+		e.payload = t[9+8*n:]
 	}
 	if e.negative && len(e.payload) != 0 {
 		return envelope{}, fmt.Errorf("%w: negative envelope with a payload", ErrDecode)

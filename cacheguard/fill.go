@@ -14,8 +14,8 @@ import (
 // flight's outcome. A flight whose lease turns out lost takes no new callers:
 // what it loads may be older than what another fill stored meanwhile.
 func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id uint64) *outcome {
-	v, err := c.fill(ctx, ks, l, fillMiss, func() { f.closed.Store(true) })
-	return &outcome{leader: id, loaded: true, val: v, err: err}
+	v, env, err := c.fill(ctx, ks, l, fillMiss, func() { f.closed.Store(true) })
+	return &outcome{leader: id, loaded: true, val: v, err: err, stored: env}
 }
 
 // fillKind says why a fill runs: it decides whether the stored TTL is
@@ -35,10 +35,19 @@ const (
 // error matching ErrClosed, is handed over: the lease is released with a
 // message that makes a waiter elsewhere take the fill over at once, and this
 // process's callers get ErrClosed — never an error for others.
-func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, lost func()) (T, error) {
+func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, lost func()) (T, *envelope, error) {
 	g := c.g
 	start := time.Now()
 	stop := g.renewLease(ctx, ks, l, c.cfg.lease, lost)
+	// A tagged value records its tags' versions as they are before it loads.
+	var tagVers []uint64
+	var tagErr error
+	if tags := c.cfg.tags.list(); len(tags) > 0 {
+		tagVers, tagErr = g.readTagVersions(ctx, tags, c.cfg.ttl+c.cfg.staleWindow)
+		if tagErr != nil {
+			g.note(ctx, EventRedisError, c.key, 0, tagErr)
+		}
+	}
 	v, err := c.runLoader(ctx)
 	stop()
 	took := time.Since(start)
@@ -55,13 +64,18 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 	case closing:
 		c.releaseLease(ctx, ks, l, "h"+l.token+" ")
 		var zero T
-		return zero, errors.Join(ErrClosed, err)
+		return zero, nil, errors.Join(ErrClosed, err)
+	case tagErr != nil:
+		// Without the tags' versions the value cannot be stored: it is
+		// returned uncached and the fill handed over.
+		c.releaseLease(ctx, ks, l, "h"+l.token+" ")
+		return v, nil, err
 	case err == nil:
 		payload, merr := encodeValue(c.cfg.codec, v)
 		if merr != nil {
 			err = fmt.Errorf("cacheguard: encode %q: %w", c.key, merr)
 			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
-			return v, err
+			return v, nil, err
 		}
 		fresh := c.cfg.ttl
 		if kind == fillMiss {
@@ -74,6 +88,9 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 			gen:        l.gen,
 			payload:    payload,
 		}
+		if tagVers != nil {
+			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
+		}
 		if ok, err := g.store(ctx, c.key, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
 			g.note(ctx, EventRedisError, c.key, 0, err)
 		} else if !ok {
@@ -83,15 +100,20 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 			// other processes drop it on the store's message (which this
 			// Guard ignores), this one here — and keeps the new value.
 			n.drop(c.key)
-			n.put(n.snap(c.key, c.cfg.tags, time.Now()), c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, env)
+			n.put(n.snap(c.key, c.cfg.tags.list(), time.Now()), c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, env)
 		}
-		return v, nil
+		stored := *env
+		stored.payload = nil
+		return v, &stored, nil
 	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
 		ttl := c.cfg.negTTL
 		if kind == fillMiss {
 			ttl = jittered(ttl, c.cfg.jitter)
 		}
 		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
+		if tagVers != nil {
+			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
+		}
 		if ok, serr := g.store(ctx, c.key, ks, l, env.encode(), ttl); serr != nil {
 			g.note(ctx, EventRedisError, c.key, 0, serr)
 		} else if !ok {
@@ -99,13 +121,13 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 		} else if g.near != nil {
 			g.near.drop(c.key)
 		}
-		return v, err
+		return v, nil, err
 	case errors.Is(err, ErrNotFound):
 		c.releaseLease(ctx, ks, l, "n"+l.token+" ")
-		return v, err
+		return v, nil, err
 	default:
 		c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
-		return v, err
+		return v, nil, err
 	}
 }
 
@@ -206,7 +228,7 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillK
 		if kind == fillEarly {
 			g.note(ctx, EventEarlyRefresh, c.key, 0, nil)
 		}
-		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {})
+		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {}) //nolint:errcheck // a background refresh: the next read sees what it stored
 	}()
 }
 

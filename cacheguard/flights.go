@@ -11,8 +11,9 @@ import (
 // flightKey names what a flight fills: one representation (keySet.rep, and
 // the Go type, since two types may print alike).
 type flightKey struct {
-	rep string
-	typ reflect.Type
+	rep  string
+	typ  reflect.Type
+	tags string // the call's tag set (tagSet.key): tagged and untagged loads store different envelopes
 }
 
 // maxJoinAge bounds the age of a flight a call may join by its generation:

@@ -50,7 +50,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 	}
 	if n := g.near; n != nil {
 		now := time.Now()
-		if v, e, ok := nearGet[T](n, key, reflect.TypeFor[T](), cfg.variant, cfg.tags, now); ok {
+		if v, e, ok := nearGet[T](n, key, reflect.TypeFor[T](), cfg.variant, cfg.tags.list(), now); ok {
 			g.note(ctx, EventHit, key, 0, nil)
 			g.note(ctx, EventNearHit, key, 0, nil)
 			if nearXFetch(now, e, cfg.beta, cfg.ttl) {
@@ -96,9 +96,12 @@ func (c *call[T]) get(ctx context.Context) (T, Result, error) {
 	g := c.g
 	values, field, rep := g.readKeys(c.key, c.rep)
 	if g.near != nil {
-		c.near = g.near.snap(c.key, c.cfg.tags, start)
+		c.near = g.near.snap(c.key, c.cfg.tags.list(), start)
 	}
-	s, err := g.readStored(ctx, values, field, rep, start.Add(c.cfg.wait), budget.C)
+	if c.cfg.tags != nil {
+		rep += "\x00" + c.cfg.tags.key // tagged reads fetch the tags' versions too
+	}
+	s, err := g.readStored(ctx, values, field, rep, c.cfg.tags.list(), start.Add(c.cfg.wait), budget.C)
 	var force bool     // the stored value is unreadable: replace it even if its header says fresh
 	var redisErr error // the cache is unreachable: fail open or closed
 	switch {
@@ -140,6 +143,12 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 		g.note(ctx, EventDecodeError, c.key, 0, err)
 		return v, 0, err, false
 	}
+	if !c.cfg.tags.fresh(&env, s.tagVers) {
+		// Loaded before one of the call's tags was invalidated (or with other
+		// tags): not servable, and to be replaced even if its header says
+		// fresh.
+		return v, 0, errStaleTags, false
+	}
 	switch {
 	case now < env.freshUntil && env.negative:
 		g.note(ctx, EventHit, c.key, 0, nil)
@@ -154,7 +163,7 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			c.detach().refresh(ctx, env.gen, false, fillEarly, env.freshUntil)
 		}
 		if g.near != nil {
-			g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, &env)
+			g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, &env)
 		}
 		g.note(ctx, EventHit, c.key, 0, nil)
 		return v, Hit, nil, true
@@ -173,6 +182,10 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 // earlyRefreshShare is the share of the TTL, at its end, within which an
 // early refresh may start (see EarlyRefresh).
 const earlyRefreshShare = 20 // the last 1/20
+
+// errStaleTags marks a stored value loaded under older versions of the
+// call's tags.
+var errStaleTags = errors.New("cacheguard: stored under older tag versions")
 
 // xfetch decides a probabilistic early refresh: now − Δ·β·ln(rand) ≥
 // fresh-until, the gap Δ·β·ln(rand) capped at ttl/earlyRefreshShare.
@@ -195,6 +208,9 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 	id := g.callIDs.Add(1)
 	deadline := start.Add(c.cfg.wait)
 	k := flightKey{rep: ks.rep, typ: reflect.TypeFor[T]()}
+	if c.cfg.tags != nil {
+		k.tags = c.cfg.tags.key
+	}
 	missed := false
 	for {
 		var done <-chan struct{}
@@ -251,9 +267,15 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 			if o.leader != id {
 				g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
 			}
+			if c.cfg.tags != nil && o.err == nil && o.stored != nil && !c.cfg.tags.atLeast(o.stored.tagVers, o.stored.tagHash, s.tagVers) {
+				// Loaded before a tag invalidation that this call's read
+				// saw: load again (replacing the stored value).
+				force = true
+				continue
+			}
 			v, res, err := c.deliver(o, id)
 			if err == nil && o.stored != nil && g.near != nil {
-				g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags, v, o.stored)
+				g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, o.stored)
 			}
 			return v, res, err
 		case <-ctx.Done():

@@ -74,9 +74,9 @@ type config struct {
 	onTimeout   TimeoutAction
 	failClosed  bool
 	codec       Codec
-	report      *Result  // call only
-	variant     string   // call only
-	tags        []string // call only
+	report      *Result // call only
+	variant     string  // call only
+	tags        *tagSet // call only
 
 	// Guard only.
 	prefix   string
@@ -262,6 +262,8 @@ func (c *config) validate() error {
 		return invalid("unknown TimeoutAction %d", c.onTimeout)
 	case c.codec == nil:
 		return invalid("nil Codec")
+	case c.tags.validate() != nil:
+		return c.tags.validate()
 	case c.nearSize < 0 || c.nearSize > 0 && c.nearTTL <= 0:
 		return invalid("near cache of %d entries for %v", c.nearSize, c.nearTTL)
 	case c.maxLoads < 0:

@@ -22,7 +22,10 @@ type stored struct {
 	// sent: a flight created after it sent its first script after the read
 	// (see flights.join).
 	mark uint64
-	err  error
+	// tagVers are the versions of the call's tags, read with the value (0:
+	// absent), for a tagged call.
+	tagVers []uint64
+	err     error
 }
 
 // A hit is one HGET of the representation's field in the key's values hash.
@@ -44,9 +47,9 @@ type stored struct {
 // read by ReadTimeout and its retries then, not by the context). With it, a
 // caller that reads alone (see reads) does so on its own goroutine, bounded
 // by ctx and its deadline: a hit then costs what a plain HGET does.
-func (g *Guard) readStored(ctx context.Context, values, field, rep string, deadline time.Time, budget <-chan time.Time) (stored, error) {
+func (g *Guard) readStored(ctx context.Context, values, field, rep string, tags []string, deadline time.Time, budget <-chan time.Time) (stored, error) {
 	q := &g.reads
-	w, solo := q.join(ctx, values, field, rep)
+	w, solo := q.join(ctx, values, field, rep, tags)
 	if w == nil {
 		return stored{}, ErrClosed
 	}
@@ -55,7 +58,7 @@ func (g *Guard) readStored(ctx context.Context, values, field, rep string, deadl
 		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
 			rctx, cancel = context.WithDeadline(ctx, deadline)
 		}
-		s := g.read(rctx, values, field, rep)
+		s := g.read(rctx, values, field, rep, tags)
 		budgetEnded := cancel != nil && errors.Is(rctx.Err(), context.DeadlineExceeded)
 		if cancel != nil {
 			cancel()
@@ -99,11 +102,11 @@ func (g *Guard) readStored(ctx context.Context, values, field, rep string, deadl
 }
 
 // read sends one read of a representation: an HGET, or when a flight of
-// the representation runs in this process, the HGET and the generation in
-// one pipeline.
-func (g *Guard) read(ctx context.Context, values, field, rep string) stored {
+// the representation runs in this process, or the call has tags, the HGET,
+// the generation and the tags' versions in one pipeline.
+func (g *Guard) read(ctx context.Context, values, field, rep string, tags []string) stored {
 	mark, busy := g.flights.mark(rep)
-	if !busy {
+	if !busy && len(tags) == 0 {
 		v, err := g.rdb.HGet(ctx, values, field).Result()
 		switch {
 		case err == nil:
@@ -119,8 +122,23 @@ func (g *Guard) read(ctx context.Context, values, field, rep string) stored {
 	pipe := g.rdb.Pipeline()
 	hv := pipe.HGet(ctx, values, field)
 	gv := pipe.Get(ctx, gen)
+	tv := make([]*redis.StringCmd, len(tags))
+	for i, t := range tags {
+		tv[i] = pipe.Get(ctx, g.tagKey(t))
+	}
 	pipe.Exec(ctx) //nolint:errcheck // each command's error is read below
 	s := stored{mark: mark}
+	if len(tags) > 0 {
+		s.tagVers = make([]uint64, len(tags))
+		for i, c := range tv {
+			switch v, err := c.Result(); {
+			case err == nil:
+				s.tagVers[i], _ = strconv.ParseUint(v, 10, 64)
+			case !errors.Is(err, redis.Nil):
+				return stored{err: err}
+			}
+		}
+	}
 	switch v, err := hv.Result(); {
 	case err == nil:
 		s.b = bytesOf(v)
@@ -174,7 +192,7 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // to it, and its caller is signalled on a reusable channel, so that it
 // allocates nothing here. The zero value is not usable: see New.
 type reads struct {
-	read   func(ctx context.Context, values, field, rep string) stored // sends one read (Guard.read)
+	read   func(ctx context.Context, values, field, rep string, tags []string) stored // sends one read (Guard.read)
 	runner *runner
 	max    int // reads of one representation out at once, before callers queue
 
@@ -198,6 +216,7 @@ type readSlot struct {
 type readWork struct {
 	ctx                context.Context
 	values, field, rep string
+	tags               []string
 
 	// solo: the caller that started it waits on ready (buffered, one send
 	// per use), and the work is reused once the caller received it.
@@ -212,7 +231,7 @@ type readWork struct {
 // join returns the read whose answer the caller shares: a new solo read when
 // fewer than max are out (the caller must run or hand it over, and end it),
 // or the read queued behind them. It returns nil after close.
-func (q *reads) join(ctx context.Context, values, field, rep string) (w *readWork, solo bool) {
+func (q *reads) join(ctx context.Context, values, field, rep string, tags []string) (w *readWork, solo bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
@@ -226,13 +245,13 @@ func (q *reads) join(ctx context.Context, values, field, rep string) (w *readWor
 		if w == nil {
 			w = &readWork{solo: true, ready: make(chan struct{}, 1)}
 		}
-		w.ctx, w.values, w.field, w.rep = ctx, values, field, rep
+		w.ctx, w.values, w.field, w.rep, w.tags = ctx, values, field, rep, tags
 		q.wg.Add(1)
 		return w, true
 	}
 	if st.next == nil {
 		// Shared by callers that may give up: detached from this one.
-		st.next = &readWork{ctx: context.WithoutCancel(ctx), values: values, field: field, rep: rep, done: make(chan struct{})}
+		st.next = &readWork{ctx: context.WithoutCancel(ctx), values: values, field: field, rep: rep, tags: tags, done: make(chan struct{})}
 		q.m[rep] = st
 	}
 	st.next.waiting++
@@ -290,7 +309,7 @@ func (q *reads) recycle(w *readWork) {
 	if len(w.ready) > 0 {
 		<-w.ready
 	}
-	w.ctx, w.s = nil, stored{}
+	w.ctx, w.s, w.tags = nil, stored{}, nil
 	q.pool.Put(w)
 }
 
@@ -298,7 +317,7 @@ func (q *reads) recycle(w *readWork) {
 // (on this goroutine: its callers are already waiting).
 func (q *reads) work(w *readWork) {
 	for w != nil {
-		w = q.end(w, q.read(w.ctx, w.values, w.field, w.rep))
+		w = q.end(w, q.read(w.ctx, w.values, w.field, w.rep, w.tags))
 	}
 }
 

@@ -92,7 +92,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readStored(ctx, "h", k, "h|"+k, time.Now().Add(time.Hour), nil)
+	s, err := g.readStored(ctx, "h", k, "h|"+k, nil, time.Now().Add(time.Hour), nil)
 	if err == nil {
 		err = s.err
 	}
