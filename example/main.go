@@ -62,6 +62,10 @@ flags:
   -cluster         -redis names a node of a Redis Cluster
   -lease d         the repository locks' lease, renewed while held (default %[7]s)
   -cache-ttl d     how long a cached repository or list stays fresh (default %[8]s)
+  -near-cache n    keep up to n decoded values in each process too (cacheguard
+                   NearCache, invalidated across processes within ~1ms; reads
+                   that begin within that window after another process's edit
+                   may still see the old value); default off
   -quiet           serve: no request log
 
 test-only flags (the end-to-end suite in internal/fleet uses them):
@@ -81,6 +85,7 @@ type options struct {
 	prefix   string // serve: "" for a new one
 	lease    time.Duration
 	cacheTTL time.Duration
+	nearCache int
 	quiet    bool
 	hooks    bool   // test-only pause points
 	control  string // test-only: a protection switched off
@@ -161,6 +166,7 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&o.prefix, "prefix", "", "")
 	fs.DurationVar(&o.lease, "lease", o.lease, "")
 	fs.DurationVar(&o.cacheTTL, "cache-ttl", o.cacheTTL, "")
+	fs.IntVar(&o.nearCache, "near-cache", 0, "")
 	fs.BoolVar(&o.quiet, "quiet", false, "")
 	fs.BoolVar(&o.hooks, "hooks", false, "")
 	fs.StringVar(&o.control, "control", "", "")
@@ -190,6 +196,8 @@ func parse(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("-edit-wait %v: must not be negative", o.demo.EditWait)
 	case o.lease < 10*time.Millisecond:
 		return o, fmt.Errorf("-lease %v: want at least 10ms", o.lease)
+	case o.nearCache < 0:
+		return o, fmt.Errorf("-near-cache %d: must not be negative", o.nearCache)
 	case o.cacheTTL < time.Millisecond:
 		return o, fmt.Errorf("-cache-ttl %v: want at least 1ms", o.cacheTTL)
 	case o.control != "" && !o.hooks:

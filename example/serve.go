@@ -40,6 +40,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 		EditWait:  wait,
 		Lease:     o.lease,
 		CacheTTL:  o.cacheTTL,
+		NearCache: o.nearCache,
 		Meter:     &meter{},
 		Log:       out,
 	}

@@ -33,6 +33,7 @@ type serviceConfig struct {
 	EditWait  time.Duration         // how long an edit waits for the repository's lock before 409
 	Lease     time.Duration         // of the repository locks (0: locks.DefaultLease)
 	CacheTTL  time.Duration         // how long cached repositories and lists stay fresh (0: defaultCacheTTL)
+	NearCache int                   // values kept in the process too (cacheguard.NearCache); 0: off
 	Meter     *meter                // where queries and edits are counted
 	Log       io.Writer             // request log; nil for none
 	Hooks     *hooks                // test-only pause points and controls; nil (inert) in a real deployment
@@ -77,8 +78,6 @@ type service struct {
 	transaction func(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, rows ...any) error
 }
 
-// listKey is the ginmw.Cache entry of GET /repos.
-var listKey = ginmw.PathKey("/repos", nil)
 
 // repoKey is the cacheguard key of one repository.
 func repoKey(id any) string { return fmt.Sprintf("repo:%v", id) }
@@ -93,7 +92,14 @@ func newService(cfg serviceConfig) (*service, error) {
 	}
 	s := &service{cfg: cfg, transaction: gormplugin.Transaction}
 	s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
-	s.guard = cacheguard.New(cfg.Redis, cacheguard.Prefix(cfg.Prefix))
+	guardOpts := []cacheguard.Option{cacheguard.Prefix(cfg.Prefix)}
+	if cfg.NearCache > 0 {
+		// Hot repositories and lists are served from memory; every edit's
+		// invalidation reaches the other instances' copies within about a
+		// millisecond, and the TTL bounds a copy whose message was lost.
+		guardOpts = append(guardOpts, cacheguard.NearCache(cfg.NearCache, cfg.CacheTTL))
+	}
+	s.guard = cacheguard.New(cfg.Redis, guardOpts...)
 	db, err := openDB(cfg.DB, cfg.Pool)
 	if err != nil {
 		s.Close()
@@ -103,7 +109,7 @@ func newService(cfg serviceConfig) (*service, error) {
 	// A committed write to a repository drops its cached copy and the cached
 	// list, after COMMIT and before the row's lock is released.
 	inv := gormplugin.InvalidatorFunc(func(ctx context.Context, keys ...string) error {
-		return errors.Join(s.guard.Invalidate(ctx, keys...), s.guard.Invalidate(ctx, listKey))
+		return errors.Join(s.guard.Invalidate(ctx, keys...), s.guard.InvalidateTags(ctx, "repos"))
 	})
 	// (pk is never nil here: writes whose rows cannot be named are refused,
 	// the plugin's default.)
@@ -149,9 +155,10 @@ func (s *service) routes() *gin.Engine {
 	r.Use(gin.Recovery())
 	s.cfg.Hooks.routes(r) // test-only; nothing without -hooks
 
-	// The list is a whole response cached by ginmw.Cache; a settings commit
-	// drops it (see newService).
-	r.GET("/repos", ginmw.Cache(s.guard, s.cfg.CacheTTL), s.listRepos)
+	// The list is a whole response cached by ginmw.Cache, tagged "repos": a
+	// commit to any repository drops it (see newService), and so would
+	// ginmw.InvalidateAfter on a route keyed by Resource("repos", ...).
+	r.GET("/repos", ginmw.Cache(s.guard, s.cfg.CacheTTL, ginmw.CacheTags("repos")), s.listRepos)
 	// One repository through cacheguard.Get: one load per expiry across every
 	// instance sharing the Redis.
 	r.GET("/repos/:id", s.getRepo)

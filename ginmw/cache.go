@@ -57,6 +57,9 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 	if cfg.engine == nil {
 		m.guardOpts = append(m.guardOpts, cacheguard.EarlyRefresh(0))
 	}
+	if len(cfg.tags) > 0 {
+		m.guardOpts = append(m.guardOpts, cacheguard.Tags(cfg.tags...))
+	}
 	return m.serve
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // One resource name reaches every representation: the GET and HEAD responses
@@ -65,5 +66,44 @@ func TestCacheOneNameInvalidatesEveryRepresentation(t *testing.T) {
 	}
 	if v, res, err := get(); err != nil || res != cacheguard.Miss || v.Version != 2 {
 		t.Fatalf("Get after Invalidate: %v, %v, %v; want a miss of version 2", v, res, err)
+	}
+}
+
+// A list page cached with CacheTags("repos") is dropped by a write to any
+// repository through InvalidateAfter(Resource("repos", ...)), in every
+// process (here a second engine with its own Guard and client stands for
+// another process), while the pages of other kinds stay cached.
+func TestCacheTagsDroppedByResourceWrite(t *testing.T) {
+	s := redistest.Start(t)
+	ga, _ := newGuard(t, s)
+	gb, _ := newGuard(t, s)
+	var version atomic.Int64
+	version.Store(1)
+	list := func(c *gin.Context) { c.String(http.StatusOK, "list v"+strconv.FormatInt(version.Load(), 10)) }
+	orgs := func(c *gin.Context) { c.String(http.StatusOK, "orgs v"+strconv.FormatInt(version.Load(), 10)) }
+	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
+	engine := func(g *cacheguard.Guard) *gin.Engine {
+		r := newEngine()
+		r.GET("/repos", ginmw.Cache(g, time.Minute, ginmw.CacheTags("repos")), list)
+		r.GET("/orgs", ginmw.Cache(g, time.Minute, ginmw.CacheTags("orgs")), orgs)
+		r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) {
+			version.Add(1)
+			c.Status(http.StatusNoContent)
+		})
+		return r
+	}
+	a, b := engine(ga), engine(gb)
+	eventually(t, 10*time.Second, "the list and the orgs cached", func() bool {
+		return serve(b, http.MethodGet, "/repos").Header().Get("X-Cache") == "HIT" &&
+			serve(b, http.MethodGet, "/orgs").Header().Get("X-Cache") == "HIT"
+	})
+	if w := serve(a, http.MethodPut, "/repos/7"); w.Code != http.StatusNoContent {
+		t.Fatalf("PUT: %d", w.Code)
+	}
+	if w := serve(b, http.MethodGet, "/repos"); w.Body.String() != "list v2" || w.Header().Get("X-Cache") != "MISS" {
+		t.Fatalf("list after a repository write: %q %s; want a MISS of v2", w.Body, w.Header().Get("X-Cache"))
+	}
+	if w := serve(b, http.MethodGet, "/orgs"); w.Body.String() != "orgs v1" || w.Header().Get("X-Cache") != "HIT" {
+		t.Fatalf("orgs after a repository write: %q %s; want the cached v1", w.Body, w.Header().Get("X-Cache"))
 	}
 }

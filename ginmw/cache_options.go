@@ -21,6 +21,7 @@ type cacheConfig struct {
 	engine     http.Handler
 	maxBody    int
 	allowAuthz bool
+	tags       []string
 }
 
 // CacheKey names the cached entry with key instead of the normalised path and
@@ -83,3 +84,12 @@ func MaxBody(n int) CacheOption { return func(c *cacheConfig) { c.maxBody = n } 
 // asks; use this only when they do not, or together with
 // VaryByHeader("Authorization").
 func AllowAuthorization() CacheOption { return func(c *cacheConfig) { c.allowAuthz = true } }
+
+// CacheTags stores the responses as depending on tags (see cacheguard.Tags),
+// e.g. CacheTags("repos") on a list page that shows repositories: a
+// cacheguard Guard.InvalidateTags of any of them drops the page in every
+// process, and so does InvalidateAfter on a write route whose key is a
+// Resource of that kind ("repos"). The default is none.
+func CacheTags(tags ...string) CacheOption {
+	return func(c *cacheConfig) { c.tags = append(c.tags, tags...) }
+}

@@ -2,6 +2,7 @@ package ginmw
 
 import (
 	"context"
+	"slices"
 
 	"github.com/gin-gonic/gin"
 
@@ -14,7 +15,10 @@ import (
 // variant, and the values cacheguard.Get keeps under the same names — with
 // g.Invalidate, e.g. InvalidateAfter(g, Resource("repos", Param("id")))
 // on PUT /repos/:id for a GET route cached with CacheKey(Resource("repos",
-// Param("id"))). A key that cannot be extracted refuses the request with 400
+// Param("id"))). For a key made with Resource it also invalidates the tag of
+// its kind ("repos"), which drops the pages cached with CacheTags("repos") —
+// the list pages that show such resources. A key that cannot be extracted
+// refuses the request with 400
 // before the chain runs. The invalidation runs before the handler's return
 // reaches the client unless the handler flushed its response (or it outgrew the
 // server's write buffer); a handler that must guarantee it calls g.Invalidate
@@ -26,6 +30,12 @@ func InvalidateAfter(g *cacheguard.Guard, keys ...Key) gin.HandlerFunc {
 	for _, k := range keys {
 		if k.fn == nil {
 			panic("ginmw: InvalidateAfter called with a zero Key")
+		}
+	}
+	var kinds []string // the tags of the Resource kinds (see CacheTags)
+	for _, k := range keys {
+		if k.kind != "" && !slices.Contains(kinds, k.kind) {
+			kinds = append(kinds, k.kind)
 		}
 	}
 	return func(c *gin.Context) {
@@ -46,6 +56,11 @@ func InvalidateAfter(g *cacheguard.Guard, keys ...Key) gin.HandlerFunc {
 		defer cancel()
 		if err := g.Invalidate(ctx, names...); err != nil {
 			c.Error(err) //nolint:errcheck // recorded for loggers
+		}
+		if len(kinds) > 0 {
+			if err := g.InvalidateTags(ctx, kinds...); err != nil {
+				c.Error(err) //nolint:errcheck // recorded for loggers
+			}
 		}
 	}
 }
