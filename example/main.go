@@ -77,20 +77,20 @@ test-only flags (the end-to-end suite in internal/fleet uses them):
 
 // options are the parsed command line.
 type options struct {
-	mode     string
-	redis    string
-	cluster  bool // -redis names a cluster node
-	listen   string
-	db       string // serve: "" for a new SQLite file
-	prefix   string // serve: "" for a new one
-	lease    time.Duration
-	cacheTTL time.Duration
+	mode      string
+	redis     string
+	cluster   bool // -redis names a cluster node
+	listen    string
+	db        string // serve: "" for a new SQLite file
+	prefix    string // serve: "" for a new one
+	lease     time.Duration
+	cacheTTL  time.Duration
 	nearCache int
-	quiet    bool
-	hooks    bool   // test-only pause points
-	control  string // test-only: a protection switched off
-	demo     demoConfig
-	waitSet  bool // -edit-wait was given
+	quiet     bool
+	hooks     bool   // test-only pause points
+	control   string // test-only: a protection switched off
+	demo      demoConfig
+	waitSet   bool // -edit-wait was given
 }
 
 func main() {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"time"
-
 )
 
 // serve runs one instance until ctx ends (SIGINT or SIGTERM), then closes

@@ -78,7 +78,6 @@ type service struct {
 	transaction func(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, rows ...any) error
 }
 
-
 // repoKey is the cacheguard key of one repository.
 func repoKey(id any) string { return fmt.Sprintf("repo:%v", id) }
 

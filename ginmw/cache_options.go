@@ -15,7 +15,7 @@ const defaultMaxBody = 1 << 20
 type CacheOption func(*cacheConfig)
 
 type cacheConfig struct {
-	key        *Key // nil: the normalised path and query
+	key        *Key     // nil: the normalised path and query
 	vary       []string // canonical header names, sorted
 	guardOpts  []cacheguard.CallOption
 	engine     http.Handler
