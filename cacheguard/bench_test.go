@@ -217,3 +217,53 @@ func BenchmarkGetNearHit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGetMany100 reads 100 warm keys with one GetMany; compare with
+// BenchmarkGet100Sequential, the same keys with 100 Gets in a row.
+func BenchmarkGetMany100(b *testing.B) { benchMany(b, true) }
+
+// BenchmarkGet100Sequential: see BenchmarkGetMany100.
+func BenchmarkGet100Sequential(b *testing.B) { benchMany(b, false) }
+
+func benchMany(b *testing.B, batch bool) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = testKey(b, strconv.Itoa(i))
+	}
+	loadMany := func(_ context.Context, ks []string) (map[string]Repo, error) {
+		m := map[string]Repo{}
+		for _, k := range ks {
+			m[k] = Repo{ID: 42, Name: "cacheguard"}
+		}
+		return m, nil
+	}
+	if _, err := cacheguard.GetMany(ctx, g, keys, loadMany); err != nil {
+		b.Fatal(err)
+	}
+	load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	b.ResetTimer()
+	for b.Loop() {
+		if batch {
+			if m, err := cacheguard.GetMany(ctx, g, keys, loadMany); err != nil || len(m) != 100 {
+				b.Fatal(len(m), err)
+			}
+			continue
+		}
+		for _, k := range keys {
+			if _, err := cacheguard.Get(ctx, g, k, load); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	if st := g.Stats(); st.Loads != 1 {
+		b.Fatalf("%d loads", st.Loads)
+	}
+}

@@ -22,12 +22,18 @@ var (
 	renewLua string
 	//go:embed invalidate.lua
 	invalidateLua string
+	//go:embed getleasemany.lua
+	getLeaseManyLua string
+	//go:embed readmany.lua
+	readManyLua string
 
-	getLeaseScript   = redis.NewScript(getLeaseLua)
-	fillScript       = redis.NewScript(fillLua)
-	releaseScript    = redis.NewScript(releaseLua)
-	renewScript      = redis.NewScript(renewLua)
-	invalidateScript = redis.NewScript(invalidateLua)
+	getLeaseScript     = redis.NewScript(getLeaseLua)
+	fillScript         = redis.NewScript(fillLua)
+	releaseScript      = redis.NewScript(releaseLua)
+	renewScript        = redis.NewScript(renewLua)
+	invalidateScript   = redis.NewScript(invalidateLua)
+	getLeaseManyScript = redis.NewScript(getLeaseManyLua)
+	readManyScript     = redis.NewScript(readManyLua)
 )
 
 // genTTL is the shortest life of a key's generation in Redis: a generation
@@ -68,11 +74,17 @@ func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, leaseFor ti
 	if err != nil {
 		return leaseReply{}, err
 	}
+	return parseLeaseReply(v)
+}
+
+// parseLeaseReply reads one reply of the get-or-lease script.
+func parseLeaseReply(v []any) (leaseReply, error) {
 	var r leaseReply
 	var status int64 = -1
 	if len(v) > 0 {
 		status, _ = v[0].(int64)
 	}
+	var err error
 	gen := func(x any) bool {
 		s, _ := x.(string)
 		r.gen, err = strconv.ParseInt(s, 10, 64)
