@@ -112,8 +112,8 @@ type batchKey struct {
 	values string // the values hash (what a read needs)
 	ks     keySet // every name, set for the misses only
 	near   nearSnap
-	b    []byte // what the read found
-	r    leaseReply
+	b      []byte // what the read found
+	r      leaseReply
 }
 
 func (b *batch[T]) run(ctx context.Context, keys []string) (map[string]T, error) {
