@@ -123,8 +123,7 @@ func (b *batch[T]) run(ctx context.Context, keys []string) (map[string]T, error)
 	for _, k := range keys {
 		if n := g.near; n != nil {
 			if v, _, ok := nearGet[T](n, k, b.typ, b.cfg.variant, nil, start); ok {
-				g.note(ctx, EventHit, k, 0, nil)
-				g.note(ctx, EventNearHit, k, 0, nil)
+				g.noteNearHit(ctx, k)
 				b.out[k] = v
 				continue
 			}

@@ -43,23 +43,20 @@ import (
 // oversize key, nil loader, invalid option) is an ErrInvalid before any Redis
 // call.
 func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Context) (T, error), opts ...CallOption) (T, error) {
+	if g != nil && g.near != nil && len(opts) == 0 && load != nil && validKey(key) == nil && !g.isClosed() {
+		// The near cache's hit path, before the call's configuration is
+		// copied: it allocates nothing.
+		if v, ok := nearHit(ctx, g, &g.cfg, key, load); ok {
+			return v, nil
+		}
+	}
 	cfg, err := g.callConfig(key, load != nil, opts)
 	if err != nil {
 		var zero T
 		return zero, err
 	}
-	if n := g.near; n != nil {
-		now := time.Now()
-		if v, e, ok := nearGet[T](n, key, reflect.TypeFor[T](), cfg.variant, cfg.tags.list(), now); ok {
-			g.note(ctx, EventHit, key, 0, nil)
-			g.note(ctx, EventNearHit, key, 0, nil)
-			if nearXFetch(now, e, cfg.beta, cfg.ttl) {
-				c := call[T]{g: g, cfg: cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load}
-				c.detach().refresh(ctx, e.gen, false, fillEarly, e.freshUntil)
-			}
-			if cfg.report != nil {
-				*cfg.report = Hit
-			}
+	if g.near != nil && len(opts) > 0 {
+		if v, ok := nearHit(ctx, g, &cfg, key, load); ok {
 			return v, nil
 		}
 	}
@@ -69,6 +66,24 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 		*cfg.report = res
 	}
 	return v, err
+}
+
+// nearHit serves a call from the near cache when it can.
+func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, load func(context.Context) (T, error)) (T, bool) {
+	now := time.Now()
+	v, e, ok := nearGet[T](g.near, key, reflect.TypeFor[T](), cfg.variant, cfg.tags.list(), now)
+	if !ok {
+		return v, false
+	}
+	g.noteNearHit(ctx, key)
+	if nearXFetch(now, e, cfg.beta, cfg.ttl) {
+		c := call[T]{g: g, cfg: *cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load}
+		c.detach().refresh(ctx, e.gen, false, fillEarly, e.freshUntil)
+	}
+	if cfg.report != nil {
+		*cfg.report = Hit
+	}
+	return v, true
 }
 
 // call is one Get.

@@ -3,6 +3,7 @@ package cacheguard
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -89,29 +90,67 @@ type Stats struct {
 	NearHits        uint64 // hits served from the near cache (counted in Hits too)
 }
 
-type counters [numKinds]atomic.Uint64
+type counters struct {
+	c [numKinds]atomic.Uint64
+	// near counts the near cache's hits, spread over padded cells so that
+	// the cores serving them do not all write one cache line.
+	near [16]struct {
+		n atomic.Uint64
+		_ [56]byte
+	}
+}
+
+func (c *counters) add(kind EventKind) {
+	if kind == EventNearHit {
+		c.near[rand.Uint32()%uint32(len(c.near))].n.Add(1)
+		return
+	}
+	c.c[kind].Add(1)
+}
+
+func (c *counters) get(kind EventKind) uint64 {
+	if kind != EventNearHit {
+		return c.c[kind].Load()
+	}
+	var n uint64
+	for i := range c.near {
+		n += c.near[i].n.Load()
+	}
+	return n
+}
 
 func (c *counters) snapshot() Stats {
+	near := c.get(EventNearHit)
 	return Stats{
-		Hits:            c[EventHit].Load(),
-		Misses:          c[EventMiss].Load(),
-		Loads:           c[EventLoad].Load(),
-		CoalescedLocal:  c[EventCoalescedLocal].Load(),
-		CoalescedRemote: c[EventCoalescedRemote].Load(),
-		StaleServed:     c[EventStale].Load(),
-		EarlyRefreshes:  c[EventEarlyRefresh].Load(),
-		NegativeHits:    c[EventNegativeHit].Load(),
-		WaitTimeouts:    c[EventWaitTimeout].Load(),
-		FailOpenLoads:   c[EventFailOpen].Load(),
-		DecodeErrors:    c[EventDecodeError].Load(),
-		RedisErrors:     c[EventRedisError].Load(),
-		NearHits:        c[EventNearHit].Load(),
+		Hits:            c.get(EventHit) + near,
+		Misses:          c.get(EventMiss),
+		Loads:           c.get(EventLoad),
+		CoalescedLocal:  c.get(EventCoalescedLocal),
+		CoalescedRemote: c.get(EventCoalescedRemote),
+		StaleServed:     c.get(EventStale),
+		EarlyRefreshes:  c.get(EventEarlyRefresh),
+		NegativeHits:    c.get(EventNegativeHit),
+		WaitTimeouts:    c.get(EventWaitTimeout),
+		FailOpenLoads:   c.get(EventFailOpen),
+		DecodeErrors:    c.get(EventDecodeError),
+		RedisErrors:     c.get(EventRedisError),
+		NearHits:        near,
+	}
+}
+
+// noteNearHit counts a near-cache hit (a hit, in Stats.Hits too) and tells
+// the observer (EventHit, then EventNearHit).
+func (g *Guard) noteNearHit(ctx context.Context, key string) {
+	g.stats.add(EventNearHit)
+	if g.cfg.observer != nil {
+		g.cfg.observer(ctx, Event{Kind: EventHit, Key: key})
+		g.cfg.observer(ctx, Event{Kind: EventNearHit, Key: key})
 	}
 }
 
 // note counts an outcome, tells the observer, and logs the warnings.
 func (g *Guard) note(ctx context.Context, kind EventKind, key string, d time.Duration, err error) {
-	g.stats[kind].Add(1)
+	g.stats.add(kind)
 	if g.cfg.observer != nil {
 		g.cfg.observer(ctx, Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}

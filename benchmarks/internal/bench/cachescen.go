@@ -126,14 +126,15 @@ func (e *env) warm(ctx context.Context) error {
 		{"reqs", "requests/read", "%.2f"},
 		{"loads", "loads", "%.0f"},
 	}
-	names := []string{systems.Guard, systems.GuardHandOff, systems.RawGetDecode, systems.GoRedisGet}
+	names := []string{systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet, systems.GoRedisLocal}
 	for _, keys := range []int{1, s.warmKeys} {
 		t := &Table{ID: "warm-" + strconv.Itoa(keys), Title: fmt.Sprintf("5. Warm hit path, %d key(s)", keys),
 			Intro: fmt.Sprintf("One process, %d goroutines reading %d warm key(s) round-robin for %v per run. "+
 				"Raw GET + decode is GET then encoding/json into the struct; go-redis/cache uses its default msgpack "+
 				"codec, no local cache. cacheguard's client has ContextTimeoutEnabled, as its README asks; without it "+
 				"(the hand-off row) each read goes through a goroutine of the Guard's, so that a Get keeps its wait "+
-				"budget whatever the client's timeouts. A load here would be a bug.", s.warmG, keys, s.warmDur),
+				"budget whatever the client's timeouts. The near cache (cacheguard NearCache) and go-redis/cache's "+
+				"local TinyLFU tier serve from memory. A load here would be a bug.", s.warmG, keys, s.warmDur),
 			Metrics: metrics}
 		if keys == 1 {
 			t.Intro += " With one hot key, in-process coalescing (cacheguard's singleflight) shares reads."

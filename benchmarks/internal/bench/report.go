@@ -128,6 +128,10 @@ func (r *Results) Targets() []Target {
 		g, s8 := med(id, systems.Guard, "ops")
 		w, s9 := med(id, systems.RawGetDecode, "ops")
 		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys): cacheguard.Get vs raw GET + decode", "≥ 0.9×", g/w, worst(s8, s9), g/w >= 0.9, "%.2f×")
+		nc, s15 := med(id, systems.GuardNear, "ops")
+		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys), near cache: cacheguard.Get vs raw GET + decode", "≥ 50×", nc/w, worst(s15, s9), nc/w >= 50, "%.1f×")
+		na, _ := med(id, systems.GuardNear, "allocs")
+		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys), near cache: allocations per read", "0", na, worst(s15), na < 0.5, "%.2f")
 		h, s14 := med(id, systems.GuardHandOff, "ops")
 		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys), client without ContextTimeoutEnabled (hand-off): cacheguard.Get vs raw GET + decode", "≥ 0.9×", h/w, worst(s14, s9), h/w >= 0.9, "%.2f×")
 	}

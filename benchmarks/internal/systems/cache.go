@@ -32,8 +32,8 @@ const (
 	// ContextTimeoutEnabled, on which a hit hands its read to a goroutine of
 	// the Guard's (the others use the client cacheguard's README recommends).
 	GuardHandOff = "cacheguard (wait, client without ContextTimeoutEnabled)"
-	// GuardNear is cacheguard with its in-process near cache, which is not
-	// built yet: its rows say TODO until it is (see Available).
+	// GuardNear is cacheguard (wait) with its in-process near cache: up to
+	// 10,000 values per process, kept at most one TTL.
 	GuardNear      = "cacheguard (near cache)"
 	RawGetDecode   = "raw GET + decode"
 	defaultTTLCopy = time.Minute
@@ -129,6 +129,9 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 	case GuardHandOff:
 		rdb := NewRedis(cfg.Addr, cfg.Counter)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+	case GuardNear:
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.NearCache(10000, cfg.TTL))}, nil
 	case GuardStale, GuardSWR:
 		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.ServeStale(staleWindow))}, nil

@@ -315,10 +315,8 @@ func Available(name string) error {
 	switch name {
 	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
 		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
-		GoRedisLocal, Guard, GuardHandOff, GuardStale, GuardSWR:
+		GoRedisLocal, Guard, GuardHandOff, GuardStale, GuardSWR, GuardNear:
 		return nil
-	case GuardNear:
-		return fmt.Errorf("%w: %s", ErrNotMerged, name)
 	}
 	return fmt.Errorf("systems: unknown system %q", name)
 }
