@@ -47,6 +47,7 @@ func childRoles() map[string]func() error {
 		"closer":   withClient(childCloser),
 		"near":     withClient(childNear),
 		"tagged":   withClient(childTagged),
+		"watcher":  withClient(childWatcher),
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 )
 
 // childNear is a process of the service with a near cache: on "get" it reads
@@ -195,4 +197,89 @@ func TestNearCacheBounded(t *testing.T) {
 	if n := cacheguard.NearLen(g); n != 10 {
 		t.Fatalf("%d entries, want at most 10", n)
 	}
+}
+
+// childWatcher reads the key from its near cache every 100µs and prints
+// "saw <version> <unix ns>" the first time it reads each new version.
+func childWatcher(ctx context.Context, rdb *redis.Client, key string) error {
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
+	defer g.Close()
+	fmt.Println("ready")
+	last := 0
+	for {
+		v, err := cacheguard.Get(ctx, g, key, versionLoad(rdb, key))
+		if err != nil {
+			return err
+		}
+		if v.ID != last {
+			last = v.ID
+			fmt.Println("saw", v.ID, time.Now().UnixNano())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// BenchmarkNearInvalidationPropagation measures how long after an
+// Invalidate returns every one of 4 other OS processes, each reading the key
+// from its near cache every 100µs, first reads the new version (the
+// propagation bound of the near cache's read-your-writes).
+func BenchmarkNearInvalidationPropagation(b *testing.B) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	g := cacheguard.New(rdb)
+	defer g.Close()
+	key := testKey(b)
+	if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+		b.Fatal(err)
+	}
+	var procs []*childproc.Proc
+	for range 4 {
+		p := childproc.Start(b, childEnv, "watcher", childAddr+"="+redisAddr, childKey+"="+key)
+		if line, err := p.Next(30 * time.Second); err != nil || line != "ready" {
+			b.Fatalf("child: %q, %v", line, err)
+		}
+		procs = append(procs, p)
+	}
+	seen := func(p *childproc.Proc, version int) time.Time {
+		for {
+			line, err := p.Next(10 * time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var v int
+			var ns int64
+			if _, err := fmt.Sscanf(line, "saw %d %d", &v, &ns); err == nil && v == version {
+				return time.Unix(0, ns)
+			}
+		}
+	}
+	for _, p := range procs {
+		seen(p, 1)
+	}
+	var lags []time.Duration
+	version := 1
+	b.ResetTimer()
+	for b.Loop() {
+		version++
+		if err := rdb.Set(ctx, dbKey(key), version, time.Hour).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := g.Invalidate(ctx, key); err != nil {
+			b.Fatal(err)
+		}
+		returned := time.Now()
+		var last time.Duration
+		for _, p := range procs {
+			last = max(last, seen(p, version).Sub(returned))
+		}
+		lags = append(lags, last)
+		time.Sleep(20 * time.Millisecond) // let the readers settle between rounds
+	}
+	b.StopTimer()
+	slices.Sort(lags)
+	pct := func(q float64) time.Duration { return lags[min(len(lags)-1, int(q*float64(len(lags))))] }
+	b.ReportMetric(float64(pct(0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(pct(0.99).Microseconds()), "p99-µs")
+	b.ReportMetric(float64(lags[len(lags)-1].Microseconds()), "max-µs")
 }
