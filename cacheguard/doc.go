@@ -211,6 +211,23 @@
 // otter v2 took 18–70ns and a sharded map under read locks 33–100ns), bounded
 // by its number of entries, evicted first in, first out.
 //
+// # When the database fails
+//
+// With FailSafe(maxAge, backoff), a load that fails (an error other than
+// ErrNotFound or ErrUncached, or its LoadTimeout) does not fail its callers
+// when the key has a value that stopped being fresh less than maxAge ago:
+// that value is returned, marked Stale (EventFailSafe, Stats.FailSafe), and
+// stored again — under the fill lease's compare-and-set, pushed to the
+// waiters of every process — to be served, still marked stale, for backoff,
+// so that the fleet tries the failing load once per back-off instead of once
+// per request; never past maxAge after the value first stopped being fresh.
+// Values are kept in Redis maxAge past their TTL for it. With
+// SoftTimeout(d), a call that has such an older value (or one within its
+// stale window) waits at most d for a slow load, then returns the older value
+// while the load goes on under the fill lease; LoadTimeout is the hard
+// timeout: the loader's context ends, and the lease is renewed no longer, so
+// that even a loader that ignores its context frees the fill within a lease.
+//
 // # Lifetimes
 //
 // A flight outlives callers whose context ends (its load is shared); it stops

@@ -11,7 +11,9 @@ import (
 //
 //	0  'c' 'g'            magic
 //	2  version            2
-//	3  flags              bit 0: negative (a cached absence, no payload); bit 1: tags
+//	3  flags              bit 0: negative (a cached absence, no payload); bit 1: tags;
+//	                      bit 2: fail-safe (an older value kept after a failed load:
+//	                      fresh-until ends its back-off, stale-until its max age)
 //	4  fresh-until        unix ms, uint64 big-endian (the writer's wall clock)
 //	12 stale-until        unix ms, uint64 big-endian (≥ fresh-until)
 //	20 last load          µs, uint32 big-endian (Δ of early refresh)
@@ -25,7 +27,8 @@ const (
 	envHeaderLen = 32
 	flagNegative = 1 << 0
 	flagTags     = 1 << 1
-	knownFlags   = flagNegative | flagTags
+	flagFailSafe = 1 << 2
+	knownFlags   = flagNegative | flagTags | flagFailSafe
 	// maxTime bounds the times (year 287,000) and generations: getlease.lua
 	// reads them as doubles, exact up to 2^53.
 	maxTime = 1<<53 - 1
@@ -37,6 +40,7 @@ type envelope struct {
 	delta      time.Duration
 	gen        int64 // the key's generation when the fill lease was granted
 	negative   bool
+	failSafe   bool
 	tagHash    uint64   // the tag set's hash (see tagSet), with tagVers
 	tagVers    []uint64 // the tags' versions when the load began; nil: untagged
 	payload    []byte
@@ -51,6 +55,9 @@ func (e *envelope) encode() []byte {
 	b[0], b[1], b[2] = 'c', 'g', envVersion
 	if e.negative {
 		b[3] = flagNegative
+	}
+	if e.failSafe {
+		b[3] |= flagFailSafe
 	}
 	if e.tagVers != nil {
 		b[3] |= flagTags
@@ -97,6 +104,7 @@ func decodeEnvelope(b []byte) (envelope, error) {
 		delta:      time.Duration(binary.BigEndian.Uint32(b[20:])) * time.Microsecond,
 		gen:        int64(gen),
 		negative:   b[3]&flagNegative != 0,
+		failSafe:   b[3]&flagFailSafe != 0,
 		payload:    b[envHeaderLen:],
 	}
 	if b[3]&flagTags != 0 {

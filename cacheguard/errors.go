@@ -32,6 +32,11 @@ var (
 	// hands it over — waiters in other processes take it over, they get no
 	// error.
 	ErrClosed = errors.New("cacheguard: guard closed")
+	// ErrUncached is what a loader returns (or wraps) for a result that is not
+	// a failure but must not be cached — e.g. ginmw's answer that sets a
+	// cookie: the callers get the error as it is, and FailSafe never replaces
+	// it with an older value.
+	ErrUncached = errors.New("cacheguard: result not to be cached")
 	// ErrDecode marks bytes that are not a valid envelope, or a payload the codec
 	// cannot decode. Get never returns it: such a value is treated as a miss.
 	ErrDecode = errors.New("cacheguard: cannot decode cached value")

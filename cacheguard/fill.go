@@ -15,6 +15,9 @@ import (
 // what it loads may be older than what another fill stored meanwhile.
 func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id uint64) *outcome {
 	v, env, err := c.fill(ctx, ks, l, fillMiss, func() { f.closed.Store(true) })
+	if env != nil && env.failSafe {
+		return &outcome{leader: id, loaded: true, val: v, failSafe: true}
+	}
 	return &outcome{leader: id, loaded: true, val: v, err: err, stored: env}
 }
 
@@ -38,7 +41,12 @@ const (
 func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, lost func()) (T, *envelope, error) {
 	g := c.g
 	start := time.Now()
-	stop := g.renewLease(ctx, ks, l, c.cfg.lease, lost)
+	// The lease is renewed until the load timeout at most (the hard timeout):
+	// a loader that ignores its context then loses the lease within a lease,
+	// so that another process can load.
+	rctx, rcancel := context.WithDeadline(ctx, start.Add(c.cfg.loadTimeout))
+	defer rcancel()
+	stop := g.renewLease(rctx, ks, l, c.cfg.lease, lost)
 	// A tagged value records its tags' versions as they are before it loads.
 	var tagVers []uint64
 	var tagErr error
@@ -91,7 +99,7 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 		if tagVers != nil {
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
-		if ok, err := g.store(ctx, c.key, ks, l, env.encode(), fresh+c.cfg.staleWindow); err != nil {
+		if ok, err := g.store(ctx, c.key, ks, l, env.encode(), fresh+max(c.cfg.staleWindow, c.cfg.failSafeAge)); err != nil {
 			g.note(ctx, EventRedisError, c.key, 0, err)
 		} else if !ok {
 			lost()
@@ -125,6 +133,28 @@ func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, l
 	case errors.Is(err, ErrNotFound):
 		c.releaseLease(ctx, ks, l, "n"+l.token+" ")
 		return v, nil, err
+	case c.cfg.failSafeAge > 0 && c.fallback != nil && c.canFallBack(c.fallback, now) && !errors.Is(err, ErrUncached):
+		// Fail-safe: the older value stands in, and is stored again for the
+		// back-off (never past its first deadline), so that no process loads
+		// again before then.
+		fb := *c.fallback
+		deadline := fb.staleUntil
+		if !fb.failSafe {
+			deadline = max(fb.staleUntil, fb.freshUntil+c.cfg.failSafeAge.Milliseconds())
+		}
+		fv, derr := decodeValue[T](c.cfg.codec, &fb)
+		if derr != nil {
+			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
+			return v, nil, err
+		}
+		env := &envelope{freshUntil: min(now+c.cfg.failSafeOff.Milliseconds(), deadline), staleUntil: deadline,
+			delta: fb.delta, gen: l.gen, failSafe: true, tagHash: fb.tagHash, tagVers: fb.tagVers, payload: fb.payload}
+		if ok, serr := g.store(ctx, c.key, ks, l, env.encode(), time.Duration(deadline-now)*time.Millisecond); serr != nil {
+			g.note(ctx, EventRedisError, c.key, 0, serr)
+		} else if !ok {
+			lost()
+		}
+		return fv, &envelope{failSafe: true}, nil
 	default:
 		c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
 		return v, nil, err

@@ -25,6 +25,8 @@ type outcome struct {
 	// stored describes val as stored in Redis (fresh until, last load),
 	// when it was: only such a value may enter the near cache.
 	stored *envelope
+	// failSafe: val is an older value standing in for a failed load.
+	failSafe bool
 }
 
 // startFlight runs a new flight f on a goroutine that Close cancels and waits
@@ -142,6 +144,9 @@ func (c *call[T]) remote(ctx context.Context, id uint64, b []byte) *outcome {
 		return nil
 	}
 	env.payload = nil
+	if env.failSafe {
+		return &outcome{leader: id, val: v, failSafe: true}
+	}
 	return &outcome{leader: id, val: v, stored: &env}
 }
 

@@ -94,6 +94,9 @@ type call[T any] struct {
 	rep  string // the representation: T's name and the Variant
 	load func(context.Context) (T, error)
 	near nearSnap // the near cache when the call's read began
+	// fallback is an older value the call's read found, that may stand in
+	// for a failed or slow load (FailSafe, SoftTimeout); nil if none.
+	fallback *envelope
 }
 
 // detach returns a copy of c on the heap, for the goroutines of the miss path,
@@ -165,6 +168,15 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 		return v, 0, errStaleTags, false
 	}
 	switch {
+	case now < env.freshUntil && env.failSafe && !env.negative:
+		// An older value re-stored after a failed load: served, marked
+		// stale, until its back-off ends.
+		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
+			g.note(ctx, EventDecodeError, c.key, 0, err)
+			return v, 0, err, false
+		}
+		g.note(ctx, EventFailSafe, c.key, 0, nil)
+		return v, Stale, nil, true
 	case now < env.freshUntil && env.negative:
 		g.note(ctx, EventHit, c.key, 0, nil)
 		g.note(ctx, EventNegativeHit, c.key, 0, nil)
@@ -188,10 +200,40 @@ func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res
 			return v, 0, err, false
 		}
 		g.note(ctx, EventStale, c.key, 0, nil)
-		c.detach().refresh(ctx, env.gen, false, fillStale, 0)
+		d := c.detach()
+		d.fallback = &env
+		d.refresh(ctx, env.gen, false, fillStale, 0)
 		return v, Stale, nil, true
 	}
+	if c.canFallBack(&env, now) {
+		c.fallback = &env
+	}
 	return v, 0, nil, false
+}
+
+// canFallBack reports whether a stored value may stand in for a failed or
+// slow load at now: within its stale window, or FailSafe's max age past
+// fresh-until (a fail-safe value keeps its first deadline, in stale-until).
+func (c *call[T]) canFallBack(e *envelope, now int64) bool {
+	switch {
+	case e.negative:
+		return false
+	case now < e.staleUntil:
+		return true
+	case e.failSafe:
+		return false
+	}
+	return c.cfg.failSafeAge > 0 && now < e.freshUntil+c.cfg.failSafeAge.Milliseconds()
+}
+
+// fallBack returns the call's fallback value, marked stale (EventFailSafe).
+func (c *call[T]) fallBack(ctx context.Context) (T, Result, error, bool) {
+	v, err := decodeValue[T](c.cfg.codec, c.fallback)
+	if err != nil {
+		return v, 0, err, false
+	}
+	c.g.note(ctx, EventFailSafe, c.key, 0, nil)
+	return v, Stale, nil, true
 }
 
 // earlyRefreshShare is the share of the TTL, at its end, within which an
@@ -227,6 +269,12 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 		k.tags = c.cfg.tags.key
 	}
 	missed := false
+	var soft <-chan time.Time // SoftTimeout: then the fallback, while the load goes on
+	if c.cfg.softTimeout > 0 && c.fallback != nil {
+		t := time.NewTimer(time.Until(start.Add(c.cfg.softTimeout)))
+		defer t.Stop()
+		soft = t.C
+	}
 	for {
 		var done <-chan struct{}
 		var o func() *outcome
@@ -289,6 +337,10 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 				continue
 			}
 			v, res, err := c.deliver(o, id)
+			if o.failSafe && err == nil {
+				g.note(ctx, EventFailSafe, c.key, 0, nil)
+				res = Stale
+			}
 			if err == nil && o.stored != nil && g.near != nil {
 				g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, o.stored)
 			}
@@ -299,6 +351,12 @@ func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer,
 		case <-budget.C:
 			leave()
 			return c.timedOut(ctx)
+		case <-soft:
+			if v, res, err, ok := c.fallBack(ctx); ok {
+				leave()
+				return v, res, err
+			}
+			soft = nil
 		}
 	}
 }

@@ -52,11 +52,12 @@ const (
 	EventDecodeError                          // cached bytes were not a valid envelope or payload (Event.Err)
 	EventRedisError                           // a Redis call failed (Event.Err)
 	EventNearHit                              // a hit served from the near cache (counted as EventHit too)
+	EventFailSafe                             // an older value stood in for a failed or slow load (FailSafe, SoftTimeout)
 	numKinds
 )
 
 var kindNames = [numKinds]string{"", "hit", "miss", "load", "coalesced_local", "coalesced_remote",
-	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit"}
+	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit", "fail_safe"}
 
 func (k EventKind) String() string {
 	if k > 0 && k < numKinds {
@@ -88,6 +89,7 @@ type Stats struct {
 	DecodeErrors    uint64 // cached values that could not be decoded (treated as misses)
 	RedisErrors     uint64 // failed Redis calls
 	NearHits        uint64 // hits served from the near cache (counted in Hits too)
+	FailSafe        uint64 // calls served an older value for a failed or slow load
 }
 
 type counters struct {
@@ -135,6 +137,7 @@ func (c *counters) snapshot() Stats {
 		DecodeErrors:    c.get(EventDecodeError),
 		RedisErrors:     c.get(EventRedisError),
 		NearHits:        near,
+		FailSafe:        c.get(EventFailSafe),
 	}
 }
 

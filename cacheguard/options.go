@@ -73,6 +73,9 @@ type config struct {
 	policy      policy
 	onTimeout   TimeoutAction
 	failClosed  bool
+	failSafeAge time.Duration // FailSafe: how long past fresh-until a value can stand in for a failed load
+	failSafeOff time.Duration // FailSafe: no reload is tried for this long after a failed one
+	softTimeout time.Duration
 	codec       Codec
 	report      *Result // call only
 	variant     string  // call only
@@ -177,6 +180,27 @@ func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeo
 // The default is 3s; at least 30ms (MinFillLease).
 func FillLease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 
+// FailSafe keeps a value standing in when its reload fails: when the loader
+// returns an error (other than ErrNotFound) or runs out of its LoadTimeout,
+// and the key has a value that stopped being fresh less than maxAge ago (past
+// its stale window too), that value is returned instead of the error —
+// marked Stale (Result, EventFailSafe, ginmw's X-Cache: STALE) — and stored
+// again for backoff, so that no process tries the load again before then
+// (one attempt per back-off across the fleet, not one per request, against a
+// failing database). Values are kept in Redis maxAge past their TTL for it.
+// The default is off.
+func FailSafe(maxAge, backoff time.Duration) Setting {
+	return func(c *config) { c.failSafeAge, c.failSafeOff = maxAge, backoff }
+}
+
+// SoftTimeout bounds how long a call that has a stale value to fall back on
+// (within its stale window, or FailSafe's max age) waits for its load: then
+// it returns that value (Stale) while the load goes on in the background
+// under the fill lease, bounded by LoadTimeout (the hard timeout, which frees
+// the lease). Calls with nothing to fall back on wait as before. The default
+// is off.
+func SoftTimeout(d time.Duration) Setting { return func(c *config) { c.softTimeout = d } }
+
 // Encoding sets the Codec values are encoded with inside the envelope. The
 // default is JSON. Readers must use the codec the writers used.
 func Encoding(cd Codec) Setting { return func(c *config) { c.codec = cd } }
@@ -262,6 +286,10 @@ func (c *config) validate() error {
 		return invalid("unknown TimeoutAction %d", c.onTimeout)
 	case c.codec == nil:
 		return invalid("nil Codec")
+	case c.failSafeAge < 0 || c.failSafeOff < 0 || c.failSafeAge > 0 && c.failSafeOff == 0:
+		return invalid("fail-safe max age %v, back-off %v", c.failSafeAge, c.failSafeOff)
+	case c.softTimeout < 0:
+		return invalid("negative soft timeout %v", c.softTimeout)
 	case c.tags.validate() != nil:
 		return c.tags.validate()
 	case c.nearSize < 0 || c.nearSize > 0 && c.nearTTL <= 0:

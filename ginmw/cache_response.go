@@ -48,6 +48,17 @@ type uncacheableError struct {
 	resp *response // nil when the response was streamed
 }
 
+// Unwrap makes a response that is not a server error (a 2xx that sets a
+// cookie, a 4xx, a streamed one) match cacheguard.ErrUncached: it is an
+// answer, not a failed load, so cacheguard.FailSafe never serves an older
+// response in its place. A 5xx is a failed load.
+func (e *uncacheableError) Unwrap() error {
+	if e.resp != nil && e.resp.status >= 500 {
+		return nil
+	}
+	return cacheguard.ErrUncached
+}
+
 func (e *uncacheableError) Error() string {
 	if e.resp == nil {
 		return "ginmw: response streamed, not cached"

@@ -614,3 +614,23 @@ func TestCacheInvalidateAfterOnlyOnSuccess(t *testing.T) {
 		t.Fatalf("after a failed write: %q, want HIT", w.Header().Get("X-Cache"))
 	}
 }
+
+// With cacheguard.FailSafe, a page whose reload answers 5xx is served from
+// the older stored response, marked X-Cache: STALE; a 4xx (an answer, not a
+// failure) is not replaced.
+func TestCacheFailSafeServesStale(t *testing.T) {
+	g, _ := startGuard(t)
+	var status atomic.Int64
+	status.Store(http.StatusOK)
+	r := newEngine()
+	r.GET("/page", ginmw.Cache(g, 50*time.Millisecond, ginmw.CacheOptions(cacheguard.Jitter(0), cacheguard.FailSafe(time.Minute, time.Second))),
+		func(c *gin.Context) { c.String(int(status.Load()), "status %d", status.Load()) })
+	if w := serve(r, http.MethodGet, "/page"); w.Code != http.StatusOK {
+		t.Fatalf("first: %d", w.Code)
+	}
+	status.Store(http.StatusServiceUnavailable)
+	eventually(t, 5*time.Second, "the older page served for a failing reload", func() bool {
+		w := serve(r, http.MethodGet, "/page")
+		return w.Code == http.StatusOK && w.Header().Get("X-Cache") == "STALE" && w.Body.String() == "status 200"
+	})
+}
