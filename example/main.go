@@ -288,7 +288,7 @@ func openRedis(ctx context.Context, spec string, cluster bool) (*redisServer, er
 		if errors.As(err, &nerr) || errors.Is(err, context.DeadlineExceeded) {
 			return nil, fmt.Errorf("cannot reach Redis at %s: %v", opts.Addr, err)
 		}
-		return nil, fmt.Errorf("Redis at %s refused the connection: %v", opts.Addr, err)
+		return nil, fmt.Errorf("the Redis at %s refused the connection: %v", opts.Addr, err)
 	}
 	return r, nil
 }

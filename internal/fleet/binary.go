@@ -48,7 +48,7 @@ func build() (string, error) {
 	src := filepath.Join(filepath.Dir(file), "..", "..", "example")
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("fleet: the go command is needed to build the example: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "cacheguard-fleet-")
 	if err != nil {
