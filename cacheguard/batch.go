@@ -269,7 +269,7 @@ func (b *batch[T]) read(ctx context.Context, keys []*batchKey) error {
 	for i, bk := range keys {
 		cmds[i] = pipe.HGet(ctx, bk.values, b.rep)
 	}
-	pipe.Exec(ctx) //nolint:errcheck // each command's error is read below
+	_, _ = pipe.Exec(ctx) // each command's error is read below
 	for i, c := range cmds {
 		v, err := c.Result()
 		switch {
@@ -512,7 +512,7 @@ func (b *batch[T]) renew(ctx context.Context, keys []*batchKey, tok string) (sto
 				l := lease{gen: bk.r.gen, token: tok}
 				renewScript.Eval(rctx, pipe, []string{bk.ks.lease, bk.ks.gen}, l.String(), leaseFor.Milliseconds(), fmt.Sprint(l.gen))
 			}
-			pipe.Exec(rctx) //nolint:errcheck // a lost lease shows at the store
+			_, _ = pipe.Exec(rctx) // a lost lease shows at the store
 			cancel()
 		}
 	}()

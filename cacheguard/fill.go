@@ -237,7 +237,7 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillK
 	go func() {
 		defer done()
 		defer unmark()
-		defer func() { recover() }() // a codec or an observer panicked: the refresh is dropped
+		defer func() { _ = recover() }() // a codec or an observer panicked: the refresh is dropped
 		if after == 0 {
 			after = time.Now().UnixMilli()
 		}
@@ -258,7 +258,7 @@ func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillK
 		if kind == fillEarly {
 			g.note(ctx, EventEarlyRefresh, c.key, 0, nil)
 		}
-		c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {}) //nolint:errcheck // a background refresh: the next read sees what it stored
+		_, _, _ = c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {}) // a background refresh: the next read sees what it stored
 	}()
 }
 

@@ -394,7 +394,7 @@ func (n *nearCache) run() {
 // whether the subscription was confirmed.
 func (n *nearCache) listen(ctx context.Context) (confirmed bool) {
 	ps := n.g.rdb.Subscribe(ctx, n.channel)
-	defer ps.Close()
+	defer func() { _ = ps.Close() }()
 	lastLife := time.Now()
 	pinged := false
 	for ctx.Err() == nil {

@@ -126,7 +126,7 @@ func (g *Guard) read(ctx context.Context, values, field, rep string, tags []stri
 	for i, t := range tags {
 		tv[i] = pipe.Get(ctx, g.tagKey(t))
 	}
-	pipe.Exec(ctx) //nolint:errcheck // each command's error is read below
+	_, _ = pipe.Exec(ctx) // each command's error is read below
 	s := stored{mark: mark}
 	if len(tags) > 0 {
 		s.tagVers = make([]uint64, len(tags))

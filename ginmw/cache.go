@@ -179,7 +179,7 @@ func (m *cacheMW) settle(ctx context.Context, key, variant string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	opts := append(m.guardOpts[:len(m.guardOpts):len(m.guardOpts)], cacheguard.Variant(variant))
-	cacheguard.Get(ctx, m.g, key, refuseLoad, opts...) //nolint:errcheck // only waiting
+	_, _ = cacheguard.Get(ctx, m.g, key, refuseLoad, opts...) // only waiting
 }
 
 // settleTimeout bounds settle: the store it waits for is one round trip.
