@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 
 	"gorm.io/gorm"
 )
@@ -20,17 +21,29 @@ type seedKey struct{}
 
 // BeginTx begins a transaction on the wrapped pool. The transaction takes
 // over the registry that Transaction put on ctx, or starts its own.
+//
+// ctx's cancellation reaches the transaction only while it is being begun
+// (waiting for a connection): database/sql rolls a transaction back when the
+// context it was begun with ends, and pgx runs COMMIT under that context, so
+// a cancellation arriving while COMMIT was on the wire made Commit fail after
+// the database had committed — a committed write reported as failed (and
+// answered "nothing was written" by a handler whose lock was lost
+// meanwhile). Statements still run under their own contexts, so a cancelled
+// context fails the next statement and GORM rolls back; only a COMMIT
+// already decided on is never interrupted.
 func (g *guardPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
 	var inner gorm.Tx
+	txCtx := newBeginCtx(ctx)
+	defer txCtx.detach()
 	switch b := g.ConnPool.(type) {
 	case gorm.TxBeginner:
-		tx, err := b.BeginTx(ctx, opts)
+		tx, err := b.BeginTx(txCtx, opts)
 		if err != nil {
 			return nil, err
 		}
 		inner = tx
 	case gorm.ConnPoolBeginner:
-		cp, err := b.BeginTx(ctx, opts)
+		cp, err := b.BeginTx(txCtx, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -47,6 +60,53 @@ func (g *guardPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Conn
 		r = g.p.newTxLocks(ctx)
 	}
 	return &guardTx{Tx: inner, pool: g, locks: r}, nil
+}
+
+// beginCtx carries a context's values, and its cancellation until detach:
+// the context a transaction is begun with.
+type beginCtx struct {
+	context.Context // the parent without its cancellation
+	done            chan struct{}
+	stop            func() bool
+
+	mu       sync.Mutex
+	err      error // the parent's, once done is closed
+	detached bool
+}
+
+func newBeginCtx(parent context.Context) *beginCtx {
+	c := &beginCtx{Context: context.WithoutCancel(parent), done: make(chan struct{})}
+	if err := parent.Err(); err != nil {
+		c.err = err
+		close(c.done)
+		c.stop = func() bool { return false }
+		return c
+	}
+	c.stop = context.AfterFunc(parent, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.detached {
+			c.err = parent.Err()
+			close(c.done)
+		}
+	})
+	return c
+}
+
+// detach stops passing the parent's cancellation on.
+func (c *beginCtx) detach() {
+	c.stop()
+	c.mu.Lock()
+	c.detached = true
+	c.mu.Unlock()
+}
+
+func (c *beginCtx) Done() <-chan struct{} { return c.done }
+
+func (c *beginCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
 }
 
 // GetDBConn returns the *sql.DB underneath, for gorm.DB.DB.
