@@ -6,10 +6,10 @@ export CGO_ENABLED := 1
 SOAK         ?= 10m
 SOAK_TIMEOUT ?= 3h
 
-.PHONY: test deps vet soak bench bench-quick bench-long
+.PHONY: test deps vet lint soak bench bench-quick bench-long
 
-## test: install what is missing, vet, and run every test with -race against real redis-server processes.
-test: deps vet
+## test: install what is missing, vet, lint, and run every test with -race against real redis-server processes.
+test: deps vet lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@if [ -f benchmarks/go.mod ]; then cd benchmarks && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; fi
 	@if [ -f benchmarks/Makefile.inc ]; then $(MAKE) --no-print-directory bench-quick; fi
@@ -25,5 +25,9 @@ deps:
 vet:
 	$(GO) vet ./...
 	@if [ -f benchmarks/go.mod ]; then cd benchmarks && $(GO) vet ./...; fi
+
+## lint: staticcheck and errcheck (golangci-lint's default linters besides vet), pinned, through the Go module proxy.
+lint:
+	@./internal/tools/lint.sh
 
 -include benchmarks/Makefile.inc

@@ -45,7 +45,7 @@ func testInvalidateThroughCacheguard(t *testing.T, e *env) {
 		}
 		return r.Name
 	}
-	if get() != "a" || get() != "a" || loads.Load() != 1 {
+	if first, second := get(), get(); first != "a" || second != "a" || loads.Load() != 1 {
 		t.Fatalf("warm-up: %d loads, want 1", loads.Load())
 	}
 

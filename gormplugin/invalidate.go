@@ -249,7 +249,7 @@ func (p *Plugin) Shutdown(ctx context.Context) error {
 		changed := p.changed
 		p.mu.Unlock()
 		if idle {
-			p.Close()
+			p.close() // drained: it drops nothing
 			return nil
 		}
 		select {

@@ -58,20 +58,6 @@ func (r row) pk() any {
 	return r.vals
 }
 
-// rowsOf names the rows a statement writes: from the primary key of its model
-// (a struct, or a slice of structs), or else from a WHERE that pins the
-// primary key with = or IN. It returns nil when the rows cannot be named.
-func rowsOf(stmt *gorm.Statement, table string) []row {
-	s := stmt.Schema
-	if s == nil || len(s.PrimaryFields) == 0 {
-		return nil
-	}
-	if rows := modelRows(stmt, s, table, stmt.Model); len(rows) > 0 {
-		return rows
-	}
-	return whereRows(stmt, s, table)
-}
-
 // modelRows reads the primary keys of value, a struct or a slice of structs
 // of schema s; an element with a zero key part is skipped.
 func modelRows(stmt *gorm.Statement, s *schema.Schema, table string, value any) []row {

@@ -211,7 +211,7 @@ func (p *Plugin) attempt(ctx context.Context, name string) (*locks.Lock, error) 
 		// The caller gave up: give back a late grant.
 		if lk != nil {
 			rctx, rcancel := context.WithTimeout(context.Background(), releaseTimeout)
-			lk.Unlock(rctx)
+			_ = lk.Unlock(rctx) // best effort: its lease ends it otherwise
 			rcancel()
 		}
 		p.abandoned.Add(-1)
