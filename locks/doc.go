@@ -5,7 +5,168 @@
 // woken by push with hand-off to the longest waiter, Redlock over independent
 // servers, replica acknowledgement (WAIT) and optimistic WATCH transactions.
 //
+// New panics with a "locks:" message on programmer error (a nil client, an
+// invalid option value); NewRedlock returns an error matching ErrInvalid for
+// an invalid set of nodes or options; every call that talks to Redis
+// returns errors.
+//
+//	l := locks.New(rdb) // any redis.UniversalClient: single, Sentinel failover, or Cluster
+//	defer l.Close()
+//
+//	lk, err := l.Lock(ctx, "repos:42", locks.WithWait(5*time.Second))
+//	if errors.Is(err, locks.ErrBusy) { /* held elsewhere: err is a *NotObtainedError with RetryAfter */ }
+//	defer lk.Unlock(context.WithoutCancel(ctx))
+//	write(lk.Context(), row, lk.Fence()) // lk.Context() is cancelled if the lock is lost
+//
+// # On the wire
+//
+// Acquire is one EVALSHA. It takes a free lock (a hash cg:lock:{name}
+// holding owner, hold count and fence) with its lease in the same step —
+// there is no SETNX-then-EXPIRE window in which a crash leaves a lock without
+// a lease — or re-enters it for the same owner, or queues the caller; on
+// failure it returns the holder's remaining lease. A retried call (go-redis
+// re-sends commands whose reply was lost) is recognised by its acquisition id
+// and answered as the success it was.
+//
+// Only the holder releases or extends: the owner token (128 random bits per
+// acquisition, or the id given with WithOwner) is compared inside the script,
+// so a holder whose lease ran out can never delete or extend the next
+// holder's lock.
+//
+// Fencing: Lock.Fence strictly increases per name across all clients and
+// processes (see Fence tokens below). Run Redis with maxmemory-policy
+// noeviction.
+//
+// Watchdog: a held lock renews itself every third of its lease until Unlock.
+// One goroutine per Client renews every due lock, one pipeline per master
+// node in parallel, so 10,000 held locks cost one goroutine and no extra
+// connections. When renewal fails past the local deadline, or the key was
+// deleted or taken over, Lost closes and Context is cancelled. WithoutRenewal
+// gives a fixed lease (Lost closes when it runs out); Extend renews by hand.
+//
+// Waiting is push, and wakes one waiter: a waiter subscribes to the lock's
+// channel (one shared subscription connection per process, per master on a
+// cluster) before its queued attempt, then sleeps. Unlock hands the lock
+// straight to the longest-waiting live waiter inside the release script and
+// publishes the grant to it: no waiter polls, none is woken for nothing, and
+// the hand-off costs no extra round trip. A waiter that died loses its place
+// within 2 s, and a hand-off to it is granted with a short claim lease (at
+// most 2 s) that only a live waiter renews. The fallback timer is the
+// holder's remaining lease, never a blind poll. By default a process holds
+// one place in the queue per name (its goroutines queue locally); WithFair
+// queues every caller individually, in global arrival order.
+//
+// Reentrancy by owner: under WithOwner(ctx, id), a nested Lock of a name the
+// owner holds re-enters (hold count in the hash); each Unlock gives one hold
+// back. Unlock is idempotent per handle, returns ErrNotHeld the first time
+// after the lock was lost, and never decrements twice. It answers nil when
+// the lease ran out unnoticed but nobody took the lock since (the fence
+// counter still holds its token): ErrNotHeld means another holder may have
+// had the lock meanwhile.
+//
+// Concurrent calls share round trips: up to two lock calls of a Client go to
+// Redis on their own, each under its caller's context, so a lone call waits
+// for nothing; calls made while those are on the wire queue and leave
+// together as one pipeline. A caller whose context ends while its call is
+// queued returns at once; if the call then took the lock (or a queue place),
+// it is given back, and a timed-out direct attempt is followed by a release
+// of the hold it may have taken. go-redis hooks see the shared calls in
+// ProcessPipelineHook, not ProcessHook.
+//
+// Time is the local monotonic clock: validity and renewal deadlines are
+// measured from before the request was sent; no wall-clock timestamp is ever
+// sent to Redis.
+//
+// # Failover, the replication gap and WAIT
+//
+// Redis replicates asynchronously: a master can die before a lock reaches
+// its replica, and the promoted replica grants the lock again.
+// WithReplicas(n, timeout) closes most of that gap: after a grant it sends
+// WAIT n timeout on the same connection, to the master that owns the lock's
+// slot (WAIT counts only its own connection's writes), and treats fewer
+// acknowledgements as not obtained, giving back what it took. WAIT does not
+// make Redis strongly consistent; what protects the resource is the fence:
+// after any failover the next holder's token is larger, so a fenced write
+// from the old holder is refused.
+//
+// A single redis-server without persistence forgets every lock when it
+// restarts, so a second client can take a lock whose first holder still
+// runs; the fence still refuses the first holder's late write. Run lock
+// servers with appendonly yes and appendfsync always (or everysec, accepting
+// up to a second), or rely on fencing.
+//
+// Redis Cluster works through redis.ClusterClient: every script touches keys
+// of one hash slot, waiters use sharded pub/sub (SSUBSCRIBE, one connection
+// per master), and a channel whose slot moves or whose master fails over is
+// re-subscribed where its slot now lives. Sentinel works through
+// redis.NewFailoverClient.
+//
+// # Redlock
+//
+// NewRedlock(clients) takes the lock on N independent masters (use 3 or 5):
+// quorum N/2+1, per-node attempts in parallel with a small timeout, validity
+// = lease − elapsed − drift (drift = lease × 1% + 2 ms) on the monotonic
+// clock, release on every node after a failed attempt, retry after a random
+// delay, quorum renewal. A node call still queued when its node timeout ends
+// is given up, and a grant it makes later is released on that node. Redlock
+// gives no fencing tokens (independent counters cannot be made monotonic:
+// Fence is 0 and MonotonicFences false; gormplugin needs NoFencing with it),
+// and no safety when a node restarts empty while a lock is held (run nodes
+// with appendfsync always, or keep a crashed node down for a lease).
+//
+// # Options
+//
+// For New (the Client's defaults) and per call:
+//
+//   - WithLease(d), default 10s: how long a lock outlives a holder that stops
+//     renewing (at least 30ms).
+//   - WithoutRenewal(): a fixed lease; renew by hand with Extend.
+//   - WithWait(d), default 30s: how long Lock waits (the caller's ctx can end
+//     it sooner); 0 is TryLock.
+//   - WithFair(): strict global FIFO per caller (default: FIFO per process).
+//   - WithReplicas(n, t): require n replica acknowledgements within t.
+//   - WithPrefix(p), default "cg:": the prefix of every key and channel.
+//   - WithFenceRetention(d), default 10 minutes (or the lease, if longer): the
+//     lifetime of a name's fence counter after the name was last taken.
+//   - WithObserver(f): called with every outcome (acquired, not obtained,
+//     released, lost, renewal failed).
+//   - WithDrift(d), WithNodeTimeout(d), default 2ms and lease/20 within
+//     [5ms, 250ms]: Redlock only.
+//
+// # Errors
+//
+// ErrNotObtained (a *NotObtainedError with RetryAfter; joined with the
+// caller's context error when that ended the wait), classified as ErrBusy or
+// ErrUnavailable (see Decisions); ErrNotHeld; ErrLost (a nested acquisition
+// of a lost scope); ErrInvalid (bad input, before any Redis call); ErrClosed;
+// ErrStillHeld (Shutdown); *ReplicaError; *RedlockError; ErrConflict
+// (Optimistic).
+//
+// # Optimistic transactions
+//
+// Optimistic(ctx, rdb, fn, keys) runs a WATCH/MULTI/EXEC transaction and
+// retries conflicts with jittered backoff (10 attempts by default), for
+// counters and small read-modify-writes where a lock would be overkill.
+//
 // # Decisions
+//
+// Shared subscriptions. locks and cacheguard share internal/wake (one
+// subscription connection per process, per master on a cluster) rather than
+// each running their own.
+//
+// Defaults. A lease of 10 s, renewed every third; Lock waits 30 s (ginmw.Lock
+// 5 s); a hand-off's claim lease at most 2 s. The default mode already hands
+// the lock to the longest-waiting process; WithFair queues every caller
+// individually. Both wake one waiter, never all.
+//
+// Shared round trips. A Client pipelines the lock calls that pile up behind
+// two direct ones (what rueidis does for every command) instead of asking
+// users to pipeline: the calls come from independent requests, and only the
+// library sees them together. A lone call is never delayed.
+//
+// Clocks. The wall-clock-jump guarantee is proven by a source check (every
+// deadline is a monotonic time.Now reading), not by an injected clock: Go
+// cannot fake a monotonic reading apart from a wall reading.
 //
 // Lost scopes. Under WithOwner, the Locks of one name not yet Unlocked form
 // the owner's scope of it. A nested acquisition only ever re-enters that
