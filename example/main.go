@@ -33,7 +33,6 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/cacheguard/cacheguard/locks"
 )
 
 const usage = `usage: go run ./example [flags] [demo|serve]
@@ -140,10 +139,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 func printUsage(w io.Writer) {
 	d := defaultDemo()
-	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, defaultEditWait, locks.DefaultLease, defaultCacheTTL)
+	fmt.Fprintf(w, usage, d.Instances, d.Requests, d.Edits, d.EditWait, defaultListen, defaultEditWait, defaultLease, defaultCacheTTL)
 }
 
 const defaultListen = "127.0.0.1:0"
+
+// defaultLease is the repository locks' lease (locks' own default).
+const defaultLease = 10 * time.Second
 
 // defaultEditWait is how long a served edit waits for its repository's lock
 // before it is answered 409: ginmw.Lock's own default.
@@ -152,7 +154,7 @@ const defaultEditWait = 5 * time.Second
 // parse reads flags before and after the mode word ("serve -listen :8080"
 // and "-listen :8080 serve" both work).
 func parse(args []string, getenv func(string) string) (options, error) {
-	o := options{mode: "demo", redis: getenv("REDIS_URL"), listen: defaultListen, lease: locks.DefaultLease, cacheTTL: defaultCacheTTL, demo: defaultDemo()}
+	o := options{mode: "demo", redis: getenv("REDIS_URL"), listen: defaultListen, lease: defaultLease, cacheTTL: defaultCacheTTL, demo: defaultDemo()}
 	fs := flag.NewFlagSet("example", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.redis, "redis", o.redis, "")

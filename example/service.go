@@ -31,7 +31,7 @@ type serviceConfig struct {
 	QueryCost time.Duration         // how long a repository query holds its connection (a stand-in for a heavy query)
 	EditCost  time.Duration         // time an edit spends between its read and its write
 	EditWait  time.Duration         // how long an edit waits for the repository's lock before 409
-	Lease     time.Duration         // of the repository locks (0: locks.DefaultLease)
+	Lease     time.Duration         // of the repository locks (0: defaultLease)
 	CacheTTL  time.Duration         // how long cached repositories and lists stay fresh (0: defaultCacheTTL)
 	NearCache int                   // values kept in the process too (cacheguard.NearCache); 0: off
 	Meter     *meter                // where queries and edits are counted
@@ -84,7 +84,7 @@ func repoKey(id any) string { return fmt.Sprintf("repo:%v", id) }
 // newService wires one instance. Close releases what it made (not cfg.Redis).
 func newService(cfg serviceConfig) (*service, error) {
 	if cfg.Lease <= 0 {
-		cfg.Lease = locks.DefaultLease
+		cfg.Lease = defaultLease
 	}
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = defaultCacheTTL

@@ -12,8 +12,7 @@ type heldKey struct{}
 
 // held is what Lock puts on the request context.
 type held struct {
-	lk        *locks.Lock
-	monotonic bool // the Locker's fences strictly increase per name
+	lk *locks.Lock
 }
 
 // lockedCtx is the handler's context under Lock: the request's context,
@@ -35,12 +34,11 @@ func (c *lockedCtx) Value(key any) any {
 // request's context or the *gin.Context itself. Pass the token to the storage
 // the handler writes, and have that storage refuse tokens smaller than one it
 // has seen. ok is false when no lock is held (the route is not locked, the
-// method is skipped, FailOpen ran the handler unlocked) or when the Locker's
-// tokens are not monotonic (Redlock), since such a token cannot fence
-// anything.
+// method is skipped, FailOpen ran the handler unlocked) or when the Locker
+// issues no fence tokens (a locks.Redlock: its locks' Fence is 0).
 func Fence(ctx context.Context) (token uint64, ok bool) {
 	h := heldIn(ctx)
-	if h == nil || !h.monotonic {
+	if h == nil || h.lk.Fence() == 0 {
 		return 0, false
 	}
 	return h.lk.Fence(), true

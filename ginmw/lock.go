@@ -34,8 +34,7 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 		panic(err.Error())
 	}
 	// The default wait first: a locks.WithWait among the user's options wins.
-	lockOpts := append([]locks.Option{locks.WithWait(defaultWait)}, cfg.lockOpts...)
-	monotonic := l.MonotonicFences()
+	lockOpts := append([]locks.CallOption{locks.WithWait(defaultWait)}, cfg.lockOpts...)
 	// Each request is an owner of its own: a random 128-bit prefix per
 	// middleware and a counter, unique without a call to the OS per request.
 	ownerPrefix := locks.NewOwnerID() + "."
@@ -70,7 +69,7 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 
 		cctx, cancel := context.WithCancelCause(ctx)
 		stop := context.AfterFunc(lk.Context(), func() { cancel(ErrLockLost) })
-		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk, monotonic: monotonic}})
+		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk}})
 		returned := false // the chain returned (it did not panic)
 		defer func() {
 			lost := !stop() && lk.Context().Err() != nil

@@ -47,10 +47,7 @@ var lockerKinds = []lockerKind{
 		for i, s := range servers {
 			clients[i] = s.Client(noRetries)
 		}
-		l, err := locks.NewRedlock(clients)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := locks.NewRedlock(clients)
 		t.Cleanup(func() { l.Close() })
 		return l, func() {
 			for _, s := range servers {

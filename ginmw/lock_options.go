@@ -29,7 +29,7 @@ type lockConfig struct {
 	conflictStatus int
 	failOpen       bool
 	methods        map[string]bool // nil: every method
-	lockOpts       []locks.Option
+	lockOpts       []locks.CallOption
 	onError        func(c *gin.Context, err *Error)
 }
 
@@ -65,7 +65,7 @@ func Methods(methods ...string) LockOption {
 // request's own context can end the wait sooner), the lease, fair mode,
 // replicas. The default is the Locker's own defaults, except the wait budget:
 // 5s, since a person is usually waiting for the answer.
-func LockOptions(opts ...locks.Option) LockOption {
+func LockOptions(opts ...locks.CallOption) LockOption {
 	return func(c *lockConfig) { c.lockOpts = append(c.lockOpts, opts...) }
 }
 

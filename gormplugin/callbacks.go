@@ -3,6 +3,7 @@ package gormplugin
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
@@ -145,8 +146,9 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 			}
 			if err != nil {
 				if p.cfg.failOpen && unavailable(err) {
-					p.warn(stmt.Context, "gormplugin: writing %q without a lock (FailOpen): %v", table, err)
-					p.emit(Event{Kind: WroteUnguarded, Table: table, Err: err})
+					p.warn(stmt.Context, "unguarded", "gormplugin: writing without a lock (FailOpen): the lock service is unavailable",
+						slog.String("table", table), slog.Any("cause", err))
+					p.emit(stmt.Context, Event{Kind: WroteUnguarded, Table: table, Err: err})
 					g.locked = nil
 					return
 				}

@@ -7,9 +7,11 @@
 //	if err := db.Use(plugin); err != nil { ... }
 //	defer plugin.Shutdown(ctx) // after the HTTP server's Shutdown
 //
-// Call db.Use right after gorm.Open. Configuration errors (a nil Locker, an
-// invalid option, a Redlock without NoFencing) are returned by db.Use, which
-// gets them from Initialize; New never fails or panics.
+// Call db.Use right after gorm.Open. New panics with a "gormplugin:" message
+// on programmer error (a nil Locker, an invalid option, a locks.Redlock
+// without NoFencing); db.Use returns the errors that depend on the database
+// (Initialize's). Warnings go to the Logger option's *slog.Logger
+// (rate-limited; discarded by default), events to the Observer.
 //
 // # Row guard
 //
@@ -146,8 +148,10 @@
 // A lock already known to be lost when the statement is sent is refused the
 // same way, with or without a fence column.
 //
-// Fencing needs tokens that increase across all holders: New refuses a Locker
-// whose MonotonicFences is false (locks.Redlock) unless NoFencing is given.
+// Fencing needs tokens that increase across all holders: New refuses a
+// locks.Redlock, which issues none, unless NoFencing is given, and a write
+// whose lock carries no token (Fence 0, from another Locker) fails with
+// ErrInvalid.
 //
 // # Invalidation
 //
@@ -162,7 +166,7 @@
 // returns nil all the same, and the plugin retries the invalidation in the
 // background (RetryInvalidation: 8 attempts from 100 ms, doubling, at most
 // 5 s apart; at most 10000 keys pending), reporting each failure, success and
-// drop to the Observer and to GORM's logger. InvalidateAgain repeats each
+// drop to the Observer and the Logger. InvalidateAgain repeats each
 // invalidation after a delay, for caches refilled from lagging replicas.
 //
 // # Shutdown

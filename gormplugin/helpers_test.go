@@ -109,10 +109,7 @@ func newEnv(t testing.TB, db, locker string) *env {
 func (e *env) newLocker(t testing.TB, rdb redis.UniversalClient) locks.Locker {
 	t.Helper()
 	if e.locker == byRedlock {
-		rl, err := locks.NewRedlock([]redis.UniversalClient{rdb})
-		if err != nil {
-			t.Fatal(err)
-		}
+		rl := locks.NewRedlock([]redis.UniversalClient{rdb})
 		t.Cleanup(func() { rl.Close() })
 		return rl
 	}

@@ -3,14 +3,15 @@ package gormplugin
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 )
 
 // Defaults of RetryInvalidation, and the bounds of the retry queue.
 const (
-	DefaultInvalidateAttempts = 8
-	DefaultInvalidateBackoff  = 100 * time.Millisecond
+	defaultInvalidateAttempts = 8
+	defaultInvalidateBackoff  = 100 * time.Millisecond
 	maxRetryBackoff           = 5 * time.Second
 	// maxPendingKeys bounds the keys waiting for a retry; an invalidation
 	// that would exceed it is dropped (InvalidateDropped).
@@ -56,8 +57,9 @@ func (p *Plugin) invalidateOnce(ctx context.Context, keys []string) error {
 // starts if it is not running. After Close, or beyond maxPendingKeys, the
 // invalidation is dropped.
 func (p *Plugin) retryLater(keys []string, err error) {
-	p.warnBg("gormplugin: invalidating %v after commit failed (will retry): %v", keys, err)
-	p.emit(Event{Kind: InvalidateFailed, Keys: keys, Attempt: 1, Err: err})
+	p.warn(context.Background(), "invalidate-failed", "gormplugin: invalidation after commit failed; retrying in the background",
+		slog.Any("keys", keys), slog.Any("cause", err))
+	p.emit(context.Background(), Event{Kind: InvalidateFailed, Keys: keys, Attempt: 1, Err: err})
 	p.mu.Lock()
 	if p.closed || p.pendingKeys+len(keys) > maxPendingKeys || p.cfg.attempts <= 1 {
 		p.mu.Unlock()
@@ -82,8 +84,9 @@ func (p *Plugin) drop(r *pendingInvalidation, why string) {
 	if why == "" {
 		why = "gave up"
 	}
-	p.warnBg("gormplugin: invalidating %v after commit: %s after %d attempts (last error: %v); the keys may be served stale until they expire", r.keys, why, r.attempts, r.err)
-	p.emit(Event{Kind: InvalidateDropped, Keys: r.keys, Attempt: r.attempts, Err: r.err})
+	p.warn(context.Background(), "invalidate-dropped", "gormplugin: invalidation after commit given up; the keys may be served stale until they expire",
+		slog.Any("keys", r.keys), slog.String("why", why), slog.Int("attempts", r.attempts), slog.Any("cause", r.err))
+	p.emit(context.Background(), Event{Kind: InvalidateDropped, Keys: r.keys, Attempt: r.attempts, Err: r.err})
 }
 
 // backoffFor is the wait before the attempt after the n-th.
@@ -173,7 +176,7 @@ func (p *Plugin) retryLoop() {
 		p.mu.Unlock()
 		switch {
 		case err == nil:
-			p.emit(Event{Kind: InvalidateRetried, Keys: r.keys, Attempt: r.attempts})
+			p.emit(context.Background(), Event{Kind: InvalidateRetried, Keys: r.keys, Attempt: r.attempts})
 		case dropped:
 			p.drop(r, "")
 		}

@@ -1,6 +1,10 @@
 package gormplugin
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"log/slog"
+)
 
 // EventKind says what an Event reports.
 type EventKind int
@@ -46,11 +50,13 @@ type Event struct {
 
 // Observer makes the plugin report what it does in the background, and what
 // it let through, to f: failed, retried and dropped invalidations and
-// unguarded (FailOpen) writes. Each is also logged as a warning through
-// GORM's logger. f is called synchronously from the plugin's goroutines and
-// from writes: it must be quick and must not block; a panic in it is
-// recovered and logged. The default is none.
-func Observer(f func(Event)) Option {
+// unguarded (FailOpen) writes (each is also a warning: see Logger). ctx is
+// the write's context for WroteUnguarded and a background one for the
+// invalidations, which run after the write returned. f is called
+// synchronously from the plugin's goroutines and from writes: it must be
+// quick and must not block; a panic in it is recovered and logged. The
+// default is none.
+func Observer(f func(ctx context.Context, e Event)) Option {
 	return func(c *config) {
 		if f == nil {
 			c.fail(invalid("nil Observer"))
@@ -61,14 +67,14 @@ func Observer(f func(Event)) Option {
 }
 
 // emit reports e to the observer, if any.
-func (p *Plugin) emit(e Event) {
+func (p *Plugin) emit(ctx context.Context, e Event) {
 	if p.cfg.observer == nil {
 		return
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			p.warnBg("gormplugin: the Observer panicked on %v: %v", e.Kind, v)
+			p.warn(ctx, "observer", "gormplugin: the Observer panicked", slog.String("event", e.Kind.String()), slog.Any("panic", v))
 		}
 	}()
-	p.cfg.observer(e)
+	p.cfg.observer(ctx, e)
 }

@@ -2,8 +2,10 @@ package gormplugin
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/ratelog"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -48,13 +50,11 @@ const (
 	PassThrough
 )
 
-// DefaultMaxMatchedRows is the default of MaxMatchedRows.
-const DefaultMaxMatchedRows = 1000
+const defaultMaxMatchedRows = 1000
 
 // MaxMatchedRows bounds how many rows a write whose rows are not named may
 // lock under LockMatched (one Redis round trip each); a write matching more
-// fails with ErrUnkeyed before anything is written. The default is 1000
-// (DefaultMaxMatchedRows).
+// fails with ErrUnkeyed before anything is written. The default is 1000.
 func MaxMatchedRows(n int) Option {
 	return func(c *config) {
 		if n <= 0 {
@@ -75,17 +75,17 @@ type config struct {
 	// attempts and backoff shape the retries of a failed invalidation.
 	attempts int
 	backoff  time.Duration
-	observer func(Event)
+	observer func(context.Context, Event)
+	log      *ratelog.Logger
 	failOpen bool
 	noFence  bool
-	lockOpts []locks.Option
+	lockOpts []locks.CallOption
 	// unavailableAfter bounds the first attempt at a row lock.
 	unavailableAfter time.Duration
 	err              error // the first invalid option
 }
 
-// DefaultUnavailableAfter is the default of UnavailableAfter.
-const DefaultUnavailableAfter = 500 * time.Millisecond
+const defaultUnavailableAfter = 500 * time.Millisecond
 
 func (c *config) fail(err error) {
 	if c.err == nil {
@@ -137,15 +137,16 @@ func Unkeyed(p UnkeyedPolicy) Option {
 
 // FailOpen lets guarded writes proceed without a lock (and without a fence)
 // when the lock service is unavailable (locks.ErrUnavailable, or no answer
-// within UnavailableAfter), logging a warning through GORM's logger and
-// reporting WroteUnguarded to the Observer. A lock held by another writer is
+// within UnavailableAfter), logging a warning (see Logger) and reporting
+// WroteUnguarded to the Observer. A lock held by another writer is
 // never failed open. By default such writes fail with ErrLock and nothing is
 // written.
 func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 
 // NoFencing ignores fence columns: writes are still locked, but no fence is
-// checked or written. It is required to use a Locker whose fence tokens are
-// not monotonic (locks.Redlock); by default the plugin refuses such a Locker.
+// checked or written. It is required to use a Locker that issues no fence
+// tokens (locks.Redlock); by default New refuses a Redlock, and a write under
+// a lock without a token fails with ErrInvalid.
 func NoFencing() Option { return func(c *config) { c.noFence = true } }
 
 // RetryInvalidation shapes the retries of an invalidation that failed after
@@ -171,8 +172,7 @@ func RetryInvalidation(attempts int, backoff time.Duration) Option {
 // fails with ErrLock matching locks.ErrUnavailable, or with FailOpen goes
 // through unguarded. It bounds what an unreachable Redis costs each write,
 // where go-redis would retry its dials for a second or more and a Redlock
-// would retry until its wait budget ends. The default is 500ms
-// (DefaultUnavailableAfter).
+// would retry until its wait budget ends. The default is 500ms.
 func UnavailableAfter(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
@@ -186,6 +186,16 @@ func UnavailableAfter(d time.Duration) Option {
 // LockOptions are passed to every Lock and TryLock call of the plugin, e.g.
 // locks.WithWait(5*time.Second) to bound how long a write waits for a row.
 // The default is none: the Locker's own defaults apply.
-func LockOptions(opts ...locks.Option) Option {
+func LockOptions(opts ...locks.CallOption) Option {
 	return func(c *config) { c.lockOpts = append(c.lockOpts, opts...) }
+}
+
+// Logger sets where the plugin's warnings go — an invalidation that failed
+// after COMMIT or was given up, a write let through unguarded by FailOpen, a
+// row lock whose release failed — each kind at most once a second, with the
+// count of those suppressed. The default discards them (GORM's logger is not
+// used: it writes to standard output by default); the Observer sees every
+// event regardless.
+func Logger(l *slog.Logger) Option {
+	return func(c *config) { c.log = ratelog.New(l, time.Second) }
 }

@@ -2,13 +2,14 @@ package gormplugin
 
 import (
 	"context"
+	"log/slog"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
-	"gorm.io/gorm/logger"
 	"gorm.io/gorm/schema"
 
 	"github.com/cacheguard/cacheguard/locks"
@@ -29,7 +30,6 @@ var _ gorm.Plugin = (*Plugin)(nil)
 type Plugin struct {
 	l   locks.Locker
 	cfg config
-	log logger.Interface
 
 	fences sync.Map // *schema.Schema → *schema.Field (nil when none)
 	pks    sync.Map // table name → []string, primary key columns read from the catalogue
@@ -54,21 +54,30 @@ type Plugin struct {
 	abandoned atomic.Int32   // attempts whose caller stopped waiting, still unanswered
 }
 
-// New returns the plugin guarding writes with locks taken from l. A nil l, an
-// invalid option, or a Locker whose fence tokens are not monotonic (Redlock)
-// without NoFencing is reported by Initialize, so db.Use returns it; New
-// itself never fails.
+// New returns the plugin guarding writes with locks taken from l. It panics
+// with a "gormplugin:" message on programmer error: a nil l, an invalid
+// option, or a locks.Redlock (which issues no fence tokens) without
+// NoFencing. Errors that depend on the database are Initialize's, returned by
+// db.Use.
 func New(l locks.Locker, opts ...Option) *Plugin {
 	p := &Plugin{l: l, timers: map[*time.Timer]struct{}{}, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
-	p.cfg.unavailableAfter = DefaultUnavailableAfter
-	p.cfg.attempts, p.cfg.backoff = DefaultInvalidateAttempts, DefaultInvalidateBackoff
-	p.bg, p.stopBg = context.WithCancel(context.Background())
-	p.cfg.maxMatched = DefaultMaxMatchedRows
+	p.cfg.unavailableAfter = defaultUnavailableAfter
+	p.cfg.attempts, p.cfg.backoff = defaultInvalidateAttempts, defaultInvalidateBackoff
+	p.cfg.maxMatched = defaultMaxMatchedRows
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
 		}
 	}
+	switch {
+	case p.cfg.err != nil:
+		panic(p.cfg.err.Error())
+	case l == nil || isNilPointer(l):
+		panic("gormplugin: New called with a nil Locker")
+	case !p.cfg.noFence && isRedlock(l):
+		panic("gormplugin: a locks.Redlock issues no fence tokens: fencing would not be safe; use a locks.Client, or the NoFencing option")
+	}
+	p.bg, p.stopBg = context.WithCancel(context.Background())
 	return p
 }
 
@@ -82,19 +91,12 @@ func (p *Plugin) Name() string { return pluginName }
 // db.Use; call db.Use right after gorm.Open, before deriving sessions.
 func (p *Plugin) Initialize(db *gorm.DB) error {
 	switch {
-	case p.cfg.err != nil:
-		return p.cfg.err
-	case p.l == nil:
-		return invalid("nil Locker")
-	case !p.cfg.noFence && !p.l.MonotonicFences():
-		return invalid("the Locker's fence tokens are not monotonic (Redlock): fencing would not be safe; use a locks.Client, or the NoFencing option")
 	case db == nil || db.ConnPool == nil:
 		return invalid("database without a connection pool")
 	}
 	if _, ok := db.ConnPool.(gorm.TxCommitter); ok {
 		return invalid("db.Use on a transaction: register the plugin on the database")
 	}
-	p.log = db.Logger
 
 	p.wrapPool(db)
 	if db.ClauseBuilders == nil {
@@ -186,13 +188,20 @@ func (p *Plugin) fenceOf(s *schema.Schema) *schema.Field {
 	return f
 }
 
-func (p *Plugin) warn(ctx context.Context, format string, args ...any) {
-	if p.log != nil {
-		p.log.Warn(ctx, format, args...)
-	}
+// warn logs a warning through the Logger, at most once a second per key.
+func (p *Plugin) warn(ctx context.Context, key, msg string, attrs ...slog.Attr) {
+	p.cfg.log.Warn(ctx, key, msg, attrs...)
 }
 
-// warnBg logs a warning about background work, which has no caller's context.
-func (p *Plugin) warnBg(format string, args ...any) {
-	p.warn(context.Background(), format, args...)
+// isNilPointer reports whether l is a typed nil pointer.
+func isNilPointer(l locks.Locker) bool {
+	v := reflect.ValueOf(l)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
+// isRedlock reports whether l is a locks.Redlock, whose locks carry no fence
+// token. Other Lockers are checked at each lock (a Fence of 0 is refused).
+func isRedlock(l locks.Locker) bool {
+	_, ok := l.(*locks.Redlock)
+	return ok
 }

@@ -4,18 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"gorm.io/gorm"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-// redlockish is a Locker whose fences are not monotonic, as locks.Redlock's.
-type redlockish struct{ locks.Locker }
+// redlock returns a one-node Redlock on the env's server, closed at cleanup.
+func (e *env) redlock(t testing.TB) *locks.Redlock {
+	rl := locks.NewRedlock([]redis.UniversalClient{e.rdb})
+	t.Cleanup(func() { rl.Close() })
+	return rl
+}
 
-func (redlockish) MonotonicFences() bool { return false }
+// wrapped hides a Locker's type: the plugin sees a Locker it does not know.
+type wrapped struct{ locks.Locker }
 
 func TestRegistration(t *testing.T) {
 	forDBs(t, testRegistration)
@@ -49,24 +57,26 @@ func TestNewRefusesBadConfiguration(t *testing.T) {
 }
 
 func testNewRefusesBadConfiguration(t *testing.T, e *env) {
-	cases := map[string]*gormplugin.Plugin{
-		"nil locker":        gormplugin.New(nil),
-		"redlock fences":    gormplugin.New(redlockish{e.l}),
-		"nil invalidator":   gormplugin.New(e.l, gormplugin.Invalidate(nil, cacheKeys)),
-		"bad unkeyed":       gormplugin.New(e.l, gormplugin.Unkeyed(gormplugin.UnkeyedPolicy(9))),
-		"negative re-delay": gormplugin.New(e.l, gormplugin.InvalidateAgain(-1)),
+	cases := map[string]func(){
+		"nil locker":        func() { gormplugin.New(nil) },
+		"redlock fences":    func() { gormplugin.New(e.redlock(t)) },
+		"nil invalidator":   func() { gormplugin.New(e.l, gormplugin.Invalidate(nil, cacheKeys)) },
+		"bad unkeyed":       func() { gormplugin.New(e.l, gormplugin.Unkeyed(gormplugin.UnkeyedPolicy(9))) },
+		"negative re-delay": func() { gormplugin.New(e.l, gormplugin.InvalidateAgain(-1)) },
 	}
-	for name, p := range cases {
+	for name, f := range cases {
 		t.Run(name, func(t *testing.T) {
-			db := e.plain(t)
-			if err := db.Use(p); !errors.Is(err, gormplugin.ErrInvalid) {
-				t.Fatalf("Use: %v, want ErrInvalid", err)
-			}
+			defer func() {
+				if msg := fmt.Sprint(recover()); !strings.HasPrefix(msg, "gormplugin: ") {
+					t.Fatalf("New: panic %q, want a gormplugin: message", msg)
+				}
+			}()
+			f()
 		})
 	}
 	t.Run("redlock without fencing", func(t *testing.T) {
 		db := e.plain(t)
-		if err := db.Use(gormplugin.New(redlockish{e.l}, gormplugin.NoFencing())); err != nil {
+		if err := db.Use(gormplugin.New(e.redlock(t), gormplugin.NoFencing())); err != nil {
 			t.Fatal(err)
 		}
 		if err := db.Create(&Counter{ID: 1}).Error; err != nil {
@@ -79,6 +89,23 @@ func testNewRefusesBadConfiguration(t *testing.T, e *env) {
 		db.First(&c, 1)
 		if c.N != 5 || c.Fence != 0 {
 			t.Fatalf("got %+v, want n=5 and no fence written", c)
+		}
+	})
+	t.Run("a Locker issuing no fence tokens", func(t *testing.T) {
+		db := e.plain(t)
+		if err := db.Use(gormplugin.New(wrapped{e.redlock(t)})); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Create(&Counter{ID: 2}).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Model(&Counter{ID: 2}).Update("n", 5).Error; !errors.Is(err, gormplugin.ErrInvalid) {
+			t.Fatalf("fenced write under a lock without a token: %v, want ErrInvalid", err)
+		}
+		var c Counter
+		db.First(&c, 2)
+		if c.N != 0 {
+			t.Fatalf("got %+v: the refused write landed", c)
 		}
 	})
 }

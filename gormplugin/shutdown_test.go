@@ -20,7 +20,7 @@ type events struct {
 	all []gormplugin.Event
 }
 
-func (ev *events) observe(e gormplugin.Event) {
+func (ev *events) observe(_ context.Context, e gormplugin.Event) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	ev.all = append(ev.all, e)

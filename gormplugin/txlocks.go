@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -150,6 +151,15 @@ func (r *txLocks) committed() bool {
 // scope (locks.ErrLost) is a stale write: what the caller read under that
 // scope may be outdated.
 func (p *Plugin) take(ctx context.Context, name string, try bool) (*locks.Lock, error) {
+	lk, err := p.take1(ctx, name, try)
+	if err == nil && lk.Fence() == 0 && !p.cfg.noFence {
+		_ = lk.Unlock(context.WithoutCancel(ctx)) // unusable: nothing was written under it
+		return nil, invalid("the Locker issued no fence token for %q (a locks.Redlock issues none): use a locks.Client, or the NoFencing option", name)
+	}
+	return lk, err
+}
+
+func (p *Plugin) take1(ctx context.Context, name string, try bool) (*locks.Lock, error) {
 	lk, err := p.attempt(ctx, name)
 	switch {
 	case err == nil:
@@ -268,7 +278,8 @@ func (p *Plugin) unlockAll(ctx context.Context, rows []row) {
 		err := lk.Unlock(rctx)
 		cancel()
 		if err != nil && !errors.Is(err, locks.ErrNotHeld) {
-			p.warn(ctx, "gormplugin: releasing %q: %v", rows[i].name, err)
+			p.warn(ctx, "release", "gormplugin: releasing a row lock failed; its lease ends it",
+				slog.String("lock", rows[i].name), slog.Any("cause", err))
 		}
 	}
 }

@@ -42,12 +42,9 @@ const placeTTL = 2 * time.Second
 // *Client and *Redlock implement it.
 type Locker interface {
 	// Lock waits until the lock is held, the wait budget ends, or ctx ends.
-	Lock(ctx context.Context, name string, opts ...Option) (*Lock, error)
+	Lock(ctx context.Context, name string, opts ...CallOption) (*Lock, error)
 	// TryLock makes one attempt.
-	TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error)
-	// MonotonicFences reports whether Fence tokens strictly increase per name
-	// across all holders (true for Client, false for Redlock).
-	MonotonicFences() bool
+	TryLock(ctx context.Context, name string, opts ...CallOption) (*Lock, error)
 }
 
 var _ Locker = (*Client)(nil)
@@ -78,7 +75,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	cfg := defaults()
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
@@ -92,9 +89,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	c.life.init()
 	return c
 }
-
-// MonotonicFences reports true: a Client's fence tokens strictly increase per name.
-func (c *Client) MonotonicFences() bool { return true }
 
 // Close closes the client at once: new calls fail with ErrClosed, waiting
 // Lock calls end with ErrClosed (their places in the locks' queues given
@@ -135,7 +129,7 @@ func (c *Client) renewer() *renewer { return c.ren }
 
 // TryLock makes one attempt to take the lock name; ErrNotObtained (as a
 // *NotObtainedError with the holder's remaining lease) when it is held.
-func (c *Client) TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+func (c *Client) TryLock(ctx context.Context, name string, opts ...CallOption) (*Lock, error) {
 	cfg, err := c.callConfig(name, opts)
 	if err != nil {
 		return nil, err
@@ -147,7 +141,7 @@ func (c *Client) TryLock(ctx context.Context, name string, opts ...Option) (*Loc
 // this caller, the wait budget ends (WithWait; 30s by default) or ctx ends.
 // Waiting is woken by push: a release hands the lock straight to the waiter
 // that has waited longest and tells it, so a waiter costs no polling.
-func (c *Client) Lock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+func (c *Client) Lock(ctx context.Context, name string, opts ...CallOption) (*Lock, error) {
 	cfg, err := c.callConfig(name, opts)
 	if err != nil {
 		return nil, err
@@ -155,7 +149,7 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...Option) (*Lock, 
 	return c.acquire(ctx, name, cfg, cfg.wait > 0)
 }
 
-func (c *Client) callConfig(name string, opts []Option) (config, error) {
+func (c *Client) callConfig(name string, opts []CallOption) (config, error) {
 	if c == nil {
 		return config{}, invalid("nil Client")
 	}
@@ -168,10 +162,13 @@ func (c *Client) callConfig(name string, opts []Option) (config, error) {
 	p := new(config)
 	*p = c.cfg
 	for _, o := range opts {
-		o(p)
+		o.apply(p)
 	}
 	if err := p.validate(); err != nil {
 		return config{}, err
+	}
+	if p.nodeTimeout != c.cfg.nodeTimeout {
+		return config{}, invalid("WithNodeTimeout is a Redlock option")
 	}
 	p.packFrom(&c.cfg)
 	return *p, nil
@@ -391,7 +388,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	kv := boxKeys(ks)
 	fail := func(pttl time.Duration, err error) (*Lock, error) {
 		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
-		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
+		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
 		return nil, e
 	}
 	if closing && !reentrant {
@@ -572,8 +569,8 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		}
 		return giveBack(ErrClosed)
 	}
-	cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
-	return &Lock{h: h}, nil
+	cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
+	return &Lock{h: h, parent: ctx}, nil
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {

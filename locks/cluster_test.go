@@ -165,7 +165,7 @@ func TestClusterMasterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.WithReplicas())
 	var whyMu sync.Mutex
 	why := map[string][]error{}
-	c, _ := clusterClient(t, cl, locks.WithLease(2*time.Second), locks.WithObserver(func(e locks.Event) {
+	c, _ := clusterClient(t, cl, locks.WithLease(2*time.Second), locks.WithObserver(func(_ context.Context, e locks.Event) {
 		if e.Kind == locks.Lost || e.Kind == locks.RenewalFailed {
 			whyMu.Lock()
 			why[e.Name] = append(why[e.Name], e.Err)
@@ -325,10 +325,7 @@ func TestClusterOddNames(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	a, _ := clusterClient(t, cl, locks.WithLease(2*time.Second))
 	b, _ := clusterClient(t, cl)
-	rl, err := locks.NewRedlock([]redis.UniversalClient{cl.Client()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := locks.NewRedlock([]redis.UniversalClient{cl.Client()})
 	defer rl.Close()
 	for _, name := range []string{"}x", "}", "a}b", "{", "{}", "}{", "{a}", "x{y}z", "}}{{"} {
 		lk, err := a.TryLock(ctx, name)

@@ -5,10 +5,9 @@
 // woken by push with hand-off to the longest waiter, Redlock over independent
 // servers, replica acknowledgement (WAIT) and optimistic WATCH transactions.
 //
-// New panics with a "locks:" message on programmer error (a nil client, an
-// invalid option value); NewRedlock returns an error matching ErrInvalid for
-// an invalid set of nodes or options; every call that talks to Redis
-// returns errors.
+// New and NewRedlock panic with a "locks:" message on programmer error (a
+// nil client, the same Redlock node twice, an invalid option value); every
+// call that talks to Redis returns errors.
 //
 //	l := locks.New(rdb) // any redis.UniversalClient: single, Sentinel failover, or Cluster
 //	defer l.Close()
@@ -110,28 +109,41 @@
 // delay, quorum renewal. A node call still queued when its node timeout ends
 // is given up, and a grant it makes later is released on that node. Redlock
 // gives no fencing tokens (independent counters cannot be made monotonic:
-// Fence is 0 and MonotonicFences false; gormplugin needs NoFencing with it),
+// Fence is 0; gormplugin needs NoFencing with it),
 // and no safety when a node restarts empty while a lock is held (run nodes
 // with appendfsync always, or keep a crashed node down for a lease).
 //
 // # Options
 //
-// For New (the Client's defaults) and per call:
+// Options are typed by scope, so a misplaced one does not compile: New takes
+// Options (the Client's defaults), NewRedlock RedlockOptions, Lock and
+// TryLock CallOptions (for one call).
 //
-//   - WithLease(d), default 10s: how long a lock outlives a holder that stops
-//     renewing (at least 30ms).
-//   - WithoutRenewal(): a fixed lease; renew by hand with Extend.
-//   - WithWait(d), default 30s: how long Lock waits (the caller's ctx can end
-//     it sooner); 0 is TryLock.
-//   - WithFair(): strict global FIFO per caller (default: FIFO per process).
-//   - WithReplicas(n, t): require n replica acknowledgements within t.
-//   - WithPrefix(p), default "cg:": the prefix of every key and channel.
-//   - WithFenceRetention(d), default 10 minutes (or the lease, if longer): the
-//     lifetime of a name's fence counter after the name was last taken.
-//   - WithObserver(f): called with every outcome (acquired, not obtained,
-//     released, lost, renewal failed).
-//   - WithDrift(d), WithNodeTimeout(d), default 2ms and lease/20 within
-//     [5ms, 250ms]: Redlock only.
+//   - WithLease(d), everywhere, default 10s: how long a lock outlives a holder
+//     that stops renewing (at least 30ms).
+//   - WithoutRenewal(), everywhere: a fixed lease; renew by hand with Extend.
+//   - WithWait(d), everywhere, default 30s: how long Lock waits (the caller's
+//     ctx can end it sooner); 0 is TryLock.
+//   - WithFair(), New and per call on a Client: strict global FIFO per caller
+//     (default: FIFO per process).
+//   - WithReplicas(n, t), New and per call on a Client: require n replica
+//     acknowledgements within t (default: no WAIT).
+//   - WithFenceRetention(d), New, default 10 minutes (or the lease, if
+//     longer): the lifetime of a name's fence counter after the name was last
+//     taken.
+//   - WithPrefix(p), New and NewRedlock, default "cg:": the prefix of every
+//     key and channel.
+//   - WithObserver(f), New and NewRedlock: f(ctx, Event) for every outcome
+//     (acquired, not obtained, released, lost, renewal failed), with the
+//     call's context.
+//   - WithLogger(l), New and NewRedlock, default discard: a *slog.Logger for
+//     warnings (a lock lost, a renewal failed), rate-limited.
+//   - WithDrift(d), NewRedlock, default 2ms; WithNodeTimeout(d), NewRedlock
+//     and per call on a Redlock, default lease/20 within [5ms, 250ms].
+//
+// A per-call option of the other kind of Locker (WithFair on a Redlock,
+// WithNodeTimeout on a Client, through the Locker interface) fails with
+// ErrInvalid before any call to Redis.
 //
 // # Errors
 //

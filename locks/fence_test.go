@@ -29,11 +29,8 @@ func TestFenceCounterBounded(t *testing.T) {
 		}
 		lk.Unlock(ctx)
 		pttl := rdb.PTTL(ctx, "cg:fence:{bound:default}").Val()
-		if pttl <= 0 || pttl > locks.DefaultFenceRetention {
-			t.Fatalf("counter PTTL %v, want within the default retention %v", pttl, locks.DefaultFenceRetention)
-		}
-		if locks.DefaultFenceRetention > 10*time.Minute {
-			t.Fatalf("default retention %v: a name's counter outlives 10 minutes", locks.DefaultFenceRetention)
+		if pttl <= 0 || pttl > 10*time.Minute {
+			t.Fatalf("counter PTTL %v, want within the default retention of 10 minutes", pttl)
 		}
 		used, err := rdb.MemoryUsage(ctx, "cg:fence:{bound:default}").Result()
 		if err != nil {

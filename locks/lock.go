@@ -2,16 +2,19 @@ package locks
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 )
 
 // Lock is one acquisition of a named lock. Its methods are safe for concurrent use.
 type Lock struct {
-	h *held
+	h      *held
+	parent context.Context // the acquiring call's, for Context's values
 
-	mu   sync.Mutex // guards done
-	done bool       // Unlock was called
+	mu   sync.Mutex      // guards done and ctx
+	done bool            // Unlock was called
+	ctx  context.Context // Context's, made on first use
 }
 
 // Name returns the lock name.
@@ -22,8 +25,8 @@ func (l *Lock) Name() string { return l.h.name }
 // (re-entries share the token of the acquisition they re-enter). Pass it to the
 // resource you write, and have the resource refuse writes with a token smaller
 // than one it has seen: a holder that was paused past its lease is then
-// refused, which no lock alone can guarantee. Redlock issues no tokens: its
-// locks' Fence is 0 and its MonotonicFences is false (see Redlock).
+// refused, which no lock alone can guarantee. A Fence of 0 means the Locker
+// issues no tokens (Redlock: see its doc): there is nothing to fence with.
 func (l *Lock) Fence() uint64 { return l.h.fence }
 
 // Lost returns a channel closed when ownership is lost while held: the lease
@@ -32,8 +35,19 @@ func (l *Lock) Fence() uint64 { return l.h.fence }
 func (l *Lock) Lost() <-chan struct{} { return l.h.lostChan() }
 
 // Context returns a context cancelled when the lock is lost or released: run
-// the critical section under it so that work stops when exclusion ends.
-func (l *Lock) Context() context.Context { return l.h.context() }
+// the critical section under it so that work stops when exclusion ends. It
+// carries the values of the context the lock was acquired with (not its
+// cancellation or deadline).
+func (l *Lock) Context() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ctx == nil {
+		ctx, cancel := context.WithCancelCause(context.WithoutCancel(l.parent))
+		l.h.onEnd(cancel)
+		l.ctx = ctx
+	}
+	return l.ctx
+}
 
 // TTL returns how long the lock is certainly still held, from the local
 // monotonic clock (the lease measured from before the last successful
@@ -76,13 +90,13 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	switch {
 	case err != nil:
 		// The outcome is unknown; stop renewing so that the lease ends it.
-		h.retire(false)
+		h.retire(ctx, false)
 		return err
 	case n < 0:
 		h.loseHolding(ErrNotHeld)
 		return ErrNotHeld
 	}
-	h.retire(n == 0)
+	h.retire(ctx, n == 0)
 	return nil
 }
 
@@ -130,10 +144,9 @@ type held struct {
 	cfg    config
 	sc     *scope // the owner's scope of the name (WithOwner only), set before the renewer sees h
 
-	mu        sync.Mutex         // guards the fields below
-	lost      chan struct{}      // made on first use: most callers never ask
-	ctx       context.Context    // made on first use
-	stop      context.CancelFunc // cancels ctx
+	mu        sync.Mutex                // guards the fields below
+	lost      chan struct{}             // made on first use: most callers never ask
+	cancels   []context.CancelCauseFunc // of its Locks' Contexts (onEnd)
 	lease     time.Duration
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
@@ -184,16 +197,25 @@ func (h *held) lostChan() <-chan struct{} {
 	return h.lost
 }
 
-func (h *held) context() context.Context {
+// onEnd arranges for cancel to be called, with the reason, when h ends (at
+// once if it has): the Contexts of h's Locks.
+func (h *held) onEnd(cancel context.CancelCauseFunc) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.ctx == nil {
-		h.ctx, h.stop = context.WithCancel(context.Background())
-		if h.ended {
-			h.stop()
-		}
+	if h.ended {
+		cancel(h.endCause())
+		return
 	}
-	return h.ctx
+	h.cancels = append(h.cancels, cancel)
+}
+
+// endCause is why h's Contexts are cancelled: the loss, or context.Canceled
+// after a release. h.mu is held.
+func (h *held) endCause() error {
+	if h.err != nil {
+		return h.err
+	}
+	return context.Canceled
 }
 
 // end marks the holding over (lost when err is non-nil), closing Lost and
@@ -208,9 +230,10 @@ func (h *held) end(err error) bool {
 	if err != nil && h.lost != nil {
 		close(h.lost)
 	}
-	if h.stop != nil {
-		h.stop()
+	for _, cancel := range h.cancels {
+		cancel(h.endCause())
 	}
+	h.cancels = nil
 	return true
 }
 
@@ -229,7 +252,9 @@ func (h *held) lose(err error) {
 		h.sc.lost(err)
 	}
 	h.ops.renewer().remove(h)
-	h.cfg.emit(Event{Kind: Lost, Name: h.name, Err: err})
+	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Err: err})
+	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
+		slog.String("lock", h.name), slog.Any("cause", err))
 }
 
 // loseHolding marks h lost because Redis no longer has its holding (the key
@@ -246,11 +271,11 @@ func (h *held) loseHolding(err error) {
 // retire ends h after its Unlock: renewal stops. last reports that Redis
 // confirmed the owner's last hold released (the Released event); otherwise
 // other holds of the owner remain, or the release's outcome is unknown.
-func (h *held) retire(last bool) {
+func (h *held) retire(ctx context.Context, last bool) {
 	if h.end(nil) {
 		h.ops.renewer().remove(h)
 		if last {
-			h.cfg.emit(Event{Kind: Released, Name: h.name})
+			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name})
 		}
 	}
 }

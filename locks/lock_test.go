@@ -93,3 +93,29 @@ func TestLockWaitsForHandOff(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestContextKeepsValues: Lock.Context carries the acquiring call's values
+// (request ids, trace spans) but not its cancellation, and ends with the lock.
+func TestContextKeepsValues(t *testing.T) {
+	c, _, _ := newClient(t)
+	type key struct{}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "request-7"))
+	lk, err := c.Lock(ctx, "values")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx := lk.Context()
+	if v, _ := lctx.Value(key{}).(string); v != "request-7" {
+		t.Fatalf("Context().Value = %q, want the caller's value", v)
+	}
+	cancel()
+	if lctx.Err() != nil {
+		t.Fatal("the caller's cancellation ended the lock's context")
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(lctx.Err(), context.Canceled) {
+		t.Fatalf("after Unlock: Context().Err() = %v, want context.Canceled", lctx.Err())
+	}
+}

@@ -1,6 +1,9 @@
 package locks
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // EventKind names a lock outcome reported to an observer.
 type EventKind int
@@ -39,8 +42,8 @@ type Event struct {
 	Err   error         // the cause (NotObtained, Lost, RenewalFailed)
 }
 
-func (c *config) emit(e Event) {
+func (c *config) emit(ctx context.Context, e Event) {
 	if c.observer != nil {
-		c.observer(e)
+		c.observer(ctx, e)
 	}
 }

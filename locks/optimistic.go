@@ -17,13 +17,15 @@ type optimistic struct {
 	backoff  time.Duration
 }
 
-// MaxAttempts sets how many times Optimistic runs fn before giving up with
+// OptimisticAttempts sets how many times Optimistic runs fn before giving up with
 // ErrConflict. The default is 10.
-func MaxAttempts(n int) OptimisticOption { return func(o *optimistic) { o.attempts = n } }
+func OptimisticAttempts(n int) OptimisticOption { return func(o *optimistic) { o.attempts = n } }
 
-// Backoff sets the base delay between attempts; each retry waits a random time
+// OptimisticBackoff sets the base delay between attempts; each retry waits a random time
 // up to base×2^attempt (capped at 100×base). The default base is 1ms.
-func Backoff(d time.Duration) OptimisticOption { return func(o *optimistic) { o.backoff = d } }
+func OptimisticBackoff(d time.Duration) OptimisticOption {
+	return func(o *optimistic) { o.backoff = d }
+}
 
 // Optimistic runs fn as an optimistic transaction: it WATCHes keys, fn reads
 // them through tx and queues its writes with tx.TxPipelined, and EXEC applies

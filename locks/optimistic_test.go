@@ -30,7 +30,7 @@ func TestOptimisticRetriesConflicts(t *testing.T) {
 						return nil
 					})
 					return err
-				}, []string{"opt:n"}, locks.MaxAttempts(1000))
+				}, []string{"opt:n"}, locks.OptimisticAttempts(1000))
 				if err != nil {
 					errs <- err
 					return
@@ -60,7 +60,7 @@ func TestOptimisticGivesUp(t *testing.T) {
 			return nil
 		})
 		return err
-	}, []string{"opt:hot"}, locks.MaxAttempts(3))
+	}, []string{"opt:hot"}, locks.OptimisticAttempts(3))
 	if !errors.Is(err, locks.ErrConflict) || !errors.Is(err, redis.TxFailedErr) {
 		t.Fatalf("err = %v, want ErrConflict and TxFailedErr", err)
 	}

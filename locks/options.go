@@ -1,27 +1,89 @@
 package locks
 
 import (
+	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/ratelog"
 )
 
-// Defaults. The lease is short enough that a crashed holder's lock frees itself
-// quickly, and the watchdog renews it every third of the lease while held.
+// Defaults (each option's doc states its own). The lease is short enough that
+// a crashed holder's lock frees itself quickly, and the watchdog renews it
+// every third of the lease while held.
 const (
-	DefaultLease          = 10 * time.Second
-	DefaultWait           = 30 * time.Second
-	DefaultPrefix         = "cg:"
-	DefaultFenceRetention = 10 * time.Minute
+	defaultLease          = 10 * time.Second
+	defaultWait           = 30 * time.Second
+	defaultPrefix         = "cg:"
+	defaultFenceRetention = 10 * time.Minute
+)
+
+// Limits on input, refused with ErrInvalid.
+const (
 	// MinLease is the shortest lease accepted: a renewal must fit in a third of it.
 	MinLease = 30 * time.Millisecond
-	// MaxNameLen bounds lock names; longer names are refused with ErrInvalid.
+	// MaxNameLen bounds lock names.
 	MaxNameLen = 1024
 )
 
-// Option configures a Client (as its default for every call) or one Lock/TryLock
-// call (overriding the Client's default). The same options apply to Redlock.
-type Option func(*config)
+// Options are typed by the scope they make sense at, so that a misplaced one
+// does not compile: New takes Options, NewRedlock RedlockOptions, and Lock
+// and TryLock CallOptions (overriding the Locker's defaults for one call).
+// A knob valid at several scopes returns a type that is all of them: a
+// Setting (everywhere), a ClientSetting (New and per call), a RedlockSetting
+// (NewRedlock and per call) or a LockerOption (New and NewRedlock). Each
+// option's doc states its default.
+type (
+	// Option configures a Client: New takes its defaults for every call.
+	Option interface {
+		apply(*config)
+		clientOption()
+	}
+	// RedlockOption configures a Redlock: NewRedlock takes its defaults.
+	RedlockOption interface {
+		apply(*config)
+		redlockOption()
+	}
+	// CallOption configures one Lock or TryLock call.
+	CallOption interface {
+		apply(*config)
+		callOption()
+	}
+	// Setting is an option valid at every scope: New, NewRedlock and per call.
+	Setting interface {
+		Option
+		RedlockOption
+		CallOption
+	}
+	// ClientSetting is an option of a Client, as its default (New) or for one
+	// call. A Redlock refuses it per call with ErrInvalid.
+	ClientSetting interface {
+		Option
+		CallOption
+	}
+	// LockerOption is an option of a lock service as a whole: New and NewRedlock.
+	LockerOption interface {
+		Option
+		RedlockOption
+	}
+	// RedlockSetting is an option of a Redlock, as its default (NewRedlock)
+	// or for one call. A Client refuses it per call with ErrInvalid.
+	RedlockSetting interface {
+		RedlockOption
+		CallOption
+	}
+)
+
+// opt implements every option interface; the constructors' declared result
+// types restrict where each option compiles.
+type opt func(*config)
+
+func (o opt) apply(c *config) { o(c) }
+func (opt) clientOption()     {}
+func (opt) redlockOption()    {}
+func (opt) callOption()       {}
 
 type config struct {
 	lease          time.Duration
@@ -32,7 +94,8 @@ type config struct {
 	replicaTimeout time.Duration
 	prefix         string
 	fenceRetention time.Duration
-	observer       func(Event)
+	observer       func(context.Context, Event)
+	log            *ratelog.Logger
 	drift          time.Duration // Redlock: fixed part of the clock drift allowance
 	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
 
@@ -71,48 +134,49 @@ func (c *config) pack() {
 
 func defaults() config {
 	return config{
-		lease:  DefaultLease,
+		lease:  defaultLease,
 		renew:  true,
-		wait:   DefaultWait,
-		prefix: DefaultPrefix,
+		wait:   defaultWait,
+		prefix: defaultPrefix,
 		drift:  2 * time.Millisecond,
 	}
 }
 
 // WithLease sets the lease: how long the lock outlives a holder that stops
 // renewing it (crashed, paused, partitioned). The default is 10s; at least 30ms.
-func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+func WithLease(d time.Duration) Setting { return opt(func(c *config) { c.lease = d }) }
 
 // WithoutRenewal makes the lease fixed: the lock expires after the lease even
 // while held, unless renewed by hand with Extend. By default a held lock renews
 // itself in the background every third of the lease until Unlock.
-func WithoutRenewal() Option { return func(c *config) { c.renew = false } }
+func WithoutRenewal() Setting { return opt(func(c *config) { c.renew = false }) }
 
 // WithWait sets how long Lock waits for a held lock before giving up with
 // ErrNotObtained (the caller's context can end it sooner). The default is 30s;
 // zero makes Lock behave like TryLock.
-func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+func WithWait(d time.Duration) Setting { return opt(func(c *config) { c.wait = d }) }
 
 // WithFair makes Lock grant the lock in arrival order across every caller and
 // process (FIFO). The default already hands a released lock to the process that
 // has waited longest; fair mode queues each caller individually, so no caller
 // can overtake another, even inside one process. A waiter that dies loses its
-// place after a few seconds.
-func WithFair() Option { return func(c *config) { c.fair = true } }
+// place after a few seconds. Off by default; a Redlock has no fair mode.
+func WithFair() ClientSetting { return opt(func(c *config) { c.fair = true }) }
 
 // WithReplicas makes an acquisition wait (Redis WAIT, on the connection that
 // wrote the lock, on the master that owns its slot) until n replicas have the
 // lock, for at most timeout. With fewer acknowledgements the lock is released
 // and the call fails with a *ReplicaError. The default is 0: no WAIT is sent.
-func WithReplicas(n int, timeout time.Duration) Option {
-	return func(c *config) { c.replicas, c.replicaTimeout = n, timeout }
+// A Redlock's servers have no replicas: it refuses this option.
+func WithReplicas(n int, timeout time.Duration) ClientSetting {
+	return opt(func(c *config) { c.replicas, c.replicaTimeout = n, timeout })
 }
 
 // WithPrefix sets the prefix of every key and channel. The default is "cg:".
 // A prefix with a complete hash tag ("{app}:") puts every lock in that one
 // slot of a cluster; one that opens a tag without closing it ("app{:", or
 // an empty "{}") would split a lock's keys over slots and is refused.
-func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+func WithPrefix(p string) LockerOption { return opt(func(c *config) { c.prefix = p }) }
 
 // WithFenceRetention sets how long a lock name's fence counter lives after the
 // name was last taken: what a name leaves behind in Redis once nobody uses it.
@@ -125,29 +189,45 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // taken within the retention, about 60 bytes of Redis memory each (plus the
 // key's share of the keyspace tables; MEMORY USAGE reports ~70). The
 // default is 10 minutes, or the lease when that is longer; a retention
-// shorter than the lease is refused.
-func WithFenceRetention(d time.Duration) Option { return func(c *config) { c.fenceRetention = d } }
+// shorter than the lease is refused. A Redlock issues no fence tokens.
+func WithFenceRetention(d time.Duration) Option {
+	return opt(func(c *config) { c.fenceRetention = d })
+}
 
 // retention is the fence counter's TTL: the one set, or the default.
 func (c *config) retention() time.Duration {
 	if c.fenceRetention > 0 {
 		return c.fenceRetention
 	}
-	return max(DefaultFenceRetention, c.lease)
+	return max(defaultFenceRetention, c.lease)
 }
 
 // WithObserver sets a function called with every lock outcome (acquired,
-// timed out, lost, renewal failed, released), e.g. to feed a metrics library.
-// It is called synchronously and must not block.
-func WithObserver(f func(Event)) Option { return func(c *config) { c.observer = f } }
+// not obtained, released, lost, renewal failed), e.g. to feed metrics and
+// traces. ctx is the context of the call that produced the event (Lock,
+// TryLock, Unlock), or a background context for the renewal loop's events
+// (Lost, RenewalFailed). It is called synchronously and must not block. The
+// default is none.
+func WithObserver(f func(ctx context.Context, e Event)) LockerOption {
+	return opt(func(c *config) { c.observer = f })
+}
+
+// WithLogger sets where warnings go — a lock lost while held, a renewal that
+// failed — each kind at most once a second, with the count of those
+// suppressed. The default discards them.
+func WithLogger(l *slog.Logger) LockerOption {
+	return opt(func(c *config) { c.log = ratelog.New(l, time.Second) })
+}
 
 // WithDrift sets the fixed part of Redlock's clock-drift allowance; the total
-// is lease×1% + d. The default d is 2ms. It does nothing on a Client.
-func WithDrift(d time.Duration) Option { return func(c *config) { c.drift = d } }
+// is lease×1% + d. The default d is 2ms.
+func WithDrift(d time.Duration) RedlockOption { return opt(func(c *config) { c.drift = d }) }
 
 // WithNodeTimeout sets how long Redlock waits for one node's answer. The
-// default is lease/20, clamped to [5ms, 250ms]. It does nothing on a Client.
-func WithNodeTimeout(d time.Duration) Option { return func(c *config) { c.nodeTimeout = d } }
+// default is lease/20, clamped to [5ms, 250ms].
+func WithNodeTimeout(d time.Duration) RedlockSetting {
+	return opt(func(c *config) { c.nodeTimeout = d })
+}
 
 func (c *config) validate() error {
 	switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -64,7 +65,7 @@ var _ Locker = (*Redlock)(nil)
 // built from them (say, the largest among the granting servers) does not
 // increase across holders once a server has restarted or clocks disagree, so
 // it would look safe without being so. Redlock therefore issues no tokens:
-// Lock.Fence returns 0 for its locks and MonotonicFences reports false. When
+// Lock.Fence returns 0 for its locks. When
 // the protected resource must refuse a holder that was paused past its
 // validity, use a Client, whose tokens increase strictly.
 //
@@ -97,40 +98,39 @@ type Redlock struct {
 }
 
 // NewRedlock returns a Redlock over clients, one per independent server, with
-// the given defaults (the Option set of Client; WithFair and WithReplicas are
-// refused). It returns an error matching ErrInvalid, before any call to Redis,
-// when clients is empty, holds a nil client or the same node twice (compared
-// by address for a *redis.Client, by its seed addresses for a
-// *redis.ClusterClient, by identity otherwise), or an option is invalid.
-// Errors name nodes by address (or "node<i>", by position, when the client
-// does not expose one).
-func NewRedlock(clients []redis.UniversalClient, opts ...Option) (*Redlock, error) {
+// the given defaults. Like New, it panics with a "locks:" message on
+// programmer error, before any call to Redis: clients empty, a nil client or
+// the same node twice (compared by address for a *redis.Client, by its seed
+// addresses for a *redis.ClusterClient, by identity otherwise), or an invalid
+// option. Messages name nodes by address (or "node<i>", by position, when the
+// client does not expose one).
+func NewRedlock(clients []redis.UniversalClient, opts ...RedlockOption) *Redlock {
 	if len(clients) == 0 {
-		return nil, invalid("NewRedlock needs at least one client")
+		panic("locks: NewRedlock needs at least one client")
 	}
 	cfg := defaults()
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	if err := redlockValidate(&cfg); err != nil {
-		return nil, err
+		panic(err.Error())
 	}
 	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
 	seen := map[string]int{}
 	for i, c := range clients {
 		if c == nil || isNilPointer(c) {
-			return nil, invalid("Redlock client %d is nil", i)
+			panic(fmt.Sprintf("locks: Redlock client %d is nil", i))
 		}
 		name, id := nodeIdentity(i, c)
 		if j, dup := seen[id]; dup {
-			return nil, invalid("Redlock clients %d and %d are the same node %s", j, i, name)
+			panic(fmt.Sprintf("locks: Redlock clients %d and %d are the same node %s", j, i, name))
 		}
 		seen[id] = i
 		r.nodes = append(r.nodes, rlNode{name: name, rdb: c, b: newBatcher(c)})
 	}
 	r.ren = newRenewer(r.renewBatch)
 	r.life.init()
-	return r, nil
+	return r
 }
 
 func isNilPointer(v any) bool {
@@ -152,9 +152,6 @@ func redlockValidate(cfg *config) error {
 	}
 	return nil
 }
-
-// MonotonicFences reports false: Redlock issues no fence tokens (Fence is 0).
-func (r *Redlock) MonotonicFences() bool { return false }
 
 // Quorum returns how many nodes must grant a lock: N/2+1.
 func (r *Redlock) Quorum() int { return r.quorum }
@@ -196,7 +193,7 @@ func (r *Redlock) renewer() *renewer { return r.ren }
 
 // TryLock makes one attempt to take the lock name on a quorum of the nodes.
 // On failure the error is a *RedlockError matching ErrNotObtained.
-func (r *Redlock) TryLock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+func (r *Redlock) TryLock(ctx context.Context, name string, opts ...CallOption) (*Lock, error) {
 	cfg, err := r.callConfig(name, opts)
 	if err != nil {
 		return nil, err
@@ -209,7 +206,7 @@ func (r *Redlock) TryLock(ctx context.Context, name string, opts ...Option) (*Lo
 // by default; no attempt is started that could not end within it) or ctx
 // ends. On failure the error is the last attempt's *RedlockError, matching
 // ErrNotObtained and, when ctx ended the wait, ctx's error.
-func (r *Redlock) Lock(ctx context.Context, name string, opts ...Option) (*Lock, error) {
+func (r *Redlock) Lock(ctx context.Context, name string, opts ...CallOption) (*Lock, error) {
 	cfg, err := r.callConfig(name, opts)
 	if err != nil {
 		return nil, err
@@ -217,7 +214,7 @@ func (r *Redlock) Lock(ctx context.Context, name string, opts ...Option) (*Lock,
 	return r.acquire(ctx, name, cfg, cfg.wait > 0)
 }
 
-func (r *Redlock) callConfig(name string, opts []Option) (config, error) {
+func (r *Redlock) callConfig(name string, opts []CallOption) (config, error) {
 	if r == nil {
 		return config{}, invalid("nil Redlock")
 	}
@@ -226,7 +223,7 @@ func (r *Redlock) callConfig(name string, opts []Option) (config, error) {
 	}
 	cfg := r.cfg
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	if err := redlockValidate(&cfg); err != nil {
 		return config{}, err
@@ -254,13 +251,13 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	if closing && owner == "" {
 		e := r.opError("lock", name)
 		e.Err = ErrClosed
-		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Err: e})
 		return nil, e
 	}
 	if err := ctx.Err(); err != nil {
 		e := r.opError("lock", name)
 		e.Err = err
-		cfg.emit(Event{Kind: NotObtained, Name: name, Err: e})
+		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Err: e})
 		return nil, e
 	}
 	fail := func(e *RedlockError, attempts int) (*Lock, error) {
@@ -268,7 +265,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		if err := ctx.Err(); err != nil && !errors.Is(e.Err, err) {
 			e.Err = errors.Join(e.Err, err)
 		}
-		cfg.emit(Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: e})
+		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: e})
 		return nil, e
 	}
 	// A nested acquisition (this owner's scope of the name has Locks not yet
@@ -320,8 +317,8 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 				}
 				return giveBack(ErrClosed)
 			}
-			cfg.emit(Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
-			return &Lock{h: h}, nil
+			cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
+			return &Lock{h: h, parent: ctx}, nil
 		}
 		if errors.Is(e.Err, ErrLost) {
 			if r.scopes.current(sc) {

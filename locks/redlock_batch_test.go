@@ -68,10 +68,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 		clients[i] = c
 		admin[i] = s.Client()
 	}
-	r, err := locks.NewRedlock(clients, locks.WithLease(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := locks.NewRedlock(clients, locks.WithLease(time.Minute))
 	t.Cleanup(func() { r.Close() })
 	// Cleanups run last-registered first: the gate opens before Close waits
 	// for the calls it holds, also when the test stops early.

@@ -16,11 +16,7 @@ func ExampleNewRedlock() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
-	rl, err := locks.NewRedlock([]redis.UniversalClient{rdb})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
+	rl := locks.NewRedlock([]redis.UniversalClient{rdb})
 	defer rl.Close()
 
 	lk, err := rl.Lock(ctx, "example:redlock")
@@ -31,10 +27,10 @@ func ExampleNewRedlock() {
 	_, err = rl.TryLock(ctx, "example:redlock")
 	var re *locks.RedlockError
 	fmt.Println(errors.Is(err, locks.ErrNotObtained), errors.As(err, &re), len(re.Refused))
-	fmt.Println(lk.Fence(), rl.MonotonicFences())
+	fmt.Println(lk.Fence()) // Redlock issues no fence tokens
 	fmt.Println(lk.Unlock(ctx))
 	// Output:
 	// true true 1
-	// 0 false
+	// 0
 	// <nil>
 }

@@ -103,10 +103,7 @@ func TestRedlockHelperProcess(t *testing.T) {
 		defer c.Close()
 		clients = append(clients, c)
 	}
-	r, err := locks.NewRedlock(clients, locks.WithLease(2*time.Second), locks.WithWait(60*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := locks.NewRedlock(clients, locks.WithLease(2*time.Second), locks.WithWait(60*time.Second))
 	defer r.Close()
 
 	ctx := context.Background()

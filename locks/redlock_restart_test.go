@@ -21,7 +21,7 @@ var errRLPartitioned = errors.New("test: partitioned from this node")
 // (network partition) from nodes 3 and 4, so its locks are held on exactly
 // nodes 0-2, and B, which reaches every node. Both have their connections made
 // (dialling is not what these tests time).
-func rlRestartPair(t *testing.T, serverOpts []redistest.Option, opts ...locks.Option) (a, b *locks.Redlock, servers []*redistest.Server) {
+func rlRestartPair(t *testing.T, serverOpts []redistest.Option, opts ...locks.RedlockOption) (a, b *locks.Redlock, servers []*redistest.Server) {
 	t.Helper()
 	servers = redistest.StartN(t, 5, serverOpts...)
 	b = redlockOn(t, servers, opts...).r
@@ -40,10 +40,7 @@ func rlRestartPair(t *testing.T, serverOpts []redistest.Option, opts ...locks.Op
 			o.PoolSize = 100000
 		})
 	}
-	a, err := locks.NewRedlock(clients, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a = locks.NewRedlock(clients, opts...)
 	t.Cleanup(func() { a.Close() })
 	for _, r := range []*locks.Redlock{a, b} {
 		lk, err := r.Lock(context.Background(), "rl:restart:warm-up")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,13 +35,13 @@ func rlNodeClient(s *redistest.Server) *redis.Client {
 	})
 }
 
-func newRedlockSet(t testing.TB, n int, serverOpts []redistest.Option, opts ...locks.Option) *redlockSet {
+func newRedlockSet(t testing.TB, n int, serverOpts []redistest.Option, opts ...locks.RedlockOption) *redlockSet {
 	t.Helper()
 	servers := redistest.StartN(t, n, serverOpts...)
 	return redlockOn(t, servers, opts...)
 }
 
-func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.Option) *redlockSet {
+func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.RedlockOption) *redlockSet {
 	t.Helper()
 	set := &redlockSet{servers: servers}
 	clients := make([]redis.UniversalClient, len(servers))
@@ -53,11 +54,8 @@ func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.Option) 
 	// The default node timeout for a short lease is a few milliseconds, which
 	// a loaded 2-core test machine under -race misses now and then; tests
 	// that time the nodes set their own.
-	opts = append([]locks.Option{locks.WithNodeTimeout(250 * time.Millisecond)}, opts...)
-	r, err := locks.NewRedlock(clients, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	opts = append([]locks.RedlockOption{locks.WithNodeTimeout(250 * time.Millisecond)}, opts...)
+	r := locks.NewRedlock(clients, opts...)
 	t.Cleanup(func() { r.Close() })
 	set.r = r
 	return set
@@ -130,31 +128,35 @@ func TestNewRedlockRejects(t *testing.T) {
 	a2 := servers[0].Client(func(o *redis.Options) { o.DB = 1 }) // another database of the same server
 	cases := map[string]struct {
 		clients []redis.UniversalClient
-		opts    []locks.Option
+		opts    []locks.RedlockOption
 	}{
 		"no clients":     {nil, nil},
 		"nil client":     {[]redis.UniversalClient{a, nil}, nil},
 		"same client":    {[]redis.UniversalClient{a, b, a}, nil},
 		"same address":   {[]redis.UniversalClient{a, b, a2}, nil},
-		"fair":           {[]redis.UniversalClient{a, b}, []locks.Option{locks.WithFair()}},
-		"replicas":       {[]redis.UniversalClient{a, b}, []locks.Option{locks.WithReplicas(1, time.Second)}},
-		"short lease":    {[]redis.UniversalClient{a, b}, []locks.Option{locks.WithLease(time.Millisecond)}},
-		"drift > lease":  {[]redis.UniversalClient{a, b}, []locks.Option{locks.WithLease(time.Second), locks.WithDrift(2 * time.Second)}},
-		"negative drift": {[]redis.UniversalClient{a, b}, []locks.Option{locks.WithDrift(-time.Second)}},
+		"short lease":    {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithLease(time.Millisecond)}},
+		"drift > lease":  {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithLease(time.Second), locks.WithDrift(2 * time.Second)}},
+		"negative drift": {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithDrift(-time.Second)}},
 	}
 	for name, c := range cases {
-		r, err := locks.NewRedlock(c.clients, c.opts...)
-		if !errors.Is(err, locks.ErrInvalid) || r != nil {
-			t.Errorf("%s: got (%v, %v), want ErrInvalid", name, r, err)
-		}
+		func() {
+			defer func() {
+				if p, _ := recover().(string); !strings.HasPrefix(p, "locks: ") {
+					t.Errorf("%s: panic %q, want a locks: message", name, p)
+				}
+			}()
+			locks.NewRedlock(c.clients, c.opts...)
+		}()
 	}
-	r, err := locks.NewRedlock([]redis.UniversalClient{a, b})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := locks.NewRedlock([]redis.UniversalClient{a, b})
 	defer r.Close()
-	if r.Quorum() != 2 || r.MonotonicFences() {
-		t.Fatalf("quorum %d, monotonic %v", r.Quorum(), r.MonotonicFences())
+	if r.Quorum() != 2 {
+		t.Fatalf("quorum %d", r.Quorum())
+	}
+	for name, o := range map[string]locks.CallOption{"fair": locks.WithFair(), "replicas": locks.WithReplicas(1, time.Second)} {
+		if _, err := r.TryLock(context.Background(), "x", o); !errors.Is(err, locks.ErrInvalid) {
+			t.Errorf("per-call %s on a Redlock: %v, want ErrInvalid", name, err)
+		}
 	}
 	if _, err := r.TryLock(context.Background(), ""); !errors.Is(err, locks.ErrInvalid) {
 		t.Fatalf("empty name: %v", err)

@@ -3,6 +3,7 @@ package locks
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -254,7 +255,9 @@ func (h *held) renewed(sent time.Time, err error) {
 	case errors.Is(err, errNotOwner):
 		h.loseHolding(ErrNotHeld)
 	default:
-		h.cfg.emit(Event{Kind: RenewalFailed, Name: h.name, Err: err})
+		h.cfg.emit(context.Background(), Event{Kind: RenewalFailed, Name: h.name, Err: err})
+		h.cfg.log.Warn(context.Background(), "renewal", "locks: lock renewal failed (retrying until the lease ends)",
+			slog.String("lock", h.name), slog.Any("cause", err))
 		h.mu.Lock()
 		// Retry soon; the loop ends the lock at its deadline if none succeeds.
 		now := time.Now()

@@ -3,7 +3,9 @@ package reliability
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,10 +39,7 @@ func TestReliabilityBadInputGORM(t *testing.T) {
 	}
 	c := locks.New(w.rdb)
 	t.Cleanup(func() { c.Close() })
-	rl, err := locks.NewRedlock([]redis.UniversalClient{w.rdb})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := locks.NewRedlock([]redis.UniversalClient{w.rdb})
 	t.Cleanup(func() { rl.Close() })
 	fig := Figures{Scenario: "bad input: GORM plugin configuration and Transaction", Recovery: -1}
 	check := func(what string, err error) {
@@ -53,15 +52,31 @@ func TestReliabilityBadInputGORM(t *testing.T) {
 		}
 		fig.Refused++
 	}
+	// New panics on programmer error (a "gormplugin:" message), before any call.
+	checkPanic := func(what string, f func()) {
+		t.Helper()
+		fig.Attempted++
+		defer func() {
+			t.Helper()
+			msg := fmt.Sprint(recover())
+			if !strings.HasPrefix(msg, "gormplugin:") {
+				fig.Violations++
+				t.Errorf("%s: panic %q, want a gormplugin: message", what, msg)
+				return
+			}
+			fig.Refused++
+		}()
+		f()
+	}
 	w.silent(t, "gormplugin", func() {
-		check("db.Use(New(nil))", open().Use(gormplugin.New(nil)))
-		check("db.Use(New(Redlock)) without NoFencing", open().Use(gormplugin.New(rl)))
-		check("InvalidateAgain(-1)", open().Use(gormplugin.New(c, gormplugin.InvalidateAgain(-1))))
-		check("UnavailableAfter(0)", open().Use(gormplugin.New(c, gormplugin.UnavailableAfter(0))))
-		check("MaxMatchedRows(0)", open().Use(gormplugin.New(c, gormplugin.MaxMatchedRows(0))))
-		check("RetryInvalidation(0, 1s)", open().Use(gormplugin.New(c, gormplugin.RetryInvalidation(0, time.Second))))
-		check("RetryInvalidation(3, 0)", open().Use(gormplugin.New(c, gormplugin.RetryInvalidation(3, 0))))
-		check("Observer(nil)", open().Use(gormplugin.New(c, gormplugin.Observer(nil))))
+		checkPanic("New(nil)", func() { gormplugin.New(nil) })
+		checkPanic("New(Redlock) without NoFencing", func() { gormplugin.New(rl) })
+		checkPanic("InvalidateAgain(-1)", func() { gormplugin.New(c, gormplugin.InvalidateAgain(-1)) })
+		checkPanic("UnavailableAfter(0)", func() { gormplugin.New(c, gormplugin.UnavailableAfter(0)) })
+		checkPanic("MaxMatchedRows(0)", func() { gormplugin.New(c, gormplugin.MaxMatchedRows(0)) })
+		checkPanic("RetryInvalidation(0, 1s)", func() { gormplugin.New(c, gormplugin.RetryInvalidation(0, time.Second)) })
+		checkPanic("RetryInvalidation(3, 0)", func() { gormplugin.New(c, gormplugin.RetryInvalidation(3, 0)) })
+		checkPanic("Observer(nil)", func() { gormplugin.New(c, gormplugin.Observer(nil)) })
 		fn := func(*gorm.DB) error { return nil }
 		db := open()
 		if err := db.Use(gormplugin.New(c)); err != nil {
@@ -73,6 +88,6 @@ func TestReliabilityBadInputGORM(t *testing.T) {
 		check("Transaction(nil fn)", gormplugin.Transaction(bg, db, nil))
 		check("Transaction without the plugin", gormplugin.Transaction(bg, open(), fn))
 	})
-	fig.Note = "each refused with gormplugin.ErrInvalid and nothing sent"
+	fig.Note = "New panicked with a gormplugin: message, calls refused with gormplugin.ErrInvalid, nothing sent"
 	fig.Report(t)
 }

@@ -85,26 +85,20 @@ func TestReliabilityBadInput(t *testing.T) {
 		check("(*Client)(nil).TryLock", err, locks.ErrInvalid)
 	})
 	c := locks.New(w.rdb)
-	rl, err := locks.NewRedlock([]redis.UniversalClient{w.rdb})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := locks.NewRedlock([]redis.UniversalClient{w.rdb})
 	long := strings.Repeat("n", locks.MaxNameLen+1)
 	lockCases := []struct {
 		what string
 		name string
-		opts []locks.Option
+		opts []locks.CallOption
 	}{
 		{"empty name", "", nil},
 		{"name over MaxNameLen", long, nil},
-		{"lease below MinLease", "x", []locks.Option{locks.WithLease(locks.MinLease - 1)}},
-		{"zero lease", "x", []locks.Option{locks.WithLease(0)}},
-		{"negative wait", "x", []locks.Option{locks.WithWait(-1)}},
-		{"negative replicas", "x", []locks.Option{locks.WithReplicas(-1, time.Second)}},
-		{"replicas without timeout", "x", []locks.Option{locks.WithReplicas(1, 0)}},
-		{"fence retention below lease", "x", []locks.Option{locks.WithFenceRetention(time.Second)}},
-		{"negative drift", "x", []locks.Option{locks.WithDrift(-1)}},
-		{"negative node timeout", "x", []locks.Option{locks.WithNodeTimeout(-1)}},
+		{"lease below MinLease", "x", []locks.CallOption{locks.WithLease(locks.MinLease - 1)}},
+		{"zero lease", "x", []locks.CallOption{locks.WithLease(0)}},
+		{"negative wait", "x", []locks.CallOption{locks.WithWait(-1)}},
+		{"negative replicas", "x", []locks.CallOption{locks.WithReplicas(-1, time.Second)}},
+		{"replicas without timeout", "x", []locks.CallOption{locks.WithReplicas(1, 0)}},
 	}
 	for _, l := range []locks.Locker{c, rl} {
 		for _, tc := range lockCases {
@@ -123,14 +117,12 @@ func TestReliabilityBadInput(t *testing.T) {
 		check("Redlock WithReplicas", err, locks.ErrInvalid)
 	})
 	w.silent(t, "NewRedlock", func() {
-		_, err := locks.NewRedlock(nil)
-		check("NewRedlock(nil)", err, locks.ErrInvalid)
-		_, err = locks.NewRedlock([]redis.UniversalClient{w.rdb, nil})
-		check("NewRedlock with a nil client", err, locks.ErrInvalid)
-		_, err = locks.NewRedlock([]redis.UniversalClient{w.rdb, w.rdb})
-		check("NewRedlock with one node twice", err, locks.ErrInvalid)
-		_, err = locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithLease(0))
-		check("NewRedlock with a zero lease", err, locks.ErrInvalid)
+		panicsWith(t, "NewRedlock(nil)", "locks:", func() { locks.NewRedlock(nil) })
+		panicsWith(t, "NewRedlock with a nil client", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb, nil}) })
+		panicsWith(t, "NewRedlock with one node twice", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb, w.rdb}) })
+		panicsWith(t, "NewRedlock with a zero lease", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithLease(0)) })
+		panicsWith(t, "NewRedlock with a negative drift", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithDrift(-1)) })
+		panicsWith(t, "NewRedlock with a negative node timeout", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithNodeTimeout(-1)) })
 	})
 	w.silent(t, "Optimistic", func() {
 		fn := func(*redis.Tx) error { return nil }
@@ -138,8 +130,8 @@ func TestReliabilityBadInput(t *testing.T) {
 		check("Optimistic nil fn", locks.Optimistic(bg, w.rdb, nil, []string{"k"}), locks.ErrInvalid)
 		check("Optimistic no keys", locks.Optimistic(bg, w.rdb, fn, nil), locks.ErrInvalid)
 		check("Optimistic empty key", locks.Optimistic(bg, w.rdb, fn, []string{""}), locks.ErrInvalid)
-		check("Optimistic MaxAttempts(0)", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.MaxAttempts(0)), locks.ErrInvalid)
-		check("Optimistic negative backoff", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.Backoff(-1)), locks.ErrInvalid)
+		check("Optimistic MaxAttempts(0)", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.OptimisticAttempts(0)), locks.ErrInvalid)
+		check("Optimistic negative backoff", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.OptimisticBackoff(-1)), locks.ErrInvalid)
 	})
 	// Extend with a too-short lease, on a held lock.
 	lk, err := c.TryLock(bg, "held")

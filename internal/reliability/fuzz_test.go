@@ -121,9 +121,10 @@ func FuzzReliabilityLockName(f *testing.F) {
 }
 
 // FuzzReliabilityLockOptions checks option validation against its documented
-// rules: with arbitrary lease, wait, replica and retention values, TryLock
-// (under an already cancelled context, so a valid call stops before Redis) is
-// ErrInvalid exactly when a rule is broken, and never sends anything.
+// rules: with arbitrary lease, wait, replica, retention, drift and node-timeout
+// values, TryLock (under an already cancelled context, so a valid call stops
+// before Redis) is ErrInvalid exactly when a per-call rule is broken, New and
+// NewRedlock panic exactly when a rule of theirs is, and nothing is sent.
 func FuzzReliabilityLockOptions(f *testing.F) {
 	f.Add(int64(10000), int64(30000), 0, int64(0), int64(7*24*3600*1000), int64(2), int64(0))
 	f.Add(int64(29), int64(0), 0, int64(0), int64(1000), int64(0), int64(0))
@@ -132,26 +133,40 @@ func FuzzReliabilityLockOptions(f *testing.F) {
 	f.Fuzz(func(t *testing.T, leaseMs, waitMs int64, replicas int, replicaMs, retentionMs, driftMs, nodeMs int64) {
 		ms := func(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 		lease, wait, rt, ret, drift, node := ms(leaseMs), ms(waitMs), ms(replicaMs), ms(retentionMs), ms(driftMs), ms(nodeMs)
-		invalid := lease < locks.MinLease || wait < 0 || replicas < 0 || (replicas > 0 && rt <= 0) ||
-			ret < lease || drift < 0 || node < 0
+		badLease := lease < locks.MinLease
+		callInvalid := badLease || wait < 0 || replicas < 0 || (replicas > 0 && rt <= 0)
+		clientInvalid := badLease || ret < 0 || (ret != 0 && ret < lease)
+		redlockInvalid := badLease || drift < 0 || node < 0 || lease-(lease/100+drift) <= 0
 		w := tripwire(t)
 		c := locks.New(w.rdb)
 		defer c.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		_, err := c.TryLock(ctx, "opts", locks.WithLease(lease), locks.WithWait(wait), locks.WithReplicas(replicas, rt),
-			locks.WithFenceRetention(ret), locks.WithDrift(drift), locks.WithNodeTimeout(node))
-		if got := errors.Is(err, locks.ErrInvalid); got != invalid {
-			t.Fatalf("lease %v wait %v replicas %d/%v retention %v drift %v node %v: %v (ErrInvalid %v, want %v)",
-				lease, wait, replicas, rt, ret, drift, node, err, got, invalid)
+		_, err := c.TryLock(ctx, "opts", locks.WithLease(lease), locks.WithWait(wait), locks.WithReplicas(replicas, rt))
+		if got := errors.Is(err, locks.ErrInvalid); got != callInvalid {
+			t.Fatalf("lease %v wait %v replicas %d/%v: %v (ErrInvalid %v, want %v)", lease, wait, replicas, rt, err, got, callInvalid)
 		}
-		if !invalid && !errors.Is(err, context.Canceled) {
+		if !callInvalid && !errors.Is(err, context.Canceled) {
 			t.Fatalf("valid options under a cancelled context: %v, want context.Canceled", err)
+		}
+		if got := panics(func() { locks.New(w.rdb, locks.WithLease(lease), locks.WithFenceRetention(ret)).Close() }); got != clientInvalid {
+			t.Fatalf("New with lease %v retention %v: panicked %v, want %v", lease, ret, got, clientInvalid)
+		}
+		rlOpts := []locks.RedlockOption{locks.WithLease(lease), locks.WithDrift(drift), locks.WithNodeTimeout(node)}
+		if got := panics(func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, rlOpts...).Close() }); got != redlockInvalid {
+			t.Fatalf("NewRedlock with lease %v drift %v node timeout %v: panicked %v, want %v", lease, drift, node, got, redlockInvalid)
 		}
 		if n := w.dials(); n != 0 {
 			t.Fatalf("%d connections made", n)
 		}
 	})
+}
+
+// panics reports whether f panics.
+func panics(f func()) (did bool) {
+	defer func() { did = recover() != nil }()
+	f()
+	return false
 }
 
 // FuzzReliabilityCacheKey reads and invalidates an arbitrary key: an empty

@@ -43,7 +43,7 @@ type libMutex struct {
 }
 
 func (m libMutex) acquire(ctx context.Context, wait bool) (holding, error) {
-	opts := []locks.Option{locks.WithLease(m.lease), locks.WithoutRenewal()}
+	opts := []locks.CallOption{locks.WithLease(m.lease), locks.WithoutRenewal()}
 	var lk *locks.Lock
 	var err error
 	if wait {

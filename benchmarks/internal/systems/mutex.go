@@ -78,7 +78,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
 		m := &locksMutex{rdb: rdb, c: locks.New(rdb, locks.WithLease(cfg.Lease))}
 		if name == LocksFair {
-			m.opts = []locks.Option{locks.WithFair()}
+			m.opts = []locks.CallOption{locks.WithFair()}
 		}
 		return m, nil
 	case Redsync:
@@ -129,11 +129,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 			m.rdbs = append(m.rdbs, rdb)
 			clients = append(clients, rdb)
 		}
-		rl, err := locks.NewRedlock(clients, locks.WithLease(cfg.Lease))
-		if err != nil {
-			m.Close()
-			return nil, err
-		}
+		rl := locks.NewRedlock(clients, locks.WithLease(cfg.Lease))
 		m.rl = rl
 		return m, nil
 	}
@@ -145,7 +141,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 type locksMutex struct {
 	rdb  *redis.Client
 	c    *locks.Client
-	opts []locks.Option
+	opts []locks.CallOption
 }
 
 func (m *locksMutex) Acquire(ctx context.Context, name string) (Held, error) {
