@@ -32,7 +32,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/redis/go-redis/v9"
-
 )
 
 const usage = `usage: go run ./example [flags] [demo|serve]
