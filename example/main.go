@@ -32,6 +32,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 const usage = `usage: go run ./example [flags] [demo|serve]
@@ -295,18 +297,24 @@ func openRedis(ctx context.Context, spec string, cluster bool) (*redisServer, er
 }
 
 // client returns a new client of its own, as a separate process would have:
-// a cluster client when the server is a cluster node.
+// a cluster client when the server is a cluster node. A circuit breaker on
+// it, shared by the locks, the cache and the GORM plugin, makes every call
+// fail at once while Redis is down instead of waiting for go-redis's retries.
 func (r *redisServer) client() redis.UniversalClient {
 	o := *r.opts
+	var rdb redis.UniversalClient
 	if r.cluster {
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:     []string{o.Addr},
 			Username:  o.Username,
 			Password:  o.Password,
 			TLSConfig: o.TLSConfig,
 		})
+	} else {
+		rdb = redis.NewClient(&o)
 	}
-	return redis.NewClient(&o)
+	rdb.AddHook(&locks.Breaker{})
+	return rdb
 }
 
 // Close stops the embedded server, if any.

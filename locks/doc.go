@@ -154,6 +154,22 @@
 // ErrStillHeld (Shutdown); *ReplicaError; *RedlockError; ErrConflict
 // (Optimistic).
 //
+// # Circuit breaker
+//
+// A Breaker installed on a go-redis client (rdb.AddHook(&locks.Breaker{}))
+// is shared by everything using that client: after consecutive failures
+// (connection errors, timeouts) every command fails at once with
+// ErrCircuitOpen, which matches ErrUnavailable, so a lock attempt fails
+// closed in microseconds, ginmw answers 503, gormplugin refuses the write
+// (or lets it through under FailOpen) and a cacheguard Get fails open to its
+// loader (or closed, under FailClosed). A probe PING, sent in the background
+// after a cooldown, closes it once Redis answers; callers never wait for it.
+// Measured with Redis killed and black-holed (internal/reliability,
+// TestReliabilityBreaker): a refused lock attempt p99 80-110µs, a fail-open
+// Get p99 1.3ms above its loader's 20ms, service back 50-320ms after Redis
+// answers; without it, each call waits for go-redis's dial retries and read
+// timeouts (seconds).
+//
 // # Optimistic transactions
 //
 // Optimistic(ctx, rdb, fn, keys) runs a WATCH/MULTI/EXEC transaction and

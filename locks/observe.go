@@ -15,6 +15,8 @@ const (
 	Released                           // Unlock released the owner's last hold (not an inner re-entry's, not a failed Unlock)
 	Lost                               // ownership was lost while held
 	RenewalFailed                      // one renewal attempt failed (the lock may still be held)
+	BreakerOpened                      // a Breaker opened: Redis commands fail at once (Event.Err: the failure that opened it)
+	BreakerClosed                      // a Breaker closed: Redis answered its probe
 )
 
 func (k EventKind) String() string {
@@ -29,6 +31,10 @@ func (k EventKind) String() string {
 		return "lost"
 	case RenewalFailed:
 		return "renewal_failed"
+	case BreakerOpened:
+		return "breaker_opened"
+	case BreakerClosed:
+		return "breaker_closed"
 	}
 	return "unknown"
 }

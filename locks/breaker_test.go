@@ -1,0 +1,207 @@
+package locks_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// breakerEvents records a Breaker's state changes.
+type breakerEvents struct {
+	mu    sync.Mutex
+	kinds []locks.EventKind
+}
+
+func (r *breakerEvents) observe(_ context.Context, e locks.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kinds = append(r.kinds, e.Kind)
+}
+
+func (r *breakerEvents) count(k locks.EventKind) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, got := range r.kinds {
+		if got == k {
+			n++
+		}
+	}
+	return n
+}
+
+// tryUntilOpen makes lock attempts until the breaker refuses one, and
+// returns how many failed before it did.
+func tryUntilOpen(t *testing.T, c *locks.Client, b *locks.Breaker) int {
+	t.Helper()
+	for n := 0; n < 50; n++ {
+		_, err := c.TryLock(context.Background(), "breaker")
+		if errors.Is(err, locks.ErrCircuitOpen) {
+			if !b.Open() {
+				t.Fatal("a call was refused by a closed breaker")
+			}
+			return n
+		}
+		if err == nil {
+			t.Fatal("TryLock succeeded with Redis away")
+		}
+		if !errors.Is(err, locks.ErrUnavailable) {
+			t.Fatalf("TryLock with Redis away: %v, want ErrUnavailable", err)
+		}
+	}
+	t.Fatal("the breaker did not open after 50 failed attempts")
+	return 0
+}
+
+// TestBreakerKilledRedis: with redis-server killed, the breaker opens after
+// Threshold failures; then a lock attempt fails at once with ErrCircuitOpen
+// (matching ErrUnavailable) without a dial; once the server is back, the
+// first probe after Cooldown closes it.
+func TestBreakerKilledRedis(t *testing.T) {
+	s := redistest.Start(t)
+	ev := &breakerEvents{}
+	b := &locks.Breaker{Threshold: 3, Cooldown: 100 * time.Millisecond, Observer: ev.observe}
+	dials := 0
+	var mu sync.Mutex
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb.AddHook(b)
+	rdb.AddHook(dialCounter{&mu, &dials}) // inside the breaker: counts real dials
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	lk, err := c.TryLock(context.Background(), "warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Unlock(context.Background())
+
+	s.Kill()
+	tryUntilOpen(t, c, b) // one attempt may be enough: each failed dial counts
+	if ev.count(locks.BreakerOpened) != 1 {
+		t.Fatalf("BreakerOpened events: %d, want 1", ev.count(locks.BreakerOpened))
+	}
+	mu.Lock()
+	before := dials
+	mu.Unlock()
+	for range 20 {
+		if _, err := c.TryLock(context.Background(), "breaker"); !errors.Is(err, locks.ErrCircuitOpen) && b.Open() {
+			t.Fatalf("attempt while open: %v, want ErrCircuitOpen", err)
+		}
+	}
+	mu.Lock()
+	after := dials
+	mu.Unlock()
+	if after-before > 2 { // at most the probes after Cooldown
+		t.Fatalf("%d dials while the breaker was open", after-before)
+	}
+
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 10*time.Second, "a lock after Redis came back", func() bool {
+		lk, err := c.TryLock(context.Background(), "breaker")
+		if err != nil {
+			return false
+		}
+		_ = lk.Unlock(context.Background())
+		return true
+	})
+	if b.Open() || ev.count(locks.BreakerClosed) != 1 {
+		t.Fatalf("after recovery: open %v, BreakerClosed events %d", b.Open(), ev.count(locks.BreakerClosed))
+	}
+}
+
+// TestBreakerBlackHole: a black-holed Redis (connections kept, bytes
+// dropped) opens the breaker through read timeouts, and a paused one too;
+// traffic flowing again closes it.
+func TestBreakerBlackHole(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	b := &locks.Breaker{Threshold: 2, Cooldown: 100 * time.Millisecond}
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.TryLock(context.Background(), "warm"); err != nil {
+		t.Fatal(err)
+	}
+
+	px.Set(faultproxy.BlackHole)
+	tryUntilOpen(t, c, b)
+	start := time.Now()
+	_, err = c.TryLock(context.Background(), "breaker")
+	if !errors.Is(err, locks.ErrCircuitOpen) || !errors.Is(err, locks.ErrUnavailable) {
+		t.Fatalf("attempt while open: %v, want ErrCircuitOpen matching ErrUnavailable", err)
+	}
+	t.Logf("a refused attempt took %v", time.Since(start))
+
+	px.Set(faultproxy.Pass)
+	redistest.Eventually(t, 10*time.Second, "the breaker closed after the black hole", func() bool {
+		_ = rdb.Ping(context.Background()).Err()
+		return !b.Open()
+	})
+
+	s.Pause()
+	tryUntilOpen(t, c, b)
+	s.Resume()
+	redistest.Eventually(t, 10*time.Second, "the breaker closed after the pause", func() bool {
+		_ = rdb.Ping(context.Background()).Err()
+		return !b.Open()
+	})
+}
+
+// TestBreakerIgnoresAnswers: nil replies, error replies and the caller's own
+// cancellations are not failures of Redis.
+func TestBreakerIgnoresAnswers(t *testing.T) {
+	s := redistest.Start(t)
+	b := &locks.Breaker{Threshold: 2}
+	rdb := s.Client()
+	rdb.AddHook(b)
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	for range 10 {
+		if err := rdb.Get(ctx, "missing").Err(); !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		if err := rdb.Eval(ctx, "return redis.error_reply('BOOM no')", nil).Err(); err == nil {
+			t.Fatal("the error reply did not come back")
+		}
+		_ = rdb.Get(cancelled, "k").Err()
+	}
+	if b.Open() {
+		t.Fatal("the breaker opened on answers and cancellations")
+	}
+}
+
+// dialCounter counts the client's dials.
+type dialCounter struct {
+	mu *sync.Mutex
+	n  *int
+}
+
+func (d dialCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d.mu.Lock()
+		*d.n++
+		d.mu.Unlock()
+		return next(ctx, network, addr)
+	}
+}
+func (dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
