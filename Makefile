@@ -12,6 +12,7 @@ SOAK_TIMEOUT ?= 3h
 test: deps vet lint
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@if [ -f benchmarks/go.mod ]; then cd benchmarks && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...; fi
+	cd cgotel && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@if [ -f benchmarks/Makefile.inc ]; then $(MAKE) --no-print-directory bench-quick; fi
 
 ## soak: the end-to-end fleet suite for $(SOAK) under a random fault schedule (its seed is
@@ -25,6 +26,7 @@ deps:
 vet:
 	$(GO) vet ./...
 	@if [ -f benchmarks/go.mod ]; then cd benchmarks && $(GO) vet ./...; fi
+	cd cgotel && $(GO) vet ./...
 
 ## lint: staticcheck and errcheck (golangci-lint's default linters besides vet), pinned, through the Go module proxy.
 lint:

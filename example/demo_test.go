@@ -298,6 +298,10 @@ func TestServe(t *testing.T) {
 	if code, _, b := do("GET", "/stats", ""); code != 200 || !bytes.Contains(b, []byte(`"repo_queries"`)) {
 		t.Errorf("GET /stats: %d %s", code, b)
 	}
+	if code, _, b := do("GET", "/metrics", ""); code != 200 || !bytes.Contains(b, []byte(`cacheguard_cache_events_total{event="load"} `)) ||
+		!bytes.Contains(b, []byte("\ncacheguard_locks_held ")) {
+		t.Errorf("GET /metrics: %d %s", code, b)
+	}
 
 	cancel()
 	select {

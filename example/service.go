@@ -175,6 +175,7 @@ func (s *service) routes() *gin.Engine {
 	// Renames hold the same lock, and write with plain GORM calls.
 	r.PATCH("/repos/:id", lock, s.renameRepo)
 	r.GET("/stats", s.stats)
+	r.GET("/metrics", s.metrics)
 	return r
 }
 

@@ -35,18 +35,18 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // redis.Nil, not error replies, which prove Redis answered, and not the
 // caller's context ending) it opens: every command and pipeline fails
 // at once with ErrCircuitOpen, without touching the network. After Cooldown
-// the next command starts a probe (half-open): a PING sent on a goroutine of
-// its own, while callers keep failing at once; if Redis answers, the breaker
-// closes, if not, it stays open for another Cooldown. A caller therefore
-// learns that Redis is away in microseconds instead of after go-redis's dial
-// retries and timeouts, never waits for a probe, and the breaker closes
-// within Cooldown plus a round trip of Redis answering again (given traffic).
+// it sends a probe PING (half-open), on a goroutine of its own, while
+// callers keep failing at once; if Redis answers, the breaker closes, if not,
+// it probes again after another Cooldown. A caller therefore learns that
+// Redis is away in microseconds instead of after go-redis's dial retries and
+// timeouts, never waits for a probe, and the breaker closes within Cooldown
+// plus a round trip of Redis answering again, with or without traffic.
 //
 // Its fields are read when the Breaker is first used; the zero value is a
 // Breaker with the defaults. Install one per client; on a ClusterClient one
 // Breaker covers the cluster as a whole. A Breaker is safe for concurrent
-// use. A probe's goroutine lives at most for the client's timeouts, and ends
-// when the client is closed.
+// use. The probe loop runs only while the breaker is open, and ends when
+// Redis answers or the client is closed.
 type Breaker struct {
 	// Threshold is how many consecutive failures open the breaker. The
 	// default is 5.
@@ -66,16 +66,14 @@ type Breaker struct {
 	cooldown  time.Duration
 	log       *ratelog.Logger
 
-	failures atomic.Int32 // consecutive failures while closed
-	state    atomic.Int32 // breakerClosed, breakerOpen, breakerProbing
-	reopen   atomic.Int64 // open: when a probe may go, in time.Since(epoch) ns
-	epoch    time.Time
+	failures atomic.Int32                      // consecutive failures while closed
+	state    atomic.Int32                      // breakerClosed or breakerOpen
+	next     atomic.Pointer[redis.ProcessHook] // the client's command path below the breaker, for probes
 }
 
 const (
 	breakerClosed int32 = iota
 	breakerOpen
-	breakerProbing // open, with one probe in flight
 )
 
 var _ redis.Hook = (*Breaker)(nil)
@@ -91,7 +89,6 @@ func (b *Breaker) init() {
 			b.cooldown = 250 * time.Millisecond
 		}
 		b.log = ratelog.New(b.Logger, time.Second)
-		b.epoch = time.Now()
 	})
 }
 
@@ -101,37 +98,33 @@ func (b *Breaker) Open() bool {
 	return b.state.Load() != breakerClosed
 }
 
-// admit reports whether a command may be sent: while the breaker is
-// closed. An open breaker whose cooldown has passed starts one probe (a PING
-// through next, on a goroutine of its own) and still refuses the command:
-// callers never wait for a probe.
-func (b *Breaker) admit(next redis.ProcessHook) bool {
-	switch b.state.Load() {
-	case breakerClosed:
-		return true
-	case breakerOpen:
-		if next != nil && time.Since(b.epoch).Nanoseconds() >= b.reopen.Load() && b.state.CompareAndSwap(breakerOpen, breakerProbing) {
-			go b.probe(next)
-		}
-	}
-	return false
-}
+// admit reports whether a command may be sent: while the breaker is closed.
+func (b *Breaker) admit() bool { return b.state.Load() == breakerClosed }
 
-// probe sends one PING past the breaker: an answer closes it, anything else
-// keeps it open for another cooldown. It is bounded by its context (for a
-// client with ContextTimeoutEnabled) or by the client's own timeouts, and
-// ends when the client is closed.
-func (b *Breaker) probe(next redis.ProcessHook) {
-	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), max(b.cooldown, time.Second))
-	defer cancel()
-	cmd := redis.NewStatusCmd(ctx, "ping")
-	if err := next(ctx, cmd); err != nil {
-		b.trip(ctx, err, breakerProbing)
-		return
-	}
-	b.failures.Store(0)
-	if b.state.CompareAndSwap(breakerProbing, breakerClosed) {
-		b.emit(ctx, Event{Kind: BreakerClosed})
+// probeLoop runs while the breaker is open: every cooldown it sends one PING
+// past the breaker through next; an answer closes the breaker and ends the
+// loop, and so does the client being closed (redis.ErrClosed), so the client
+// owns the goroutine. Callers never wait for a probe, and a process that
+// gets no traffic still learns when Redis is back.
+func (b *Breaker) probeLoop(next redis.ProcessHook) {
+	t := time.NewTimer(b.cooldown)
+	defer t.Stop()
+	for {
+		<-t.C
+		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), max(b.cooldown, time.Second))
+		err := next(ctx, redis.NewStatusCmd(ctx, "ping"))
+		cancel()
+		switch {
+		case err == nil:
+			b.failures.Store(0)
+			if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
+				b.emit(context.Background(), Event{Kind: BreakerClosed})
+			}
+			return
+		case errors.Is(err, redis.ErrClosed):
+			return
+		}
+		t.Reset(b.cooldown)
 	}
 }
 
@@ -150,25 +143,24 @@ func (b *Breaker) done(ctx context.Context, err error) {
 	switch {
 	case b.failure(ctx, err):
 		if b.failures.Add(1) >= b.threshold {
-			b.trip(ctx, err, breakerClosed)
+			b.trip(ctx, err)
 		}
 	case b.failures.Load() != 0:
 		b.failures.Store(0)
 	}
 }
 
-// trip opens the breaker from state from (closed, or probing after a failed
-// probe) for a cooldown.
-func (b *Breaker) trip(ctx context.Context, err error, from int32) {
-	b.reopen.Store(time.Since(b.epoch).Nanoseconds() + b.cooldown.Nanoseconds())
-	if !b.state.CompareAndSwap(from, breakerOpen) {
+// trip opens the breaker, if it is closed, and starts its probe loop.
+func (b *Breaker) trip(ctx context.Context, err error) {
+	if !b.state.CompareAndSwap(breakerClosed, breakerOpen) {
 		return
 	}
 	b.failures.Store(0)
-	if from == breakerClosed {
-		b.emit(ctx, Event{Kind: BreakerOpened, Err: err})
-		b.log.Warn(ctx, "breaker", "locks: redis circuit breaker opened: commands fail at once until redis answers a probe",
-			slog.Any("cause", err))
+	b.emit(ctx, Event{Kind: BreakerOpened, Err: err})
+	b.log.Warn(ctx, "breaker", "locks: redis circuit breaker opened: commands fail at once until redis answers a probe",
+		slog.Any("cause", err))
+	if next := b.next.Load(); next != nil {
+		go b.probeLoop(*next)
 	}
 }
 
@@ -217,12 +209,13 @@ func (b *Breaker) DialHook(next redis.DialHook) redis.DialHook {
 
 // ProcessHook refuses commands while the breaker is open.
 func (b *Breaker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	b.next.CompareAndSwap(nil, &next)
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		b.init()
 		if b.probing(ctx) {
 			return next(ctx, cmd)
 		}
-		if !b.admit(next) {
+		if !b.admit() {
 			cmd.SetErr(ErrCircuitOpen)
 			return ErrCircuitOpen
 		}
@@ -240,7 +233,7 @@ func (b *Breaker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		if b.probing(ctx) {
 			return next(ctx, cmds)
 		}
-		if !b.admit(nil) {
+		if !b.admit() {
 			for _, cmd := range cmds {
 				cmd.SetErr(ErrCircuitOpen)
 			}

@@ -106,6 +106,8 @@ func TestBreakerKilledRedis(t *testing.T) {
 	if err := s.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	// The probe loop closes it without traffic.
+	redistest.Eventually(t, 10*time.Second, "the breaker closed with no calls made", func() bool { return !b.Open() })
 	redistest.Eventually(t, 10*time.Second, "a lock after Redis came back", func() bool {
 		lk, err := c.TryLock(context.Background(), "breaker")
 		if err != nil {

@@ -252,7 +252,7 @@ func (h *held) lose(err error) {
 		h.sc.lost(err)
 	}
 	h.ops.renewer().remove(h)
-	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Err: err})
+	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Fence: h.fence, Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
 }
@@ -275,7 +275,7 @@ func (h *held) retire(ctx context.Context, last bool) {
 	if h.end(nil) {
 		h.ops.renewer().remove(h)
 		if last {
-			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name})
+			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name, Fence: h.fence})
 		}
 	}
 }

@@ -44,7 +44,7 @@ type Event struct {
 	Kind  EventKind
 	Name  string        // the lock name
 	Wait  time.Duration // time spent acquiring (Acquired, NotObtained)
-	Fence uint64        // the fence token (Acquired)
+	Fence uint64        // the fence token (Acquired, Released, Lost): with Name, it identifies a holding
 	Err   error         // the cause (NotObtained, Lost, RenewalFailed)
 }
 

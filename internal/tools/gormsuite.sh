@@ -9,6 +9,10 @@
 #   none        the suite as GORM ships it (the baseline)
 #   default     db.Use(gormplugin.New(locks.New(rdb)))
 #   permissive  ... with Unkeyed(PassThrough), FailOpen(), NoFencing()
+#   down        permissive, with Redis unreachable (a closed port): every
+#               write waits for the lock attempt to fail, then goes through
+#   down-breaker  the same with a locks.Breaker on the client: once it is
+#               open, the lock attempt fails at once
 #
 # The GORM sources come from GORM_SRC (a checkout of go-gorm/gorm at v1.31.2;
 # the tests/ module has a replace to ../, so the whole tree is needed), or
@@ -26,8 +30,8 @@ set -euo pipefail
 
 mode=${1:-default}
 shift || true
-case $mode in none | default | permissive) ;; *)
-  echo "usage: $0 none|default|permissive [go test flags]" >&2
+case $mode in none | default | permissive | down | down-breaker) ;; *)
+  echo "usage: $0 none|default|permissive|down|down-breaker [go test flags]" >&2
   exit 2
   ;;
 esac
@@ -84,10 +88,14 @@ func OpenTestConnection(cfg *gorm.Config) (*gorm.DB, error) {
 		return db, err
 	}
 	cgOnce.Do(func() {
-		cgLocker = locks.New(redis.NewClient(&redis.Options{Addr: os.Getenv("CACHEGUARD_REDIS")}))
+		rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("CACHEGUARD_REDIS")})
+		if mode == "down-breaker" {
+			rdb.AddHook(&locks.Breaker{})
+		}
+		cgLocker = locks.New(rdb)
 	})
 	var opts []gormplugin.Option
-	if mode == "permissive" {
+	if mode != "default" {
 		opts = append(opts, gormplugin.Unkeyed(gormplugin.PassThrough), gormplugin.FailOpen(), gormplugin.NoFencing())
 	}
 	return db, db.Use(gormplugin.New(cgLocker, opts...))
@@ -99,7 +107,12 @@ go mod edit -require github.com/cacheguard/cacheguard@v0.0.0 -replace "github.co
 go mod tidy >/dev/null 2>&1 || go mod tidy
 
 port=
-if [ "$mode" != none ]; then
+case $mode in down | down-breaker)
+  # A port nobody listens on: bind one, note it, close it.
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+  ;;
+esac
+if [ "$mode" != none ] && [ -z "$port" ]; then
   for _ in $(seq 50); do
     p=$((20000 + RANDOM % 20000))
     redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &

@@ -9,6 +9,7 @@ errcheck=github.com/kisielk/errcheck@v1.9.0
 library=(./locks/... ./cacheguard/... ./ginmw/... ./gormplugin/... ./internal/wake/... ./internal/ratelog/... ./internal/slot/...)
 status=0
 go run "$staticcheck" ./... || status=1
+(cd cgotel && go run "$staticcheck" ./...) || status=1
 go run "$errcheck" -ignoretests -exclude internal/tools/errcheck-exclude.txt "${library[@]}" || status=1
 if [ $status -ne 0 ]; then echo "lint: findings above (library code must be clean)" >&2; fi
 exit $status
