@@ -238,6 +238,23 @@ func (f *Fleet) FirstEdit(ctx context.Context, repo uint, within time.Duration) 
 	return time.Since(start), false
 }
 
+// EveryProcessEdits waits until each process has answered an edit of repo
+// with 200, and reports how long that took, or false if within ran out: a
+// process whose Redis circuit breaker is still open answers 503 until its
+// probe sees Redis again.
+func (f *Fleet) EveryProcessEdits(ctx context.Context, repo uint, within time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	for p := range f.procs {
+		for f.Edit(ctx, p, repo).Status != http.StatusOK {
+			if time.Since(start) >= within || ctx.Err() != nil {
+				return time.Since(start), false
+			}
+			hold(ctx, 20*time.Millisecond)
+		}
+	}
+	return time.Since(start), true
+}
+
 // WakeLock measures how fast a waiting edit is woken: an edit of repo on
 // process p holds the lock (parked after it) for holdFor while process q's
 // edit of the same repository waits; it returns the time from the release

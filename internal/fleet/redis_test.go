@@ -118,12 +118,19 @@ func testRedisFaults(t *testing.T, faults []redisFault) {
 		if err := fault.inject(ctx, f); err != nil {
 			t.Fatalf("%s: %v", fault.name, err)
 		}
+		healed := time.Now()
 		rec, ok := f.FirstEdit(ctx, recoverRepo, 30*time.Second)
 		load.Stop()
 		if !ok {
 			s.Count("no successful edit within 30s of the fault's end", 1, nil)
 		}
 		s.FigureDuration("recovery: fault's end to the first edit answered 200", rec)
+		// Every process back (each one's circuit breaker closed) before the
+		// wake-up probes, which need two given processes.
+		if _, ok := f.EveryProcessEdits(ctx, recoverRepo, 30*time.Second); !ok {
+			s.Count("a process answered no edit with 200 within 30s of the fault's end", 1, nil)
+		}
+		s.FigureDuration("recovery: fault's end to an edit answered 200 by every process", time.Since(healed))
 		after := probeWake(ctx, t, f, pr)
 		checkRecovery(s, ref, before, after, []string{"13.2"})
 		s.CheckEdits(ctx, nil)
