@@ -136,3 +136,35 @@ func TestBeginWaitsNoLongerThanItsContext(t *testing.T) {
 		}
 	})
 }
+
+// TestCancelledTransactionRollsBack: a transaction whose context ends before
+// its COMMIT is rolled back, as database/sql does without the plugin (GORM's
+// DefaultTransactionTimeout relies on it): the write is not applied, Commit
+// fails, and the database is free for the next writer.
+func TestCancelledTransactionRollsBack(t *testing.T) {
+	forDBs(t, func(t *testing.T, e *env) {
+		db := e.guarded(t)
+		if err := db.Create(&Counter{ID: 1}).Error; err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		tx := db.WithContext(ctx).Begin()
+		if err := tx.Model(&Counter{ID: 1}).Update("n", 9).Error; err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if err := tx.Commit().Error; err == nil {
+			t.Fatal("Commit after the context ended succeeded")
+		}
+		var c Counter
+		if err := e.plain(t).First(&c, 1).Error; err != nil {
+			t.Fatal(err)
+		}
+		if c.N != 0 {
+			t.Fatalf("n = %d: the cancelled transaction's write was applied", c.N)
+		}
+		if err := db.Model(&Counter{ID: 1}).Update("n", 3).Error; err != nil {
+			t.Fatalf("the next write: %v", err)
+		}
+	})
+}

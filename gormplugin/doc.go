@@ -97,13 +97,13 @@
 // write fails with ErrLockOrder (waiting could deadlock). A panic in fn rolls
 // back and is returned as a *PanicError.
 //
-// A transaction's context bounds its statements and the wait for a pooled
-// connection, not its COMMIT: once COMMIT is sent it runs to its answer even
-// if the context ends meanwhile (ginmw cancels a request's context when its
-// lock is lost). database/sql would otherwise roll back, or pgx give up on
-// the reply, and a write the database committed would be reported as failed.
-// A context that ends before COMMIT fails the next statement, and GORM rolls
-// back.
+// A transaction's context bounds its statements, the wait for a pooled
+// connection and the transaction itself until COMMIT: a context that ends
+// before COMMIT rolls the transaction back (as database/sql does; GORM's
+// DefaultTransactionTimeout relies on it). Once COMMIT is sent it runs to its
+// answer even if the context ends meanwhile (ginmw cancels a request's
+// context when its lock is lost): pgx would otherwise give up on the reply,
+// and a write the database committed would be reported as failed.
 //
 // # Fencing
 //

@@ -22,19 +22,23 @@ type seedKey struct{}
 // BeginTx begins a transaction on the wrapped pool. The transaction takes
 // over the registry that Transaction put on ctx, or starts its own.
 //
-// ctx's cancellation reaches the transaction only while it is being begun
-// (waiting for a connection): database/sql rolls a transaction back when the
-// context it was begun with ends, and pgx runs COMMIT under that context, so
-// a cancellation arriving while COMMIT was on the wire made Commit fail after
-// the database had committed — a committed write reported as failed (and
-// answered "nothing was written" by a handler whose lock was lost
-// meanwhile). Statements still run under their own contexts, so a cancelled
-// context fails the next statement and GORM rolls back; only a COMMIT
-// already decided on is never interrupted.
+// ctx's cancellation reaches the transaction until its COMMIT is sent, not
+// after: database/sql rolls a transaction back when the context it was begun
+// with ends (GORM's DefaultTransactionTimeout relies on it), but pgx also runs
+// COMMIT under that context, so a cancellation arriving while COMMIT was on
+// the wire made Commit fail after the database had committed — a committed
+// write reported as failed (and answered "nothing was written" by a handler
+// whose lock was lost meanwhile). A cancellation before COMMIT still rolls
+// back; one during it no longer interrupts it.
 func (g *guardPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
 	var inner gorm.Tx
 	txCtx := newBeginCtx(ctx)
-	defer txCtx.detach()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = txCtx.detach()
+		}
+	}()
 	switch b := g.ConnPool.(type) {
 	case gorm.TxBeginner:
 		tx, err := b.BeginTx(txCtx, opts)
@@ -55,17 +59,19 @@ func (g *guardPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.Conn
 	default:
 		return nil, gorm.ErrInvalidTransaction
 	}
-	r, ok := ctx.Value(seedKey{}).(*txLocks)
-	if !ok || !r.adopt() {
+	r, seeded := ctx.Value(seedKey{}).(*txLocks)
+	if !seeded || !r.adopt() {
 		r = g.p.newTxLocks(ctx)
 	}
-	return &guardTx{Tx: inner, pool: g, locks: r}, nil
+	ok = true
+	return &guardTx{Tx: inner, pool: g, locks: r, ctx: txCtx}, nil
 }
 
 // beginCtx carries a context's values, and its cancellation until detach:
-// the context a transaction is begun with.
+// the context a transaction is begun with, detached when its COMMIT is sent.
 type beginCtx struct {
 	context.Context // the parent without its cancellation
+	parent          context.Context
 	done            chan struct{}
 	stop            func() bool
 
@@ -75,7 +81,7 @@ type beginCtx struct {
 }
 
 func newBeginCtx(parent context.Context) *beginCtx {
-	c := &beginCtx{Context: context.WithoutCancel(parent), done: make(chan struct{})}
+	c := &beginCtx{Context: context.WithoutCancel(parent), parent: parent, done: make(chan struct{})}
 	if err := parent.Err(); err != nil {
 		c.err = err
 		close(c.done)
@@ -93,12 +99,20 @@ func newBeginCtx(parent context.Context) *beginCtx {
 	return c
 }
 
-// detach stops passing the parent's cancellation on.
-func (c *beginCtx) detach() {
+// detach stops passing the parent's cancellation on, and returns it if the
+// parent had ended before (passed on already, or not yet).
+func (c *beginCtx) detach() error {
 	c.stop()
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.detached && c.err == nil {
+		if err := c.parent.Err(); err != nil {
+			c.err = err
+			close(c.done)
+		}
+	}
 	c.detached = true
-	c.mu.Unlock()
+	return c.err
 }
 
 func (c *beginCtx) Done() <-chan struct{} { return c.done }
@@ -134,11 +148,19 @@ type guardTx struct {
 	gorm.Tx
 	pool  *guardPool
 	locks *txLocks
+	ctx   *beginCtx // the context it was begun with; detached at COMMIT
 }
 
 // Commit commits, then invalidates and releases. A COMMIT that fails may
 // still have committed (its reply lost), so it invalidates all the same.
 func (t *guardTx) Commit() error {
+	// A cancellation from now on must not interrupt COMMIT; one that came
+	// before ends the transaction as database/sql would: rolled back.
+	if err := t.ctx.detach(); err != nil {
+		_ = t.Tx.Rollback() // database/sql may have rolled it back already
+		t.locks.finish(false)
+		return err
+	}
 	err := t.Tx.Commit()
 	if errors.Is(err, sql.ErrTxDone) {
 		// Rolled back already (its context ended) or ended twice: nothing
@@ -153,6 +175,7 @@ func (t *guardTx) Commit() error {
 // Rollback rolls back and releases, without invalidating.
 func (t *guardTx) Rollback() error {
 	err := t.Tx.Rollback()
+	_ = t.ctx.detach()
 	t.locks.finish(false)
 	return err
 }

@@ -200,7 +200,12 @@ func TestReliabilityRedlockRestartRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.set(BlackHole, 0, 1) // B reaches nodes 2-4 only
+	// On a loaded machine a node may miss its timeout: retry while A's
+	// validity leaves room for the double grant to show.
 	b := acquire(2)
+	for i := 0; b == nil && i < 5 && a.TTL() > time.Second; i++ {
+		b = acquire(2)
+	}
 	g.set(Pass, 0, 1)
 	if b == nil {
 		t.Fatal("control: B was refused; the restart rule's limitation did not reproduce")
