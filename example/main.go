@@ -66,6 +66,9 @@ flags:
                    NearCache, invalidated across processes within ~1ms; reads
                    that begin within that window after another process's edit
                    may still see the old value); default off
+  -redlock a,b,c   serve: take the repository locks as a Redlock on these
+                   independent redis-servers (no fence tokens: the GORM plugin
+                   runs without fencing); default: locks on -redis
   -quiet           serve: no request log
 
 test-only flags (the end-to-end suite in internal/fleet uses them):
@@ -86,6 +89,7 @@ type options struct {
 	lease     time.Duration
 	cacheTTL  time.Duration
 	nearCache int
+	redlock   string // serve: lock servers for a Redlock, comma-separated
 	quiet     bool
 	hooks     bool   // test-only pause points
 	control   string // test-only: a protection switched off
@@ -170,6 +174,7 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&o.lease, "lease", o.lease, "")
 	fs.DurationVar(&o.cacheTTL, "cache-ttl", o.cacheTTL, "")
 	fs.IntVar(&o.nearCache, "near-cache", 0, "")
+	fs.StringVar(&o.redlock, "redlock", "", "")
 	fs.BoolVar(&o.quiet, "quiet", false, "")
 	fs.BoolVar(&o.hooks, "hooks", false, "")
 	fs.StringVar(&o.control, "control", "", "")

@@ -31,7 +31,9 @@ func (s *service) metrics(c *gin.Context) {
 	} {
 		fmt.Fprintf(w, "cacheguard_cache_events_total{event=%q} %d\n", e.kind, e.n)
 	}
-	fmt.Fprintln(w, "# HELP cacheguard_locks_held Locks this process keeps alive.")
-	fmt.Fprintln(w, "# TYPE cacheguard_locks_held gauge")
-	fmt.Fprintf(w, "cacheguard_locks_held %d\n", s.locks.Held())
+	if s.locks != nil {
+		fmt.Fprintln(w, "# HELP cacheguard_locks_held Locks this process keeps alive.")
+		fmt.Fprintln(w, "# TYPE cacheguard_locks_held gauge")
+		fmt.Fprintf(w, "cacheguard_locks_held %d\n", s.locks.Held())
+	}
 }

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 // serve runs one instance until ctx ends (SIGINT or SIGTERM), then closes
@@ -45,6 +50,14 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 	}
 	if o.quiet {
 		cfg.Log = nil
+	}
+	if o.redlock != "" {
+		for _, addr := range strings.Split(o.redlock, ",") {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			c.AddHook(&locks.Breaker{})
+			defer c.Close()
+			cfg.LockServers = append(cfg.LockServers, c)
+		}
 	}
 	if o.hooks {
 		cfg.Hooks = newHooks(out, o.control)

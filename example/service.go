@@ -24,19 +24,24 @@ import (
 
 // serviceConfig configures one instance of the service.
 type serviceConfig struct {
-	Redis     redis.UniversalClient // this instance's own client
-	DB        string                // the database (a SQLite file or a postgres:// URL), shared by every instance
-	Prefix    string                // of every Redis key and channel (locks and cache)
-	Pool      int                   // open database connections at most
-	QueryCost time.Duration         // how long a repository query holds its connection (a stand-in for a heavy query)
-	EditCost  time.Duration         // time an edit spends between its read and its write
-	EditWait  time.Duration         // how long an edit waits for the repository's lock before 409
-	Lease     time.Duration         // of the repository locks (0: defaultLease)
-	CacheTTL  time.Duration         // how long cached repositories and lists stay fresh (0: defaultCacheTTL)
-	NearCache int                   // values kept in the process too (cacheguard.NearCache); 0: off
-	Meter     *meter                // where queries and edits are counted
-	Log       io.Writer             // request log; nil for none
-	Hooks     *hooks                // test-only pause points and controls; nil (inert) in a real deployment
+	Redis redis.UniversalClient // this instance's own client
+	// LockServers, when set, are independent redis-servers the repository
+	// locks are taken on as a Redlock (a quorum of them) instead of on Redis.
+	// A Redlock issues no fence tokens, so the GORM plugin runs without
+	// fencing: a holder paused past its lease is not refused (documented).
+	LockServers []redis.UniversalClient
+	DB          string        // the database (a SQLite file or a postgres:// URL), shared by every instance
+	Prefix      string        // of every Redis key and channel (locks and cache)
+	Pool        int           // open database connections at most
+	QueryCost   time.Duration // how long a repository query holds its connection (a stand-in for a heavy query)
+	EditCost    time.Duration // time an edit spends between its read and its write
+	EditWait    time.Duration // how long an edit waits for the repository's lock before 409
+	Lease       time.Duration // of the repository locks (0: defaultLease)
+	CacheTTL    time.Duration // how long cached repositories and lists stay fresh (0: defaultCacheTTL)
+	NearCache   int           // values kept in the process too (cacheguard.NearCache); 0: off
+	Meter       *meter        // where queries and edits are counted
+	Log         io.Writer     // request log; nil for none
+	Hooks       *hooks        // test-only pause points and controls; nil (inert) in a real deployment
 }
 
 // defaultCacheTTL is how long a cached repository or list stays fresh.
@@ -69,7 +74,9 @@ func (m *meter) leaveEdit() { m.editing.Add(-1) }
 type service struct {
 	cfg    serviceConfig
 	db     *gorm.DB
-	locks  *locks.Client
+	locks  *locks.Client  // the lock client on Redis; nil with LockServers
+	rl     *locks.Redlock // the Redlock over LockServers, if any
+	locker locks.Locker   // whichever of the two takes the repository locks
 	guard  *cacheguard.Guard
 	plugin *gormplugin.Plugin // nil under the test-only control no-plugin
 	engine *gin.Engine
@@ -90,7 +97,13 @@ func newService(cfg serviceConfig) (*service, error) {
 		cfg.CacheTTL = defaultCacheTTL
 	}
 	s := &service{cfg: cfg, transaction: gormplugin.Transaction}
-	s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
+	if len(cfg.LockServers) > 0 {
+		s.rl = locks.NewRedlock(cfg.LockServers, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
+		s.locker = s.rl
+	} else {
+		s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
+		s.locker = s.locks
+	}
 	guardOpts := []cacheguard.Option{cacheguard.Prefix(cfg.Prefix)}
 	if cfg.NearCache > 0 {
 		// Hot repositories and lists are served from memory; every edit's
@@ -121,7 +134,10 @@ func newService(cfg serviceConfig) (*service, error) {
 		// fence and invalidate nothing; only ginmw.Lock remains.
 		s.transaction = unguardedTransaction
 	} else {
-		s.plugin = gormplugin.New(s.locks, opts...)
+		if s.rl != nil {
+			opts = append(opts, gormplugin.NoFencing())
+		}
+		s.plugin = gormplugin.New(s.locker, opts...)
 		if err := db.Use(s.plugin); err != nil {
 			s.Close()
 			return nil, err
@@ -170,7 +186,7 @@ func (s *service) routes() *gin.Engine {
 	// The id is canonical before the lock is taken ("01" is "1"), and an id
 	// that names no row is refused without touching Redis.
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
-	lock := ginmw.Lock(s.locks, repo, ginmw.LockOptions(locks.WithWait(s.cfg.EditWait)))
+	lock := ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WithWait(s.cfg.EditWait)))
 	r.PUT("/repos/:id/settings", lock, s.updateSettings)
 	// Renames hold the same lock, and write with plain GORM calls.
 	r.PATCH("/repos/:id", lock, s.renameRepo)
@@ -198,6 +214,9 @@ func (s *service) Shutdown(ctx context.Context) error {
 	}
 	if s.guard != nil {
 		errs = append(errs, s.guard.Shutdown(ctx))
+	}
+	if s.rl != nil {
+		errs = append(errs, s.rl.Shutdown(ctx))
 	}
 	if s.locks != nil {
 		errs = append(errs, s.locks.Shutdown(ctx))

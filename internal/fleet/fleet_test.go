@@ -23,6 +23,7 @@ func TestFleetConcurrent(t *testing.T) {
 		{"controls", testControls},
 		{"edge", testEdge},
 		{"rolling-restart", testRollingRestart},
+		{"redlock", testRedlock},
 		// Mostly waiting for Redis to come back; its wake-up probes run
 		// after the others have finished.
 		{"redis-outage-30s", testOutage30s},
