@@ -69,6 +69,17 @@ func childCloser(ctx context.Context, rdb *redis.Client, key string) error {
 				defer cancel()
 				fmt.Println("shutdown", g.Shutdown(sctx))
 			})
+			// The next command must find the Guard closing: wait until a Get
+			// of another key says so (Shutdown runs on its own goroutine).
+			for deadline := time.Now().Add(10 * time.Second); ; {
+				_, err := cacheguard.Get(ctx, g, key+":probe", (&counter{}).load)
+				if errors.Is(err, cacheguard.ErrClosed) {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("the Guard was not closing 10s after Shutdown began: %v", err)
+				}
+			}
 		case "release":
 			once.Do(func() { close(release) })
 			fmt.Println(<-got)
