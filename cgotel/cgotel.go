@@ -197,7 +197,9 @@ var (
 // CacheObserver returns the observer to pass to cacheguard.Observer.
 func (a *Adapter) CacheObserver() func(context.Context, cacheguard.Event) {
 	return func(ctx context.Context, e cacheguard.Event) {
-		a.cacheEvents.add(int(e.Kind))
+		// Counted last: an event that is counted has its histogram sample
+		// and span recorded already.
+		defer a.cacheEvents.add(int(e.Kind))
 		if e.Kind != cacheguard.EventLoad {
 			return
 		}
@@ -224,7 +226,7 @@ func (a *Adapter) CacheObserver() func(context.Context, cacheguard.Event) {
 // or a Redlock) and to a locks.Breaker's Observer.
 func (a *Adapter) LockObserver() func(context.Context, locks.Event) {
 	return func(ctx context.Context, e locks.Event) {
-		a.lockEvents.add(int(e.Kind))
+		defer a.lockEvents.add(int(e.Kind)) // last, as in CacheObserver
 		switch e.Kind {
 		case locks.Acquired, locks.NotObtained:
 			outcome, opt := "acquired", waitOK

@@ -171,7 +171,8 @@ func TestContendedAndLostLock(t *testing.T) {
 	}
 	<-lost.Lost()
 	root.End()
-	// The Lost event follows the closing of Lost.
+	// The Lost event follows the closing of Lost; the adapter counts an
+	// event after recording its samples.
 	redistest.Eventually(t, 5*time.Second, "the Lost event", func() bool {
 		return r.counts(t)["cacheguard.lock.events"]["lost"] == 1
 	})
