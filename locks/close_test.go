@@ -136,13 +136,9 @@ func TestCloseGivesBackGrant(t *testing.T) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
-	eventually(t, 5*time.Second, "client closing", func() bool {
-		lk, err := c.TryLock(ctx, "other")
-		if lk != nil {
-			lk.Unlock(ctx)
-		}
-		return errors.Is(err, locks.ErrClosed)
-	})
+	// (Not a probe call: while Close waits for the gated attempt, a new call
+	// waits behind it, and the gate opens only below.)
+	eventually(t, 5*time.Second, "client closing", c.Closing)
 	open() // the attempt reaches Redis now, and takes the lock
 	if err := waitErr(t, got, 5*time.Second, "TryLock"); !errors.Is(err, locks.ErrClosed) {
 		t.Fatalf("TryLock granted during Close: %v, want ErrClosed", err)

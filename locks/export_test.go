@@ -21,3 +21,8 @@ func (r *Redlock) NodeQueue(i int) (queued, gaveUp int, idle bool) {
 	}
 	return len(b.queue), gaveUp, b.busy == 0 && len(b.queue) == 0
 }
+
+// Closing reports whether Close or Shutdown has begun (tests only: a probe
+// call would block behind Close's barrier while an acquisition is held in a
+// test's gate).
+func (c *Client) Closing() bool { return c.life.closed.Load() }
