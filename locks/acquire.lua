@@ -1,25 +1,31 @@
 -- Acquire (or re-enter) a lock in one step, and on failure optionally queue as a waiter.
--- KEYS[1] lock hash {o=owner, n=hold count, f=fence, h:<acquisition id>=1 per hold}
+-- KEYS[1] lock hash {o=owner, n=hold count, f=fence, h:<acquisition id>=1 per hold,
+--   w=1 when waiters may be queued, p=previous holder after a hand-off}
 -- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms)
--- ARGV: owner, acquisition id, "lease ms,queue-place ttl ms (0 = do not queue),fence ttl ms,fair (1/0)"
--- (the numbers travel packed in one argument: fewer arguments, fewer client allocations)
--- Returns {1, fence, holds} when held, {0, pttl, queued} when not.
+-- ARGV: owner, acquisition id, lease ms, fence ttl ms, "queue-place ttl ms (0 = do not queue),fair (1/0)",
+-- the waiting client's id (its hand-offs are published on KEYS[1]..':w:'..id; see release.lua)
+-- Returns the fence token (a decimal string) for a fresh grant, {1, fence, holds} when
+-- re-entered, {0, pttl, queued} when not held.
+--
+-- Invariant kept by every script: while the lock hash exists and its queue is
+-- not empty, the hash has w. A release without w thus skips the queue.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, acq = ARGV[1], ARGV[2]
-local leases, places, fencettls, fairs = string.match(ARGV[3], '^(%d+),(%d+),(%d+),(%d)$')
-local lease, place, fencettl, fair = tonumber(leases), tonumber(places), tonumber(fencettls), fairs == '1'
--- A queue entry names the waiter's owner, lease and acquisition id; a hand-off
--- writes that id into the lock, so only the waiter's own attempt matches it.
-local member = owner .. '|' .. leases .. '|' .. acq
 
 -- Fast path: free and nobody queued (5 commands).
 if redis.call('EXISTS', lk, q) == 0 then
-  local f, fs = nextFence(fk, fencettl, redis.call('TIME'))
-  redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', fs, 'h:' .. acq, 1)
-  redis.call('PEXPIRE', lk, lease)
-  return {1, f, 1}
+  local f = nextFence(fk, ARGV[4], redis.call('TIME'))
+  redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
+  redis.call('PEXPIRE', lk, ARGV[3])
+  return f
 end
 
+local lease = tonumber(ARGV[3])
+local places, fairs = string.match(ARGV[5], '^(%d+),(%d)$')
+local place, fair = tonumber(places), fairs == '1'
+-- A queue entry names the waiter's owner, lease, client and acquisition id; a
+-- hand-off writes that id into the lock, so only the waiter's own attempt matches it.
+local member = owner .. '|' .. ARGV[3] .. '|' .. ARGV[6] .. '|' .. acq
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -29,13 +35,13 @@ if cur[1] == owner then
   -- retrying a call whose reply was lost, or a hand-off to this waiter that it has
   -- not heard of yet. Otherwise a re-entry, which takes one more hold.
   local n = tonumber(cur[2])
-  if redis.call('HSETNX', lk, 'h:' .. acq, 1) == 1 then
-    n = redis.call('HINCRBY', lk, 'n', 1)
+  if redis.call('HSETNX', lk, 'h:' .. acq, '1') == 1 then
+    n = redis.call('HINCRBY', lk, 'n', '1')
   end
-  if redis.call('PTTL', lk) < lease then redis.call('PEXPIRE', lk, lease) end
+  if redis.call('PTTL', lk) < lease then redis.call('PEXPIRE', lk, ARGV[3]) end
   redis.call('ZREM', q, member)
   redis.call('ZREM', qt, member)
-  return {1, tonumber(cur[3]), n}
+  return {1, cur[3], n}
 end
 
 -- Drop waiters whose place expired (they died or gave up without saying so).
@@ -49,22 +55,24 @@ if cur[1] == false then
   local head = nil
   if fair then head = redis.call('ZRANGE', q, 0, 0)[1] end
   if head == nil or head == member then
-    local f, fs = nextFence(fk, fencettl, t)
-    redis.call('HSET', lk, 'o', owner, 'n', 1, 'f', fs, 'h:' .. acq, 1)
-    redis.call('PEXPIRE', lk, lease)
+    local f = nextFence(fk, ARGV[4], t)
     redis.call('ZREM', q, member)
     redis.call('ZREM', qt, member)
-    return {1, f, 1}
+    redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
+    if redis.call('EXISTS', q) == 1 then redis.call('HSET', lk, 'w', '1') end
+    redis.call('PEXPIRE', lk, ARGV[3])
+    return f
   end
 end
 
 local queued = 0
 if place > 0 then
-  redis.call('ZADD', q, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), member)
+  redis.call('ZADD', q, 'NX', t[1] .. string.sub('00000' .. t[2], -6), member)
   redis.call('ZADD', qt, nowms + place, member)
   local keep = place + lease
   redis.call('PEXPIRE', q, keep)
   redis.call('PEXPIRE', qt, keep)
+  if cur[1] then redis.call('HSET', lk, 'w', '1') end
   queued = 1
 end
 local pttl = redis.call('PTTL', lk)

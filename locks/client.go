@@ -58,7 +58,9 @@ type Client struct {
 	hub  *wake.Hub
 	ren  *renewer
 	b    *batcher
-	pubV any // "PUBLISH", or "SPUBLISH" on a cluster
+	pubV any    // "PUBLISH", or "SPUBLISH" on a cluster
+	id   string // names this client's wake channels (see channel)
+	idV  any    // id, boxed once
 
 	life   life   // Close and Shutdown
 	scopes scopes // owners' holdings in this process (WithOwner)
@@ -82,6 +84,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	}
 	cfg.pack()
 	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), b: newBatcher(rdb), gates: map[string]*gate{}, pubV: "PUBLISH"}
+	c.id = token()[:16]
+	c.idV = c.id
 	if c.hub.Sharded() {
 		c.pubV = "SPUBLISH"
 	}
@@ -214,9 +218,10 @@ func tagged(name string) (tag, rest string) {
 	return "#" + strconv.FormatUint(h.Sum64(), 16), name
 }
 
-// channel is where a lock's waiters hear of hand-offs: the lock key plus
-// ":w", so that it shares the lock's hash slot (see release.lua).
-func channel(lockKey string) string { return lockKey + ":w" }
+// channel is where this client's waiters for a lock hear of hand-offs: the
+// lock key plus ":w:" and the client's id, so that it shares the lock's hash
+// slot and a hand-off wakes only the process it is for (see release.lua).
+func (c *Client) channel(lockKey string) string { return lockKey + ":w:" + c.id }
 
 type attemptResult struct {
 	ok    bool
@@ -233,7 +238,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 		packed = cfg.argsWaitV
 	}
 	if cfg.replicas > 0 {
-		return c.attemptWait(ctx, ks, kv, []any{owner, acq, packed}, owner.(string), cfg)
+		return c.attemptWait(ctx, ks, kv, []any{owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV}, owner.(string), cfg)
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
@@ -242,26 +247,42 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 			c.giveBack(context.Background(), kv, owner, acq, cfg, member, true)
 		}
 	}
-	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, packed).Slice()
+	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
 	if err != nil {
 		return attemptResult{}, err
 	}
 	return parseAttempt(v)
 }
 
-func parseAttempt(v []any) (attemptResult, error) {
+// parseAttempt reads acquire.lua's reply: a fence token alone for a fresh
+// grant, else {1, fence, holds} or {0, pttl, queued} (a fence is a decimal
+// string).
+func parseAttempt(reply any) (attemptResult, error) {
+	if s, ok := reply.(string); ok {
+		f, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %q", s)
+		}
+		return attemptResult{ok: true, fence: f, holds: 1}, nil
+	}
+	v, _ := reply.([]any)
 	if len(v) < 2 {
-		return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %v", v)
+		return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %v", reply)
 	}
 	a, _ := v[0].(int64)
-	b, _ := v[1].(int64)
 	if a == 1 {
+		s, _ := v[1].(string)
+		f, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %v", v)
+		}
 		n := int64(1)
 		if len(v) > 2 {
 			n, _ = v[2].(int64)
 		}
-		return attemptResult{ok: true, fence: uint64(b), holds: n}, nil
+		return attemptResult{ok: true, fence: f, holds: n}, nil
 	}
+	b, _ := v[1].(int64)
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
 }
 
@@ -269,7 +290,7 @@ func parseAttempt(v []any) (attemptResult, error) {
 // replicas acknowledged a grant, the grant is given back.
 func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
 	cmd, acks, werr := c.withWait(ctx, ks[0], acquireS.call(kv, args), cfg)
-	v, err := cmd.Slice()
+	v, err := cmd.Result()
 	if err != nil {
 		return attemptResult{}, err
 	}
@@ -357,7 +378,7 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // state) unless async; when that fails, or with async, the release travels
 // with the batcher's next pipeline.
 func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
-	call := releaseS.call(kv, []any{owner, cfg.argsReleaseV, c.pubV, member, acq})
+	call := releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV})
 	if !async {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		err := c.b.do(rctx, call, nil).Err()
@@ -457,7 +478,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		}
 		defer g.leave()
 	}
-	sub, err := c.hub.Subscribe(wctx, channel(ks[0]))
+	sub, err := c.hub.Subscribe(wctx, c.channel(ks[0]))
 	if err != nil {
 		if wctx.Err() != nil || c.life.closed.Load() {
 			return fail(0, c.life.cause(ctx))
@@ -467,7 +488,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer sub.Close()
 
 	acqs := acq.(string)
-	member := owner + "|" + strconv.FormatInt(cfg.lease.Milliseconds(), 10) + "|" + acqs // as acquire.lua builds it
+	member := owner + "|" + cfg.leaseV.(string) + "|" + c.id + "|" + acqs // as acquire.lua builds it
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var pttl time.Duration
@@ -574,7 +595,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.cfg.argsReleaseV, c.pubV, "", h.acqv, h.fence).Int64()
+	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fence).Int64()
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {

@@ -6,5 +6,5 @@ local cur = redis.call('HMGET', KEYS[1], 'o', 'n')
 if cur[1] ~= ARGV[1] then return 0 end
 local lease = tonumber(ARGV[2])
 if tonumber(cur[2]) > 1 and redis.call('PTTL', KEYS[1]) > lease then return 1 end
-redis.call('PEXPIRE', KEYS[1], lease)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1

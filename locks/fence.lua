@@ -8,20 +8,17 @@
 -- master's, after a failover) is not behind the time of the last token; the
 -- counter keeps them increasing across more than one token per microsecond,
 -- and across a clock that stepped back by less than the retention.
--- Returns the token as a number and as a string. (One SET ... GET reads and
--- writes the counter; a second SET only when the counter is ahead of the clock.)
+-- Returns the token as a decimal string. One SET ... GET reads and writes the
+-- counter; only when the counter is not behind the clock (rare) does it take
+-- number formatting and a second SET. The clock's token is built from TIME's
+-- two strings without converting them: tokens have 16 digits (until 2286), and
+-- decimal strings of equal length compare as their numbers do.
 local function nextFence(fk, fencettl, t)
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local s = string.format('%.0f', now)
+  local s = t[1] .. string.sub('00000' .. t[2], -6)
   local old = redis.call('SET', fk, s, 'PX', fencettl, 'GET')
-  if old then
-    local f = tonumber(old) + 1
-    if f > now then
-      s = string.format('%.0f', f)
-      redis.call('SET', fk, s, 'PX', fencettl)
-      return f, s
-    end
+  if old and (#old > #s or (#old == #s and old >= s)) then
+    s = string.format('%.0f', tonumber(old) + 1)
+    redis.call('SET', fk, s, 'PX', fencettl)
   end
-  return now, s
+  return s
 end
-

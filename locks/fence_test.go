@@ -116,3 +116,27 @@ func TestFenceMonotonicWithStaleCounter(t *testing.T) {
 	}
 	lk.Unlock(ctx)
 }
+
+// A counter ahead of the clock (the server's clock stepped back, or more than
+// one token per microsecond) decides the token: counter plus one, every time.
+// (Tokens are exact up to 2^53, about the year 2255.)
+func TestFenceCounterAheadOfClock(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	for _, ahead := range []uint64{
+		uint64(time.Now().Add(time.Hour).UnixMicro()),
+		9000000000000000,
+	} {
+		rdb.Set(ctx, "cg:fence:{ahead}", strconv.FormatUint(ahead, 10), 0)
+		for i := uint64(1); i <= 2; i++ {
+			lk, err := c.TryLock(ctx, "ahead")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lk.Fence() != ahead+i {
+				t.Fatalf("counter %d: fence %d, want %d", ahead, lk.Fence(), ahead+i)
+			}
+			lk.Unlock(ctx)
+		}
+	}
+}

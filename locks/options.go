@@ -99,10 +99,11 @@ type config struct {
 	drift          time.Duration // Redlock: fixed part of the clock drift allowance
 	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
 
-	// Script arguments derived from the above by pack: computed once per
-	// Client (and per call only when the call has options).
-	argsTry, argsWait, argsRelease    string
-	argsTryV, argsWaitV, argsReleaseV any // the same, boxed once
+	// Script arguments derived from the above by pack, boxed once: computed
+	// once per Client (and per call only when the call has options).
+	leaseV, retentionV          any // the lease and the fence retention in ms
+	argsTryV, argsWaitV         any // acquire.lua's "queue place ms,fair", without and with a place
+	argsReleaseV                any // release.lua's "fence retention ms,claim ms"
 }
 
 // packFrom derives the packed arguments, reusing base's when the values they
@@ -110,7 +111,7 @@ type config struct {
 // formats nothing).
 func (c *config) packFrom(base *config) {
 	if c.lease == base.lease && c.fenceRetention == base.fenceRetention && c.fair == base.fair {
-		c.argsTry, c.argsWait, c.argsRelease = base.argsTry, base.argsWait, base.argsRelease
+		c.leaseV, c.retentionV = base.leaseV, base.retentionV
 		c.argsTryV, c.argsWaitV, c.argsReleaseV = base.argsTryV, base.argsWaitV, base.argsReleaseV
 		return
 	}
@@ -124,12 +125,9 @@ func (c *config) pack() {
 		fair = "1"
 	}
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-	head := ms(c.lease) + ","
-	tail := "," + ms(c.retention()) + "," + fair
-	c.argsTry = head + "0" + tail
-	c.argsWait = head + ms(placeTTL) + tail
-	c.argsRelease = ms(c.retention()) + "," + ms(min(c.lease, placeTTL))
-	c.argsTryV, c.argsWaitV, c.argsReleaseV = c.argsTry, c.argsWait, c.argsRelease
+	c.leaseV, c.retentionV = ms(c.lease), ms(c.retention())
+	c.argsTryV, c.argsWaitV = "0,"+fair, ms(placeTTL)+","+fair
+	c.argsReleaseV = ms(c.retention()) + "," + ms(min(c.lease, placeTTL))
 }
 
 func defaults() config {
