@@ -26,8 +26,9 @@ const maxDirect = 2
 // the pipeline itself runs to the end (bounded by sendTimeout, the client's
 // own timeouts and Close), so a caller that gives up cannot fail the calls it
 // travels with.
-// What a call did after its caller gave up is handed to the call's abandon
-// function (an acquisition granted too late is released there).
+// A call whose caller gave up may still run: the caller then names a
+// clean-up call (cleanup), which the sender sends once the reply shows that
+// the call ran (an acquisition granted too late is released that way).
 type batcher struct {
 	rdb  redis.UniversalClient
 	ctx  context.Context // the senders'; cancelled by close
@@ -55,20 +56,20 @@ type pending struct {
 	cmd     *redis.Cmd
 	done    chan struct{} // one send when answered (buffered: the sender never blocks)
 	state   atomic.Int32
-	abandon func(*redis.Cmd) // run by the sender when the caller gave up first; may be nil
+	cleanup []any // sent by the sender when the caller gave up first and the call ran; may be nil
 }
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
-func getPending(args []any, abandon func(*redis.Cmd), state int32) *pending {
+func getPending(args []any, state int32) *pending {
 	p := pendings.Get().(*pending)
-	p.args, p.abandon = args, abandon
+	p.args = args
 	p.state.Store(state)
 	return p
 }
 
 func putPending(p *pending) {
-	p.args, p.cmd, p.abandon = nil, nil, nil
+	p.args, p.cmd, p.cleanup = nil, nil, nil
 	pendings.Put(p)
 }
 
@@ -82,8 +83,11 @@ func newBatcher(rdb redis.UniversalClient) *batcher {
 }
 
 // do sends args (a script call) and returns its reply, or a command failed
-// with ctx's error when ctx ends first.
-func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) *redis.Cmd {
+// with ctx's error when ctx ends first. cleanup (may be nil) is called only
+// when ctx ends while the call is queued: it returns the call that undoes
+// this one, sent if this one runs after all. (It is called, never kept, so a
+// closure passed here costs no allocation.)
+func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < maxDirect || b.closed {
 		b.busy++
@@ -95,12 +99,15 @@ func (b *batcher) do(ctx context.Context, args []any, abandon func(*redis.Cmd)) 
 		b.next()
 		return cmd
 	}
-	p := getPending(args, abandon, waiting)
+	p := getPending(args, waiting)
 	b.queue = append(b.queue, p)
 	b.mu.Unlock()
 	select {
 	case <-p.done:
 	case <-ctx.Done():
+		if cleanup != nil {
+			p.cleanup = cleanup() // read by the sender only once the swap below is done
+		}
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			cmd := redis.NewCmd(ctx, args...)
 			cmd.SetErr(ctx.Err())
@@ -167,8 +174,11 @@ func (b *batcher) startSender() {
 // left; then it frees its slot.
 func (b *batcher) send(q []*pending) {
 	defer b.wg.Done()
+	var s sender
+	defer s.stop()
 	for {
-		b.exec(q)
+		s.exec(b, q)
+		clear(q) // the pendings went back to their callers or the pool
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.busy--
@@ -176,36 +186,70 @@ func (b *batcher) send(q []*pending) {
 			b.mu.Unlock()
 			return
 		}
-		q = b.queue
-		b.queue = nil
+		q, b.queue = b.queue, q[:0] // the next queue gathers in this one's array
 		b.mu.Unlock()
 	}
 }
 
-func (b *batcher) exec(q []*pending) {
+// sender is what one send loop reuses from pipeline to pipeline.
+type sender struct {
+	ctx    context.Context // the pipelines'; renewed before sendTimeout/2 is left
+	cancel context.CancelFunc
+	until  time.Time // ctx's deadline
+	pipe   redis.Pipeliner
+	cmds   []*redis.Cmd
+}
+
+func (s *sender) stop() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+func (s *sender) exec(b *batcher, q []*pending) {
 	// No caller's context: each caller waits on its own, and one giving up
-	// must not cancel the others' calls.
-	ctx, cancel := context.WithTimeout(b.ctx, sendTimeout)
-	defer cancel()
-	cmds := make([]*redis.Cmd, len(q))
-	for i, p := range q {
-		cmds[i] = redis.NewCmd(ctx, p.args...)
+	// must not cancel the others' calls. Each pipeline has at least half of
+	// sendTimeout.
+	if now := time.Now(); s.ctx == nil || now.After(s.until.Add(-sendTimeout/2)) {
+		s.stop()
+		s.ctx, s.cancel = context.WithTimeout(b.ctx, sendTimeout)
+		s.until = now.Add(sendTimeout)
 	}
-	pipeline(ctx, b.rdb, cmds, false)
-	for i, p := range q {
-		p.cmd = cmds[i]
+	if s.pipe == nil {
+		s.pipe = b.rdb.Pipeline()
 	}
+	ctx := s.ctx
+	s.cmds = s.cmds[:0]
+	for _, p := range q {
+		s.cmds = append(s.cmds, redis.NewCmd(ctx, p.args...))
+	}
+	s.run(ctx)
+	for i, p := range q {
+		p.cmd = s.cmds[i]
+	}
+	clear(s.cmds)
 	for _, p := range q {
 		if p.state.CompareAndSwap(waiting, answered) {
 			p.done <- struct{}{}
 			continue
 		}
-		if p.abandon != nil {
-			p.abandon(p.cmd)
+		if p.cleanup != nil && p.cmd.Err() == nil {
+			b.later(p.cleanup)
 		}
 		putPending(p)
 	}
 }
+
+// run sends s.cmds in one pipeline (see pipeline: a script a node does not
+// have yet is sent again as EVAL).
+func (s *sender) run(ctx context.Context) {
+	pipeline(ctx, reusedPipe{s}, s.cmds, false)
+}
+
+// reusedPipe hands pipeline the sender's Pipeliner (empty after each Exec).
+type reusedPipe struct{ s *sender }
+
+func (r reusedPipe) Pipeline() redis.Pipeliner { return r.s.pipe }
 
 // later sends args with the next pipeline, nobody waiting for the reply
 // (starting a sender when a slot is free): for clean-ups that must not delay
@@ -214,7 +258,7 @@ func (b *batcher) exec(q []*pending) {
 func (b *batcher) later(args []any) {
 	b.mu.Lock()
 	if !b.closed {
-		b.queue = append(b.queue, getPending(args, nil, abandoned))
+		b.queue = append(b.queue, getPending(args, abandoned))
 		if b.busy < maxDirect {
 			b.startSender()
 		}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,6 +68,38 @@ type Client struct {
 
 	mu    sync.Mutex       // guards gates
 	gates map[string]*gate // per lock key: one waiting caller per process in default mode
+
+	names nameCache // the keys of recently used names under the client's prefix
+}
+
+// nameCache keeps the keys of lock names this client used recently, built and
+// boxed once: a lock cycle on a hot name then allocates nothing for them. It
+// holds at most maxCachedNames names; when full it starts afresh.
+type nameCache struct {
+	m sync.Map // name -> *nameKeys
+	n atomic.Int64
+}
+
+type nameKeys struct {
+	ks []string
+	kv []any
+}
+
+const maxCachedNames = 4096
+
+func (nc *nameCache) get(prefix, name string) ([]string, []any) {
+	if v, ok := nc.m.Load(name); ok {
+		k := v.(*nameKeys)
+		return k.ks, k.kv
+	}
+	ks := keys(prefix, name)
+	k := &nameKeys{ks: ks, kv: boxKeys(ks)}
+	if nc.n.Add(1) > maxCachedNames {
+		nc.m.Clear()
+		nc.n.Store(1)
+	}
+	nc.m.Store(name, k)
+	return k.ks, k.kv
 }
 
 // New returns a Client on rdb with the given defaults. It panics with a
@@ -224,10 +257,11 @@ func tagged(name string) (tag, rest string) {
 func (c *Client) channel(lockKey string) string { return lockKey + ":w:" + c.id }
 
 type attemptResult struct {
-	ok    bool
-	fence uint64
-	holds int64
-	pttl  time.Duration
+	ok     bool
+	fence  uint64
+	fenceV any // the token as the reply carried it (a string), for release.lua
+	holds  int64
+	pttl   time.Duration
 }
 
 // attempt runs the acquire script once; member is the caller's place in the
@@ -242,12 +276,8 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
-	abandon := func(cmd *redis.Cmd) {
-		if cmd.Err() == nil {
-			c.giveBack(context.Background(), kv, owner, acq, cfg, member, true)
-		}
-	}
-	v, err := acquireS.runVia(ctx, c.b, abandon, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
+	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member) }
+	v, err := acquireS.runVia(ctx, c.b, cleanup, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
 	if err != nil {
 		return attemptResult{}, err
 	}
@@ -263,7 +293,7 @@ func parseAttempt(reply any) (attemptResult, error) {
 		if err != nil {
 			return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %q", s)
 		}
-		return attemptResult{ok: true, fence: f, holds: 1}, nil
+		return attemptResult{ok: true, fence: f, fenceV: reply, holds: 1}, nil
 	}
 	v, _ := reply.([]any)
 	if len(v) < 2 {
@@ -280,7 +310,7 @@ func parseAttempt(reply any) (attemptResult, error) {
 		if len(v) > 2 {
 			n, _ = v[2].(int64)
 		}
-		return attemptResult{ok: true, fence: f, holds: n}, nil
+		return attemptResult{ok: true, fence: f, fenceV: v[1], holds: n}, nil
 	}
 	b, _ := v[1].(int64)
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
@@ -378,7 +408,7 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // state) unless async; when that fails, or with async, the release travels
 // with the batcher's next pipeline.
 func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
-	call := releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV})
+	call := c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member)
 	if !async {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		err := c.b.do(rctx, call, nil).Err()
@@ -388,6 +418,11 @@ func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg con
 		}
 	}
 	c.b.later(call)
+}
+
+// giveBackCall is giveBack's release.lua call.
+func (c *Client) giveBackCall(kv []any, owner, acq, releaseArgs any, member string) []any {
+	return releaseS.call(kv, []any{owner, acq, member, releaseArgs, c.pubV})
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
@@ -405,8 +440,14 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		ov = owner
 		acq = ov // a fresh owner is its own acquisition id
 	}
-	ks := keys(cfg.prefix, name)
-	kv := boxKeys(ks)
+	var ks []string
+	var kv []any
+	if cfg.prefix == c.cfg.prefix {
+		ks, kv = c.names.get(cfg.prefix, name)
+	} else {
+		ks = keys(cfg.prefix, name)
+		kv = boxKeys(ks)
+	}
 	fail := func(pttl time.Duration, err error) (*Lock, error) {
 		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
 		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
@@ -571,7 +612,7 @@ func isTimeout(err error) bool {
 // back and granted fails with ErrLost.
 func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, sent, start time.Time, first time.Duration) (*Lock, error) {
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
-	h.keyv, h.ownerv, h.acqv = kv, owner, acq
+	h.keyv, h.ownerv, h.acqv, h.fenceV = kv, owner, acq, res.fenceV
 	giveBack := func(err error) (*Lock, error) {
 		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 		return nil, err
@@ -595,7 +636,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 }
 
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fence).Int64()
+	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()).Int64()
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {

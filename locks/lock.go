@@ -140,6 +140,7 @@ type held struct {
 	owner  string
 	ownerv any // owner, boxed once (Client only)
 	acqv   any // this hold's acquisition id, boxed (Client only)
+	fenceV any // fence as a reply carried it, when it did (Client only)
 	fence  uint64
 	cfg    config
 	sc     *scope // the owner's scope of the name (WithOwner only), set before the renewer sees h
@@ -278,4 +279,12 @@ func (h *held) retire(ctx context.Context, last bool) {
 			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name, Fence: h.fence})
 		}
 	}
+}
+
+// fenceArg is the fence token as a script argument, boxed once.
+func (h *held) fenceArg() any {
+	if h.fenceV != nil {
+		return h.fenceV
+	}
+	return h.fence
 }

@@ -101,9 +101,9 @@ type config struct {
 
 	// Script arguments derived from the above by pack, boxed once: computed
 	// once per Client (and per call only when the call has options).
-	leaseV, retentionV          any // the lease and the fence retention in ms
-	argsTryV, argsWaitV         any // acquire.lua's "queue place ms,fair", without and with a place
-	argsReleaseV                any // release.lua's "fence retention ms,claim ms"
+	leaseV, retentionV  any // the lease and the fence retention in ms
+	argsTryV, argsWaitV any // acquire.lua's "queue place ms,fair", without and with a place
+	argsReleaseV        any // release.lua's "fence retention ms,claim ms"
 }
 
 // packFrom derives the packed arguments, reusing base's when the values they

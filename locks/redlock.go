@@ -418,12 +418,8 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		// A call that was still queued when its node's time ran out returns
 		// at once, before the node has seen it; if it then grants, it is
 		// released there (release, below, may have been sent too early).
-		abandon := func(cmd *redis.Cmd) {
-			if v, err := cmd.Int64Slice(); err == nil && len(v) == 2 && v[0] == 1 {
-				n.b.later(redlockReleaseS.call(keyv, []any{owner, acq}))
-			}
-		}
-		return redlockAcquireS.runVia(ctx, n.b, abandon, keyv, owner, acq, pxms).Int64Slice()
+		cleanup := func() []any { return redlockReleaseS.call(keyv, []any{owner, acq}) }
+		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, owner, acq, pxms).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 

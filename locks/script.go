@@ -48,10 +48,10 @@ func (s script) cmd(ctx context.Context, keys []any, args ...any) *redis.Cmd {
 }
 
 // runVia sends the script through a batcher (see batcher.do): the call may
-// share its round trip with others. abandon (may be nil) gets the reply when
-// it came after ctx ended.
-func (s script) runVia(ctx context.Context, b *batcher, abandon func(*redis.Cmd), keys []any, args ...any) *redis.Cmd {
-	return b.do(ctx, s.call(keys, args), abandon)
+// share its round trip with others. cleanup (may be nil) names the call that
+// undoes this one, should it run after ctx ended.
+func (s script) runVia(ctx context.Context, b *batcher, cleanup func() []any, keys []any, args ...any) *redis.Cmd {
+	return b.do(ctx, s.call(keys, args), cleanup)
 }
 
 // toEval turns an EVALSHA command line of a known script into EVAL in place.
