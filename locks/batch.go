@@ -2,6 +2,7 @@ package locks
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,6 +180,10 @@ func (b *batcher) send(q []*pending) {
 	for {
 		s.exec(b, q)
 		clear(q) // the pendings went back to their callers or the pool
+		// Let the callers just answered run first: most send their next call
+		// at once (an Unlock after a Lock), and it then leaves with this
+		// sender's next pipeline instead of waiting a round trip for a slot.
+		runtime.Gosched()
 		b.mu.Lock()
 		if len(b.queue) == 0 {
 			b.busy--
