@@ -43,12 +43,15 @@
 // deleted or taken over, Lost closes and Context is cancelled. WithoutRenewal
 // gives a fixed lease (Lost closes when it runs out); Extend renews by hand.
 //
-// Waiting is push, and wakes one waiter: a waiter subscribes to the lock's
-// channel (one shared subscription connection per process, per master on a
-// cluster) before its queued attempt, then sleeps. Unlock hands the lock
-// straight to the longest-waiting live waiter inside the release script and
-// publishes the grant to it: no waiter polls, none is woken for nothing, and
-// the hand-off costs no extra round trip. A waiter that died loses its place
+// Waiting is push, and wakes one waiter: a waiter subscribes to its client's
+// channel for the lock (cg:lock:{name}:w:<client id>; one shared subscription
+// connection per process, per master on a cluster) before its queued attempt,
+// then sleeps. Unlock hands the lock straight to the longest-waiting live
+// waiter inside the release script and publishes the grant on that waiter's
+// client's channel alone: no waiter polls, no other process is woken, and the
+// hand-off costs no extra round trip. A lock with waiters queued carries a
+// flag set by whoever queued them, so the release of an uncontended lock
+// reads one hash and deletes it, no more than a plain compare-and-delete. A waiter that died loses its place
 // within 2 s, and a hand-off to it is granted with a short claim lease (at
 // most 2 s) that only a live waiter renews. The fallback timer is the
 // holder's remaining lease, never a blind poll. By default a process holds
@@ -66,7 +69,8 @@
 // Concurrent calls share round trips: up to two lock calls of a Client go to
 // Redis on their own, each under its caller's context, so a lone call waits
 // for nothing; calls made while those are on the wire queue and leave
-// together as one pipeline. A caller whose context ends while its call is
+// together as one pipeline. A lock cycle on a name used recently allocates
+// about a dozen objects (its keys are built once per name and client). A caller whose context ends while its call is
 // queued returns at once; if the call then took the lock (or a queue place),
 // it is given back, and a timed-out direct attempt is followed by a release
 // of the hold it may have taken. go-redis hooks see the shared calls in

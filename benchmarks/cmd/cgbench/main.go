@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/bench"
@@ -32,6 +34,7 @@ func run() int {
 		only  = flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ","))
 		syss  = flag.String("systems", "", "comma-separated substrings: run only the systems whose name contains one")
 		label = flag.String("command", "", "the command to record in RESULTS.md (default: this command line)")
+		busy  = flag.Bool("busy", false, "keep one CPU busy beside the benchmark (a spinning thread), as a loaded machine would")
 	)
 	flag.Parse()
 
@@ -71,6 +74,11 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	machine := bench.Describe()
+	if *busy {
+		machine.Busy = true
+		done := spin()
+		defer done()
+	}
 	res, err := bench.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cgbench:", err)
@@ -132,6 +140,23 @@ func moduleDir() string {
 			return ""
 		}
 		d = parent
+	}
+}
+
+// spin keeps one CPU busy on a locked OS thread until the returned func is
+// called.
+func spin() func() {
+	var stop atomic.Bool
+	stopped := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer close(stopped)
+		for n := 0; !stop.Load(); n++ {
+		}
+	}()
+	return func() {
+		stop.Store(true)
+		<-stopped
 	}
 }
 

@@ -16,6 +16,7 @@ type Machine struct {
 	Redis    string
 	Kernel   string
 	LoadAvg  string // at the start of the run
+	Busy     bool   // one CPU kept busy beside the benchmark (cgbench -busy)
 }
 
 // Describe reads the machine's description.

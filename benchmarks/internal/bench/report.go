@@ -158,6 +158,10 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "- Machine: %d CPUs, %s; %s; load average at start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
+	if m.Busy {
+		b.WriteString("- **Beside a busy loop**: one CPU was kept busy by a spinning thread for the whole run (`cgbench -busy`), " +
+			"as on a loaded machine.\n")
+	}
 	fmt.Fprintf(&b, "- Go: %s; Redis: %s (started by the harness, persistence off, on loopback)\n", m.Go, m.Redis)
 	if r.PG != nil {
 		fmt.Fprintf(&b, "- PostgreSQL: %s (started by the harness on loopback, a new cluster per run; settings beyond the defaults: "+
