@@ -187,8 +187,10 @@ func TestHandOffWakesOnlyItsProcess(t *testing.T) {
 	// Two hand-offs: to the first waiter, then from it to the second; each on
 	// its waiter's own channel.
 	seen := map[string]bool{}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	for range 2 {
-		m, err := watch.ReceiveMessage(ctx)
+		m, err := watch.ReceiveMessage(rctx)
 		if err != nil {
 			t.Fatal(err)
 		}
