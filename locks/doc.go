@@ -51,7 +51,11 @@
 // client's channel alone: no waiter polls, no other process is woken, and the
 // hand-off costs no extra round trip. A lock with waiters queued carries a
 // flag set by whoever queued them, so the release of an uncontended lock
-// reads one hash and deletes it, no more than a plain compare-and-delete. A waiter that died loses its place
+// reads one hash and deletes it, no more than a plain compare-and-delete.
+// (The flag and the per-client channel are new in this version: while a
+// fleet mixes it with older versions on the same names, a waiter of one
+// version may miss a hand-off from the other and take the lock on its
+// fallback timer instead — slower, never unsafe.) A waiter that died loses its place
 // within 2 s, and a hand-off to it is granted with a short claim lease (at
 // most 2 s) that only a live waiter renews. The fallback timer is the
 // holder's remaining lease, never a blind poll. By default a process holds
