@@ -511,14 +511,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer cancel()
 	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
 	defer stop()
-	if !cfg.fair {
-		g := c.gate(ks[0])
-		defer c.ungate(ks[0], g)
-		if err := g.enter(wctx); err != nil {
-			return fail(0, c.life.cause(ctx))
-		}
-		defer g.leave()
-	}
+	// Subscribed before taking a turn at the gate: a caller queued in Redis by
+	// the Unlock that passes it the turn (see gate) may be handed the lock
+	// before it could subscribe otherwise.
 	sub, err := c.hub.Subscribe(wctx, c.channel(ks[0]))
 	if err != nil {
 		if wctx.Err() != nil || c.life.closed.Load() {
@@ -530,36 +525,83 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 
 	acqs := acq.(string)
 	member := owner + "|" + cfg.leaseV.(string) + "|" + c.id + "|" + acqs // as acquire.lua builds it
+	var pre turnOutcome                                                   // what the previous turn's holder did for this caller
+	var keeper *turnKeeper
+	if !cfg.fair {
+		g := c.gate(ks[0])
+		o, owned, err := g.enter(wctx, &gateWaiter{member: member, turn: make(chan turnOutcome, 1)})
+		if !owned {
+			c.ungate(ks[0], g)
+			return fail(0, c.life.cause(ctx))
+		}
+		keeper = &turnKeeper{c: c, key: ks[0], g: g}
+		defer func() {
+			if keeper != nil { // not kept by a grant
+				keeper.pass(nil, turnOutcome{})
+			}
+		}()
+		if err != nil {
+			if o.queued || o.granted || o.unknown {
+				c.giveBack(ctx, kv, ov, acq, cfg, member, false)
+			}
+			return fail(0, c.life.cause(ctx))
+		}
+		pre = o
+	}
+	grantedKeep := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
+		lk, err := granted(res, sent, first)
+		if err == nil && keeper != nil {
+			lk.h.keepTurn(keeper)
+			keeper = nil
+		}
+		return lk, err
+	}
+
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var pttl time.Duration
+	queued := pre.queued // queued by the previous turn's holder: no attempt needed to wait
 	for {
 		sent := time.Now()
-		res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
-		if err != nil {
-			c.reload(ctx)
-			c.giveBack(ctx, kv, ov, acq, cfg, member, false)
-			if wctx.Err() != nil {
+		var fence uint64
+		var fenceV any
+		if pre.granted {
+			fence, fenceV, sent = pre.fence, pre.fenceV, pre.sent
+			pre.granted = false
+		} else {
+			var d time.Duration
+			if queued {
+				queued = false
+				d = placeTTL / 2 // the holder's lease is not known: refresh the place in time
+			} else {
+				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
+				if err != nil {
+					c.reload(ctx)
+					c.giveBack(ctx, kv, ov, acq, cfg, member, false)
+					if wctx.Err() != nil {
+						return fail(pttl, c.life.cause(ctx))
+					}
+					return fail(pttl, err)
+				}
+				if res.ok {
+					return grantedKeep(res, sent, cfg.lease)
+				}
+				pttl = res.pttl
+				// Sleep until a wake-up, or a little past the holder's lease (it may
+				// expire without a release), or until the queue place needs refreshing.
+				d = min(pttl+time.Millisecond, placeTTL/2)
+			}
+			d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
+			timer.Reset(d)
+			f, handed, done := await(wctx, sub, timer, acqs)
+			if done {
+				c.giveBack(ctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
 				return fail(pttl, c.life.cause(ctx))
 			}
-			return fail(pttl, err)
-		}
-		if res.ok {
-			return granted(res, sent, cfg.lease)
-		}
-		pttl = res.pttl
-		// Sleep until a wake-up, or a little past the holder's lease (it may
-		// expire without a release), or until the queue place needs refreshing.
-		d := min(pttl+time.Millisecond, placeTTL/2)
-		d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
-		timer.Reset(d)
-		fence, handed, done := await(wctx, sub, timer, acqs)
-		if done {
-			c.giveBack(ctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
-			return fail(pttl, c.life.cause(ctx))
-		}
-		if !handed {
-			continue
+			if !handed {
+				continue
+			}
+			fence = f
 		}
 		// A hand-off comes with a short claim lease; the renewer restores the
 		// full lease at its first turn (a fixed lease, or one that replicas
@@ -576,7 +618,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 				claim = cfg.lease
 			}
 		}
-		return granted(attemptResult{ok: true, fence: fence, holds: 1}, sent, claim)
+		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV, holds: 1}, sent, claim)
 	}
 }
 
@@ -635,8 +677,47 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 	return &Lock{h: h, parent: ctx}, nil
 }
 
+// testHookClaimed runs after a release claimed the next waiter at the gate
+// (tests only).
+var testHookClaimed func()
+
+// release gives back h's hold. When h keeps its process's gate turn, the
+// next caller waiting at the gate is queued in Redis by the same script (or
+// handed the lock, when nobody else waits) and then given the turn with that
+// outcome: its wait costs no request of its own.
 func (c *Client) release(ctx context.Context, h *held) (int64, error) {
-	return releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()).Int64()
+	t := h.takeTurn()
+	var next *gateWaiter
+	var nextV any = ""
+	if t != nil {
+		if next = t.g.claim(); next != nil {
+			nextV = next.member
+			if testHookClaimed != nil {
+				testHookClaimed()
+			}
+		}
+	}
+	o := turnOutcome{sent: time.Now()}
+	reply, err := releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg(), nextV).Result()
+	n := int64(0)
+	switch v := reply.(type) {
+	case int64:
+		n = v
+		o.queued = next != nil && n >= 0
+	case string: // the last hold, handed to next with this fence
+		f, perr := strconv.ParseUint(v, 10, 64)
+		if perr != nil {
+			err = fmt.Errorf("locks: unexpected release reply %q", v)
+		}
+		o.granted, o.fence, o.fenceV = true, f, reply
+	}
+	if err != nil {
+		o = turnOutcome{unknown: next != nil}
+	}
+	if t != nil {
+		t.pass(next, o)
+	}
+	return n, err
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
@@ -716,87 +797,4 @@ func (c *Client) reload(ctx context.Context) {
 	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
 		cc.ReloadState(ctx)
 	}
-}
-
-// gate lets one caller per process and lock wait in Redis in default mode; the
-// others queue here in arrival order, so a process holds one place in the
-// lock's queue and the lock is handed from process to process.
-type gate struct {
-	mu    sync.Mutex      // guards the fields below
-	taken bool            // a caller is waiting in Redis
-	queue []chan struct{} // callers waiting here, oldest first
-	users int             // callers referencing this gate (guarded by Client.mu)
-}
-
-func (c *Client) gate(key string) *gate {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g := c.gates[key]
-	if g == nil {
-		g = &gate{}
-		c.gates[key] = g
-	}
-	g.users++
-	return g
-}
-
-func (c *Client) ungate(key string, g *gate) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if g.users--; g.users == 0 {
-		delete(c.gates, key)
-	}
-}
-
-// waiting reports whether a caller of this process waits in Redis for the
-// lock key (then an attempt of another caller could only fail).
-func (c *Client) waiting(key string) bool {
-	c.mu.Lock()
-	g := c.gates[key]
-	c.mu.Unlock()
-	if g == nil {
-		return false
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.taken
-}
-
-func (g *gate) enter(ctx context.Context) error {
-	g.mu.Lock()
-	if !g.taken {
-		g.taken = true
-		g.mu.Unlock()
-		return nil
-	}
-	ch := make(chan struct{})
-	g.queue = append(g.queue, ch)
-	g.mu.Unlock()
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		g.mu.Lock()
-		for i, q := range g.queue {
-			if q == ch {
-				g.queue = append(g.queue[:i], g.queue[i+1:]...)
-				g.mu.Unlock()
-				return ctx.Err()
-			}
-		}
-		g.mu.Unlock()
-		g.leave() // the turn was handed over as ctx ended: pass it on
-		return ctx.Err()
-	}
-}
-
-func (g *gate) leave() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) > 0 {
-		close(g.queue[0])
-		g.queue = g.queue[1:]
-		return
-	}
-	g.taken = false
 }

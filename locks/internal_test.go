@@ -2,8 +2,13 @@ package locks
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
@@ -199,5 +204,221 @@ func TestHandOffWakesOnlyItsProcess(t *testing.T) {
 	want := map[string]bool{b.channel("cg:lock:{solo}"): true, w.channel("cg:lock:{solo}"): true}
 	if len(seen) != 2 || !seen[b.channel("cg:lock:{solo}")] || !seen[w.channel("cg:lock:{solo}")] {
 		t.Fatalf("hand-offs published on %v, want one on each waiter's channel %v", seen, want)
+	}
+}
+
+// acquireCounter counts the acquire.lua calls a client sends.
+type acquireCounter struct{ n atomic.Int64 }
+
+func (a *acquireCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (a *acquireCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (a *acquireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			a.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (a *acquireCounter) count(cmd redis.Cmder) {
+	if args := cmd.Args(); len(args) > 1 && (args[1] == acquireS.sha || args[1] == acquireLua) {
+		a.n.Add(1)
+	}
+}
+
+// TestReleaseQueuesNextLocalWaiter: the Unlock of a lock granted after
+// waiting queues its process's next waiter in Redis in the release script,
+// so that waiter's wait costs no call of its own: handed the lock at once
+// when nobody else waits, or later by push when another process is ahead.
+func TestReleaseQueuesNextLocalWaiter(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	var ac acquireCounter
+	prdb := s.Client()
+	prdb.AddHook(&ac)
+	p, x, y := New(prdb), New(s.Client()), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	defer y.Close()
+	rdb := s.Client()
+
+	for _, other := range []bool{false, true} {
+		name := fmt.Sprintf("next:%v", other)
+		q := "cg:q:{" + name + "}"
+		held, err := x.TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			lk  *Lock
+			err error
+		}
+		a, b := make(chan result, 1), make(chan result, 1)
+		lock := func(out chan result) {
+			lk, err := p.Lock(ctx, name, WithWait(10*time.Second))
+			out <- result{lk, err}
+		}
+		go lock(a)
+		redistest.Eventually(t, 5*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, q).Val() == 1 })
+		go lock(b)
+		redistest.Eventually(t, 5*time.Second, "B at the gate", func() bool { return gateLen(p, "cg:lock:{"+name+"}") == 1 })
+		var ywait chan result
+		if other {
+			ywait = make(chan result, 1)
+			go func() {
+				lk, err := y.Lock(ctx, name, WithWait(10*time.Second))
+				ywait <- result{lk, err}
+			}()
+			redistest.Eventually(t, 5*time.Second, "Y queued", func() bool { return rdb.ZCard(ctx, q).Val() == 2 })
+		}
+		before := ac.n.Load()
+		if err := held.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ra := <-a
+		if ra.err != nil {
+			t.Fatal(ra.err)
+		}
+		if err := ra.lk.Unlock(ctx); err != nil { // queues B (behind Y when other)
+			t.Fatal(err)
+		}
+		if other {
+			ry := <-ywait
+			if ry.err != nil {
+				t.Fatal(ry.err)
+			}
+			if err := ry.lk.Unlock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rb := <-b
+		if rb.err != nil {
+			t.Fatal(rb.err)
+		}
+		if rb.lk.Fence() <= ra.lk.Fence() {
+			t.Fatalf("B's fence %d not above A's %d", rb.lk.Fence(), ra.lk.Fence())
+		}
+		if n := ac.n.Load() - before; n != 0 {
+			t.Fatalf("other process waiting %v: B sent %d acquire calls, want 0 (queued by A's release)", other, n)
+		}
+		if err := rb.lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rdb.Exists(ctx, "cg:lock:{"+name+"}", q).Val() != 0 {
+			t.Fatal("lock or queue left behind")
+		}
+	}
+}
+
+// TestNextWaiterGivesUpWhileQueuedForIt: a waiter whose wait ends while the
+// release that queues it is on the wire gives back what was done for it, so
+// the lock is not left to a waiter that is gone.
+func TestNextWaiterGivesUpWhileQueuedForIt(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p, x := New(s.Client()), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	rdb := s.Client()
+	held, err := x.TryLock(ctx, "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := make(chan *Lock, 1)
+	go func() {
+		lk, err := p.Lock(ctx, "gone", WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		a <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, "cg:q:{gone}").Val() == 1 })
+	bctx, cancelB := context.WithCancel(ctx)
+	b := make(chan error, 1)
+	go func() {
+		_, err := p.Lock(bctx, "gone", WithWait(10*time.Second))
+		b <- err
+	}()
+	redistest.Eventually(t, 5*time.Second, "B at the gate", func() bool { return gateLen(p, "cg:lock:{gone}") == 1 })
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lkA := <-a
+	if lkA == nil {
+		t.FailNow()
+	}
+	testHookClaimed = cancelB // B gives up once A's release has claimed it
+	defer func() { testHookClaimed = nil }()
+	if err := lkA.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-b; !errors.Is(err, context.Canceled) {
+		t.Fatalf("B: %v, want context.Canceled", err)
+	}
+	// B was handed the lock by A's release, and gave it back.
+	redistest.Eventually(t, 5*time.Second, "lock free again", func() bool {
+		return rdb.Exists(ctx, "cg:lock:{gone}", "cg:q:{gone}").Val() == 0
+	})
+	lk, err := x.TryLock(ctx, "gone")
+	if err != nil {
+		t.Fatalf("after B gave up: %v", err)
+	}
+	lk.Unlock(ctx)
+}
+
+// gateLen is how many callers of c wait at its gate for the lock key.
+func gateLen(c *Client, key string) int {
+	c.mu.Lock()
+	g := c.gates[key]
+	c.mu.Unlock()
+	if g == nil {
+		return 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
+
+// TestHandOffClaimIsTheWaitersOwn: a hand-off's lease in Redis is the claim
+// the waiter counts with (the shorter of its own lease and the queue-place
+// ttl), whatever the releaser's lease: a releaser with a shorter lease once
+// set its own, and the waiter then believed it held the lock for longer than
+// Redis kept it.
+func TestHandOffClaimIsTheWaitersOwn(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	x, w := New(s.Client()), New(s.Client())
+	defer x.Close()
+	defer w.Close()
+	rdb := s.Client()
+	held, err := x.TryLock(ctx, "claim", WithLease(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lock, 1)
+	go func() {
+		lk, err := w.Lock(ctx, "claim", WithWait(10*time.Second), WithLease(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{claim}").Val() == 1 })
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	defer lk.Unlock(ctx)
+	pttl := rdb.PTTL(ctx, "cg:lock:{claim}").Val()
+	if local := lk.TTL(); local > pttl+50*time.Millisecond {
+		t.Fatalf("the holder counts %v left, Redis keeps the lock %v", local, pttl)
 	}
 }

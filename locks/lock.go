@@ -148,6 +148,7 @@ type held struct {
 	mu        sync.Mutex                // guards the fields below
 	lost      chan struct{}             // made on first use: most callers never ask
 	cancels   []context.CancelCauseFunc // of its Locks' Contexts (onEnd)
+	turn      *turnKeeper               // its process's gate turn for the name, kept after waiting (Client only)
 	lease     time.Duration
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
@@ -235,7 +236,33 @@ func (h *held) end(err error) bool {
 		cancel(h.endCause())
 	}
 	h.cancels = nil
+	if t := h.turn; t != nil {
+		h.turn = nil
+		defer t.pass(nil, turnOutcome{}) // after h.mu
+	}
 	return true
+}
+
+// keepTurn gives h its process's gate turn for the name (see gate), passed on
+// by its release, or when it ends.
+func (h *held) keepTurn(t *turnKeeper) {
+	h.mu.Lock()
+	if !h.ended {
+		h.turn, t = t, nil
+	}
+	h.mu.Unlock()
+	if t != nil {
+		t.pass(nil, turnOutcome{})
+	}
+}
+
+// takeTurn takes h's gate turn, for its release to pass on (nil if none).
+func (h *held) takeTurn() *turnKeeper {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.turn
+	h.turn = nil
+	return t
 }
 
 func (h *held) lostErr() error {

@@ -103,7 +103,7 @@ type config struct {
 	// once per Client (and per call only when the call has options).
 	leaseV, retentionV  any // the lease and the fence retention in ms
 	argsTryV, argsWaitV any // acquire.lua's "queue place ms,fair", without and with a place
-	argsReleaseV        any // release.lua's "fence retention ms,claim ms"
+	argsReleaseV        any // release.lua's "fence retention ms,queue-place ms"
 }
 
 // packFrom derives the packed arguments, reusing base's when the values they
@@ -127,7 +127,7 @@ func (c *config) pack() {
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	c.leaseV, c.retentionV = ms(c.lease), ms(c.retention())
 	c.argsTryV, c.argsWaitV = "0,"+fair, ms(placeTTL)+","+fair
-	c.argsReleaseV = ms(c.retention()) + "," + ms(min(c.lease, placeTTL))
+	c.argsReleaseV = ms(c.retention()) + "," + ms(placeTTL)
 }
 
 func defaults() config {

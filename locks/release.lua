@@ -1,23 +1,26 @@
 -- Release one hold of a lock, or withdraw from its queue; on the last hold, hand
 -- the lock straight to the longest-waiting live waiter and tell it.
 -- KEYS as acquire.lua. ARGV: owner, acquisition id of the hold to give back, own queue
--- member (or ''), "fence ttl ms,claim ms", publish command, and (optional) the holder's
--- fence token. Giving back a hold that is already gone (go-redis retrying a release whose
+-- member (or ''), "fence ttl ms,queue-place ttl ms", publish command, the holder's
+-- fence token (or ''), and the queue member of the next waiter of the holder's process (or
+-- ''): queued here, so that its wait costs no call of its own, when the hold is the holder's. Giving back a hold that is already gone (go-redis retrying a release whose
 -- reply was lost, or a waiter withdrawing that was never handed the lock) changes nothing;
 -- a retry of the release of the last hold is recognised as such (see below) and answers 0
 -- again.
--- The claim is the lease of a hand-off until the new holder renews it (a waiter that died
--- while queued thus blocks the lock for at most this long). A waiter's client listens on
+-- A hand-off's lease is a claim, the shorter of the waiter's own lease and the queue-place
+-- ttl, until the new holder renews it (a waiter that died while queued thus blocks the lock
+-- for at most this long); the waiter counts its lease the same way. A waiter's client listens on
 -- the channel KEYS[1]..':w:'..client id (same hash tag, so SPUBLISH stays in the script's
 -- slot).
--- Returns the remaining hold count (0 = released), or -1 when not held by owner.
+-- Returns the remaining hold count (0 = released), or -1 when not held by owner; when the
+-- last hold was handed to the next waiter given, that waiter's fence token (a string).
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, acq, mine = ARGV[1], ARGV[2], ARGV[3]
+local owner, acq, mine, nextm = ARGV[1], ARGV[2], ARGV[3], ARGV[7] or ''
 local hold = 'h:' .. acq
 local cur = redis.call('HMGET', lk, 'o', 'n', hold, 'w')
 
 -- Fast path: the last hold, and no waiter (w unset: see acquire.lua).
-if mine == '' and cur[1] == owner and cur[2] == '1' and cur[3] and not cur[4] then
+if mine == '' and nextm == '' and cur[1] == owner and cur[2] == '1' and cur[3] and not cur[4] then
   redis.call('DEL', lk)
   return 0
 end
@@ -34,18 +37,31 @@ if cur[1] ~= owner then
   if cur[1] == false and myfence ~= '' and redis.call('GET', fk) == myfence then return 0 end
   return -1
 end
-if not cur[3] then return tonumber(cur[2]) end
+local fts, pls = string.match(ARGV[4], '^(%d+),(%d+)$')
+local fencettl, place = tonumber(fts), tonumber(pls)
+local t = redis.call('TIME')
+local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if nextm ~= '' then
+  -- Queue the holder's process's next waiter (as acquire.lua queues a waiter).
+  local nl = tonumber(string.match(nextm, '|(%d+)|[^|]*|[^|]*$'))
+  redis.call('ZADD', q, 'NX', t[1] .. string.sub('00000' .. t[2], -6), nextm)
+  redis.call('ZADD', qt, nowms + place, nextm)
+  redis.call('PEXPIRE', q, place + nl)
+  redis.call('PEXPIRE', qt, place + nl)
+  cur[4] = '1'
+end
+if not cur[3] then
+  if nextm ~= '' then redis.call('HSET', lk, 'w', '1') end
+  return tonumber(cur[2])
+end
 if cur[2] ~= '1' then
   redis.call('HDEL', lk, hold)
+  if nextm ~= '' then redis.call('HSET', lk, 'w', '1') end
   return redis.call('HINCRBY', lk, 'n', -1)
 end
 redis.call('DEL', lk)
 if not cur[4] or redis.call('EXISTS', q) == 0 then return 0 end
 
-local fts, cls = string.match(ARGV[4], '^(%d+),(%d+)$')
-local fencettl, claim = tonumber(fts), tonumber(cls)
-local t = redis.call('TIME')
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
 if #dead > 0 then
   redis.call('ZREM', q, unpack(dead))
@@ -71,7 +87,8 @@ if head then
   redis.call('ZREM', qt, head)
   -- w: more waiters may be queued (a stale w only costs the next release this check)
   redis.call('HSET', lk, 'o', w, 'n', '1', 'f', f, 'h:' .. wacq, '1', 'p', owner .. '|' .. acq, 'w', '1')
-  redis.call('PEXPIRE', lk, math.min(wlease, claim))
+  redis.call('PEXPIRE', lk, math.min(wlease, place))
   redis.call(ARGV[5], chan, wacq .. ' ' .. f)
+  if head == nextm then return f end
 end
 return 0
