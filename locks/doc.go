@@ -59,8 +59,12 @@
 // within 2 s, and a hand-off to it is granted with a short claim lease (at
 // most 2 s) that only a live waiter renews. The fallback timer is the
 // holder's remaining lease, never a blind poll. By default a process holds
-// one place in the queue per name (its goroutines queue locally); WithFair
-// queues every caller individually, in global arrival order.
+// one place in the queue per name (its goroutines queue locally, and the
+// place passes from one to the next through the lock: the release of a lock
+// granted after waiting queues the process's next waiter in the same script,
+// or hands it the lock when nobody else waits, so a contended acquisition
+// costs one request); WithFair queues every caller individually, in global
+// arrival order.
 //
 // Reentrancy by owner: under WithOwner(ctx, id), a nested Lock of a name the
 // owner holds re-enters (hold count in the hash); each Unlock gives one hold
