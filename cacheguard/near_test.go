@@ -23,6 +23,15 @@ import (
 func childNear(ctx context.Context, rdb *redis.Client, key string) error {
 	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
 	defer g.Close()
+	// Ready once the near cache is subscribed and trusted: before that it
+	// keeps nothing, and the test's second read would come from Redis (seen
+	// under a loaded make test).
+	for deadline := time.Now().Add(10 * time.Second); !cacheguard.NearTrusted(g); {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("near cache not trusted within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	sc := bufio.NewScanner(os.Stdin)
 	fmt.Println("ready")
 	for sc.Scan() {
