@@ -704,6 +704,9 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 	case int64:
 		n = v
 		o.queued = next != nil && n >= 0
+		if v == -3 { // released (the lease had run out unnoticed), the next waiter not queued
+			n = 0
+		}
 	case string: // the last hold, handed to next with this fence
 		f, perr := strconv.ParseUint(v, 10, 64)
 		if perr != nil {

@@ -422,3 +422,52 @@ func TestHandOffClaimIsTheWaitersOwn(t *testing.T) {
 		t.Fatalf("the holder counts %v left, Redis keeps the lock %v", local, pttl)
 	}
 }
+
+// TestNextWaiterAfterUnnoticedExpiry: when the lease of a lock that keeps
+// its process's turn ran out unnoticed (nobody took the lock since), the
+// Unlock counts as a release but queues nobody; the next local waiter must
+// then try at once, not sleep as if queued (it would outlast a short wait).
+func TestNextWaiterAfterUnnoticedExpiry(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p, x := New(s.Client()), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	rdb := s.Client()
+	held, err := x.TryLock(ctx, "lapsed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := make(chan *Lock, 1)
+	go func() {
+		lk, err := p.Lock(ctx, "lapsed", WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		a <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, "cg:q:{lapsed}").Val() == 1 })
+	b := make(chan error, 1)
+	go func() {
+		lk, err := p.Lock(ctx, "lapsed", WithWait(300*time.Millisecond))
+		if err == nil {
+			err = lk.Unlock(ctx)
+		}
+		b <- err
+	}()
+	redistest.Eventually(t, 5*time.Second, "B at the gate", func() bool { return gateLen(p, "cg:lock:{lapsed}") == 1 })
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lkA := <-a
+	if lkA == nil {
+		t.FailNow()
+	}
+	rdb.Del(ctx, "cg:lock:{lapsed}") // A's lease ran out unnoticed; its fence is still the latest
+	if err := lkA.Unlock(ctx); err != nil {
+		t.Fatalf("A's Unlock: %v, want nil (nobody held the lock meanwhile)", err)
+	}
+	if err := <-b; err != nil {
+		t.Fatalf("B: %v, want the free lock within its 300ms wait", err)
+	}
+}

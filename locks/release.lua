@@ -13,7 +13,8 @@
 -- the channel KEYS[1]..':w:'..client id (same hash tag, so SPUBLISH stays in the script's
 -- slot).
 -- Returns the remaining hold count (0 = released), or -1 when not held by owner; when the
--- last hold was handed to the next waiter given, that waiter's fence token (a string).
+-- last hold was handed to the next waiter given, that waiter's fence token (a string); -3
+-- when the lease had run out unnoticed (released, as 0) and the next waiter was not queued.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, acq, mine, nextm = ARGV[1], ARGV[2], ARGV[3], ARGV[7] or ''
 local hold = 'h:' .. acq
@@ -34,7 +35,10 @@ if cur[1] ~= owner then
   -- it is gone and nobody took it since (the fence counter still holds this holder's token).
   if cur[1] and redis.call('HGET', lk, 'p') == owner .. '|' .. acq then return 0 end
   local myfence = ARGV[6] or ''
-  if cur[1] == false and myfence ~= '' and redis.call('GET', fk) == myfence then return 0 end
+  if cur[1] == false and myfence ~= '' and redis.call('GET', fk) == myfence then
+    if nextm ~= '' then return -3 end -- released, but the next waiter was not queued
+    return 0
+  end
   return -1
 end
 local fts, pls = string.match(ARGV[4], '^(%d+),(%d+)$')
