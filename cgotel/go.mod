@@ -2,15 +2,15 @@ module github.com/cacheguard/cacheguard/cgotel
 
 go 1.26.0
 
-replace github.com/cacheguard/cacheguard => ../
-
 require (
-	github.com/cacheguard/cacheguard v0.0.0-00010101000000-000000000000
+	github.com/cacheguard/cacheguard v0.0.0-20261125182851-962ecbdf1f36
+	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
+	golang.org/x/mod v0.32.0
 )
 
 require (
@@ -20,7 +20,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/jinzhu/now v1.1.5 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
