@@ -1,0 +1,275 @@
+// Package rcmd runs this module's Redis commands and Lua scripts, so that
+// every one of them is bounded on its own and every script is run one way.
+//
+// A Runner bounds each command, pipeline and script call by a command timeout
+// (DefaultTimeout unless set), separately from how long its caller is willing
+// to wait for anything else (another process's lock or fill): the command's
+// context ends at the earlier of the caller's deadline and the command
+// timeout. A command that the command timeout ended fails with an error
+// matching ErrTimeout (not context.DeadlineExceeded: the caller's context did
+// not end, Redis did not answer), and its context's cause is ErrTimeout, which
+// is how a go-redis hook such as locks.Breaker tells a stalled Redis from a
+// caller that gave up. The deadline reaches the socket only on a client with
+// ContextTimeoutEnabled (go-redis otherwise bounds a command by its
+// ReadTimeout and WriteTimeout alone): a package that must return within its
+// caller's context on any client waits for the reply off the caller's
+// goroutine there.
+//
+// A Script is sent as EVALSHA, alone or in a pipeline. A node that has not
+// seen it yet (new, restarted, promoted) answers NOSCRIPT; the call is then
+// sent once more as EVAL, which also caches the script there. SCRIPT LOAD is
+// never used: on a cluster it goes to every master and fails while one is down.
+package rcmd
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultTimeout is the command timeout of a Runner made with none: long
+// enough that a healthy Redis on a loaded machine (a script, a pipeline of a
+// few hundred commands, a test run with -race) never meets it, short enough
+// that a stalled Redis (paused, black-holed) turns into an error, and a
+// circuit breaker's count, within half a second.
+const DefaultTimeout = 500 * time.Millisecond
+
+// ErrTimeout is the error of a command that got no answer within its command
+// timeout, and the cause (context.Cause) of its context once that ended it.
+var ErrTimeout = errors.New("rcmd: redis command timed out")
+
+// Runner runs commands on one go-redis client, each bounded by the command
+// timeout. The zero value is not usable: see New. A Runner is safe for
+// concurrent use and holds no goroutines.
+type Runner struct {
+	rdb     redis.UniversalClient
+	timeout time.Duration
+}
+
+// New returns a Runner on rdb with the given command timeout (DefaultTimeout
+// when timeout <= 0).
+func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	return &Runner{rdb: rdb, timeout: timeout}
+}
+
+// Client returns the client r runs on.
+func (r *Runner) Client() redis.UniversalClient { return r.rdb }
+
+// Timeout returns r's command timeout.
+func (r *Runner) Timeout() time.Duration { return r.timeout }
+
+// noCancel is the cancel func of a context Bound did not derive.
+func noCancel() {}
+
+// Bound returns ctx bounded by the command timeout plus extra (for a command
+// that waits on the server by design, such as WAIT n timeout: extra is that
+// timeout), with ErrTimeout as the cause when that bound ends it; ctx itself
+// when its own deadline comes first (nothing is allocated then). Every
+// command of r runs under such a context; call cancel when done.
+func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	d := time.Now().Add(r.timeout + extra)
+	if dl, ok := ctx.Deadline(); ok && !dl.After(d) {
+		return ctx, noCancel
+	}
+	return context.WithDeadlineCause(ctx, d, ErrTimeout)
+}
+
+// TimedOut reports whether ctx, a context returned by Bound, was ended by its
+// command timeout rather than by its parent.
+func TimedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && context.Cause(ctx) == ErrTimeout
+}
+
+// Do runs one command (args is its command line; a Script's Args for a
+// script), bounded by the command timeout. A script the server does not have
+// is sent again as EVAL (args is rewritten in place).
+func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
+	bctx, cancel := r.Bound(ctx, 0)
+	cmd := r.rdb.Do(bctx, args...)
+	if NoScript(cmd.Err()) && ToEval(args) {
+		cmd = r.rdb.Do(bctx, args...)
+	}
+	settle(ctx, bctx, cmd)
+	cancel()
+	return cmd
+}
+
+// Run runs script s with keys and args, bounded by the command timeout.
+func (r *Runner) Run(ctx context.Context, s *Script, keys []string, args ...any) *redis.Cmd {
+	kv := make([]any, len(keys))
+	for i, k := range keys {
+		kv[i] = k
+	}
+	return r.Do(ctx, s.Args(kv, args...)...)
+}
+
+// Pipeliner is what Exec needs to send a pipeline: a go-redis client (a
+// *redis.Client of one node, for a pipeline that must stay on one
+// connection) or anything that hands out a Pipeliner to reuse.
+type Pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// Exec sends cmds in one pipeline on p (r's client when p is nil), bounded by
+// the command timeout plus extra (see Bound), made with ctx (the context the
+// commands were made with is not used). Each command carries its own outcome.
+// Script calls (made with Script.Cmd) that failed with NOSCRIPT are sent
+// again as EVAL in a second pipeline and their outcome copied back into them,
+// or, when whole is set, every command of cmds is sent again with them (a
+// WAIT must follow the write it waits for on the same connection; whole
+// needs every command to be a *redis.Cmd).
+func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extra time.Duration, whole bool) {
+	if p == nil {
+		p = r.rdb
+	}
+	bctx, cancel := r.Bound(ctx, extra)
+	defer cancel()
+	send := func(cs []redis.Cmder) {
+		pipe := p.Pipeline()
+		for _, c := range cs {
+			_ = pipe.Process(bctx, c)
+		}
+		_, _ = pipe.Exec(bctx) // each command carries its own error
+	}
+	send(cmds)
+	var again, orig []redis.Cmder
+	for _, c := range cmds {
+		if sc, ok := c.(*redis.Cmd); ok && NoScript(c.Err()) {
+			args := append([]any(nil), c.Args()...)
+			if ToEval(args) {
+				again = append(again, redis.NewCmd(bctx, args...))
+				orig = append(orig, sc)
+			}
+		}
+	}
+	if len(again) > 0 {
+		if whole {
+			again, orig = again[:0], orig[:0]
+			for _, c := range cmds {
+				args := append([]any(nil), c.Args()...)
+				ToEval(args)
+				again = append(again, redis.NewCmd(bctx, args...))
+				orig = append(orig, c)
+			}
+		}
+		send(again)
+		for i, c := range again {
+			copyCmd(orig[i], c.(*redis.Cmd))
+		}
+	}
+	for _, c := range cmds {
+		settle(ctx, bctx, c)
+	}
+}
+
+// copyCmd sets dst's outcome to src's.
+func copyCmd(dst redis.Cmder, src *redis.Cmd) {
+	d, ok := dst.(*redis.Cmd)
+	if !ok {
+		dst.SetErr(fmt.Errorf("rcmd: cannot re-send a %T in a whole pipeline", dst))
+		return
+	}
+	d.SetVal(src.Val())
+	d.SetErr(src.Err())
+}
+
+// settle gives a command that the command timeout ended ErrTimeout as its
+// error: ctx (the caller's) did not end, bctx (the command's) did, or the
+// socket's deadline, which is bctx's, came a moment before bctx counted as
+// ended.
+func settle(ctx, bctx context.Context, cmd redis.Cmder) {
+	err := cmd.Err()
+	if err == nil || bctx == ctx || ctx.Err() != nil || !isTimeout(err) {
+		return
+	}
+	if dl, ok := bctx.Deadline(); TimedOut(bctx) || ok && !time.Now().Before(dl) {
+		cmd.SetErr(timeoutError{err})
+	}
+}
+
+// timeoutError is the error of a command the command timeout ended: it
+// matches ErrTimeout, is a net.Error whose Timeout is true, and keeps what
+// go-redis said as text only — it must not match context.DeadlineExceeded,
+// which would say that the caller's context ended.
+type timeoutError struct{ err error }
+
+func (e timeoutError) Error() string        { return ErrTimeout.Error() + ": " + e.err.Error() }
+func (e timeoutError) Is(target error) bool { return target == ErrTimeout }
+func (timeoutError) Timeout() bool          { return true }
+func (timeoutError) Temporary() bool        { return true }
+
+// isTimeout reports an error that a deadline passing produces.
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// Script is a Lua script, run as EVALSHA. Make it once, with NewScript, at
+// package initialisation or in a constructor.
+type Script struct {
+	sha any // its SHA1 in hex, boxed once
+	src string
+}
+
+// sources maps every Script's SHA1 to its source, for the EVAL that follows a
+// NOSCRIPT (ToEval). It only ever grows, and a SHA1 always maps to the same
+// source.
+var sources sync.Map // string -> string
+
+// NewScript returns the Script of src.
+func NewScript(src string) *Script {
+	sum := sha1.Sum([]byte(src))
+	sha := hex.EncodeToString(sum[:])
+	sources.Store(sha, src)
+	return &Script{sha: sha, src: src}
+}
+
+// SHA returns the script's SHA1 in hex.
+func (s *Script) SHA() string { return s.sha.(string) }
+
+// Source returns the script's source.
+func (s *Script) Source() string { return s.src }
+
+// Args returns the EVALSHA command line of a call with keys (boxed by the
+// caller, who may reuse them across calls) and args.
+func (s *Script) Args(keys []any, args ...any) []any {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "evalsha", s.sha, len(keys))
+	a = append(a, keys...)
+	return append(a, args...)
+}
+
+// Cmd returns the EVALSHA command of a call, for Exec.
+func (s *Script) Cmd(ctx context.Context, keys []any, args ...any) *redis.Cmd {
+	return redis.NewCmd(ctx, s.Args(keys, args...)...)
+}
+
+// ToEval turns the EVALSHA command line of a Script's call into EVAL, in
+// place; it reports false (changing nothing) for any other command line.
+func ToEval(args []any) bool {
+	if len(args) < 2 || args[0] != "evalsha" {
+		return false
+	}
+	sha, _ := args[1].(string)
+	src, ok := sources.Load(sha)
+	if ok {
+		args[0], args[1] = "eval", src
+	}
+	return ok
+}
+
+// NoScript reports whether err is Redis's NOSCRIPT reply.
+func NoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }

@@ -1,0 +1,216 @@
+package rcmd_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+var redisAddr string
+
+func TestMain(m *testing.M) { redistest.Main(m, &redisAddr) }
+
+// counter counts the commands a client sends, by name, and records the
+// command contexts' causes when they ended.
+type counter struct {
+	mu     sync.Mutex
+	n      map[string]int
+	causes []error
+}
+
+func (c *counter) add(ctx context.Context, cmds ...redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	for _, cmd := range cmds {
+		c.n[cmd.Name()]++
+	}
+	if ctx.Err() != nil {
+		c.causes = append(c.causes, context.Cause(ctx))
+	}
+}
+
+func (c *counter) get(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		c.add(ctx, cmd)
+		return err
+	}
+}
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		c.add(ctx, cmds...)
+		return err
+	}
+}
+
+var echo = rcmd.NewScript("return {KEYS[1], ARGV[1]}")
+
+// TestRunSendsEVALOnceOnNoScript: a script goes as EVALSHA; a server without
+// it answers NOSCRIPT once and gets it as EVAL, after which EVALSHA suffices.
+func TestRunSendsEVALOnceOnNoScript(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	var c counter
+	rdb := s.Client()
+	rdb.AddHook(&c)
+	r := rcmd.New(rdb, 0)
+	if r.Timeout() != rcmd.DefaultTimeout {
+		t.Fatalf("timeout %v, want the default %v", r.Timeout(), rcmd.DefaultTimeout)
+	}
+	for i := range 3 {
+		v, err := r.Run(ctx, echo, []string{"k"}, "a").StringSlice()
+		if err != nil || len(v) != 2 || v[0] != "k" || v[1] != "a" {
+			t.Fatalf("call %d: %v %v", i, v, err)
+		}
+	}
+	if c.get("evalsha") != 3 || c.get("eval") != 1 {
+		t.Fatalf("sent %d EVALSHA and %d EVAL, want 3 and 1", c.get("evalsha"), c.get("eval"))
+	}
+}
+
+// TestExecNoScript: in a pipeline, the script calls a server does not have
+// are sent again as EVAL, and their outcome reaches the commands the caller
+// made; the other commands are not sent twice.
+func TestExecNoScript(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	var c counter
+	rdb := s.Client()
+	rdb.AddHook(&c)
+	r := rcmd.New(rdb, 0)
+	a, b := echo.Cmd(ctx, []any{"k1"}, "x"), echo.Cmd(ctx, []any{"k2"}, "y")
+	set := redis.NewStatusCmd(ctx, "set", "plain", "1")
+	r.Exec(ctx, nil, []redis.Cmder{a, set, b}, 0, false)
+	for i, cmd := range []*redis.Cmd{a, b} {
+		v, err := cmd.StringSlice()
+		if err != nil || len(v) != 2 || v[1] != []string{"x", "y"}[i] {
+			t.Fatalf("script call %d: %v %v", i, v, err)
+		}
+	}
+	if err := set.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if c.get("set") != 1 || c.get("eval") != 2 || c.get("evalsha") != 2 {
+		t.Fatalf("sent set %d, eval %d, evalsha %d; want 1, 2, 2", c.get("set"), c.get("eval"), c.get("evalsha"))
+	}
+}
+
+// TestExecWhole: with whole set, a NOSCRIPT sends every command again, so a
+// WAIT still follows the write it waits for, and its reply reaches the
+// caller's command.
+func TestExecWhole(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	var c counter
+	rdb := s.Client()
+	rdb.AddHook(&c)
+	r := rcmd.New(rdb, 0)
+	call := echo.Cmd(ctx, []any{"k"}, "z")
+	wait := redis.NewCmd(ctx, "wait", 0, 0)
+	r.Exec(ctx, rdb, []redis.Cmder{call, wait}, 0, true)
+	if v, err := call.StringSlice(); err != nil || v[1] != "z" {
+		t.Fatalf("script: %v %v", v, err)
+	}
+	if n, err := wait.Int(); err != nil || n != 0 {
+		t.Fatalf("wait: %v %v", n, err)
+	}
+	if c.get("wait") != 2 || c.get("eval") != 1 {
+		t.Fatalf("sent wait %d, eval %d; want 2 and 1", c.get("wait"), c.get("eval"))
+	}
+}
+
+// TestTimeoutOnStall: with the server paused, a command and a pipeline end
+// at the command timeout with ErrTimeout (not the caller's context error),
+// and their context's cause, as a hook sees it, is ErrTimeout; the calls
+// return while the server is still paused. A caller whose own deadline comes
+// first gets its context's error instead.
+func TestTimeoutOnStall(t *testing.T) {
+	s := redistest.Start(t)
+	var c counter
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	rdb.AddHook(&c)
+	r := rcmd.New(rdb, 100*time.Millisecond)
+	bg := context.Background()
+	if err := r.Do(bg, "ping").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	defer s.Resume()
+
+	start := time.Now()
+	err := r.Do(bg, "get", "k").Err()
+	t.Logf("a command on a paused server returned after %v: %v", time.Since(start), err)
+	if !errors.Is(err, rcmd.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("command: %v, want ErrTimeout and not context.DeadlineExceeded", err)
+	}
+	if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("command: %v is not a net.Error timeout", err)
+	}
+	get := redis.NewStringCmd(bg, "get", "k")
+	run := echo.Cmd(bg, []any{"k"}, "v")
+	r.Exec(bg, nil, []redis.Cmder{get, run}, 0, false)
+	for _, cmd := range []redis.Cmder{get, run} {
+		if err := cmd.Err(); !errors.Is(err, rcmd.ErrTimeout) {
+			t.Fatalf("pipelined %s: %v, want ErrTimeout", cmd.Name(), err)
+		}
+	}
+	c.mu.Lock()
+	causes := append([]error(nil), c.causes...)
+	c.mu.Unlock()
+	if len(causes) < 2 {
+		t.Fatalf("hooks saw causes %v, want ErrTimeout for the command and the pipeline", causes)
+	}
+	for _, cause := range causes {
+		if cause != rcmd.ErrTimeout {
+			t.Fatalf("hooks saw causes %v, want ErrTimeout", causes)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	err = r.Do(ctx, "get", "k").Err()
+	if errors.Is(err, rcmd.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with the caller's shorter deadline: %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// TestBoundKeepsEarlierDeadline: a caller's deadline earlier than the
+// command timeout is the command's; no context is derived.
+func TestBoundKeepsEarlierDeadline(t *testing.T) {
+	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), time.Second)
+	defer r.Client().Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if b, stop := r.Bound(ctx, 0); b != ctx {
+		stop()
+		t.Fatal("Bound derived a context from one with an earlier deadline")
+	}
+	b, stop := r.Bound(context.Background(), 0)
+	defer stop()
+	if dl, ok := b.Deadline(); !ok || time.Until(dl) > time.Second {
+		t.Fatalf("bound deadline %v %v, want within the command timeout", dl, ok)
+	}
+	<-b.Done()
+	if !rcmd.TimedOut(b) {
+		t.Fatalf("cause %v, want ErrTimeout", context.Cause(b))
+	}
+}
