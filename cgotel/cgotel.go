@@ -18,7 +18,9 @@
 //     "coalesced_remote", "stale", "early_refresh", "negative_hit",
 //     "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit",
 //     "fail_safe").
-//   - cacheguard.cache.load.duration{error}: how long each load ran.
+//   - cacheguard.cache.load.duration{error}: how long each load ran; a load
+//     whose loader answered cacheguard.ErrUncached (a result not to be
+//     stored, not a failure) counts as error=false.
 //   - cacheguard.lock.events{event}: every lock outcome, by locks.EventKind
 //     ("acquired", "not_obtained", "released", "lost", "renewal_failed",
 //     "breaker_opened", "breaker_closed").
@@ -45,6 +47,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -203,7 +206,9 @@ func (a *Adapter) CacheObserver() func(context.Context, cacheguard.Event) {
 		if e.Kind != cacheguard.EventLoad {
 			return
 		}
-		failed := e.Err != nil
+		// A loader's cacheguard.ErrUncached is an answer that is not to be
+		// stored (ginmw.Cache's private or oversized pages), not a failure.
+		failed := e.Err != nil && !errors.Is(e.Err, cacheguard.ErrUncached)
 		if failed {
 			a.loadTime.Record(ctx, e.Duration.Seconds(), loadErr)
 		} else {

@@ -2,6 +2,8 @@ package cgotel_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,5 +201,31 @@ func TestContendedAndLostLock(t *testing.T) {
 	}
 	if waits != 3 {
 		t.Fatalf("%d wait spans, want 3", waits)
+	}
+}
+
+// TestUncachedLoadIsNotAFailure: a load whose loader answers with
+// cacheguard.ErrUncached — a result that is not a failure but is not to be
+// stored, as ginmw.Cache's loads of private or oversized pages are — is
+// recorded as a successful load, not with error=true; a load that failed is.
+func TestUncachedLoadIsNotAFailure(t *testing.T) {
+	r := newRig(t)
+	s := redistest.Start(t)
+	g := cacheguard.New(s.Client(), cacheguard.Observer(r.a.CacheObserver()))
+	t.Cleanup(func() { _ = g.Close() })
+	ctx := context.Background()
+	uncached := func(context.Context) (string, error) {
+		return "", fmt.Errorf("page over MaxBody: %w", cacheguard.ErrUncached)
+	}
+	if _, err := cacheguard.Get(ctx, g, "page:big", uncached); !errors.Is(err, cacheguard.ErrUncached) {
+		t.Fatalf("Get: %v", err)
+	}
+	failed := func(context.Context) (string, error) { return "", errors.New("database down") }
+	if _, err := cacheguard.Get(ctx, g, "page:down", failed); err == nil {
+		t.Fatal("Get of a failing load: no error")
+	}
+	c := r.counts(t)["cacheguard.cache.load.duration"]
+	if c["false"] != 1 || c["true"] != 1 {
+		t.Fatalf("load-duration samples by error: %v, want one false (the uncached answer) and one true", c)
 	}
 }
