@@ -20,18 +20,27 @@ import (
 var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 
 // Cache returns middleware that caches the status, headers and body of GET and
-// HEAD responses for ttl, through cacheguard: when an entry is missing or
-// expired, one request across every process sharing the Redis runs the
-// handler while the others wait for its response (or are served the stale one,
-// under cacheguard.ServeStale). Other methods pass through.
+// HEAD responses for ttl, through cacheguard, as a shared cache in RFC 9111's
+// sense: when an entry is missing or expired, one request across every process
+// sharing the Redis runs the handler while the others wait for its response
+// (or are served the stale one, under cacheguard.ServeStale). Other methods
+// pass through.
 //
 // The response carries X-Cache: HIT, MISS (this request ran the handler),
 // STALE, COALESCED (served the response another request loaded), or BYPASS
-// (not cached: see below). By default Cache never stores a response that is
-// not 2xx (or is 206), that sets a cookie, or whose body exceeds MaxBody, and
-// requests that carry Authorization or Range bypass it. Conditional requests
-// are answered from the stored response (304 on a matching ETag or
-// Last-Modified); the handler itself always sees an unconditional request.
+// (this request's handler ran for it alone). What may be stored, and shared
+// with the requests that waited for a load, is decided from the request and
+// the response's own headers (see the package documentation, Cache): never a
+// response marked no-store, private or no-cache, setting a cookie, varying on
+// a header Cache does not key by, or answering a request with Authorization
+// without public, s-maxage or must-revalidate; never longer than its own
+// s-maxage, max-age or Expires when shorter than ttl. Responses that are not
+// 2xx (or are 206), or whose body exceeds MaxBody, are shared with the
+// requests of the process that waited for them, and not stored. Range
+// requests and requests with Cache-Control: no-store bypass Cache.
+// Conditional requests are answered from the stored response (304 on a
+// matching ETag or Last-Modified); the handler itself always sees an
+// unconditional request.
 //
 // The handler runs on its request's goroutine, under a context that keeps the
 // request's values but is detached from its cancellation (other requests may
@@ -45,14 +54,15 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 	case ttl <= 0:
 		panic("ginmw: Cache called with a non-positive TTL")
 	}
-	cfg := cacheConfig{maxBody: defaultMaxBody}
+	cfg := cacheConfig{maxBody: defaultMaxBody, maxSharedBody: defaultMaxSharedBody}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.maxBody <= 0 {
-		panic("ginmw: MaxBody must be positive")
+	if cfg.maxBody <= 0 || cfg.maxSharedBody <= 0 {
+		panic("ginmw: MaxBody and MaxSharedBody must be positive")
 	}
-	m := &cacheMW{g: g, cfg: cfg}
+	cfg.maxSharedBody = max(cfg.maxSharedBody, cfg.maxBody)
+	m := &cacheMW{g: g, cfg: cfg, ttl: ttl}
 	m.guardOpts = append(append([]cacheguard.CallOption(nil), cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
 	if cfg.engine == nil {
 		m.guardOpts = append(m.guardOpts, cacheguard.EarlyRefresh(0))
@@ -66,27 +76,114 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 type cacheMW struct {
 	g         *cacheguard.Guard
 	cfg       cacheConfig
-	guardOpts []cacheguard.CallOption // without ReportTo
+	ttl       time.Duration
+	guardOpts []cacheguard.CallOption // with TTL(ttl); without Variant and ReportTo
 }
 
-// pending is one request's Get. The Get runs on the request's goroutine; when
-// the load needs the handler, the loader (on a goroutine of cacheguard's)
-// leaves an ask and cancels the Get's context, so that the request's
-// goroutine returns from Get, runs the handler and replies. Once the request
-// has left Cache, a loader runs the route again through BackgroundRefresh
-// instead.
+// entry names where a request's response is stored: the variant of the
+// request's key, and the TTL it is stored for.
+type entry struct {
+	variant string
+	ttl     time.Duration
+	// strict: the response found there must not be served stale, so the
+	// entry is read again under the Wait policy, without FailSafe or
+	// SoftTimeout.
+	strict bool
+}
+
+// maxHops bounds how many entries one request reads: a stored response whose
+// own lifetime ended leads to the entry kept for that lifetime, a stale one
+// that must not be served stale to a second read, and a load that declined to
+// run (no request left to run it) is asked again.
+const maxHops = 4
+
+func (m *cacheMW) serve(c *gin.Context) {
+	r := c.Request
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		c.Next()
+		return
+	}
+	if slot, ok := r.Context().Value(refreshKey{}).(*refreshSlot); ok {
+		m.serveRefresh(c, slot)
+		return
+	}
+	if m.bypass(r) != "" {
+		c.Header("X-Cache", "BYPASS")
+		c.Next()
+		return
+	}
+	key, variant, err := m.cacheKey(c)
+	if err != nil {
+		writeError(c, badKey(err))
+		return
+	}
+	e := entry{variant: variant, ttl: m.ttl}
+	for hop := 1; ; hop++ {
+		g := m.get(c, key, e)
+		if g.ran {
+			// This request's handler ran for the load; its response was
+			// streamed to its client already when it outgrew MaxBody.
+			if g.own != nil && !g.own.oversize {
+				writeResponse(c, g.own, "MISS")
+			}
+			return
+		}
+		resp, err := g.resp, g.err
+		switch {
+		case err == nil && resp.expired(time.Now().UnixMilli()):
+			// Its own lifetime, shorter than the TTL it was stored for, is
+			// over: the response for now is in the entry kept for that lifetime.
+			e = entry{variant: variant + " lifetime:" + resp.lifetime.String(), ttl: resp.lifetime}
+		case err == nil && g.res == cacheguard.Stale && resp.strict && !e.strict:
+			e.strict = true // must-revalidate and the like: wait for a fresh one
+		case err == nil:
+			writeResponse(c, resp, g.res.String())
+			return
+		case errors.Is(err, errNoRequest) && r.Context().Err() == nil:
+			// This request joined a load that declined to run (a load left
+			// without its request): ask again, one of the callers takes the
+			// fill now.
+		default:
+			m.finish(c, key, err)
+			return
+		}
+		if hop == maxHops {
+			c.Header("X-Cache", "BYPASS")
+			c.Next()
+			return
+		}
+	}
+}
+
+// got is what one entry's read gave a request.
+type got struct {
+	resp *response
+	res  cacheguard.Result
+	err  error
+	own  *response // the response of this request's handler, when it ran for a load
+	ran  bool
+}
+
+// pending is one request's cacheguard.Get of an entry. The Get runs on a
+// goroutine of its own; the request's goroutine waits for its result and,
+// when the load needs the handler, runs it: the loader (on a goroutine of
+// cacheguard's) leaves an ask, the request's goroutine runs the handler and
+// replies, then goes on waiting until the Get returns — after the response
+// is stored, so that a request that follows is a HIT. The handler runs at
+// most once per request; a loader that asks once the request has left (or
+// asks again) runs the route through BackgroundRefresh instead.
 type pending struct {
-	m         *cacheMW
-	key       string
-	variant   string
-	req       *http.Request // the request as it reached Cache
-	cancelGet context.CancelFunc
+	m   *cacheMW
+	e   entry
+	req *http.Request // the request as it reached Cache
+	// ev carries the loader's ask, then nil once the Get returned (with its
+	// result in got): at most two sends, so it never blocks.
+	ev  chan *loadAsk
+	got got // written by the Get's goroutine before it sends nil on ev
 
-	res cacheguard.Result // how the Get was served (ReportTo)
-
-	mu   sync.Mutex // guards ask, left
-	ask  *loadAsk
-	left bool // the request no longer takes asks
+	mu    sync.Mutex // guards asked, left, and the send of an ask
+	asked bool
+	left  bool // the request no longer takes asks
 }
 
 type loadAsk struct {
@@ -99,115 +196,60 @@ type loadReply struct {
 	err  error
 }
 
-func (m *cacheMW) serve(c *gin.Context) {
-	r := c.Request
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		c.Next()
-		return
+// get reads entry e of key for the request, running its handler when the
+// load asks for it.
+func (m *cacheMW) get(c *gin.Context, key string, e entry) got {
+	p := &pending{m: m, e: e, req: c.Request, ev: make(chan *loadAsk, 2)}
+	opts := make([]cacheguard.CallOption, 0, len(m.guardOpts)+6)
+	opts = append(append(opts, m.guardOpts...), cacheguard.Variant(e.variant), cacheguard.ReportTo(&p.got.res))
+	if e.ttl != m.ttl {
+		opts = append(opts, cacheguard.TTL(e.ttl))
 	}
-	if slot, ok := r.Context().Value(refreshKey{}).(*refreshSlot); ok {
-		m.serveRefresh(c, slot)
-		return
+	if e.strict {
+		opts = append(opts, cacheguard.Wait(), cacheguard.FailSafe(0, 0), cacheguard.SoftTimeout(0))
 	}
-	if (!m.cfg.allowAuthz && r.Header.Get("Authorization") != "") || r.Header.Get("Range") != "" {
-		c.Header("X-Cache", "BYPASS")
-		c.Next()
-		return
-	}
-	key, variant, err := m.cacheKey(c)
-	if err != nil {
-		writeError(c, badKey(err))
-		return
-	}
-
-	for tries := 0; ; tries++ {
-		gctx, cancel := context.WithCancel(r.Context())
-		p := &pending{m: m, key: key, variant: variant, req: r, cancelGet: cancel}
-		opts := make([]cacheguard.CallOption, 0, len(m.guardOpts)+2)
-		opts = append(append(opts, m.guardOpts...), cacheguard.Variant(variant), cacheguard.ReportTo(&p.res))
-		resp, err := cacheguard.Get(gctx, m.g, key, p.load, opts...)
-		cancel()
-		p.mu.Lock()
-		a := p.ask
-		p.left = true
-		p.mu.Unlock()
+	go p.read(key, opts) // ends when the Get does, within the request's context and the wait budget
+	var own *response
+	ran := false
+	for a := range p.ev {
 		if a != nil {
-			// The load needs this request's handler (other requests may be waiting for it).
-			if out := p.answer(c, a); out != nil {
-				if out.cacheable() {
-					m.settle(r.Context(), key, variant)
-				}
-				writeResponse(c, out, "MISS")
-			}
-			return
-		}
-		if (errors.Is(err, errSettled) || errors.Is(err, errNoRequest)) && tries < 2 && r.Context().Err() == nil {
-			// This request joined a load that declined to run (another
-			// request's settle, or a load left without its request): ask
-			// again, one of the callers takes the fill now.
+			own, ran = p.answer(c, a), true
 			continue
 		}
-		m.finish(c, p, resp, err)
-		return
-	}
-}
-
-// answer runs the handler for the load, replies, and returns the response for
-// this request's client (nil when it was streamed to the client already).
-func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
-	replied := false
-	defer func() {
-		if !replied { // the handler panicked: the panic goes on to Gin's recovery
-			a.reply <- loadReply{err: errHandlerPanicked}
+		p.mu.Lock()
+		p.left = true
+		select {
+		case a = <-p.ev: // asked as the Get ended (its client went away): others wait for this load
+		default:
 		}
-	}()
-	resp := p.m.run(c, a.ctx)
-	a.reply <- loaded(resp)
-	replied = true
-	return resp
-}
-
-// settle waits until the load this request answered has stored its response,
-// so that a request that follows this one is served from the cache instead of
-// joining a load that has already answered: it joins that load with a Get, or
-// reads what it stored. Should the entry be gone meanwhile (invalidated), the
-// Get finds no load to join and its loader declines, so nothing old is
-// stored. It declines with an error matching cacheguard.ErrClosed, which
-// hands the fill over: the waiters of other processes take it over instead
-// of failing, and requests here that joined it ask again.
-func (m *cacheMW) settle(ctx context.Context, key, variant string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer cancel()
-	opts := append(m.guardOpts[:len(m.guardOpts):len(m.guardOpts)], cacheguard.Variant(variant))
-	_, _ = cacheguard.Get(ctx, m.g, key, refuseLoad, opts...) // only waiting
-}
-
-// settleTimeout bounds settle: the store it waits for is one round trip.
-const settleTimeout = 500 * time.Millisecond
-
-var errSettled = fmt.Errorf("ginmw: entry gone after its load answered, load declined: %w", cacheguard.ErrClosed)
-
-func refuseLoad(context.Context) (*response, error) { return nil, errSettled }
-
-// loaded is what the loader returns for a response the handler produced.
-func loaded(resp *response) loadReply {
-	if resp == nil || !resp.cacheable() {
-		return loadReply{err: &uncacheableError{resp: resp}}
+		p.mu.Unlock()
+		if a != nil {
+			own, ran = p.answer(c, a), true
+		}
+		break
 	}
-	return loadReply{resp: resp}
+	g := p.got
+	g.own, g.ran = own, ran
+	return g
+}
+
+// read runs the Get.
+func (p *pending) read(key string, opts []cacheguard.CallOption) {
+	p.got.resp, p.got.err = cacheguard.Get(p.req.Context(), p.m.g, key, p.load, opts...)
+	p.ev <- nil
 }
 
 // load is the cacheguard loader: it runs on a goroutine of cacheguard's.
 func (p *pending) load(ctx context.Context) (*response, error) {
 	a := &loadAsk{ctx: ctx, reply: make(chan loadReply, 1)}
 	p.mu.Lock()
-	if p.left || p.ask != nil {
+	if p.left || p.asked {
 		p.mu.Unlock()
-		return p.m.refresh(ctx, p.req, p.key, p.variant)
+		return p.m.refresh(ctx, p.req, p.e)
 	}
-	p.ask = a
+	p.asked = true
+	p.ev <- a // never blocks: one ask per request
 	p.mu.Unlock()
-	p.cancelGet() // the request's goroutine returns from Get and takes the ask
 	select {
 	case r := <-a.reply:
 		return r.resp, r.err
@@ -216,10 +258,41 @@ func (p *pending) load(ctx context.Context) (*response, error) {
 	}
 }
 
+// answer runs the handler for the load, replies, and returns the response
+// (nil when it was streamed to the client and not kept).
+func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
+	replied := false
+	defer func() {
+		if !replied { // the handler panicked: the panic goes on to Gin's recovery
+			a.reply <- loadReply{err: errHandlerPanicked}
+		}
+	}()
+	resp := p.m.run(c, a.ctx)
+	a.reply <- p.m.loaded(p.req, resp, p.e.ttl)
+	replied = true
+	return resp
+}
+
+// loaded is what the loader returns for a response the handler produced for
+// req, for an entry stored for ttl: the response to store, marked with what
+// decide found, or an *uncacheableError.
+func (m *cacheMW) loaded(req *http.Request, r *response, ttl time.Duration) loadReply {
+	v := m.decide(req, r)
+	if !v.store {
+		return loadReply{err: &uncacheableError{resp: r, v: v}}
+	}
+	r.strict = v.strict
+	if v.ttl > 0 && v.ttl < ttl {
+		r.lifetime, r.expires = v.ttl, time.Now().Add(v.ttl).UnixMilli()
+	}
+	return loadReply{resp: r}
+}
+
 // run runs the rest of the chain with its output captured, under a context
 // that keeps the request's values but follows the load's cancellation, with
 // the validators removed from the request. It returns nil when the response
-// passed through (streamed, too large, hijacked).
+// passed through and was not kept (flushed, hijacked, larger than
+// MaxSharedBody).
 func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 	origReq, origW := c.Request, c.Writer
 	base := context.WithoutCancel(origReq.Context())
@@ -233,7 +306,7 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 	stop := context.AfterFunc(lctx, cancel)
 	req := origReq.WithContext(hctx)
 	req.Header = unconditional(origReq.Header)
-	w := newCaptureWriter(origW, m.cfg.maxBody)
+	w := newCaptureWriter(origW, m.cfg.maxBody, m.cfg.maxSharedBody)
 	c.Request, c.Writer = req, w
 	defer func() {
 		stop()
@@ -244,15 +317,13 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 	return w.captured(m.cfg.vary, origReq.Method == http.MethodHead)
 }
 
-// finish answers a request whose Get ended without asking for its handler.
-func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) {
+// finish answers a request whose Get failed without running its handler.
+func (m *cacheMW) finish(c *gin.Context, key string, err error) {
 	var unc *uncacheableError
 	switch {
-	case err == nil:
-		writeResponse(c, resp, p.res.String())
 	case c.Request.Context().Err() != nil:
 		c.AbortWithStatus(StatusClientClosedRequest)
-	case errors.As(err, &unc) && unc.resp != nil && unc.resp.shareable():
+	case errors.As(err, &unc) && unc.v.share:
 		writeResponse(c, unc.resp, "COALESCED")
 	case errors.Is(err, cacheguard.ErrMiss) && m.cfg.engine == nil:
 		// FailFast fills in the background, which needs BackgroundRefresh
@@ -262,11 +333,12 @@ func (m *cacheMW) finish(c *gin.Context, p *pending, resp *response, err error) 
 		c.Header("X-Cache", "BYPASS")
 		c.Next()
 	case errors.Is(err, cacheguard.ErrMiss), errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrUnavailable):
-		writeError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: p.key, RetryAfter: time.Second, Cause: err})
+		writeError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, Resource: key, RetryAfter: time.Second, Cause: err})
 	default:
 		// The load this request waited for produced nothing it may replay (a
-		// response setting a cookie, a streamed one, a panic, a failure in
-		// another process), or the cache failed: run the handler here, uncached.
+		// response another user may not see, a streamed one, a panic, a
+		// failure in another process), or the cache failed: run the handler
+		// here, for this request alone.
 		if unc == nil {
 			c.Error(err) //nolint:errcheck // recorded for loggers
 		}

@@ -32,9 +32,12 @@ func PathKey(p string, query url.Values) string {
 // cacheKey returns the name of the request's entry (the resource name given
 // to CacheKey, or PathKey) and its variant: the method — a handler may write
 // no body for HEAD (http.ServeContent does not), so HEAD never shares GET's
-// entry — and the hash of the VaryByHeader values. cacheguard keeps each
-// variant apart from the others and from values cached under the same name
-// by cacheguard.Get, and Invalidate(name) voids them all.
+// entry — the host, lower-cased (unless IgnoreHost), and the hash of the
+// VaryByHeader values. cacheguard keeps each variant apart from the others
+// and from values cached under the same name by cacheguard.Get, and
+// Invalidate(name) voids them all: the host is in the variant, not the name,
+// so that one Invalidate (InvalidateAfter, gormplugin's) reaches the entries
+// of every host.
 func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 	r := c.Request
 	var k string
@@ -52,6 +55,9 @@ func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 		k = PathKey(r.URL.Path, q)
 	}
 	variant = r.Method
+	if !m.cfg.ignoreHost {
+		variant += " " + strings.ToLower(r.Host)
+	}
 	if len(m.cfg.vary) > 0 {
 		h := sha256.New()
 		for _, name := range m.cfg.vary {

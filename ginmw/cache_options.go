@@ -7,21 +7,25 @@ import (
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
-// defaultMaxBody is the largest response body Cache stores unless MaxBody
-// says otherwise.
-const defaultMaxBody = 1 << 20
+// The defaults of MaxBody and MaxSharedBody.
+const (
+	defaultMaxBody       = 1 << 20
+	defaultMaxSharedBody = 16 << 20
+)
 
 // CacheOption configures Cache.
 type CacheOption func(*cacheConfig)
 
 type cacheConfig struct {
-	key        *Key     // nil: the normalised path and query
-	vary       []string // canonical header names, sorted
-	guardOpts  []cacheguard.CallOption
-	engine     http.Handler
-	maxBody    int
-	allowAuthz bool
-	tags       []string
+	key            *Key     // nil: the normalised path and query
+	vary           []string // canonical header names, sorted
+	guardOpts      []cacheguard.CallOption
+	engine         http.Handler
+	maxBody        int
+	maxSharedBody  int
+	ignoreHost     bool
+	requestNoCache bool
+	tags           []string
 }
 
 // CacheKey names the cached entry with key instead of the normalised path and
@@ -38,8 +42,10 @@ func CacheKey(key Key) CacheOption {
 
 // VaryByHeader keeps one entry per combination of the values of these request
 // headers (e.g. "Accept-Language"), and adds them to the response's Vary
-// header. The default varies by none. Invalidate of the entry's name drops
-// every combination.
+// header. A response whose own Vary names a header not listed here (or "*")
+// is never stored nor shared with other requests, since Cache would serve it
+// across values of that header. The default varies by none. Invalidate of the
+// entry's name drops every combination.
 func VaryByHeader(names ...string) CacheOption {
 	return func(c *cacheConfig) {
 		for _, n := range names {
@@ -75,15 +81,31 @@ func BackgroundRefresh(h http.Handler) CacheOption {
 }
 
 // MaxBody sets the largest response body Cache stores; a larger response is
-// streamed to its client as the handler writes it, and not cached. The default
-// is 1 MiB.
+// streamed to its client as the handler writes it, and not stored, but still
+// shared with the requests of this process that waited for it (see
+// MaxSharedBody). The default is 1 MiB.
 func MaxBody(n int) CacheOption { return func(c *cacheConfig) { c.maxBody = n } }
 
-// AllowAuthorization caches requests that carry an Authorization header. By
-// default they bypass the cache, since their responses usually depend on who
-// asks; use this only when they do not, or together with
-// VaryByHeader("Authorization").
-func AllowAuthorization() CacheOption { return func(c *cacheConfig) { c.allowAuthz = true } }
+// MaxSharedBody sets the largest response body kept in memory, once the
+// handler has written more than MaxBody, for the requests of this process
+// that waited for the same load; past it they run their own handler. It is at
+// least MaxBody. The default is 16 MiB.
+func MaxSharedBody(n int) CacheOption { return func(c *cacheConfig) { c.maxSharedBody = n } }
+
+// IgnoreHost leaves the request's host out of the key, for an engine that
+// serves a single host under several names. By default the host
+// (lower-cased) is part of the key, so that two virtual hosts never share an
+// entry.
+func IgnoreHost() CacheOption { return func(c *cacheConfig) { c.ignoreHost = true } }
+
+// HonorRequestNoCache makes a request that asks not to be served from a
+// cache — Cache-Control: no-cache or max-age=0, or Pragma: no-cache without
+// Cache-Control — bypass Cache: its handler runs for it alone, its response is
+// not stored, and the stored entry stays. By default those request
+// directives are ignored, as nginx and Varnish ignore them: the response's own
+// directives and the TTL decide, and a client's reload never makes a hot key
+// miss for everyone. A request's no-store always bypasses.
+func HonorRequestNoCache() CacheOption { return func(c *cacheConfig) { c.requestNoCache = true } }
 
 // CacheTags stores the responses as depending on tags (see cacheguard.Tags),
 // e.g. CacheTags("repos") on a list page that shows repositories: a

@@ -12,20 +12,19 @@ type refreshKey struct{}
 // refreshSlot carries a background refresh's response back from the copy of
 // the request sent through the engine.
 type refreshSlot struct {
-	key     string
-	variant string
-	served  bool
-	resp    *response
+	m      *cacheMW // the Cache that asked
+	served bool
+	resp   *response
 }
 
-// refresh loads an entry when no request is there to run the handler: it
-// sends a copy of orig through the engine (BackgroundRefresh), whose Cache
+// refresh loads entry e when no request is there to run the handler:
+// it sends a copy of orig through the engine (BackgroundRefresh), whose Cache
 // middleware runs the chain and hands the captured response back.
-func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key, variant string) (*response, error) {
+func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, e entry) (*response, error) {
 	if m.cfg.engine == nil {
 		return nil, errNoRequest
 	}
-	slot := &refreshSlot{key: key, variant: variant}
+	slot := &refreshSlot{m: m}
 	req := orig.Clone(context.WithValue(ctx, refreshKey{}, slot))
 	req.Body = http.NoBody
 	req.ContentLength = 0
@@ -33,14 +32,13 @@ func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, key, variant 
 	if !slot.served {
 		return nil, errNotServed
 	}
-	r := loaded(slot.resp)
+	r := m.loaded(orig, slot.resp, e.ttl)
 	return r.resp, r.err
 }
 
 // serveRefresh runs the chain for a background refresh's copy of a request.
 func (m *cacheMW) serveRefresh(c *gin.Context, slot *refreshSlot) {
-	key, variant, err := m.cacheKey(c)
-	if err != nil || key != slot.key || variant != slot.variant {
+	if slot.m != m {
 		c.Next() // another Cache on the same chain
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -21,36 +22,34 @@ type response struct {
 	status int
 	header http.Header
 	body   []byte
+
+	// Set when it is stored (see cacheMW.loaded), and kept with it.
+	strict   bool          // never served stale (see verdict)
+	lifetime time.Duration // its own lifetime, when shorter than the TTL it was stored for; else 0
+	expires  int64         // when that lifetime ends, in Unix milliseconds; 0 without one
+
+	oversize bool // the body outgrew MaxBody (not kept)
 }
 
-// cacheable reports whether r may be stored: a 2xx other than 206 Partial
-// Content that sets no cookie.
-func (r *response) cacheable() bool {
-	return r.status >= 200 && r.status < 300 && r.status != http.StatusPartialContent && !r.setsCookie()
-}
-
-// shareable reports whether r, though not stored, may be handed to the
-// callers of this process that waited for the same load (an error page, a
-// redirect): it sets no cookie.
-func (r *response) shareable() bool { return !r.setsCookie() }
-
-func (r *response) setsCookie() bool { return len(r.header["Set-Cookie"]) > 0 }
+// expired reports whether r's own lifetime has ended at now (Unix ms).
+func (r *response) expired(now int64) bool { return r.expires != 0 && now >= r.expires }
 
 // hopHeaders are not stored as the handler set them: they describe one
 // connection, are Cache's own, or (Content-Length) are computed by Cache.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",
 	"Upgrade", "Trailer", "Te", "Content-Length", "X-Cache"}
 
-// uncacheableError is a load whose response must not be stored; the callers
-// of this process that waited for it receive it and replay it when it is
-// shareable, or else run their own handler.
+// uncacheableError is a load whose response is not stored; the callers of
+// this process that waited for it receive it, and replay it when decide let it
+// be shared, or else run their own handler.
 type uncacheableError struct {
-	resp *response // nil when the response was streamed
+	resp *response // nil when it was not kept (streamed, hijacked)
+	v    verdict
 }
 
-// Unwrap makes a response that is not a server error (a 2xx that sets a
-// cookie, a 4xx, a streamed one) match cacheguard.ErrUncached: it is an
-// answer, not a failed load, so cacheguard.FailSafe never serves an older
+// Unwrap makes every response but a server error match cacheguard.ErrUncached:
+// it is an answer, not a failed load (observers and cgotel count it as a
+// load without error), and cacheguard.FailSafe never serves an older
 // response in its place. A 5xx is a failed load.
 func (e *uncacheableError) Unwrap() error {
 	if e.resp != nil && e.resp.status >= 500 {
@@ -60,10 +59,10 @@ func (e *uncacheableError) Unwrap() error {
 }
 
 func (e *uncacheableError) Error() string {
-	if e.resp == nil {
-		return "ginmw: response streamed, not cached"
+	if e.v.share {
+		return "ginmw: response not stored (" + e.v.why + "), shared with the requests that waited for it"
 	}
-	return fmt.Sprintf("ginmw: response with status %d not cached", e.resp.status)
+	return "ginmw: response not stored (" + e.v.why + ")"
 }
 
 var (
@@ -176,10 +175,14 @@ func unconditional(h http.Header) http.Header {
 
 // respCodec stores a *response compactly (the cacheguard payload):
 //
-//	'g' 'r' 1            magic and version
+//	'g' 'r' 2            magic and version
 //	status               uint16 big-endian
+//	flags                1 byte: bit 0 strict
+//	lifetime, expires    uvarint milliseconds each (0: none)
 //	header count         uvarint, then per header: name, value count, values (each uvarint length + bytes)
 //	body                 the rest
+//
+// Version 1 (earlier releases) had no flags, lifetime or expires; it is still read.
 type respCodec struct{}
 
 func (respCodec) Marshal(v any) ([]byte, error) {
@@ -187,7 +190,7 @@ func (respCodec) Marshal(v any) ([]byte, error) {
 	if !ok || r == nil {
 		return nil, fmt.Errorf("ginmw: codec: cannot encode %T", v)
 	}
-	n := 5 + binary.MaxVarintLen64 + len(r.body)
+	n := 6 + 3*binary.MaxVarintLen64 + len(r.body)
 	for k, vs := range r.header {
 		n += 2*binary.MaxVarintLen64 + len(k)
 		for _, s := range vs {
@@ -195,8 +198,15 @@ func (respCodec) Marshal(v any) ([]byte, error) {
 		}
 	}
 	b := make([]byte, 0, n)
-	b = append(b, 'g', 'r', 1)
+	b = append(b, 'g', 'r', 2)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.status))
+	var flags byte
+	if r.strict {
+		flags |= 1
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(r.lifetime.Milliseconds()))
+	b = binary.AppendUvarint(b, uint64(r.expires))
 	b = binary.AppendUvarint(b, uint64(len(r.header)))
 	for k, vs := range r.header {
 		b = appendString(b, k)
@@ -219,16 +229,35 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return fmt.Errorf("ginmw: codec: cannot decode into %T", v)
 	}
-	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || data[2] != 1 {
+	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || (data[2] != 1 && data[2] != 2) {
 		return errBadPayload
 	}
 	status := int(binary.BigEndian.Uint16(data[3:]))
 	if status < 100 || status > 999 {
 		return errBadPayload
 	}
+	r := &response{status: status}
+	d := data[5:]
+	if data[2] == 2 {
+		if len(d) < 1 {
+			return errBadPayload
+		}
+		r.strict = d[0]&1 != 0
+		d = d[1:]
+		lifetime, n := binary.Uvarint(d)
+		if n <= 0 || lifetime > math.MaxInt64/uint64(time.Millisecond) {
+			return errBadPayload
+		}
+		d = d[n:]
+		expires, n := binary.Uvarint(d)
+		if n <= 0 || expires > math.MaxInt64 {
+			return errBadPayload
+		}
+		d = d[n:]
+		r.lifetime, r.expires = time.Duration(lifetime)*time.Millisecond, int64(expires)
+	}
 	// First pass: check the header block and count its values; second pass:
 	// cut every name and value out of one string and one slice.
-	d := data[5:]
 	nh, n := binary.Uvarint(d)
 	if n <= 0 || nh > uint64(len(d)) {
 		return errBadPayload
@@ -261,7 +290,7 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 	}
 	end := off
 	block := string(d[:end])
-	r := &response{status: status, header: make(http.Header, nh), body: d[end:]}
+	r.header, r.body = make(http.Header, nh), d[end:]
 	vals := make([]string, nvals)
 	_, n = binary.Uvarint(d)
 	off = n

@@ -12,24 +12,28 @@ import (
 )
 
 // captureWriter buffers what the handler chain writes, so that Cache can
-// store it and replay it to every caller. A response that outgrows the limit,
+// store it and replay it to every caller. A response that outgrows MaxBody,
 // is flushed or hijacks the connection switches to pass-through: what was
-// buffered goes to the client and the rest follows as written, uncached.
+// buffered goes to the client and the rest follows as written, not stored.
+// A response that only outgrew MaxBody is still kept whole, up to
+// MaxSharedBody, for the requests that wait for it.
 // It is used on the request's goroutine only.
 type captureWriter struct {
-	real    gin.ResponseWriter // the request's own writer
-	header  http.Header
-	status  int
-	size    int // -1 until the header is committed
-	body    bytes.Buffer
-	max     int
-	through bool // passing through to real: not cacheable
+	real     gin.ResponseWriter // the request's own writer
+	header   http.Header
+	status   int
+	size     int // -1 until the header is committed
+	body     bytes.Buffer
+	max      int  // MaxBody
+	shareMax int  // MaxSharedBody
+	through  bool // passing through to real: not stored
+	kept     bool // while passing through: body still holds all of the response
 }
 
 var _ gin.ResponseWriter = (*captureWriter)(nil)
 
-func newCaptureWriter(real gin.ResponseWriter, max int) *captureWriter {
-	return &captureWriter{real: real, header: http.Header{}, status: http.StatusOK, size: -1, max: max}
+func newCaptureWriter(real gin.ResponseWriter, max, shareMax int) *captureWriter {
+	return &captureWriter{real: real, header: http.Header{}, status: http.StatusOK, size: -1, max: max, shareMax: shareMax}
 }
 
 func (w *captureWriter) Header() http.Header {
@@ -61,9 +65,14 @@ func (w *captureWriter) WriteHeaderNow() {
 
 func (w *captureWriter) Write(b []byte) (int, error) {
 	if !w.through && w.body.Len()+len(b) > w.max {
-		w.passThrough()
+		w.WriteHeaderNow()
+		w.passThrough(true)
 	}
 	if w.through {
+		w.keep(len(b))
+		if w.kept {
+			w.body.Write(b)
+		}
 		return w.real.Write(b)
 	}
 	w.WriteHeaderNow()
@@ -73,14 +82,27 @@ func (w *captureWriter) Write(b []byte) (int, error) {
 
 func (w *captureWriter) WriteString(s string) (int, error) {
 	if !w.through && w.body.Len()+len(s) > w.max {
-		w.passThrough()
+		w.WriteHeaderNow()
+		w.passThrough(true)
 	}
 	if w.through {
+		w.keep(len(s))
+		if w.kept {
+			w.body.WriteString(s)
+		}
 		return w.real.WriteString(s)
 	}
 	w.WriteHeaderNow()
 	w.size += len(s)
 	return w.body.WriteString(s)
+}
+
+// keep stops keeping the body once n more bytes would take it past MaxSharedBody.
+func (w *captureWriter) keep(n int) {
+	if w.kept && w.body.Len()+n > w.shareMax {
+		w.kept = false
+		w.body = bytes.Buffer{}
+	}
 }
 
 func (w *captureWriter) Status() int {
@@ -99,14 +121,16 @@ func (w *captureWriter) Size() int {
 
 func (w *captureWriter) Written() bool { return w.Size() >= 0 }
 
-// Flush means the handler streams: stop buffering.
+// Flush means the handler streams: stop buffering. A streamed response is
+// not shared either: the requests waiting for it would wait for its end.
 func (w *captureWriter) Flush() {
-	w.passThrough()
+	w.passThrough(false)
 	w.real.Flush()
 }
 
 func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	w.through = true // nothing buffered can be sent any more
+	w.through, w.kept = true, false // nothing buffered can be sent any more
+	w.body = bytes.Buffer{}
 	return w.real.Hijack()
 }
 
@@ -114,12 +138,17 @@ func (w *captureWriter) CloseNotify() <-chan bool { return w.real.CloseNotify() 
 
 func (w *captureWriter) Pusher() http.Pusher { return nil }
 
-// passThrough sends what was buffered and lets the rest go straight through.
-func (w *captureWriter) passThrough() {
+// passThrough sends what was buffered and lets the rest go straight through,
+// keeping the body (for the requests that wait for it) when keep is set.
+func (w *captureWriter) passThrough(keep bool) {
 	if w.through {
+		if !keep {
+			w.kept = false
+			w.body = bytes.Buffer{}
+		}
 		return
 	}
-	w.through = true
+	w.through, w.kept = true, keep
 	h := w.real.Header()
 	for k, vs := range w.header {
 		h[k] = vs
@@ -132,13 +161,15 @@ func (w *captureWriter) passThrough() {
 			w.real.Write(w.body.Bytes()) //nolint:errcheck // the client went away; the handler finds out on its next write
 		}
 	}
-	w.body = bytes.Buffer{}
+	if !keep {
+		w.body = bytes.Buffer{}
+	}
 }
 
-// captured returns the buffered response (headers filtered, Vary extended),
-// or nil when it passed through.
+// captured returns the buffered response (headers filtered, Vary extended):
+// nil when it passed through and was not kept, marked oversize when it was.
 func (w *captureWriter) captured(vary []string, head bool) *response {
-	if w.through {
+	if w.through && !w.kept {
 		return nil
 	}
 	h := w.header
@@ -157,7 +188,7 @@ func (w *captureWriter) captured(vary []string, head bool) *response {
 			h.Add("Vary", name)
 		}
 	}
-	return &response{status: w.status, header: h, body: w.body.Bytes()}
+	return &response{status: w.status, header: h, body: w.body.Bytes(), oversize: w.through}
 }
 
 func headerHasToken(h http.Header, key, token string) bool {

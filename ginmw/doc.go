@@ -84,37 +84,108 @@
 //	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo)), getRepo)
 //	r.PUT("/repos/:id/settings", ginmw.Lock(l, repo), ginmw.InvalidateAfter(g, repo), updateSettings)
 //
-// Decisions:
+// It is a shared cache in RFC 9111's sense — it sits where nginx's
+// proxy_cache, Varnish or a CDN would, in front of every user of every
+// process — and follows the rules of one: it never stores, and never hands to
+// another request, a response that a shared cache must not reuse. One
+// function decides it for every response a handler produces for Cache (a load
+// for the requests of every process, or a background refresh); a response
+// it does not store is answered to the request whose handler produced it.
+//
+//	Header (side)                   What Cache does                                                  RFC 9111
+//	no-store (response)             not stored, not shared                                           §3, §5.2.2.5
+//	private, private="f" (resp.)    not stored, not shared (the qualified form too)                  §3, §5.2.2.7
+//	no-cache, no-cache="f" (resp.)  not stored, not shared: Cache does not revalidate with the       §4, §5.2.2.4
+//	                                handler, so it never reuses such a response
+//	Set-Cookie (response)           not stored, not shared                                           (nginx, Varnish)
+//	Vary: *                         not stored, not shared                                           §4.1
+//	Vary: <header>                  keyed by that header's values when it is a VaryByHeader          §4.1
+//	                                header; otherwise not stored, not shared
+//	Authorization (request)         looked up as usual; the response is stored and shared only       §3.5
+//	                                with public, s-maxage or must-revalidate, or when Authorization
+//	                                is a VaryByHeader header
+//	s-maxage, max-age, Expires      the first present is the response's lifetime (Expires minus      §4.2.1, §5.3
+//	(response)                      Date); it is served for at most that lifetime or the TTL,
+//	                                whichever is shorter; a lifetime of 0 (max-age=0, an invalid
+//	                                value, Expires not after Date) is not stored, not shared
+//	must-revalidate,                never served stale: ServeStale, FailSafe and SoftTimeout do not  §4.2.4,
+//	proxy-revalidate, s-maxage      apply to it; the request waits for a fresh one                   §5.2.2.2, .8
+//	public (response)               consent for Authorization (above); no other effect               §5.2.2.9
+//	status                          2xx but 206 stored; others shared with the requests waiting      §3
+//	                                for the load, not stored; 206 and 304 not shared
+//	body over MaxBody               streamed to its client, shared with the requests waiting for     (size)
+//	                                the load (kept up to MaxSharedBody), not stored
+//	no-store (request)              bypassed: the handler runs for it alone, nothing stored          §5.2.1.5
+//	no-cache, max-age=0 (request),  ignored by default (the response and the TTL decide, as in       §5.2.1.4, §5.4
+//	Pragma: no-cache                nginx and Varnish); bypassed under HonorRequestNoCache
+//	Range (request)                 bypassed                                                         §3.3
+//	If-None-Match,                  answered 304 from the stored or shared response when it          §4.3.2
+//	If-Modified-Since (request)     matches; the handler always sees an unconditional request
+//	Host (request)                  part of the key (IgnoreHost leaves it out)                       §4
+//	other directives                ignored: max-stale, min-fresh, only-if-cached,
+//	                                stale-while-revalidate, stale-if-error, immutable
+//
+// How that compares with the caches it stands in for. nginx's proxy_cache by
+// default does not cache a response with Set-Cookie, with private, no-cache
+// or no-store, or with max-age=0, keeps responses apart by their Vary headers
+// and does not cache Vary: *, keys by scheme, proxied host and URI, and
+// ignores the request's Cache-Control; it pays no attention to
+// Authorization, and a response's max-age replaces its configured validity,
+// longer or shorter — Cache keeps an Authorization response out unless it
+// consents (RFC 9111 §3.5), and a response's lifetime only ever shortens the
+// TTL. Varnish's built-in VCL does not look up requests with Authorization or
+// a Cookie at all, hashes the URL and the host, and turns a response with
+// Set-Cookie, no-cache, no-store or private, Vary: * or no lifetime into a
+// hit-for-miss marker for two minutes; Cache looks every request up (a
+// response's headers decide, so a page must say private or Vary: Cookie when
+// it depends on the session) and stores no marker, so a later storable
+// response is stored at once. Souin, an RFC 9111 cache in Go, refuses
+// private and Authorization responses unless Vary names Authorization, keys
+// any Vary header it meets, lets s-maxage, max-age or Expires set the TTL,
+// honours a request's no-cache, and shares a coalesced response with
+// concurrent requests whose varied headers match; Cache keys only the Vary
+// headers it is told of (VaryByHeader), and keeps out what varies on others.
+//
+// Other decisions:
 //   - Key: the cleaned path plus the query with its parameters sorted
 //     (PathKey), or a resource name (CacheKey). The stored responses are
-//     cacheguard variants of that name — one for GET, one for HEAD (a handler
-//     may write no body for HEAD), one per VaryByHeader combination — kept
-//     apart from each other and from what cacheguard.Get stores under the same
-//     name; Guard.Invalidate of the name (what gormplugin calls after a
-//     commit, or InvalidateAfter here) drops them all at once,
-//     in every process, and a request that begins after it returned never
-//     gets a response loaded before it (see cacheguard, Consistency; a
-//     response answered with X-Cache BYPASS was not stored, like cacheguard's
-//     fail-open loads).
-//   - Stored: 2xx responses other than 206, without Set-Cookie, up to MaxBody
-//     (1 MiB). Anything else is answered but not stored. A response that is
-//     flushed, hijacked or larger than MaxBody streams straight to its client.
-//   - Bypassed (X-Cache: BYPASS, the handler runs): requests with
-//     Authorization (see AllowAuthorization) or Range.
-//   - Sharing a load that stored nothing: the requests of the same process that
-//     waited for it are handed its response when it sets no cookie (an error
-//     page is shared like a value); when it sets a cookie, or the handler
-//     panicked, each runs its own handler. Waiters in other processes run
-//     their own handler.
-//   - The handler always runs on its own request's goroutine: cacheguard's
-//     loader asks for it by cancelling the Get the request is blocked in (a hit
-//     costs no extra goroutine). It runs under a context that keeps the
-//     request's values but not its cancellation, since others may wait for its
-//     response, bounded by cacheguard's load timeout; it sees the request
-//     without its validators (If-None-Match, If-Modified-Since, ...), and
-//     Cache answers conditional requests from the stored response (304).
-//   - The request that ran the handler answers once its response is stored, so a
-//     request that follows it is a HIT.
+//     cacheguard variants of that name — one per method (a handler may write
+//     no body for HEAD), host (unless IgnoreHost) and VaryByHeader
+//     combination, and one per shorter lifetime a response declared — kept
+//     apart from each other and from what cacheguard.Get stores under the
+//     same name; Guard.Invalidate of the name (what gormplugin calls after a
+//     commit, or InvalidateAfter here) drops them all at once, for every
+//     host, in every process, and a request that begins after it returned
+//     never gets a response loaded before it (see cacheguard, Consistency; a
+//     response answered with X-Cache BYPASS was not stored, like
+//     cacheguard's fail-open loads).
+//   - A response whose lifetime is shorter than the TTL is stored with it,
+//     and once the lifetime is over it leads the requests to an entry of its
+//     own, stored for that lifetime and loaded by one request across the
+//     fleet like any other. Lifetimes are counted on the wall clock of the
+//     process that stored the response, as cacheguard counts TTLs.
+//   - X-Cache says what happened: HIT, STALE, MISS (this request's handler
+//     ran for the load), COALESCED (it got the response another request
+//     loaded, stored or shared), BYPASS (its handler ran for it alone: a
+//     bypassed request, or one that waited for a load whose response it may
+//     not be given). A load whose response is not stored is reported to the
+//     Guard's observer with an error matching cacheguard.ErrUncached that
+//     says why — an answer, not a failed load (cgotel counts it without
+//     error); a 5xx is a failed load.
+//   - Sharing a load that stored nothing: the requests of the same process
+//     that waited for it are handed its response when decide lets it be
+//     shared (an error page, a body over MaxBody); otherwise, or when the
+//     handler panicked or streamed (flushed), each runs its own handler.
+//     Waiters in other processes run their own handler.
+//   - The handler always runs on its own request's goroutine: the request
+//     waits for its cacheguard.Get (on a goroutine of its own), and runs the
+//     handler when the load asks for it. It runs under a context that keeps
+//     the request's values but not its cancellation, since others may wait
+//     for its response, bounded by cacheguard's load timeout; it sees the
+//     request without its validators (If-None-Match, If-Modified-Since, ...),
+//     and Cache answers conditional requests from the stored response (304).
+//   - The request that ran the handler answers once its response is stored,
+//     so a request that follows it is a HIT.
 //   - Policy refusals — FailFast with nothing servable, the wait budget ended,
 //     Redis down under cacheguard.FailClosed — answer 503 with Retry-After: 1.
 //     Redis down otherwise: cacheguard fails open and the handler runs uncached.

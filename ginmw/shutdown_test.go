@@ -115,10 +115,11 @@ func TestServerShutdownCompletesInFlight(t *testing.T) {
 	for range 2 {
 		within(t, 10*time.Second, recvAny(a.entered), "a's handlers")
 	}
-	// Another process waits for the response a's GET is loading.
+	// Another process waits for the response a's GET is loading (for the
+	// same host: the host is part of the key).
 	other := make(chan answer, 1)
 	go func() {
-		w := serve(b.r, http.MethodGet, "/repos/2")
+		w := serve(b.r, http.MethodGet, url+"/repos/2")
 		other <- answer{code: w.Code, body: w.Body.String() + " " + w.Header().Get("X-Cache")}
 	}()
 	eventually(t, 10*time.Second, "b's GET to wait", func() bool { return b.g.Stats().Misses == 1 })

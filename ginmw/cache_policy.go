@@ -1,0 +1,240 @@
+package ginmw
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// What Cache may do with a request and with a response, after RFC 9111's
+// rules for a shared cache. Every path that looks a request up (Cache's own
+// requests and BackgroundRefresh's copies) asks bypass, and every response a
+// handler produced for Cache (a load for the requests of every process, a
+// background refresh) goes through decide: nothing is stored, or handed to
+// another request, that decide did not allow.
+
+// bypass returns why req must not be answered from the cache, or "": its
+// handler then runs for it alone and nothing is stored.
+func (m *cacheMW) bypass(req *http.Request) string {
+	if req.Header.Get("Range") != "" {
+		return "range" // partial content is not cached
+	}
+	cc, ok := req.Header["Cache-Control"]
+	if ok {
+		d := parseCacheControl(cc)
+		if d.noStore {
+			return "no-store" // RFC 9111 §5.2.1.5: nothing of a response to it may be stored
+		}
+		if m.cfg.requestNoCache && (d.noCache || d.maxAge == 0) {
+			return "no-cache"
+		}
+	} else if m.cfg.requestNoCache && headerHasToken(req.Header, "Pragma", "No-Cache") {
+		return "no-cache" // RFC 9111 §5.4: Pragma counts only without Cache-Control
+	}
+	return ""
+}
+
+// verdict is what decide allows for one response.
+type verdict struct {
+	// share: the response may answer another request than the one whose
+	// handler produced it — the requests of this process that waited for the
+	// same load and, when stored, every later one.
+	share bool
+	store bool          // share, and Cache stores it
+	ttl   time.Duration // its lifetime (s-maxage, max-age or Expires), 0 when it has none
+	// strict: it must not be served once its lifetime or the TTL ends
+	// (must-revalidate, proxy-revalidate, s-maxage), even under ServeStale or
+	// FailSafe.
+	strict bool
+	why    string // why it is not stored, when it is not
+}
+
+// decide is the one place that says what may be done with a response r that
+// the handler produced for req (the request as it reached Cache):
+//
+//   - never shared nor stored: a response that may not answer another user —
+//     no-store, private, no-cache (RFC 9111 §5.2.2.2-5.2.2.7: qualified forms
+//     included), Set-Cookie, Vary: * or a Vary on a header Cache does not key
+//     by (VaryByHeader), an answer to a request with Authorization without
+//     public, s-maxage or must-revalidate (§3.5) unless Authorization is a
+//     VaryByHeader header, a lifetime of zero (max-age=0, an Expires not
+//     after Date), a 206 or 304, a streamed or hijacked response;
+//   - shared with the requests that waited for it but not stored: any other
+//     status than 2xx, and a body larger than MaxBody;
+//   - stored otherwise, for the TTL or its own lifetime if that is shorter.
+func (m *cacheMW) decide(req *http.Request, r *response) verdict {
+	if r == nil {
+		return verdict{why: "streamed"}
+	}
+	h := r.header
+	d := parseCacheControl(h["Cache-Control"])
+	switch {
+	case r.status == http.StatusPartialContent || r.status == http.StatusNotModified:
+		return verdict{why: "status " + strconv.Itoa(r.status)}
+	case d.noStore:
+		return verdict{why: "no-store"}
+	case d.private:
+		return verdict{why: "private"}
+	case d.noCache:
+		return verdict{why: "no-cache"}
+	case len(h["Set-Cookie"]) > 0:
+		return verdict{why: "Set-Cookie"}
+	}
+	if v := m.unkeyedVary(h); v != "" {
+		return verdict{why: "Vary: " + v}
+	}
+	if req.Header.Get("Authorization") != "" && !d.public && d.sMaxAge < 0 && !d.mustRevalidate &&
+		!slices.Contains(m.cfg.vary, "Authorization") {
+		return verdict{why: "Authorization without public, s-maxage or must-revalidate"}
+	}
+	v := verdict{share: true, strict: d.mustRevalidate || d.proxyRevalidate || d.sMaxAge >= 0}
+	switch {
+	case d.sMaxAge >= 0:
+		v.ttl = time.Duration(d.sMaxAge) * time.Second
+	case d.maxAge >= 0:
+		v.ttl = time.Duration(d.maxAge) * time.Second
+	case len(h["Expires"]) > 0:
+		v.ttl = expiresIn(h)
+	default:
+		v.ttl = -1
+	}
+	switch {
+	case v.ttl == 0:
+		return verdict{why: "lifetime 0"}
+	case v.ttl < 0:
+		v.ttl = 0
+	}
+	switch {
+	case r.status < 200 || r.status > 299:
+		v.why = "status " + strconv.Itoa(r.status)
+	case r.oversize:
+		v.why = fmt.Sprintf("body over MaxBody (%d bytes)", m.cfg.maxBody)
+	default:
+		v.store = true
+	}
+	return v
+}
+
+// unkeyedVary returns the first header named by the response's Vary that
+// Cache does not key by ("*" included), or "".
+func (m *cacheMW) unkeyedVary(h http.Header) string {
+	for _, line := range h["Vary"] {
+		for t := range strings.SplitSeq(line, ",") {
+			t = strings.TrimSpace(t)
+			if t == "" {
+				continue
+			}
+			if t == "*" || !slices.Contains(m.cfg.vary, http.CanonicalHeaderKey(t)) {
+				return t
+			}
+		}
+	}
+	return ""
+}
+
+// expiresIn is the lifetime Expires gives (RFC 9111 §4.2.1): Expires minus
+// Date, or minus now without a valid Date; an invalid Expires is in the past.
+// It is at least 0.
+func expiresIn(h http.Header) time.Duration {
+	exp, err := http.ParseTime(h.Get("Expires"))
+	if err != nil {
+		return 0
+	}
+	date, err := http.ParseTime(h.Get("Date"))
+	if err != nil {
+		date = time.Now()
+	}
+	return max(exp.Sub(date), 0)
+}
+
+// cacheControl holds the Cache-Control directives Cache acts on. maxAge and
+// sMaxAge are -1 when absent; an invalid value counts as 0 (stale at once,
+// RFC 9111 §4.2.1), and of several the smallest.
+type cacheControl struct {
+	noStore, noCache, private, public, mustRevalidate, proxyRevalidate bool
+	maxAge, sMaxAge                                                    int64
+}
+
+// parseCacheControl parses Cache-Control field lines (RFC 9111 §5.2):
+// comma-separated directives, names case-insensitive, arguments a token or a
+// quoted string (which may hold commas).
+func parseCacheControl(lines []string) cacheControl {
+	d := cacheControl{maxAge: -1, sMaxAge: -1}
+	for _, line := range lines {
+		for len(line) > 0 {
+			var name, arg string
+			name, arg, line = nextDirective(line)
+			switch strings.ToLower(name) {
+			case "no-store":
+				d.noStore = true
+			case "no-cache":
+				d.noCache = true
+			case "private":
+				d.private = true
+			case "public":
+				d.public = true
+			case "must-revalidate":
+				d.mustRevalidate = true
+			case "proxy-revalidate":
+				d.proxyRevalidate = true
+			case "max-age":
+				d.maxAge = seconds(d.maxAge, arg)
+			case "s-maxage":
+				d.sMaxAge = seconds(d.sMaxAge, arg)
+			}
+		}
+	}
+	return d
+}
+
+// nextDirective cuts the first directive off s.
+func nextDirective(s string) (name, arg, rest string) {
+	s = strings.TrimLeft(s, " \t,")
+	i := strings.IndexAny(s, "=,")
+	if i < 0 {
+		return strings.TrimSpace(s), "", ""
+	}
+	name = strings.TrimSpace(s[:i])
+	if s[i] == ',' {
+		return name, "", s[i+1:]
+	}
+	s = strings.TrimLeft(s[i+1:], " \t")
+	if strings.HasPrefix(s, `"`) {
+		end := 1
+		for end < len(s) && s[end] != '"' {
+			if s[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		arg = s[1:min(end, len(s))]
+		s = s[min(end+1, len(s)):]
+		if j := strings.IndexByte(s, ','); j >= 0 {
+			return name, arg, s[j+1:]
+		}
+		return name, arg, ""
+	}
+	if j := strings.IndexByte(s, ','); j >= 0 {
+		return name, strings.TrimSpace(s[:j]), s[j+1:]
+	}
+	return name, strings.TrimSpace(s), ""
+}
+
+// seconds combines a delta-seconds argument with the value seen so far.
+func seconds(prev int64, arg string) int64 {
+	n, err := strconv.ParseUint(strings.Trim(arg, `"`), 10, 31)
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		n = 1 << 31 // RFC 9111 §1.2.2: as good as infinity
+	case err != nil:
+		n = 0
+	}
+	if prev >= 0 {
+		return min(prev, int64(n))
+	}
+	return int64(n)
+}
