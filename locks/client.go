@@ -404,13 +404,19 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // unknown. It is the one clean-up of every acquisition abandoned, refused
 // (too few replicas, a lost scope, a closing client) or given up while
 // waiting: a grant nobody will use is handed on at once, never left to run
-// out its lease. It waits for Redis (bounded by a second, whatever ctx's
-// state) unless async; when that fails, or with async, the release travels
-// with the batcher's next pipeline.
+// out its lease. It waits for Redis, within ctx, unless async or ctx has
+// ended (a call never outlives its context or budget to clean up after
+// itself) — except while the client closes, whose callers' clean-ups Close
+// waits for, so that nothing is left queued behind a closed client; when
+// that fails, or without waiting, the release travels with the batcher's
+// next pipeline.
 func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
 	call := c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member)
-	if !async {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	if !async && ctx.Err() != nil && c.life.closed.Load() {
+		ctx = context.WithoutCancel(ctx)
+	}
+	if !async && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := c.b.do(rctx, call, nil).Err()
 		cancel()
 		if err == nil {
@@ -529,7 +535,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	var keeper *turnKeeper
 	if !cfg.fair {
 		g := c.gate(ks[0])
-		o, owned, err := g.enter(wctx, &gateWaiter{member: member, turn: make(chan turnOutcome, 1)})
+		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg.argsReleaseV, member)}
+		o, owned, err := g.enter(wctx, w)
 		if !owned {
 			c.ungate(ks[0], g)
 			return fail(0, c.life.cause(ctx))
@@ -542,7 +549,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		}()
 		if err != nil {
 			if o.queued || o.granted || o.unknown {
-				c.giveBack(ctx, kv, ov, acq, cfg, member, false)
+				c.giveBack(wctx, kv, ov, acq, cfg, member, false)
 			}
 			return fail(0, c.life.cause(ctx))
 		}
@@ -577,7 +584,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 				if err != nil {
 					c.reload(ctx)
-					c.giveBack(ctx, kv, ov, acq, cfg, member, false)
+					c.giveBack(wctx, kv, ov, acq, cfg, member, false)
 					if wctx.Err() != nil {
 						return fail(pttl, c.life.cause(ctx))
 					}
@@ -595,7 +602,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			timer.Reset(d)
 			f, handed, done := await(wctx, sub, timer, acqs)
 			if done {
-				c.giveBack(ctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
+				c.giveBack(wctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
 				return fail(pttl, c.life.cause(ctx))
 			}
 			if !handed {

@@ -25,7 +25,9 @@ type gate struct {
 // gateWaiter is a caller waiting at a gate.
 type gateWaiter struct {
 	member string           // its place in the lock's queue in Redis (see acquire.lua)
-	turn   chan turnOutcome // receives the turn, once (buffered)
+	turn   chan turnOutcome // receives the turn, once (buffered; sent under the gate's mu)
+	back   []any            // the release.lua call that gives back what may be done for it (see Client.giveBackCall)
+	gaveUp bool             // it left after being claimed: the passer gives back and passes on (guarded by the gate's mu)
 }
 
 // turnOutcome is what the caller passing the turn did for the next one in
@@ -76,9 +78,12 @@ func (c *Client) waiting(key string) bool {
 
 // enter waits for w's turn. It returns what the previous holder of the turn
 // did for w in Redis, and owned: whether w has the turn (then it must pass it
-// on, or keep it in a grant). When ctx ends while the turn is being passed to
-// w, enter waits for it (the passer is at most one release away) and returns
-// it owned, with ctx's error: the caller gives back what was done for it.
+// on, or keep it in a grant). When ctx ends first, enter returns at once, not
+// owned: a w still queued here leaves the queue; a w already claimed by a
+// release on the wire (which may hang on Redis) is marked as gone, and that
+// release's passer gives back what it did for w and passes the turn on (see
+// pass). When the turn came just before ctx ended, enter returns it owned,
+// with ctx's error: the caller gives back what was done for it.
 func (g *gate) enter(ctx context.Context, w *gateWaiter) (o turnOutcome, owned bool, err error) {
 	g.mu.Lock()
 	if !g.taken {
@@ -93,15 +98,20 @@ func (g *gate) enter(ctx context.Context, w *gateWaiter) (o turnOutcome, owned b
 		return o, true, nil
 	case <-ctx.Done():
 		g.mu.Lock()
+		defer g.mu.Unlock()
 		for i, q := range g.queue {
 			if q == w {
 				g.queue = append(g.queue[:i], g.queue[i+1:]...)
-				g.mu.Unlock()
 				return turnOutcome{}, false, ctx.Err()
 			}
 		}
-		g.mu.Unlock()
-		return <-w.turn, true, ctx.Err() // claimed: its outcome is at most a release away
+		select {
+		case o = <-w.turn: // passed meanwhile
+			return o, true, ctx.Err()
+		default:
+			w.gaveUp = true // claimed: its passer takes care of it
+			return turnOutcome{}, false, ctx.Err()
+		}
 	}
 }
 
@@ -119,20 +129,23 @@ func (g *gate) claim() *gateWaiter {
 }
 
 // pass gives the turn to w (claimed) with what was done for it, or, when w is
-// nil, to the next waiter with nothing done (or frees it).
-func (g *gate) pass(w *gateWaiter, o turnOutcome) {
-	if w != nil {
-		w.turn <- o
-		return
-	}
+// nil or gave up meanwhile, to the next waiter with nothing done (or frees
+// it). It reports whether w gave up: then what was done for it is the
+// passer's to give back.
+func (g *gate) pass(w *gateWaiter, o turnOutcome) (gaveUp bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if w != nil && !w.gaveUp {
+		w.turn <- o
+		return false
+	}
 	if len(g.queue) > 0 {
 		g.queue[0].turn <- turnOutcome{}
 		g.queue = g.queue[1:]
-		return
+	} else {
+		g.taken = false
 	}
-	g.taken = false
+	return w != nil
 }
 
 // turnKeeper is a gate turn kept by a lock granted after waiting.
@@ -143,7 +156,13 @@ type turnKeeper struct {
 }
 
 // pass passes the turn (see gate.pass) and drops the keeper's reference.
+// When w gave up after being claimed, what was done for it in Redis is given
+// back, without waiting (the passer is an Unlock, which must not wait on
+// another caller's behalf): the release that did it has answered, so the
+// give-back runs after it.
 func (t *turnKeeper) pass(w *gateWaiter, o turnOutcome) {
-	t.g.pass(w, o)
+	if t.g.pass(w, o) && (o.queued || o.granted || o.unknown) {
+		t.c.b.later(w.back)
+	}
 	t.c.ungate(t.key, t.g)
 }
