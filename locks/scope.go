@@ -18,6 +18,7 @@ type scope struct {
 	// Guarded by reg.mu:
 	locks map[*held]struct{} // the scope's Locks not yet Unlocked
 	err   error              // why it was lost; nil while held
+	fresh bool               // made by a re-entry: the fresh grant it re-entered has not joined yet
 }
 
 type scopeKey struct{ owner, name string }
@@ -48,20 +49,28 @@ func (r *scopes) held(owner, name string) bool {
 
 // join adds h, a Lock just granted to owner, to its scope. When this process
 // already has a scope of the name, h joins it only if the scope is held and h
-// re-entered that very holding (the same fence); otherwise the scope is lost
+// is of that very holding (the same fence): a re-entry of it, or the fresh
+// grant that a re-entry made before h's reply was handled re-entered (two
+// first acquisitions by one owner racing: the second to reach Redis re-enters
+// the first's grant, and may be handled first). Otherwise the scope is lost
 // (its holding is gone, as h's fresh grant shows), h is not added, and join
 // returns ErrLost: the caller gives h's grant back.
 func (r *scopes) join(h *held, owner string, reentered bool) error {
 	k := scopeKey{owner, h.name}
 	r.mu.Lock()
 	sc := r.m[k]
-	if sc == nil {
+	switch {
+	case sc == nil:
 		if r.m == nil {
 			r.m = map[scopeKey]*scope{}
 		}
-		sc = &scope{reg: r, key: k, fence: h.fence, locks: map[*held]struct{}{}}
+		sc = &scope{reg: r, key: k, fence: h.fence, locks: map[*held]struct{}{}, fresh: reentered}
 		r.m[k] = sc
-	} else if sc.err != nil || !reentered || sc.fence != h.fence {
+	case sc.err == nil && sc.fence == h.fence && (reentered || sc.fresh):
+		if !reentered {
+			sc.fresh = false
+		}
+	default:
 		r.mu.Unlock()
 		r.lose(sc, ErrLost)
 		return ErrLost

@@ -3,6 +3,7 @@ package locks
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,4 +118,102 @@ func TestClaimedWaiterEndsWithItsContext(t *testing.T) {
 		t.Fatalf("after B gave up: %v", err)
 	}
 	_ = lk.Unlock(ctx)
+}
+
+// holdFresh is a go-redis hook that holds the reply of the first fresh grant
+// of name (acquire.lua answering a fence alone) until release is closed,
+// telling held when it does.
+type holdFresh struct {
+	name    string
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (f *holdFresh) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *holdFresh) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		f.maybeHold(cmd)
+		return err
+	}
+}
+func (f *holdFresh) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			f.maybeHold(cmd)
+		}
+		return err
+	}
+}
+func (f *holdFresh) maybeHold(cmd redis.Cmder) {
+	args := cmd.Args()
+	c, ok := cmd.(*redis.Cmd)
+	if !ok || len(args) < 4 || (args[1] != acquireS.sha && args[1] != acquireLua) || args[3] != "cg:lock:{"+f.name+"}" {
+		return
+	}
+	if _, fresh := c.Val().(string); !fresh {
+		return
+	}
+	f.once.Do(func() {
+		close(f.held)
+		select {
+		case <-f.release:
+		case <-time.After(10 * time.Second):
+		}
+	})
+}
+
+// TestSameOwnerConcurrentFirstAcquire: two acquisitions by one owner of a
+// free name race; the first to reach Redis takes the lock, the second
+// re-enters it, but the second's reply is handled first. Both must hold the
+// one holding (same fence, two holds), and after both Unlocks the lock must
+// be gone: the late fresh grant once found the scope made by the re-entry,
+// failed with ErrLost and marked the re-entry lost, whose Unlock then sent
+// nothing, leaving the key with no holder until its lease ran out.
+func TestSameOwnerConcurrentFirstAcquire(t *testing.T) {
+	ctx := WithOwner(context.Background(), "same-owner")
+	s := redistest.Start(t)
+	rdb := s.Client()
+	hook := &holdFresh{name: "twice", held: make(chan struct{}), release: make(chan struct{})}
+	crdb := s.Client()
+	crdb.AddHook(hook)
+	c := New(crdb)
+	defer c.Close()
+	type result struct {
+		lk  *Lock
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		lk, err := c.TryLock(ctx, "twice")
+		first <- result{lk, err}
+	}()
+	returnsWithin(t, hook.held, 10*time.Second, "the fresh grant")
+	second, err := c.TryLock(ctx, "twice")
+	close(hook.release)
+	r1 := returnsWithin(t, first, 10*time.Second, "the first TryLock")
+	if err != nil || r1.err != nil {
+		t.Fatalf("first: %v, second (re-entry): %v; want both held", r1.err, err)
+	}
+	if r1.lk.Fence() != second.Fence() {
+		t.Fatalf("fences %d and %d, want one holding", r1.lk.Fence(), second.Fence())
+	}
+	if n := rdb.HGet(context.Background(), "cg:lock:{twice}", "n").Val(); n != "2" {
+		t.Fatalf("hold count %s, want 2", n)
+	}
+	for _, lk := range []*Lock{second, r1.lk} {
+		select {
+		case <-lk.Lost():
+			t.Fatal("a Lock of the holding is lost")
+		default:
+		}
+		if err := lk.Unlock(context.Background()); err != nil {
+			t.Fatalf("Unlock: %v", err)
+		}
+	}
+	if n := rdb.Exists(context.Background(), "cg:lock:{twice}").Val(); n != 0 {
+		t.Fatalf("the lock is still in Redis (pttl %v) after both Unlocks", rdb.PTTL(context.Background(), "cg:lock:{twice}").Val())
+	}
 }
