@@ -83,7 +83,7 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	if h.sc != nil {
 		h.sc.leave(h)
 	}
-	if err := h.lostErr(); err != nil {
+	if err := h.beginRelease(); err != nil {
 		return ErrNotHeld
 	}
 	n, err := h.ops.release(ctx, h)
@@ -153,6 +153,7 @@ type held struct {
 	deadline  time.Time // the lease's end on the local monotonic clock
 	nextRenew time.Time
 	renewing  bool  // a renewal is on the wire
+	releasing bool  // its Unlock's release is on the wire: the release's reply, not renewals or the deadline, decides how it ends
 	lastErr   error // the last renewal's error, while none succeeded since
 	ended     bool  // released or lost
 	err       error // why it was lost
@@ -263,6 +264,21 @@ func (h *held) takeTurn() *turnKeeper {
 	t := h.turn
 	h.turn = nil
 	return t
+}
+
+// beginRelease marks h as being released, unless it was lost (its error):
+// from now on its renewal stops, and neither a renewal still on the wire nor
+// its local deadline passing ends it — a renewal that runs after the
+// release's DEL (or hand-off) finds the key gone, and the lease may run out
+// while the reply travels, yet the lock was held until the release; the
+// release's reply says how it ended.
+func (h *held) beginRelease() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.err == nil {
+		h.releasing = true
+	}
+	return h.err
 }
 
 func (h *held) lostErr() error {

@@ -210,6 +210,7 @@ func (r *renewer) scan(now time.Time) (due, expired []*held, next time.Time) {
 	for h := range r.items {
 		h.mu.Lock()
 		switch {
+		case h.releasing: // its release decides (see beginRelease)
 		case !now.Before(h.deadline):
 			expired = append(expired, h)
 		case !h.cfg.renew || h.renewing:
@@ -242,9 +243,14 @@ func (r *renewer) renew(hs []*held) {
 	})
 }
 
-// renewed applies the outcome of h's renewal sent at sent.
+// renewed applies the outcome of h's renewal sent at sent; once h is being
+// released, its release decides instead (see beginRelease).
 func (h *held) renewed(sent time.Time, err error) {
+	h.mu.Lock()
+	releasing := h.releasing
+	h.mu.Unlock()
 	switch {
+	case releasing:
 	case err == nil:
 		h.mu.Lock()
 		if !h.ended {

@@ -3,6 +3,8 @@ package locks
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -215,5 +217,131 @@ func TestSameOwnerConcurrentFirstAcquire(t *testing.T) {
 	}
 	if n := rdb.Exists(context.Background(), "cg:lock:{twice}").Val(); n != 0 {
 		t.Fatalf("the lock is still in Redis (pttl %v) after both Unlocks", rdb.PTTL(context.Background(), "cg:lock:{twice}").Val())
+	}
+}
+
+// slowRelease is a go-redis hook that holds the reply of each release of key
+// (release.lua) until a renewal (extend.lua) of key has found the key gone
+// or taken over (it ran after the release), or for at most 700ms: a release reply delayed past the lease (300ms in
+// the test).
+type slowRelease struct {
+	key      string
+	mu       sync.Mutex
+	after    chan struct{} // closed when a renewal is answered after a release ran (nil: none ran)
+	renewals int
+}
+
+func (f *slowRelease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *slowRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		f.seen([]redis.Cmder{cmd})
+		return err
+	}
+}
+func (f *slowRelease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		f.seen(cmds)
+		return err
+	}
+}
+func (f *slowRelease) seen(cmds []redis.Cmder) {
+	var wait chan struct{}
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		if len(args) < 4 || args[3] != f.key {
+			continue
+		}
+		f.mu.Lock()
+		switch args[1] {
+		case releaseS.sha, releaseLua:
+			if cmd.Err() == nil {
+				f.after = make(chan struct{})
+				wait = f.after
+			}
+		case extendS.sha, extendLua:
+			if n, _ := cmd.(*redis.Cmd).Int64(); f.after != nil && n == 0 { // ran after the release
+				f.renewals++
+				select {
+				case <-f.after:
+				default:
+					close(f.after)
+				}
+			}
+		}
+		f.mu.Unlock()
+	}
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-time.After(700 * time.Millisecond):
+		}
+	}
+}
+
+// TestCleanUnlockDoesNotCloseLost: an Unlock whose release succeeded never
+// closes Lost, reports no Lost event and counts as Released, even when its
+// reply comes after the lease would have run out and after a renewal sent
+// meanwhile found the key gone (deleted by that very release, or handed to
+// a waiter).
+func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	for _, handOff := range []bool{false, true} {
+		t.Run(map[bool]string{false: "released", true: "handed off"}[handOff], func(t *testing.T) {
+			name := fmt.Sprintf("clean:%v", handOff)
+			hook := &slowRelease{key: "cg:lock:{" + name + "}"}
+			crdb := s.Client()
+			crdb.AddHook(hook)
+			var mu sync.Mutex
+			kinds := map[EventKind]int{}
+			c := New(crdb, WithObserver(func(_ context.Context, e Event) {
+				if e.Name == name {
+					mu.Lock()
+					kinds[e.Kind]++
+					mu.Unlock()
+				}
+			}))
+			defer c.Close()
+			w := New(s.Client())
+			defer w.Close()
+			lk, err := c.TryLock(ctx, name, WithLease(300*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waited := make(chan error, 1)
+			if handOff {
+				go func() {
+					wl, err := w.Lock(ctx, name, WithWait(10*time.Second))
+					if err == nil {
+						err = wl.Unlock(ctx)
+					}
+					waited <- err
+				}()
+				rdb := s.Client()
+				redistest.Eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{"+name+"}").Val() == 1 })
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				t.Fatalf("Unlock: %v", err)
+			}
+			select {
+			case <-lk.Lost():
+				t.Errorf("a clean Unlock closed Lost (%d renewals answered after the release ran)", hook.renewals)
+			default:
+			}
+			mu.Lock()
+			got := maps.Clone(kinds)
+			mu.Unlock()
+			t.Logf("renewals answered after the release ran: %d; events %v", hook.renewals, got)
+			if got[Lost] != 0 || got[Released] != 1 {
+				t.Errorf("events %v, want 1 released and no lost", got)
+			}
+			if handOff {
+				if err := returnsWithin(t, waited, 10*time.Second, "the waiter"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
