@@ -80,22 +80,23 @@
 //
 // For a key k, the prefix p (default "cg:") and a representation r — the Go
 // name of the value type (reflect.Type.String, e.g. "main.Repo", hashed when
-// longer than 64 bytes), followed by "|" and the Variant if the call has one:
-// the generation is p+"g:{k}", the envelopes are the fields of the hash
-// p+"v:{k}" (field r), the fill lease is p+"fl:{k}|r" (holding the generation
-// and the holder's token), and the wake-up channel p+"fw:{k}" (published with
-// SPUBLISH on a Redis Cluster).
-// Values of different types or variants therefore never share an entry or a
-// flight, and Invalidate(k) reaches them all. The hash tag keeps every name of
-// k in one slot, so the scripts work on a cluster: a key that contains '}' or
-// begins with '~' goes inside the braces as '~' followed by its unpadded
-// base64url form (which holds no brace), so that no key — not even one that
-// begins with '}' — splits its names over slots, while every other key stays
-// readable. A prefix must not contain braces. What a key leaves in Redis: its
-// values hash until the longest-lived envelope in it expires (TTL plus the
-// stale window; a fill drops the envelopes of other representations that are
-// past their stale window), and its generation for as long as the hash, or a
-// lease, or at least a minute after a fill or an invalidation.
+// longer than 64 bytes), followed by "|" and the Variant if the call has one,
+// and by "|#" and a hash of the tag set if it has Tags: the generation is
+// p+"g:{k}", the envelopes are the fields of the hash p+"v:{k}" (field r),
+// the fill lease is p+"fl:{k}|r" (holding the generation and the holder's
+// token), and the wake-up channel p+"fw:{k}" (published with SPUBLISH on a
+// Redis Cluster). Values of different types, variants or tag sets therefore
+// never share an entry or a flight, and Invalidate(k) reaches them all. The
+// hash tag keeps every name of k in one slot, so the scripts work on a
+// cluster: a key that contains '}' is tagged with '#' and a hash of itself,
+// and follows the tag (p+"v:{#1f0c…}a}b"), as the names of a lock are (see
+// locks), so that no key splits its names over slots, while every other key
+// stays readable. A prefix must not contain braces. What a key leaves in
+// Redis: its values hash until the longest-lived envelope in it expires (TTL
+// plus the stale window or FailSafe's max age; a fill drops the envelopes of
+// other representations that are past their stale window), and its
+// generation for as long as the hash, or a lease, or at least a minute after
+// a fill or an invalidation.
 //
 // # The envelope
 //
@@ -165,12 +166,14 @@
 // pipeline; on a cluster one per node, in parallel), and a value recorded
 // under older versions is not served: the call loads again, under the fill
 // lease as for a miss. A call that shares a flight whose load began under
-// older versions than the call read does not take its value either. So a Get
-// that begins after InvalidateTags returned never returns a value whose load
-// began before it, as for Invalidate; no tag→key set is kept (nothing grows
-// with the keys), and no command spans two slots. A tagged value costs its
-// tags' reads on every hit from Redis (not from the near cache, which drops
-// tagged entries on the tag's message).
+// older versions than the call read does not take its value either. The tag
+// set is part of the entry (see Keys): a call with other tags, or none, never
+// reads a tagged value — it reads and fills an entry of its own. So a Get or
+// GetMany that begins after InvalidateTags returned never returns a value
+// whose load began before it, as for Invalidate, whatever its own tags; no
+// tag→key set is kept (nothing grows with the keys), and no command spans two
+// slots. A tagged value costs its tags' reads on every hit from Redis (not
+// from the near cache, which drops tagged entries on the tag's message).
 //
 // # Near cache
 //
@@ -205,11 +208,16 @@
 // when the subscription is back it is flushed, since messages may have been
 // lost. The near cache's own TTL bounds how long a value whose message was
 // lost unseen can be served. A value is kept only if no message about its key
-// (or its tags) arrived since the read that found it began, so a read that
-// races an invalidation cannot put the old value back. The near cache is a
-// sync.Map (lock-free reads: about 13ns per lookup at 16 goroutines, where
-// otter v2 took 18–70ns and a sharded map under read locks 33–100ns), bounded
-// by its number of entries, evicted first in, first out.
+// (or, for a tagged value, about any tag) arrived since before the command
+// that read or stored it was sent, so a read or a fill that races an
+// invalidation cannot put the old value back, even when the invalidation's
+// message arrives before the command's reply. The near cache is a sync.Map
+// (lock-free reads: about 13ns per lookup at 16 goroutines, where otter v2
+// took 18–70ns and a sharded map under read locks 33–100ns), bounded by its
+// number of entries — every value taken in, new or replacing one, takes the
+// next place in a ring of that many and evicts the one there, so expired and
+// replaced values never hold more — evicted first in, first out. It keeps
+// state only for the tags its values carry.
 //
 // # When the database fails
 //
@@ -220,7 +228,10 @@
 // stored again — under the fill lease's compare-and-set, pushed to the
 // waiters of every process — to be served, still marked stale, for backoff,
 // so that the fleet tries the failing load once per back-off instead of once
-// per request; never past maxAge after the value first stopped being fresh.
+// per request; never past maxAge after the value first stopped being fresh,
+// and never a value from before an invalidation: the older value stands in
+// only if it was loaded under the generation (and the tags' versions) the
+// failed load's lease was granted under.
 // Values are kept in Redis maxAge past their TTL for it. With
 // SoftTimeout(d), a call that has such an older value (or one within its
 // stale window) waits at most d for a slow load, then returns the older value

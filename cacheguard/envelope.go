@@ -44,6 +44,9 @@ type envelope struct {
 	tagHash    uint64   // the tag set's hash (see tagSet), with tagVers
 	tagVers    []uint64 // the tags' versions when the load began; nil: untagged
 	payload    []byte
+	// epoch is the near cache's epoch when the value entered it (see
+	// nearCache); never stored in Redis, 0 for a value read from there.
+	epoch uint64
 }
 
 func (e *envelope) encode() []byte {

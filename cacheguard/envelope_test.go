@@ -67,13 +67,13 @@ func FuzzDecodeEnvelope(f *testing.F) {
 // expiry, however slow the last load or large β.
 func TestXFetchWithinTheLastTwentieth(t *testing.T) {
 	e := envelope{freshUntil: 100_000, delta: time.Hour}
-	const ttl = 60 * time.Second // a twentieth: 3s
+	c := config{beta: 1e9, ttl: 60 * time.Second} // a twentieth: 3s
 	for range 1000 {
-		if xfetch(e.freshUntil-3_001, &e, 1e9, ttl) {
+		if c.xfetch(e.freshUntil-3_001, &e) {
 			t.Fatal("refreshed 3.001s before expiry with a 60s TTL")
 		}
 	}
-	if !xfetch(e.freshUntil-2_999, &e, 1e9, ttl) {
+	if !c.xfetch(e.freshUntil-2_999, &e) {
 		t.Fatal("no refresh 2.999s before expiry with a huge β")
 	}
 }

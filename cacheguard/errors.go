@@ -27,10 +27,11 @@ var (
 	// process; the error carries that load's message.
 	ErrRemoteLoad = errors.New("cacheguard: load failed in another process")
 	// ErrClosed is returned by calls on a Guard after Close, and to callers whose
-	// shared load Close stopped. A loader may return it too (wrapped or not),
-	// when its own process is closing: the fill is then handed over as Close
-	// hands it over — waiters in other processes take it over, they get no
-	// error.
+	// shared load Close stopped. A loader may return it too (wrapped or not)
+	// to decline the load — its own process is closing, or it only wanted to
+	// wait for another fill: the fill is then handed over as Close hands it
+	// over (waiters in other processes take it over, they get no error), and
+	// no load is counted (no EventLoad).
 	ErrClosed = errors.New("cacheguard: guard closed")
 	// ErrUncached is what a loader returns (or wraps) for a result that is not
 	// a failure but must not be cached — e.g. ginmw's answer that sets a

@@ -19,3 +19,16 @@ func NearTrusted(g *Guard) bool {
 	_, until := unpackState(g.near.state.Load())
 	return g.near.mono(time.Now()) < until
 }
+
+// NearHeard counts the messages g's near cache heard that concern key (and
+// the keys that share its counter).
+func NearHeard(g *Guard, key string) uint64 {
+	return uint64(g.near.changes[g.near.slot(key)].Load())
+}
+
+// NearTags is the number of tags g's near cache keeps state for.
+func NearTags(g *Guard) int {
+	g.near.mu.Lock()
+	defer g.near.mu.Unlock()
+	return len(g.near.tags)
+}

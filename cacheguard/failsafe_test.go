@@ -81,3 +81,53 @@ func TestSoftTimeoutServesOlderValue(t *testing.T) {
 		return err == nil && v.Name == "new"
 	})
 }
+
+// TestFailSafeNeverFromBeforeInvalidation (issue 31, item 1): a value loaded
+// before an Invalidate never stands in for a failed load that began after it.
+// Process A reads V0 (expired, within the fail-safe max age) and waits for
+// the fill of process B (a child); the row is written and the key
+// invalidated, which voids B's lease; A takes the lease over and its load
+// fails. A third process C (a child) whose Get begins after Invalidate
+// returned must load the new version, not be served V0.
+func TestFailSafeNeverFromBeforeInvalidation(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	key := testKey(t)
+	if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := startChild(t, "writer", childKey+"="+key)
+	if line, err := c.Next(30 * time.Second); err != nil || line != "ready" {
+		t.Fatalf("child: %q, %v", line, err)
+	}
+	// V0: version 1, fresh for 50ms, kept a minute longer for fail-safe.
+	failSafe := cacheguard.FailSafe(time.Minute, 5*time.Second)
+	p, _ := newGuard(t, cacheguard.TTL(50*time.Millisecond), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), failSafe)
+	if v, err := cacheguard.Get(ctx, p, key, versionLoad(rdb, key)); err != nil || v.ID != 1 {
+		t.Fatalf("V0: %v, %v", v, err)
+	}
+	loaded := time.Now()
+	eventually(t, time.Second, "V0 expired", func() bool { return time.Since(loaded) > 60*time.Millisecond })
+
+	// B takes the fill lease and loads without end.
+	startChild(t, "holder", childKey+"="+key)
+	eventually(t, 30*time.Second, "B to hold the lease and load", func() bool {
+		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
+	})
+	a, ra := newGuard(t, failSafe, cacheguard.EarlyRefresh(0))
+	waiting := watchWaiting(ra)
+	done := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) { return item{}, errors.New("db down") })
+		done <- err
+	}()
+	<-waiting // A waits for B's fill, V0 in hand
+
+	if got := ask(t, c, "write"); got != "ok 2" { // version 2 committed, the key invalidated
+		t.Fatalf("C: %q", got)
+	}
+	<-done // A took the lease over and its load failed
+	if got := ask(t, c, "get"); got != "got 2" {
+		t.Fatalf("a Get that began after Invalidate returned: %q, want version 2 (V0 came back through fail-safe)", got)
+	}
+}

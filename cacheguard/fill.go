@@ -5,171 +5,164 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
-	"strconv"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// fillFor loads with the fill lease held and turns the result into the
-// flight's outcome. A flight whose lease turns out lost takes no new callers:
-// what it loads may be older than what another fill stored meanwhile.
-func (c *call[T]) fillFor(ctx context.Context, f *flight, ks keySet, l lease, id uint64) *outcome {
-	v, env, err := c.fill(ctx, ks, l, fillMiss, func() { f.closed.Store(true) })
-	if env != nil && env.failSafe {
-		return &outcome{leader: id, loaded: true, val: v, failSafe: true}
-	}
-	return &outcome{leader: id, loaded: true, val: v, err: err, stored: env}
-}
-
-// fillKind says why a fill runs: it decides whether the stored TTL is
+// fillKind says why a flight runs: it decides whether the stored TTL is
 // jittered (see Jitter).
 type fillKind uint8
 
 const (
-	fillMiss  fillKind = iota // nothing servable was cached (a flight, or a miss under FailFast)
+	fillMiss  fillKind = iota // nothing servable was cached
 	fillStale                 // a stale value was served (ServeStale)
 	fillEarly                 // an early refresh of a fresh value (XFetch)
 )
 
-// fill runs the loader while renewing the fill lease, then stores the value
-// (or the absence) with the lease's compare-and-set and wakes the waiters, or,
-// when the load failed, releases the lease and tells the waiters why. A load
-// that Close (or Shutdown's deadline) cancelled, or whose loader returned an
-// error matching ErrClosed, is handed over: the lease is released with a
-// message that makes a waiter elsewhere take the fill over at once, and this
-// process's callers get ErrClosed — never an error for others.
-func (c *call[T]) fill(ctx context.Context, ks keySet, l lease, kind fillKind, lost func()) (T, *envelope, error) {
+// fill loads the keys of fs, whose fill leases this call holds, with one
+// call of the loader while renewing the leases, stores what it loaded (or the
+// absence) with each lease's compare-and-set and wakes the waiters, in one
+// pipeline, and ends each flight with its outcome. A key whose load failed
+// has its lease released and its waiters told why — or, with FailSafe, an
+// older value of the key stored again in its place, when judge lets it
+// stand in (never one from before an invalidation or a tag invalidation the
+// fill has seen). A load that Close (or Shutdown's deadline) cancelled, or
+// whose loader returned an error matching ErrClosed, is handed over: the
+// lease is released with a message that makes a waiter elsewhere take the
+// fill over at once, and this process's callers get ErrClosed — never an
+// error for others. A flight whose lease turns out lost takes no new callers:
+// what it loaded may be older than what another fill stored.
+func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind fillKind) {
 	g := c.g
 	start := time.Now()
-	// The lease is renewed until the load timeout at most (the hard timeout):
-	// a loader that ignores its context then loses the lease within a lease,
-	// so that another process can load.
+	// The leases are renewed until the load timeout at most (the hard
+	// timeout): a loader that ignores its context then loses them within a
+	// lease, so that another process can load.
 	rctx, rcancel := context.WithDeadline(ctx, start.Add(c.cfg.loadTimeout))
-	defer rcancel()
-	stop := g.renewLease(rctx, ks, l, c.cfg.lease, lost)
-	// A tagged value records its tags' versions as they are before it loads.
-	var tagVers []uint64
-	var tagErr error
-	if tags := c.cfg.tags.list(); len(tags) > 0 {
-		tagVers, tagErr = g.readTagVersions(ctx, tags, c.cfg.ttl+c.cfg.staleWindow)
-		if tagErr != nil {
-			g.note(ctx, EventRedisError, c.key, 0, tagErr)
-		}
+	stop := g.renew(rctx, fs, c.cfg.lease)
+	keys := make([]string, len(fs))
+	for i, f := range fs {
+		keys[i] = f.key
 	}
-	v, err := c.runLoader(ctx)
+	if kind == fillEarly {
+		g.note(ctx, EventEarlyRefresh, keys[0], 0, nil)
+	}
+	vals, err := c.runLoader(ctx, keys)
 	stop()
+	rcancel()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
-	// Handed over: Close (or Shutdown's deadline) cancelled the load, or the
-	// loader itself reports that its process is closing (ErrClosed).
-	closing := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
-	// Store or release even when Close cancelled the load: a lease left behind
-	// would keep other processes waiting for its expiry.
+	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
+	// Store or release even when Close cancelled the load: a lease left
+	// behind would keep other processes waiting for its expiry.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)
 	defer cancel()
-
-	switch {
-	case closing:
-		c.releaseLease(ctx, ks, l, "h"+l.token+" ")
-		var zero T
-		return zero, nil, errors.Join(ErrClosed, err)
-	case tagErr != nil:
-		// Without the tags' versions the value cannot be stored: it is
-		// returned uncached and the fill handed over.
-		c.releaseLease(ctx, ks, l, "h"+l.token+" ")
-		return v, nil, err
-	case err == nil:
-		payload, merr := encodeValue(c.cfg.codec, v)
-		if merr != nil {
-			err = fmt.Errorf("cacheguard: encode %q: %w", c.key, merr)
-			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
-			return v, nil, err
+	pipe := g.rdb.Pipeline()
+	outs := make([]*outcome, len(fs))
+	cmds := make([]*redis.Cmd, len(fs))
+	for i, f := range fs {
+		o := &outcome{leader: f.id, loaded: true}
+		outs[i] = o
+		var env *envelope
+		var ttl time.Duration
+		var msg string // released with this message when nothing is stored
+		v, found := vals[f.key]
+		switch {
+		case handOver:
+			o.err, msg = errors.Join(ErrClosed, err), "h"
+		case err == nil && found:
+			payload, merr := encodeValue(c.cfg.codec, v)
+			if merr != nil {
+				o.err = fmt.Errorf("cacheguard: encode %q: %w", f.key, merr)
+				msg = "e" + o.err.Error()
+				break
+			}
+			fresh := c.cfg.ttl
+			if kind == fillMiss {
+				fresh = jittered(fresh, c.cfg.jitter)
+			}
+			o.val, ttl = v, c.cfg.keep(fresh)
+			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(), delta: took, payload: payload}
+		case err == nil || errors.Is(err, ErrNotFound):
+			if o.err = err; err == nil {
+				o.err = notFound(f.key)
+			}
+			if msg = "n"; c.cfg.negTTL > 0 {
+				ttl = c.cfg.negTTL
+				if kind == fillMiss {
+					ttl = jittered(ttl, c.cfg.jitter)
+				}
+				env = &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
+			}
+		default:
+			o.err, msg = err, "e"+err.Error()
+			env, ttl = c.failSafe(o, f, tagVers, now)
 		}
-		fresh := c.cfg.ttl
-		if kind == fillMiss {
-			fresh = jittered(fresh, c.cfg.jitter)
+		if env == nil {
+			g.release(ctx, pipe, f, msg)
+			continue
 		}
-		env := &envelope{
-			freshUntil: now + fresh.Milliseconds(),
-			staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(),
-			delta:      took,
-			gen:        l.gen,
-			payload:    payload,
-		}
-		if tagVers != nil {
+		env.gen = f.lease.gen
+		if env.tagVers == nil && tagVers != nil {
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
-		if ok, err := g.store(ctx, c.key, ks, l, env.encode(), fresh+max(c.cfg.staleWindow, c.cfg.failSafeAge)); err != nil {
-			g.note(ctx, EventRedisError, c.key, 0, err)
-		} else if !ok {
-			lost()
-		} else if n := g.near; n != nil {
-			// What this process near-cached of the key is older now: the
-			// other processes drop it on the store's message (which this
-			// Guard ignores), this one here — and keeps the new value.
-			n.drop(c.key)
-			n.put(n.snap(c.key, c.cfg.tags.list(), time.Now()), c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, env)
+		cmds[i] = g.store(ctx, pipe, f, env.encode(), ttl)
+		header := *env
+		header.payload = nil
+		o.env, o.stored = &header, !env.failSafe && !env.negative
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		g.note(ctx, EventRedisError, keys[0], 0, err)
+	}
+	for i, f := range fs {
+		o := outs[i]
+		if cmds[i] != nil {
+			if n, err := cmds[i].Int64(); err != nil || n != 1 {
+				o.stored = false
+				if err == nil {
+					f.t.shut.Store(true) // the lease was lost
+				}
+			} else if g.near != nil {
+				g.near.stored(f.near, f.key, c.nearID(), c.cfg.tags.list(), o)
+			}
 		}
-		stored := *env
-		stored.payload = nil
-		return v, &stored, nil
-	case errors.Is(err, ErrNotFound) && c.cfg.negTTL > 0:
-		ttl := c.cfg.negTTL
-		if kind == fillMiss {
-			ttl = jittered(ttl, c.cfg.jitter)
-		}
-		env := &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, gen: l.gen, negative: true}
-		if tagVers != nil {
-			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
-		}
-		if ok, serr := g.store(ctx, c.key, ks, l, env.encode(), ttl); serr != nil {
-			g.note(ctx, EventRedisError, c.key, 0, serr)
-		} else if !ok {
-			lost()
-		} else if g.near != nil {
-			g.near.drop(c.key)
-		}
-		return v, nil, err
-	case errors.Is(err, ErrNotFound):
-		c.releaseLease(ctx, ks, l, "n"+l.token+" ")
-		return v, nil, err
-	case c.cfg.failSafeAge > 0 && c.fallback != nil && c.canFallBack(c.fallback, now) && !errors.Is(err, ErrUncached):
-		// Fail-safe: the older value stands in, and is stored again for the
-		// back-off (never past its first deadline), so that no process loads
-		// again before then.
-		fb := *c.fallback
-		deadline := fb.staleUntil
-		if !fb.failSafe {
-			deadline = max(fb.staleUntil, fb.freshUntil+c.cfg.failSafeAge.Milliseconds())
-		}
-		fv, derr := decodeValue[T](c.cfg.codec, &fb)
-		if derr != nil {
-			c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
-			return v, nil, err
-		}
-		env := &envelope{freshUntil: min(now+c.cfg.failSafeOff.Milliseconds(), deadline), staleUntil: deadline,
-			delta: fb.delta, gen: l.gen, failSafe: true, tagHash: fb.tagHash, tagVers: fb.tagVers, payload: fb.payload}
-		if ok, serr := g.store(ctx, c.key, ks, l, env.encode(), time.Duration(deadline-now)*time.Millisecond); serr != nil {
-			g.note(ctx, EventRedisError, c.key, 0, serr)
-		} else if !ok {
-			lost()
-		}
-		return fv, &envelope{failSafe: true}, nil
-	default:
-		c.releaseLease(ctx, ks, l, "e"+l.token+" "+err.Error())
-		return v, nil, err
+		g.flights.finish(f, o)
 	}
 }
 
-func (c *call[T]) releaseLease(ctx context.Context, ks keySet, l lease, msg string) {
-	if err := c.g.release(ctx, ks, l, msg); err != nil {
-		c.g.note(ctx, EventRedisError, c.key, 0, err)
+// failSafe returns the envelope to store when f's load failed and an older
+// value may stand in for it (FailSafe): the value f's starter found, judged
+// under the lease's generation and the tags' versions read with it, stored
+// again for the back-off (never past its first deadline), so that no process
+// loads again before then. It sets o to that value, marked stale. It returns
+// nil when there is none.
+func (c *call[T]) failSafe(o *outcome, f *flight, tagVers []uint64, now int64) (*envelope, time.Duration) {
+	fb := f.fallback
+	if fb == nil || c.cfg.failSafeAge <= 0 || errors.Is(o.err, ErrUncached) ||
+		c.cfg.judge(fb, &view{now: now, gen: f.lease.gen, tags: tagVers}) != expired {
+		return nil, 0
 	}
+	v, err := decodeValue[T](c.cfg.codec, fb)
+	if err != nil {
+		return nil, 0
+	}
+	deadline := fb.staleUntil
+	if !fb.failSafe {
+		deadline = max(fb.staleUntil, fb.freshUntil+c.cfg.failSafeAge.Milliseconds())
+	}
+	o.val, o.err = v, nil
+	env := *fb
+	env.freshUntil, env.staleUntil, env.failSafe = min(now+c.cfg.failSafeOff.Milliseconds(), deadline), deadline, true
+	return &env, time.Duration(deadline-now) * time.Millisecond
 }
 
-// runLoader runs the loader under ctx bounded by the load timeout, turning a
-// panic into a *PanicError, and counts the load.
-func (c *call[T]) runLoader(ctx context.Context) (v T, err error) {
+// runLoader runs the loader for keys under ctx bounded by the load timeout,
+// turning a panic into a *PanicError, and counts the load — unless the
+// loader declined it (an error matching ErrClosed: its process is closing,
+// or it was only waiting for another fill), which is no load.
+func (c *call[T]) runLoader(ctx context.Context, keys []string) (vals map[string]T, err error) {
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.loadTimeout)
 	defer func() {
@@ -177,26 +170,46 @@ func (c *call[T]) runLoader(ctx context.Context) (v T, err error) {
 		if p := recover(); p != nil {
 			err = newPanicError(p)
 		}
-		c.g.note(ctx, EventLoad, c.key, time.Since(start), err)
+		if !errors.Is(err, ErrClosed) {
+			c.g.note(ctx, EventLoad, strings.Join(keys, ","), time.Since(start), err)
+		}
 	}()
-	return c.load(lctx)
+	if c.one == nil {
+		return c.load(lctx, keys)
+	}
+	v, err := c.one(lctx)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]T{keys[0]: v}, nil
 }
 
-// failOpen serves callers while Redis cannot be reached: the loader runs
-// (bounded by MaxConcurrentLoads) and nothing is cached; or, with FailClosed,
-// it fails with ErrUnavailable. It runs inside a flight (whose getLease
-// failed) or as the work of g.unleased (the call's own read failed).
-func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, cause error) *outcome {
+// loadUnleased runs the loader for keys without the fill lease — Redis cannot
+// be reached (fail-open; cause is its error), or the calls' wait budget ended
+// (TimeoutLoad; cause nil) — and caches nothing; with FailClosed a fail-open
+// fails with ErrUnavailable instead. A fail-open load waits for a slot of
+// MaxConcurrentLoads until deadline.
+func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, deadline time.Time, cause error) []*outcome {
 	g := c.g
-	if c.cfg.failClosed {
-		return &outcome{leader: id, err: errors.Join(fmt.Errorf("%w: %q", ErrUnavailable, c.key), cause)}
+	outs := make([]*outcome, len(keys))
+	fail := func(err error) []*outcome {
+		for i, k := range keys {
+			outs[i] = &outcome{leader: id, err: err}
+			if err == ErrUnavailable {
+				outs[i].err = errors.Join(fmt.Errorf("%w: %q", ErrUnavailable, k), cause)
+			}
+		}
+		return outs
+	}
+	if cause != nil && c.cfg.failClosed {
+		return fail(ErrUnavailable)
 	}
 	ctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
-		return &outcome{leader: id, err: ErrClosed}
+		return fail(ErrClosed)
 	}
 	defer done()
-	if g.sem != nil {
+	if g.sem != nil && cause != nil {
 		wctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
 		select {
@@ -204,95 +217,106 @@ func (c *call[T]) failOpen(ctx context.Context, id uint64, deadline time.Time, c
 			defer func() { <-g.sem }()
 		case <-wctx.Done():
 			if ctx.Err() != nil {
-				return &outcome{leader: id, err: ErrClosed}
+				return fail(ErrClosed)
 			}
-			return &outcome{leader: id, err: errFlightExpired}
+			return fail(errFlightExpired)
 		}
 	}
-	g.note(ctx, EventFailOpen, c.key, 0, cause)
-	v, err := c.runLoader(ctx)
-	return &outcome{leader: id, loaded: true, val: v, err: err}
+	if cause != nil {
+		g.note(ctx, EventFailOpen, keys[0], 0, cause)
+	}
+	vals, err := c.runLoader(ctx, keys)
+	for i, k := range keys {
+		o := &outcome{leader: id, loaded: true, err: err}
+		if v, found := vals[k]; err == nil && found {
+			o.val = v
+		} else if err == nil {
+			o.err = notFound(k)
+		}
+		outs[i] = o
+	}
+	return outs
 }
 
-// refresh fills the representation in the background under the fill lease,
-// at most one refresh per representation, generation and process at a time:
-// for a stale value (ServeStale), an early refresh (XFetch: only while the
-// value is still the one fresh until after), or a miss under FailFast. The
-// lease is taken only when the value is not fresh until later than after (0:
-// now), so a refresh that another process finished meanwhile is not repeated.
-func (c *call[T]) refresh(ctx context.Context, gen int64, force bool, kind fillKind, after int64) {
-	g := c.g
-	ks := g.keys(c.key, c.rep)
-	mark := ks.rep + " " + strconv.FormatInt(gen, 10)
-	if !g.startRefresh(mark) {
-		return
+// failOpen ends flights whose Redis calls failed with cause: see loadUnleased.
+func (c *call[T]) failOpen(ctx context.Context, fs []*flight, cause error) {
+	keys := make([]string, len(fs))
+	for i, f := range fs {
+		keys[i] = f.key
 	}
-	var holdUntil time.Time // set when another process's fill holds the lease
-	unmark := func() { g.endRefresh(mark, holdUntil) }
-	tctx, done, ok := g.track(context.WithoutCancel(ctx))
-	if !ok {
-		unmark()
-		return
+	deadline := time.Now().Add(c.cfg.wait)
+	for i, o := range c.loadUnleased(ctx, keys, fs[0].id, deadline, cause) {
+		o.leader = fs[i].id
+		c.g.flights.finish(fs[i], o)
 	}
+}
+
+// renew keeps the fill leases of fs alive every third of the lease, in one
+// round trip for them all, until the returned stop function is called (which
+// waits for it) or ctx ends. A lease found gone (expired, taken over, or its
+// generation invalidated) shuts its flight, which takes no new callers, and
+// is renewed no more (the store's compare-and-set will fail too).
+func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
-		defer done()
-		defer unmark()
-		defer func() { _ = recover() }() // a codec or an observer panicked: the refresh is dropped
-		if after == 0 {
-			after = time.Now().UnixMilli()
-		}
-		tok := token()
-		r, err := g.getLease(tctx, ks, tok, c.cfg.lease, after, force)
-		if err != nil {
-			if tctx.Err() == nil {
-				g.note(ctx, EventRedisError, c.key, 0, err)
+		defer close(done)
+		t := time.NewTicker(leaseFor / 3)
+		defer t.Stop()
+		live := append([]*flight(nil), fs...)
+		for len(live) > 0 {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
 			}
-			return
-		}
-		if !r.granted {
-			if r.pttl > 0 { // another fill runs: do not ask again before its lease ends
-				holdUntil = time.Now().Add(r.pttl)
+			rctx, cancel := context.WithTimeout(ctx, leaseFor)
+			pipe := g.rdb.Pipeline()
+			cmds := make([]*redis.Cmd, len(live))
+			for i, f := range live {
+				cmds[i] = renewScript.Eval(rctx, pipe, []string{f.n.lease, f.n.gen}, f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
 			}
-			return
+			_, _ = pipe.Exec(rctx) // each reply is read below; a lease not renewed for an error is found out by the store
+			cancel()
+			kept := live[:0]
+			for i, f := range live {
+				if n, err := cmds[i].Int64(); err == nil && n == 0 {
+					f.t.shut.Store(true)
+					continue
+				}
+				kept = append(kept, f)
+			}
+			live = kept
 		}
-		if kind == fillEarly {
-			g.note(ctx, EventEarlyRefresh, c.key, 0, nil)
-		}
-		_, _, _ = c.fill(tctx, ks, lease{gen: r.gen, token: tok}, kind, func() {}) // a background refresh: the next read sees what it stored
 	}()
+	return func() { close(quit); <-done }
 }
 
-// startRefresh marks key as being refreshed by this process; false when a
-// refresh runs already, or another process's fill was seen holding the lease
-// and its lease has not ended yet (so stale hits do not each send a script).
-func (g *Guard) startRefresh(key string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := time.Now()
-	if until, ok := g.refreshing[key]; ok && (until.IsZero() || now.Before(until)) {
-		return false
-	}
-	if len(g.refreshing) >= 1024 { // forget expired holds now and then
-		for k, until := range g.refreshing {
-			if !until.IsZero() && now.After(until) {
-				delete(g.refreshing, k)
-			}
+// refresh fills key's entry in the background, under the fill lease — after
+// a stale value was served (ServeStale), for an early refresh (XFetch), or
+// for a miss under FailFast — unless a flight of the entry runs in this
+// process already, which will do. The lease is taken only when the stored
+// value is not fresh until later than after (0: now), so a refresh that
+// another process finished meanwhile is not repeated. s is what the call's
+// read found.
+func (c *call[T]) refresh(ctx context.Context, key string, s *stored, force bool, kind fillKind, after int64, fallback *envelope) {
+	g := c.g
+	n := g.names(key, c.rep)
+	t, leader, _ := g.flights.join(entry{n.values, n.field}, c.typ, s.gen, func(t *task[entry, *outcome]) admission {
+		if t.typ == c.typ && !t.shut.Load() {
+			return take
 		}
+		return skip
+	})
+	if !leader {
+		return
 	}
-	g.refreshing[key] = time.Time{}
-	return true
-}
-
-// endRefresh ends a refresh of key; with a non-zero holdUntil no new refresh
-// of key starts before then.
-func (g *Guard) endRefresh(key string, holdUntil time.Time) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if holdUntil.IsZero() {
-		delete(g.refreshing, key)
-	} else {
-		g.refreshing[key] = holdUntil
+	f := &flight{t: t, key: key, n: n, id: g.callIDs.Add(1), force: force, after: after, fallback: fallback}
+	if g.near != nil {
+		f.near = g.near.ticket(key)
 	}
+	c.fly(ctx, []*flight{f}, time.Now().Add(c.cfg.wait), kind)
 }
 
 // jittered shortens d by a random fraction in [0, frac).

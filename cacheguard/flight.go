@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,138 +19,306 @@ var errFlightExpired = errors.New("cacheguard: flight expired")
 // flight still works, woken by the lease's expiry instead of a push.
 const subscribeTimeout = time.Second
 
+// maxJoinAge bounds the age of a flight a call may join by its generation:
+// half of the generation's shortest life, so that a generation that was lost
+// and reads as absent (0) cannot lead a call into a flight older than the
+// invalidation that came between.
+const maxJoinAge = genTTL / 2
+
 // outcome is what a flight gives every caller sharing it.
 type outcome struct {
 	leader uint64 // the call that started the flight
 	loaded bool   // the flight ran the loader
 	val    any    // a T (flights are kept apart by type), or nil
 	err    error
-	// stored describes val as stored in Redis (fresh until, last load),
-	// when it was: only such a value may enter the near cache.
-	stored *envelope
-	// failSafe: val is an older value standing in for a failed load.
-	failSafe bool
+	// env is the header of val — the generation and tag versions it was
+	// loaded under, its times — for judge; nil for a load without the lease.
+	env    *envelope
+	stored bool // val is in Redis as env says: it may enter the near cache
 }
 
-// startFlight runs a new flight f on a goroutine that Close cancels and waits
-// for, detached from the caller that started it (a caller that gives up does
-// not end a load others share), and ends it with run's outcome.
-func (g *Guard) startFlight(parent context.Context, k flightKey, f *flight, run func(ctx context.Context) *outcome) {
-	ctx, done, ok := g.track(context.WithoutCancel(parent))
+// flights are the misses of a process, one group task per flight: the calls
+// of the process that miss an entry meanwhile share its flight when what it
+// returns may be served to them (see admit).
+type flights struct {
+	group[entry, *outcome]
+	// serial counts the flights created, running those not ended. Both
+	// change under the group's mu (running first), and are read without it
+	// by mark.
+	serial  atomic.Uint64
+	running atomic.Int64
+}
+
+// mark returns what a read of e must carry for the calls sharing it to
+// choose a flight (see admit): the serial of the last flight created, and
+// whether a flight of e runs (then the read fetches the generation too).
+func (fs *flights) mark(e entry) (serial uint64, busy bool) {
+	serial = fs.serial.Load()
+	if fs.running.Load() == 0 {
+		return serial, false
+	}
+	fs.mu.Lock()
+	busy = fs.m[e].out > 0
+	fs.mu.Unlock()
+	return serial, busy
+}
+
+// admit decides whether a call of type typ whose read found s may take what
+// flight t returns. A flight created after that read (serial above s.mark)
+// sends its scripts after it, so all it can return was loaded under the
+// generation the call would have read, or a later one; a flight created
+// before the read was sent was running then, so the read fetched the
+// generation (s.gen, 0 when absent), and the call takes such a flight only if
+// its floor is at least that. A flight that has not heard from Redis yet
+// (its floor below s.gen) is held: the caller waits for its first answer
+// (the flight may then have seen s.gen, typically the one its own script
+// created) and asks again — so that callers that miss together share one
+// flight.
+func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
+	return func(t *task[entry, *outcome]) admission {
+		switch {
+		case t.shut.Load() || t.typ != typ:
+			return skip
+		case t.serial > s.mark:
+			return take
+		case time.Since(t.born) >= maxJoinAge:
+			return skip
+		case t.floor.Load() >= s.gen:
+			return take
+		}
+		select {
+		case <-t.asked:
+			return skip
+		default:
+			return hold
+		}
+	}
+}
+
+// join returns a flight of e that admit takes, or a new one (leader) of
+// type typ and floor (the generation its starter read) that the caller must
+// run and end with finish; see group.join.
+func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task[entry, *outcome]) admission) (t *task[entry, *outcome], leader, pending bool) {
+	return fs.group.join(e, admit, func(t *task[entry, *outcome]) {
+		fs.running.Add(1)
+		t.typ, t.serial = typ, fs.serial.Add(1)
+		t.floor.Store(floor)
+	})
+}
+
+// finish ends a flight with o.
+func (fs *flights) finish(f *flight, o *outcome) {
+	if !f.ended {
+		f.ended = true
+		fs.end(f.t, o)
+		fs.running.Add(-1)
+	}
+}
+
+// flight is the state of one running flight that its goroutine keeps: the
+// key, its names, and what the call that started it knew.
+type flight struct {
+	t        *task[entry, *outcome]
+	key      string
+	n        names
+	id       uint64    // the call that started it
+	force    bool      // the stored value is unreadable: replace it even if its header says fresh
+	after    int64     // take a stored value fresh until later than this (unix ms; 0: now)
+	fallback *envelope // an older value that may stand in for a failed load (see judge)
+	near     nearTicket
+	lease    lease // once granted
+	ended    bool
+}
+
+// fly runs fs, new flights this call started, on a goroutine that Close
+// cancels and waits for, detached from the callers (one who gives up does
+// not end a load the others share): one get-or-lease round trip for all of
+// them, one load of the keys whose leases it got, and for the others a wait
+// for their holders' pushes.
+func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kind fillKind) {
+	tctx, done, ok := c.g.track(context.WithoutCancel(ctx))
 	if !ok {
-		g.flights.finish(k, f, &outcome{err: ErrClosed})
+		for _, f := range fs {
+			c.g.flights.finish(f, &outcome{leader: f.id, err: ErrClosed})
+		}
 		return
 	}
 	go func() {
 		defer done()
-		g.flights.finish(k, f, run(ctx))
+		c.run(tctx, fs, deadline, kind)
 	}()
 }
 
-// flight is one process's miss path for one representation, shared by every
-// caller of the process that misses meanwhile under the same generation: get
-// the value or the fill lease in one script; fill with the lease, or
-// subscribe to the wake-up channel, ask once more, and wait for the holder's
-// push (or its lease's expiry) and try again.
-func (c *call[T]) flight(ctx context.Context, f *flight, ks keySet, id uint64, deadline time.Time, force bool) (o *outcome) {
+// run is fly's goroutine.
+func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kind fillKind) {
 	g := c.g
-	defer func() {
-		if p := recover(); p != nil { // a codec or an observer panicked
-			o = &outcome{leader: id, err: newPanicError(p)}
-		}
-	}()
+	defer c.unfinished(fs)
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-
-	var wakeC <-chan string
-	subscribed := false
 	tok := token()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		r, err := g.getLease(wctx, ks, tok, c.cfg.lease, time.Now().UnixMilli(), force)
-		force = false
+	rs, tagVers, err := g.lease(wctx, fs, tok, &c.cfg)
+	for i, f := range fs {
 		if err == nil {
-			f.saw(r.gen)
+			f.t.saw(rs[i].gen)
 		}
-		f.answered()
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return &outcome{leader: id, err: ErrClosed}
-		case err != nil && wctx.Err() != nil:
-			return &outcome{leader: id, err: errFlightExpired}
-		case err != nil:
-			g.note(ctx, EventRedisError, c.key, 0, err)
-			return c.failOpen(ctx, id, deadline, err)
+		f.t.answered()
+	}
+	if err != nil {
+		c.leaseFailed(ctx, wctx, fs, err)
+		return
+	}
+	var mine []*flight
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		switch r := rs[i]; {
 		case r.granted:
-			return c.fillFor(ctx, f, ks, lease{gen: r.gen, token: tok}, id)
+			f.lease = lease{gen: r.gen, token: tok}
+			mine = append(mine, f)
+		case r.fresh && c.remote(ctx, f, r.value, tagVers):
+		case len(fs) == 1:
+			c.follow(ctx, wctx, f, tok, kind)
+		default:
+			wg.Go(func() {
+				defer c.unfinished([]*flight{f})
+				c.follow(ctx, wctx, f, tok, kind)
+			})
+		}
+	}
+	if len(mine) > 0 {
+		c.fill(ctx, mine, tagVers, kind)
+	}
+	wg.Wait()
+}
+
+// unfinished ends the flights of fs that have no outcome yet, when a codec
+// or an observer panicked on the way.
+func (c *call[T]) unfinished(fs []*flight) {
+	p := recover()
+	for _, f := range fs {
+		if !f.ended {
+			err := error(ErrClosed)
+			if p != nil {
+				err = newPanicError(p)
+			}
+			c.g.flights.finish(f, &outcome{leader: f.id, err: err})
+		}
+	}
+}
+
+// leaseFailed ends flights whose get-or-lease round trip failed: Close
+// stopped them, or their starter's budget ended, or Redis failed (then they
+// fail open, or closed).
+func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, err error) {
+	switch {
+	case ctx.Err() != nil:
+		err = ErrClosed
+	case wctx.Err() != nil:
+		err = errFlightExpired
+	default:
+		c.g.note(ctx, EventRedisError, fs[0].key, 0, err)
+		c.failOpen(ctx, fs, err)
+		return
+	}
+	for _, f := range fs {
+		c.g.flights.finish(f, &outcome{leader: f.id, err: err})
+	}
+}
+
+// follow waits for another fill of f's entry: it subscribes to the key's
+// wake-up channel, asks again (a push sent before the subscription was
+// confirmed would be missed, but its value is then in Redis), and sleeps
+// until the holder's push or a little past its lease (it may die without a
+// word), and asks again — taking the lease over, and loading, once it is
+// free. (The flight that gets the lease never subscribes: it is everyone's
+// critical path, and only waiters need the push.)
+func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind fillKind) {
+	g := c.g
+	var wakeC <-chan string
+	sctx, scancel := context.WithTimeout(wctx, subscribeTimeout)
+	sub, err := g.hub.Subscribe(sctx, f.n.wake)
+	scancel()
+	if err == nil {
+		defer sub.Close()
+		wakeC = sub.C()
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	fl := []*flight{f}
+	for {
+		rs, tagVers, err := g.lease(wctx, fl, tok, &c.cfg)
+		if err != nil {
+			c.leaseFailed(ctx, wctx, fl, err)
+			return
+		}
+		r := rs[0]
+		f.t.saw(r.gen)
+		switch {
+		case r.granted:
+			f.lease = lease{gen: r.gen, token: tok}
+			c.fill(ctx, fl, tagVers, kind)
+			return
+		case r.fresh && c.remote(ctx, f, r.value, tagVers):
+			return
 		case r.fresh:
-			if o := c.remote(ctx, id, r.value); o != nil {
-				return o
-			}
-			force = true // unreadable: take the lease and replace it
-			continue
+			continue // unreadable or refused: f.force is set
 		}
-		if !subscribed {
-			// Another fill holds the lease. Register for its push, then ask
-			// again: a push sent before the subscription was confirmed would
-			// be missed, but its value is then in Redis. (The flight that
-			// gets the lease never subscribes: it is everyone's critical
-			// path, and only waiters need the push.)
-			subscribed = true
-			sctx, scancel := context.WithTimeout(wctx, subscribeTimeout)
-			sub, err := g.hub.Subscribe(sctx, ks.wake)
-			scancel()
-			if err == nil {
-				defer sub.Close()
-				wakeC = sub.C()
-			}
-			continue
-		}
-		// Sleep until the holder's push, or a little past its lease (it may
-		// die without a word).
 		d := r.pttl + time.Millisecond
 		timer.Reset(d + rand.N(d/10+1))
 		select {
 		case m := <-wakeC:
-			if o := c.fromWake(ctx, id, m, r.holder); o != nil {
-				return o
+			if c.fromWake(ctx, f, m, r.holder, tagVers) {
+				return
 			}
 		case <-timer.C:
 		case <-wctx.Done():
+			err := errFlightExpired
 			if ctx.Err() != nil {
-				return &outcome{leader: id, err: ErrClosed}
+				err = ErrClosed
 			}
-			return &outcome{leader: id, err: errFlightExpired}
+			g.flights.finish(f, &outcome{leader: f.id, err: err})
+			return
 		}
 	}
 }
 
-// remote turns an envelope stored by another caller into an outcome, or nil
-// when it cannot be decoded (counted).
-func (c *call[T]) remote(ctx context.Context, id uint64, b []byte) *outcome {
+// remote ends f with an envelope another caller stored, read from Redis or
+// pushed, when judge serves it under the tags' versions read (tagVers); else
+// it reports false, with f.force set when the value must be replaced
+// (unreadable, or loaded before a tag invalidation).
+func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uint64) bool {
 	g := c.g
 	env, err := decodeEnvelope(b)
 	if err != nil {
-		g.note(ctx, EventDecodeError, c.key, 0, err)
-		return nil
+		g.note(ctx, EventDecodeError, f.key, 0, err)
+		f.force = true
+		return false
 	}
-	g.note(ctx, EventCoalescedRemote, c.key, 0, nil)
+	switch c.cfg.judge(&env, &view{now: time.Now().UnixMilli(), tags: tagVers}) {
+	case fresh, failSafe:
+	case refused:
+		f.force = true
+		return false
+	default:
+		return false // already old: ask Redis
+	}
+	o := &outcome{leader: f.id, env: &env, stored: !env.failSafe}
 	if env.negative {
-		g.note(ctx, EventNegativeHit, c.key, 0, nil)
-		return &outcome{leader: id, err: c.notFound()}
-	}
-	v, err := decodeValue[T](c.cfg.codec, &env)
-	if err != nil {
-		g.note(ctx, EventDecodeError, c.key, 0, err)
-		return nil
+		g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
+		g.note(ctx, EventNegativeHit, f.key, 0, nil)
+		o.err = notFound(f.key)
+	} else if o.val, err = decodeValue[T](c.cfg.codec, &env); err != nil {
+		g.note(ctx, EventDecodeError, f.key, 0, err)
+		f.force = true
+		return false
+	} else {
+		g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
 	}
 	env.payload = nil
-	if env.failSafe {
-		return &outcome{leader: id, val: v, failSafe: true}
+	if o.stored && o.err == nil && g.near != nil {
+		g.near.put(f.near, f.key, c.nearID(), c.cfg.tags.list(), o.val, &env, false)
 	}
-	return &outcome{leader: id, val: v, stored: &env}
+	g.flights.finish(f, o)
+	return true
 }
 
 // fromWake handles a push on the key's channel (shared by every
@@ -157,30 +328,25 @@ func (c *call[T]) remote(ctx context.Context, id uint64, b []byte) *outcome {
 // handed its fill over: take the lease now), 'x' (invalidated). Only a push
 // from holder, the fill whose lease this flight saw, is trusted: one from an
 // earlier fill can arrive after an invalidation that came later (the
-// subscription may predate this flight). It returns nil when the flight must
-// ask again.
-func (c *call[T]) fromWake(ctx context.Context, id uint64, m, holder string) *outcome {
+// subscription may predate this flight). It reports whether it ended f;
+// else the flight asks again.
+func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tagVers []uint64) bool {
 	if m == "" || m[0] == 'x' {
-		return nil
+		return false
 	}
 	tok, body, ok := strings.Cut(m[1:], " ")
 	if !ok || tok != holder {
-		return nil
+		return false
 	}
 	switch m[0] {
 	case 'v':
-		b := []byte(body)
-		if len(b) < envHeaderLen {
-			return nil
-		}
-		if env, err := decodeEnvelope(b); err != nil || time.Now().UnixMilli() >= env.freshUntil {
-			return nil // unreadable or already old: ask Redis
-		}
-		return c.remote(ctx, id, b)
+		return len(body) >= envHeaderLen && c.remote(ctx, f, []byte(body), tagVers)
 	case 'e':
-		return &outcome{leader: id, err: remoteError(c.key, body)}
+		c.g.flights.finish(f, &outcome{leader: f.id, err: remoteError(f.key, body)})
+		return true
 	case 'n':
-		return &outcome{leader: id, err: c.notFound()}
+		c.g.flights.finish(f, &outcome{leader: f.id, err: notFound(f.key)})
+		return true
 	}
-	return nil
+	return false
 }

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
+	"maps"
 	"reflect"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -15,22 +16,21 @@ import (
 // sharing the Redis:
 //
 //   - A hit costs one round trip (an HGET of the value).
-//   - On a miss, the callers of one process share one flight per type and
-//     generation (in-process coalescing); the flight runs one script that
-//     returns the value or grants the fill lease, and waits for the holder's
-//     push when another process fills. The lease holder loads under a
-//     context detached from every caller (bounded by LoadTimeout), renewing
-//     the lease while the loader runs, stores the value only if it still holds
-//     the lease and the key was not invalidated meanwhile, and publishes it;
-//     the waiters of every other process receive the value itself with the
-//     wake-up. A holder that dies stops renewing; its lease expires and one
-//     waiter takes over.
+//   - On a miss, the callers of one process share one flight per entry
+//     (in-process coalescing); the flight runs one script that returns the
+//     value or grants the fill lease, and waits for the holder's push when
+//     another process fills. The lease holder loads under a context detached
+//     from every caller (bounded by LoadTimeout), renewing the lease while
+//     the loader runs, stores the value only if it still holds the lease and
+//     the key was not invalidated meanwhile, and publishes it; the waiters of
+//     every other process receive the value itself with the wake-up. A holder
+//     that dies stops renewing; its lease expires and one waiter takes over.
 //   - The policy (Wait, ServeStale, FailFast) says what a call that finds no
 //     fresh value does; none waits longer than its ctx and its wait budget,
 //     even when Redis does not answer.
-//   - A Get that begins after an Invalidate of key returned, in any process,
-//     never returns a value loaded before it (see the package documentation,
-//     Consistency).
+//   - A Get that begins after an Invalidate of key (or an InvalidateTags of
+//     one of its Tags) returned, in any process, never returns a value loaded
+//     before it (see the package documentation, Consistency).
 //   - A loader returning (or wrapping) ErrNotFound is cached as absent for the
 //     negative TTL; a panicking loader becomes a *PanicError for every caller
 //     sharing the load.
@@ -46,384 +46,600 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 	if g != nil && g.near != nil && len(opts) == 0 && load != nil && validKey(key) == nil && !g.isClosed() {
 		// The near cache's hit path, before the call's configuration is
 		// copied: it allocates nothing.
-		if v, ok := nearHit(ctx, g, &g.cfg, key, load); ok {
+		if v, _, ok := nearHit(ctx, g, &g.cfg, key, load, nil, time.Now()); ok {
 			return v, nil
 		}
 	}
-	cfg, err := g.callConfig(key, load != nil, opts)
+	cfg, err := g.callConfig(opts, load != nil)
+	if err == nil {
+		err = validKey(key)
+	}
 	if err != nil {
 		var zero T
 		return zero, err
 	}
+	var v T
+	var res Result
 	if g.near != nil && len(opts) > 0 {
-		if v, ok := nearHit(ctx, g, &cfg, key, load); ok {
-			return v, nil
-		}
+		v, res, _ = nearHit(ctx, g, &cfg, key, load, nil, time.Now())
 	}
-	c := call[T]{g: g, cfg: cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load} // on the stack
-	v, res, err := c.get(ctx)
+	if res == 0 {
+		c := call[T]{g: g, cfg: cfg, typ: reflect.TypeFor[T](), one: load} // on the stack
+		c.rep = representation(c.typ, cfg.variant, cfg.tags)
+		v, res, err = c.get(ctx, key)
+	}
 	if cfg.report != nil {
 		*cfg.report = res
 	}
 	return v, err
 }
 
-// nearHit serves a call from the near cache when it can.
-func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, load func(context.Context) (T, error)) (T, bool) {
-	now := time.Now()
-	v, e, ok := nearGet[T](g.near, key, reflect.TypeFor[T](), cfg.variant, cfg.tags.list(), now)
-	if !ok {
-		return v, false
+// GetMany is Get for several keys at once, with one loader for the missing
+// ones, so that each expiry still costs one load across every process. It
+// takes the options Get takes, and runs the same engine:
+//
+//   - Near-cached keys cost nothing; the others are read in one round trip
+//     (a pipeline; on a cluster one per node, in parallel).
+//   - The misses join the flights of their entries running in this process,
+//     and the others start one flight run for them all: their fill leases in
+//     one round trip (one script call per hash slot), which returns a value
+//     stored meanwhile instead of a lease; load runs once, with exactly the
+//     keys whose leases the run got, under a context detached from the caller
+//     (bounded by LoadTimeout), the leases renewed while it runs; the values
+//     are stored in one pipeline and pushed to the waiters of every process.
+//     A cold batch therefore costs three round trips and one loader call.
+//   - Keys whose lease another caller holds (here or in another process) are
+//     waited for as Get waits: pushed values, one load per key across the
+//     fleet; if that holder dies, the key is taken over with a load of that
+//     key alone.
+//   - load returns the values it found; a key it leaves out does not exist:
+//     it is cached as absent for the negative TTL and left out of GetMany's
+//     result, with no error. A load that fails fails its keys.
+//
+// The result holds every key that has a value. When some keys failed (their
+// load, Redis under FailClosed, the wait budget, ErrMiss under FailFast), the
+// error is a KeyErrors with each key's error, next to the values of the
+// others. ReportTo reports the least favourable way a key was served (Miss,
+// then Coalesced, then Stale, then Hit). Values are shared: treat them as
+// read-only. Bad input is an ErrInvalid before any Redis call.
+func GetMany[T any](ctx context.Context, g *Guard, keys []string, load func(ctx context.Context, keys []string) (map[string]T, error), opts ...CallOption) (map[string]T, error) {
+	for _, k := range keys {
+		if err := validKey(k); err != nil {
+			return nil, err
+		}
 	}
-	g.noteNearHit(ctx, key)
-	if nearXFetch(now, e, cfg.beta, cfg.ttl) {
-		c := call[T]{g: g, cfg: *cfg, key: key, rep: representation(reflect.TypeFor[T](), cfg.variant), load: load}
-		c.detach().refresh(ctx, e.gen, false, fillEarly, e.freshUntil)
+	cfg, err := g.callConfig(opts, load != nil)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.report != nil {
-		*cfg.report = Hit
+	c := &call[T]{g: g, cfg: cfg, typ: reflect.TypeFor[T](), load: load}
+	c.rep = representation(c.typ, cfg.variant, cfg.tags)
+	out, res, err := c.many(ctx, slices.Compact(slices.Sorted(slices.Values(keys))))
+	if cfg.report != nil && res != 0 {
+		*cfg.report = res
 	}
-	return v, true
+	return out, err
 }
 
-// call is one Get.
+// KeyErrors is the error GetMany returns when some keys failed: the error of
+// each. It matches (errors.Is, errors.As) every one of them.
+type KeyErrors map[string]error
+
+func (e KeyErrors) Error() string {
+	parts := make([]string, 0, len(e))
+	for _, k := range slices.Sorted(maps.Keys(e)) {
+		parts = append(parts, fmt.Sprintf("%q: %v", k, e[k]))
+	}
+	return "cacheguard: " + strings.Join(parts, "; ")
+}
+
+// Unwrap returns the keys' errors.
+func (e KeyErrors) Unwrap() []error {
+	errs := make([]error, 0, len(e))
+	for _, k := range slices.Sorted(maps.Keys(e)) {
+		errs = append(errs, e[k])
+	}
+	return errs
+}
+
+// call is one Get or GetMany.
 type call[T any] struct {
 	g    *Guard
 	cfg  config // by value: escape analysis would move a pointed-to config to the heap
-	key  string
-	rep  string // the representation: T's name and the Variant
-	load func(context.Context) (T, error)
-	near nearSnap // the near cache when the call's read began
-	// fallback is an older value the call's read found, that may stand in
-	// for a failed or slow load (FailSafe, SoftTimeout); nil if none.
-	fallback *envelope
+	typ  reflect.Type
+	rep  string                                                         // the representation (see representation)
+	one  func(context.Context) (T, error)                               // Get's loader
+	load func(ctx context.Context, keys []string) (map[string]T, error) // GetMany's
 }
 
-// detach returns a copy of c on the heap, for the goroutines of the miss path,
-// so that the hit path keeps c and its configuration on the stack.
+// part is one key of a call: what its read found, and how it is served.
+type part[T any] struct {
+	key      string
+	id       uint64     // the call's part in the flights it joins
+	near     nearTicket // taken before the read was sent
+	s        stored
+	force    bool      // the stored value must be replaced even if its header says fresh
+	fallback *envelope // an older value that may stand in for a failed or slow load
+	missed   bool      // counted as a miss
+
+	t       *task[entry, *outcome] // the flight it waits for, or
+	u       *task[entry, *outcome] // the load without the lease it waits for
+	pending bool                   // t is held (see admit)
+
+	v   T
+	res Result
+	err error
+}
+
+// detach returns a copy of c on the heap, for the miss path, so that the hit
+// path keeps c and its configuration on the stack.
 func (c *call[T]) detach() *call[T] {
 	d := *c
 	return &d
 }
 
-func (c *call[T]) get(ctx context.Context) (T, Result, error) {
-	var zero T
-	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
-	budget := getTimer(c.cfg.wait)
-	defer putTimer(budget)
+// get is a Get's call.
+func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	g := c.g
-	values, field, rep := g.readKeys(c.key, c.rep)
+	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
+	sl := part[T]{key: key}
 	if g.near != nil {
-		c.near = g.near.snap(c.key, c.cfg.tags.list(), start)
+		sl.near = g.near.ticket(key)
 	}
-	if c.cfg.tags != nil {
-		rep += "\x00" + c.cfg.tags.key // tagged reads fetch the tags' versions too
-	}
-	s, err := g.readStored(ctx, values, field, rep, c.cfg.tags.list(), start.Add(c.cfg.wait), budget.C)
-	var force bool     // the stored value is unreadable: replace it even if its header says fresh
-	var redisErr error // the cache is unreachable: fail open or closed
+	var err error
+	sl.s, err = g.readOne(ctx, entry{g.valuesKey(key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait))
 	switch {
 	case errors.Is(err, errBudget):
-		g.note(ctx, EventRedisError, c.key, 0, err)
-		return c.detach().timedOut(ctx)
+		g.note(ctx, EventRedisError, key, 0, err)
+		s := &part[T]{key: key}
+		c.detach().timedOut(ctx, s, start.Add(c.cfg.wait))
+		return s.v, s.res, s.err
 	case errors.Is(err, ErrClosed):
-		return zero, Miss, err
+		return sl.v, Miss, err
 	case err != nil:
-		return zero, Miss, c.ctxErr(ctx)
-	case s.err != nil:
-		g.note(ctx, EventRedisError, c.key, 0, s.err)
-		redisErr = s.err
-	case s.b != nil:
-		v, res, err, done := c.fromStored(ctx, s, start.UnixMilli())
-		if done {
-			return v, res, err
-		}
-		force = err != nil
+		return sl.v, Miss, ctxErr(key, ctx)
 	}
-	if c.cfg.policy == policyFailFast && redisErr == nil {
-		g.note(ctx, EventMiss, c.key, 0, nil)
-		c.detach().refresh(ctx, s.gen, force, fillMiss, 0)
-		return zero, Miss, fmt.Errorf("%w: %q", ErrMiss, c.key)
+	if c.serve(ctx, &sl, start.UnixMilli()) {
+		return sl.v, sl.res, sl.err
 	}
-	return c.detach().wait(ctx, start, budget, s, force, redisErr)
+	s := sl // the miss path: on the heap
+	c.detach().miss(ctx, start, []*part[T]{&s})
+	return s.v, s.res, s.err
 }
 
-// fromStored serves a stored envelope when it is fresh at now (unix ms, read
-// before the read was sent), or stale and the policy allows it. A value in
-// Redis is always of the key's current generation: Invalidate deletes the
-// values with the generation's move. done is false when the call must go on
-// as a miss; err is then a decode error (or nil when the value is only too
-// old).
-func (c *call[T]) fromStored(ctx context.Context, s stored, now int64) (v T, res Result, err error, done bool) {
+// many is a GetMany's call.
+func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result, error) {
 	g := c.g
+	start := time.Now()
+	out := map[string]T{}
+	var worst Result
+	var sls []*part[T]
+	for _, k := range keys {
+		if g.near != nil {
+			if v, res, ok := nearHit(ctx, g, &c.cfg, k, nil, c.load, start); ok {
+				out[k], worst = v, worse(worst, res)
+				continue
+			}
+		}
+		sl := &part[T]{key: k}
+		if g.near != nil {
+			sl.near = g.near.ticket(k)
+		}
+		sls = append(sls, sl)
+	}
+	var missed []*part[T]
+	if len(sls) > 0 {
+		values := make([]string, len(sls))
+		for i, sl := range sls {
+			values[i] = g.valuesKey(sl.key)
+		}
+		found := make([]stored, len(sls))
+		err := g.bounded(ctx, start.Add(c.cfg.wait), func(ctx context.Context) error {
+			g.read(ctx, values, c.rep, c.cfg.tags.list(), found)
+			return nil
+		})
+		for i, sl := range sls {
+			switch {
+			case errors.Is(err, errBudget):
+				g.note(ctx, EventRedisError, sl.key, 0, err)
+				c.timedOut(ctx, sl, start.Add(c.cfg.wait))
+			case errors.Is(err, ErrClosed):
+				sl.err = ErrClosed
+			case err != nil:
+				sl.err = ctxErr(sl.key, ctx)
+			default:
+				sl.s = found[i]
+				if !c.serve(ctx, sl, start.UnixMilli()) {
+					missed = append(missed, sl)
+				}
+			}
+		}
+	}
+	if len(missed) > 0 {
+		c.miss(ctx, start, missed)
+	}
+	errs := KeyErrors{}
+	for _, sl := range sls {
+		worst = worse(worst, sl.res)
+		switch {
+		case sl.err == nil:
+			out[sl.key] = sl.v
+		case !errors.Is(sl.err, ErrNotFound):
+			errs[sl.key] = sl.err
+		}
+	}
+	if len(errs) > 0 {
+		return out, worst, errs
+	}
+	return out, worst, nil
+}
+
+// worse returns the less favourable of two results (see GetMany).
+func worse(a, b Result) Result {
+	rank := [...]int{0, 1, 4, 2, 3} // none, Hit, Miss, Stale, Coalesced
+	if a == 0 || b != 0 && rank[b] > rank[a] {
+		return b
+	}
+	return a
+}
+
+// nearHit serves a key from the near cache when judge lets it (it allocates
+// nothing), starting an early refresh when XFetch says so.
+func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one func(context.Context) (T, error),
+	load func(context.Context, []string) (map[string]T, error), now time.Time) (v T, res Result, ok bool) {
+	typ := reflect.TypeFor[T]()
+	id := nearID{typ: typ, variant: cfg.variant}
+	if cfg.tags != nil {
+		id.tags = cfg.tags.key
+	}
+	e, epoch := g.near.get(key, id, now)
+	if e == nil {
+		return v, 0, false
+	}
+	ms := now.UnixMilli()
+	if cfg.judge(&e.env, &view{now: ms, epoch: epoch}) != fresh {
+		return v, 0, false
+	}
+	if v, ok = e.val.(T); !ok {
+		return v, 0, false
+	}
+	g.noteNearHit(ctx, key)
+	if cfg.xfetch(ms, &e.env) {
+		c := &call[T]{g: g, cfg: *cfg, typ: typ, one: one, load: load}
+		c.rep = representation(typ, cfg.variant, cfg.tags)
+		c.refresh(ctx, key, &stored{gen: e.env.gen}, false, fillEarly, e.env.freshUntil, nil)
+	}
+	return v, Hit, true
+}
+
+// serve judges what sl's read found (at now, unix ms read before the read
+// was sent) and serves it when judge lets it: a fresh value (Hit), a stale
+// one under ServeStale or FailFast (Stale, with a refresh in the
+// background), a fail-safe one in its back-off (Stale). It reports whether
+// sl is served; if not, sl says why (Redis failed, the value must be
+// replaced, or an older value may stand in for the load).
+func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
+	g := c.g
+	s := &sl.s
+	if s.err != nil {
+		g.note(ctx, EventRedisError, sl.key, 0, s.err)
+		return false
+	}
+	if s.b == nil {
+		return false
+	}
 	env, err := decodeEnvelope(s.b)
 	if err != nil {
-		g.note(ctx, EventDecodeError, c.key, 0, err)
-		return v, 0, err, false
+		g.note(ctx, EventDecodeError, sl.key, 0, err)
+		sl.force = true
+		return false
 	}
-	if !c.cfg.tags.fresh(&env, s.tagVers) {
-		// Loaded before one of the call's tags was invalidated (or with other
-		// tags): not servable, and to be replaced even if its header says
-		// fresh.
-		return v, 0, errStaleTags, false
+	verdict := c.cfg.judge(&env, &view{now: now, gen: s.gen, tags: s.tagVers})
+	switch verdict {
+	case refused:
+		sl.force = true
+		return false
+	case expired:
+		fb := env
+		sl.fallback = &fb
+		return false
+	case gone:
+		return false
 	}
-	switch {
-	case now < env.freshUntil && env.failSafe && !env.negative:
-		// An older value re-stored after a failed load: served, marked
-		// stale, until its back-off ends.
-		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-			g.note(ctx, EventDecodeError, c.key, 0, err)
-			return v, 0, err, false
-		}
-		g.note(ctx, EventFailSafe, c.key, 0, nil)
-		return v, Stale, nil, true
-	case now < env.freshUntil && env.negative:
-		g.note(ctx, EventHit, c.key, 0, nil)
-		g.note(ctx, EventNegativeHit, c.key, 0, nil)
-		return v, Hit, c.notFound(), true
-	case now < env.freshUntil:
-		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-			g.note(ctx, EventDecodeError, c.key, 0, err)
-			return v, 0, err, false
-		}
-		if xfetch(now, &env, c.cfg.beta, c.cfg.ttl) {
-			c.detach().refresh(ctx, env.gen, false, fillEarly, env.freshUntil)
+	if env.negative {
+		g.note(ctx, EventHit, sl.key, 0, nil)
+		g.note(ctx, EventNegativeHit, sl.key, 0, nil)
+		sl.res, sl.err = Hit, notFound(sl.key)
+		return true
+	}
+	if sl.v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
+		g.note(ctx, EventDecodeError, sl.key, 0, err)
+		sl.force = true
+		return false
+	}
+	switch verdict {
+	case failSafe:
+		g.note(ctx, EventFailSafe, sl.key, 0, nil)
+		sl.res = Stale
+	case stale:
+		g.note(ctx, EventStale, sl.key, 0, nil)
+		fb := env
+		c.detach().refresh(ctx, sl.key, s, false, fillStale, 0, &fb)
+		sl.res = Stale
+	default:
+		if c.cfg.xfetch(now, &env) {
+			c.detach().refresh(ctx, sl.key, s, false, fillEarly, env.freshUntil, nil)
 		}
 		if g.near != nil {
-			g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, &env)
+			g.near.put(sl.near, sl.key, c.nearID(), c.cfg.tags.list(), sl.v, &env, false)
 		}
-		g.note(ctx, EventHit, c.key, 0, nil)
-		return v, Hit, nil, true
-	case now < env.staleUntil && !env.negative && c.cfg.policy != policyWait:
-		if v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-			g.note(ctx, EventDecodeError, c.key, 0, err)
-			return v, 0, err, false
-		}
-		g.note(ctx, EventStale, c.key, 0, nil)
-		d := c.detach()
-		d.fallback = &env
-		d.refresh(ctx, env.gen, false, fillStale, 0)
-		return v, Stale, nil, true
+		g.note(ctx, EventHit, sl.key, 0, nil)
+		sl.res = Hit
 	}
-	if c.canFallBack(&env, now) {
-		c.fallback = &env
-	}
-	return v, 0, nil, false
+	return true
 }
 
-// canFallBack reports whether a stored value may stand in for a failed or
-// slow load at now: within its stale window, or FailSafe's max age past
-// fresh-until (a fail-safe value keeps its first deadline, in stale-until).
-func (c *call[T]) canFallBack(e *envelope, now int64) bool {
-	switch {
-	case e.negative:
-		return false
-	case now < e.staleUntil:
-		return true
-	case e.failSafe:
-		return false
-	}
-	return c.cfg.failSafeAge > 0 && now < e.freshUntil+c.cfg.failSafeAge.Milliseconds()
-}
-
-// fallBack returns the call's fallback value, marked stale (EventFailSafe).
-func (c *call[T]) fallBack(ctx context.Context) (T, Result, error, bool) {
-	v, err := decodeValue[T](c.cfg.codec, c.fallback)
-	if err != nil {
-		return v, 0, err, false
-	}
-	c.g.note(ctx, EventFailSafe, c.key, 0, nil)
-	return v, Stale, nil, true
-}
-
-// earlyRefreshShare is the share of the TTL, at its end, within which an
-// early refresh may start (see EarlyRefresh).
-const earlyRefreshShare = 20 // the last 1/20
-
-// errStaleTags marks a stored value loaded under older versions of the
-// call's tags.
-var errStaleTags = errors.New("cacheguard: stored under older tag versions")
-
-// xfetch decides a probabilistic early refresh: now − Δ·β·ln(rand) ≥
-// fresh-until, the gap Δ·β·ln(rand) capped at ttl/earlyRefreshShare.
-func xfetch(now int64, e *envelope, beta float64, ttl time.Duration) bool {
-	if beta <= 0 || e.delta <= 0 {
-		return false
-	}
-	gap := -float64(e.delta.Microseconds()) / 1000 * beta * math.Log(rand.Float64())
-	gap = min(gap, float64(ttl.Milliseconds())/earlyRefreshShare)
-	return float64(now)+gap >= float64(e.freshUntil)
-}
-
-// wait runs the miss path: join (or start) a flight of this process for the
-// representation that what the call's read found (s) allows it to join (see
-// flights.join), and wait for it within ctx and the wait budget. With Redis
-// unreachable it shares a fail-open load instead.
-func (c *call[T]) wait(ctx context.Context, start time.Time, budget *time.Timer, s stored, force bool, redisErr error) (T, Result, error) {
+// miss runs the miss path of slots: each joins (or starts) a flight of its
+// entry in this process that it may take the value of (see admit), the new
+// ones run together, and each waits for its flight within ctx and the wait
+// budget. With Redis unreachable the slots share loads run without the lease
+// instead; under FailFast they fail with ErrMiss at once, a fill started in
+// the background.
+func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 	g := c.g
-	ks := g.keys(c.key, c.rep)
-	id := g.callIDs.Add(1)
-	deadline := start.Add(c.cfg.wait)
-	k := flightKey{rep: ks.rep, typ: reflect.TypeFor[T]()}
-	if c.cfg.tags != nil {
-		k.tags = c.cfg.tags.key
+	if c.cfg.policy == policyFailFast {
+		var rest []*part[T]
+		for _, sl := range slots {
+			if sl.s.err != nil {
+				rest = append(rest, sl)
+				continue
+			}
+			g.note(ctx, EventMiss, sl.key, 0, nil)
+			c.refresh(ctx, sl.key, &sl.s, sl.force, fillMiss, 0, sl.fallback)
+			sl.res, sl.err = Miss, fmt.Errorf("%w: %q", ErrMiss, sl.key)
+		}
+		if slots = rest; len(slots) == 0 {
+			return
+		}
 	}
-	missed := false
+	deadline := start.Add(c.cfg.wait)
+	budget := getTimer(time.Until(deadline))
+	defer putTimer(budget)
 	var soft <-chan time.Time // SoftTimeout: then the fallback, while the load goes on
-	if c.cfg.softTimeout > 0 && c.fallback != nil {
+	if c.cfg.softTimeout > 0 && slices.ContainsFunc(slots, func(sl *part[T]) bool { return sl.fallback != nil }) {
 		t := time.NewTimer(time.Until(start.Add(c.cfg.softTimeout)))
 		defer t.Stop()
 		soft = t.C
 	}
-	for {
-		var done <-chan struct{}
-		var o func() *outcome
-		var leave func()
-		if redisErr != nil {
-			w := g.unleased.join(k, func() *outcome { return c.failOpen(ctx, id, deadline, redisErr) })
-			if w == nil {
-				return c.zero(Miss, ErrClosed)
-			}
-			done, o, leave = w.done, func() *outcome { return w.r }, func() { g.unleased.leave(k, w) }
-		} else {
-			f, leader, pending := g.flights.join(k, s)
-			if pending {
-				// A flight that has not heard from Redis yet may turn out to be
-				// one this call can join: see what its script answers.
-				select {
-				case <-f.asked:
-					continue
-				case <-ctx.Done():
-					return c.zero(Miss, c.ctxErr(ctx))
-				case <-budget.C:
-					return c.timedOut(ctx)
-				}
-			}
-			if leader {
-				g.startFlight(ctx, k, f, func(fctx context.Context) *outcome {
-					return c.flight(fctx, f, ks, id, deadline, force)
-				})
-			}
-			done, o, leave = f.done, func() *outcome { return f.o }, func() {}
+	c.join(ctx, slots, deadline)
+	for _, sl := range slots {
+		c.wait(ctx, sl, deadline, budget.C, soft)
+	}
+}
+
+// join makes each of slots join a flight (or, with Redis unreachable, a load
+// without the lease), and starts the new ones together.
+func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time) {
+	g := c.g
+	var fs []*flight
+	var us []*task[entry, *outcome]
+	var uslots []*part[T]
+	for _, sl := range slots {
+		if sl.id == 0 {
+			sl.id = g.callIDs.Add(1)
 		}
-		if !missed {
+		n := g.names(sl.key, c.rep)
+		e := entry{n.values, n.field}
+		if sl.s.err != nil {
+			key := sl.key
+			t, leader, _ := g.unleased.join(e, notStarted, func(t *task[entry, *outcome]) {
+				t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, sl.id, deadline, sl.s.err)[0] }
+			})
+			if t == nil {
+				t = closedTask()
+			}
+			sl.u = t
+			if leader {
+				us, uslots = append(us, t), append(uslots, sl)
+			}
+			continue
+		}
+		t, leader, pending := g.flights.join(e, c.typ, sl.s.gen, admit(&sl.s, c.typ))
+		sl.t, sl.pending = t, pending
+		if leader {
+			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: sl.near}
+			if g.near != nil {
+				f.near = g.near.ticket(sl.key)
+			}
+			fs = append(fs, f)
+		}
+	}
+	if len(fs) > 0 {
+		c.fly(ctx, fs, deadline, fillMiss)
+	}
+	if len(us) > 0 {
+		c.unleased(ctx, us, uslots, deadline)
+	}
+}
+
+// unleased runs ts, new loads without the lease that slots lead, as one load
+// on a goroutine of their own, detached from the callers, then the loads
+// queued behind them.
+func (c *call[T]) unleased(ctx context.Context, ts []*task[entry, *outcome], slots []*part[T], deadline time.Time) {
+	g := c.g
+	keys := make([]string, len(slots))
+	var cause error
+	for i, sl := range slots {
+		keys[i], cause = sl.key, sl.s.err
+	}
+	go func() {
+		for i, o := range c.loadUnleased(ctx, keys, slots[0].id, deadline, cause) {
+			o.leader = slots[i].id
+			for t := g.unleased.end(ts[i], o); t != nil; {
+				t = g.unleased.end(t, t.run())
+			}
+		}
+	}()
+}
+
+// wait waits for sl's flight (or load without the lease) within ctx and the
+// wait budget, and serves its outcome, joining a new flight when that one
+// cannot serve it.
+func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, budget, soft <-chan time.Time) {
+	g := c.g
+	for {
+		t, leave := sl.t, func() {}
+		if sl.u != nil {
+			t, leave = sl.u, func() { g.unleased.leave(sl.u) }
+		}
+		if sl.pending {
+			// A flight that has not heard from Redis yet may turn out to be
+			// one this call can join: see what its script answers.
+			select {
+			case <-t.asked:
+				c.join(ctx, []*part[T]{sl}, deadline)
+				continue
+			case <-ctx.Done():
+				sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
+				return
+			case <-budget:
+				c.timedOut(ctx, sl, deadline)
+				return
+			}
+		}
+		if !sl.missed {
 			// Counted once the call has joined a flight, so a miss in Stats
 			// (or an observer's EventMiss) is a call already waiting for it.
-			missed = true
-			g.note(ctx, EventMiss, c.key, 0, nil)
+			sl.missed = true
+			g.note(ctx, EventMiss, sl.key, 0, nil)
 		}
 		select {
-		case <-done:
-			o := o()
+		case <-t.done:
+			o := t.res
 			if errors.Is(o.err, errFlightExpired) {
 				if ctx.Err() != nil {
-					return c.zero(Miss, c.ctxErr(ctx))
+					sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
+					return
 				}
 				if time.Now().Before(deadline) {
-					// Another caller's shorter budget ended that flight; this
-					// caller's budget goes on with a flight of its own.
-					force = false
+					// Another caller's shorter budget ended that flight;
+					// this caller's budget goes on with a flight of its own.
+					sl.force, sl.u = false, nil
+					c.join(ctx, []*part[T]{sl}, deadline)
 					continue
 				}
-				return c.timedOut(ctx)
+				c.timedOut(ctx, sl, deadline)
+				return
 			}
-			if o.leader != id {
-				g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
+			if o.leader != sl.id {
+				g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 			}
-			if c.cfg.tags != nil && o.err == nil && o.stored != nil && !c.cfg.tags.atLeast(o.stored.tagVers, o.stored.tagHash, s.tagVers) {
+			if o.env != nil && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
 				// Loaded before a tag invalidation that this call's read
 				// saw: load again (replacing the stored value).
-				force = true
+				sl.force = true
+				c.join(ctx, []*part[T]{sl}, deadline)
 				continue
 			}
-			v, res, err := c.deliver(o, id)
-			if o.failSafe && err == nil {
-				g.note(ctx, EventFailSafe, c.key, 0, nil)
-				res = Stale
-			}
-			if err == nil && o.stored != nil && g.near != nil {
-				g.near.put(c.near, c.key, reflect.TypeFor[T](), c.cfg.variant, c.cfg.tags.list(), v, o.stored)
-			}
-			return v, res, err
+			c.deliver(ctx, sl, o)
+			return
 		case <-ctx.Done():
 			leave()
-			return c.zero(Miss, c.ctxErr(ctx))
-		case <-budget.C:
+			sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
+			return
+		case <-budget:
 			leave()
-			return c.timedOut(ctx)
+			c.timedOut(ctx, sl, deadline)
+			return
 		case <-soft:
-			if v, res, err, ok := c.fallBack(ctx); ok {
-				leave()
-				return v, res, err
+			if sl.fallback != nil {
+				if v, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
+					leave()
+					g.note(ctx, EventFailSafe, sl.key, 0, nil)
+					sl.v, sl.res = v, Stale
+					return
+				}
 			}
 			soft = nil
 		}
 	}
 }
 
-func (c *call[T]) timedOut(ctx context.Context) (T, Result, error) {
-	c.g.note(ctx, EventWaitTimeout, c.key, 0, nil)
-	if c.cfg.onTimeout == TimeoutLoad {
-		return c.loadWithoutLease(ctx)
-	}
-	return c.zero(Miss, fmt.Errorf("%w: %q after %v", ErrWaitTimeout, c.key, c.cfg.wait))
-}
-
-// loadWithoutLease runs the loader without the fill lease after the wait
-// budget ended (TimeoutLoad), shared only with the callers of this process
-// that arrived before it started (see queue). Nothing is stored.
-func (c *call[T]) loadWithoutLease(ctx context.Context) (T, Result, error) {
-	g := c.g
-	id := g.callIDs.Add(1)
-	k := flightKey{rep: g.keys(c.key, c.rep).rep, typ: reflect.TypeFor[T]()}
-	w := g.unleased.join(k, func() *outcome {
-		tctx, done, ok := g.track(context.WithoutCancel(ctx))
-		if !ok {
-			return &outcome{leader: id, err: ErrClosed}
-		}
-		defer done()
-		v, err := c.runLoader(tctx)
-		return &outcome{leader: id, loaded: true, val: v, err: err}
-	})
-	if w == nil {
-		return c.zero(Miss, ErrClosed)
-	}
-	select {
-	case <-w.done:
-		o := w.r
-		if o.leader != id {
-			g.note(ctx, EventCoalescedLocal, c.key, 0, nil)
-		}
-		return c.deliver(o, id)
-	case <-ctx.Done():
-		g.unleased.leave(k, w)
-		return c.zero(Miss, c.ctxErr(ctx))
-	}
-}
-
-// deliver turns a flight's outcome into this caller's return values.
-func (c *call[T]) deliver(o *outcome, id uint64) (T, Result, error) {
-	res := Coalesced
-	if o.leader == id && o.loaded {
-		res = Miss
+// deliver serves sl with its flight's outcome.
+func (c *call[T]) deliver(ctx context.Context, sl *part[T], o *outcome) {
+	sl.res = Coalesced
+	if o.leader == sl.id && o.loaded {
+		sl.res = Miss
 	}
 	if o.err != nil {
-		return c.zero(res, o.err)
+		sl.err = o.err
+		return
+	}
+	if o.env != nil && o.env.failSafe {
+		c.g.note(ctx, EventFailSafe, sl.key, 0, nil)
+		sl.res = Stale
 	}
 	if v, ok := o.val.(T); ok || o.val == nil {
-		return v, res, nil
+		sl.v = v
+		return
 	}
 	// Flights are kept apart by type: this cannot happen.
-	return c.zero(res, fmt.Errorf("cacheguard: key %q was loaded as %T by a concurrent call, not as %T", c.key, o.val, *new(T)))
+	sl.err = fmt.Errorf("cacheguard: key %q was loaded as %T by a concurrent call, not as %T", sl.key, o.val, sl.v)
 }
 
-func (c *call[T]) zero(res Result, err error) (T, Result, error) {
-	var zero T
-	return zero, res, err
+// timedOut ends sl when its wait budget ended: ErrWaitTimeout, or with
+// TimeoutLoad the loader's result, run without the fill lease and shared
+// only with the callers of this process that arrived before it started.
+// Nothing is stored.
+func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time) {
+	g := c.g
+	g.note(ctx, EventWaitTimeout, sl.key, 0, nil)
+	sl.res = Miss
+	if c.cfg.onTimeout != TimeoutLoad {
+		sl.err = fmt.Errorf("%w: %q after %v", ErrWaitTimeout, sl.key, c.cfg.wait)
+		return
+	}
+	if sl.id == 0 {
+		sl.id = g.callIDs.Add(1)
+	}
+	n := g.names(sl.key, c.rep)
+	key := sl.key
+	t, leader, _ := g.unleased.join(entry{n.values, n.field}, notStarted, func(t *task[entry, *outcome]) {
+		t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, sl.id, deadline, nil)[0] }
+	})
+	if t == nil {
+		sl.err = ErrClosed
+		return
+	}
+	if leader {
+		go func() {
+			for t := g.unleased.end(t, t.run()); t != nil; {
+				t = g.unleased.end(t, t.run())
+			}
+		}()
+	}
+	select {
+	case <-t.done:
+		o := t.res
+		if o.leader != sl.id {
+			g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
+		}
+		c.deliver(ctx, sl, o)
+	case <-ctx.Done():
+		g.unleased.leave(t)
+		sl.err = ctxErr(sl.key, ctx)
+	}
 }
 
-func (c *call[T]) ctxErr(ctx context.Context) error {
-	return fmt.Errorf("cacheguard: get %q: %w", c.key, ctx.Err())
+// closedTask is a task ended with ErrClosed.
+func closedTask() *task[entry, *outcome] {
+	t := &task[entry, *outcome]{done: make(chan struct{}), res: &outcome{err: ErrClosed}}
+	close(t.done)
+	return t
 }
 
-func (c *call[T]) notFound() error { return fmt.Errorf("%w: %q", ErrNotFound, c.key) }
+func ctxErr(key string, ctx context.Context) error {
+	return fmt.Errorf("cacheguard: get %q: %w", key, ctx.Err())
+}
+
+func notFound(key string) error { return fmt.Errorf("%w: %q", ErrNotFound, key) }

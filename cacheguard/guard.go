@@ -33,19 +33,24 @@ type Guard struct {
 	// a caller may read on its own goroutine (see readStored).
 	ctxDeadlines bool
 
-	reads    reads                      // per representation: reads begun after their callers arrived
-	flights  flights                    // per representation and generation: one flight to Redis per process
-	unleased queue[flightKey, *outcome] // per representation: loads without the lease (Redis unreachable, TimeoutLoad)
+	// The coalescer (see group), per entry: the reads of hits (a caller
+	// shares a read sent after it arrived), the flights of misses (one to
+	// Redis per process, see admit), and the loads run without the lease
+	// (Redis unreachable, TimeoutLoad; a caller shares a load begun after it
+	// arrived).
+	reads    group[entry, stored]
+	flights  flights
+	unleased group[entry, *outcome]
+	work     *workers
 	stats    counters
 	callIDs  atomic.Uint64
 
-	mu         sync.Mutex                         // guards tasks, refreshing, nextTask, closed
-	tasks      map[uint64]context.CancelCauseFunc // running flights, loads and refreshes, cancelled by Close
-	refreshing map[string]time.Time               // representations and generations not to refresh now: a refresh runs (zero time) or another process's fill holds the lease until then
-	nextTask   uint64
-	closed     bool
-	isShut     atomic.Bool    // closed, read without mu by every call
-	wg         sync.WaitGroup // the tasks
+	mu       sync.Mutex                         // guards tasks, nextTask, closed
+	tasks    map[uint64]context.CancelCauseFunc // running flights and loads, cancelled by Close
+	nextTask uint64
+	closed   bool
+	isShut   atomic.Bool    // closed, read without mu by every call
+	wg       sync.WaitGroup // the tasks
 }
 
 // New returns a Guard on rdb with the given defaults. It panics with a
@@ -67,7 +72,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g := &Guard{
 		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
-		tasks: map[uint64]context.CancelCauseFunc{}, refreshing: map[string]time.Time{},
+		tasks: map[uint64]context.CancelCauseFunc{}, work: newWorkers(),
 	}
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
@@ -76,8 +81,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if cfg.nearSize > 0 {
 		g.near = newNearCache(g, cfg.nearSize, cfg.nearTTL)
 	}
-	g.reads.m, g.reads.read, g.reads.max = map[string]readSlot{}, g.read, max(2, runtime.GOMAXPROCS(0))
-	g.reads.runner = newRunner(g.reads.work)
+	g.reads.limit, g.reads.pooled = max(2, runtime.GOMAXPROCS(0)), true
+	g.unleased.limit = 1
 	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {
 		g.sem = make(chan struct{}, cfg.maxLoads)
@@ -141,8 +146,8 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 		<-idle
 	}
 	g.unleased.close(&outcome{err: ErrClosed})
-	g.reads.close()
-	g.reads.runner.close()
+	g.reads.close(stored{err: ErrClosed})
+	g.work.close()
 	if first {
 		g.hub.Close()
 		if g.near != nil {
@@ -209,13 +214,11 @@ func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 
 func (g *Guard) isClosed() bool { return g.isShut.Load() }
 
-// callConfig checks a call's arguments and returns its configuration.
-func (g *Guard) callConfig(key string, hasLoad bool, opts []CallOption) (config, error) {
+// callConfig checks a call's Guard, loader and options, and returns its
+// configuration.
+func (g *Guard) callConfig(opts []CallOption, hasLoad bool) (config, error) {
 	if g == nil {
 		return config{}, invalid("nil Guard")
-	}
-	if err := validKey(key); err != nil {
-		return config{}, err
 	}
 	if !hasLoad {
 		return config{}, invalid("nil loader")

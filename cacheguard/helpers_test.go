@@ -81,21 +81,35 @@ type waitingHook struct {
 
 func (h *waitingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *waitingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.seeReply(cmd)
+		}
+		return err
+	}
 }
 func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		name := cmd.Name()
-		if c, ok := cmd.(*redis.Cmd); ok && err == nil && (name == "evalsha" || name == "eval") {
-			// The get-or-lease script answers {2, pttl, holder, generation} when another fill holds
-			// the lease; a flight asks again once subscribed, so the second such
-			// answer means it waits for the holder's push.
-			if v, _ := c.Slice(); len(v) == 4 && v[0] == int64(2) && h.n.Add(1) == 2 {
-				h.once.Do(func() { close(h.seen) })
-			}
-		}
+		h.seeReply(cmd)
 		return err
+	}
+}
+
+// seeReply counts the get-or-lease script's answers {2, pttl, holder,
+// generation}: another fill holds the lease. A flight asks again once
+// subscribed, so the second such answer means it waits for the holder's push.
+func (h *waitingHook) seeReply(cmd redis.Cmder) {
+	c, ok := cmd.(*redis.Cmd)
+	if name := cmd.Name(); !ok || c.Err() != nil || name != "evalsha" && name != "eval" {
+		return
+	}
+	replies, _ := c.Slice()
+	for _, r := range replies {
+		if v, _ := r.([]any); len(v) == 4 && v[0] == int64(2) && h.n.Add(1) == 2 {
+			h.once.Do(func() { close(h.seen) })
+		}
 	}
 }
 

@@ -4,31 +4,17 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"reflect"
-	"strings"
+
+	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
-// keySet holds the Redis names of one representation of one cache key, all
-// under one hash tag so that they share a slot on a cluster: the generation,
-// the hash of values and the wake-up channel belong to the cache key (every
-// representation shares them); the field in that hash and the fill lease to
-// the representation. rep names the representation inside this process (the
-// values hash, "|" and the field): it keys the coalescing of reads and
-// flights.
-type keySet struct {
-	gen, values, field, lease, wake, rep string
-}
-
-// hashTag returns what goes between the braces of key's Redis names. A key
-// that contains no '}' and does not start with '~' is used as it is, so the
-// names stay readable; any other key is written as '~' and the key in
-// unpadded base64url, which has no braces (an empty tag, or a '}' inside it,
-// would split the entry's names over several slots). Both forms are
-// injective and cannot meet: only the encoded form starts with '~'.
-func hashTag(key string) string {
-	if strings.IndexByte(key, '}') < 0 && !strings.HasPrefix(key, "~") {
-		return key
-	}
-	return "~" + base64.RawURLEncoding.EncodeToString([]byte(key))
+// names are the Redis names of one entry — a cache key in one representation
+// — all under the key's hash tag, so that they share a slot on a cluster: the
+// generation, the values hash and the wake-up channel belong to the key
+// (every representation shares them), the field in that hash and the fill
+// lease to the representation.
+type names struct {
+	gen, values, field, lease, wake string
 }
 
 // maxTypeName bounds the type name inside a key; a longer one is hashed.
@@ -46,36 +32,29 @@ func typeName(t reflect.Type) string {
 }
 
 // representation names the form a value is stored in under a key: its type,
-// and the call's Variant if any.
-func representation(t reflect.Type, variant string) string {
-	if variant == "" {
-		return typeName(t)
+// the call's Variant and its tag set (see Tags), so that values of different
+// types, variants or tags never share an entry, a fill or a near-cache slot.
+func representation(t reflect.Type, variant string, tags *tagSet) string {
+	rep := typeName(t)
+	if variant != "" {
+		rep += "|" + variant
 	}
-	return typeName(t) + "|" + variant
+	if tags != nil {
+		rep += "|#" + tags.id
+	}
+	return rep
 }
 
-// readKeys returns what a hit reads: the values hash and the
-// representation's field in it, and rep, the two joined by "|" (see keySet);
-// cut from one string so that a hit allocates once for all three.
-func (g *Guard) readKeys(key, rep string) (values, field, joined string) {
-	tag := hashTag(key)
+// valuesKey returns the name of key's values hash: what a hit reads.
+func (g *Guard) valuesKey(key string) string {
+	tag, rest := slot.Tag(key)
+	return g.cfg.prefix + "v:{" + tag + "}" + rest
+}
+
+// names returns every Redis name of key in representation rep.
+func (g *Guard) names(key, rep string) names {
+	tag, rest := slot.Tag(key)
+	t := "{" + tag + "}" + rest
 	p := g.cfg.prefix
-	s := p + "v:{" + tag + "}|" + rep
-	n := len(p) + len("v:{") + len(tag) + len("}")
-	return s[:n], s[n+1:], s
-}
-
-// keys returns every Redis name of a representation.
-func (g *Guard) keys(key, rep string) keySet {
-	tag := "{" + hashTag(key) + "}"
-	p := g.cfg.prefix
-	values := p + "v:" + tag
-	return keySet{gen: p + "g:" + tag, values: values, field: rep, lease: p + "fl:" + tag + "|" + rep, wake: p + "fw:" + tag, rep: values + "|" + rep}
-}
-
-// cacheKeys returns the names of a cache key that every representation
-// shares: the generation, the values hash and the wake-up channel.
-func (g *Guard) cacheKeys(key string) (gen, values, wake string) {
-	tag := "{" + hashTag(key) + "}"
-	return g.cfg.prefix + "g:" + tag, g.cfg.prefix + "v:" + tag, g.cfg.prefix + "fw:" + tag
+	return names{gen: p + "g:" + t, values: p + "v:" + t, field: rep, lease: p + "fl:" + t + "|" + rep, wake: p + "fw:" + t}
 }

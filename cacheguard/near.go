@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
-	"math"
 	"math/rand/v2"
 	"net"
 	"reflect"
@@ -20,25 +19,22 @@ import (
 // front of Redis. Its entries are dropped in every process through one
 // pub/sub channel per prefix (prefix+"nc"), on which every fill, Invalidate
 // and InvalidateTags of every Guard publishes — whether it has a near cache or
-// not — "<origin> f<key>", "<origin> i<key>" or "<origin> t<tag>". The
-// channel is a classic one even on a Redis Cluster, where a PUBLISH reaches
-// every node over the cluster bus: each fill and invalidation costs one
-// message per node there, whatever the number of subscribers.
+// not — "<origin> f<key>", "<origin> i<key>" or "<origin> t<tag>".
 //
 // An entry is served only while its process can trust that it heard every
 // message: the subscription's connection answers a PING every nearProbe, and
 // a connection silent for nearTrust (lost, black-holed, reconnecting) makes
 // the near cache bypassed until it answers again — and flushed then, since
-// messages may have been lost meanwhile. A value enters only if nothing was
-// heard about its key (or its tags) between the start of the read that found
-// it and its insertion, and only while trusted.
+// messages may have been lost meanwhile (the epoch moves: judge refuses every
+// entry taken in before). A value enters only under a ticket taken before
+// the Redis command that produced it was sent, and only if nothing was heard
+// about its key (or any tag, for a tagged value) since.
 
 const (
-	nearProbe   = 250 * time.Millisecond // PING on the subscription this often
-	nearTrust   = time.Second            // trusted this long after the last sign of life
-	nearRetry   = 100 * time.Millisecond // first delay before subscribing again after a failure
-	nearSlots   = 4096                   // change counters, by hash of key
-	nearMaxTags = 16                     // tags a near-cached value may carry
+	nearProbe = 250 * time.Millisecond // PING on the subscription this often
+	nearTrust = time.Second            // trusted this long after the last sign of life
+	nearRetry = 100 * time.Millisecond // first delay before subscribing again after a failure
+	nearSlots = 4096                   // change counters, by hash of key
 )
 
 // nearCache is the in-process tier. Reads never write shared memory: the map
@@ -46,32 +42,32 @@ const (
 // checks is one atomic word.
 type nearCache struct {
 	g       *Guard
-	max     int64
 	ttl     time.Duration
 	channel string
-	origin  string // this Guard's name in messages
 	base    time.Time
 	seed    maphash.Seed
 
-	m     sync.Map     // cache key → *nearNode
-	n     atomic.Int64 // entries
+	m     sync.Map // cache key → *nearNode
 	state atomic.Uint64
 	// changes counts the messages heard per hash of key (and the local
-	// invalidations): a read remembers its key's count, and its value enters
-	// only if the count did not move.
-	changes [nearSlots]atomic.Uint32
-	tags    sync.Map // tag → *atomic.Uint64: messages heard for the tag
+	// drops); tagChanges those about any tag. A value enters only if the
+	// counts its ticket took did not move.
+	changes    [nearSlots]atomic.Uint32
+	tagChanges atomic.Uint64
 
-	mu   sync.Mutex // guards ring and head
-	ring []nearSlot // insertion order, for eviction (first in, first out)
+	mu   sync.Mutex // guards ring, head and tags
+	ring []*nearEntry
 	head int
+	// tags indexes the entries that carry each tag — only tags that an
+	// entry in the ring carries.
+	tags map[string]map[*nearEntry]struct{}
 
 	quit chan struct{}
 	done chan struct{}
 }
 
 // The state word: the epoch (bits 40 up), which every loss of trust moves so
-// that entries inserted before it are never served again, and until when the
+// that entries taken in before it are never served again, and until when the
 // subscription is trusted (bits 0-39: ms since base).
 const trustBits = 40
 
@@ -82,9 +78,20 @@ func unpackState(s uint64) (epoch uint64, until int64) {
 	return s >> trustBits, int64(s & (1<<trustBits - 1))
 }
 
-type nearSlot struct {
-	key   string
-	entry *nearEntry
+// nearID tells a key's representations apart in the near cache: the type,
+// the Variant and the tag set.
+type nearID struct {
+	typ     reflect.Type
+	variant string
+	tags    string
+}
+
+func (c *call[T]) nearID() nearID {
+	id := nearID{typ: c.typ, variant: c.cfg.variant}
+	if c.cfg.tags != nil {
+		id.tags = c.cfg.tags.key
+	}
+	return id
 }
 
 // nearNode holds a key's entries, one per representation; the slice is
@@ -95,31 +102,28 @@ type nearNode struct {
 }
 
 type nearEntry struct {
-	typ        reflect.Type
-	variant    string
-	val        any
-	freshUntil int64 // unix ms
-	delta      time.Duration
-	gen        int64
-	until      int64  // ms since base: the near cache's own TTL
-	epoch      uint64 // the state's epoch when it entered
-	tags       []string
-	tagSeen    []uint64 // the tags' counts when its read began
+	key   string
+	id    nearID
+	val   any
+	env   envelope // the header (no payload), with the epoch it entered under
+	until int64    // ms since base: the near cache's own TTL
+	tags  []string
 }
 
-// nearSnap is what a call remembers of the near cache when its read began.
-type nearSnap struct {
+// nearTicket is what a call remembers of the near cache before it sends the
+// command whose answer may enter it.
+type nearTicket struct {
 	ok      bool // trusted then
 	epoch   uint64
 	slot    uint32
 	changes uint32
-	tagSeen []uint64
+	tags    uint64
 }
 
 func newNearCache(g *Guard, max int, ttl time.Duration) *nearCache {
 	n := &nearCache{
-		g: g, max: int64(max), ttl: ttl, channel: g.cfg.prefix + "nc", origin: g.origin,
-		base: time.Now(), seed: maphash.MakeSeed(), ring: make([]nearSlot, max),
+		g: g, ttl: ttl, channel: g.ncChannel, base: time.Now(), seed: maphash.MakeSeed(),
+		ring: make([]*nearEntry, max), tags: map[string]map[*nearEntry]struct{}{},
 		quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	go n.run()
@@ -135,152 +139,160 @@ func (n *nearCache) mono(t time.Time) int64 { return int64(t.Sub(n.base) / time.
 
 func (n *nearCache) slot(key string) uint32 { return uint32(maphash.String(n.seed, key) % nearSlots) }
 
-// get returns the near-cached value of a representation, fresh at now, if
-// there is one that can be trusted. It allocates nothing.
-func nearGet[T any](n *nearCache, key string, typ reflect.Type, variant string, tags []string, now time.Time) (v T, e *nearEntry, ok bool) {
+// get returns the near-cached entry of a representation and the epoch it is
+// judged under, if the near cache is trusted at now. It allocates nothing.
+func (n *nearCache) get(key string, id nearID, now time.Time) (*nearEntry, uint64) {
 	epoch, until := unpackState(n.state.Load())
 	mono := n.mono(now)
 	if mono >= until {
-		return v, nil, false
+		return nil, 0
 	}
 	x, found := n.m.Load(key)
 	if !found {
-		return v, nil, false
+		return nil, 0
 	}
 	reps := x.(*nearNode).reps.Load()
 	if reps == nil {
-		return v, nil, false
+		return nil, 0
 	}
 	for _, e := range *reps {
-		if e.typ != typ || e.variant != variant {
-			continue
-		}
-		if e.epoch != epoch || mono >= e.until || now.UnixMilli() >= e.freshUntil || !n.sameTags(e, tags) {
-			return v, nil, false
-		}
-		v, ok = e.val.(T)
-		return v, e, ok
-	}
-	return v, nil, false
-}
-
-// sameTags reports whether e carries exactly tags and none of them was
-// invalidated since e's read began.
-func (n *nearCache) sameTags(e *nearEntry, tags []string) bool {
-	if len(e.tags) != len(tags) {
-		return false
-	}
-	for i, t := range tags {
-		if e.tags[i] != t || n.tagCount(t) != e.tagSeen[i] {
-			return false
+		if e.id == id {
+			if mono >= e.until {
+				return nil, 0
+			}
+			return e, epoch
 		}
 	}
-	return true
+	return nil, 0
 }
 
-func (n *nearCache) tagCount(tag string) uint64 {
-	if c, ok := n.tags.Load(tag); ok {
-		return c.(*atomic.Uint64).Load()
-	}
-	return 0
-}
-
-// snap remembers the state a read of key begins under.
-func (n *nearCache) snap(key string, tags []string, now time.Time) nearSnap {
+// ticket remembers the state before a command that reads key is sent.
+func (n *nearCache) ticket(key string) nearTicket {
 	epoch, until := unpackState(n.state.Load())
-	s := nearSnap{ok: n.mono(now) < until && len(tags) <= nearMaxTags, epoch: epoch, slot: n.slot(key)}
-	s.changes = n.changes[s.slot].Load()
-	if len(tags) > 0 {
-		s.tagSeen = make([]uint64, len(tags))
-		for i, t := range tags {
-			s.tagSeen[i] = n.tagCount(t)
-		}
-	}
-	return s
+	t := nearTicket{ok: n.mono(time.Now()) < until, epoch: epoch, slot: n.slot(key), tags: n.tagChanges.Load()}
+	t.changes = n.changes[t.slot].Load()
+	return t
 }
 
-// put keeps a value that a read begun under s found fresh in Redis (or that
-// the call loaded and stored), unless something was heard about its key or
-// tags since, or the subscription was not trusted throughout.
-func (n *nearCache) put(s nearSnap, key string, typ reflect.Type, variant string, tags []string, val any, env *envelope) {
+// valid reports whether nothing was heard that voids what a command sent
+// after t answered, and the subscription was trusted throughout.
+func (n *nearCache) valid(t nearTicket, tagged bool) bool {
+	epoch, until := unpackState(n.state.Load())
+	return t.ok && epoch == t.epoch && n.mono(time.Now()) < until && n.changes[t.slot].Load() == t.changes &&
+		(!tagged || n.tagChanges.Load() == t.tags)
+}
+
+// put keeps val, a fresh value of key that a command sent after t found in
+// Redis (or that the call stored), unless something was heard about its key
+// or tags since, or the subscription was not trusted throughout. With
+// replace, the key's other representations are dropped (this process stored
+// it: see stored).
+func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val any, env *envelope, replace bool) {
 	now := time.Now()
-	if !s.ok || env == nil || env.negative || now.UnixMilli() >= env.freshUntil {
+	if env.negative || env.failSafe || now.UnixMilli() >= env.freshUntil || !n.valid(t, len(tags) > 0) {
 		return
 	}
-	e := &nearEntry{typ: typ, variant: variant, val: val, freshUntil: env.freshUntil, delta: env.delta, gen: env.gen,
-		until: n.mono(now.Add(n.ttl)), epoch: s.epoch, tags: tags, tagSeen: s.tagSeen}
+	e := &nearEntry{key: key, id: id, val: val, env: *env, until: n.mono(now.Add(n.ttl)), tags: tags}
+	e.env.payload, e.env.epoch = nil, t.epoch
 	x, _ := n.m.LoadOrStore(key, &nearNode{})
 	node := x.(*nearNode)
 	node.mu.Lock()
-	if epoch, until := unpackState(n.state.Load()); epoch != s.epoch || n.mono(now) >= until ||
-		n.changes[s.slot].Load() != s.changes || !n.sameTags(e, tags) {
+	if !n.valid(t, len(tags) > 0) {
 		node.mu.Unlock()
 		return
 	}
-	old := node.reps.Load()
 	var reps []*nearEntry
-	replaced := false
-	if old != nil {
-		reps = make([]*nearEntry, 0, len(*old)+1)
+	var gone []*nearEntry
+	if old := node.reps.Load(); old != nil {
 		for _, o := range *old {
-			if o.typ == typ && o.variant == variant {
-				reps = append(reps, e)
-				replaced = true
+			if o.id == id || replace {
+				gone = append(gone, o)
 			} else {
 				reps = append(reps, o)
 			}
 		}
 	}
-	if !replaced {
-		reps = append(reps, e)
-	}
+	reps = append(reps, e)
 	node.reps.Store(&reps)
 	node.mu.Unlock()
-	if !replaced {
-		n.admit(key, e)
+	n.admit(e, gone)
+	if len(tags) > 0 && n.tagChanges.Load() != t.tags {
+		n.remove(e) // a tag message came while it was indexed: it may have missed it
 	}
 }
 
-// admit records e in insertion order and, when the near cache is full,
-// evicts the oldest entry still present.
-func (n *nearCache) admit(key string, e *nearEntry) {
+// stored keeps what this process's fill stored under t: the key's other
+// representations are older now (the other processes drop them on the
+// store's message, which this Guard ignores).
+func (n *nearCache) stored(t nearTicket, key string, id nearID, tags []string, o *outcome) {
+	if o.stored && o.err == nil {
+		n.put(t, key, id, tags, o.val, o.env, true)
+	} else {
+		n.drop(key)
+	}
+}
+
+// admit records e in insertion order — the ring holds every entry taken in,
+// so at most its size are present — and evicts the entry it replaces there if
+// still present; it unindexes gone, the entries e replaced.
+func (n *nearCache) admit(e *nearEntry, gone []*nearEntry) {
 	n.mu.Lock()
 	old := n.ring[n.head]
-	n.ring[n.head] = nearSlot{key: key, entry: e}
+	n.ring[n.head] = e
 	n.head = (n.head + 1) % len(n.ring)
-	n.mu.Unlock()
-	if old.entry == nil {
-		n.n.Add(1)
-		return
+	for _, t := range e.tags {
+		if n.tags[t] == nil {
+			n.tags[t] = map[*nearEntry]struct{}{}
+		}
+		n.tags[t][e] = struct{}{}
 	}
-	n.evict(old.key, old.entry)
+	n.unindex(gone...)
+	n.mu.Unlock()
+	if old != nil {
+		n.remove(old)
+	}
 }
 
-// evict removes entry e of key if it is still there.
-func (n *nearCache) evict(key string, e *nearEntry) {
-	x, ok := n.m.Load(key)
-	if !ok {
-		return
-	}
-	node := x.(*nearNode)
-	node.mu.Lock()
-	defer node.mu.Unlock()
-	old := node.reps.Load()
-	if old == nil {
-		return
-	}
-	reps := make([]*nearEntry, 0, len(*old))
-	for _, o := range *old {
-		if o != e {
-			reps = append(reps, o)
+// unindex forgets es in the tag index (n.mu held).
+func (n *nearCache) unindex(es ...*nearEntry) {
+	for _, e := range es {
+		for _, t := range e.tags {
+			if set := n.tags[t]; set != nil {
+				delete(set, e)
+				if len(set) == 0 {
+					delete(n.tags, t)
+				}
+			}
 		}
 	}
-	if len(reps) == 0 {
-		n.m.CompareAndDelete(key, node)
-		node.reps.Store(nil)
-		return
+}
+
+// remove drops e if it is still present.
+func (n *nearCache) remove(e *nearEntry) {
+	if x, ok := n.m.Load(e.key); ok {
+		node := x.(*nearNode)
+		node.mu.Lock()
+		if old := node.reps.Load(); old != nil {
+			reps := make([]*nearEntry, 0, len(*old))
+			for _, o := range *old {
+				if o != e {
+					reps = append(reps, o)
+				}
+			}
+			if len(reps) == 0 {
+				n.m.CompareAndDelete(e.key, node)
+				node.reps.Store(nil)
+			} else {
+				node.reps.Store(&reps)
+			}
+		}
+		node.mu.Unlock()
 	}
-	node.reps.Store(&reps)
+	if len(e.tags) > 0 {
+		n.mu.Lock()
+		n.unindex(e)
+		n.mu.Unlock()
+	}
 }
 
 // drop forgets every representation of key and makes the reads of key in
@@ -288,15 +300,30 @@ func (n *nearCache) evict(key string, e *nearEntry) {
 func (n *nearCache) drop(key string) {
 	n.changes[n.slot(key)].Add(1)
 	if x, ok := n.m.LoadAndDelete(key); ok {
-		x.(*nearNode).reps.Store(nil)
+		node := x.(*nearNode)
+		if reps := node.reps.Swap(nil); reps != nil {
+			n.mu.Lock()
+			n.unindex(*reps...)
+			n.mu.Unlock()
+		}
 	}
 }
 
-// dropTag makes every entry carrying tag, and every read of a tagged value in
-// flight, miss the near cache.
-func (n *nearCache) dropTag(tag string) {
-	c, _ := n.tags.LoadOrStore(tag, new(atomic.Uint64))
-	c.(*atomic.Uint64).Add(1)
+// dropTags forgets every entry carrying one of tags, and makes every read of
+// a tagged value in flight keep what it finds out of the near cache.
+func (n *nearCache) dropTags(tags []string) {
+	n.tagChanges.Add(1)
+	var es []*nearEntry
+	n.mu.Lock()
+	for _, t := range tags {
+		for e := range n.tags[t] {
+			es = append(es, e)
+		}
+	}
+	n.mu.Unlock()
+	for _, e := range es {
+		n.remove(e)
+	}
 }
 
 // flush forgets everything (the epoch has moved: nothing older is served).
@@ -308,13 +335,13 @@ func (n *nearCache) flush() {
 	n.mu.Lock()
 	clear(n.ring)
 	n.head = 0
+	clear(n.tags)
 	n.mu.Unlock()
-	n.n.Store(0)
 }
 
 // trust records a sign of life of the subscription at now: the near cache is
 // trusted until now+nearTrust. After a lapse (or with fresh, a new
-// subscription) the epoch moves first, so nothing inserted before is served.
+// subscription) the epoch moves first, so nothing taken in before is served.
 func (n *nearCache) trust(now time.Time, fresh bool) {
 	for {
 		s := n.state.Load()
@@ -348,14 +375,14 @@ func (n *nearCache) distrust() {
 // heard handles a message of the near-cache channel.
 func (n *nearCache) heard(payload string) {
 	origin, body, ok := strings.Cut(payload, " ")
-	if !ok || body == "" || origin == n.origin {
+	if !ok || body == "" || origin == n.g.origin {
 		return // this Guard applied its own news before publishing it
 	}
 	switch body[0] {
 	case 'f', 'i':
 		n.drop(body[1:])
 	case 't':
-		n.dropTag(body[1:])
+		n.dropTags([]string{body[1:]})
 	}
 }
 
@@ -441,14 +468,4 @@ func (n *nearCache) listen(ctx context.Context) (confirmed bool) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// nearXFetch is xfetch for a near-cached entry.
-func nearXFetch(now time.Time, e *nearEntry, beta float64, ttl time.Duration) bool {
-	if beta <= 0 || e.delta <= 0 {
-		return false
-	}
-	gap := -float64(e.delta.Microseconds()) / 1000 * beta * math.Log(rand.Float64())
-	gap = min(gap, float64(ttl.Milliseconds())/earlyRefreshShare)
-	return float64(now.UnixMilli())+gap >= float64(e.freshUntil)
 }

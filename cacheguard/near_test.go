@@ -8,6 +8,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,4 +293,166 @@ func BenchmarkNearInvalidationPropagation(b *testing.B) {
 	b.ReportMetric(float64(pct(0.5).Microseconds()), "p50-µs")
 	b.ReportMetric(float64(pct(0.99).Microseconds()), "p99-µs")
 	b.ReportMetric(float64(lags[len(lags)-1].Microseconds()), "max-µs")
+}
+
+// holdStore holds the reply of the first script sent with a key's values
+// hash as its first key (the store of a fill) once armed, the command having
+// run on the server: stored is closed then, and the reply goes on when
+// release is closed.
+type holdStore struct {
+	values  string
+	once    sync.Once
+	armed   atomic.Bool
+	stored  chan struct{}
+	release chan struct{}
+}
+
+func newHoldStore(key string) *holdStore {
+	return &holdStore{values: valueKey(key), stored: make(chan struct{}), release: make(chan struct{})}
+}
+
+// arm holds the next store, once.
+func (h *holdStore) arm() { h.once.Do(func() { h.armed.Store(true) }) }
+
+func (h *holdStore) isStore(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	name := cmd.Name()
+	return (name == "evalsha" || name == "eval") && len(args) > 3 && args[3] == h.values
+}
+
+func (h *holdStore) hold() {
+	if h.armed.CompareAndSwap(true, false) {
+		close(h.stored)
+		<-h.release
+	}
+}
+
+func (h *holdStore) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdStore) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.isStore(cmd) {
+			h.hold()
+		}
+		return err
+	}
+}
+func (h *holdStore) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if slices.ContainsFunc(cmds, h.isStore) {
+			h.hold()
+		}
+		return err
+	}
+}
+
+// TestNearCacheHearsInvalidationDuringStore (issue 31, item 2): an
+// invalidation that another process makes after this process's fill stored
+// its value, and whose message reaches this process while the store's reply
+// is still on its way, is not missed: the next read does not get the old
+// value from the near cache. Get and GetMany.
+func TestNearCacheHearsInvalidationDuringStore(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Get", true: "GetMany"}[many], func(t *testing.T) {
+			ctx := context.Background()
+			key := testKey(t)
+			rdb := shared(t)
+			if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			q := startChild(t, "writer", childKey+"="+key)
+			if line, err := q.Next(30 * time.Second); err != nil || line != "ready" {
+				t.Fatalf("child: %q, %v", line, err)
+			}
+			hook := newHoldStore(key)
+			p, prdb := newGuard(t, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
+			prdb.AddHook(hook)
+			eventually(t, 5*time.Second, "near cache subscribed", func() bool { return cacheguard.NearTrusted(p) })
+			read := versionLoad(rdb, key)
+			load := func(ctx context.Context) (item, error) {
+				v, err := read(ctx)
+				hook.arm()
+				return v, err
+			}
+			get := func() (item, error) {
+				if !many {
+					return cacheguard.Get(ctx, p, key, load)
+				}
+				m, err := cacheguard.GetMany(ctx, p, []string{key}, func(ctx context.Context, keys []string) (map[string]item, error) {
+					v, err := load(ctx)
+					return map[string]item{key: v}, err
+				})
+				return m[key], err
+			}
+			first := make(chan item, 1)
+			go func() {
+				v, _ := get()
+				first <- v
+			}()
+			<-hook.stored
+			heard := cacheguard.NearHeard(p, key)
+			if got := ask(t, q, "write"); got != "ok 2" {
+				t.Fatalf("writer: %q", got)
+			}
+			eventually(t, 5*time.Second, "the invalidation's message heard", func() bool { return cacheguard.NearHeard(p, key) > heard })
+			close(hook.release)
+			if v := <-first; v.ID != 1 {
+				t.Fatalf("the fill's own call: %v", v)
+			}
+			before := p.Stats().NearHits
+			v, err := get()
+			if err != nil || v.ID != 2 {
+				t.Fatalf("a read after the invalidation was heard: %v, %v (near hits %d); want version 2", v, err, p.Stats().NearHits-before)
+			}
+		})
+	}
+}
+
+// TestNearCacheBoundedUnderChurn (issue 31, item 4): NearCache(10, 30ms)
+// holds at most 10 entries while keys come and go — 10 rounds of 10 new
+// keys, each round read again after the near TTL (expired entries are
+// replaced) — and keeps no state for tags that none of its entries carries,
+// however many tags the fleet invalidates.
+func TestNearCacheBoundedUnderChurn(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.EarlyRefresh(0), cacheguard.NearCache(10, 30*time.Millisecond))
+	eventually(t, 5*time.Second, "near cache subscribed", func() bool { return cacheguard.NearTrusted(g) })
+	for round := range 10 {
+		keys := make([]string, 10)
+		for i := range keys {
+			keys[i] = testKey(t, fmt.Sprint(round, i))
+			if _, err := cacheguard.Get(ctx, g, keys[i], (&counter{}).load); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		eventually(t, time.Second, "the near TTL over", func() bool { return time.Since(start) > 40*time.Millisecond })
+		for _, k := range keys {
+			if _, err := cacheguard.Get(ctx, g, k, (&counter{}).load); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := cacheguard.NearLen(g); n > 10 {
+		t.Errorf("%d entries in a near cache of 10", n)
+	}
+	// Another process invalidates 1000 tags that nothing here carries.
+	b, _ := newGuard(t)
+	last := testKey(t, "last")
+	heard := cacheguard.NearHeard(g, last)
+	tags := make([]string, 1000)
+	for i := range tags {
+		tags[i] = testKey(t, "tag", fmt.Sprint(i))
+	}
+	if err := b.InvalidateTags(ctx, tags...); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Invalidate(ctx, last); err != nil { // heard after the tags' messages
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the messages heard", func() bool { return cacheguard.NearHeard(g, last) > heard })
+	if n := cacheguard.NearTags(g); n > 0 {
+		t.Errorf("state kept for %d tags that no entry carries", n)
+	}
 }

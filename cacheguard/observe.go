@@ -41,7 +41,7 @@ type EventKind int
 const (
 	EventHit             EventKind = iota + 1 // a call found a fresh value (a cached absence included)
 	EventMiss                                 // a call found no fresh value it could serve
-	EventLoad                                 // the loader ran (Event.Duration, Event.Err)
+	EventLoad                                 // the loader ran (Event.Duration, Event.Err), unless it declined (ErrClosed)
 	EventCoalescedLocal                       // a call shared a flight started by another caller of this process
 	EventCoalescedRemote                      // a flight received a value another process loaded
 	EventStale                                // a call was served a stale value
@@ -78,7 +78,7 @@ type Event struct {
 type Stats struct {
 	Hits            uint64 // calls served a fresh value, cached absences included
 	Misses          uint64 // calls that found no fresh value they could serve
-	Loads           uint64 // loader runs, of every kind
+	Loads           uint64 // loader runs, of every kind (not those that declined: see ErrClosed)
 	CoalescedLocal  uint64 // calls that shared a flight started by another caller of this process
 	CoalescedRemote uint64 // flights (one per process and fill) served by another process's load
 	StaleServed     uint64 // calls served a stale value

@@ -344,3 +344,33 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestDeclinedLoadIsNotAFailedLoad (issue 31, item 5): a loader that declines
+// to load (an error matching ErrClosed: its process is closing, or ginmw's
+// settle step only waiting for a fill) has not loaded: no EventLoad, not
+// counted in Stats.Loads — for Get and GetMany.
+func TestDeclinedLoadIsNotAFailedLoad(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var loads []cacheguard.Event
+	g, _ := newGuard(t, cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
+		if e.Kind == cacheguard.EventLoad {
+			mu.Lock()
+			loads = append(loads, e)
+			mu.Unlock()
+		}
+	}))
+	declined := fmt.Errorf("only waiting: %w", cacheguard.ErrClosed)
+	if _, err := cacheguard.Get(ctx, g, testKey(t), func(context.Context) (item, error) { return item{}, declined }); !errors.Is(err, cacheguard.ErrClosed) {
+		t.Fatalf("Get: %v, want the loader's ErrClosed", err)
+	}
+	key := testKey(t, "many")
+	if _, err := cacheguard.GetMany(ctx, g, []string{key}, func(context.Context, []string) (map[string]item, error) { return nil, declined }); !errors.Is(err, cacheguard.ErrClosed) {
+		t.Fatalf("GetMany: %v, want the loader's ErrClosed", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := g.Stats().Loads; n != 0 || len(loads) != 0 {
+		t.Fatalf("Stats.Loads %d, load events %+v: a declined load counted as a (failed) load", n, loads)
+	}
+}

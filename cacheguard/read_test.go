@@ -36,7 +36,7 @@ func heldGets(t *testing.T, v string) (*redistest.Server, *Guard, *holdReplies) 
 	hook.armed.Store(true)
 	rdb.AddHook(hook)
 	g := New(rdb)
-	g.reads.max = 1 // one read out at a time: see TestReadsOutAtOnce for more
+	g.reads.limit = 1 // one read out at a time: see TestReadsOutAtOnce for more
 	t.Cleanup(func() {
 		hook.open()
 		g.Close()
@@ -84,15 +84,15 @@ func (g *Guard) queued(key string) int {
 	q := &g.reads
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if st := q.m["h|"+key]; st.next != nil {
-		return st.next.waiting
+	if l := q.m[entry{"h", key}]; l.next != nil {
+		return l.next.waiting
 	}
 	return 0
 }
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readStored(ctx, "h", k, "h|"+k, nil, time.Now().Add(time.Hour), nil)
+	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour))
 	if err == nil {
 		err = s.err
 	}
@@ -219,7 +219,7 @@ func TestGivenUpReadsLeaveNothing(t *testing.T) {
 func TestReadsOutAtOnce(t *testing.T) {
 	ctx := context.Background()
 	_, g, hook := heldGets(t, "v")
-	g.reads.max = 3
+	g.reads.limit = 3
 	const n = 50
 	var wg sync.WaitGroup
 	got := make([]string, n+3)

@@ -3,17 +3,18 @@ package cacheguard
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
 var (
-	//go:embed getlease.lua
-	getLeaseLua string
+	//go:embed lease.lua
+	leaseLua string
 	//go:embed fill.lua
 	fillLua string
 	//go:embed release.lua
@@ -22,18 +23,18 @@ var (
 	renewLua string
 	//go:embed invalidate.lua
 	invalidateLua string
-	//go:embed getleasemany.lua
-	getLeaseManyLua string
-	//go:embed readmany.lua
-	readManyLua string
+	//go:embed tagread.lua
+	tagReadLua string
+	//go:embed tagbump.lua
+	tagBumpLua string
 
-	getLeaseScript     = redis.NewScript(getLeaseLua)
-	fillScript         = redis.NewScript(fillLua)
-	releaseScript      = redis.NewScript(releaseLua)
-	renewScript        = redis.NewScript(renewLua)
-	invalidateScript   = redis.NewScript(invalidateLua)
-	getLeaseManyScript = redis.NewScript(getLeaseManyLua)
-	readManyScript     = redis.NewScript(readManyLua)
+	leaseScript      = redis.NewScript(leaseLua)
+	fillScript       = redis.NewScript(fillLua)
+	releaseScript    = redis.NewScript(releaseLua)
+	renewScript      = redis.NewScript(renewLua)
+	invalidateScript = redis.NewScript(invalidateLua)
+	tagReadScript    = redis.NewScript(tagReadLua)
+	tagBumpScript    = redis.NewScript(tagBumpLua)
 )
 
 // genTTL is the shortest life of a key's generation in Redis: a generation
@@ -45,7 +46,11 @@ var (
 // filled, for at most this long past its last value.
 const genTTL = time.Minute
 
-// leaseReply is the answer of the get-or-lease script.
+// never is the "after" of a get-or-lease for a value that cannot be used:
+// no value is fresh until later (maxTime, see envelope.go).
+const never = "9007199254740991"
+
+// leaseReply is the get-or-lease script's answer for one key.
 type leaseReply struct {
 	fresh   bool          // value is fresh enough
 	value   []byte        // the envelope, when fresh
@@ -62,22 +67,88 @@ type lease struct {
 	token string
 }
 
-func (l lease) String() string { return strconv.FormatInt(l.gen, 10) + " " + l.token }
+func (l lease) String() string  { return l.genText() + " " + l.token }
+func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 
-// getLease runs the get-or-lease script: it returns the value when it is of
-// the current generation and fresh until later than after (unix ms), else
-// takes the fill lease unless another fill of the current generation holds
-// it. With force the stored value is never fresh enough (it could not be
-// decoded).
-func (g *Guard) getLease(ctx context.Context, ks keySet, tok string, leaseFor time.Duration, after int64, force bool) (leaseReply, error) {
-	v, err := getLeaseScript.Run(ctx, g.rdb, []string{ks.values, ks.lease, ks.gen}, tok, leaseFor.Milliseconds(), after, flag(force), genTTL.Milliseconds(), ks.field).Slice()
-	if err != nil {
-		return leaseReply{}, err
+// lease runs the get-or-lease script for the entries of fs in one round
+// trip — one script call per hash slot (one in all on a single server) — and
+// reads, in the same round trip, the versions of the call's tags as a fill
+// records them (creating the absent ones): read before any load the replies
+// grant begins.
+func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
+	groups := map[int][]int{}
+	for i, f := range fs {
+		s := 0
+		if g.hub.Sharded() {
+			s = slot.Of(f.n.gen)
+		}
+		groups[s] = append(groups[s], i)
 	}
-	return parseLeaseReply(v)
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	pipe := g.rdb.Pipeline()
+	type call struct {
+		cmd *redis.Cmd
+		idx []int
+	}
+	calls := make([]call, 0, len(groups))
+	for _, idx := range groups {
+		keys := make([]string, 0, 3*len(idx))
+		args := []any{tok, cfg.lease.Milliseconds(), genTTL.Milliseconds()}
+		for _, i := range idx {
+			f := fs[i]
+			after := now
+			switch {
+			case f.force:
+				after = never
+			case f.after > 0:
+				after = strconv.FormatInt(f.after, 10)
+			}
+			keys = append(keys, f.n.values, f.n.lease, f.n.gen)
+			args = append(args, f.n.field, after)
+		}
+		calls = append(calls, call{leaseScript.Eval(ctx, pipe, keys, args...), idx})
+	}
+	tags := cfg.tags.list()
+	tv := make([]*redis.Cmd, len(tags))
+	for i, t := range tags {
+		tv[i] = tagReadScript.Eval(ctx, pipe, []string{g.tagKey(t)}, max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, err
+	}
+	rs := make([]leaseReply, len(fs))
+	for _, c := range calls {
+		replies, err := c.cmd.Slice()
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(replies) != len(c.idx) {
+			return nil, nil, fmt.Errorf("cacheguard: %d get-or-lease replies for %d keys", len(replies), len(c.idx))
+		}
+		for j, r := range replies {
+			v, _ := r.([]any)
+			if rs[c.idx[j]], err = parseLeaseReply(v); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	var vers []uint64
+	if len(tags) > 0 {
+		vers = make([]uint64, len(tags))
+		for i, c := range tv {
+			s, err := c.Text()
+			if err == nil {
+				vers[i], err = strconv.ParseUint(s, 10, 64)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("cacheguard: tag version %q: %w", s, err)
+			}
+		}
+	}
+	return rs, vers, nil
 }
 
-// parseLeaseReply reads one reply of the get-or-lease script.
+// parseLeaseReply reads one key's reply of the get-or-lease script.
 func parseLeaseReply(v []any) (leaseReply, error) {
 	var r leaseReply
 	var status int64 = -1
@@ -106,77 +177,30 @@ func parseLeaseReply(v []any) (leaseReply, error) {
 	return r, nil
 }
 
-// store writes env (whose generation is l's) with the fill lease's
-// compare-and-set, releases the lease and publishes the envelope to the
-// waiters. It reports whether it wrote.
-func (g *Guard) store(ctx context.Context, key string, ks keySet, l lease, env []byte, ttl time.Duration) (bool, error) {
-	n, err := fillScript.Run(ctx, g.rdb, []string{ks.values, ks.lease, ks.gen},
-		l.String(), env, max(ttl.Milliseconds(), 1), ks.wake, g.pub, l.token, strconv.FormatInt(l.gen, 10), ks.field, time.Now().UnixMilli(),
-		g.ncChannel, g.origin+" f"+key).Int64()
-	return n == 1, err
+// store queues in pipe the write of env, an envelope of f's entry loaded
+// under f's lease, with the lease's compare-and-set: it releases the lease
+// and publishes the envelope to the waiters and the news to the near caches.
+// Its reply is 1 when it wrote.
+func (g *Guard) store(ctx context.Context, pipe redis.Pipeliner, f *flight, env []byte, ttl time.Duration) *redis.Cmd {
+	return fillScript.Eval(ctx, pipe, []string{f.n.values, f.n.lease, f.n.gen},
+		f.lease.String(), env, max(ttl.Milliseconds(), 1), f.n.wake, g.pub, f.lease.token, f.lease.genText(), f.n.field,
+		time.Now().UnixMilli(), g.ncChannel, g.origin+" f"+f.key)
 }
 
-// release gives up the fill lease and publishes msg to the waiters.
-func (g *Guard) release(ctx context.Context, ks keySet, l lease, msg string) error {
-	return releaseScript.Run(ctx, g.rdb, []string{ks.lease}, l.String(), ks.wake, g.pub, msg).Err()
-}
-
-// renewLease keeps the fill lease alive every third of it until the returned
-// stop function is called (which waits for the goroutine), ctx ends, or the
-// lease turns out to be gone (expired, taken over, or its generation
-// invalidated), when lost is called.
-func (g *Guard) renewLease(ctx context.Context, ks keySet, l lease, leaseFor time.Duration, lost func()) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(leaseFor / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			rctx, cancel := context.WithTimeout(ctx, leaseFor)
-			n, err := renewScript.Run(rctx, g.rdb, []string{ks.lease, ks.gen}, l.String(), leaseFor.Milliseconds(), strconv.FormatInt(l.gen, 10)).Int64()
-			cancel()
-			if err == nil && n == 0 {
-				lost() // the store's compare-and-set will fail too
-				return
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
+// release queues in pipe the release of f's lease, telling its waiters why
+// with msg: its kind ('e' failed, 'n' not found, 'h' handed over) followed
+// by what it says.
+func (g *Guard) release(ctx context.Context, pipe redis.Pipeliner, f *flight, msg string) {
+	releaseScript.Eval(ctx, pipe, []string{f.n.lease}, f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
 }
 
 // invalidate moves the generation of each key forward, deletes its values
-// and wakes its waiters, in one pipeline. The script goes as EVAL (it is short, and an
-// invalidation is rare next to reads), so a server that has not seen it yet —
-// restarted, or a cluster master not asked before — needs no second try.
+// and wakes its waiters, in one pipeline.
 func (g *Guard) invalidate(ctx context.Context, keys []string) error {
 	pipe := g.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(keys))
-	for i, k := range keys {
-		gen, values, wake := g.cacheKeys(k)
-		cmds[i] = invalidateScript.Eval(ctx, pipe, []string{gen, values}, wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
+	for _, k := range keys {
+		n := g.names(k, "")
+		invalidateScript.Eval(ctx, pipe, []string{n.gen, n.values}, n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
 	}
-	if _, err := pipe.Exec(ctx); err == nil {
-		return nil
-	}
-	var errs []error
-	for i, c := range cmds {
-		if err := c.Err(); err != nil {
-			errs = append(errs, fmt.Errorf("%q: %w", keys[i], err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func flag(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
+	return execAll(ctx, pipe, keys)
 }

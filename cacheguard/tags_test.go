@@ -169,3 +169,55 @@ func TestClusterTags(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestTagsHoldOnEveryPath (issue 31, item 3): after InvalidateTags("repos")
+// returned, no path serves a value loaded under Tags("repos") before it —
+// neither a tagged Get nor an untagged one, nor GetMany with or without the
+// tags (GetMany takes Tags as Get does).
+func TestTagsHoldOnEveryPath(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t, cacheguard.EarlyRefresh(0))
+	b, _ := newGuard(t) // another process
+	tags := cacheguard.Tags("repos")
+	type path func(key string, load func(context.Context) (item, error)) (item, error)
+	many := func(opts ...cacheguard.CallOption) path {
+		return func(key string, load func(context.Context) (item, error)) (item, error) {
+			m, err := cacheguard.GetMany(ctx, g, []string{key}, func(ctx context.Context, keys []string) (map[string]item, error) {
+				v, err := load(ctx)
+				return map[string]item{key: v}, err
+			}, opts...)
+			return m[key], err
+		}
+	}
+	paths := map[string]path{
+		"Get, tagged": func(key string, load func(context.Context) (item, error)) (item, error) {
+			return cacheguard.Get(ctx, g, key, load, tags)
+		},
+		"Get, untagged": func(key string, load func(context.Context) (item, error)) (item, error) {
+			return cacheguard.Get(ctx, g, key, load)
+		},
+		"GetMany, tagged":   many(tags),
+		"GetMany, untagged": many(),
+	}
+	for name, get := range paths {
+		for fillerName, fill := range map[string]path{"Get": paths["Get, tagged"], "GetMany": paths["GetMany, tagged"]} {
+			key := testKey(t)
+			if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			load := versionLoad(rdb, key)
+			if v, err := fill(key, load); err != nil || v.ID != 1 {
+				t.Fatalf("tagged %s: %v, %v", fillerName, v, err)
+			}
+			if err := rdb.Incr(ctx, dbKey(key)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.InvalidateTags(ctx, "repos"); err != nil {
+				t.Fatal(err)
+			}
+			if v, err := get(key, load); err != nil || v.ID != 2 {
+				t.Errorf("%s after InvalidateTags (the value loaded by a tagged %s before it): %v, %v; want version 2", name, fillerName, v, err)
+			}
+		}
+	}
+}

@@ -1,8 +1,14 @@
 // Package slot computes Redis Cluster hash slots, for the packages that route
-// by slot (the wake-up hub) and the test harness that builds clusters.
+// by slot (the wake-up hub, cacheguard's batches) and the test harness that
+// builds clusters, and the hash tag that keeps every key of one name in one
+// slot (the names of locks and of cache keys).
 package slot
 
-import "strings"
+import (
+	"hash/fnv"
+	"strconv"
+	"strings"
+)
 
 // Count is the number of hash slots in a Redis Cluster.
 const Count = 16384
@@ -32,4 +38,20 @@ func crc16(s string) uint16 {
 		}
 	}
 	return crc
+}
+
+// Tag returns the hash tag under which a name's keys are stored, and what
+// follows the tag in them, so that every key of one name shares a slot: the
+// name itself (cg:lock:{repo:42}), readable, unless the name contains '}',
+// which would end the tag early (a name starting with '}' would leave it
+// empty, and Redis would hash each whole key). Such a name is tagged with a
+// hash of itself and follows the tag (cg:lock:{#1f0c…}a}b), so that every
+// name keeps its keys in one slot and distinct names keep distinct keys.
+func Tag(name string) (tag, rest string) {
+	if strings.IndexByte(name, '}') < 0 {
+		return name, ""
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return "#" + strconv.FormatUint(h.Sum64(), 16), name
 }

@@ -1,0 +1,298 @@
+package cacheguard
+
+import (
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// group is the coalescer of a Guard, for every kind of work it shares
+// between the calls of its process: the reads of hits, the flights of misses
+// and the loads run without the fill lease. A caller takes the result of a
+// task of its key that it admits, or of a new one; at most limit tasks of a
+// key run at once (0: no limit), and the callers that arrive beyond them
+// share the next task, which the caller that ends one of them starts — so
+// that a caller who admits only tasks not started yet shares only work begun
+// after it arrived, and a burst of N callers costs limit+1 tasks, not N. A
+// queued task whose callers all left is dropped.
+type group[K comparable, T any] struct {
+	limit  int
+	pooled bool      // a leader's task is a solo one, from pool (see task.solo)
+	pool   sync.Pool // of solo tasks
+
+	mu      sync.Mutex // guards m, closed, closedT, and every task's waiting and started
+	m       map[K]line[K, T]
+	closed  bool
+	closedT T // what a queued task ends with after close
+}
+
+// line is the state of one key's tasks.
+type line[K comparable, T any] struct {
+	out     int           // tasks running
+	running []*task[K, T] // the tasks running, kept without a limit only (the others admit none of them)
+	next    *task[K, T]   // queued behind them
+}
+
+// task is one piece of shared work. Its caller (the leader, or start) runs it
+// and ends it with group.end; the others wait for done.
+type task[K comparable, T any] struct {
+	key     K
+	run     func() T      // the work of a queued task, when its callers have it (else whoever ends the one before runs it)
+	done    chan struct{} // closed once res is set
+	res     T
+	waiting int  // callers waiting for it while it is queued
+	started bool // set under the group's mu
+	// solo: a task with one caller, which waits on ready (buffered: one
+	// send per use) and hands the task back to the pool once it received.
+	solo  bool
+	ready chan struct{}
+
+	// For flights (see flights.admit): when it began, its serial, the
+	// lowest generation of anything it may return, and whether its first
+	// get-or-lease script answered.
+	typ     reflect.Type
+	born    time.Time
+	serial  uint64
+	floor   atomic.Int64
+	asked   chan struct{}
+	askOnce sync.Once
+	shut    atomic.Bool // takes no new callers
+}
+
+// admission is what a caller makes of a task of its key.
+type admission uint8
+
+const (
+	skip admission = iota // not for this caller
+	take                  // its result is the caller's
+	hold                  // may turn out to be: wait for asked, then ask again
+)
+
+// join returns the task whose result the caller shares: one that admit
+// takes (a queued one counts the caller as waiting: see leave), or a new one,
+// which mk (when not nil) completes before anyone else sees it. A new task is
+// the caller's to run and end (leader) when fewer than limit run; else it is
+// queued, and started when one of them ends (see end). With pending, a task
+// admit holds is returned: wait for its asked channel and join again. After
+// close, join returns nil.
+func (q *group[K, T]) join(key K, admit func(*task[K, T]) admission, mk func(*task[K, T])) (t *task[K, T], leader, pending bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, false, false
+	}
+	if q.m == nil {
+		q.m = map[K]line[K, T]{}
+	}
+	l := q.m[key]
+	var held *task[K, T]
+	for _, t := range l.running {
+		switch admit(t) {
+		case take:
+			return t, false, false
+		case hold:
+			held = t
+		}
+	}
+	switch {
+	case l.next != nil && admit(l.next) == take:
+		l.next.waiting++
+		return l.next, false, false
+	case held != nil:
+		return held, false, true
+	case q.limit > 0 && l.out >= q.limit:
+		if l.next == nil {
+			l.next = q.newTask(key, false)
+			if mk != nil {
+				mk(l.next)
+			}
+			q.m[key] = l
+		}
+		l.next.waiting++
+		return l.next, false, false
+	}
+	t = q.newTask(key, q.pooled)
+	if mk != nil {
+		mk(t)
+	}
+	t.started = true
+	l.out++
+	if q.limit == 0 {
+		l.running = append(l.running, t)
+	}
+	q.m[key] = l
+	return t, true, false
+}
+
+func (q *group[K, T]) newTask(key K, solo bool) *task[K, T] {
+	if solo {
+		t, _ := q.pool.Get().(*task[K, T])
+		if t == nil {
+			t = &task[K, T]{solo: true, ready: make(chan struct{}, 1)}
+		}
+		t.key = key
+		return t
+	}
+	t := &task[K, T]{key: key, done: make(chan struct{})}
+	if q.limit == 0 {
+		t.asked, t.born = make(chan struct{}), time.Now()
+	}
+	return t
+}
+
+// end ends t, a running task, with res, and returns the task queued behind
+// the key's running ones, if any, which is running now: the caller must run
+// it (its run, or the same work as t's) and end it.
+func (q *group[K, T]) end(t *task[K, T], res T) (next *task[K, T]) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	t.res = res
+	if t.solo {
+		t.ready <- struct{}{}
+	} else {
+		close(t.done)
+		t.answered()
+	}
+	l := q.m[t.key]
+	l.out--
+	if i := slices.Index(l.running, t); i >= 0 {
+		l.running = slices.Delete(l.running, i, i+1)
+	}
+	if n := l.next; n != nil {
+		l.next = nil
+		if q.closed {
+			n.res = q.closedT
+			close(n.done)
+		} else {
+			n.started = true
+			l.out++
+			next = n
+		}
+	}
+	if l.out == 0 {
+		delete(q.m, t.key)
+	} else {
+		q.m[t.key] = l
+	}
+	return next
+}
+
+// leave is called by a caller that stops waiting for t before it ended: a
+// queued task that nobody waits for any more is dropped.
+func (q *group[K, T]) leave(t *task[K, T]) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.started {
+		return
+	}
+	t.waiting--
+	if l, ok := q.m[t.key]; ok && l.next == t && t.waiting <= 0 {
+		l.next = nil
+		if l.out == 0 {
+			delete(q.m, t.key)
+		} else {
+			q.m[t.key] = l
+		}
+	}
+}
+
+// recycle returns a solo task, ended and received by its caller, to the pool.
+func (q *group[K, T]) recycle(t *task[K, T]) {
+	var zero T
+	t.res = zero
+	q.pool.Put(t)
+}
+
+// close makes later joins return nil, and tasks queued from now on end with
+// r instead of starting.
+func (q *group[K, T]) close(r T) {
+	q.mu.Lock()
+	q.closed, q.closedT = true, r
+	q.mu.Unlock()
+}
+
+// answered marks the first get-or-lease answer of a flight (or its end).
+func (t *task[K, T]) answered() {
+	if t.asked != nil {
+		t.askOnce.Do(func() { close(t.asked) })
+	}
+}
+
+// saw raises a flight's floor to gen.
+func (t *task[K, T]) saw(gen int64) {
+	for {
+		cur := t.floor.Load()
+		if gen <= cur || t.floor.CompareAndSwap(cur, gen) {
+			return
+		}
+	}
+}
+
+// workers run work off its caller's goroutine, on goroutines kept for a
+// while: a read runs off its caller's goroutine when the client does not
+// bound its socket calls by the context (so that the caller can stop waiting
+// at its budget), and the call path into go-redis needs a deeper stack than
+// a new goroutine starts with — a goroutine per read would grow its stack on
+// every hit. A worker that finds no work for workerIdle exits; close stops
+// them all once idle, and waits.
+type workers struct {
+	jobs chan func() // unbuffered: a send succeeds only when a worker is idle
+	quit chan struct{}
+
+	mu     sync.Mutex // guards closed
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// workerIdle is how long an idle worker waits for work before it exits.
+const workerIdle = 10 * time.Second
+
+func newWorkers() *workers { return &workers{jobs: make(chan func()), quit: make(chan struct{})} }
+
+// run runs f on an idle worker, or a new one (after close, on a goroutine of
+// its own: the work close waits for still runs).
+func (w *workers) run(f func()) {
+	select {
+	case w.jobs <- f:
+		return
+	default:
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		go f()
+		return
+	}
+	w.wg.Add(1)
+	go w.work(f)
+}
+
+func (w *workers) work(f func()) {
+	defer w.wg.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		f()
+		idle.Reset(workerIdle)
+		select {
+		case f = <-w.jobs:
+		case <-idle.C:
+			return
+		case <-w.quit:
+			return
+		}
+	}
+}
+
+// close stops the workers once they finish what they run, and waits.
+func (w *workers) close() {
+	w.mu.Lock()
+	if !w.closed {
+		w.closed = true
+		close(w.quit)
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+}

@@ -1,0 +1,65 @@
+-- Return the cached value of each key, or take its fill lease when the value
+-- is absent, not fresh enough, of an older generation or unreadable and no
+-- other fill of this generation is running: one round trip, atomic, so a
+-- fill that completes between a miss and the lease can never be loaded
+-- twice. Every key of one call is in one hash slot.
+-- For key i: KEYS[3i-2] its values (a hash: one envelope per representation),
+-- KEYS[3i-1] its fill lease ("<generation> <token>", PX), KEYS[3i] its
+-- generation (created here when absent); ARGV[2i+2] its representation's
+-- field in the values hash, ARGV[2i+3] after (unix ms: a value fresh until
+-- later than this is returned as it is; a huge number when the caller could
+-- not decode the value).
+-- ARGV[1] token, ARGV[2] lease ms, ARGV[3] ttl ms of a generation created here.
+-- Returns one reply per key: {0, value, generation} for a fresh value of the
+-- current generation, {1, generation} when the lease is this caller's,
+-- {2, pttl ms, holder's token, generation} when another fill of the current
+-- generation holds it (its wake-up will name that token: see fill.lua). A
+-- lease granted under an older generation is void: an invalidation came
+-- after it, so it is taken over. Idempotent under client retries: a lease
+-- already holding this token counts as granted.
+local out = {}
+for i = 1, #KEYS / 3 do
+  local kv, kl, kg = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local field, after = ARGV[2 * i + 2], tonumber(ARGV[2 * i + 3])
+  local g = redis.call('GET', kg)
+  if not g then
+    -- A generation never seen before for this key (µs of the server's
+    -- clock; invalidate.lua only ever moves it forward).
+    local t = redis.call('TIME')
+    g = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+    redis.call('SET', kg, g, 'PX', ARGV[3])
+  end
+  -- Envelope header: 'c' 'g' version(2) flags, fresh-until ms (8 bytes,
+  -- big-endian) at 5, ..., generation (8 bytes, big-endian) at 25.
+  local v = redis.call('HGET', kv, field)
+  if v and string.len(v) >= 32 and string.sub(v, 1, 2) == 'cg' and string.byte(v, 3) == 2 then
+    local fresh, vg = 0, 0
+    for j = 5, 12 do fresh = fresh * 256 + string.byte(v, j) end
+    for j = 25, 32 do vg = vg * 256 + string.byte(v, j) end
+    if vg == tonumber(g) and fresh > after then
+      out[i] = {0, v, g}
+    end
+  end
+  if not out[i] then
+    local mine = g .. ' ' .. ARGV[1]
+    local cur = redis.call('GET', kl)
+    if cur and cur ~= mine then
+      local sp = string.find(cur, ' ', 1, true)
+      if sp and string.sub(cur, 1, sp - 1) == g then
+        local pttl = redis.call('PTTL', kl)
+        if pttl < 0 then pttl = 0 end
+        out[i] = {2, pttl, string.sub(cur, sp + 1), g}
+      end
+    end
+  end
+  if not out[i] then
+    redis.call('SET', kl, g .. ' ' .. ARGV[1], 'PX', ARGV[2])
+    -- The generation outlives the lease granted under it.
+    local gt = redis.call('PTTL', kg)
+    if gt >= 0 and gt < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', kg, ARGV[2])
+    end
+    out[i] = {1, g}
+  end
+end
+return out
