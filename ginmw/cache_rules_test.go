@@ -284,3 +284,59 @@ func TestCacheMustRevalidateNeverServedStale(t *testing.T) {
 		return stale == 3
 	})
 }
+
+// Conditional requests are answered from the response a request may be given,
+// and only from it: a request that waited for a shared (unstored) response
+// gets 304 when its validator matches that response; a request that may not
+// be given the loaded response (private) never gets a 304 from its ETag: its
+// own handler runs (with its validators, as for any bypass).
+func TestCacheConditionalFollowsSharing(t *testing.T) {
+	g, _ := startGuard(t)
+	var calls atomic.Int64
+	gate := make(chan struct{})
+	r := newEngine()
+	page := func(cc string) gin.HandlerFunc {
+		return func(c *gin.Context) {
+			calls.Add(1)
+			user := c.GetHeader("X-User")
+			if user == "a" {
+				<-gate
+			}
+			if cc != "" {
+				c.Header("Cache-Control", cc)
+			}
+			c.Header("ETag", `"`+user+`"`)
+			c.String(http.StatusOK, strings.Repeat("for "+user+" ", 8))
+		}
+	}
+	r.GET("/big", ginmw.Cache(g, time.Minute, ginmw.MaxBody(16)), page(""))
+	r.GET("/mine", ginmw.Cache(g, time.Minute), page("private"))
+	for _, tc := range []struct {
+		path      string
+		want304   bool // b, sending If-None-Match: "a"
+		wantOwner string
+	}{
+		{"/big", true, "a"},
+		{"/mine", false, "b"},
+	} {
+		calls.Store(0)
+		before := totalMisses(g)
+		aDone := make(chan *httptest.ResponseRecorder, 1)
+		go func() { aDone <- serve(r, http.MethodGet, tc.path, "X-User", "a") }()
+		eventually(t, 10*time.Second, "a's load to start", func() bool { return calls.Load() == 1 })
+		bDone := make(chan *httptest.ResponseRecorder, 1)
+		go func() { bDone <- serve(r, http.MethodGet, tc.path, "X-User", "b", "If-None-Match", `"a"`) }()
+		eventually(t, 10*time.Second, "b to wait for a's load", func() bool { return totalMisses(g) == before+2 })
+		gate <- struct{}{}
+		a, b := <-aDone, <-bDone
+		if a.Code != http.StatusOK || a.Header().Get("ETag") != `"a"` {
+			t.Fatalf("%s: a got %d ETag %s", tc.path, a.Code, a.Header().Get("ETag"))
+		}
+		switch {
+		case tc.want304 && (b.Code != http.StatusNotModified || b.Body.Len() != 0):
+			t.Errorf("%s: b, whose validator matches the shared response: %d %q", tc.path, b.Code, b.Body)
+		case !tc.want304 && (b.Code != http.StatusOK || b.Header().Get("ETag") != `"`+tc.wantOwner+`"`):
+			t.Errorf("%s: b got %d ETag %s, want its own 200", tc.path, b.Code, b.Header().Get("ETag"))
+		}
+	}
+}

@@ -106,7 +106,8 @@
 //	                                is a VaryByHeader header
 //	s-maxage, max-age, Expires      the first present is the response's lifetime (Expires minus      §4.2.1, §5.3
 //	(response)                      Date); it is served for at most that lifetime or the TTL,
-//	                                whichever is shorter; a lifetime of 0 (max-age=0, an invalid
+//	                                whichever is shorter (past it only as ServeStale or FailSafe
+//	                                serve past the TTL); a lifetime of 0 (max-age=0, an invalid
 //	                                value, Expires not after Date) is not stored, not shared
 //	must-revalidate,                never served stale: ServeStale, FailSafe and SoftTimeout do not  §4.2.4,
 //	proxy-revalidate, s-maxage      apply to it; the request waits for a fresh one                   §5.2.2.2, .8
