@@ -41,6 +41,9 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // Redis is away in microseconds instead of after go-redis's dial retries and
 // timeouts, never waits for a probe, and the breaker closes within Cooldown
 // plus a round trip of Redis answering again, with or without traffic.
+// Only the outcomes of commands admitted since the last change of state
+// count: commands sent into a stall before the breaker opened, which fail
+// after a probe closed it, cannot reopen it on a Redis that answers.
 //
 // Its fields are read when the Breaker is first used; the zero value is a
 // Breaker with the defaults. Install one per client; on a ClusterClient one
@@ -68,6 +71,7 @@ type Breaker struct {
 
 	failures atomic.Int32                      // consecutive failures while closed
 	state    atomic.Int32                      // breakerClosed or breakerOpen
+	epoch    atomic.Uint64                     // counts state changes: a command's outcome counts only in the epoch that admitted it
 	next     atomic.Pointer[redis.ProcessHook] // the client's command path below the breaker, for probes
 }
 
@@ -116,6 +120,7 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 		cancel()
 		switch {
 		case err == nil:
+			b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
 			b.failures.Store(0)
 			if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
 				b.emit(context.Background(), Event{Kind: BreakerClosed})
@@ -138,8 +143,14 @@ func (b *Breaker) probing(ctx context.Context) bool {
 	return p == b
 }
 
-// done records the outcome of a command sent while the breaker was closed.
-func (b *Breaker) done(ctx context.Context, err error) {
+// done records the outcome of a command sent while the breaker was closed,
+// in epoch: the outcome of a command admitted before the breaker last changed
+// state says nothing about Redis now (commands sent into a black hole before
+// it opened time out after a probe closed it) and is not counted.
+func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
+	if b.epoch.Load() != epoch {
+		return
+	}
 	switch {
 	case b.failure(ctx, err):
 		if b.failures.Add(1) >= b.threshold {
@@ -155,6 +166,7 @@ func (b *Breaker) trip(ctx context.Context, err error) {
 	if !b.state.CompareAndSwap(breakerClosed, breakerOpen) {
 		return
 	}
+	b.epoch.Add(1)
 	b.failures.Store(0)
 	b.emit(ctx, Event{Kind: BreakerOpened, Err: err})
 	b.log.Warn(ctx, "breaker", "locks: redis circuit breaker opened: commands fail at once until redis answers a probe",
@@ -199,9 +211,10 @@ func (b *Breaker) failure(ctx context.Context, err error) bool {
 func (b *Breaker) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		b.init()
+		epoch := b.epoch.Load()
 		conn, err := next(ctx, network, addr)
 		if err != nil && b.state.Load() == breakerClosed && !b.probing(ctx) {
-			b.done(ctx, err)
+			b.done(ctx, err, epoch)
 		}
 		return conn, err
 	}
@@ -215,12 +228,13 @@ func (b *Breaker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if b.probing(ctx) {
 			return next(ctx, cmd)
 		}
+		epoch := b.epoch.Load()
 		if !b.admit() {
 			cmd.SetErr(ErrCircuitOpen)
 			return ErrCircuitOpen
 		}
 		err := next(ctx, cmd)
-		b.done(ctx, err)
+		b.done(ctx, err, epoch)
 		return err
 	}
 }
@@ -233,6 +247,7 @@ func (b *Breaker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		if b.probing(ctx) {
 			return next(ctx, cmds)
 		}
+		epoch := b.epoch.Load()
 		if !b.admit() {
 			for _, cmd := range cmds {
 				cmd.SetErr(ErrCircuitOpen)
@@ -249,7 +264,7 @@ func (b *Breaker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 				}
 			}
 		}
-		b.done(ctx, err)
+		b.done(ctx, err, epoch)
 		return err
 	}
 }

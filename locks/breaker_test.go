@@ -3,8 +3,10 @@ package locks_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,4 +208,83 @@ func (d dialCounter) DialHook(next redis.DialHook) redis.DialHook {
 func (dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// inFlight counts the commands a Breaker let through that have not returned
+// yet; installed after the Breaker, it sees only those.
+type inFlight struct{ n atomic.Int64 }
+
+func (f *inFlight) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		f.n.Add(1)
+		defer f.n.Add(-1)
+		return next(ctx, cmd)
+	}
+}
+func (f *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBreakerIgnoresStragglers: commands sent into a black hole before the
+// breaker opened that fail only after a probe closed it again must not
+// count: the breaker once reopened on a healthy Redis 200ms later, because
+// five such stragglers timed out.
+func TestBreakerIgnoresStragglers(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	ev := &breakerEvents{}
+	b := &locks.Breaker{Threshold: 5, Cooldown: 100 * time.Millisecond, Observer: ev.observe}
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, PoolSize: 20})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	var fl inFlight
+	rdb.AddHook(&fl)
+	ctx := context.Background()
+	// Connections for the stragglers, made before the black hole (a new one
+	// could not even greet the server): six blocking reads at once.
+	var warm sync.WaitGroup
+	for i := range 6 {
+		warm.Go(func() { _ = rdb.BLPop(ctx, time.Second, fmt.Sprint("warm:", i)).Err() })
+	}
+	warm.Wait()
+
+	px.Set(faultproxy.BlackHole)
+	// Stragglers: blocking reads, whose read timeout (go-redis gives them
+	// their block plus 10s) ends long after the breaker opened and closed.
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Go(func() { _ = rdb.BLPop(ctx, time.Second, fmt.Sprint("straggler:", i)).Err() })
+	}
+	stragglers := make(chan struct{})
+	go func() { wg.Wait(); close(stragglers) }()
+	redistest.Eventually(t, 5*time.Second, "the stragglers sent", func() bool { return fl.n.Load() == 5 })
+	for !b.Open() {
+		if err := rdb.Get(ctx, "k").Err(); err == nil {
+			t.Fatal("a GET was answered through the black hole")
+		}
+	}
+	px.Set(faultproxy.Pass)
+	redistest.Eventually(t, 5*time.Second, "the probe closed the breaker", func() bool { return !b.Open() })
+	select {
+	case <-stragglers:
+		t.Fatal("the stragglers failed before the breaker closed again: the test proves nothing")
+	default:
+	}
+	select {
+	case <-stragglers:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stragglers did not return")
+	}
+	if b.Open() || ev.count(locks.BreakerOpened) != 1 {
+		t.Fatalf("after the stragglers failed on a healthy Redis: open %v, opened %d times; want closed, opened once",
+			b.Open(), ev.count(locks.BreakerOpened))
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
