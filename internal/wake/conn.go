@@ -182,8 +182,15 @@ func (h *Hub) expect(c *conn, ch *channel) uint64 {
 // after the command's confirmation. An error needs no handling here: a
 // broken connection fails its reader, and a command that never arrived is
 // found out by the watcher.
+//
+// The write is bounded by writeTimeout alone, never by the context of the
+// caller it is for (ctx's values are kept): the connection is shared, and
+// go-redis replaces a PubSub connection whose write failed — a caller whose
+// context ended before or during the write (its budget spent by the attempt
+// before it) would cut every other channel of the connection off until the
+// replacement re-subscribed them.
 func (h *Hub) write(ctx context.Context, c *conn, ch *channel, gen uint64, op string) {
-	wctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	switch {
 	case op == "subscribe" && h.cluster != nil:
 		_ = c.ps.SSubscribe(wctx, ch.name)

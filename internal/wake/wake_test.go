@@ -262,3 +262,37 @@ func TestFailedAttachLeavesNoChannel(t *testing.T) {
 	cc.SPublish(ctx, ch, "hello")
 	recv(t, sub, "hello", 2*time.Second)
 }
+
+// TestLateSubscribeKeepsOthersSubscribed: a Subscribe whose context has
+// already ended (a waiter whose budget the attempt before it used up) must
+// not touch the shared connection: go-redis once wrote its SUBSCRIBE with
+// that past deadline, the write failed, go-redis marked the shared
+// connection bad and replaced it, and a PUBLISH to another waiter's channel
+// right then reached no subscriber.
+func TestLateSubscribeKeepsOthersSubscribed(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	for _, cte := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", cte), func(t *testing.T) {
+			rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = cte })
+			h := wake.New(rdb)
+			defer h.Close()
+			a, err := h.Subscribe(ctx, "other")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			for i := range 5 {
+				late, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Millisecond))
+				if sub, err := h.Subscribe(late, fmt.Sprint("late", i)); err == nil {
+					sub.Close()
+				}
+				cancel()
+				if n := rdb.Publish(ctx, "other", fmt.Sprint("m", i)).Val(); n != 1 {
+					t.Fatalf("after late Subscribe %d, a PUBLISH to another waiter's channel reached %d subscribers, want 1", i, n)
+				}
+				recv(t, a, fmt.Sprint("m", i), 2*time.Second)
+			}
+		})
+	}
+}
