@@ -32,7 +32,8 @@ func PathKey(p string, query url.Values) string {
 // cacheKey returns the name of the request's entry (the resource name given
 // to CacheKey, or PathKey) and its variant: the method — a handler may write
 // no body for HEAD (http.ServeContent does not), so HEAD never shares GET's
-// entry — the host, lower-cased (unless IgnoreHost), and the hash of the
+// entry — the host name, lower-cased and without its port (unless
+// IgnoreHost), and the hash of the
 // VaryByHeader values. cacheguard keeps each variant apart from the others
 // and from values cached under the same name by cacheguard.Get, and
 // Invalidate(name) voids them all: the host is in the variant, not the name,
@@ -56,7 +57,7 @@ func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 	}
 	variant = r.Method
 	if !m.cfg.ignoreHost {
-		variant += " " + strings.ToLower(r.Host)
+		variant += " " + hostname(r.Host)
 	}
 	if len(m.cfg.vary) > 0 {
 		h := sha256.New()
@@ -75,4 +76,14 @@ func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 		k = "http:#" + base64.RawURLEncoding.EncodeToString(sum[:])
 	}
 	return k, variant, nil
+}
+
+// hostname is the name of a Host header, lower-cased and without its port,
+// as nginx's $host: the processes of one service, each on its own port,
+// share their entries.
+func hostname(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i]
+	}
+	return strings.ToLower(host)
 }

@@ -93,9 +93,9 @@ func MaxBody(n int) CacheOption { return func(c *cacheConfig) { c.maxBody = n } 
 func MaxSharedBody(n int) CacheOption { return func(c *cacheConfig) { c.maxSharedBody = n } }
 
 // IgnoreHost leaves the request's host out of the key, for an engine that
-// serves a single host under several names. By default the host
-// (lower-cased) is part of the key, so that two virtual hosts never share an
-// entry.
+// serves a single site under several names. By default the host name
+// (lower-cased, without the port, as nginx's $host) is part of the key, so
+// that two virtual hosts never share an entry.
 func IgnoreHost() CacheOption { return func(c *cacheConfig) { c.ignoreHost = true } }
 
 // HonorRequestNoCache makes a request that asks not to be served from a

@@ -151,7 +151,18 @@ func TestCacheKeyIncludesHost(t *testing.T) {
 	if w := serve(r, http.MethodGet, "http://b.example/home"); w.Body.String() != "tenant b.example" || w.Header().Get("X-Cache") != "MISS" {
 		t.Fatalf("b: %q, X-Cache %q", w.Body, w.Header().Get("X-Cache"))
 	}
-	if w := serve(r, http.MethodGet, "http://A.EXAMPLE/home"); w.Body.String() != "tenant a.example" || w.Header().Get("X-Cache") != "HIT" {
-		t.Fatalf("A.EXAMPLE: %q, X-Cache %q", w.Body, w.Header().Get("X-Cache"))
+	// The host name counts, not its case nor the port (the processes of one
+	// service may each listen on their own).
+	for _, host := range []string{"A.EXAMPLE", "a.example:8080"} {
+		if w := serve(r, http.MethodGet, "http://"+host+"/home"); w.Body.String() != "tenant a.example" || w.Header().Get("X-Cache") != "HIT" {
+			t.Fatalf("%s: %q, X-Cache %q", host, w.Body, w.Header().Get("X-Cache"))
+		}
+	}
+	if w := serve(r, http.MethodGet, "http://[::1]:8080/home"); w.Body.String() != "tenant [::1]:8080" || w.Header().Get("X-Cache") != "MISS" {
+		t.Fatalf("[::1]:8080: %q, X-Cache %q", w.Body, w.Header().Get("X-Cache"))
+	}
+	waitEntries(t, rdb, 3)
+	if w := serve(r, http.MethodGet, "http://[::1]/home"); w.Body.String() != "tenant [::1]:8080" || w.Header().Get("X-Cache") != "HIT" {
+		t.Fatalf("[::1]: %q, X-Cache %q", w.Body, w.Header().Get("X-Cache"))
 	}
 }

@@ -122,7 +122,8 @@
 //	Range (request)                 bypassed                                                         §3.3
 //	If-None-Match,                  answered 304 from the stored or shared response when it          §4.3.2
 //	If-Modified-Since (request)     matches; the handler always sees an unconditional request
-//	Host (request)                  part of the key (IgnoreHost leaves it out)                       §4
+//	Host (request)                  its name is part of the key, without the port as nginx's $host   §4
+//	                                (IgnoreHost leaves it out)
 //	other directives                ignored: max-stale, min-fresh, only-if-cached,
 //	                                stale-while-revalidate, stale-if-error, immutable
 //
@@ -151,7 +152,7 @@
 //   - Key: the cleaned path plus the query with its parameters sorted
 //     (PathKey), or a resource name (CacheKey). The stored responses are
 //     cacheguard variants of that name — one per method (a handler may write
-//     no body for HEAD), host (unless IgnoreHost) and VaryByHeader
+//     no body for HEAD), host name (unless IgnoreHost) and VaryByHeader
 //     combination, and one per shorter lifetime a response declared — kept
 //     apart from each other and from what cacheguard.Get stores under the
 //     same name; Guard.Invalidate of the name (what gormplugin calls after a
