@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 	"gorm.io/gorm/schema"
 
 	"github.com/cacheguard/cacheguard/locks"
@@ -32,23 +35,25 @@ func unguarded(ctx context.Context) bool {
 	return v
 }
 
-// guard is the plugin's state for one Update or Delete statement.
+// guard is the plugin's state for one guarded statement: the one place
+// that decides, for every way GORM writes a row (see writeKind), which rows
+// the statement may change, whose locks it takes, how it is fenced and
+// which cache keys are invalidated after its COMMIT.
 type guard struct {
 	table     string
+	kind      writeKind
 	pkCols    []string
-	rows      []row         // the rows written, sorted by name (empty when unknown)
+	rows      []row         // the existing rows written, sorted by name (empty when unknown)
 	fromModel bool          // rows are the statement's model (a struct or slice of them)
 	resolved  bool          // rows were read from the database (LockMatched)
 	tableLock bool          // LockMatched on a table without a primary key: "<table>:*" is locked
 	locked    []row         // the locks taken (the rows, or none)
 	fence     *schema.Field // the fence column, or nil
 	fencing   bool          // the statement carries the fence condition
-	version   uint64        // the fence the written struct carried (its version), or 0
-	unstamp   func()        // puts back the struct's fence stamped by a write that then rolled back
-	delete    bool
-	tx        *txLocks // non-nil: the locks belong to the surrounding transaction
-	own       *txLocks // the transaction GORM opened for this statement, if any
-	keys      []string // cache keys to invalidate after COMMIT
+	unstamp   func()        // puts back the structs' fences stamped by a write that then rolled back
+	tx        *txLocks      // non-nil: the locks belong to the surrounding transaction
+	own       *txLocks      // the transaction GORM opened for this statement, if any
+	keys      []string      // cache keys to invalidate after COMMIT
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -61,11 +66,15 @@ func guardOf(db *gorm.DB) *guard {
 }
 
 // lockStep names the statement's rows (from its model or its WHERE, or else
-// by reading the rows its WHERE matches), computes their cache keys and takes
-// their locks: held to the end of the statement (and of the transaction GORM
-// opens for it), or, inside a transaction, to its COMMIT or ROLLBACK.
-func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
+// by reading the rows its WHERE, or an upsert's conflict target, matches),
+// computes their cache keys and takes their locks: held to the end of the
+// statement (and of the transaction GORM opens for it), or, inside a
+// transaction, to its COMMIT or ROLLBACK. An insert of new rows takes no
+// lock (no existing row can change); its rows' keys are invalidated after
+// COMMIT all the same.
+func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 	return func(db *gorm.DB) {
+		kind := processor
 		db.InstanceSet(guardKey, nil) // a reused statement must not see an earlier guard
 		stmt := db.Statement
 		if db.Error != nil || db.DryRun {
@@ -78,47 +87,75 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 		if table == "" {
 			return
 		}
-		g := &guard{table: table, delete: isDelete}
+		if kind == writeInsert {
+			if kind = createKind(stmt); kind == writeInsert && p.cfg.keys == nil {
+				return // new rows only, and nothing to invalidate
+			}
+		}
+		g := &guard{table: table, kind: kind}
+		named := true
 		if s := stmt.Schema; s != nil && len(s.PrimaryFields) > 0 {
 			g.pkCols = s.PrimaryFieldDBNames
 			g.fence = p.fenceOf(s)
-			if g.rows = sortRows(modelRows(stmt, s, table, stmt.Model)); len(g.rows) > 0 {
-				g.fromModel = true
-			} else {
-				g.rows = sortRows(whereRows(stmt, s, table))
+			switch kind {
+			case writeInsert:
+			case writeUpsert:
+				g.rows, named = upsertRows(stmt, table)
+				g.fromModel = named
+			default:
+				if g.rows = sortRows(modelRows(stmt, s, table, stmt.Model)); len(g.rows) > 0 {
+					g.fromModel = true
+				} else {
+					g.rows = sortRows(whereRows(stmt, s, table))
+				}
+				named = len(g.rows) > 0
 			}
+		} else if kind != writeInsert {
+			named = false
 		}
 		tx := txOf(stmt.ConnPool)
 		if tx != nil {
 			g.tx = tx.locks
 		}
 
-		lock := !unguarded(stmt.Context)
-		if lock && len(g.rows) == 0 {
-			if _, where := stmt.Clauses["WHERE"]; !where && !db.AllowGlobalUpdate {
+		lock := !unguarded(stmt.Context) && kind != writeInsert
+		if lock && !named {
+			if _, where := stmt.Clauses["WHERE"]; kind != writeUpsert && !where && !db.AllowGlobalUpdate {
 				return // GORM refuses it with gorm.ErrMissingWhereClause
 			}
 			switch p.cfg.unkeyed {
 			case Refuse:
-				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockMatched or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, opName(isDelete), table))
+				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockMatched or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, kind, table))
 				return
 			case PassThrough:
 				lock = false
 			}
 		}
 		if tx == nil && isTx(stmt.ConnPool) && (lock || p.cfg.keys != nil) {
-			db.AddError(fmt.Errorf("%w: %s on %q: use db.Transaction or gormplugin.Transaction on the database the plugin is registered on", ErrForeignTx, opName(isDelete), table))
+			db.AddError(fmt.Errorf("%w: %s on %q: use db.Transaction or gormplugin.Transaction on the database the plugin is registered on", ErrForeignTx, kind, table))
 			return
 		}
-		if lock && len(g.rows) == 0 {
-			rows, err := p.resolve(db, g)
+		if lock && !named {
+			var rows []row
+			var err error
+			if kind == writeUpsert {
+				rows, err = p.resolveConflict(db, g)
+			} else {
+				rows, err = p.resolve(db, g)
+			}
 			if err != nil {
 				db.AddError(err)
 				return
 			}
 			g.rows, g.resolved = rows, true
 		}
-		g.keys = p.keysOf(g)
+		if kind == writeUpsert && lock && (g.resolved || g.fence != nil && len(g.rows) > 0) && !slices.Contains(upsertDialects, db.Dialector.Name()) {
+			db.AddError(invalid("an upsert on %q needs ON CONFLICT DO UPDATE ... WHERE to be fenced or restricted to the rows locked, which the %s dialect does not have", table, db.Dialector.Name()))
+			return
+		}
+		if kind != writeInsert && kind != writeUpsert {
+			g.keys = p.keysOf(g) // an insert's rows are named once it has run (checkStep)
+		}
 		db.InstanceSet(guardKey, g)
 		if g.tx == nil {
 			p.begin() // ended by releaseStep
@@ -150,14 +187,15 @@ func (p *Plugin) lockStep(isDelete bool) func(*gorm.DB) {
 						slog.String("table", table), slog.Any("cause", err))
 					p.emit(stmt.Context, Event{Kind: WroteUnguarded, Table: table, Err: err})
 					g.locked = nil
+					g.resolved = false
 					return
 				}
 				db.AddError(err)
 				return
 			}
 		}
-		if g.resolved && !g.tableLock {
-			g.restrict(stmt)
+		if g.resolved && !g.tableLock && kind != writeUpsert {
+			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction(false)}})
 		}
 	}
 }
@@ -178,16 +216,11 @@ func (p *Plugin) keysOf(g *guard) []string {
 	return keys
 }
 
-func opName(isDelete bool) string {
-	if isDelete {
-		return "Delete"
-	}
-	return "Update"
-}
-
 // fenceStep runs just before the statement is built and sent: a lock known
-// lost by now refuses the write; otherwise a fenced model gets the fence
-// condition (and, through the SET builder, the new fence).
+// lost by now refuses the write; otherwise a fenced write gets the fence
+// condition (through the SET builder for an UPDATE, the ON CONFLICT builder
+// for an upsert, also the new fence) and the version of the struct it
+// writes.
 func (p *Plugin) fenceStep(db *gorm.DB) {
 	g := guardOf(db)
 	if g == nil {
@@ -212,19 +245,105 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 		default:
 		}
 	}
-	if g.fence != nil && len(g.rows) > 0 {
-		if g.fromModel && len(g.rows) == 1 {
-			g.version = g.modelFence(db.Statement)
+	if g.fence == nil || len(g.rows) == 0 || g.tableLock {
+		return
+	}
+	stmt := db.Statement
+	switch g.kind {
+	case writeUpsert:
+		if g.fromModel {
+			g.versionElements(stmt)
 		}
-		g.addFenceCondition(db.Statement)
-		g.fencing = true
+	default:
+		if g.fromModel && len(g.rows) == 1 {
+			if v, ok := g.fenceOfModel(stmt); ok {
+				// A zero fence is a version too when the struct is written
+				// back whole (Save(&s), Updates(&s) on Model(&s)): it is
+				// the fence of a row no guarded write had touched when it
+				// was read. Built structs written by column carry none.
+				g.rows[0].version = v
+				g.rows[0].versioned = v != 0 || g.kind == writeUpdate && samePointer(stmt.Dest, stmt.Model)
+			}
+		}
+		g.addFenceCondition(stmt)
+	}
+	g.fencing = true
+}
+
+// versionElements records the version of each named row an upsert writes
+// (the fence its value carries: for UpdateAll, as for Save, zero included;
+// for DoUpdates, which may assign other values than the struct's, only a
+// fence that is set) and stamps each value with its row's token, so that an
+// inserted row carries it too. A rollback puts the fences back.
+func (g *guard) versionElements(stmt *gorm.Statement) {
+	oc, _ := onConflictOf(stmt)
+	byName := map[string]int{}
+	for i, r := range g.rows {
+		byName[r.name] = i
+	}
+	for _, e := range elements(stmt) {
+		if !e.rv.IsValid() {
+			continue
+		}
+		vals, ok := e.key(stmt, stmt.Schema)
+		if !ok {
+			continue
+		}
+		i, ok := byName[RowName(g.table, vals...)]
+		if !ok {
+			continue
+		}
+		v := fenceValue(stmt.Context, g.fence, e.rv)
+		r := &g.rows[i]
+		r.version, r.versioned = v, v != 0 || oc.UpdateAll
+		g.stamp(stmt.Context, e.rv, r.fence)
 	}
 }
 
-// checkStep tells a fenced-out write from a missing row.
+// samePointer reports whether a and b are the same pointer.
+func samePointer(a, b any) bool {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Kind() == reflect.Pointer && vb.Kind() == reflect.Pointer && va.Pointer() == vb.Pointer() && va.Type() == vb.Type()
+}
+
+// checkStep runs after the statement: it tells a fenced-out write from a
+// missing row, and names the rows an insert or upsert wrote for their
+// invalidation.
 func (p *Plugin) checkStep(db *gorm.DB) {
-	if g := guardOf(db); g != nil && g.fencing && db.Error == nil && !db.DryRun {
-		g.checkFence(db)
+	g := guardOf(db)
+	if g == nil || db.Error != nil || db.DryRun {
+		return
+	}
+	want := len(g.rows)
+	if g.kind == writeUpsert {
+		want = len(elements(db.Statement))
+	}
+	if g.fencing {
+		g.checkFence(db, want)
+	}
+	if db.Error == nil && (g.kind == writeInsert || g.kind == writeUpsert) {
+		p.nameWritten(db, g)
+	}
+}
+
+// nameWritten lists the cache keys of the rows an insert or upsert wrote:
+// those it locked and those it inserted, whose keys the database may have
+// just generated.
+func (p *Plugin) nameWritten(db *gorm.DB, g *guard) {
+	if p.cfg.keys == nil {
+		return
+	}
+	written := createdRows(db.Statement, g.table)
+	if len(written) == 0 && len(g.rows) == 0 {
+		g.keys = p.cfg.keys(g.table, nil) // not named: the key function's "unknown rows"
+		return
+	}
+	seen := map[string]bool{}
+	for _, r := range append(slices.Clone(g.rows), written...) {
+		if !seen[r.name] {
+			seen[r.name] = true
+			g.keys = append(g.keys, p.cfg.keys(g.table, r.pk())...)
+		}
 	}
 }
 

@@ -56,9 +56,12 @@ type StaleWriteError struct {
 	Name   string // the row's lock name, "<table>:<primary key>"
 	Fence  uint64 // the refused writer's fence token (0 when unknown)
 	Stored uint64 // the fence stored in the row (0 when Lost)
-	Read   uint64 // the fence the written struct carried, when the row no longer has it (0 otherwise)
-	Lost   bool   // the lock was known lost before the write; the database was not asked
-	Err    error  // the Locker's error when it found the scope lost (locks.ErrLost), or nil
+	Read   uint64 // the fence the written struct carried (its version), when the row no longer has it
+	// Missing: the row no longer exists, though the struct was read from it
+	// (Read): it was deleted since, and a Save must not bring it back.
+	Missing bool
+	Lost    bool  // the lock was known lost before the write; the database was not asked
+	Err     error // the Locker's error when it found the scope lost (locks.ErrLost), or nil
 }
 
 func (e *StaleWriteError) Error() string {
@@ -67,8 +70,10 @@ func (e *StaleWriteError) Error() string {
 		return fmt.Sprintf("gormplugin: stale write refused: the lock scope of %q was lost before the write: %v", e.Name, e.Err)
 	case e.Lost:
 		return fmt.Sprintf("gormplugin: stale write refused: the lock on %q (fence %d) was lost before the write", e.Name, e.Fence)
-	case e.Read != 0:
-		return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, not the %d it was read with: another writer committed since the read", e.Name, e.Stored, e.Read)
+	case e.Missing:
+		return fmt.Sprintf("gormplugin: stale write refused: row %q, read with fence %d, has been deleted since", e.Name, e.Read)
+	case e.Read != 0 || e.Stored <= e.Fence:
+		return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, not the %d the written struct carries: another writer committed since the struct was read (or it was built, not read)", e.Name, e.Stored, e.Read)
 	}
 	return fmt.Sprintf("gormplugin: stale write refused: row %q carries fence %d, newer than this writer's %d", e.Name, e.Stored, e.Fence)
 }

@@ -1,6 +1,7 @@
 package gormplugin
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -15,12 +16,27 @@ import (
 )
 
 // Fence is a column type that stores the fence token of the last guarded
-// write to its row. A guarded Update or Delete of a model with a Fence field
-// only touches the row while the stored fence is not newer than the writer's
-// token, and an Update sets it to the token, so a writer whose lock expired
-// (a paused process, a long GC) cannot overwrite a newer write: it gets
-// ErrStaleWrite. An integer field tagged `gormplugin:"fence"` works the same.
-// Declare it NOT NULL DEFAULT 0 (a NULL fence counts as 0).
+// write to its row. It does two jobs.
+//
+// It fences: a guarded write of a model with a Fence field only touches the
+// row while the stored fence is not newer than the writer's token, and sets
+// it to the token, so a writer whose lock expired (a paused process, a long
+// GC) cannot overwrite a newer write: it gets ErrStaleWrite.
+//
+// It is also the row's version: a Save or Update of a struct read before
+// another writer committed the row is refused with ErrStaleWrite, because
+// the fence the struct carries is no longer the row's. That includes a
+// struct taken from a cache filled before the row's last write, and a
+// struct read while a stopped holder's UPDATE was not committed yet. Save,
+// Save of a slice, an upsert with UpdateAll and Updates(&s) on Model(&s)
+// write the struct back whole, so its fence is checked even when it is zero
+// (a struct built rather than read is refused over a row a guarded write has
+// stamped); Update, UpdateColumn(s) and Updates of a map check it only when
+// it is set. Read the row again, or use Transaction, to write from a fresh
+// read. After a guarded write the struct carries the token written.
+//
+// An integer field tagged `gormplugin:"fence"` works the same. Declare it NOT
+// NULL DEFAULT 0 (a NULL fence counts as 0).
 type Fence uint64
 
 // Value stores the token as a signed 64-bit integer.
@@ -82,35 +98,93 @@ func fenceField(s *schema.Schema) *schema.Field {
 // token returns the expression of the rows' fence tokens: the token itself
 // for one row, and for several a CASE on the primary key, so that each row
 // is compared with (and stamped by) the token of its own lock. A row outside
-// the CASE compares with NULL and is not touched.
-func (g *guard) token() any {
+// the CASE compares with NULL and is not touched. qualify names the columns
+// with the table's name (an upsert's DO UPDATE sees two rows: the table's
+// and the one proposed).
+func (g *guard) token(qualify bool) any {
 	if len(g.rows) == 1 {
 		return int64(g.rows[0].fence)
 	}
+	return g.caseOnKey(qualify, func(r row) (string, bool) { return strconv.FormatInt(int64(r.fence), 10), true }, "")
+}
+
+// caseOnKey builds CASE WHEN <pk> = ? THEN <then(row)> ... [ELSE <els>] END
+// over g's rows, leaving out the rows then declines. The THEN values are
+// written into the SQL: a bound parameter in a CASE has no type PostgreSQL
+// can infer (it would compare bigint with text).
+func (g *guard) caseOnKey(qualify bool, then func(row) (string, bool), els string) clause.Expr {
 	expr := "CASE"
 	var vars []any
 	for _, r := range g.rows {
+		v, ok := then(r)
+		if !ok {
+			continue
+		}
 		expr += " WHEN"
-		for i, col := range g.pkCols {
+		for i := range g.pkCols {
 			if i > 0 {
 				expr += " AND"
 			}
 			expr += " ? = ?"
-			vars = append(vars, clause.Column{Name: col}, r.vals[i])
+			vars = append(vars, g.column(g.pkCols[i], qualify), r.vals[i])
 		}
-		// The token is written into the SQL: a bound parameter in a CASE
-		// has no type PostgreSQL can infer (it would compare bigint with text).
-		expr += " THEN " + strconv.FormatInt(int64(r.fence), 10)
+		expr += " THEN " + v
+	}
+	if els != "" {
+		expr += " ELSE " + els
 	}
 	return clause.Expr{SQL: expr + " END", Vars: vars}
 }
 
-// addFenceCondition adds "COALESCE(fence, 0) <= token" to the statement's
-// WHERE. The comparison is <=, not <: a re-entered lock shares the token of
-// the acquisition it re-enters, and one holder may write a row twice under
-// one acquisition. It is as safe against a stale holder, because every new
+// column names a column of g's table, qualified with the table's name or not.
+func (g *guard) column(name string, qualify bool) clause.Column {
+	if qualify {
+		return clause.Column{Table: g.table, Name: name}
+	}
+	return clause.Column{Name: name}
+}
+
+// fenceConds are the conditions of a fenced write: the row's fence is not
+// newer than its writer's token,
+//
+//	COALESCE(fence, 0) <= <token>
+//
+// and, for a row whose written struct carries its version, the row still
+// carries that version or the writer's own token (written since):
+//
+//	COALESCE(fence, 0) IN (<version>, <token>)
+//
+// The comparison is <=, not <: a re-entered lock shares the token of the
+// acquisition it re-enters, and one holder may write a row twice under one
+// acquisition. It is as safe against a stale holder, because every new
 // acquisition's token is strictly larger than every earlier one: a newer
 // holder's write leaves a fence the stale holder's token is below.
+func (g *guard) fenceConds(qualify bool) []clause.Expression {
+	col := g.column(g.fence.DBName, qualify)
+	conds := []clause.Expression{clause.Expr{SQL: "COALESCE(?, 0) <= ?", Vars: []any{col, g.token(qualify)}}}
+	versioned := 0
+	for _, r := range g.rows {
+		if r.versioned {
+			versioned++
+		}
+	}
+	switch {
+	case versioned == 0:
+	case len(g.rows) == 1:
+		conds = append(conds, clause.Expr{SQL: "COALESCE(?, 0) IN (?, ?)", Vars: []any{col, int64(g.rows[0].version), int64(g.rows[0].fence)}})
+	default:
+		// A row without a version compares its fence with itself.
+		version := g.caseOnKey(qualify, func(r row) (string, bool) {
+			return strconv.FormatInt(int64(r.version), 10), r.versioned
+		}, "COALESCE(?, 0)")
+		version.Vars = append(version.Vars, col)
+		conds = append(conds, clause.Expr{SQL: "COALESCE(?, 0) IN (?, ?)", Vars: []any{col, version, g.token(qualify)}})
+	}
+	return conds
+}
+
+// addFenceCondition adds the fence conditions to an UPDATE's or DELETE's
+// WHERE.
 func (g *guard) addFenceCondition(stmt *gorm.Statement) {
 	if c, ok := stmt.Clauses["WHERE"]; ok {
 		if where, ok := c.Expression.(clause.Where); ok {
@@ -125,18 +199,7 @@ func (g *guard) addFenceCondition(stmt *gorm.Statement) {
 			}
 		}
 	}
-	stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.Expr{
-		SQL:  "COALESCE(?, 0) <= ?",
-		Vars: []any{clause.Column{Name: g.fence.DBName}, g.token()},
-	}}})
-	if g.version != 0 {
-		// The struct carries the fence of the row as it was read: the row
-		// must still carry it (or this scope's own token, written since).
-		stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.Expr{
-			SQL:  "COALESCE(?, 0) IN (?, ?)",
-			Vars: []any{clause.Column{Name: g.fence.DBName}, int64(g.version), int64(g.rows[0].fence)},
-		}}})
-	}
+	stmt.AddClause(clause.Where{Exprs: g.fenceConds(false)})
 }
 
 // setBuilder wraps the SET clause builder so that a fenced statement also
@@ -154,7 +217,7 @@ func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 							out = append(out, a)
 						}
 					}
-					c.Expression = append(out, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token()})
+					c.Expression = append(out, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token(false)})
 				}
 			}
 		}
@@ -166,17 +229,21 @@ func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 	}
 }
 
-// checkFence runs after a fenced statement. When fewer rows than named were
-// affected, it reads the fence of each named row in the same transaction: a
-// row missing is not an error (GORM reports zero rows affected, as without
-// the plugin); a row whose fence is newer than this writer's token, or (for
-// a struct that carried the fence it was read with) neither that fence nor
-// this writer's token, means the write was refused, which becomes a
-// *StaleWriteError (so the transaction rolls back and GORM's Save does not
-// fall back to an insert).
-func (g *guard) checkFence(db *gorm.DB) {
-	if db.RowsAffected >= int64(len(g.rows)) {
-		g.stampModel(db)
+// checkFence runs after a fenced statement. When fewer rows than expected
+// were affected (want: the rows named, or the values an upsert inserts), it
+// reads the fence of each named row in the same transaction: a row missing
+// is not an error (GORM reports zero rows affected, as without the plugin),
+// unless its struct carried the version it was read with (the row was
+// deleted since: a Save must not bring it back); a row whose fence is newer
+// than this writer's token, or (for a struct that carries its version)
+// neither that version nor this writer's token, means the write was
+// refused, which becomes a *StaleWriteError (so the transaction rolls back
+// and GORM's Save does not fall back to an insert).
+func (g *guard) checkFence(db *gorm.DB, want int) {
+	if db.RowsAffected >= int64(want) {
+		if g.kind == writeUpdate {
+			g.stampModel(db)
+		}
 		return
 	}
 	q := db.Session(&gorm.Session{NewDB: true})
@@ -186,17 +253,22 @@ func (g *guard) checkFence(db *gorm.DB) {
 		case err != nil:
 			db.AddError(fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err))
 			return
+		case !found && r.versioned && r.version != 0 && g.kind == writeUpdate:
+			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Read: r.version, Missing: true})
+			return
 		case !found:
 			continue
 		case stored > r.fence:
 			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored})
 			return
-		case g.version != 0 && stored != g.version && stored != r.fence:
-			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored, Read: g.version})
+		case r.versioned && stored != r.version && stored != r.fence:
+			db.AddError(&StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored, Read: r.version})
 			return
 		}
 	}
-	g.stampModel(db)
+	if g.kind == writeUpdate && db.RowsAffected > 0 {
+		g.stampModel(db)
+	}
 }
 
 // readFence reads the fence of one row (NULL reads as 0); found is false
@@ -228,18 +300,23 @@ func readFence(q *gorm.DB, table, fenceCol string, pkCols []string, vals []any) 
 	return uint64(v.Int64), true, nil
 }
 
-// modelFence returns the fence the statement's model (one struct) carries:
-// the fence of the row when it was read, or the token of the last write
-// through it; 0 when it carries none.
-func (g *guard) modelFence(stmt *gorm.Statement) uint64 {
+// fenceOfModel returns the fence the statement's model (one struct)
+// carries: the fence of the row when it was read, or the token of the last
+// write through it; ok is false when the model is not one struct.
+func (g *guard) fenceOfModel(stmt *gorm.Statement) (uint64, bool) {
 	rv := reflect.ValueOf(stmt.Model)
 	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
 		rv = rv.Elem()
 	}
 	if rv.Kind() != reflect.Struct || rv.Type() != g.fence.Schema.ModelType {
-		return 0
+		return 0, false
 	}
-	v, zero := g.fence.ValueOf(stmt.Context, rv)
+	return fenceValue(stmt.Context, g.fence, rv), true
+}
+
+// fenceValue reads the fence field f of the struct rv (0 when zero).
+func fenceValue(ctx context.Context, f *schema.Field, rv reflect.Value) uint64 {
+	v, zero := f.ValueOf(ctx, rv)
 	if zero {
 		return 0
 	}
@@ -265,24 +342,37 @@ func (g *guard) modelFence(stmt *gorm.Statement) uint64 {
 }
 
 // stampModel sets the model's fence field to the token written, for a
-// single-row update of an addressable struct, and keeps what it replaced so
-// that a rollback can put it back (unstamp): a struct must not claim a fence
-// its row never committed, or its next write would fail the version check.
+// single-row update of an addressable struct (see stamp).
 func (g *guard) stampModel(db *gorm.DB) {
-	if g.delete || len(g.rows) != 1 || !g.fromModel {
+	if len(g.rows) != 1 || !g.fromModel {
 		return
 	}
 	rv := reflect.ValueOf(db.Statement.Model)
 	for rv.Kind() == reflect.Pointer && !rv.IsNil() {
 		rv = rv.Elem()
 	}
-	if rv.Kind() != reflect.Struct || !rv.CanAddr() || rv.Type() != g.fence.Schema.ModelType {
+	if rv.Kind() == reflect.Struct && rv.Type() == g.fence.Schema.ModelType {
+		g.stamp(db.Statement.Context, rv, g.rows[0].fence)
+	}
+}
+
+// stamp sets the fence field of the struct rv to token, if it is
+// addressable, and keeps what it replaced so that a rollback (of the
+// statement, the transaction, or to a savepoint before it) can put it back:
+// a struct must not claim a fence its row never committed, or its next
+// write would fail the version check.
+func (g *guard) stamp(ctx context.Context, rv reflect.Value, token uint64) {
+	if !rv.CanAddr() {
 		return
 	}
-	ctx := db.Statement.Context
 	old, _ := g.fence.ValueOf(ctx, rv)
-	if g.fence.Set(ctx, rv, g.rows[0].fence) == nil {
-		f := g.fence
-		g.unstamp = func() { _ = f.Set(ctx, rv, old) }
+	if g.fence.Set(ctx, rv, token) == nil {
+		f, prev := g.fence, g.unstamp
+		g.unstamp = func() {
+			_ = f.Set(ctx, rv, old)
+			if prev != nil {
+				prev()
+			}
+		}
 	}
 }

@@ -136,8 +136,18 @@ func testFenceWrittenAndReported(t *testing.T, e *env) {
 	if first == 0 {
 		t.Fatal("model's fence not stamped")
 	}
+	// Save writes the struct back whole: the fence it carries is its
+	// version, zero included (a struct built, or read before the write
+	// above, is refused), and the token replaces it.
 	c.N = 2
-	c.Fence = 0 // a stale in-memory fence is replaced by the token
+	c.Fence = 0
+	if err := db.Save(&c).Error; !errors.Is(err, gormplugin.ErrStaleWrite) {
+		t.Fatalf("Save of a struct without the row's fence: %v, want ErrStaleWrite", err)
+	}
+	if c.Fence != 0 {
+		t.Fatalf("refused struct's fence %d, want 0 as it was", c.Fence)
+	}
+	c.Fence = gormplugin.Fence(first)
 	if err := db.Save(&c).Error; err != nil {
 		t.Fatal(err)
 	}

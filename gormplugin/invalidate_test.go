@@ -231,7 +231,7 @@ func testInvalidateAgain(t *testing.T, e *env) {
 	ctx := context.Background()
 	inv := newInvalidator(e.rdb)
 	db, p := e.guardedPlugin(t, &gorm.Config{}, gormplugin.Invalidate(inv, cacheKeys), gormplugin.InvalidateAgain(50*time.Millisecond))
-	if err := db.Create(&Repo{ID: 1}).Error; err != nil {
+	if err := e.plain(t).Create(&Repo{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Model(&Repo{ID: 1}).Update("name", "x").Error; err != nil {

@@ -31,8 +31,9 @@ type Plugin struct {
 	l   locks.Locker
 	cfg config
 
-	fences sync.Map // *schema.Schema → *schema.Field (nil when none)
-	pks    sync.Map // table name → []string, primary key columns read from the catalogue
+	fences      sync.Map // *schema.Schema → *schema.Field (nil when none)
+	pks         sync.Map // table name → []string, primary key columns read from the catalogue
+	constraints sync.Map // table name + "\x00" + constraint name → []clause.Column, read from the catalogue
 
 	mu          sync.Mutex               // guards the fields below
 	timers      map[*time.Timer]struct{} // delayed invalidations (InvalidateAgain) not yet done
@@ -85,9 +86,10 @@ func New(l locks.Locker, opts ...Option) *Plugin {
 // database makes db.Use return gorm.ErrRegistered.
 func (p *Plugin) Name() string { return pluginName }
 
-// Initialize registers the plugin's callbacks on db's Update and Delete
-// processors, its SET clause builder, and wraps db's connection pool so the
-// plugin sees every transaction's COMMIT and ROLLBACK. GORM calls it from
+// Initialize registers the plugin's callbacks on db's Create, Update and
+// Delete processors, its SET and ON CONFLICT clause builders, and wraps db's
+// connection pool so the plugin sees every transaction's COMMIT, ROLLBACK
+// and savepoint. GORM calls it from
 // db.Use; call db.Use right after gorm.Open, before deriving sessions.
 func (p *Plugin) Initialize(db *gorm.DB) error {
 	switch {
@@ -103,8 +105,9 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 		db.ClauseBuilders = map[string]clause.ClauseBuilder{}
 	}
 	db.ClauseBuilders["SET"] = p.setBuilder(db.ClauseBuilders["SET"])
+	db.ClauseBuilders["ON CONFLICT"] = p.conflictBuilder(db.ClauseBuilders["ON CONFLICT"])
 
-	upd, del := db.Callback().Update(), db.Callback().Delete()
+	crt, upd, del := db.Callback().Create(), db.Callback().Update(), db.Callback().Delete()
 	// One registration function per processor: GORM's processor and callback
 	// types are unexported, so they cannot be named in a shared helper.
 	regUpdate := func(name, before, after string, fn func(*gorm.DB)) error {
@@ -121,10 +124,21 @@ func (p *Plugin) Initialize(db *gorm.DB) error {
 		}
 		return c.Register(name, fn)
 	}
-	if err := p.register(upd.Get, regUpdate, "gorm:update", "gorm:after_update", false); err != nil {
+	regCreate := func(name, before, after string, fn func(*gorm.DB)) error {
+		c := crt.Before(before)
+		if after != "" {
+			c = c.After(after)
+		}
+		return c.Register(name, fn)
+	}
+	if err := p.register(upd.Get, regUpdate, "gorm:update", "gorm:after_update", writeUpdate); err != nil {
 		return err
 	}
-	return p.register(del.Get, regDelete, "gorm:delete", "gorm:after_delete", true)
+	if err := p.register(del.Get, regDelete, "gorm:delete", "gorm:after_delete", writeDelete); err != nil {
+		return err
+	}
+	// Inserts and upserts: lockStep tells them apart by their ON CONFLICT.
+	return p.register(crt.Get, regCreate, "gorm:create", "gorm:after_create", writeInsert)
 }
 
 // wrapPool puts the plugin's pool under db, so that it sees every
@@ -155,7 +169,7 @@ func (p *Plugin) wrapPool(db *gorm.DB) {
 //	gormplugin:fence    before the write: lost-lock check, fence condition
 //	gormplugin:check    after the write, before the after-hooks: zero rows → stale or missing
 //	gormplugin:release  after gorm:commit_or_rollback_transaction (last without one): invalidate, unlock
-func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before, after string, fn func(*gorm.DB)) error, write, afterHooks string, isDelete bool) error {
+func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before, after string, fn func(*gorm.DB)) error, write, afterHooks string, kind writeKind) error {
 	begin, commit := "gorm:begin_transaction", "gorm:commit_or_rollback_transaction"
 	if get(begin) == nil { // SkipDefaultTransaction: GORM opens no transaction
 		begin = "*"
@@ -163,7 +177,7 @@ func (p *Plugin) register(get func(string) func(*gorm.DB), reg func(name, before
 	if get(commit) == nil {
 		commit = "*"
 	}
-	if err := reg("gormplugin:lock", begin, "", p.lockStep(isDelete)); err != nil {
+	if err := reg("gormplugin:lock", begin, "", p.lockStep(kind)); err != nil {
 		return err
 	}
 	if err := reg("gormplugin:fence", write, "", p.fenceStep); err != nil {

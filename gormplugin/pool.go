@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 
 	"gorm.io/gorm"
@@ -182,6 +183,60 @@ func (t *guardTx) Rollback() error {
 
 // GetDBConn returns the *sql.DB underneath, for gorm.DB.DB.
 func (t *guardTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
+
+// ExecContext runs a statement of the transaction, and follows its
+// savepoints (GORM's SavePoint, RollbackTo and nested Transaction send them
+// here): a ROLLBACK TO SAVEPOINT puts back the fences that the writes
+// rolled back had stamped into their structs.
+func (t *guardTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := t.Tx.ExecContext(ctx, query, args...)
+	if err == nil && len(args) == 0 {
+		if op, name, ok := savepointOp(query); ok {
+			t.locks.savepoint(op, name)
+		}
+	}
+	return res, err
+}
+
+// Savepoint operations.
+const (
+	spSet      = "SAVEPOINT"
+	spRollback = "ROLLBACK TO"
+	spRelease  = "RELEASE"
+)
+
+// savepointOp reads "SAVEPOINT n", "ROLLBACK TO [SAVEPOINT] n" and
+// "RELEASE [SAVEPOINT] n".
+func savepointOp(query string) (op, name string, ok bool) {
+	f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(query), ";"))
+	up := func(i int) string {
+		if i < len(f) {
+			return strings.ToUpper(f[i])
+		}
+		return ""
+	}
+	switch {
+	case len(f) == 2 && up(0) == "SAVEPOINT":
+		op = spSet
+	case len(f) >= 3 && up(0) == "ROLLBACK" && up(1) == "TO":
+		op, f = spRollback, f[2:]
+	case len(f) >= 2 && up(0) == "RELEASE":
+		op, f = spRelease, f[1:]
+	default:
+		return "", "", false
+	}
+	if op != spSet {
+		if len(f) == 2 && up(0) == "SAVEPOINT" {
+			f = f[1:]
+		}
+		if len(f) != 1 {
+			return "", "", false
+		}
+	} else {
+		f = f[1:]
+	}
+	return op, strings.Trim(f[0], "\"`[]"), true
+}
 
 // txOf returns the plugin's transaction behind a statement's pool, or nil.
 func txOf(pool gorm.ConnPool) *guardTx {

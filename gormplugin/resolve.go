@@ -18,6 +18,28 @@ import (
 // either, since the write keeps its own conditions.
 func (p *Plugin) resolve(db *gorm.DB, g *guard) ([]row, error) {
 	stmt := db.Statement
+	var exprs []clause.Expression
+	if c, ok := stmt.Clauses["WHERE"]; ok {
+		if w, ok := c.Expression.(clause.Where); ok {
+			exprs = slices.Clone(w.Exprs)
+		}
+	}
+	var from *clause.From
+	if c, ok := stmt.Clauses["FROM"]; ok {
+		// UPDATE t ... FROM u: the rows of t that join u.
+		if f, ok := c.Expression.(clause.From); ok {
+			from = &f
+		}
+	}
+	return p.matchRows(db, g, exprs, from, stmt.Unscoped)
+}
+
+// matchRows reads the primary keys of the rows of g's table that exprs
+// match (joined with from's tables, if any), in the statement's transaction
+// if it has one, at most MaxMatchedRows of them. A table without a primary
+// key has no rows to name: g then takes the table's one lock, and no fence.
+func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, from *clause.From, unscoped bool) ([]row, error) {
+	stmt := db.Statement
 	cols, err := p.primaryKey(db, g)
 	if err != nil {
 		return nil, err
@@ -34,20 +56,15 @@ func (p *Plugin) resolve(db *gorm.DB, g *guard) ([]row, error) {
 		q = q.Model(reflect.New(stmt.Schema.ModelType).Interface())
 	}
 	q = q.Table(g.table)
-	if stmt.Unscoped {
+	if unscoped {
 		q = q.Unscoped()
 	}
-	if c, ok := stmt.Clauses["WHERE"]; ok {
-		if w, ok := c.Expression.(clause.Where); ok {
-			q.Statement.AddClause(clause.Where{Exprs: slices.Clone(w.Exprs)})
-		}
+	if len(exprs) > 0 {
+		q.Statement.AddClause(clause.Where{Exprs: exprs})
 	}
-	if c, ok := stmt.Clauses["FROM"]; ok {
-		// UPDATE t ... FROM u: the rows of t that join u.
-		if from, ok := c.Expression.(clause.From); ok {
-			tables := append([]clause.Table{{Name: clause.CurrentTable}}, from.Tables...)
-			q.Statement.AddClause(clause.From{Tables: tables, Joins: from.Joins})
-		}
+	if from != nil {
+		tables := append([]clause.Table{{Name: clause.CurrentTable}}, from.Tables...)
+		q.Statement.AddClause(clause.From{Tables: tables, Joins: from.Joins})
 	}
 	sel := make([]clause.Column, len(cols))
 	for i, c := range cols {
@@ -56,7 +73,7 @@ func (p *Plugin) resolve(db *gorm.DB, g *guard) ([]row, error) {
 	q = q.Clauses(clause.Select{Columns: sel}).Limit(p.cfg.maxMatched + 1)
 	rs, err := q.Rows()
 	if err != nil {
-		return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", opName(g.delete), g.table, err)
+		return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", g.kind, g.table, err)
 	}
 	defer rs.Close()
 	var sets [][]any
@@ -67,7 +84,7 @@ func (p *Plugin) resolve(db *gorm.DB, g *guard) ([]row, error) {
 			ptrs[i] = &vals[i]
 		}
 		if err := rs.Scan(ptrs...); err != nil {
-			return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", opName(g.delete), g.table, err)
+			return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", g.kind, g.table, err)
 		}
 		for i, v := range vals {
 			if b, ok := v.([]byte); ok {
@@ -77,39 +94,42 @@ func (p *Plugin) resolve(db *gorm.DB, g *guard) ([]row, error) {
 		sets = append(sets, vals)
 	}
 	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", opName(g.delete), g.table, err)
+		return nil, fmt.Errorf("gormplugin: reading the rows %s on %q would write: %w", g.kind, g.table, err)
 	}
 	if len(sets) > p.cfg.maxMatched {
-		return nil, fmt.Errorf("%w: this %s on table %q matches more than %d rows (MaxMatchedRows), each of which would be locked: narrow it, raise MaxMatchedRows, or send it with a gormplugin.Unguarded context", ErrUnkeyed, opName(g.delete), g.table, p.cfg.maxMatched)
+		return nil, fmt.Errorf("%w: this %s on table %q matches more than %d rows (MaxMatchedRows), each of which would be locked: narrow it, raise MaxMatchedRows, or send it with a gormplugin.Unguarded context", ErrUnkeyed, g.kind, g.table, p.cfg.maxMatched)
 	}
 	g.pkCols = cols
 	return sortRows(namesFor(g.table, sets)), nil
 }
 
-// restrict limits the statement to the rows resolve named: WHERE ... AND pk
-// IN (...). No rows gives IN (NULL), which matches none.
-func (g *guard) restrict(stmt *gorm.Statement) {
+// restriction limits a write to the rows resolve named: pk IN (...) (no
+// rows: a condition that matches none). qualify names the columns with the
+// table's name, as an upsert's DO UPDATE needs.
+func (g *guard) restriction(qualify bool) clause.Expression {
+	tbl := clause.CurrentTable
+	if qualify {
+		tbl = g.table
+	}
+	if len(g.rows) == 0 {
+		return clause.Expr{SQL: "1 = 0"}
+	}
 	if len(g.pkCols) == 1 {
 		vals := make([]any, len(g.rows))
 		for i, r := range g.rows {
 			vals[i] = r.vals[0]
 		}
-		stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.IN{Column: clause.Column{Table: clause.CurrentTable, Name: g.pkCols[0]}, Values: vals}}})
-		return
+		return clause.IN{Column: clause.Column{Table: tbl, Name: g.pkCols[0]}, Values: vals}
 	}
 	cols := make([]clause.Column, len(g.pkCols))
 	for i, c := range g.pkCols {
-		cols[i] = clause.Column{Table: clause.CurrentTable, Name: c}
+		cols[i] = clause.Column{Table: tbl, Name: c}
 	}
 	vals := make([]any, len(g.rows))
 	for i, r := range g.rows {
 		vals[i] = r.vals
 	}
-	if len(vals) == 0 {
-		stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.Expr{SQL: "1 = 0"}}})
-		return
-	}
-	stmt.AddClause(clause.Where{Exprs: []clause.Expression{clause.IN{Column: cols, Values: vals}}})
+	return clause.IN{Column: cols, Values: vals}
 }
 
 // primaryKey returns the primary key columns of the statement's table: from

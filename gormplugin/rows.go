@@ -48,6 +48,10 @@ type row struct {
 	vals  []any       // primary key values, in schema order
 	fence uint64      // the lock's fence token
 	decl  *declared   // for a row declared to Transaction: how to claim it
+	// version is the fence the written struct carries (see fenceStep),
+	// checked when versioned.
+	version   uint64
+	versioned bool
 }
 
 // pk is the value handed to the invalidation key function.

@@ -27,7 +27,7 @@ func testLostScopeNeverReacquired(t *testing.T, e *env) {
 	db := e.guarded(t)
 	for _, how := range []string{"known", "unnoticed"} {
 		t.Run(how, func(t *testing.T) {
-			if err := db.Save(&Repo{ID: 1, Name: "orig"}).Error; err != nil {
+			if err := e.plain(t).Save(&Repo{ID: 1, Name: "orig"}).Error; err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -58,7 +58,7 @@ func testInvalidationRetriesReported(t *testing.T, e *env) {
 	var ev events
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.Observer(ev.observe),
 		gormplugin.RetryInvalidation(3, 10*time.Millisecond))
-	if err := db.Create(&Widget{ID: 1}).Error; err != nil {
+	if err := e.plain(t).Create(&Widget{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {

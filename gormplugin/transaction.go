@@ -103,7 +103,8 @@ type declared struct {
 // before its COMMIT still holds that row lock, so the claim waits for its
 // COMMIT or ROLLBACK, and fn then reads what it committed; a fence above the
 // token means a newer holder has written the row, and the claim fails with a
-// *StaleWriteError. A row that does not exist is not claimed. A fenced claim
+// *StaleWriteError. A row that does not exist is not claimed. A claimed row
+// is one fn writes (with GORM's methods, or with Exec), and a fenced claim
 // changes the row's fence, so the row's cache keys are invalidated after
 // COMMIT like those of a write.
 func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
@@ -139,6 +140,10 @@ func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
 			return fmt.Errorf("gormplugin: claiming %q: %w", r.name, res.Error)
 		}
 		if d.fence == "" {
+			if reg != nil && p.cfg.keys != nil && res.RowsAffected > 0 {
+				// The rows declared are the rows fn writes, also with Exec.
+				reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
+			}
 			continue
 		}
 		if res.RowsAffected == 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -22,7 +23,8 @@ type txLocks struct {
 	held    map[string]*locks.Lock // by name
 	last    string                 // the greatest name held
 	keys    []string               // to invalidate after COMMIT
-	unstamp []func()               // to run after ROLLBACK (see stampModel)
+	unstamp []func()               // to run after ROLLBACK (see stamp)
+	marks   []savepoint            // the savepoints open, oldest first
 	seen    map[string]bool        // keys already listed
 	adopted bool                   // a transaction has taken these locks over
 	done    bool                   // committed or rolled back
@@ -84,6 +86,46 @@ func (r *txLocks) lock(ctx context.Context, rows []row) error {
 		rows[i].lock, rows[i].fence = lk, lk.Fence()
 	}
 	return nil
+}
+
+// savepoint is an open savepoint: how many unstamps it leaves alone on a
+// ROLLBACK TO it.
+type savepoint struct {
+	name     string
+	unstamps int
+}
+
+// savepoint follows a savepoint operation of the transaction (see
+// savepointOp). A ROLLBACK TO puts back, newest first, the fences stamped
+// by the writes it undid; the savepoint stays open. A RELEASE closes the
+// savepoint and those opened after it; their writes are the transaction's.
+func (r *txLocks) savepoint(op, name string) {
+	r.mu.Lock()
+	if op == spSet {
+		r.marks = append(r.marks, savepoint{name: name, unstamps: len(r.unstamp)})
+		r.mu.Unlock()
+		return
+	}
+	i := len(r.marks) - 1
+	for i >= 0 && r.marks[i].name != name {
+		i--
+	}
+	if i < 0 {
+		r.mu.Unlock()
+		return
+	}
+	var undo []func()
+	if op == spRollback {
+		undo = r.unstamp[r.marks[i].unstamps:]
+		r.unstamp = slices.Clone(r.unstamp[:r.marks[i].unstamps])
+		r.marks = r.marks[:i+1]
+	} else {
+		r.marks = r.marks[:i]
+	}
+	r.mu.Unlock()
+	for j := len(undo) - 1; j >= 0; j-- {
+		undo[j]()
+	}
 }
 
 func (r *txLocks) addUnstamp(f func()) {
