@@ -266,6 +266,10 @@ func TestServe(t *testing.T) {
 	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Settings.DefaultBranch != "trunk" {
 		t.Errorf("PUT: %d %s, want 200, version 1, a fence, branch trunk", code, b)
 	}
+	code, _, b = do("PATCH", "/repos/1/settings", `{"edit":"e1b","visibility":"public"}`)
+	if r := repo(b); code != 200 || r.Version != 2 || r.Settings.Visibility != "public" || len(r.Settings.Edits) != 2 {
+		t.Errorf("PATCH settings (First and Save): %d %s, want 200, version 2, visibility public, two edits", code, b)
+	}
 	code, _, b = do("PATCH", "/repos/2", `{"edit":"r1","name":"acme/web2"}`)
 	if r := repo(b); code != 200 || r.Version != 1 || r.Fence == 0 || r.Name != "acme/web2" {
 		t.Errorf("PATCH: %d %s, want 200, version 1, a fence, the new name", code, b)
@@ -273,13 +277,13 @@ func TestServe(t *testing.T) {
 	if code, _, b := do("PATCH", "/repos/2", `{"edit":"r2"}`); code != 400 {
 		t.Errorf("PATCH without a name: %d %s, want 400", code, b)
 	}
-	if code, h, b := do("GET", "/repos/1", ""); code != 200 || h.Get("X-Cache") != "MISS" || repo(b).Version != 1 {
+	if code, h, b := do("GET", "/repos/1", ""); code != 200 || h.Get("X-Cache") != "MISS" || repo(b).Version != 2 {
 		t.Errorf("GET /repos/1 after the edit: %d X-Cache %q %s, want the edit reloaded", code, h.Get("X-Cache"), b)
 	}
 	code, h, b := do("GET", "/repos", "")
 	var list []Repo
 	json.Unmarshal(b, &list) //nolint:errcheck // checked below
-	if code != 200 || h.Get("X-Cache") != "MISS" || len(list) != 3 || list[0].Version != 1 {
+	if code != 200 || h.Get("X-Cache") != "MISS" || len(list) != 3 || list[0].Version != 2 {
 		t.Errorf("GET /repos after the edit: %d X-Cache %q %s, want the list reloaded", code, h.Get("X-Cache"), b)
 	}
 	for path, want := range map[string]int{"/repos/99": 404, "/repos/x": 400, "/naive/repos/99": 404} {

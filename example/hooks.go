@@ -60,7 +60,7 @@ import (
 // The steps a request can pause at.
 const (
 	stepAfterLock    = "after-lock"    // the edit's handler starts: ginmw.Lock holds the repository
-	stepAfterRead    = "after-read"    // the edit read the row inside its transaction
+	stepAfterRead    = "after-read"    // the edit read the row (inside its transaction, for a settings edit by PUT)
 	stepBeforeUpdate = "before-update" // inside the write: after gormplugin's checks, before the UPDATE is sent
 	stepAfterUpdate  = "after-update"  // the UPDATE ran, the transaction is not committed yet
 	stepCacheLoad    = "cache-load"    // inside a cache load (cacheguard.Get's loader, ginmw.Cache's handler)

@@ -92,6 +92,9 @@ try:
   curl -i -X PUT %s/repos/1/settings \
        -H 'Content-Type: application/json' -d '{"edit":"e1","default_branch":"trunk"}'
                           # ginmw.Lock + gormplugin: version and fence go up
+  curl -i -X PATCH %s/repos/1/settings \
+       -H 'Content-Type: application/json' -d '{"edit":"e3","visibility":"public"}'
+                          # the same edit as First and Save under the lock (no Transaction)
   curl -i -X PATCH %s/repos/1 \
        -H 'Content-Type: application/json' -d '{"edit":"e2","name":"acme/api2"}'
                           # a rename: plain GORM First and Updates under the same lock
@@ -99,7 +102,7 @@ try:
   curl -s %s/stats        # this instance's cache counters
 
 Ctrl-C stops.
-`, u, r.desc, prefix, redactDSN(dsn), cfg.QueryCost, u, u, u, u, u, u)
+`, u, r.desc, prefix, redactDSN(dsn), cfg.QueryCost, u, u, u, u, u, u, u)
 
 	select {
 	case <-ctx.Done():

@@ -188,6 +188,9 @@ func (s *service) routes() *gin.Engine {
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
 	lock := ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WithWait(s.cfg.EditWait)))
 	r.PUT("/repos/:id/settings", lock, s.updateSettings)
+	// The same settings edit written as many handlers are: First, change
+	// the struct, Save it, with no gormplugin.Transaction.
+	r.PATCH("/repos/:id/settings", lock, s.saveSettings)
 	// Renames hold the same lock, and write with plain GORM calls.
 	r.PATCH("/repos/:id", lock, s.renameRepo)
 	r.GET("/stats", s.stats)
@@ -360,17 +363,62 @@ func (s *service) updateSettings(c *gin.Context) {
 		if err := pause(ctx, s.cfg.EditCost); err != nil {
 			return err
 		}
-		if e.DefaultBranch != nil {
-			repo.Settings.DefaultBranch = *e.DefaultBranch
-		}
-		if e.Visibility != nil {
-			repo.Settings.Visibility = *e.Visibility
-		}
-		repo.Settings.Edits = append(repo.Settings.Edits, e.ID)
-		repo.Version++
+		e.apply(&repo)
 		return tx.Model(&repo).Select("settings", "version").Updates(&repo).Error
 	}, &Repo{ID: id})
 	span.done(c) // test-only: the critical section's span, in a header
+	s.answerEdit(c, repo, err)
+}
+
+// apply applies the edit to the repository read, and counts it.
+func (e edit) apply(repo *Repo) {
+	if e.DefaultBranch != nil {
+		repo.Settings.DefaultBranch = *e.DefaultBranch
+	}
+	if e.Visibility != nil {
+		repo.Settings.Visibility = *e.Visibility
+	}
+	repo.Settings.Edits = append(repo.Settings.Edits, e.ID)
+	repo.Version++
+}
+
+// saveSettings is the settings edit of updateSettings written as many
+// handlers are: under ginmw.Lock it reads the row with First, changes the
+// struct and writes it back with Save, without gormplugin.Transaction. The
+// Save re-enters the request's lock ("repos:<id>") and is fenced with its
+// token; the fence the row was read with is the struct's version, so a Save
+// of a read taken before another writer committed (a holder stopped after
+// its UPDATE, whose COMMIT landed after this read) is refused with
+// gormplugin.ErrStaleWrite (409) instead of overwriting that commit.
+func (s *service) saveSettings(c *gin.Context) {
+	ctx := c.Request.Context()
+	span := s.cfg.Hooks.enterEdit(ctx)
+	defer span.leave()
+	s.cfg.Hooks.at(ctx, stepAfterLock)
+	id, ok := repoID(c)
+	if !ok {
+		return
+	}
+	var e edit
+	if err := c.ShouldBindJSON(&e); err != nil {
+		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return
+	}
+	if m := s.cfg.Meter; m != nil {
+		m.enterEdit()
+		defer m.leaveEdit()
+	}
+	db := s.db.WithContext(s.cfg.Hooks.txContext(ctx))
+	var repo Repo
+	err := db.First(&repo, id).Error
+	if err == nil {
+		s.cfg.Hooks.at(ctx, stepAfterRead)
+		if err = pause(ctx, s.cfg.EditCost); err == nil {
+			e.apply(&repo)
+			err = db.Save(&repo).Error
+		}
+	}
+	span.done(c)
 	s.answerEdit(c, repo, err)
 }
 

@@ -61,6 +61,7 @@ type editRequest struct {
 	tag        string // X-Hook-Tag
 	ignoreLost bool   // X-Ignore-Lost: the transaction does not watch the lock's loss
 	rename     bool   // PATCH /repos/<repo> (plain GORM calls, re-entering the request's lock) instead of PUT .../settings (gormplugin.Transaction)
+	save       bool   // PATCH /repos/<repo>/settings (First, then Save of the struct read, under the request's lock, without gormplugin.Transaction)
 }
 
 // Edit sends one settings edit of repo to process proc and records it.
@@ -74,6 +75,8 @@ func (f *Fleet) edit(ctx context.Context, r editRequest) EditOp {
 	case r.path != "":
 	case r.rename:
 		method, r.path = "PATCH", fmt.Sprintf("/repos/%d", r.repo)
+	case r.save:
+		method, r.path = "PATCH", fmt.Sprintf("/repos/%d/settings", r.repo)
 	default:
 		r.path = fmt.Sprintf("/repos/%d/settings", r.repo)
 	}

@@ -18,8 +18,12 @@
 // and the process prints "hook at <step> <tag>"; the driver then SIGSTOPs the
 // whole process (so its lease renewals stop too) for longer than the lease,
 // lets another process work, and SIGCONTs it, which releases the request
-// exactly where it stopped. The steps: after-lock (the edit's handler starts
-// under ginmw.Lock), after-read (the row was read in the transaction),
+// exactly where it stopped. The edits: a settings edit in gormplugin.Transaction
+// (PUT /repos/:id/settings), a rename (PATCH /repos/:id: First, then Updates,
+// under the request's lock) and the same settings edit as First then Save
+// under the request's lock, without gormplugin.Transaction (PATCH
+// /repos/:id/settings). The steps: after-lock (the edit's handler starts
+// under ginmw.Lock), after-read (the row was read),
 // before-update (after gormplugin's checks, before the UPDATE is sent),
 // after-update (before COMMIT), cache-load (after a cache load's database
 // read, before the value is stored). POST /_hooks/release releases a parked

@@ -20,6 +20,8 @@ func TestFleetConcurrent(t *testing.T) {
 	}{
 		{"pauses/sqlite", func(t *testing.T) { testPauses(t, "sqlite") }},
 		{"pauses/postgres", func(t *testing.T) { testPauses(t, "postgres") }},
+		{"save-pauses/sqlite", func(t *testing.T) { testSavePauses(t, "sqlite") }},
+		{"save-pauses/postgres", func(t *testing.T) { testSavePauses(t, "postgres") }},
 		{"controls", testControls},
 		{"edge", testEdge},
 		{"rolling-restart", testRollingRestart},

@@ -80,17 +80,22 @@ type Pause struct {
 	// Rename: the paused edit is a rename (plain GORM calls under the
 	// request's lock) rather than a settings edit (gormplugin.Transaction).
 	Rename bool
+	// Save: both edits are settings edits that read the row with First and
+	// write it back with Save under the request's lock, without
+	// gormplugin.Transaction (PATCH /repos/:id/settings).
+	Save bool
 }
 
 // PauseEdit is the central fencing scenario at one step: an edit of the
 // repository on process P is parked at the step, the whole process is
 // SIGSTOPped (longer than the lease), meanwhile process Q edits the same
-// repository; then P is continued. It returns the paused edit and the other.
+// repository (the same way, for Save, else by a settings edit); then P is
+// continued. It returns the paused edit and the other.
 func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, err error) {
 	p, q, repo, step, pause := pz.P, pz.Q, pz.Repo, pz.Step, pz.For
 	var a EditOp
 	pk, err := f.park(ctx, p, step, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename})
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename, save: pz.Save})
 	})
 	if err != nil {
 		return a, other, err
@@ -98,7 +103,7 @@ func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, 
 	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v at %s (edit of repo %d)", p, pause, step, repo))
 	pk.proc.Stop()
 	bDone := make(chan EditOp, 1)
-	go func() { bDone <- f.Edit(ctx, q, repo) }()
+	go func() { bDone <- f.edit(ctx, editRequest{proc: q, repo: repo, save: pz.Save}) }()
 	hold(ctx, pause)
 	pk.proc.Cont()
 	end()

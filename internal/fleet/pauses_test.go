@@ -108,3 +108,32 @@ func testPauses(t *testing.T, db string) {
 	s.CheckProcs(nil)
 	s.Done()
 }
+
+// testSavePauses runs the read-then-Save edit (First, then Save of the struct
+// read, under ginmw.Lock, without gormplugin.Transaction: PATCH
+// /repos/:id/settings) against a holder SIGSTOPped after its read, after the
+// plugin's checks before its UPDATE, and after its UPDATE before its COMMIT,
+// while another process makes the same kind of edit, as it is and ignoring
+// lock loss (issue 28 item 1: both edits answered 200 and one was lost).
+func testSavePauses(t *testing.T, db string) {
+	f := Start(t, Config{DB: db})
+	ctx := t.Context()
+	pause := f.Cfg.Lease + 1500*time.Millisecond
+	for _, ignore := range []bool{false, true} {
+		for _, step := range WriteSteps[1:] {
+			name := fmt.Sprintf("save-edit holder SIGSTOPped %v at %s (%s)", pause, step, db)
+			if ignore {
+				name = fmt.Sprintf("save-edit holder SIGSTOPped %v at %s, ignoring lock loss (%s)", pause, step, db)
+			}
+			s := f.Scenario(t, rep, name)
+			a, b, err := f.PauseEdit(ctx, Pause{Step: step, IgnoreLost: ignore, Save: true, P: 0, Q: 1, Repo: f.FreshRepo(), For: pause})
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			s.CheckEdits(ctx, nil)
+			s.Figure("the paused edit", a.answer())
+			s.Figure("the other edit", b.answer())
+			s.Done()
+		}
+	}
+}
