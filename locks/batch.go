@@ -2,12 +2,15 @@ package locks
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // maxDirect is how many script calls of one Client may be on the wire on
@@ -24,14 +27,16 @@ const maxDirect = 2
 // cycle (rueidis pipelines every command the same way).
 //
 // A queued caller waits for its reply or its context, whichever comes first;
-// the pipeline itself runs to the end (bounded by sendTimeout, the client's
-// own timeouts and Close), so a caller that gives up cannot fail the calls it
-// travels with.
+// the pipeline itself runs to the end (bounded by the command timeout and
+// Close), so a caller that gives up cannot fail the calls it travels with.
+// Every call, direct or pipelined, goes through run (internal/rcmd): bounded
+// by the command timeout, NOSCRIPT answered once with EVAL.
 // A call whose caller gave up may still run: the caller then names a
 // clean-up call (cleanup), which the sender sends once the reply shows that
 // the call ran (an acquisition granted too late is released that way).
 type batcher struct {
 	rdb  redis.UniversalClient
+	run  *rcmd.Runner
 	ctx  context.Context // the senders'; cancelled by close
 	stop context.CancelFunc
 
@@ -40,8 +45,15 @@ type batcher struct {
 	queue   []*pending    // calls waiting for a sender
 	closed  bool          // Close: no more senders; every call goes direct
 	drained chan struct{} // closed when nothing is busy or queued (made by drain)
+	retries []*pending    // clean-ups to send again (see later), oldest first
+	retry   *time.Timer   // sends retries again after retryEvery; nil when none is due
 	wg      sync.WaitGroup
 }
+
+// retryEvery is how long a clean-up that did not reach Redis (see later)
+// waits before it is sent again: a stalled Redis, or a breaker that is open
+// until its probe finds Redis answering, costs it one failed call each time.
+const retryEvery = 100 * time.Millisecond
 
 // States of a pending call.
 const (
@@ -57,7 +69,8 @@ type pending struct {
 	cmd     *redis.Cmd
 	done    chan struct{} // one send when answered (buffered: the sender never blocks)
 	state   atomic.Int32
-	cleanup []any // sent by the sender when the caller gave up first and the call ran; may be nil
+	cleanup []any     // sent by the sender when the caller gave up first and the call ran; may be nil
+	until   time.Time // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
 }
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
@@ -70,17 +83,13 @@ func getPending(args []any, state int32) *pending {
 }
 
 func putPending(p *pending) {
-	p.args, p.cmd, p.cleanup = nil, nil, nil
+	p.args, p.cmd, p.cleanup, p.until = nil, nil, nil, time.Time{}
 	pendings.Put(p)
 }
 
-// sendTimeout bounds one pipeline of queued calls (as far as the client
-// honours contexts), so that a sender cannot hold its slot for ever.
-const sendTimeout = 10 * time.Second
-
-func newBatcher(rdb redis.UniversalClient) *batcher {
+func newBatcher(run *rcmd.Runner) *batcher {
 	ctx, stop := context.WithCancel(context.Background())
-	return &batcher{rdb: rdb, ctx: ctx, stop: stop}
+	return &batcher{rdb: run.Client(), run: run, ctx: ctx, stop: stop}
 }
 
 // do sends args (a script call) and returns its reply, or a command failed
@@ -93,10 +102,7 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *red
 	if b.busy < maxDirect || b.closed {
 		b.busy++
 		b.mu.Unlock()
-		cmd := b.rdb.Do(ctx, args...)
-		if noScript(cmd.Err()) && toEval(args) { // see script
-			cmd = b.rdb.Do(ctx, args...)
-		}
+		cmd := b.run.Do(ctx, args...)
 		b.next()
 		return cmd
 	}
@@ -176,7 +182,6 @@ func (b *batcher) startSender() {
 func (b *batcher) send(q []*pending) {
 	defer b.wg.Done()
 	var s sender
-	defer s.stop()
 	for {
 		s.exec(b, q)
 		clear(q) // the pendings went back to their callers or the pool
@@ -198,39 +203,24 @@ func (b *batcher) send(q []*pending) {
 
 // sender is what one send loop reuses from pipeline to pipeline.
 type sender struct {
-	ctx    context.Context // the pipelines'; renewed before sendTimeout/2 is left
-	cancel context.CancelFunc
-	until  time.Time // ctx's deadline
-	pipe   redis.Pipeliner
-	cmds   []*redis.Cmd
-}
-
-func (s *sender) stop() {
-	if s.cancel != nil {
-		s.cancel()
-	}
+	pipe redis.Pipeliner
+	cmds []redis.Cmder
 }
 
 func (s *sender) exec(b *batcher, q []*pending) {
 	// No caller's context: each caller waits on its own, and one giving up
-	// must not cancel the others' calls. Each pipeline has at least half of
-	// sendTimeout.
-	if now := time.Now(); s.ctx == nil || now.After(s.until.Add(-sendTimeout/2)) {
-		s.stop()
-		s.ctx, s.cancel = context.WithTimeout(b.ctx, sendTimeout)
-		s.until = now.Add(sendTimeout)
-	}
+	// must not cancel the others' calls. The pipeline is bounded by the
+	// command timeout (and close).
 	if s.pipe == nil {
 		s.pipe = b.rdb.Pipeline()
 	}
-	ctx := s.ctx
 	s.cmds = s.cmds[:0]
 	for _, p := range q {
-		s.cmds = append(s.cmds, redis.NewCmd(ctx, p.args...))
+		s.cmds = append(s.cmds, redis.NewCmd(b.ctx, p.args...))
 	}
-	s.run(ctx)
+	b.run.Exec(b.ctx, reusedPipe{s}, s.cmds, 0, false)
 	for i, p := range q {
-		p.cmd = s.cmds[i]
+		p.cmd = s.cmds[i].(*redis.Cmd)
 	}
 	clear(s.cmds)
 	for _, p := range q {
@@ -239,16 +229,59 @@ func (s *sender) exec(b *batcher, q []*pending) {
 			continue
 		}
 		if p.cleanup != nil && p.cmd.Err() == nil {
-			b.later(p.cleanup)
+			b.later(p.cleanup, time.Time{})
+		}
+		if !p.until.IsZero() && undelivered(p.cmd.Err()) && time.Now().Before(p.until) {
+			b.again(p)
+			continue
 		}
 		putPending(p)
 	}
 }
 
-// run sends s.cmds in one pipeline (see pipeline: a script a node does not
-// have yet is sent again as EVAL).
-func (s *sender) run(ctx context.Context) {
-	pipeline(ctx, reusedPipe{s}, s.cmds, false)
+// undelivered reports an error that may mean the call never ran: not a
+// reply of Redis's (an error reply, or the script's answer, says it ran).
+func undelivered(err error) bool {
+	var re redis.Error
+	return err != nil && !errors.As(err, &re)
+}
+
+// again keeps p, a clean-up that may not have reached Redis, to be sent again
+// after retryEvery (dropped once the batcher is closed).
+func (b *batcher) again(p *pending) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		putPending(p)
+		return
+	}
+	b.retries = append(b.retries, p)
+	if b.retry == nil {
+		b.retry = time.AfterFunc(retryEvery, b.resend)
+	}
+}
+
+// resend queues the clean-ups kept by again that are still worth sending.
+func (b *batcher) resend() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.retry = nil
+	if b.closed {
+		return
+	}
+	now := time.Now()
+	for _, p := range b.retries {
+		if now.Before(p.until) {
+			b.queue = append(b.queue, p)
+		} else {
+			putPending(p)
+		}
+	}
+	clear(b.retries)
+	b.retries = b.retries[:0]
+	if len(b.queue) > 0 && b.busy < maxDirect {
+		b.startSender()
+	}
 }
 
 // reusedPipe hands pipeline the sender's Pipeliner (empty after each Exec).
@@ -258,12 +291,17 @@ func (r reusedPipe) Pipeline() redis.Pipeliner { return r.s.pipe }
 
 // later sends args with the next pipeline, nobody waiting for the reply
 // (starting a sender when a slot is free): for clean-ups that must not delay
-// their caller, or that run on a sender. After close it sends them directly,
-// bounded by a second.
-func (b *batcher) later(args []any) {
+// their caller, or that run on a sender. A clean-up that did not reach Redis
+// (Redis stalled, the breaker open) is sent again every retryEvery until it
+// does or until passes (zero: sent once): a release must reach Redis when it
+// answers again, not leave a lock to run out its lease. After close it is
+// sent once, directly, bounded by the command timeout.
+func (b *batcher) later(args []any, until time.Time) {
 	b.mu.Lock()
 	if !b.closed {
-		b.queue = append(b.queue, getPending(args, abandoned))
+		p := getPending(args, abandoned)
+		p.until = until
+		b.queue = append(b.queue, p)
 		if b.busy < maxDirect {
 			b.startSender()
 		}
@@ -271,11 +309,7 @@ func (b *batcher) later(args []any) {
 		return
 	}
 	b.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if noScript(b.rdb.Do(ctx, args...).Err()) && toEval(args) {
-		b.rdb.Do(ctx, args...) // best effort: what it releases otherwise expires with its lease
-	}
+	b.run.Do(context.Background(), args...) // best effort: what it releases otherwise expires with its lease
 }
 
 // close makes every later call go direct, fails what is still queued or on
@@ -286,6 +320,14 @@ func (b *batcher) close() {
 	b.stop()
 	b.mu.Lock()
 	b.closed = true
+	if b.retry != nil {
+		b.retry.Stop()
+		b.retry = nil
+	}
+	for _, p := range b.retries {
+		putPending(p)
+	}
+	b.retries = nil
 	if len(b.queue) > 0 {
 		b.startSender()
 	}

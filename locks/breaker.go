@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/ratelog"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // ErrCircuitOpen is the error of a Redis command a Breaker refused to send
@@ -31,9 +32,11 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 //	rdb := redis.NewClient(opts)
 //	rdb.AddHook(&locks.Breaker{})
 //
-// After Threshold consecutive failures (connection errors, timeouts; not
-// redis.Nil, not error replies, which prove Redis answered, and not the
-// caller's context ending) it opens: every command and pipeline fails
+// After Threshold consecutive failures (connection errors, timeouts —
+// go-redis's own, or the command timeout with which locks and cacheguard
+// bound each of their commands, so a stalled Redis trips it as a refused
+// connection does; not redis.Nil, not error replies, which prove Redis
+// answered, and not the caller's context ending) it opens: every command and pipeline fails
 // at once with ErrCircuitOpen, without touching the network. After Cooldown
 // it sends a probe PING (half-open), on a goroutine of its own, while
 // callers keep failing at once; if Redis answers, the breaker closes, if not,
@@ -183,15 +186,18 @@ func (b *Breaker) emit(ctx context.Context, e Event) {
 }
 
 // failure reports whether err says that Redis could not be reached or did
-// not answer in time. An error reply (redis.Error: a script error, WRONGTYPE,
-// NOSCRIPT) came from a live server, except for the states in which a
-// server cannot serve (LOADING, MASTERDOWN, CLUSTERDOWN). The caller's own
-// context ending is not Redis's failure.
+// not answer in time: a connection error, go-redis's own read or write
+// timeout, or the command timeout of our runner (internal/rcmd: the
+// command's context ended with rcmd.ErrTimeout as its cause) — a stall. An
+// error reply (redis.Error: a script error, WRONGTYPE, NOSCRIPT) came from a
+// live server, except for the states in which a server cannot serve
+// (LOADING, MASTERDOWN, CLUSTERDOWN). The caller's own context ending
+// (cancelled, or its own deadline) is not Redis's failure.
 func (b *Breaker) failure(ctx context.Context, err error) bool {
 	switch {
 	case err == nil, errors.Is(err, redis.Nil), errors.Is(err, redis.ErrClosed), errors.Is(err, ErrCircuitOpen):
 		return false
-	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+	case ctx.Err() != nil && !rcmd.TimedOut(ctx) && ctxEnded(err):
 		return false
 	}
 	var re redis.Error
@@ -202,6 +208,14 @@ func (b *Breaker) failure(ctx context.Context, err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// ctxEnded reports an error that a context ending produces: cancelled, or a
+// deadline passing (which with ContextTimeoutEnabled reaches the socket as an
+// i/o timeout).
+func ctxEnded(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // DialHook counts failed dials as failures while the breaker is closed. It

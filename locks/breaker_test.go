@@ -288,3 +288,96 @@ func TestBreakerIgnoresStragglers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStallFailsFast: with the README's client (ContextTimeoutEnabled) and a
+// Breaker on it, a paused Redis turns every lock call into an error within
+// the command timeout (500ms by default) — not a call that lasts the stall —
+// the breaker opens after Threshold such failures, then calls fail at once;
+// once Redis answers again the probe closes the breaker. Latencies are
+// logged; the bound asserted (2s, while Redis stays paused) only separates a
+// call bounded on its own from one that waits for the client's 3s read
+// timeout or for the stall to end.
+func TestStallFailsFast(t *testing.T) {
+	s := redistest.Start(t)
+	ev := &breakerEvents{}
+	b := &locks.Breaker{Observer: ev.observe}
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	rdb.AddHook(b)
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	bg := context.Background()
+	held, err := c.TryLock(bg, "stall:held")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	paused := time.Now()
+	call := func(what string, f func() error) (time.Duration, error) {
+		t.Helper()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			return time.Since(start), err
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%s: no answer within 2s of a paused Redis", what)
+		}
+		return 0, nil
+	}
+	var slowest time.Duration
+	tries := 0
+	for !b.Open() {
+		if tries++; tries > 20 {
+			t.Fatal("the breaker did not open after 20 failed attempts")
+		}
+		d, err := call("TryLock", func() error { _, err := c.TryLock(bg, "stall:try"); return err })
+		if !errors.Is(err, locks.ErrUnavailable) {
+			t.Fatalf("TryLock on a paused Redis: %v, want ErrUnavailable", err)
+		}
+		slowest = max(slowest, d)
+	}
+	opened := time.Since(paused)
+	d, err := call("TryLock while open", func() error { _, err := c.TryLock(bg, "stall:try"); return err })
+	if !errors.Is(err, locks.ErrCircuitOpen) {
+		t.Fatalf("TryLock with the breaker open: %v, want ErrCircuitOpen", err)
+	}
+	dl, err := call("Lock while open", func() error { _, err := c.Lock(bg, "stall:lock", locks.WithWait(10*time.Second)); return err })
+	if !errors.Is(err, locks.ErrUnavailable) {
+		t.Fatalf("Lock with the breaker open: %v, want ErrUnavailable", err)
+	}
+	du, err := call("Unlock while open", func() error { return held.Unlock(bg) })
+	if err == nil {
+		t.Fatal("Unlock on a paused Redis succeeded")
+	}
+	t.Logf("paused Redis: %d attempts failed within %v each (slowest) until the breaker opened %v after the pause; then TryLock %v, Lock %v, Unlock %v",
+		tries, slowest.Round(time.Millisecond), opened.Round(time.Millisecond), d, dl, du)
+
+	s.Resume()
+	resumed = true
+	back := time.Now()
+	redistest.Eventually(t, 5*time.Second, "the breaker closed after Redis resumed", func() bool { return !b.Open() })
+	closed := time.Since(back)
+	// What the failed calls may have taken (their commands sat in Redis's
+	// socket buffers and ran when it resumed) is given back, and the release
+	// of the Unlock that failed is sent again, once Redis answers: no name
+	// stays locked for a lease.
+	for _, name := range []string{"stall:try", "stall:lock", "stall:held"} {
+		redistest.Eventually(t, 5*time.Second, name+" free again", func() bool {
+			lk, err := c.TryLock(bg, name)
+			if err == nil {
+				_ = lk.Unlock(bg)
+			}
+			return err == nil
+		})
+	}
+	t.Logf("after Redis resumed: the breaker closed after %v, every name was free after %v",
+		closed.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
@@ -55,6 +56,7 @@ var _ Locker = (*Client)(nil)
 // use; make one per process and share it. Close stops its background work.
 type Client struct {
 	rdb  redis.UniversalClient
+	run  *rcmd.Runner // every command of the client: bounded by the command timeout
 	cfg  config
 	hub  *wake.Hub
 	ren  *renewer
@@ -116,7 +118,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic(err.Error())
 	}
 	cfg.pack()
-	c := &Client{rdb: rdb, cfg: cfg, hub: wake.New(rdb), b: newBatcher(rdb), gates: map[string]*gate{}, pubV: "PUBLISH"}
+	run := rcmd.New(rdb, cfg.cmdTimeout)
+	c := &Client{rdb: rdb, run: run, cfg: cfg, hub: wake.New(rdb), b: newBatcher(run), gates: map[string]*gate{}, pubV: "PUBLISH"}
 	c.id = token()[:16]
 	c.idV = c.id
 	if c.hub.Sharded() {
@@ -392,7 +395,7 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 		return cmd, 0, err
 	}
 	cmds := []*redis.Cmd{redis.NewCmd(ctx, call...), redis.NewCmd(ctx, "WAIT", cfg.replicas, cfg.replicaTimeout.Milliseconds())}
-	pipeline(ctx, node, cmds, true)
+	exec(ctx, c.run, node, cmds, cfg.replicaTimeout, true) // WAIT waits on the server for up to its timeout
 	acks, err := cmds[1].Int()
 	return cmds[0], acks, err
 }
@@ -415,15 +418,10 @@ func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg con
 	if !async && ctx.Err() != nil && c.life.closed.Load() {
 		ctx = context.WithoutCancel(ctx)
 	}
-	if !async && ctx.Err() == nil {
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := c.b.do(rctx, call, nil).Err()
-		cancel()
-		if err == nil {
-			return
-		}
+	if !async && ctx.Err() == nil && c.b.do(ctx, call, nil).Err() == nil {
+		return
 	}
-	c.b.later(call)
+	c.b.later(call, time.Now().Add(cfg.lease)) // what it gives back lasts a lease at most
 }
 
 // giveBackCall is giveBack's release.lua call.
@@ -723,6 +721,15 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 	}
 	if err != nil {
 		o = turnOutcome{unknown: next != nil}
+		// The release may not have reached Redis (stalled, the breaker
+		// open): send it again until it does, or until the lease it
+		// releases has run out, so that Redis answering again frees the
+		// lock. (Without the next waiter: it gets the turn with an unknown
+		// outcome and finds out for itself.)
+		h.mu.Lock()
+		until := h.deadline
+		h.mu.Unlock()
+		c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}), until)
 	}
 	if t != nil {
 		t.pass(next, o)
@@ -775,15 +782,16 @@ func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, 
 		leases[i] = h.lease.Milliseconds()
 		h.mu.Unlock()
 	}
-	// The bound reaches the socket only with ContextTimeoutEnabled; without
-	// it the renewer's deadlines still end the locks on time.
+	// The bound (and the command timeout, if shorter) reaches the socket
+	// only with ContextTimeoutEnabled; without it the renewer's deadlines
+	// still end the locks on time.
 	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
 		cmds[i] = extendS.cmd(ctx, h.keyv[:1], h.ownerv, leases[i])
 	}
-	pipeline(ctx, c.rdb, cmds, false)
+	exec(ctx, c.run, nil, cmds, 0, false)
 	failed := false
 	for i, cmd := range cmds {
 		n, err := cmd.Int64()

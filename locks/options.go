@@ -96,6 +96,7 @@ type config struct {
 	fenceRetention time.Duration
 	observer       func(context.Context, Event)
 	log            *ratelog.Logger
+	cmdTimeout     time.Duration // how long one Redis command may go unanswered (0 = rcmd.DefaultTimeout)
 	drift          time.Duration // Redlock: fixed part of the clock drift allowance
 	nodeTimeout    time.Duration // Redlock: per-node attempt timeout (0 = derived from the lease)
 
@@ -217,6 +218,21 @@ func WithLogger(l *slog.Logger) LockerOption {
 	return opt(func(c *config) { c.log = ratelog.New(l, time.Second) })
 }
 
+// WithCommandTimeout sets how long one Redis command (a script call, or a
+// pipeline of them) may go unanswered before it fails; the default is
+// 500ms. It is separate from how long Lock waits for another holder
+// (WithWait) and from the caller's context, both of which can only end a
+// call sooner: a stalled Redis (paused, black-holed) turns into an error
+// matching ErrUnavailable within it — and, with a Breaker on the client, into
+// an open breaker once Threshold commands failed so — instead of a call that
+// lasts the stall. The bound reaches the socket only on a client with
+// ContextTimeoutEnabled (as the README's client sets); without it go-redis
+// bounds each command by its ReadTimeout and WriteTimeout instead (3s by
+// default).
+func WithCommandTimeout(d time.Duration) LockerOption {
+	return opt(func(c *config) { c.cmdTimeout = d })
+}
+
 // WithDrift sets the fixed part of Redlock's clock-drift allowance; the total
 // is lease×1% + d. The default d is 2ms.
 func WithDrift(d time.Duration) RedlockOption { return opt(func(c *config) { c.drift = d }) }
@@ -239,6 +255,8 @@ func (c *config) validate() error {
 		return invalid("replica timeout %v must be positive", c.replicaTimeout)
 	case c.fenceRetention != 0 && c.fenceRetention < c.lease:
 		return invalid("fence retention %v is shorter than the lease %v", c.fenceRetention, c.lease)
+	case c.cmdTimeout < 0:
+		return invalid("negative command timeout %v", c.cmdTimeout)
 	case c.drift < 0 || c.nodeTimeout < 0:
 		return invalid("negative drift or node timeout")
 	case !prefixTagSafe(c.prefix):

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 var (
@@ -126,7 +128,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...RedlockOption) *Redlock
 			panic(fmt.Sprintf("locks: Redlock clients %d and %d are the same node %s", j, i, name))
 		}
 		seen[id] = i
-		r.nodes = append(r.nodes, rlNode{name: name, rdb: c, b: newBatcher(c)})
+		r.nodes = append(r.nodes, rlNode{name: name, rdb: c, b: newBatcher(rcmd.New(c, cfg.cmdTimeout))})
 	}
 	r.ren = newRenewer(r.renewBatch)
 	r.life.init()

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // A Redlock holding keeps {lock key, acquisition id} in held.keys: each
@@ -132,7 +134,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 	}
 	sent := time.Now()
 	res := fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]error, error) {
-		return extendPipeline(ctx, n.rdb, send, pxs)
+		return extendPipeline(ctx, n.b.run, send, pxs)
 	}, func(res []nodeResult[[]error]) bool {
 		for j := range send {
 			if confirmed(res, j) < r.quorum {
@@ -208,12 +210,12 @@ func (r *Redlock) releaseInBackground(h *held) {
 // one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
 // when extended, errNotOwner when the acquisition is not held there, the
 // command's error otherwise.
-func extendPipeline(ctx context.Context, rdb redis.UniversalClient, hs []*held, pxs []int64) ([]error, error) {
+func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int64) ([]error, error) {
 	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
 		cmds[i] = redlockExtendS.cmd(ctx, []any{h.keys[0]}, h.owner, h.keys[1], pxs[i])
 	}
-	pipeline(ctx, rdb, cmds, false)
+	exec(ctx, run, nil, cmds, 0, false)
 	out := make([]error, len(hs))
 	for i, c := range cmds {
 		switch n, err := c.Int64(); {

@@ -296,7 +296,7 @@ func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
 			crdb.AddHook(hook)
 			var mu sync.Mutex
 			kinds := map[EventKind]int{}
-			c := New(crdb, WithObserver(func(_ context.Context, e Event) {
+			c := New(crdb, WithCommandTimeout(2*time.Second), WithObserver(func(_ context.Context, e Event) {
 				if e.Name == name {
 					mu.Lock()
 					kinds[e.Kind]++
