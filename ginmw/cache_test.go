@@ -563,14 +563,18 @@ func TestCacheWaitBudget(t *testing.T) {
 	release := make(chan struct{})
 	var calls atomic.Int64
 	r := newEngine()
-	r.GET("/slow", ginmw.Cache(g, time.Minute, ginmw.CacheOptions(cacheguard.WaitBudget(50*time.Millisecond), cacheguard.LoadTimeout(time.Minute))),
-		func(c *gin.Context) {
-			calls.Add(1)
-			<-release
-			c.String(http.StatusOK, "slow")
-		})
+	h := func(c *gin.Context) {
+		calls.Add(1)
+		<-release
+		c.String(http.StatusOK, "slow")
+	}
+	// Two routes on one entry: the leader's budget is long, so that a loaded
+	// machine's first round trip cannot use it up before the load starts.
+	key := ginmw.CacheKey(ginmw.Resource("slow", ginmw.Func(func(*gin.Context) (string, error) { return "1", nil })))
+	r.GET("/lead", ginmw.Cache(g, time.Minute, key, ginmw.CacheOptions(cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))), h)
+	r.GET("/slow", ginmw.Cache(g, time.Minute, key, ginmw.CacheOptions(cacheguard.WaitBudget(50*time.Millisecond), cacheguard.LoadTimeout(time.Minute))), h)
 	leader := make(chan *httptest.ResponseRecorder, 1)
-	go func() { leader <- serve(r, http.MethodGet, "/slow") }()
+	go func() { leader <- serve(r, http.MethodGet, "/lead") }()
 	eventually(t, 10*time.Second, "the leader to run the handler", func() bool { return calls.Load() == 1 })
 	w := serve(r, http.MethodGet, "/slow")
 	close(release)
