@@ -19,9 +19,9 @@ const guardKey = "gormplugin:guard"
 
 type unguardedKey struct{}
 
-// Unguarded returns a context under which Update and Delete statements are
-// sent without row locks or fence, whatever the Unkeyed policy; invalidation
-// after their commit still happens. Use it for a batch write known to be safe
+// Unguarded returns a context under which writes (updates, deletes, upserts)
+// are sent without row locks or fence, whatever the Unkeyed policy;
+// invalidation after their commit still happens. Use it for a batch write known to be safe
 // that matches too many rows to lock (MaxMatchedRows), or under
 // Unkeyed(Refuse):
 //

@@ -179,7 +179,7 @@ func (p *Plugin) resolveConflict(db *gorm.DB, g *guard) ([]row, error) {
 			return nil, err
 		}
 		if c == nil {
-			return nil, unknown(fmt.Sprintf("constraint %q not found among its unique indexes", oc.OnConstraint))
+			return nil, unknown(fmt.Sprintf("constraint %q not found", oc.OnConstraint))
 		}
 		cols = c
 	}
@@ -230,27 +230,34 @@ func (p *Plugin) resolveConflict(db *gorm.DB, g *guard) ([]row, error) {
 	return p.matchRows(db, g, exprs, nil, true)
 }
 
-// constraintColumns returns the columns of a unique constraint of table, read
-// once from the database's indexes (a unique constraint has an index of its
-// name); nil when there is none of that name.
+// constraintColumns returns the columns of constraint name of table, read
+// once from PostgreSQL's catalogue (ON CONFLICT ON CONSTRAINT is
+// PostgreSQL's); nil when there is no such constraint.
 func (p *Plugin) constraintColumns(db *gorm.DB, table, name string) ([]clause.Column, error) {
 	key := table + "\x00" + name
 	if v, ok := p.constraints.Load(key); ok {
 		return v.([]clause.Column), nil
 	}
-	idx, err := db.Session(&gorm.Session{NewDB: true}).Migrator().GetIndexes(table)
+	if db.Dialector.Name() != "postgres" {
+		return nil, nil
+	}
+	var names []string
+	err := db.Session(&gorm.Session{NewDB: true}).Raw(`SELECT a.attname
+FROM pg_constraint c
+CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+WHERE c.conname = ? AND c.conrelid = ?::regclass
+ORDER BY k.ord`, name, table).Scan(&names).Error
 	if err != nil {
-		return nil, fmt.Errorf("gormplugin: reading the indexes of %q: %w", table, err)
+		return nil, fmt.Errorf("gormplugin: reading the columns of constraint %q of %q: %w", name, table, err)
 	}
 	var cols []clause.Column
-	for _, ix := range idx {
-		if ix.Name() == name {
-			for _, c := range ix.Columns() {
-				cols = append(cols, clause.Column{Name: c})
-			}
-		}
+	for _, n := range names {
+		cols = append(cols, clause.Column{Name: n})
 	}
-	p.constraints.Store(key, cols)
+	if cols != nil {
+		p.constraints.Store(key, cols) // (one not found yet may be created later)
+	}
 	return cols, nil
 }
 

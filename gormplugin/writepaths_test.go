@@ -573,6 +573,24 @@ func testUpsertOnOtherKey(t *testing.T, e *env) {
 			t.Fatalf("row %+v, want label c", got)
 		}
 	})
+	t.Run("OnConstraint", func(t *testing.T) {
+		if e.db != onPostgres {
+			t.Skip("ON CONFLICT ON CONSTRAINT is PostgreSQL's")
+		}
+		if err := plain.Exec("ALTER TABLE badges ADD CONSTRAINT badges_code_key UNIQUE (code)").Error; err != nil {
+			t.Fatal(err)
+		}
+		db := e.guarded(t)
+		var held []string
+		observeWrites(t, db, func(tx *gorm.DB) { held = append(held, e.holds(t, "badges:7")) })
+		err := db.Clauses(clause.OnConflict{OnConstraint: "badges_code_key", DoUpdates: clause.AssignmentColumns([]string{"label"})}).
+			Create(&Badge{Code: "x", Label: "on constraint"}).Error
+		var got Badge
+		plain.First(&got, 7)
+		if err != nil || got.Label != "on constraint" || !slices.Equal(held, []string{"1"}) {
+			t.Fatalf("upsert on a constraint: %v, row %+v, lock badges:7 during it %q: want nil, the new label, held", err, got, held)
+		}
+	})
 	t.Run("Refuse", func(t *testing.T) {
 		db := e.guarded(t, gormplugin.Unkeyed(gormplugin.Refuse))
 		if err := upsert(db, "d"); !errors.Is(err, gormplugin.ErrUnkeyed) {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # gormsuite.sh runs GORM's own test suite (the tests/ directory of gorm
-# v1.31.2, on SQLite) with the cacheguard GORM plugin registered on every
-# connection the suite opens, and lists the tests that fail.
+# v1.31.2, on SQLite or PostgreSQL) with the cacheguard GORM plugin
+# registered on every connection the suite opens, and lists the tests that
+# fail.
 #
 #   internal/tools/gormsuite.sh MODE [go test flags...]
+#   GORM_DIALECT=postgres internal/tools/gormsuite.sh MODE ...
 #
 # MODE is one of
 #   none        the suite as GORM ships it (the baseline)
@@ -13,6 +15,12 @@
 #               write waits for the lock attempt to fail, then goes through
 #   down-breaker  the same with a locks.Breaker on the client: once it is
 #               open, the lock attempt fails at once
+#
+# GORM_DIALECT selects the database as GORM's suite does: sqlite (the
+# default; a file in a temporary directory) or postgres, on GORM_DSN, or, when
+# GORM_DSN is unset, on a private PostgreSQL server the script starts (initdb
+# in a temporary directory, a free loopback port; the binaries from PG_BIN or
+# /usr/lib/postgresql/*/bin) and stops at exit.
 #
 # The GORM sources come from GORM_SRC (a checkout of go-gorm/gorm at v1.31.2;
 # the tests/ module has a replace to ../, so the whole tree is needed), or
@@ -24,8 +32,9 @@
 # loopback port and stopped at exit.
 #
 # Output: the failing top-level tests, one a line, in $OUT (default
-# ./gormsuite-MODE.txt), go test's JSON beside it (.json), and a summary line
-# "MODE: N tests, F failed".
+# ./gormsuite-DIALECT-MODE.txt), go test's JSON beside it (.json), and a
+# summary line "DIALECT MODE: N tests, F failed, K fence counters left"
+# (K counts the cg:fence:* keys the run left in Redis: none with NoFencing).
 set -euo pipefail
 
 mode=${1:-default}
@@ -37,14 +46,30 @@ case $mode in none | default | permissive | down | down-breaker) ;; *)
 esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
 version=v1.31.2
+dialect=${GORM_DIALECT:-sqlite}
+case $dialect in sqlite | postgres) ;; *)
+  echo "$0: GORM_DIALECT=$dialect: sqlite or postgres" >&2
+  exit 2
+  ;;
+esac
 work=$(mktemp -d /tmp/gormsuite.XXXXXX)
-out=${OUT:-$PWD/gormsuite-$mode.txt}
+out=${OUT:-$PWD/gormsuite-$dialect-$mode.txt}
 redis_pid=
+pg_dir=
+as_pg=()
 cleanup() {
   [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null || true
+  if [ -n "$pg_dir" ]; then
+    "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$pg_dir"
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
 
 if [ -n "${GORM_SRC:-}" ]; then
   cp -a "$GORM_SRC/." "$work/gorm"
@@ -106,10 +131,30 @@ cd "$tests"
 go mod edit -require github.com/cacheguard/cacheguard@v0.0.0 -replace "github.com/cacheguard/cacheguard=$root"
 go mod tidy >/dev/null 2>&1 || go mod tidy
 
+if [ "$dialect" = postgres ] && [ -z "${GORM_DSN:-}" ]; then
+  # A private server: a new cluster, trusted local connections, loopback only.
+  pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
+  [ -x "$pg_bin/postgres" ] || {
+    echo "$0: no PostgreSQL server binaries (install postgresql or set PG_BIN)" >&2
+    exit 1
+  }
+  pg_dir=$(mktemp -d /tmp/gormsuite-pg.XXXXXX)
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres "$pg_dir"
+    as_pg=(runuser -u postgres --)
+  fi
+  as_pg=(env -C / "${as_pg[@]}") # the server's user may not enter the current directory
+  "${as_pg[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U postgres -A trust -E UTF8 --no-sync --locale=C >/dev/null
+  pg_port=$(free_port)
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/log" -w -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" start >/dev/null
+  "${as_pg[@]}" "$pg_bin/psql" -X -q -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -c "CREATE DATABASE gorm" >/dev/null
+  export GORM_DSN="host=127.0.0.1 port=$pg_port user=postgres dbname=gorm sslmode=disable TimeZone=Asia/Shanghai"
+fi
+
 port=
 case $mode in down | down-breaker)
   # A port nobody listens on: bind one, note it, close it.
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+  port=$(free_port)
   ;;
 esac
 if [ "$mode" != none ] && [ -z "$port" ]; then
@@ -132,7 +177,7 @@ if [ "$mode" != none ] && [ -z "$port" ]; then
   }
 fi
 
-export CACHEGUARD_MODE=$mode CACHEGUARD_REDIS=127.0.0.1:${port:-0} TMPDIR=$work GORM_DIALECT=sqlite
+export CACHEGUARD_MODE=$mode CACHEGUARD_REDIS=127.0.0.1:${port:-0} TMPDIR=$work GORM_DIALECT=$dialect
 start=$(date +%s)
 go test -count=1 -json "$@" . >"$work/test.json" 2>"$work/test.err" || true
 end=$(date +%s)
@@ -143,7 +188,11 @@ grep '^fail ' "$work/results" | cut -d' ' -f2 | sort >"$out" || true
 cp "$work/test.json" "${out%.txt}.json"
 total=$(wc -l <"$work/results")
 failed=$(wc -l <"$out")
-echo "$mode: $total tests, $failed failed, $((end - start)) s (list in $out)"
+fences=0
+if [ -n "$redis_pid" ]; then
+  fences=$(redis-cli -p "$port" --scan --pattern 'cg:fence:*' | wc -l)
+fi
+echo "$dialect $mode: $total tests, $failed failed, $fences fence counters left, $((end - start)) s (list in $out)"
 if [ "$total" = 0 ]; then
   tail -20 "$work/test.err" >&2
   grep -v '"Action":"pass"' "$work/test.json" | tail -20 >&2
