@@ -5,9 +5,10 @@
 // New panics with a "cacheguard:" message on programmer error (a nil client,
 // an invalid option value); everything that talks to Redis returns errors.
 // Options are typed by scope: New takes Options (the Guard-wide ones —
-// Prefix, MaxConcurrentLoads, Observer, Logger — and every Setting, as the
-// Guard's default), Get takes CallOptions (Variant, ReportTo, and every
-// Setting, overriding that default), so a misplaced option does not compile.
+// Prefix, CommandTimeout, MaxConcurrentLoads, NearCache, Observer, Logger —
+// and every Setting, as the Guard's default), Get and GetMany take
+// CallOptions (Variant, Tags, ReportTo, and every Setting, overriding that
+// default), so a misplaced option does not compile.
 //
 // # How a miss is served
 //
@@ -135,7 +136,10 @@
 //
 // Every Get returns within its wait budget and its context whatever the
 // go-redis client's timeouts: a caller stops waiting for Redis when its budget
-// or context ends (what it returns then is set by OnWaitTimeout). A go-redis
+// or context ends (what it returns then is set by OnWaitTimeout). Each Redis
+// command is bounded on its own too, by CommandTimeout (5s): a Redis that
+// does not answer (paused, black-holed) counts as unreachable within it —
+// the call fails open, or closed — not at the end of the budget. A go-redis
 // client bounds its socket calls by the context's deadline only with
 // ContextTimeoutEnabled; without it a Get hands its read to a goroutine of the
 // Guard's, so that it can stop waiting — a hand-off that costs a few
@@ -201,12 +205,15 @@
 // near cache it holds exactly.
 //
 // The near cache is trusted only while its subscription provably hears every
-// message: the Guard PINGs on the subscription's connection when it is
-// quiet, and Redis answers in order, so an answer proves that every message
-// published before it arrived. When no sign of life came for a second (a
-// dropped connection, a black hole, a restart), the near cache is bypassed;
-// when the subscription is back it is flushed, since messages may have been
-// lost. The near cache's own TTL bounds how long a value whose message was
+// message: it subscribes through the Guard's wake-up hub (the connection it
+// shares with the fills' wake-ups, see internal/wake), which PINGs the
+// connection when it is quiet; Redis answers in order, so an answer proves
+// that every message published before it arrived. When no proof came for a
+// second (a black hole, a restart), or at once when the connection fails,
+// the near cache is bypassed; when the subscription is back it is flushed,
+// since messages may have been lost. (On a cluster the answer proves what the
+// subscribed master had received: a message published through another master
+// reaches it over the cluster bus, within the bus's latency.) The near cache's own TTL bounds how long a value whose message was
 // lost unseen can be served. A value is kept only if no message about its key
 // (or, for a tagged value, about any tag) arrived since before the command
 // that read or stored it was sent, so a read or a fill that races an

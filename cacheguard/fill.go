@@ -42,14 +42,14 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// lease, so that another process can load.
 	rctx, rcancel := context.WithDeadline(ctx, start.Add(c.cfg.loadTimeout))
 	stop := g.renew(rctx, fs, c.cfg.lease)
-	keys := make([]string, len(fs))
+	names := make([]string, len(fs))
 	for i, f := range fs {
-		keys[i] = f.key
+		names[i] = f.key
 	}
 	if kind == fillEarly {
-		g.note(ctx, EventEarlyRefresh, keys[0], 0, nil)
+		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
-	vals, err := c.runLoader(ctx, keys)
+	vals, err := c.runLoader(ctx, names)
 	stop()
 	rcancel()
 	took := time.Since(start)
@@ -57,11 +57,10 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
 	// Store or release even when Close cancelled the load: a lease left
 	// behind would keep other processes waiting for its expiry.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.lease)
-	defer cancel()
-	pipe := g.rdb.Pipeline()
+	ctx = context.WithoutCancel(ctx)
 	outs := make([]*outcome, len(fs))
-	cmds := make([]*redis.Cmd, len(fs))
+	stores := make([]*redis.Cmd, len(fs))
+	cmds := make([]redis.Cmder, 0, len(fs))
 	for i, f := range fs {
 		o := &outcome{leader: f.id, loaded: true}
 		outs[i] = o
@@ -101,25 +100,30 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			env, ttl = c.failSafe(o, f, tagVers, now)
 		}
 		if env == nil {
-			g.release(ctx, pipe, f, msg)
+			cmds = append(cmds, g.release(ctx, f, msg))
 			continue
 		}
 		env.gen = f.lease.gen
 		if env.tagVers == nil && tagVers != nil {
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
-		cmds[i] = g.store(ctx, pipe, f, env.encode(), ttl)
+		stores[i] = g.store(ctx, f, env.encode(), ttl)
+		cmds = append(cmds, stores[i])
 		header := *env
 		header.payload = nil
 		o.env, o.stored = &header, !env.failSafe && !env.negative
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		g.note(ctx, EventRedisError, keys[0], 0, err)
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			g.note(ctx, EventRedisError, names[0], 0, err)
+			break
+		}
 	}
 	for i, f := range fs {
 		o := outs[i]
-		if cmds[i] != nil {
-			if n, err := cmds[i].Int64(); err != nil || n != 1 {
+		if stores[i] != nil {
+			if n, err := stores[i].Int64(); err != nil || n != 1 {
 				o.stored = false
 				if err == nil {
 					f.t.shut.Store(true) // the lease was lost
@@ -271,17 +275,14 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration)
 				return
 			case <-t.C:
 			}
-			rctx, cancel := context.WithTimeout(ctx, leaseFor)
-			pipe := g.rdb.Pipeline()
-			cmds := make([]*redis.Cmd, len(live))
+			cmds := make([]redis.Cmder, len(live))
 			for i, f := range live {
-				cmds[i] = renewScript.Eval(rctx, pipe, []string{f.n.lease, f.n.gen}, f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
+				cmds[i] = renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
 			}
-			_, _ = pipe.Exec(rctx) // each reply is read below; a lease not renewed for an error is found out by the store
-			cancel()
+			g.cmd.Exec(ctx, nil, cmds, 0, false) // a lease not renewed for an error is found out by the store
 			kept := live[:0]
 			for i, f := range live {
-				if n, err := cmds[i].Int64(); err == nil && n == 0 {
+				if n, err := cmds[i].(*redis.Cmd).Int64(); err == nil && n == 0 {
 					f.t.shut.Store(true)
 					continue
 				}

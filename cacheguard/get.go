@@ -234,10 +234,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 			values[i] = g.valuesKey(sl.key)
 		}
 		found := make([]stored, len(sls))
-		err := g.bounded(ctx, start.Add(c.cfg.wait), func(ctx context.Context) error {
-			g.read(ctx, values, c.rep, c.cfg.tags.list(), found)
-			return nil
-		})
+		err := g.readMany(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
 		for i, sl := range sls {
 			switch {
 			case errors.Is(err, errBudget):

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/ratelog"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
@@ -20,6 +21,7 @@ import (
 // for concurrent use. Close stops its background work.
 type Guard struct {
 	rdb redis.UniversalClient
+	cmd *rcmd.Runner // every command and script goes through it
 	cfg config
 	hub *wake.Hub // the shared subscription for fill wake-ups
 	pub string    // PUBLISH, or SPUBLISH on a cluster
@@ -71,7 +73,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 		panic(err.Error())
 	}
 	g := &Guard{
-		rdb: rdb, cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
+		rdb: rdb, cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
 		tasks: map[uint64]context.CancelCauseFunc{}, work: newWorkers(),
 	}
 	if g.hub.Sharded() {
@@ -149,10 +151,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	g.reads.close(stored{err: ErrClosed})
 	g.work.close()
 	if first {
-		g.hub.Close()
-		if g.near != nil {
-			g.near.close()
-		}
+		g.hub.Close() // the near cache's watch with it
 	}
 	return err
 }

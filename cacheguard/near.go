@@ -1,18 +1,14 @@
 package cacheguard
 
 import (
-	"context"
-	"errors"
 	"hash/maphash"
-	"math/rand/v2"
-	"net"
 	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
 // The near cache (see NearCache) keeps decoded values in the process, in
@@ -22,18 +18,19 @@ import (
 // not — "<origin> f<key>", "<origin> i<key>" or "<origin> t<tag>".
 //
 // An entry is served only while its process can trust that it heard every
-// message: the subscription's connection answers a PING every nearProbe, and
-// a connection silent for nearTrust (lost, black-holed, reconnecting) makes
-// the near cache bypassed until it answers again — and flushed then, since
-// messages may have been lost meanwhile (the epoch moves: judge refuses every
-// entry taken in before). A value enters only under a ticket taken before
+// message: the Guard's wake-up hub watches the channel (wake.Hub.Watch),
+// PINGing its connection when it is silent for nearProbe, and proves each
+// time that every message published before then was heard (Live); a proof
+// older than nearTrust (the connection lost, black-holed, reconnecting) makes
+// the near cache bypassed until the next — and a new subscription flushes it,
+// since messages may have been lost meanwhile (the epoch moves: judge refuses
+// every entry taken in before). A value enters only under a ticket taken before
 // the Redis command that produced it was sent, and only if nothing was heard
 // about its key (or any tag, for a tagged value) since.
 
 const (
-	nearProbe = 250 * time.Millisecond // PING on the subscription this often
-	nearTrust = time.Second            // trusted this long after the last sign of life
-	nearRetry = 100 * time.Millisecond // first delay before subscribing again after a failure
+	nearProbe = 250 * time.Millisecond // the subscription is PINGed when silent this long
+	nearTrust = time.Second            // trusted this long after the last proof
 	nearSlots = 4096                   // change counters, by hash of key
 )
 
@@ -41,11 +38,10 @@ const (
 // is a sync.Map (lock-free loads), entries are immutable, and the state a hit
 // checks is one atomic word.
 type nearCache struct {
-	g       *Guard
-	ttl     time.Duration
-	channel string
-	base    time.Time
-	seed    maphash.Seed
+	g    *Guard
+	ttl  time.Duration
+	base time.Time
+	seed maphash.Seed
 
 	m     sync.Map // cache key → *nearNode
 	state atomic.Uint64
@@ -55,15 +51,17 @@ type nearCache struct {
 	changes    [nearSlots]atomic.Uint32
 	tagChanges atomic.Uint64
 
-	mu   sync.Mutex // guards ring, head and tags
+	mu   sync.Mutex // guards ring, head, tags, session, down and the writes of state
 	ring []*nearEntry
 	head int
 	// tags indexes the entries that carry each tag — only tags that an
 	// entry in the ring carries.
 	tags map[string]map[*nearEntry]struct{}
+	// session is the subscription's session trusted last, down the last
+	// one that ended (see Live).
+	session, down uint64
 
-	quit chan struct{}
-	done chan struct{}
+	sub *wake.Sub
 }
 
 // The state word: the epoch (bits 40 up), which every loss of trust moves so
@@ -120,19 +118,15 @@ type nearTicket struct {
 	tags    uint64
 }
 
+// newNearCache returns a near cache that watches its channel through g's
+// wake-up hub.
 func newNearCache(g *Guard, max int, ttl time.Duration) *nearCache {
 	n := &nearCache{
-		g: g, ttl: ttl, channel: g.ncChannel, base: time.Now(), seed: maphash.MakeSeed(),
+		g: g, ttl: ttl, base: time.Now(), seed: maphash.MakeSeed(),
 		ring: make([]*nearEntry, max), tags: map[string]map[*nearEntry]struct{}{},
-		quit: make(chan struct{}), done: make(chan struct{}),
 	}
-	go n.run()
+	n.sub, _ = g.hub.Watch(g.ncChannel, n, nearProbe) // a new hub is not closed
 	return n
-}
-
-func (n *nearCache) close() {
-	close(n.quit)
-	<-n.done
 }
 
 func (n *nearCache) mono(t time.Time) int64 { return int64(t.Sub(n.base) / time.Millisecond) }
@@ -326,54 +320,20 @@ func (n *nearCache) dropTags(tags []string) {
 	}
 }
 
-// flush forgets everything (the epoch has moved: nothing older is served).
+// flush forgets everything (the epoch has moved: nothing older is served;
+// n.mu held).
 func (n *nearCache) flush() {
 	n.m.Range(func(k, _ any) bool {
 		n.m.Delete(k)
 		return true
 	})
-	n.mu.Lock()
 	clear(n.ring)
 	n.head = 0
 	clear(n.tags)
-	n.mu.Unlock()
 }
 
-// trust records a sign of life of the subscription at now: the near cache is
-// trusted until now+nearTrust. After a lapse (or with fresh, a new
-// subscription) the epoch moves first, so nothing taken in before is served.
-func (n *nearCache) trust(now time.Time, fresh bool) {
-	for {
-		s := n.state.Load()
-		epoch, until := unpackState(s)
-		mono := n.mono(now)
-		lapsed := mono >= until
-		if lapsed || fresh {
-			epoch++
-		}
-		if n.state.CompareAndSwap(s, packState(epoch, mono+int64(nearTrust/time.Millisecond))) {
-			if lapsed || fresh {
-				n.flush()
-			}
-			return
-		}
-	}
-}
-
-// distrust ends the trust at once (the subscription failed).
-func (n *nearCache) distrust() {
-	for {
-		s := n.state.Load()
-		epoch, _ := unpackState(s)
-		if n.state.CompareAndSwap(s, packState(epoch+1, 0)) {
-			n.flush()
-			return
-		}
-	}
-}
-
-// heard handles a message of the near-cache channel.
-func (n *nearCache) heard(payload string) {
+// Heard handles a message of the near-cache channel (see wake.Listener).
+func (n *nearCache) Heard(payload string) {
 	origin, body, ok := strings.Cut(payload, " ")
 	if !ok || body == "" || origin == n.g.origin {
 		return // this Guard applied its own news before publishing it
@@ -386,86 +346,38 @@ func (n *nearCache) heard(payload string) {
 	}
 }
 
-// run keeps the subscription to the near-cache channel and its trust: it
-// PINGs every nearProbe, and takes every message, PONG and confirmation as a
-// sign of life (Redis answers on a connection in order, so a PONG means every
-// message published before the PING reached this process).
-func (n *nearCache) run() {
-	defer close(n.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-n.quit:
-		case <-n.done:
-		}
-		cancel()
-	}()
-	backoff := nearRetry
-	for ctx.Err() == nil {
-		if n.listen(ctx) {
-			backoff = nearRetry
-		}
-		n.distrust()
-		t := time.NewTimer(backoff + rand.N(backoff/2+1))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		}
-		backoff = min(backoff*2, 5*time.Second)
+// Live records a proof that the subscription heard every message published
+// before now within session (see wake.Listener): the near cache is trusted
+// until now+nearTrust. A new session (the channel subscribed again: messages
+// may have been lost) moves the epoch and flushes first; session 0 (the
+// subscription is down) ends the trust at once, and that session is never
+// trusted again.
+func (n *nearCache) Live(session uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case session == 0:
+		n.down = n.session
+		n.setTrust(0, true)
+	case session <= n.down:
+	case session != n.session:
+		n.session = session
+		n.setTrust(n.mono(time.Now())+int64(nearTrust/time.Millisecond), true)
+	default:
+		n.setTrust(n.mono(time.Now())+int64(nearTrust/time.Millisecond), false)
 	}
 }
 
-// listen runs one subscription until it fails or ctx ends; it reports
-// whether the subscription was confirmed.
-func (n *nearCache) listen(ctx context.Context) (confirmed bool) {
-	ps := n.g.rdb.Subscribe(ctx, n.channel)
-	defer func() { _ = ps.Close() }()
-	lastLife := time.Now()
-	pinged := false
-	for ctx.Err() == nil {
-		msg, err := ps.ReceiveTimeout(ctx, nearProbe)
-		now := time.Now()
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				confirmed = true
-				n.trust(now, true)
-				lastLife, pinged = now, false
-			}
-			continue
-		case *redis.Message:
-			n.heard(m.Payload)
-		case *redis.Pong:
-		default:
-			if err == nil {
-				continue
-			}
-			if !isTimeout(err) {
-				return confirmed
-			}
-			if now.Sub(lastLife) >= nearTrust {
-				return confirmed // silent: lost or black-holed
-			}
-			if !pinged || now.Sub(lastLife) >= nearProbe {
-				if err := ps.Ping(ctx, "nc"); err != nil {
-					return confirmed
-				}
-				pinged = true
-			}
-			continue
-		}
-		if confirmed {
-			n.trust(now, false)
-		}
-		lastLife, pinged = now, false
+// setTrust sets until when the near cache is trusted; with flush (or after a
+// lapse) the epoch moves first and everything is forgotten (n.mu held).
+func (n *nearCache) setTrust(until int64, flush bool) {
+	epoch, old := unpackState(n.state.Load())
+	if flush || n.mono(time.Now()) >= old {
+		epoch++
+		flush = true
 	}
-	return confirmed
-}
-
-// isTimeout reports a read timeout (nothing arrived).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	n.state.Store(packState(epoch, until))
+	if flush {
+		n.flush()
+	}
 }

@@ -17,8 +17,8 @@ const (
 )
 
 // Option configures a Guard, in New: the Guard-wide options (Prefix,
-// MaxConcurrentLoads, Observer, Logger), and every Setting, which then is the
-// default of each call.
+// CommandTimeout, MaxConcurrentLoads, NearCache, Observer, Logger), and every
+// Setting, which then is the default of each call.
 type Option interface{ applyGuard(*config) }
 
 // CallOption configures one Get call: the call-only options (Variant,
@@ -83,6 +83,7 @@ type config struct {
 
 	// Guard only.
 	prefix   string
+	cmdTime  time.Duration // each Redis command's own bound
 	maxLoads int
 	observer func(context.Context, Event)
 	logger   *slog.Logger
@@ -101,6 +102,7 @@ func defaults() config {
 		jitter:      0.1,
 		codec:       JSON{},
 		prefix:      "cg:",
+		cmdTime:     5 * time.Second,
 	}
 }
 
@@ -215,6 +217,18 @@ func FailClosed() Setting { return func(c *config) { c.failClosed = true } }
 // braces. The default is "cg:".
 func Prefix(p string) Option { return guardOption(func(c *config) { c.prefix = p }) }
 
+// CommandTimeout bounds each Redis command (a read, a script call, a
+// pipeline) on its own, whatever the call's wait budget: a Redis that does
+// not answer within it (paused, black-holed) counts as unreachable — the call
+// fails open, or closed — instead of holding the call for its whole budget.
+// The default is 5s: shorter than the default wait budget, long enough that
+// a Redis answering a burst on a loaded machine is not taken for a stalled
+// one (a false alarm makes the calls fail open: loads the cache is there to
+// spare). It must be positive.
+func CommandTimeout(d time.Duration) Option {
+	return guardOption(func(c *config) { c.cmdTime = d })
+}
+
 // MaxConcurrentLoads bounds how many fail-open loads (run while Redis is
 // unreachable) a Guard runs at once; a call waits for a slot within its wait
 // budget. The default is 0: no bound.
@@ -294,6 +308,8 @@ func (c *config) validate() error {
 		return c.tags.validate()
 	case c.nearSize < 0 || c.nearSize > 0 && c.nearTTL <= 0:
 		return invalid("near cache of %d entries for %v", c.nearSize, c.nearTTL)
+	case c.cmdTime <= 0:
+		return invalid("CommandTimeout %v must be positive", c.cmdTime)
 	case c.maxLoads < 0:
 		return invalid("negative MaxConcurrentLoads %d", c.maxLoads)
 	case len(c.variant) > MaxKeyLen:

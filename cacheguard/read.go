@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // stored is what one read of an entry found.
@@ -109,52 +111,40 @@ type entry struct{ values, field string }
 
 // readOne reads one entry through g.reads: a read sent after this call
 // began, shared with the other callers of the entry that overlap it. It
-// returns when the read answers, ctx ends or the budget ends (at deadline),
-// whichever is first.
+// returns when the read answers, ctx ends, the budget ends (at deadline:
+// errBudget) or the command timeout does (a Redis error), whichever is first.
 //
 // Unless the client bounds its socket calls by the context's deadline
 // (ContextTimeoutEnabled), the read runs on a worker of the Guard's, so that
 // a Redis that does not answer (black-holed, paused) holds no caller beyond
-// its budget whatever the client's own timeouts (go-redis bounds a read by
+// those bounds whatever the client's own timeouts (go-redis bounds a read by
 // ReadTimeout and its retries then, not by the context). With it, a caller
-// that reads alone does so on its own goroutine, bounded by ctx and its
-// deadline: a hit then costs what a plain HGET does.
+// that reads alone does so on its own goroutine: a hit then costs what a
+// plain HGET does.
 func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time) (stored, error) {
 	q := &g.reads
 	t, solo, _ := q.join(e, notStarted, nil)
 	if t == nil {
 		return stored{}, ErrClosed
 	}
+	rctx, cancel, budget := g.bound(ctx, deadline)
+	defer cancel()
 	if solo && g.ctxDeadlines {
-		rctx, cancel := ctx, context.CancelFunc(nil)
-		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
-			rctx, cancel = context.WithDeadline(ctx, deadline)
-		}
 		var s [1]stored
 		g.read(rctx, []string{e.values}, e.field, tags, s[:])
-		budgetEnded := cancel != nil && errors.Is(rctx.Err(), context.DeadlineExceeded)
-		if cancel != nil {
-			cancel()
-		}
 		if next := q.end(t, s[0]); next != nil {
 			g.startRead(context.WithoutCancel(ctx), next, tags)
 		}
 		<-t.ready
 		q.recycle(t)
-		switch {
-		case s[0].err == nil:
-		case ctx.Err() != nil:
-			return stored{}, ctx.Err()
-		case budgetEnded:
-			return stored{}, errBudget
+		if s[0].err != nil {
+			return g.ended(ctx, rctx, budget, s[0])
 		}
 		return s[0], nil
 	}
 	if solo {
-		g.startRead(ctx, t, tags)
+		g.startRead(rctx, t, tags)
 	}
-	budget := getTimer(time.Until(deadline))
-	defer putTimer(budget)
 	select {
 	case <-t.signal():
 		s := t.res
@@ -162,13 +152,36 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 			q.recycle(t)
 		}
 		return s, nil
-	case <-ctx.Done():
+	case <-rctx.Done():
 		q.leave(t) // a solo task ends on its worker, and is not reused
-		return stored{}, ctx.Err()
-	case <-budget.C:
-		q.leave(t)
-		return stored{}, errBudget
+		return g.ended(ctx, rctx, budget, stored{err: rctx.Err()})
 	}
+}
+
+// bound returns ctx bounded by the earlier of the wait budget's deadline and
+// the command timeout (see rcmd), and whether the budget is the earlier.
+func (g *Guard) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc, bool) {
+	if d, ok := ctx.Deadline(); ok && !d.After(deadline) || time.Until(deadline) >= g.cmd.Timeout() {
+		rctx, cancel := g.cmd.Bound(ctx, 0)
+		return rctx, cancel, false
+	}
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	return rctx, cancel, true
+}
+
+// ended tells what ended a read that failed under rctx (see bound): the
+// caller's ctx (its error), the wait budget (errBudget), or Redis (s, its
+// error; the command timeout's included).
+func (g *Guard) ended(ctx, rctx context.Context, budget bool, s stored) (stored, error) {
+	switch {
+	case ctx.Err() != nil:
+		return stored{}, ctx.Err()
+	case budget && rctx.Err() != nil:
+		return stored{}, errBudget
+	case rctx.Err() != nil:
+		return stored{err: rcmd.ErrTimeout}, nil
+	}
+	return s, nil
 }
 
 // notStarted admits only a task not started yet: a read sent after the
@@ -182,15 +195,18 @@ func notStarted[K comparable, T any](t *task[K, T]) admission {
 
 // startRead sends t, a read, on a worker, then the reads queued behind it
 // (on the same worker: their callers are waiting already). A solo read runs
-// under its caller's ctx, a queued one under one detached from its callers.
+// under its caller's bounded ctx, a queued one under one detached from its
+// callers, bounded by the command timeout.
 func (g *Guard) startRead(ctx context.Context, t *task[entry, stored], tags []string) {
 	g.work.run(func() {
 		for t != nil {
+			rctx, cancel := ctx, context.CancelFunc(func() {})
 			if !t.solo {
-				ctx = context.WithoutCancel(ctx)
+				rctx, cancel = g.cmd.Bound(context.WithoutCancel(ctx), 0)
 			}
 			var s [1]stored
-			g.read(ctx, []string{t.key.values}, t.key.field, tags, s[:])
+			g.read(rctx, []string{t.key.values}, t.key.field, tags, s[:])
+			cancel()
 			t = g.reads.end(t, s[0])
 		}
 	})
@@ -227,34 +243,40 @@ func honoursDeadlines(rdb redis.UniversalClient) bool {
 // errBudget means the wait budget ended before Redis answered.
 var errBudget = errors.New("cacheguard: wait budget ended during a read")
 
-// bounded runs f, a round trip of a call, bounded by ctx and deadline
-// whatever the client's timeouts: on the caller's goroutine when the client
-// honours context deadlines, else on a worker (detached from ctx, and
-// tracked, so that Close waits for it), the caller waiting for it at most
-// until then. It returns f's error, or errBudget or ctx's error joined.
-func (g *Guard) bounded(ctx context.Context, deadline time.Time, f func(context.Context) error) error {
-	rctx, cancel := context.WithDeadline(ctx, deadline)
+// readMany reads the entries of values (field being their representation)
+// in one round trip (see read), bounded as readOne's read is, on the caller's
+// goroutine when the client honours context deadlines, else on a worker (the
+// caller waiting for it at most until the bound).
+func (g *Guard) readMany(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
+	rctx, cancel, budget := g.bound(ctx, deadline)
 	defer cancel()
-	if g.ctxDeadlines {
-		err := f(rctx)
-		if err != nil && rctx.Err() != nil {
-			return errors.Join(errBudget, rctx.Err())
+	failed := func() error {
+		s, err := g.ended(ctx, rctx, budget, stored{err: rctx.Err()})
+		if err == nil {
+			for i := range out {
+				out[i] = s
+			}
 		}
 		return err
 	}
-	tctx, finish, ok := g.track(context.WithoutCancel(ctx))
-	if !ok {
-		return ErrClosed
+	if g.ctxDeadlines {
+		g.read(rctx, values, field, tags, out)
+		if rctx.Err() != nil {
+			return failed()
+		}
+		return nil
 	}
-	done := make(chan error, 1)
+	tmp := make([]stored, len(out))
+	done := make(chan struct{})
 	g.work.run(func() {
-		defer finish()
-		done <- f(tctx)
+		g.read(rctx, values, field, tags, tmp)
+		close(done)
 	})
 	select {
-	case err := <-done:
-		return err
+	case <-done:
+		copy(out, tmp)
+		return nil
 	case <-rctx.Done():
-		return errors.Join(errBudget, rctx.Err())
+		return failed()
 	}
 }

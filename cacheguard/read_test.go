@@ -35,8 +35,8 @@ func heldGets(t *testing.T, v string) (*redistest.Server, *Guard, *holdReplies) 
 	hook := &holdReplies{release: make(chan struct{})}
 	hook.armed.Store(true)
 	rdb.AddHook(hook)
-	g := New(rdb)
-	g.reads.limit = 1 // one read out at a time: see TestReadsOutAtOnce for more
+	g := New(rdb, CommandTimeout(time.Hour)) // replies are held as long as a test needs
+	g.reads.limit = 1                        // one read out at a time: see TestReadsOutAtOnce for more
 	t.Cleanup(func() {
 		hook.open()
 		g.Close()

@@ -3,12 +3,14 @@ package cacheguard
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
@@ -28,14 +30,27 @@ var (
 	//go:embed tagbump.lua
 	tagBumpLua string
 
-	leaseScript      = redis.NewScript(leaseLua)
-	fillScript       = redis.NewScript(fillLua)
-	releaseScript    = redis.NewScript(releaseLua)
-	renewScript      = redis.NewScript(renewLua)
-	invalidateScript = redis.NewScript(invalidateLua)
-	tagReadScript    = redis.NewScript(tagReadLua)
-	tagBumpScript    = redis.NewScript(tagBumpLua)
+	leaseScript      = rcmd.NewScript(leaseLua)
+	fillScript       = rcmd.NewScript(fillLua)
+	releaseScript    = rcmd.NewScript(releaseLua)
+	renewScript      = rcmd.NewScript(renewLua)
+	invalidateScript = rcmd.NewScript(invalidateLua)
+	tagReadScript    = rcmd.NewScript(tagReadLua)
+	tagBumpScript    = rcmd.NewScript(tagBumpLua)
 )
+
+// Every Redis command goes through the Guard's rcmd.Runner (g.cmd): bounded
+// on its own by the command timeout (besides a call's wait budget), every
+// script sent as EVALSHA, alone or in a pipeline.
+
+// keys boxes Redis key names for a script call.
+func keys(names ...string) []any {
+	kv := make([]any, len(names))
+	for i, n := range names {
+		kv[i] = n
+	}
+	return kv
+}
 
 // genTTL is the shortest life of a key's generation in Redis: a generation
 // created by a miss or an invalidation lives at least this long, and as long
@@ -85,14 +100,14 @@ func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config
 		groups[s] = append(groups[s], i)
 	}
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	pipe := g.rdb.Pipeline()
+	var cmds []redis.Cmder
 	type call struct {
 		cmd *redis.Cmd
 		idx []int
 	}
 	calls := make([]call, 0, len(groups))
 	for _, idx := range groups {
-		keys := make([]string, 0, 3*len(idx))
+		kv := make([]any, 0, 3*len(idx))
 		args := []any{tok, cfg.lease.Milliseconds(), genTTL.Milliseconds()}
 		for _, i := range idx {
 			f := fs[i]
@@ -103,19 +118,19 @@ func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config
 			case f.after > 0:
 				after = strconv.FormatInt(f.after, 10)
 			}
-			keys = append(keys, f.n.values, f.n.lease, f.n.gen)
+			kv = append(kv, f.n.values, f.n.lease, f.n.gen)
 			args = append(args, f.n.field, after)
 		}
-		calls = append(calls, call{leaseScript.Eval(ctx, pipe, keys, args...), idx})
+		c := call{leaseScript.Cmd(ctx, kv, args...), idx}
+		calls, cmds = append(calls, c), append(cmds, c.cmd)
 	}
 	tags := cfg.tags.list()
 	tv := make([]*redis.Cmd, len(tags))
 	for i, t := range tags {
-		tv[i] = tagReadScript.Eval(ctx, pipe, []string{g.tagKey(t)}, max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
+		tv[i] = tagReadScript.Cmd(ctx, keys(g.tagKey(t)), max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
+		cmds = append(cmds, tv[i])
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, nil, err
-	}
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
 	rs := make([]leaseReply, len(fs))
 	for _, c := range calls {
 		replies, err := c.cmd.Slice()
@@ -177,30 +192,43 @@ func parseLeaseReply(v []any) (leaseReply, error) {
 	return r, nil
 }
 
-// store queues in pipe the write of env, an envelope of f's entry loaded
-// under f's lease, with the lease's compare-and-set: it releases the lease
-// and publishes the envelope to the waiters and the news to the near caches.
-// Its reply is 1 when it wrote.
-func (g *Guard) store(ctx context.Context, pipe redis.Pipeliner, f *flight, env []byte, ttl time.Duration) *redis.Cmd {
-	return fillScript.Eval(ctx, pipe, []string{f.n.values, f.n.lease, f.n.gen},
+// store returns the write of env, an envelope of f's entry loaded under f's
+// lease, with the lease's compare-and-set: it releases the lease and
+// publishes the envelope to the waiters and the news to the near caches. Its
+// reply is 1 when it wrote.
+func (g *Guard) store(ctx context.Context, f *flight, env []byte, ttl time.Duration) *redis.Cmd {
+	return fillScript.Cmd(ctx, keys(f.n.values, f.n.lease, f.n.gen),
 		f.lease.String(), env, max(ttl.Milliseconds(), 1), f.n.wake, g.pub, f.lease.token, f.lease.genText(), f.n.field,
 		time.Now().UnixMilli(), g.ncChannel, g.origin+" f"+f.key)
 }
 
-// release queues in pipe the release of f's lease, telling its waiters why
-// with msg: its kind ('e' failed, 'n' not found, 'h' handed over) followed
-// by what it says.
-func (g *Guard) release(ctx context.Context, pipe redis.Pipeliner, f *flight, msg string) {
-	releaseScript.Eval(ctx, pipe, []string{f.n.lease}, f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
+// release returns the release of f's lease, telling its waiters why with
+// msg: its kind ('e' failed, 'n' not found, 'h' handed over) followed by
+// what it says.
+func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
+	return releaseScript.Cmd(ctx, keys(f.n.lease), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
 }
 
 // invalidate moves the generation of each key forward, deletes its values
 // and wakes its waiters, in one pipeline.
-func (g *Guard) invalidate(ctx context.Context, keys []string) error {
-	pipe := g.rdb.Pipeline()
-	for _, k := range keys {
+func (g *Guard) invalidate(ctx context.Context, ks []string) error {
+	cmds := make([]redis.Cmder, len(ks))
+	for i, k := range ks {
 		n := g.names(k, "")
-		invalidateScript.Eval(ctx, pipe, []string{n.gen, n.values}, n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
+		cmds[i] = invalidateScript.Cmd(ctx, keys(n.gen, n.values), n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
 	}
-	return execAll(ctx, pipe, keys)
+	return g.execAll(ctx, cmds, ks)
+}
+
+// execAll runs cmds, one per name, in one pipeline, and joins the errors of
+// those that failed, each with its name.
+func (g *Guard) execAll(ctx context.Context, cmds []redis.Cmder, names []string) error {
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	var errs []error
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			errs = append(errs, fmt.Errorf("%q: %w", names[i], err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -2,7 +2,6 @@ package cacheguard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -130,29 +129,13 @@ func (g *Guard) InvalidateTags(ctx context.Context, tags ...string) error {
 		n.dropTags(tags)
 		defer n.dropTags(tags)
 	}
-	pipe := g.rdb.Pipeline()
-	for _, t := range tags {
-		tagBumpScript.Eval(ctx, pipe, []string{g.tagKey(t)}, genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
+	cmds := make([]redis.Cmder, len(tags))
+	for i, t := range tags {
+		cmds[i] = tagBumpScript.Cmd(ctx, keys(g.tagKey(t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
 	}
-	if err := execAll(ctx, pipe, tags); err != nil {
+	if err := g.execAll(ctx, cmds, tags); err != nil {
 		g.note(ctx, EventRedisError, tags[0], 0, err)
 		return fmt.Errorf("%w: invalidate tags: %w", ErrUnavailable, err)
 	}
 	return nil
-}
-
-// execAll runs pipe, whose commands are one per name, and joins the errors
-// of those that failed, each with its name.
-func execAll(ctx context.Context, pipe redis.Pipeliner, names []string) error {
-	cmds, err := pipe.Exec(ctx)
-	if err == nil {
-		return nil
-	}
-	var errs []error
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			errs = append(errs, fmt.Errorf("%q: %w", names[i], err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -128,6 +128,10 @@ func (h *Hub) read(ctx context.Context, c *conn) {
 				h.fail(c)
 				return
 			}
+			h.mu.Lock()
+			ls := h.alive(c)
+			h.mu.Unlock()
+			tell(ls)
 		}
 	}
 }
@@ -191,12 +195,13 @@ func (h *Hub) expect(c *conn, ch *channel) uint64 {
 // replacement re-subscribed them.
 func (h *Hub) write(ctx context.Context, c *conn, ch *channel, gen uint64, op string) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	sharded := h.cluster != nil && !ch.classic
 	switch {
-	case op == "subscribe" && h.cluster != nil:
+	case op == "subscribe" && sharded:
 		_ = c.ps.SSubscribe(wctx, ch.name)
 	case op == "subscribe":
 		_ = c.ps.Subscribe(wctx, ch.name)
-	case h.cluster != nil:
+	case sharded:
 		_ = c.ps.SUnsubscribe(wctx, ch.name)
 	default:
 		_ = c.ps.Unsubscribe(wctx, ch.name)
@@ -225,14 +230,23 @@ func (h *Hub) fail(c *conn) {
 	backoff := max(h.backoff[c.addr], minBackoff)
 	h.backoff[c.addr] = min(2*backoff, maxBackoff)
 	var moved []*channel
+	var down []live
 	for _, ch := range h.chans {
 		if ch.conn == c {
+			if ch.state == subscribed {
+				for s := range ch.subs {
+					if s.l != nil {
+						down = append(down, live{s.l, 0})
+					}
+				}
+			}
 			ch.unconfirm()
 			moved = append(moved, ch)
 		}
 	}
 	closed, up := h.closed, c.up
 	h.mu.Unlock()
+	tell(down)
 	c.stop()
 	if up {
 		_ = c.ps.Close() // the connection failed already

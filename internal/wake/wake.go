@@ -34,11 +34,23 @@
 // subscribed before it receive again the moment it heals; the ones whose
 // commands were lost in it are confirmed on a fresh connection within about
 // probeEvery of the heal.
+//
+// A listener that must know it missed nothing (a near cache dropping what
+// other processes changed) watches its channel instead (Watch): it is given
+// every message in order, on the connection's reader, and told each time the
+// connection proves that every message published before then has reached it
+// — a message, a PONG (the connection is PINGed when silent for the
+// listener's interval), a confirmation — within a session, which a new
+// subscription of the channel (after any loss) begins anew; a failed
+// connection ends the session at once. A watched channel is a classic one,
+// also on a cluster (PUBLISH reaches every node).
 package wake
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -65,6 +77,7 @@ type Hub struct {
 	mu      sync.Mutex               // guards the fields below and every channel's and conn's state
 	conns   map[string]*conn         // by master address ("" when not a cluster)
 	chans   map[string]*channel      // by channel name
+	watches []*Sub                   // the listeners of watched channels (see Watch)
 	backoff map[string]time.Duration // by address: the delay before the next connection after a failure
 	closed  bool
 	done    chan struct{} // closed by Close
@@ -92,16 +105,18 @@ const (
 )
 
 type channel struct {
-	name   string
-	conn   *conn
-	state  state
-	again  bool          // a listener arrived while unsubscribing: subscribe again
-	ready  chan struct{} // closed when the current subscription is confirmed; replaced when it ends
-	failed chan struct{} // closed when the first attach failed (err says why)
-	err    error
-	subs   map[*Sub]bool
-	linger *time.Timer // pending unsubscribe of an idle channel
-	gen    uint64      // counts the commands sent for the channel (see conn.pending)
+	name    string
+	classic bool   // SUBSCRIBE, not SSUBSCRIBE, on a cluster too (a watched channel)
+	session uint64 // counts the channel's confirmed subscriptions
+	conn    *conn
+	state   state
+	again   bool          // a listener arrived while unsubscribing: subscribe again
+	ready   chan struct{} // closed when the current subscription is confirmed; replaced when it ends
+	failed  chan struct{} // closed when the first attach failed (err says why)
+	err     error
+	subs    map[*Sub]bool
+	linger  *time.Timer // pending unsubscribe of an idle channel
+	gen     uint64      // counts the commands sent for the channel (see conn.pending)
 }
 
 func (ch *channel) confirmed() bool {
@@ -123,10 +138,24 @@ func (ch *channel) unconfirm() {
 
 // Sub is one listener on one channel. Close it when done.
 type Sub struct {
-	h    *Hub
-	ch   *channel
-	msgs chan string
-	once sync.Once
+	h     *Hub
+	ch    *channel
+	msgs  chan string
+	l     Listener      // a watching listener (see Watch), else nil
+	every time.Duration // Watch's interval
+	once  sync.Once
+}
+
+// Listener watches a channel (see Watch). Its methods are called on the
+// hub's goroutines and must not block.
+type Listener interface {
+	// Heard is given each message of the channel, in order.
+	Heard(payload string)
+	// Live says that every message published on the channel before now has
+	// reached Heard since session began. A new session means the channel
+	// was subscribed again and messages may have been lost between; session
+	// 0, that the subscription is down.
+	Live(session uint64)
 }
 
 // C delivers the channel's messages. It is buffered; when the listener falls
@@ -189,6 +218,65 @@ func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
 	}
 }
 
+// Watch makes l hear every message of channel name (a classic channel, also
+// on a cluster) and be told when it provably heard all of them (see
+// Listener): the connection is PINGed whenever it has been silent for every,
+// and each PONG proves that the messages published before its PING arrived.
+// The channel stays subscribed, and is subscribed again after any loss,
+// until the returned Sub is closed.
+func (h *Hub) Watch(name string, l Listener, every time.Duration) (*Sub, error) {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if h.chans[name] != nil {
+		h.mu.Unlock()
+		return nil, fmt.Errorf("wake: channel %q is subscribed already", name)
+	}
+	ch := &channel{name: name, classic: true, ready: make(chan struct{}), failed: make(chan struct{}), subs: map[*Sub]bool{}}
+	h.chans[name] = ch
+	s := &Sub{h: h, ch: ch, l: l, every: every}
+	ch.subs[s] = true
+	h.watches = append(h.watches, s)
+	h.wg.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+		err := h.attach(ctx, ch)
+		cancel()
+		if err != nil {
+			h.reroute([]*channel{ch}, minBackoff)
+		}
+	}()
+	return s, nil
+}
+
+// alive returns the listeners that c's latest receipt proves alive (h.mu
+// held): those of watched channels confirmed on c.
+func (h *Hub) alive(c *conn) []live {
+	var ls []live
+	for _, s := range h.watches {
+		if ch := s.ch; ch.conn == c && !c.dead && ch.state == subscribed {
+			ls = append(ls, live{s.l, ch.session})
+		}
+	}
+	return ls
+}
+
+// live is a Listener to tell its session.
+type live struct {
+	l       Listener
+	session uint64
+}
+
+func tell(ls []live) {
+	for _, x := range ls {
+		x.l.Live(x.session)
+	}
+}
+
 // detachFailed ends a channel whose first attach failed: the channel is
 // forgotten (a later Subscribe starts afresh), and the listeners that joined
 // it meanwhile fail with the same error.
@@ -222,6 +310,9 @@ func (h *Hub) release(s *Sub) {
 	defer h.mu.Unlock()
 	ch := s.ch
 	delete(ch.subs, s)
+	if i := slices.Index(h.watches, s); i >= 0 {
+		h.watches = slices.Delete(h.watches, i, i+1)
+	}
 	if len(ch.subs) > 0 || h.closed {
 		return
 	}
@@ -348,7 +439,9 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 	c.heard = time.Now()
 	ch := h.chans[m.Channel]
 	if ch == nil || ch.conn != c {
+		ls := h.alive(c)
 		h.mu.Unlock()
+		tell(ls)
 		return
 	}
 	var unsub, lost bool
@@ -357,6 +450,7 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 		if ch.state == subscribing {
 			delete(c.pending, ch)
 			ch.state = subscribed
+			ch.session++
 			if !ch.confirmed() {
 				close(ch.ready)
 			}
@@ -376,7 +470,9 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 			}
 		}
 	}
+	ls := h.alive(c)
 	h.mu.Unlock()
+	tell(ls)
 	switch {
 	case unsub:
 		h.unsubscribed(c, ch)
@@ -391,24 +487,34 @@ func (h *Hub) confirm(c *conn, m *redis.Subscription) {
 
 func (h *Hub) deliver(c *conn, name, payload string) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	c.heard = time.Now()
-	ch := h.chans[name]
-	if ch == nil {
-		return
-	}
-	for s := range ch.subs {
-		select {
-		case s.msgs <- payload:
-		default: // full: drop the oldest, keep the newest
-			select {
-			case <-s.msgs:
-			default:
+	var heard []Listener
+	if ch := h.chans[name]; ch != nil {
+		for s := range ch.subs {
+			if s.l != nil {
+				if ch.conn == c && ch.state == subscribed {
+					heard = append(heard, s.l)
+				}
+				continue
 			}
 			select {
 			case s.msgs <- payload:
-			default:
+			default: // full: drop the oldest, keep the newest
+				select {
+				case <-s.msgs:
+				default:
+				}
+				select {
+				case s.msgs <- payload:
+				default:
+				}
 			}
 		}
 	}
+	ls := h.alive(c)
+	h.mu.Unlock()
+	for _, l := range heard {
+		l.Heard(payload)
+	}
+	tell(ls)
 }

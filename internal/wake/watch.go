@@ -108,7 +108,13 @@ func (h *Hub) assess(c *conn, now time.Time) (ping string, dead bool, next time.
 	if !oldest.IsZero() && now.Sub(oldest) >= deadAfter {
 		return "", true, 0
 	}
-	need := now.Sub(c.heard) >= keepalive
+	quiet := keepalive // how long c may be silent before it is probed
+	for _, w := range h.watches {
+		if w.ch.conn == c {
+			quiet = min(quiet, w.every)
+		}
+	}
+	need := now.Sub(c.heard) >= quiet
 	var due time.Time // when the next pending command becomes overdue
 	for _, p := range c.pending {
 		d := p.since.Add(confirmWait)
@@ -124,7 +130,7 @@ func (h *Hub) assess(c *conn, now time.Time) (ping string, dead bool, next time.
 			oldest = now
 		}
 	}
-	next = c.heard.Add(keepalive).Sub(now)
+	next = c.heard.Add(quiet).Sub(now)
 	if !due.IsZero() {
 		next = min(next, due.Sub(now))
 	}
