@@ -192,10 +192,13 @@ func (b *Breaker) emit(ctx context.Context, e Event) {
 // error reply (redis.Error: a script error, WRONGTYPE, NOSCRIPT) came from a
 // live server, except for the states in which a server cannot serve
 // (LOADING, MASTERDOWN, CLUSTERDOWN). The caller's own context ending
-// (cancelled, or its own deadline) is not Redis's failure.
+// (cancelled, or its own deadline) is not Redis's failure, nor is the
+// client's pool having no free connection (redis.ErrPoolTimeout: under a
+// stall the commands holding the connections fail, and count, themselves).
 func (b *Breaker) failure(ctx context.Context, err error) bool {
 	switch {
-	case err == nil, errors.Is(err, redis.Nil), errors.Is(err, redis.ErrClosed), errors.Is(err, ErrCircuitOpen):
+	case err == nil, errors.Is(err, redis.Nil), errors.Is(err, redis.ErrClosed), errors.Is(err, ErrCircuitOpen),
+		errors.Is(err, redis.ErrPoolTimeout): // the client's own connections all busy: its load, not Redis failing
 		return false
 	case ctx.Err() != nil && !rcmd.TimedOut(ctx) && ctxEnded(err):
 		return false
@@ -207,7 +210,7 @@ func (b *Breaker) failure(ctx context.Context, err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout)
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed)
 }
 
 // ctxEnded reports an error that a context ending produces: cancelled, or a

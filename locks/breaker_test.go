@@ -381,3 +381,30 @@ func TestStallFailsFast(t *testing.T) {
 	t.Logf("after Redis resumed: the breaker closed after %v, every name was free after %v",
 		closed.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 }
+
+// TestBreakerIgnoresPoolTimeout: a client whose connection pool is
+// exhausted (every connection busy, on a Redis that answers) fails commands
+// with redis.ErrPoolTimeout; that is the client's load, not Redis failing,
+// and must not open the breaker.
+func TestBreakerIgnoresPoolTimeout(t *testing.T) {
+	s := redistest.Start(t)
+	b := &locks.Breaker{Threshold: 3}
+	rdb := s.Client(func(o *redis.Options) { o.PoolSize, o.PoolTimeout, o.MaxRetries = 1, 20*time.Millisecond, -1 })
+	rdb.AddHook(b)
+	ctx := context.Background()
+	busy := make(chan error, 1)
+	go func() { busy <- rdb.BLPop(ctx, time.Second, "pool:busy").Err() }() // holds the only connection
+	redistest.Eventually(t, 5*time.Second, "the only connection busy", func() bool {
+		st := rdb.PoolStats()
+		return st.TotalConns == 1 && st.IdleConns == 0
+	})
+	for range 5 {
+		if err := rdb.Get(ctx, "k").Err(); !errors.Is(err, redis.ErrPoolTimeout) {
+			t.Logf("GET with the pool exhausted: %v (the blocking read may have ended)", err)
+		}
+	}
+	if b.Open() {
+		t.Fatal("the breaker opened on the client's own pool timeouts, Redis answering")
+	}
+	<-busy
+}
