@@ -430,12 +430,14 @@ func (c *Client) giveBackCall(kv []any, owner, acq, releaseArgs any, member stri
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
-	c.life.enter()
-	defer c.life.leave()
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
-	closing := c.life.closed.Load()
+	entered := c.life.enter(reentrant)
+	if entered {
+		defer c.life.leave()
+	}
+	closing := !entered || c.life.closed.Load()
 	var ov, acq any
 	if reentrant {
 		ov, acq = owner, token()

@@ -46,8 +46,21 @@ func (l *life) init() {
 
 // enter starts an acquisition, which checks closed itself (a nested
 // acquisition of a scope still held may go on while closing); leave must
-// follow.
-func (l *life) enter() { l.calls.RLock() }
+// follow when it reports true. While Close waits for the acquisitions in
+// progress (its barrier), a new one that could not go on anyway (owned
+// reports whether it acquires for an owner, which may nest) is refused at
+// once — enter reports false — instead of waiting behind the barrier for as
+// long as they take.
+func (l *life) enter(owned bool) bool {
+	if l.calls.TryRLock() {
+		return true
+	}
+	if !owned && l.closed.Load() { // a writer waits or holds: the barrier
+		return false
+	}
+	l.calls.RLock()
+	return true
+}
 
 func (l *life) leave() { l.calls.RUnlock() }
 

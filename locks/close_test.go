@@ -136,8 +136,6 @@ func TestCloseGivesBackGrant(t *testing.T) {
 	}
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
-	// (Not a probe call: while Close waits for the gated attempt, a new call
-	// waits behind it, and the gate opens only below.)
 	eventually(t, 5*time.Second, "client closing", c.Closing)
 	open() // the attempt reaches Redis now, and takes the lock
 	if err := waitErr(t, got, 5*time.Second, "TryLock"); !errors.Is(err, locks.ErrClosed) {
@@ -284,4 +282,50 @@ func TestRedlockCloseEndsWaiters(t *testing.T) {
 	if err := waitErr(t, done, 5*time.Second, "Shutdown"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A call made while Close waits for an acquisition in flight fails at once
+// with ErrClosed; it used to queue behind Close's barrier (a writer waiting
+// on the RWMutex that every acquisition holds for reading) and wait as long
+// as the acquisition in flight did.
+func TestCallDuringCloseFailsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	h := &keyGate{key: "cg:lock:{in-flight}", open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	gated := s.Client()
+	gated.AddHook(h)
+	c := locks.New(gated, locks.WithCommandTimeout(time.Minute)) // the gated attempt outlasts the test's bounds
+	var once sync.Once
+	open := func() { once.Do(func() { close(h.open) }) }
+	t.Cleanup(func() { open(); c.Close() })
+
+	inFlight := make(chan error, 1)
+	go func() {
+		lk, err := c.TryLock(ctx, "in-flight")
+		if lk != nil {
+			err = errors.Join(errors.New("got a lock"), err)
+		}
+		inFlight <- err
+	}()
+	select {
+	case <-h.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("attempt not sent")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	eventually(t, 5*time.Second, "client closing", c.Closing)
+	for _, call := range []func() error{
+		func() error { _, err := c.TryLock(ctx, "other"); return err },
+		func() error { _, err := c.Lock(ctx, "other"); return err },
+	} {
+		got := make(chan error, 1)
+		go func() { got <- call() }()
+		if err := waitErr(t, got, 5*time.Second, "a call made while Close waits"); !errors.Is(err, locks.ErrClosed) {
+			t.Fatalf("a call made while Close waits: %v, want ErrClosed", err)
+		}
+	}
+	open()
+	waitErr(t, inFlight, 5*time.Second, "the attempt in flight")
+	waitErr(t, closed, 5*time.Second, "Close")
 }

@@ -22,7 +22,6 @@ func (r *Redlock) NodeQueue(i int) (queued, gaveUp int, idle bool) {
 	return len(b.queue), gaveUp, b.busy == 0 && len(b.queue) == 0
 }
 
-// Closing reports whether Close or Shutdown has begun (tests only: a probe
-// call would block behind Close's barrier while an acquisition is held in a
-// test's gate).
+// Closing reports whether Close or Shutdown has begun (tests only: it
+// observes the closing without making a call).
 func (c *Client) Closing() bool { return c.life.closed.Load() }

@@ -242,11 +242,13 @@ func redlockKey(prefix, name string) string {
 }
 
 func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
-	r.life.enter()
-	defer r.life.leave()
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
-	closing := r.life.closed.Load()
+	entered := r.life.enter(owner != "")
+	if entered {
+		defer r.life.leave()
+	}
+	closing := !entered || r.life.closed.Load()
 	key := redlockKey(cfg.prefix, name)
 	px := cfg.lease.Truncate(time.Millisecond)
 	budgetEnd := start.Add(cfg.wait)
