@@ -494,7 +494,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
 		if err != nil {
 			c.reload(ctx)
-			if ctx.Err() != nil || isTimeout(err) {
+			if mayHaveRun(err) {
 				// The script may have run although its reply never came.
 				c.giveBack(ctx, kv, ov, acq, cfg, "", true)
 			}
@@ -647,6 +647,17 @@ func await(wctx context.Context, sub *wake.Sub, timer *time.Timer, acq string) (
 			return 0, false, true
 		}
 	}
+}
+
+// mayHaveRun reports whether a command that failed with err may still have
+// run on the server: anything but a reply of Redis's (an error reply says
+// what happened) and a command that was never sent (refused by the breaker,
+// or no connection free in the client's pool). A timeout, the caller's
+// context ending, a connection that broke or closed after the write: the
+// script may have run, and what it took must be given back.
+func mayHaveRun(err error) bool {
+	var re redis.Error
+	return !errors.As(err, &re) && !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, redis.ErrPoolTimeout)
 }
 
 // isTimeout reports a network timeout: the command may have run on the server.

@@ -80,8 +80,9 @@
 // together as one pipeline. A lock cycle on a name used recently allocates
 // about a dozen objects (its keys are built once per name and client). A caller whose context ends while its call is
 // queued returns at once; if the call then took the lock (or a queue place),
-// it is given back, and a timed-out direct attempt is followed by a release
-// of the hold it may have taken. go-redis hooks see the shared calls in
+// it is given back, and a direct attempt whose reply never came (a timeout,
+// a broken connection) is followed by a release of the hold it may have
+// taken. go-redis hooks see the shared calls in
 // ProcessPipelineHook, not ProcessHook.
 //
 // Time is the local monotonic clock: validity and renewal deadlines are

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -344,4 +345,54 @@ func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAttemptLostWithItsConnectionIsGivenBack: a direct attempt whose
+// script ran but whose connection then broke (its reply never came, and the
+// error is no timeout) may hold the lock; it must be given back, not left to
+// hold the name for a whole lease with nobody to renew or release it.
+func TestAttemptLostWithItsConnectionIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := New(rdb)
+	defer c.Close()
+	admin := s.Client()
+	warm, err := c.TryLock(ctx, "warm") // the server has the scripts: the next reply is the attempt's
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holding := px.HoldNext()
+	got := make(chan error, 1)
+	go func() {
+		lk, err := c.TryLock(ctx, "reset")
+		if lk != nil {
+			err = errors.New("got a lock through a reset connection")
+		}
+		got <- err
+	}()
+	returnsWithin(t, holding, 5*time.Second, "the attempt's reply held")
+	if n := admin.Exists(ctx, "cg:lock:{reset}").Val(); n != 1 {
+		t.Fatal("the attempt did not take the lock")
+	}
+	px.Set(faultproxy.Reset) // the connection breaks before the reply comes
+	err = returnsWithin(t, got, 5*time.Second, "TryLock")
+	t.Logf("TryLock: %v", err)
+	if err == nil || isTimeout(err) {
+		t.Fatalf("TryLock: %v, want a connection error that is no timeout", err)
+	}
+	px.Set(faultproxy.Pass)
+	px.Release()
+	redistest.Eventually(t, 5*time.Second, "the lock given back", func() bool {
+		return admin.Exists(ctx, "cg:lock:{reset}").Val() == 0
+	})
 }
