@@ -621,9 +621,18 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			}
 			claim = cfg.lease
 		case !cfg.renew && claim < cfg.lease:
-			if ok, err := c.extendKey(wctx, kv, ov, cfg.lease); ok && err == nil {
-				claim = cfg.lease
+			ok, err := c.extendKey(wctx, kv, ov, cfg.lease)
+			if err != nil {
+				c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+				if wctx.Err() != nil {
+					return fail(pttl, c.life.cause(ctx))
+				}
+				return fail(0, err)
 			}
+			if !ok {
+				continue // the claim ran out before the lease was set: the hand-off is gone
+			}
+			claim = cfg.lease
 		}
 		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV, holds: 1}, sent, claim)
 	}

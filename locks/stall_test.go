@@ -396,3 +396,75 @@ func TestAttemptLostWithItsConnectionIsGivenBack(t *testing.T) {
 		return admin.Exists(ctx, "cg:lock:{reset}").Val() == 0
 	})
 }
+
+// dropBeforeExtend is a go-redis hook that deletes key (with admin) just
+// before the first extend.lua call on it runs: a hand-off's claim that ran
+// out before the waiter could set its lease.
+type dropBeforeExtend struct {
+	key   string
+	admin *redis.Client
+	once  sync.Once
+}
+
+func (d *dropBeforeExtend) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (d *dropBeforeExtend) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		d.before([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (d *dropBeforeExtend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		d.before(cmds)
+		return next(ctx, cmds)
+	}
+}
+func (d *dropBeforeExtend) before(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		if args := cmd.Args(); len(args) > 3 && (args[1] == extendS.sha || args[1] == extendLua) && args[3] == d.key {
+			d.once.Do(func() { d.admin.Del(context.Background(), d.key) })
+		}
+	}
+}
+
+// TestFixedLeaseHandOffNotHeld: a waiter with a fixed lease (WithoutRenewal)
+// handed the lock sets its lease at once; when Redis answers that it does
+// not hold the lock (the claim ran out first), the hand-off is gone, and
+// Lock must not return a Lock that Redis does not hold.
+func TestFixedLeaseHandOffNotHeld(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	admin := s.Client()
+	wrdb := s.Client()
+	wrdb.AddHook(&dropBeforeExtend{key: "cg:lock:{fixed}", admin: admin})
+	x, w := New(s.Client()), New(wrdb)
+	defer x.Close()
+	defer w.Close()
+	held, err := x.TryLock(ctx, "fixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lk  *Lock
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lk, err := w.Lock(ctx, "fixed", WithWait(10*time.Second), WithoutRenewal(), WithLease(10*time.Second))
+		got <- result{lk, err}
+	}()
+	redistest.Eventually(t, 5*time.Second, "waiter queued", func() bool { return admin.ZCard(ctx, "cg:q:{fixed}").Val() == 1 })
+	if err := held.Unlock(ctx); err != nil { // hands the lock to w, with a claim lease
+		t.Fatal(err)
+	}
+	r := returnsWithin(t, got, 10*time.Second, "the waiter")
+	if r.err != nil {
+		t.Logf("the waiter failed: %v", r.err)
+		return
+	}
+	defer r.lk.Unlock(ctx)
+	f, err := admin.HGet(ctx, "cg:lock:{fixed}", "f").Uint64()
+	if err != nil || f != r.lk.Fence() {
+		t.Fatalf("Lock returned a Lock with fence %d; Redis holds the lock with fence %d (%v)", r.lk.Fence(), f, err)
+	}
+}
