@@ -468,3 +468,119 @@ func TestFixedLeaseHandOffNotHeld(t *testing.T) {
 		t.Fatalf("Lock returned a Lock with fence %d; Redis holds the lock with fence %d (%v)", r.lk.Fence(), f, err)
 	}
 }
+
+// holdKeys is a go-redis hook that holds every command naming one of keys
+// until open is closed, telling entered each time it holds one.
+type holdKeys struct {
+	keys    map[any]bool
+	open    chan struct{}
+	entered chan struct{}
+}
+
+func (h *holdKeys) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdKeys) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 3 && h.keys[args[3]] {
+			h.entered <- struct{}{}
+			<-h.open
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *holdKeys) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestUnlockGivenUpWhileQueued: an Unlock whose context ends while its
+// release waits in the batcher's queue (both direct slots busy) returns at
+// once; the release still goes out when a slot frees (the lock must not be
+// left to its lease), carrying the claimed next local waiter — who gave up
+// meanwhile. What it is handed must be given back in the same stroke: once
+// the batcher is idle the lock is free, not blocked by a claim nobody uses.
+func TestUnlockGivenUpWhileQueued(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	h := &holdKeys{keys: map[any]bool{"cg:lock:{blocker1}": true, "cg:lock:{blocker2}": true}, open: make(chan struct{}), entered: make(chan struct{}, 2)}
+	prdb := s.Client()
+	prdb.AddHook(h)
+	p, x := New(prdb, WithCommandTimeout(time.Minute)), New(s.Client())
+	var once sync.Once
+	open := func() { once.Do(func() { close(h.open) }) }
+	defer p.Close()
+	defer open()
+	defer x.Close()
+	rdb := s.Client()
+	held, err := x.TryLock(ctx, "queued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := make(chan *Lock, 1)
+	go func() {
+		lk, err := p.Lock(ctx, "queued", WithWait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		a <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, "cg:q:{queued}").Val() == 1 })
+	bctx, cancelB := context.WithCancel(ctx)
+	defer cancelB()
+	b := make(chan error, 1)
+	go func() {
+		lk, err := p.Lock(bctx, "queued", WithWait(10*time.Second))
+		if err == nil {
+			_ = lk.Unlock(ctx)
+		}
+		b <- err
+	}()
+	redistest.Eventually(t, 5*time.Second, "B at the gate", func() bool { return gateLen(p, "cg:lock:{queued}") == 1 })
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lkA := <-a
+	if lkA == nil {
+		t.FailNow()
+	}
+
+	// Both direct slots busy: the next calls queue.
+	blocked := make(chan error, 2)
+	for _, name := range []string{"blocker1", "blocker2"} {
+		go func() {
+			lk, err := p.TryLock(ctx, name)
+			if err == nil {
+				err = lk.Unlock(ctx)
+			}
+			blocked <- err
+		}()
+		returnsWithin(t, h.entered, 5*time.Second, name+" on the wire")
+	}
+	uctx, cancelU := context.WithCancel(ctx)
+	unlocked := make(chan error, 1)
+	testHookClaimed = func() {}
+	defer func() { testHookClaimed = nil }()
+	go func() { unlocked <- lkA.Unlock(uctx) }()
+	redistest.Eventually(t, 5*time.Second, "A's release queued", func() bool { return p.Queued() == 1 })
+	cancelB()
+	cancelU()
+	if err := returnsWithin(t, unlocked, 5*time.Second, "A's Unlock"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("A's Unlock: %v, want context.Canceled", err)
+	}
+	if err := returnsWithin(t, b, 5*time.Second, "B's Lock"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("B: %v, want context.Canceled", err)
+	}
+	open()
+	for range 2 {
+		if err := returnsWithin(t, blocked, 5*time.Second, "the blockers"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	redistest.Eventually(t, 5*time.Second, "the batcher idle", func() bool {
+		p.b.mu.Lock()
+		defer p.b.mu.Unlock()
+		return p.b.busy == 0 && len(p.b.queue) == 0 && len(p.b.retries) == 0
+	})
+	if n := rdb.Exists(ctx, "cg:lock:{queued}", "cg:q:{queued}").Val(); n != 0 {
+		t.Fatalf("with the batcher idle, the lock is held by %q (pttl %v): handed to a waiter that gave up",
+			rdb.HGet(ctx, "cg:lock:{queued}", "o").Val(), rdb.PTTL(ctx, "cg:lock:{queued}").Val())
+	}
+}
