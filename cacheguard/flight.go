@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rid"
 )
 
 // errFlightExpired ends a flight whose starter's wait budget ran out while it
@@ -155,7 +157,7 @@ func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kin
 	defer c.unfinished(fs)
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	tok := token()
+	tok := rid.New()
 	rs, tagVers, err := g.lease(wctx, fs, tok, &c.cfg)
 	for i, f := range fs {
 		if err == nil {

@@ -2,7 +2,6 @@ package cacheguard
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"runtime"
 	"sync"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/ratelog"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
+	"github.com/cacheguard/cacheguard/internal/rid"
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
@@ -79,7 +79,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
 	}
-	g.origin, g.ncChannel = token()[:12], cfg.prefix+"nc"
+	g.origin, g.ncChannel = rid.New()[:12], cfg.prefix+"nc"
 	if cfg.nearSize > 0 {
 		g.near = newNearCache(g, cfg.nearSize, cfg.nearTTL)
 	}
@@ -264,6 +264,3 @@ func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 		g.wg.Done()
 	}, true
 }
-
-// token returns a random fill-lease token.
-func token() string { return rand.Text() }

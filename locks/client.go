@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -17,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/rcmd"
+	"github.com/cacheguard/cacheguard/internal/rid"
+	"github.com/cacheguard/cacheguard/internal/slot"
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
@@ -120,7 +121,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	cfg.pack()
 	run := rcmd.New(rdb, cfg.cmdTimeout)
 	c := &Client{rdb: rdb, run: run, cfg: cfg, hub: wake.New(rdb), b: newBatcher(run), gates: map[string]*gate{}, pubV: "PUBLISH"}
-	c.id = token()[:16]
+	c.id = rid.New()[:16]
 	c.idV = c.id
 	if c.hub.Sharded() {
 		c.pubV = "SPUBLISH"
@@ -222,7 +223,7 @@ func (c *Client) callConfig(name string, opts []CallOption) (config, error) {
 // hash of the name and the name follows it (cg:lock:{#1f0c…}a}b), so every
 // name keeps its keys in one slot and distinct names keep distinct keys.
 func keys(prefix, name string) []string {
-	tag, rest := tagged(name)
+	tag, rest := slot.Tag(name)
 	kinds := [4]string{"lock:{", "fence:{", "q:{", "qt:{"}
 	n := 0
 	for _, k := range kinds {
@@ -241,17 +242,6 @@ func keys(prefix, name string) []string {
 	}
 	all := b.String()
 	return []string{all[:ends[0]], all[ends[0]:ends[1]], all[ends[1]:ends[2]], all[ends[2]:]}
-}
-
-// tagged returns the hash tag of a lock name and what follows the tag in its
-// keys (see keys).
-func tagged(name string) (tag, rest string) {
-	if strings.IndexByte(name, '}') < 0 {
-		return name, ""
-	}
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	return "#" + strconv.FormatUint(h.Sum64(), 16), name
 }
 
 // channel is where this client's waiters for a lock hear of hand-offs: the
@@ -440,9 +430,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	closing := !entered || c.life.closed.Load()
 	var ov, acq any
 	if reentrant {
-		ov, acq = owner, token()
+		ov, acq = owner, rid.New()
 	} else {
-		owner = token()
+		owner = rid.New()
 		ov = owner
 		acq = ov // a fresh owner is its own acquisition id
 	}

@@ -2,9 +2,8 @@ package locks
 
 import (
 	"context"
-	"encoding/binary"
-	"encoding/hex"
-	"math/rand/v2"
+
+	"github.com/cacheguard/cacheguard/internal/rid"
 )
 
 type ownerKey struct{}
@@ -35,15 +34,4 @@ func OwnerFrom(ctx context.Context) (string, bool) {
 }
 
 // NewOwnerID returns a random 128-bit id in hex, for WithOwner.
-func NewOwnerID() string { return token() }
-
-// token returns 128 random bits in hex, from the runtime's per-thread ChaCha8
-// generator: unpredictable and free of locks and system calls.
-func token() string {
-	var raw [16]byte
-	binary.LittleEndian.PutUint64(raw[:8], rand.Uint64())
-	binary.LittleEndian.PutUint64(raw[8:], rand.Uint64())
-	var b [32]byte
-	hex.Encode(b[:], raw[:])
-	return string(b[:])
-}
+func NewOwnerID() string { return rid.New() }

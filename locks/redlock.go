@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/rcmd"
+	"github.com/cacheguard/cacheguard/internal/rid"
+	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
 var (
@@ -237,7 +239,7 @@ func (r *Redlock) callConfig(name string, opts []CallOption) (config, error) {
 // field per acquisition (see redlock_acquire.lua). It differs from a Client's
 // key so that the two layouts never meet; its hash tag is a Client's (see keys).
 func redlockKey(prefix, name string) string {
-	tag, rest := tagged(name)
+	tag, rest := slot.Tag(name)
 	return prefix + "rlock:{" + tag + "}" + rest
 }
 
@@ -277,7 +279,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	// ErrLost when the holding is gone.
 	scoped := owner != ""
 	if !scoped {
-		owner = token()
+		owner = rid.New()
 	}
 	var sc *scope
 	if scoped {
@@ -371,7 +373,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 // held in this process) succeeds only as such a re-entry, and fails with
 // ErrLost when too few nodes can still have the owner's holding.
 func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg config, nested bool) (*held, bool, *RedlockError) {
-	acq := token() // per attempt: a late release of a failed attempt never removes a later grant
+	acq := rid.New() // per attempt: a late release of a failed attempt never removes a later grant
 	timeout := rlNodeTimeout(&cfg, px)
 	span := rlSpan(&cfg, px)
 	count := func(res []nodeResult[[]int64], holds int64) int {
