@@ -98,7 +98,8 @@ func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, 
 		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename, save: pz.Save})
 	})
 	if err != nil {
-		return a, other, err
+		// park returns an error only once the edit was answered: say how.
+		return a, other, fmt.Errorf("%w (answered %s)", err, a)
 	}
 	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v at %s (edit of repo %d)", p, pause, step, repo))
 	pk.proc.Stop()
