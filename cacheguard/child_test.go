@@ -48,6 +48,7 @@ func childRoles() map[string]func() error {
 		"near":     withClient(childNear),
 		"tagged":   withClient(childTagged),
 		"watcher":  withClient(childWatcher),
+		"path":     func() error { return childOnPath(context.Background(), os.Getenv(childKey)) },
 	}
 }
 

@@ -246,6 +246,50 @@
 // timeout: the loader's context ends, and the lease is renewed no longer, so
 // that even a loader that ignores its context frees the fill within a lease.
 //
+// # Guarantees
+//
+// Whether a value may be served to a call is decided in one place (judge)
+// that every path asks: a hit in Redis, a hit in the near cache, a value
+// another process's fill pushed or stored, a flight the call joined, a stale
+// value, an early refresh, an older value standing in for a failed load.
+// Get and GetMany run the same engine (a Get is the one-key case). What
+// holds, each checked by TestGuarantees against real redis-server processes
+// (the readers in OS processes of their own where it is the fleet's), on
+// every path it applies to:
+//
+//	A  one load per expiry across processes (2 processes × 16 calls on a cold
+//	   key: one load; 2 processes reading without pause for five TTLs: one
+//	   load per expiry)
+//	B  read-your-writes after Invalidate, made by a third process (with a
+//	   near cache: once its message was delivered — the near cache never
+//	   serves what a delivered message voided)
+//	C  read-your-writes after InvalidateTags, the same way
+//	D  the near cache does not trust itself while its subscription is down
+//	E  the near cache's memory is bounded (values; tag state)
+//	F  fail-safe never serves a value past its max age
+//	G  fail-safe never serves a value from before an invalidation
+//
+//	path                                   A  B  C  D  E  F  G
+//	Get                                    ✓  ✓  .  .  .  ✓  ✓
+//	GetMany                                ✓  ✓  .  .  .  ✓  ✓
+//	Get, Tags                              ✓  ✓  ✓  .  .  ✓  ✓
+//	GetMany, Tags                          ✓  ✓  ✓  .  .  ✓  ✓
+//	Get, near cache                        ✓  ✓  .  ✓  ✓  .  .
+//	GetMany, near cache, Tags              ✓  ✓  ✓  ✓  ✓  .  .
+//	Get, ServeStale                        ✓  ✓  .  .  .  .  .
+//	Get, EarlyRefresh                      ✓  ✓  .  .  .  .  .
+//	Get, 3-master cluster                  ✓  ✓  .  .  .  ✓  ✓
+//	GetMany, near cache, Tags, cluster     ✓  ✓  ✓  ✓  ✓  .  .
+//
+// (A dot: the guarantee is not the path's — no tags, no near cache, or a
+// policy that serves the older value on its own.) Besides:
+// TestNearCacheHearsInvalidationDuringStore (Get, GetMany: an invalidation
+// whose message arrives while this process's store reply is on its way is
+// not missed), TestTagsHoldOnEveryPath (a value loaded by a tagged Get or
+// GetMany before InvalidateTags is served by no path after it),
+// TestReadYourWritesChecker (randomized, 3 processes) and
+// TestReadYourWritesAcrossProcesses.
+//
 // # Lifetimes
 //
 // A flight outlives callers whose context ends (its load is shared); it stops

@@ -23,6 +23,9 @@ func NearTrusted(g *Guard) bool {
 // NearHeard counts the messages g's near cache heard that concern key (and
 // the keys that share its counter).
 func NearHeard(g *Guard, key string) uint64 {
+	if g.near == nil {
+		return 0
+	}
 	return uint64(g.near.changes[g.near.slot(key)].Load())
 }
 
@@ -31,4 +34,12 @@ func NearTags(g *Guard) int {
 	g.near.mu.Lock()
 	defer g.near.mu.Unlock()
 	return len(g.near.tags)
+}
+
+// NearHeardTags counts the tag messages g's near cache heard.
+func NearHeardTags(g *Guard) uint64 {
+	if g.near == nil {
+		return 0
+	}
+	return g.near.tagChanges.Load()
 }
