@@ -39,14 +39,18 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // answered, and not the caller's context ending) it opens: every command and pipeline fails
 // at once with ErrCircuitOpen, without touching the network. After Cooldown
 // it sends a probe PING (half-open), on a goroutine of its own, while
-// callers keep failing at once; if Redis answers, the breaker closes, if not,
-// it probes again after another Cooldown. A caller therefore learns that
-// Redis is away in microseconds instead of after go-redis's dial retries and
-// timeouts, never waits for a probe, and the breaker closes within Cooldown
-// plus a round trip of Redis answering again, with or without traffic.
-// Only the outcomes of commands admitted since the last change of state
-// count: commands sent into a stall before the breaker opened, which fail
-// after a probe closed it, cannot reopen it on a Redis that answers.
+// callers keep failing at once; if Redis answers within a Cooldown, the
+// breaker closes, if not, it probes again after another Cooldown. A caller
+// therefore learns that Redis is away in microseconds instead of after
+// go-redis's dial retries and timeouts, never waits for a probe, and the
+// breaker closes within two Cooldowns plus a round trip of Redis answering
+// again (a probe lost in a black hole just before it healed is given up
+// after a Cooldown), with or without traffic; the probe's bound reaches the
+// socket on a client with ContextTimeoutEnabled. Only the outcomes of
+// commands admitted since the last change of state count: commands sent
+// into a stall before the breaker opened, which fail after a probe closed
+// it, cannot reopen it on a Redis that answers. Only an answer from Redis
+// ends a run of failures: a caller giving up meanwhile does not.
 //
 // Its fields are read when the Breaker is first used; the zero value is a
 // Breaker with the defaults. Install one per client; on a ClusterClient one
@@ -118,7 +122,11 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 	defer t.Stop()
 	for {
 		<-t.C
-		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), max(b.cooldown, time.Second))
+		// A probe gets a cooldown to answer: one sent into a black hole just
+		// before it healed must not delay the next by long (a healthy Redis
+		// answers a PING in microseconds). The breaker thus closes within
+		// about two cooldowns of Redis answering again.
+		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), b.cooldown)
 		err := next(ctx, redis.NewStatusCmd(ctx, "ping"))
 		cancel()
 		switch {
@@ -159,9 +167,19 @@ func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
 		if b.failures.Add(1) >= b.threshold {
 			b.trip(ctx, err)
 		}
-	case b.failures.Load() != 0:
+	case redisAnswered(err) && b.failures.Load() != 0:
 		b.failures.Store(0)
 	}
+}
+
+// redisAnswered reports whether err (nil included) is an answer from Redis, which
+// ends a run of failures. A command that ended otherwise without being a
+// failure — the caller's context ended, the client closed, no connection was
+// free — says nothing about Redis: while Redis stalls, callers giving up
+// must not keep resetting the count of the commands that timed out.
+func redisAnswered(err error) bool {
+	var re redis.Error
+	return err == nil || errors.Is(err, redis.Nil) || errors.As(err, &re)
 }
 
 // trip opens the breaker, if it is closed, and starts its probe loop.

@@ -290,7 +290,8 @@ func TestBreakerIgnoresStragglers(t *testing.T) {
 }
 
 // TestStallFailsFast: with the README's client (ContextTimeoutEnabled) and a
-// Breaker on it, a paused Redis turns every lock call into an error within
+// Breaker on it, a paused (SIGSTOP) or black-holed Redis turns every lock
+// call into an error within
 // the command timeout (500ms by default) — not a call that lasts the stall —
 // the breaker opens after Threshold such failures, then calls fail at once;
 // once Redis answers again the probe closes the breaker. Latencies are
@@ -298,10 +299,22 @@ func TestBreakerIgnoresStragglers(t *testing.T) {
 // call bounded on its own from one that waits for the client's 3s read
 // timeout or for the stall to end.
 func TestStallFailsFast(t *testing.T) {
+	for _, fault := range []string{"paused", "black-holed"} {
+		t.Run(fault, func(t *testing.T) { testStallFailsFast(t, fault) })
+	}
+}
+
+func testStallFailsFast(t *testing.T, fault string) {
 	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
 	ev := &breakerEvents{}
 	b := &locks.Breaker{Observer: ev.observe}
-	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
 	rdb.AddHook(b)
 	c := locks.New(rdb)
 	t.Cleanup(func() { c.Close() })
@@ -311,11 +324,15 @@ func TestStallFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s.Pause()
+	stall, heal := s.Pause, s.Resume
+	if fault == "black-holed" {
+		stall, heal = func() { px.Set(faultproxy.BlackHole) }, func() { px.Set(faultproxy.Pass) }
+	}
+	stall()
 	resumed := false
 	defer func() {
 		if !resumed {
-			s.Resume()
+			heal()
 		}
 	}()
 	paused := time.Now()
@@ -328,7 +345,7 @@ func TestStallFailsFast(t *testing.T) {
 		case err := <-done:
 			return time.Since(start), err
 		case <-time.After(2 * time.Second):
-			t.Fatalf("%s: no answer within 2s of a paused Redis", what)
+			t.Fatalf("%s: no answer within 2s of a %s Redis", what, fault)
 		}
 		return 0, nil
 	}
@@ -340,7 +357,7 @@ func TestStallFailsFast(t *testing.T) {
 		}
 		d, err := call("TryLock", func() error { _, err := c.TryLock(bg, "stall:try"); return err })
 		if !errors.Is(err, locks.ErrUnavailable) {
-			t.Fatalf("TryLock on a paused Redis: %v, want ErrUnavailable", err)
+			t.Fatalf("TryLock on a %s Redis: %v, want ErrUnavailable", fault, err)
 		}
 		slowest = max(slowest, d)
 	}
@@ -355,15 +372,15 @@ func TestStallFailsFast(t *testing.T) {
 	}
 	du, err := call("Unlock while open", func() error { return held.Unlock(bg) })
 	if err == nil {
-		t.Fatal("Unlock on a paused Redis succeeded")
+		t.Fatalf("Unlock on a %s Redis succeeded", fault)
 	}
-	t.Logf("paused Redis: %d attempts failed within %v each (slowest) until the breaker opened %v after the pause; then TryLock %v, Lock %v, Unlock %v",
-		tries, slowest.Round(time.Millisecond), opened.Round(time.Millisecond), d, dl, du)
+	t.Logf("%s Redis: %d attempts failed within %v each (slowest) until the breaker opened %v after the stall began; then TryLock %v, Lock %v, Unlock %v",
+		fault, tries, slowest.Round(time.Millisecond), opened.Round(time.Millisecond), d, dl, du)
 
-	s.Resume()
+	heal()
 	resumed = true
 	back := time.Now()
-	redistest.Eventually(t, 5*time.Second, "the breaker closed after Redis resumed", func() bool { return !b.Open() })
+	redistest.Eventually(t, 5*time.Second, "the breaker closed after Redis answered again", func() bool { return !b.Open() })
 	closed := time.Since(back)
 	// What the failed calls may have taken (their commands sat in Redis's
 	// socket buffers and ran when it resumed) is given back, and the release
@@ -378,7 +395,7 @@ func TestStallFailsFast(t *testing.T) {
 			return err == nil
 		})
 	}
-	t.Logf("after Redis resumed: the breaker closed after %v, every name was free after %v",
+	t.Logf("after Redis answered again: the breaker closed after %v, every name was free after %v",
 		closed.Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 }
 

@@ -204,10 +204,11 @@
 // timeout reaches the socket only on a client with ContextTimeoutEnabled;
 // without it, go-redis bounds each command by its ReadTimeout and
 // WriteTimeout (3s by default). Measured (TestStallFailsFast, Redis
-// SIGSTOPped, README client, Breaker defaults): each attempt failed after
-// 0.50s, the breaker opened 1.0s after the pause (clean-ups count too), then
-// TryLock, Lock and Unlock failed in under 2ms; after SIGCONT the breaker
-// closed in 0.25s and every name was free again 0.31s after it.
+// SIGSTOPped and black-holed, README client, Breaker defaults): each attempt
+// failed after 0.50s, the breaker opened 1.0s after the stall began
+// (clean-ups count too), then TryLock, Lock and Unlock failed in under 2ms;
+// once Redis answered again the breaker closed in 0.26s and every name was
+// free again 0.32s after it.
 //
 // # Optimistic transactions
 //
