@@ -302,18 +302,23 @@ func openRedis(ctx context.Context, spec string, cluster bool) (*redisServer, er
 }
 
 // client returns a new client of its own, as a separate process would have:
-// a cluster client when the server is a cluster node. A circuit breaker on
-// it, shared by the locks, the cache and the GORM plugin, makes every call
-// fail at once while Redis is down instead of waiting for go-redis's retries.
+// a cluster client when the server is a cluster node. As the README's
+// client, it bounds its socket calls by their contexts
+// (ContextTimeoutEnabled), so each command ends at its command timeout when
+// Redis stalls; a circuit breaker on it, shared by the locks, the cache and
+// the GORM plugin, then makes every call fail at once while Redis is down or
+// stalled instead of waiting for go-redis's retries and timeouts.
 func (r *redisServer) client() redis.UniversalClient {
 	o := *r.opts
+	o.ContextTimeoutEnabled = true
 	var rdb redis.UniversalClient
 	if r.cluster {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:     []string{o.Addr},
-			Username:  o.Username,
-			Password:  o.Password,
-			TLSConfig: o.TLSConfig,
+			Addrs:                 []string{o.Addr},
+			Username:              o.Username,
+			Password:              o.Password,
+			TLSConfig:             o.TLSConfig,
+			ContextTimeoutEnabled: true,
 		})
 	} else {
 		rdb = redis.NewClient(&o)

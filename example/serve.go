@@ -53,7 +53,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 	}
 	if o.redlock != "" {
 		for _, addr := range strings.Split(o.redlock, ",") {
-			c := redis.NewClient(&redis.Options{Addr: addr})
+			c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 			c.AddHook(&locks.Breaker{})
 			defer c.Close()
 			cfg.LockServers = append(cfg.LockServers, c)
