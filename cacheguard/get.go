@@ -211,17 +211,19 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result, error) {
 	g := c.g
 	start := time.Now()
-	out := map[string]T{}
+	out := make(map[string]T, len(keys))
 	var worst Result
 	var sls []*part[T]
-	for _, k := range keys {
+	all := make([]part[T], len(keys))
+	for i, k := range keys {
 		if g.near != nil {
 			if v, res, ok := nearHit(ctx, g, &c.cfg, k, nil, c.load, start); ok {
 				out[k], worst = v, worse(worst, res)
 				continue
 			}
 		}
-		sl := &part[T]{key: k}
+		sl := &all[i]
+		sl.key = k
 		if g.near != nil {
 			sl.near = g.near.ticket(k)
 		}

@@ -1,6 +1,7 @@
 package cacheguard
 
 import (
+	"context"
 	"reflect"
 	"slices"
 	"sync"
@@ -19,8 +20,9 @@ import (
 // queued task whose callers all left is dropped.
 type group[K comparable, T any] struct {
 	limit  int
-	pooled bool      // a leader's task is a solo one, from pool (see task.solo)
-	pool   sync.Pool // of solo tasks
+	pooled bool              // a leader's task is a solo one, from pool (see task.solo)
+	pool   sync.Pool         // of solo tasks
+	exec   func(*task[K, T]) // runs a task on a worker (see task.do)
 
 	mu      sync.Mutex // guards m, closed, closedT, and every task's waiting and started
 	m       map[K]line[K, T]
@@ -38,9 +40,12 @@ type line[K comparable, T any] struct {
 // task is one piece of shared work. Its caller (the leader, or start) runs it
 // and ends it with group.end; the others wait for done.
 type task[K comparable, T any] struct {
+	q       *group[K, T]
 	key     K
-	run     func() T      // the work of a queued task, when its callers have it (else whoever ends the one before runs it)
-	done    chan struct{} // closed once res is set
+	ctx     context.Context // a read's (see Guard.readTask)
+	tags    []string        // a read's
+	run     func() T        // the work of a queued task, when its callers have it (else whoever ends the one before runs it)
+	done    chan struct{}   // closed once res is set
 	res     T
 	waiting int  // callers waiting for it while it is queued
 	started bool // set under the group's mu
@@ -130,12 +135,12 @@ func (q *group[K, T]) newTask(key K, solo bool) *task[K, T] {
 	if solo {
 		t, _ := q.pool.Get().(*task[K, T])
 		if t == nil {
-			t = &task[K, T]{solo: true, ready: make(chan struct{}, 1)}
+			t = &task[K, T]{q: q, solo: true, ready: make(chan struct{}, 1)}
 		}
 		t.key = key
 		return t
 	}
-	t := &task[K, T]{key: key, done: make(chan struct{})}
+	t := &task[K, T]{q: q, key: key, done: make(chan struct{})}
 	if q.limit == 0 {
 		t.asked, t.born = make(chan struct{}), time.Now()
 	}
@@ -201,9 +206,12 @@ func (q *group[K, T]) leave(t *task[K, T]) {
 // recycle returns a solo task, ended and received by its caller, to the pool.
 func (q *group[K, T]) recycle(t *task[K, T]) {
 	var zero T
-	t.res = zero
+	t.res, t.ctx, t.tags = zero, nil, nil
 	q.pool.Put(t)
 }
+
+// do runs t with its group's exec: a task is a job of the workers.
+func (t *task[K, T]) do() { t.q.exec(t) }
 
 // close makes later joins return nil, and tasks queued from now on end with
 // r instead of starting.
@@ -238,7 +246,7 @@ func (t *task[K, T]) saw(gen int64) {
 // every hit. A worker that finds no work for workerIdle exits; close stops
 // them all once idle, and waits.
 type workers struct {
-	jobs chan func() // unbuffered: a send succeeds only when a worker is idle
+	jobs chan job // unbuffered: a send succeeds only when a worker is idle
 	quit chan struct{}
 
 	mu     sync.Mutex // guards closed
@@ -249,35 +257,43 @@ type workers struct {
 // workerIdle is how long an idle worker waits for work before it exits.
 const workerIdle = 10 * time.Second
 
-func newWorkers() *workers { return &workers{jobs: make(chan func()), quit: make(chan struct{})} }
+func newWorkers() *workers { return &workers{jobs: make(chan job), quit: make(chan struct{})} }
 
-// run runs f on an idle worker, or a new one (after close, on a goroutine of
+// job is a piece of work for the workers: a task (with nothing to allocate
+// on a hit), or a func.
+type job interface{ do() }
+
+type funcJob func()
+
+func (f funcJob) do() { f() }
+
+// run runs j on an idle worker, or a new one (after close, on a goroutine of
 // its own: the work close waits for still runs).
-func (w *workers) run(f func()) {
+func (w *workers) run(j job) {
 	select {
-	case w.jobs <- f:
+	case w.jobs <- j:
 		return
 	default:
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		go f()
+		go j.do()
 		return
 	}
 	w.wg.Add(1)
-	go w.work(f)
+	go w.work(j)
 }
 
-func (w *workers) work(f func()) {
+func (w *workers) work(j job) {
 	defer w.wg.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		f()
+		j.do()
 		idle.Reset(workerIdle)
 		select {
-		case f = <-w.jobs:
+		case j = <-w.jobs:
 		case <-idle.C:
 			return
 		case <-w.quit:

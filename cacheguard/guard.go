@@ -83,7 +83,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if cfg.nearSize > 0 {
 		g.near = newNearCache(g, cfg.nearSize, cfg.nearTTL)
 	}
-	g.reads.limit, g.reads.pooled = max(2, runtime.GOMAXPROCS(0)), true
+	g.reads.limit, g.reads.pooled, g.reads.exec = max(2, runtime.GOMAXPROCS(0)), true, g.readTask
 	g.unleased.limit = 1
 	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {

@@ -3,6 +3,7 @@ package cacheguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 	"unsafe"
@@ -52,23 +53,40 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			return
 		}
 	}
-	pipe := g.rdb.Pipeline()
+	// One round trip: the values (one script call on a single server, an
+	// HGET each on a cluster), the generations, the tags' versions.
+	var cmds []redis.Cmder
+	var many *redis.Cmd
 	hv := make([]*redis.StringCmd, len(values))
+	if len(values) > 1 && !g.hub.Sharded() {
+		many = readManyScript.Cmd(ctx, keys(values...), field)
+		cmds = append(cmds, many)
+	} else {
+		for i, v := range values {
+			hv[i] = redis.NewStringCmd(ctx, "hget", v, field)
+			cmds = append(cmds, hv[i])
+		}
+	}
 	gv := make([]*redis.StringCmd, len(values))
 	p := g.cfg.prefix
 	for i, v := range values {
 		var busy bool
-		out[i].mark, busy = g.flights.mark(entry{v, field})
-		hv[i] = pipe.HGet(ctx, v, field)
-		if busy {
-			gv[i] = pipe.Get(ctx, p+"g:"+v[len(p)+len("v:"):]) // the generation's name: the values hash's, with "g:" for "v:"
+		if out[i].mark, busy = g.flights.mark(entry{v, field}); busy {
+			gv[i] = redis.NewStringCmd(ctx, "get", p+"g:"+v[len(p)+len("v:"):]) // the generation's name: the values hash's, with "g:" for "v:"
+			cmds = append(cmds, gv[i])
 		}
 	}
 	tv := make([]*redis.StringCmd, len(tags))
 	for i, t := range tags {
-		tv[i] = pipe.Get(ctx, g.tagKey(t))
+		tv[i] = redis.NewStringCmd(ctx, "get", g.tagKey(t))
+		cmds = append(cmds, tv[i])
 	}
-	_, _ = pipe.Exec(ctx) // each command's error is read below
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	fail := func(err error) {
+		for i := range out {
+			out[i] = stored{err: err}
+		}
+	}
 	var vers []uint64
 	if len(tags) > 0 {
 		vers = make([]uint64, len(tags))
@@ -77,22 +95,37 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			case err == nil:
 				vers[i], _ = strconv.ParseUint(v, 10, 64)
 			case !errors.Is(err, redis.Nil):
-				for i := range out {
-					out[i] = stored{err: err}
-				}
+				fail(err)
 				return
 			}
+		}
+	}
+	var found []any
+	if many != nil {
+		var err error
+		if found, err = many.Slice(); err == nil && len(found) != len(values) {
+			err = fmt.Errorf("cacheguard: %d values read for %d keys", len(found), len(values))
+		}
+		if err != nil {
+			fail(err)
+			return
 		}
 	}
 	for i := range values {
 		s := &out[i]
 		s.tagVers = vers
-		switch v, err := hv[i].Result(); {
-		case err == nil:
-			s.b = bytesOf(v)
-		case !errors.Is(err, redis.Nil):
-			*s = stored{err: err}
-			continue
+		if many != nil {
+			if v, ok := found[i].(string); ok {
+				s.b = bytesOf(v)
+			}
+		} else {
+			switch v, err := hv[i].Result(); {
+			case err == nil:
+				s.b = bytesOf(v)
+			case !errors.Is(err, redis.Nil):
+				*s = stored{err: err}
+				continue
+			}
 		}
 		if gv[i] == nil {
 			continue
@@ -127,13 +160,14 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	if t == nil {
 		return stored{}, ErrClosed
 	}
-	rctx, cancel, budget := g.bound(ctx, deadline)
-	defer cancel()
 	if solo && g.ctxDeadlines {
+		rctx, cancel, budget := g.bound(ctx, deadline)
 		var s [1]stored
 		g.read(rctx, []string{e.values}, e.field, tags, s[:])
+		cancel()
 		if next := q.end(t, s[0]); next != nil {
-			g.startRead(context.WithoutCancel(ctx), next, tags)
+			next.ctx, next.tags = ctx, tags
+			g.work.run(next)
 		}
 		<-t.ready
 		q.recycle(t)
@@ -143,8 +177,13 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		return s[0], nil
 	}
 	if solo {
-		g.startRead(rctx, t, tags)
+		t.ctx, t.tags = ctx, tags
+		g.work.run(t)
 	}
+	wait := time.Until(deadline)
+	budget := wait < g.cmd.Timeout()
+	timer := getTimer(min(wait, g.cmd.Timeout()))
+	defer putTimer(timer)
 	select {
 	case <-t.signal():
 		s := t.res
@@ -152,9 +191,35 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 			q.recycle(t)
 		}
 		return s, nil
-	case <-rctx.Done():
+	case <-ctx.Done():
 		q.leave(t) // a solo task ends on its worker, and is not reused
-		return g.ended(ctx, rctx, budget, stored{err: rctx.Err()})
+		return stored{}, ctx.Err()
+	case <-timer.C:
+		q.leave(t)
+		if budget {
+			return stored{}, errBudget
+		}
+		return stored{err: rcmd.ErrTimeout}, nil
+	}
+}
+
+// readTask is the exec of g.reads: it sends t, a read, on a worker, then the
+// reads queued behind it (on the same worker: their callers are waiting
+// already). A solo read runs under its caller's ctx, a queued one under one
+// detached from its callers, bounded by the command timeout.
+func (g *Guard) readTask(t *task[entry, stored]) {
+	for t != nil {
+		ctx, tags := t.ctx, t.tags // t goes back to the pool once ended
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if !t.solo {
+			rctx, cancel = g.cmd.Bound(context.WithoutCancel(ctx), 0)
+		}
+		var s [1]stored
+		g.read(rctx, []string{t.key.values}, t.key.field, tags, s[:])
+		cancel()
+		if t = g.reads.end(t, s[0]); t != nil {
+			t.ctx, t.tags = ctx, tags
+		}
 	}
 }
 
@@ -191,25 +256,6 @@ func notStarted[K comparable, T any](t *task[K, T]) admission {
 		return skip
 	}
 	return take
-}
-
-// startRead sends t, a read, on a worker, then the reads queued behind it
-// (on the same worker: their callers are waiting already). A solo read runs
-// under its caller's bounded ctx, a queued one under one detached from its
-// callers, bounded by the command timeout.
-func (g *Guard) startRead(ctx context.Context, t *task[entry, stored], tags []string) {
-	g.work.run(func() {
-		for t != nil {
-			rctx, cancel := ctx, context.CancelFunc(func() {})
-			if !t.solo {
-				rctx, cancel = g.cmd.Bound(context.WithoutCancel(ctx), 0)
-			}
-			var s [1]stored
-			g.read(rctx, []string{t.key.values}, t.key.field, tags, s[:])
-			cancel()
-			t = g.reads.end(t, s[0])
-		}
-	})
 }
 
 // signal is what a task's callers wait on.
@@ -268,10 +314,10 @@ func (g *Guard) readMany(ctx context.Context, values []string, field string, tag
 	}
 	tmp := make([]stored, len(out))
 	done := make(chan struct{})
-	g.work.run(func() {
+	g.work.run(funcJob(func() {
 		g.read(rctx, values, field, tags, tmp)
 		close(done)
-	})
+	}))
 	select {
 	case <-done:
 		copy(out, tmp)

@@ -29,6 +29,8 @@ var (
 	tagReadLua string
 	//go:embed tagbump.lua
 	tagBumpLua string
+	//go:embed readmany.lua
+	readManyLua string
 
 	leaseScript      = rcmd.NewScript(leaseLua)
 	fillScript       = rcmd.NewScript(fillLua)
@@ -37,6 +39,7 @@ var (
 	invalidateScript = rcmd.NewScript(invalidateLua)
 	tagReadScript    = rcmd.NewScript(tagReadLua)
 	tagBumpScript    = rcmd.NewScript(tagBumpLua)
+	readManyScript   = rcmd.NewScript(readManyLua)
 )
 
 // Every Redis command goes through the Guard's rcmd.Runner (g.cmd): bounded

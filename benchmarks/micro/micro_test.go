@@ -10,9 +10,13 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
+	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
 var addr string
@@ -149,5 +153,66 @@ func BenchmarkWarmGet(b *testing.B) {
 				b.Fatalf("%d loads on a warm key, want 1 (the fill)", loads)
 			}
 		})
+	}
+}
+
+// BenchmarkWarmGetMany reads 100 warm keys: with one cacheguard.GetMany
+// (many) and with 100 cacheguard.Gets in a row (sequential), one goroutine —
+// of a small record (an id and a name, as cacheguard's own
+// BenchmarkGetMany100) and of the 300-byte Repo of the other scenarios, whose
+// decoding (the same in both ways) takes most of a batch's time.
+func BenchmarkWarmGetMany(b *testing.B) {
+	b.Run("small", func(b *testing.B) { benchWarmGetMany(b, func() small { return small{ID: 42, Name: "cacheguard"} }) })
+	b.Run("repo", func(b *testing.B) { benchWarmGetMany(b, func() systems.Repo { return systems.SampleRepo(1) }) })
+}
+
+type small struct {
+	ID   int    `json:"id"`
+	Name string `json:"name"`
+}
+
+func benchWarmGetMany[T any](b *testing.B, value func() T) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	ctx := context.Background()
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = unique("micro:many")
+	}
+	var loads atomic.Int64
+	loadMany := func(_ context.Context, ks []string) (map[string]T, error) {
+		loads.Add(1)
+		m := make(map[string]T, len(ks))
+		for _, k := range ks {
+			m[k] = value()
+		}
+		return m, nil
+	}
+	load := func(context.Context) (T, error) { loads.Add(1); return value(), nil }
+	if _, err := cacheguard.GetMany(ctx, g, keys, loadMany); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("many", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if m, err := cacheguard.GetMany(ctx, g, keys, loadMany); err != nil || len(m) != len(keys) {
+				b.Fatal(len(m), err)
+			}
+		}
+	})
+	b.Run("sequential", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, k := range keys {
+				if _, err := cacheguard.Get(ctx, g, k, load); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	if n := loads.Load(); n != 1 {
+		b.Fatalf("%d loads of warm keys, want 1 (the fill)", n)
 	}
 }

@@ -92,6 +92,10 @@ func (h *Hub) run(ctx context.Context, c *conn) {
 	}
 	c.up = true
 	h.backoff[c.addr] = 0
+	select { // the watcher slept for the connection attempt: its schedule starts now
+	case c.kick <- struct{}{}:
+	default:
+	}
 	type cmd struct {
 		ch  *channel
 		gen uint64
