@@ -187,17 +187,10 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 		sl.near = g.near.ticket(key)
 	}
 	var err error
-	sl.s, err = g.readOne(ctx, entry{g.valuesKey(key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait))
-	switch {
-	case errors.Is(err, errBudget):
-		g.note(ctx, EventRedisError, key, 0, err)
+	if sl.s, err = g.readOne(ctx, entry{g.valuesKey(key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
 		s := &part[T]{key: key}
-		c.detach().timedOut(ctx, s, start.Add(c.cfg.wait))
+		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
-	case errors.Is(err, ErrClosed):
-		return sl.v, Miss, err
-	case err != nil:
-		return sl.v, Miss, ctxErr(key, ctx)
 	}
 	if c.serve(ctx, &sl, start.UnixMilli()) {
 		return sl.v, sl.res, sl.err
@@ -238,19 +231,10 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 		found := make([]stored, len(sls))
 		err := g.readMany(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
 		for i, sl := range sls {
-			switch {
-			case errors.Is(err, errBudget):
-				g.note(ctx, EventRedisError, sl.key, 0, err)
-				c.timedOut(ctx, sl, start.Add(c.cfg.wait))
-			case errors.Is(err, ErrClosed):
-				sl.err = ErrClosed
-			case err != nil:
-				sl.err = ctxErr(sl.key, ctx)
-			default:
-				sl.s = found[i]
-				if !c.serve(ctx, sl, start.UnixMilli()) {
-					missed = append(missed, sl)
-				}
+			if sl.s = found[i]; err != nil {
+				c.readFailed(ctx, sl, err, start.Add(c.cfg.wait))
+			} else if !c.serve(ctx, sl, start.UnixMilli()) {
+				missed = append(missed, sl)
 			}
 		}
 	}
@@ -309,6 +293,20 @@ func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one 
 		c.refresh(ctx, key, &stored{gen: e.env.gen}, false, fillEarly, e.env.freshUntil, nil)
 	}
 	return v, Hit, true
+}
+
+// readFailed serves sl when its read did not answer: its wait budget ended
+// (see timedOut), the Guard closed, or ctx ended.
+func (c *call[T]) readFailed(ctx context.Context, sl *part[T], err error, deadline time.Time) {
+	switch {
+	case errors.Is(err, errBudget):
+		c.g.note(ctx, EventRedisError, sl.key, 0, err)
+		c.timedOut(ctx, sl, deadline)
+	case errors.Is(err, ErrClosed):
+		sl.res, sl.err = Miss, ErrClosed
+	default:
+		sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
+	}
 }
 
 // serve judges what sl's read found (at now, unix ms read before the read
@@ -421,29 +419,17 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time) {
 	g := c.g
 	var fs []*flight
-	var us []*task[entry, *outcome]
-	var uslots []*part[T]
+	var open []*part[T]
 	for _, sl := range slots {
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
 		}
-		n := g.names(sl.key, c.rep)
-		e := entry{n.values, n.field}
 		if sl.s.err != nil {
-			key := sl.key
-			t, leader, _ := g.unleased.join(e, notStarted, func(t *task[entry, *outcome]) {
-				t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, sl.id, deadline, sl.s.err)[0] }
-			})
-			if t == nil {
-				t = closedTask()
-			}
-			sl.u = t
-			if leader {
-				us, uslots = append(us, t), append(uslots, sl)
-			}
+			open = append(open, sl)
 			continue
 		}
-		t, leader, pending := g.flights.join(e, c.typ, sl.s.gen, admit(&sl.s, c.typ))
+		n := g.names(sl.key, c.rep)
+		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader {
 			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: sl.near}
@@ -456,29 +442,41 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 	if len(fs) > 0 {
 		c.fly(ctx, fs, deadline, fillMiss)
 	}
-	if len(us) > 0 {
-		c.unleased(ctx, us, uslots, deadline)
+	if len(open) > 0 {
+		c.joinUnleased(ctx, open, deadline, open[0].s.err)
 	}
 }
 
-// unleased runs ts, new loads without the lease that slots lead, as one load
-// on a goroutine of their own, detached from the callers, then the loads
-// queued behind them.
-func (c *call[T]) unleased(ctx context.Context, ts []*task[entry, *outcome], slots []*part[T], deadline time.Time) {
+// joinUnleased makes each of sls share a load without the lease begun after
+// it arrived (see loadUnleased; cause is Redis's error, or nil after the
+// wait budget), and runs the new ones as one load, on a goroutine of their
+// own detached from the callers, then the loads queued behind them.
+func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline time.Time, cause error) {
 	g := c.g
-	keys := make([]string, len(slots))
-	var cause error
-	for i, sl := range slots {
-		keys[i], cause = sl.key, sl.s.err
-	}
-	go func() {
-		for i, o := range c.loadUnleased(ctx, keys, slots[0].id, deadline, cause) {
-			o.leader = slots[i].id
-			for t := g.unleased.end(ts[i], o); t != nil; {
-				t = g.unleased.end(t, t.run())
-			}
+	var lead []*part[T]
+	var keys []string
+	for _, sl := range sls {
+		key, id := sl.key, sl.id
+		t, leader, _ := g.unleased.join(entry{g.valuesKey(key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
+			t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, id, deadline, cause)[0] }
+		})
+		switch sl.u = t; {
+		case t == nil:
+			sl.u = closedTask()
+		case leader:
+			lead, keys = append(lead, sl), append(keys, key)
 		}
-	}()
+	}
+	if len(lead) > 0 {
+		go func() {
+			for i, o := range c.loadUnleased(ctx, keys, lead[0].id, deadline, cause) {
+				o.leader = lead[i].id
+				for t := g.unleased.end(lead[i].u, o); t != nil; {
+					t = g.unleased.end(t, t.run())
+				}
+			}
+		}()
+	}
 }
 
 // wait waits for sl's flight (or load without the lease) within ctx and the
@@ -601,31 +599,15 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 	if sl.id == 0 {
 		sl.id = g.callIDs.Add(1)
 	}
-	n := g.names(sl.key, c.rep)
-	key := sl.key
-	t, leader, _ := g.unleased.join(entry{n.values, n.field}, notStarted, func(t *task[entry, *outcome]) {
-		t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, sl.id, deadline, nil)[0] }
-	})
-	if t == nil {
-		sl.err = ErrClosed
-		return
-	}
-	if leader {
-		go func() {
-			for t := g.unleased.end(t, t.run()); t != nil; {
-				t = g.unleased.end(t, t.run())
-			}
-		}()
-	}
+	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	select {
-	case <-t.done:
-		o := t.res
-		if o.leader != sl.id {
+	case <-sl.u.done:
+		if o := sl.u.res; o.leader != sl.id {
 			g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 		}
-		c.deliver(ctx, sl, o)
+		c.deliver(ctx, sl, sl.u.res)
 	case <-ctx.Done():
-		g.unleased.leave(t)
+		g.unleased.leave(sl.u)
 		sl.err = ctxErr(sl.key, ctx)
 	}
 }
