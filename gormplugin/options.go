@@ -144,7 +144,8 @@ func Unkeyed(p UnkeyedPolicy) Option {
 func FailOpen() Option { return func(c *config) { c.failOpen = true } }
 
 // NoFencing ignores fence columns: writes are still locked, but no fence is
-// checked or written. It is required to use a Locker that issues no fence
+// checked or written, and the plugin's locks keep no fence counters in Redis
+// (locks.NoFencing). It is required to use a Locker that issues no fence
 // tokens (locks.Redlock); by default New refuses a Redlock, and a write under
 // a lock without a token fails with ErrInvalid.
 func NoFencing() Option { return func(c *config) { c.noFence = true } }

@@ -78,6 +78,10 @@ func New(l locks.Locker, opts ...Option) *Plugin {
 	case !p.cfg.noFence && isRedlock(l):
 		panic("gormplugin: a locks.Redlock issues no fence tokens: fencing would not be safe; use a locks.Client, or the NoFencing option")
 	}
+	if p.cfg.noFence {
+		// Nothing compares tokens: the locks keep no fence counters in Redis.
+		p.cfg.lockOpts = append(p.cfg.lockOpts[:len(p.cfg.lockOpts):len(p.cfg.lockOpts)], locks.NoFencing())
+	}
 	p.bg, p.stopBg = context.WithCancel(context.Background())
 	return p
 }

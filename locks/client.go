@@ -690,7 +690,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		}
 		return giveBack(ErrClosed)
 	}
-	cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: res.fence})
+	cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: h.publicFence()})
 	return &Lock{h: h, parent: ctx}, nil
 }
 

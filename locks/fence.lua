@@ -15,6 +15,9 @@
 -- decimal strings of equal length compare as their numbers do.
 local function nextFence(fk, fencettl, t)
   local s = t[1] .. string.sub('00000' .. t[2], -6)
+  -- A retention of 0 (NoFencing): no counter is kept; the token (the clock)
+  -- only identifies the holding.
+  if fencettl == '0' or fencettl == 0 then return s end
   local old = redis.call('SET', fk, s, 'PX', fencettl, 'GET')
   if old and (#old > #s or (#old == #s and old >= s)) then
     s = string.format('%.0f', tonumber(old) + 1)

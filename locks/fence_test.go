@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -137,6 +138,71 @@ func TestFenceCounterAheadOfClock(t *testing.T) {
 				t.Fatalf("counter %d: fence %d, want %d", ahead, lk.Fence(), ahead+i)
 			}
 			lk.Unlock(ctx)
+		}
+	}
+}
+
+// NoFencing keeps no fence counter: its Locks report Fence 0 (and so do their
+// events), and a name taken and handed on under it leaves no key behind. The
+// holdings are still told apart: a waiter is handed the lock, and a
+// re-entry under the same owner shares the holding.
+func TestNoFencingKeepsNoCounter(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	var fences []uint64
+	var mu sync.Mutex
+	obs := locks.WithObserver(func(_ context.Context, e locks.Event) {
+		mu.Lock()
+		fences = append(fences, e.Fence)
+		mu.Unlock()
+	})
+	c := locks.New(rdb, locks.NoFencing(), obs)
+	defer c.Close()
+
+	octx := locks.WithOwner(ctx, locks.NewOwnerID())
+	a, err := c.TryLock(octx, "nofence")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := a.Fence(); f != 0 {
+		t.Fatalf("Fence %d under NoFencing, want 0", f)
+	}
+	again, err := c.TryLock(octx, "nofence") // re-entry
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := make(chan error, 1)
+	go func() {
+		b, err := c.Lock(ctx, "nofence", locks.WithWait(10*time.Second))
+		if err == nil {
+			if b.Fence() != 0 {
+				err = fmt.Errorf("handed-off Fence %d, want 0", b.Fence())
+			}
+			if uerr := b.Unlock(ctx); err == nil {
+				err = uerr
+			}
+		}
+		waiter <- err
+	}()
+	eventually(t, 5*time.Second, "the waiter to queue", func() bool { return rdb.Exists(ctx, "cg:q:{nofence}").Val() == 1 })
+	if err := again.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Unlock(ctx); err != nil { // hands the lock to the waiter
+		t.Fatal(err)
+	}
+	if err := <-waiter; err != nil {
+		t.Fatal(err)
+	}
+	if keys := rdb.Keys(ctx, "cg:*").Val(); len(keys) > 0 {
+		t.Fatalf("keys left behind under NoFencing: %v", keys)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, f := range fences {
+		if f != 0 {
+			t.Fatalf("event fences %v, want all 0", fences)
 		}
 	}
 }

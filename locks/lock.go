@@ -26,8 +26,9 @@ func (l *Lock) Name() string { return l.h.name }
 // resource you write, and have the resource refuse writes with a token smaller
 // than one it has seen: a holder that was paused past its lease is then
 // refused, which no lock alone can guarantee. A Fence of 0 means the Locker
-// issues no tokens (Redlock: see its doc): there is nothing to fence with.
-func (l *Lock) Fence() uint64 { return l.h.fence }
+// issues no tokens (Redlock: see its doc; NoFencing): there is nothing to
+// fence with.
+func (l *Lock) Fence() uint64 { return l.h.publicFence() }
 
 // Lost returns a channel closed when ownership is lost while held: the lease
 // ran out, the key was deleted or taken over, or renewal failed past the lease.
@@ -296,7 +297,7 @@ func (h *held) lose(err error) {
 		h.sc.lost(err)
 	}
 	h.ops.renewer().remove(h)
-	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Fence: h.fence, Err: err})
+	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Fence: h.publicFence(), Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
 }
@@ -319,9 +320,18 @@ func (h *held) retire(ctx context.Context, last bool) {
 	if h.end(nil) {
 		h.ops.renewer().remove(h)
 		if last {
-			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name, Fence: h.fence})
+			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name, Fence: h.publicFence()})
 		}
 	}
+}
+
+// publicFence is the fence token as callers see it: 0 under NoFencing, where
+// the token only identifies the holding inside this package.
+func (h *held) publicFence() uint64 {
+	if h.cfg.noFencing {
+		return 0
+	}
+	return h.fence
 }
 
 // fenceArg is the fence token as a script argument, boxed once.

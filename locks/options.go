@@ -94,6 +94,7 @@ type config struct {
 	replicaTimeout time.Duration
 	prefix         string
 	fenceRetention time.Duration
+	noFencing      bool // keep no fence counter; Fence reports 0
 	observer       func(context.Context, Event)
 	log            *ratelog.Logger
 	cmdTimeout     time.Duration // how long one Redis command may go unanswered (0 = rcmd.DefaultTimeout)
@@ -111,7 +112,7 @@ type config struct {
 // pack are the same (a call that only sets its wait, as ginmw's do, then
 // formats nothing).
 func (c *config) packFrom(base *config) {
-	if c.lease == base.lease && c.fenceRetention == base.fenceRetention && c.fair == base.fair {
+	if c.lease == base.lease && c.fenceRetention == base.fenceRetention && c.noFencing == base.noFencing && c.fair == base.fair {
 		c.leaseV, c.retentionV = base.leaseV, base.retentionV
 		c.argsTryV, c.argsWaitV, c.argsReleaseV = base.argsTryV, base.argsWaitV, base.argsReleaseV
 		return
@@ -193,8 +194,20 @@ func WithFenceRetention(d time.Duration) Option {
 	return opt(func(c *config) { c.fenceRetention = d })
 }
 
-// retention is the fence counter's TTL: the one set, or the default.
+// NoFencing makes an acquisition keep no fence counter in Redis: its Lock's
+// Fence is 0 (no token to fence with), and nothing is left behind once the
+// lock is released. Use it where no write is fenced (gormplugin.NoFencing
+// passes it). One cost: a release retried by go-redis after its reply was
+// lost, on a lock nobody took since, is reported as ErrNotHeld (the counter
+// is how a retry is told from a lease that ran out first).
+func NoFencing() Setting { return opt(func(c *config) { c.noFencing = true }) }
+
+// retention is the fence counter's TTL: the one set, or the default; 0
+// (no counter) under NoFencing.
 func (c *config) retention() time.Duration {
+	if c.noFencing {
+		return 0
+	}
 	if c.fenceRetention > 0 {
 		return c.fenceRetention
 	}
