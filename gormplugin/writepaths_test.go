@@ -355,31 +355,37 @@ func TestCreateInvalidates(t *testing.T) {
 func testCreateInvalidates(t *testing.T, e *env) {
 	inv := newInvalidator(e.rdb)
 	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys))
-	for name, create := range map[string]func() (uint, error){
-		"key set": func() (uint, error) { return 31, db.Create(&Counter{ID: 31}).Error },
-		"key from the database": func() (uint, error) {
+	// Explicit keys far apart, as the database hands out the largest key so
+	// far plus one: no case collides with another (a map's random order made
+	// "map" insert id 33 after the database had handed it out).
+	for _, c := range []struct {
+		name   string
+		create func() (uint, error)
+	}{
+		{"key set", func() (uint, error) { return 3100, db.Create(&Counter{ID: 3100}).Error }},
+		{"key from the database", func() (uint, error) {
 			c := Counter{N: 1}
 			err := db.Create(&c).Error
 			return c.ID, err
-		},
-		"slice": func() (uint, error) {
+		}},
+		{"slice", func() (uint, error) {
 			cs := []Counter{{N: 1}, {N: 2}}
 			err := db.Create(&cs).Error
 			return cs[1].ID, err
-		},
-		"OnConflict DoNothing": func() (uint, error) {
-			return 32, db.Clauses(clause.OnConflict{DoNothing: true}).Create(&Counter{ID: 32}).Error
-		},
-		"map": func() (uint, error) {
-			return 33, db.Model(&Counter{}).Create(map[string]any{"id": 33, "n": 1}).Error
-		},
-		"in a transaction": func() (uint, error) {
-			return 34, db.Transaction(func(tx *gorm.DB) error { return tx.Create(&Counter{ID: 34}).Error })
-		},
+		}},
+		{"OnConflict DoNothing", func() (uint, error) {
+			return 3200, db.Clauses(clause.OnConflict{DoNothing: true}).Create(&Counter{ID: 3200}).Error
+		}},
+		{"map", func() (uint, error) {
+			return 3300, db.Model(&Counter{}).Create(map[string]any{"id": 3300, "n": 1}).Error
+		}},
+		{"in a transaction", func() (uint, error) {
+			return 3400, db.Transaction(func(tx *gorm.DB) error { return tx.Create(&Counter{ID: 3400}).Error })
+		}},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			drain(inv)
-			id, err := create()
+			id, err := c.create()
 			if err != nil {
 				t.Fatal(err)
 			}
