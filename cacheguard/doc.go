@@ -16,8 +16,12 @@
 // read the same key at once send up to one read per core; the others share
 // the next one (so a stampede costs a few reads per process, not one per
 // request; a caller shares only a read sent after it arrived). On a miss
-// those callers share one flight per key and type (see Consistency for which
-// flight a call may join). The flight runs one script
+// those callers share one flight per entry — key, type, Variant and Tags —
+// (see Consistency for which flight a call may join); a background refresh
+// (ServeStale, EarlyRefresh, FailFast) is a flight nobody waits for, and a
+// GetMany's misses join flights the same way, its new ones run together (one
+// round trip for their leases, one loader call, one for their stores). The
+// flight runs one script
 // that returns the value if it is fresh or else grants the fill lease (SET
 // with a random token) — atomically, so a fill that completes between the
 // miss and the script is never loaded twice. A flight that finds another fill
