@@ -154,7 +154,9 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 // run is fly's goroutine.
 func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kind fillKind) {
 	g := c.g
+	var wg sync.WaitGroup // the flights that wait for another process's fill
 	defer c.unfinished(fs)
+	defer wg.Wait() // first: unfinished may end only flights nobody follows
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	tok := rid.New()
@@ -170,7 +172,6 @@ func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kin
 		return
 	}
 	var mine []*flight
-	var wg sync.WaitGroup
 	for i, f := range fs {
 		switch r := rs[i]; {
 		case r.granted:
@@ -189,7 +190,6 @@ func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kin
 	if len(mine) > 0 {
 		c.fill(ctx, mine, tagVers, kind)
 	}
-	wg.Wait()
 }
 
 // unfinished ends the flights of fs that have no outcome yet, when a codec
