@@ -30,15 +30,16 @@ func run() int {
 		long  = flag.Bool("long", false, "run the hot-key mix for 30 s per repetition")
 		addr  = flag.String("redis", "", "use this redis server (host:port) instead of starting one")
 		out   = flag.String("out", "", "directory for RESULTS.md and results/ (default: the benchmarks module, or out/quick with -quick)")
-		reps  = flag.Int("reps", 0, "repetitions per system (default 5, 2 with -quick)")
+		reps  = flag.Int("reps", 0, "repetitions per system (default 5, 2 with -quick; the mixes 3, unless given)")
 		only  = flag.String("only", "", "comma-separated scenarios to run: "+strings.Join(bench.Scenarios, ","))
 		syss  = flag.String("systems", "", "comma-separated substrings: run only the systems whose name contains one")
 		label = flag.String("command", "", "the command to record in RESULTS.md (default: this command line)")
 		busy  = flag.Bool("busy", false, "keep one CPU busy beside the benchmark (a spinning thread), as a loaded machine would")
+		trace = flag.String("trace", "", "write what cacheguard's workers did in each real-database mix run into this directory")
 	)
 	flag.Parse()
 
-	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}}
+	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}, Trace: *trace}
 	for s := range strings.SplitSeq(*only, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

@@ -131,7 +131,7 @@ func TestStampedeCountsLoads(t *testing.T) {
 	ctx := context.Background()
 	const procs, g = 2, 8
 
-	b, err := e.burst(ctx, systems.Naive, procs, g)
+	b, err := e.burst(ctx, systems.Naive, procs, g, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,12 +145,35 @@ func TestStampedeCountsLoads(t *testing.T) {
 		t.Errorf("naive cache-aside: %d latencies, want %d", len(b.lat), procs*g)
 	}
 
-	b, err = e.burst(ctx, systems.Singleflight, procs, g)
+	b, err = e.burst(ctx, systems.Singleflight, procs, g, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b.loads < 1 || b.loads > procs {
 		t.Errorf("singleflight: %d loads, want 1..%d", b.loads, procs)
+	}
+}
+
+// A stampede's timeline covers its load: the load's own time is what the
+// loader took, and no request returned before it ended.
+func TestStampedeTimeline(t *testing.T) {
+	e := testEnv(t)
+	ctx := context.Background()
+	for _, sys := range []string{systems.Guard, systems.Singleflight} {
+		b, err := e.burst(ctx, sys, 2, 8, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.failures != nil || b.tlErr != nil {
+			t.Fatalf("%s: %v, timeline: %v", sys, b.failures, b.tlErr)
+		}
+		tl := b.tl
+		if tl.load < e.s.load || tl.p99 < tl.load || tl.overhead != tl.p99-tl.load || tl.front < 0 || tl.filler < 0 {
+			t.Errorf("%s: implausible timeline %+v (load %v)", sys, tl, e.s.load)
+		}
+		if sys == systems.Singleflight && (tl.pushed || tl.decoded) {
+			t.Errorf("%s: a push heard, or a value from another process: %+v", sys, tl)
+		}
 	}
 }
 
@@ -192,11 +215,12 @@ func TestSmokeAllScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"uncontended", "redlock", "stampede", "warm-1", "scale-procs-loads", "scale-total-p99", "mix"}
+	ids := []string{"uncontended", "names", "handoff", "redlock", "stampede", "stampede-wake", "warm-1", "scale-procs-loads",
+		"scale-total-p99", "mix", "near-prop"}
 	wantMD := []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
 		"results/scale-processes.png", "results/scale-requests.png"}
 	if _, err := pgserver.BinDir(); err == nil {
-		ids = append(ids, "pg-stampede", "pg-mix", "pg-mix-db")
+		ids = append(ids, "pg-stampede", "pg-stampede-wake", "pg-mix", "pg-mix-db")
 		wantMD = append(wantMD, "## Real database", "R2. Hot-key mix, real PostgreSQL", "results/pg-mix-timeline.png")
 	}
 	for _, id := range ids {

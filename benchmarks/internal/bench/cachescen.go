@@ -22,9 +22,13 @@ type burst struct {
 	cpu      time.Duration
 	lat      []time.Duration
 	failures error
+	tl       timeline // with timeline
+	tlErr    error
 }
 
-func (e *env) burst(ctx context.Context, system string, procs, g int) (burst, error) {
+// burst runs one stampede; with timeline, the workers also record where the
+// time goes (b.tl).
+func (e *env) burst(ctx context.Context, system string, procs, g int, timeline bool) (burst, error) {
 	key := e.key("stampede")
 	if system == systems.GuardStale {
 		if err := e.primeStale(ctx, key); err != nil {
@@ -39,19 +43,24 @@ func (e *env) burst(ctx context.Context, system string, procs, g int) (burst, er
 	jobs := make([]Job, procs)
 	for i := range jobs {
 		jobs[i] = Job{Kind: "stampede", System: system, Addrs: []string{e.addr}, Goroutines: g,
-			Key: key, Load: e.s.load, Retry: e.s.stampRetry, Settle: settle}
+			Key: key, Load: e.s.load, Retry: e.s.stampRetry, Settle: settle, Timeline: timeline}
 	}
 	reps, cpu, subs, err := e.measured(ctx, jobs)
 	if err != nil {
 		return burst{}, err
 	}
 	b := burst{cpu: cpu, reqs: subs, failures: firstErr(reps)}
-	for _, r := range reps {
+	lats := make([][]int64, len(reps))
+	for i, r := range reps {
 		b.loads += r.Loads
 		b.reqs += r.Requests
+		lats[i] = r.Lat
 		for _, v := range r.Lat {
 			b.lat = append(b.lat, time.Duration(v))
 		}
+	}
+	if timeline {
+		b.tl, b.tlErr = fillTimeline(reps, lats)
 	}
 	return b, nil
 }
@@ -89,18 +98,24 @@ func (e *env) stampede(ctx context.Context) error {
 			{"reqs", "requests/request", "%.2f"},
 			{"cpu", "Redis CPU ms", "%.1f"},
 		}}
-	e.res.Tables = append(e.res.Tables, t)
-	e.res.Notes = append(e.res.Notes, fmt.Sprintf("Stampede p99 target: on a cold key no request can be served "+
-		"before the one load ends (%v), and per-process singleflight's p99 is that load plus overhead, because its "+
-		"%d concurrent loads do not slow this fixed-latency loader down. So on a cold key cacheguard can at best "+
-		"match it; the 0.75× target is reachable on an expired key with serve-stale, or against a database that "+
-		"slows under concurrent queries, which this loader does not model and R1 (real PostgreSQL) does.", s.load, s.stampProcs))
+	tw := &Table{ID: "stampede-wake", Title: "4b. Stampede on a cold key: what is added to the load",
+		Intro: timelineIntro, Metrics: timelineMetrics}
+	e.res.Tables = append(e.res.Tables, t, tw)
+	e.res.Notes = append(e.res.Notes, wakeNote)
 	names := []string{systems.Naive, systems.Singleflight, systems.SingleflightLoad, systems.GoRedisCache,
 		systems.LockRedsync, systems.LockBSM, systems.LockRueidis, systems.Guard, systems.GuardStale}
+	for _, n := range names {
+		if n != systems.GuardStale && e.cfg.keep(n) {
+			tw.Row(n)
+		}
+	}
 	return e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
-		b, err := e.burst(ctx, r.System, s.stampProcs, s.stampG)
+		b, err := e.burst(ctx, r.System, s.stampProcs, s.stampG, true)
 		if err != nil {
 			return err
+		}
+		if r.System != systems.GuardStale && b.tlErr == nil {
+			addTimeline(tw.Row(r.System), b.tl)
 		}
 		d := stats.Durations(b.lat)
 		r.add("loads", float64(b.loads))
@@ -201,7 +216,7 @@ func (e *env) scale(ctx context.Context) error {
 			rp := tp.Row(r.System)
 			var errs []string
 			for _, p := range pts {
-				b, err := e.burst(ctx, r.System, p.procs, p.g)
+				b, err := e.burst(ctx, r.System, p.procs, p.g, false)
 				if err != nil {
 					return err
 				}
@@ -240,7 +255,7 @@ var mixSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCa
 func (e *env) mix(ctx context.Context) error {
 	s := e.s
 	reps := e.reps
-	if s.mixReps > 0 {
+	if s.mixReps > 0 && e.cfg.Reps == 0 { // -reps overrides the cap
 		reps = min(reps, s.mixReps)
 	}
 	rate := float64(s.mixProcs*s.mixG) / s.mixInterval.Seconds()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
 // ChildEnv is set in the environment of worker processes: a binary that sees
@@ -28,7 +29,7 @@ func IsChild() bool { return os.Getenv(ChildEnv) == "1" }
 
 // Job is what the coordinator asks one worker process to do.
 type Job struct {
-	Kind       string        `json:"kind"` // cycle, contended, stampede, warm, mix, pgstampede, pgmix
+	Kind       string        `json:"kind"` // cycle, contended, stampede, warm, mix, pgstampede, pgmix, nearwatch, nearwrite
 	System     string        `json:"system"`
 	Addrs      []string      `json:"addrs"`
 	Goroutines int           `json:"goroutines"`
@@ -46,6 +47,11 @@ type Job struct {
 	Settle time.Duration `json:"settle,omitempty"`
 	// Warmup is how long a mix worker runs before it records latencies.
 	Warmup time.Duration `json:"warmup,omitempty"`
+	// Timeline makes a stampede worker record where the time goes (Fill).
+	Timeline bool `json:"timeline,omitempty"`
+	// Trace makes a real-database mix worker of cacheguard record what it
+	// did (Report.Trace), to investigate a run (cgbench -trace).
+	Trace bool `json:"trace,omitempty"`
 
 	// The real database (pgstampede, pgmix).
 	DSN      string        `json:"dsn,omitempty"`
@@ -81,7 +87,13 @@ type Report struct {
 	ReqKey []int32 `json:"reqKey,omitempty"`
 	ReqAt  []int64 `json:"reqAt,omitempty"`
 
-	PG *PGReport `json:"pg,omitempty"` // pgstampede, pgmix
+	// Seen: a near-cache watcher's first read of each version, or the
+	// writer's return of each round's Invalidate: {version, unix ns}.
+	Seen [][2]int64 `json:"seen,omitempty"`
+
+	PG    *PGReport            `json:"pg,omitempty"`    // pgstampede, pgmix
+	Fill  *Fill                `json:"fill,omitempty"`  // stampede, pgstampede with Timeline
+	Trace []systems.TraceEvent `json:"trace,omitempty"` // pgmix with Trace
 }
 
 // PGReport is what a worker on the real database measured beyond Report.

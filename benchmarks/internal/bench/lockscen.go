@@ -20,13 +20,19 @@ var cycleMetrics = []Metric{
 	{"reqs", "requests/cycle", "%.2f"},
 }
 
-// cycleRun records one uncontended run (lock then unlock, every goroutine on
-// its own name) of one system.
-func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration) error {
-	reps, _, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: r.System, Addrs: addrs,
-		Goroutines: g, Duration: d, Key: e.key("cycle")}})
+// cycles is what one uncontended run measured.
+type cycles struct {
+	ops, p50, p99, allocs, reqs float64 // cycles/s, µs, µs, per cycle, per cycle
+}
+
+// cycleMeasure runs one uncontended run of system (lock then unlock, every
+// goroutine on its own name, or over names names in all, each goroutine
+// cycling over its share).
+func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration) (cycles, error) {
+	reps, _, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
+		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle")}})
 	if err != nil {
-		return err
+		return cycles{}, err
 	}
 	rep := reps[0]
 	lat := make([]time.Duration, len(rep.Lat))
@@ -35,12 +41,151 @@ func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d tim
 	}
 	dist := stats.Durations(lat)
 	ops := float64(rep.Ops)
-	r.add("ops", ops/time.Duration(rep.Elapsed).Seconds())
-	r.add("p50", float64(dist.P50)/1e3)
-	r.add("p99", float64(dist.P99)/1e3)
-	r.add("allocs", float64(rep.Mallocs)/max(ops, 1))
-	r.add("reqs", float64(rep.Requests)/max(ops, 1))
-	return firstErr(reps)
+	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
+		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1)}, firstErr(reps)
+}
+
+// cycleRun records one uncontended run (lock then unlock, every goroutine on
+// its own name) of one system.
+func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration) error {
+	c, err := e.cycleMeasure(ctx, r.System, addrs, g, g, d)
+	if c.ops > 0 {
+		r.add("ops", c.ops)
+		r.add("p50", c.p50)
+		r.add("p99", c.p99)
+		r.add("allocs", c.allocs)
+		r.add("reqs", c.reqs)
+	}
+	return err
+}
+
+func (e *env) manyNames(ctx context.Context) error {
+	s := e.s
+	t := &Table{ID: "names", Title: "1b. Uncontended lock cycles over many hot names",
+		Intro: fmt.Sprintf("Scenario 1 (one process, %d goroutines, %v per run), each goroutine cycling over its "+
+			"share of %d names instead of one name of its own; every name was locked once before the run. "+
+			"Each repetition measures both, in alternating order; *ratio* is the many-name run's cycles/s over "+
+			"the %d-name run's of the same repetition.", s.cycleG, s.cycleDur, s.manyNames, s.cycleG),
+		Metrics: []Metric{
+			{"few", fmt.Sprintf("cycles/s, %d names", s.cycleG), "%.0f"},
+			{"many", fmt.Sprintf("cycles/s, %d names", s.manyNames), "%.0f"},
+			{"ratio", "ratio", "%.3f"},
+			{"afew", fmt.Sprintf("allocs/cycle, %d names", s.cycleG), "%.1f"},
+			{"amany", fmt.Sprintf("allocs/cycle, %d names", s.manyNames), "%.1f"},
+		}}
+	e.res.Tables = append(e.res.Tables, t)
+	return e.series(ctx, t, []string{systems.Locks, systems.RawSetNX}, func(ctx context.Context, r *Row, rep int) error {
+		sizes := []int{s.cycleG, s.manyNames}
+		if rep%2 == 1 {
+			sizes[0], sizes[1] = sizes[1], sizes[0]
+		}
+		got := map[int]cycles{}
+		for _, n := range sizes {
+			c, err := e.cycleMeasure(ctx, r.System, []string{e.addr}, s.cycleG, n, s.cycleDur)
+			if err != nil {
+				return err
+			}
+			got[n] = c
+		}
+		few, many := got[s.cycleG], got[s.manyNames]
+		r.add("few", few.ops)
+		r.add("many", many.ops)
+		r.add("ratio", many.ops/few.ops)
+		r.add("afew", few.allocs)
+		r.add("amany", many.allocs)
+		return nil
+	})
+}
+
+// contention is what one contended run measured: acquisitions per second,
+// the share of time held, waits and hand-offs (from one holder's Unlock call
+// to the next holder's grant), grants before the previous Unlock call.
+type contention struct {
+	acqs, util  float64
+	waits, hand stats.Dist
+	overlaps    int64
+	waitMs      []float64
+}
+
+// contend analyses the acquisitions of a contended run that were granted
+// before until (unix ns; 0: all).
+func contend(acqs []Acq, until int64) (contention, error) {
+	if until > 0 {
+		acqs = slices.DeleteFunc(slices.Clone(acqs), func(a Acq) bool { return a.Grant > until })
+	}
+	if len(acqs) == 0 {
+		return contention{}, fmt.Errorf("no acquisitions")
+	}
+	slices.SortFunc(acqs, func(a, b Acq) int { return cmp.Compare(a.Grant, b.Grant) })
+	var c contention
+	var held int64
+	waits := make([]time.Duration, len(acqs))
+	var hand []time.Duration
+	end := acqs[0].Release
+	for i, a := range acqs {
+		held += a.Release - a.Grant
+		waits[i] = time.Duration(a.Wait)
+		end = max(end, a.Release)
+		if i > 0 {
+			gap := a.Grant - acqs[i-1].Release
+			if gap < 0 {
+				c.overlaps++
+			} else {
+				hand = append(hand, time.Duration(gap))
+			}
+		}
+	}
+	window := float64(end - acqs[0].Grant)
+	c.acqs = float64(len(acqs)) / (window / 1e9)
+	c.util = float64(held) / window
+	c.waits, c.hand = stats.Durations(waits), stats.Durations(hand)
+	for _, w := range waits {
+		c.waitMs = append(c.waitMs, stats.Ms(w))
+	}
+	return c, nil
+}
+
+func (e *env) handoff(ctx context.Context) error {
+	s := e.s
+	t := &Table{ID: "handoff", Title: "2b. Hand-off with many local waiters on one name",
+		Intro: fmt.Sprintf("One process: 1 + N goroutines take one lock name in a loop for %v per run and hold it %v, "+
+			"so that N callers wait while one holds it; *hand-off* runs from one holder's Unlock call to the next "+
+			"holder's Lock return (scenario 2), over the grants made before the run's end (after it, the waiters "+
+			"run out). Each repetition runs every N, in rotating order.", s.contDur, s.hold),
+	}
+	for _, key := range []string{"h50", "h99", "acqs"} {
+		for _, n := range s.handWaiters {
+			head := map[string]string{"h50": "hand-off p50 µs", "h99": "hand-off p99 µs", "acqs": "acq/s"}[key]
+			t.Metrics = append(t.Metrics, Metric{fmt.Sprintf("%s-%d", key, n), fmt.Sprintf("%s, N=%d", head, n), "%.0f"})
+		}
+	}
+	e.res.Tables = append(e.res.Tables, t)
+	return e.series(ctx, t, []string{systems.Locks, systems.LocksFair}, func(ctx context.Context, r *Row, rep int) error {
+		ns := slices.Clone(s.handWaiters)
+		k := rep % len(ns)
+		ns = slices.Concat(ns[k:], ns[:k])
+		for _, n := range ns {
+			reps, _, _, err := e.measured(ctx, []Job{{Kind: "contended", System: r.System, Addrs: []string{e.addr},
+				Goroutines: n + 1, Duration: s.contDur, Hold: s.hold, Retry: s.pollRetry, Key: e.key("handoff")}})
+			if err != nil {
+				return err
+			}
+			c, err := contend(reps[0].Acqs, reps[0].Start+int64(s.contDur))
+			if err != nil {
+				return fmt.Errorf("N=%d: %w (%v)", n, err, firstErr(reps))
+			}
+			if c.overlaps > 0 {
+				return fmt.Errorf("N=%d: %d overlapping grants", n, c.overlaps)
+			}
+			r.add(fmt.Sprintf("h50-%d", n), float64(c.hand.P50)/1e3)
+			r.add(fmt.Sprintf("h99-%d", n), float64(c.hand.P99)/1e3)
+			r.add(fmt.Sprintf("acqs-%d", n), c.acqs)
+			if err := firstErr(reps); err != nil {
+				return fmt.Errorf("N=%d: %w", n, err)
+			}
+		}
+		return nil
+	})
 }
 
 var lockPeers = []string{systems.Redsync, systems.BSM, systems.Rueidislock, systems.RawSetNX}
@@ -127,42 +272,21 @@ func (e *env) contended(ctx context.Context) error {
 			acqs = append(acqs, rep.Acqs...)
 			reqs += rep.Requests
 		}
-		if len(acqs) == 0 {
-			return fmt.Errorf("no acquisitions: %v", firstErr(reps))
+		c, err := contend(acqs, 0)
+		if err != nil {
+			return fmt.Errorf("%w: %v", err, firstErr(reps))
 		}
-		slices.SortFunc(acqs, func(a, b Acq) int { return cmp.Compare(a.Grant, b.Grant) })
-		var held, overlaps int64
-		waits := make([]time.Duration, len(acqs))
-		var hand []time.Duration
-		end := acqs[0].Release
-		for i, a := range acqs {
-			held += a.Release - a.Grant
-			waits[i] = time.Duration(a.Wait)
-			end = max(end, a.Release)
-			if i > 0 {
-				gap := a.Grant - acqs[i-1].Release
-				if gap < 0 {
-					overlaps++
-				} else {
-					hand = append(hand, time.Duration(gap))
-				}
-			}
-		}
-		window := float64(end - acqs[0].Grant)
 		na := float64(len(acqs))
-		wd, hd := stats.Durations(waits), stats.Durations(hand)
-		r.add("acqs", na/(window/1e9))
-		r.add("util", float64(held)/window)
-		r.add("p50", stats.Ms(wd.P50))
-		r.add("p99", stats.Ms(wd.P99))
-		r.add("h50", float64(hd.P50)/1e3)
-		r.add("h99", float64(hd.P99)/1e3)
+		r.add("acqs", c.acqs)
+		r.add("util", c.util)
+		r.add("p50", stats.Ms(c.waits.P50))
+		r.add("p99", stats.Ms(c.waits.P99))
+		r.add("h50", float64(c.hand.P50)/1e3)
+		r.add("h99", float64(c.hand.P99)/1e3)
 		r.add("reqs", float64(reqs+subs)/na)
 		r.add("cpu", float64(cpu)/1e3/na)
-		r.add("overlap", float64(overlaps))
-		for _, w := range waits {
-			e.res.ContendedWait[r.System] = append(e.res.ContendedWait[r.System], stats.Ms(w))
-		}
+		r.add("overlap", float64(c.overlaps))
+		e.res.ContendedWait[r.System] = append(e.res.ContendedWait[r.System], c.waitMs...)
 		return firstErr(reps)
 	})
 }

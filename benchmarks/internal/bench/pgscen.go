@@ -3,10 +3,14 @@ package bench
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
@@ -152,9 +156,16 @@ func (e *env) pgStampede(ctx context.Context) error {
 			{"max", "max ms", "%.0f"},
 			{"cpu", "PG CPU ms", "%.0f"},
 		}}
-	e.res.Tables = append(e.res.Tables, t)
+	tw := &Table{ID: "pg-stampede-wake", Title: "R1b. Stampede on a cold key, real PostgreSQL: what is added to the query",
+		Intro: timelineIntro + " The load here is the query, measured by the loader around it.", Metrics: timelineMetrics}
+	e.res.Tables = append(e.res.Tables, t, tw)
 	names := slices.Clone(pgSystems)
 	names[slices.Index(names, systems.GuardSWR)] = systems.GuardStale
+	for _, n := range names {
+		if n != systems.GuardStale && e.cfg.keep(n) {
+			tw.Row(n)
+		}
+	}
 	return e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
 		key := e.key("pgstampede")
 		var settle time.Duration
@@ -167,13 +178,23 @@ func (e *env) pgStampede(ctx context.Context) error {
 		jobs := make([]Job, s.stampProcs)
 		for i := range jobs {
 			jobs[i] = Job{Kind: "pgstampede", System: r.System, Addrs: []string{e.addr}, Goroutines: s.stampG,
-				Key: key, TTL: time.Minute, DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline, Settle: settle}
+				Key: key, TTL: time.Minute, DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline, Settle: settle,
+				Timeline: true}
 		}
 		run, err := e.measuredPG(ctx, db, jobs)
 		if err != nil {
 			return err
 		}
 		c := sumPG(run.reps)
+		if r.System != systems.GuardStale {
+			lats := make([][]int64, len(run.reps))
+			for i, rp := range run.reps {
+				lats[i] = rp.PG.LatAll
+			}
+			if tl, err := fillTimeline(run.reps, lats); err == nil {
+				addTimeline(tw.Row(r.System), tl)
+			}
+		}
 		var lat []time.Duration
 		for _, rp := range run.reps {
 			for _, v := range rp.PG.LatAll {
@@ -202,7 +223,7 @@ func (e *env) pgMix(ctx context.Context) error {
 		return e.pgSkip(err)
 	}
 	reps := e.reps
-	if s.pgMixReps > 0 {
+	if s.pgMixReps > 0 && e.cfg.Reps == 0 { // -reps overrides the cap
 		reps = min(reps, s.pgMixReps)
 	}
 	t := &Table{ID: "pg-mix", Title: "R2. Hot-key mix, real PostgreSQL: requests",
@@ -276,11 +297,17 @@ func (e *env) pgMix(ctx context.Context) error {
 			jobs[i] = Job{Kind: "pgmix", System: r.System, Addrs: []string{e.addr}, Goroutines: 16, Key: key,
 				Keys: s.pgMixKeys, TTL: s.pgMixTTL, Duration: s.pgMixDur, Warmup: s.pgMixWarm,
 				Rate: s.pgMixRate / float64(s.pgMixProcs), Seed: uint64(rep*1000 + i + 1),
-				DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline}
+				DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline,
+				Trace: e.cfg.Trace != "" && strings.HasPrefix(r.System, "cacheguard")}
 		}
 		run, err := e.measuredPG(ctx, db, jobs)
 		if err != nil {
 			return err
+		}
+		if jobs[0].Trace {
+			if err := e.writeTrace(r.System, rep, run.reps); err != nil {
+				return err
+			}
 		}
 		var t0 int64 = math.MaxInt64
 		for _, rp := range run.reps {
@@ -394,4 +421,19 @@ func peakIn(at []int64, w time.Duration) int {
 		peak = max(peak, i-j+1)
 	}
 	return peak
+}
+
+// writeTrace writes the reports of one traced run into the trace directory.
+func (e *env) writeTrace(system string, rep int, reps []Report) error {
+	if err := os.MkdirAll(e.cfg.Trace, 0o755); err != nil {
+		return err
+	}
+	name := strings.NewReplacer(" ", "-", "(", "", ")", "", "/", "-").Replace(system)
+	p := filepath.Join(e.cfg.Trace, fmt.Sprintf("pgmix-%s-%s-rep%d.json", name, e.res.Started.Format("150405"), rep+1))
+	b, err := json.Marshal(reps)
+	if err != nil {
+		return err
+	}
+	e.cfg.logf("  trace: %s", p)
+	return os.WriteFile(p, b, 0o644)
 }

@@ -21,6 +21,9 @@ type pgWorker struct {
 	c   systems.Cache
 	db  *pgdb.Loader
 	cnt *systems.Counter
+	fm  *fillMarks // a stampede's timeline (nil without Timeline)
+	tr  *systems.Trace
+	all *pushLog // every message of the run (with Trace)
 }
 
 func preparePG(ctx context.Context, j Job) (worker, error) {
@@ -28,13 +31,30 @@ func preparePG(ctx context.Context, j Job) (worker, error) {
 		return nil, fmt.Errorf("job %s: needs a DSN, a pool size and a deadline", j.Kind)
 	}
 	cnt := &systems.Counter{}
-	c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Counter: cnt})
+	fm, err := newFillMarks(ctx, j)
 	if err != nil {
+		return nil, err
+	}
+	var tr *systems.Trace
+	var all *pushLog
+	if j.Trace {
+		tr = &systems.Trace{}
+		if all, err = logPushes(ctx, j.Addrs[0]); err != nil {
+			fm.Close()
+			return nil, err
+		}
+	}
+	c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Counter: cnt, Marks: fm.cacheMarks(), Trace: tr})
+	if err != nil {
+		fm.Close()
+		all.Close()
 		return nil, err
 	}
 	db, err := pgdb.Open(ctx, j.DSN, j.Pool)
 	if err != nil {
 		c.Close()
+		fm.Close()
+		all.Close()
 		return nil, err
 	}
 	// Warm the cache's connections as in prepare: as many concurrent hits
@@ -50,17 +70,19 @@ func preparePG(ctx context.Context, j Job) (worker, error) {
 		})
 	}
 	wg.Wait()
+	w := &pgWorker{j: j, c: c, db: db, cnt: cnt, fm: fm, tr: tr, all: all}
 	if e.n.Load() > 0 {
-		c.Close()
-		db.Close()
+		w.Close()
 		return nil, fmt.Errorf("warm-up: %s", e.first)
 	}
-	return &pgWorker{j: j, c: c, db: db, cnt: cnt}, nil
+	return w, nil
 }
 
 func (w *pgWorker) Close() {
 	w.c.Close()
 	w.db.Close()
+	w.fm.Close()
+	w.all.Close()
 }
 
 // load returns the loader of repo id: one query on the database. The value
@@ -100,11 +122,23 @@ func (w *pgWorker) Run(ctx context.Context) Report {
 	return w.mix(ctx)
 }
 
-func (w *pgWorker) report(r Report) Report {
+// report completes r with the loader's counts; t0s are a stampede's request
+// starts (unix ns), for its timeline.
+func (w *pgWorker) report(r Report, t0s []int64) Report {
 	st := w.db.Stats()
 	r.Loads, r.LoadAt = st.Sent, st.At
 	if w.j.Kind == "pgmix" {
 		r.PG.Spans = st.Spans
+	}
+	if w.tr != nil {
+		r.Trace = append(w.tr.Events(), w.all.events()...)
+	}
+	if w.fm != nil {
+		loads := make([][2]int64, 0, len(st.Spans))
+		for _, sp := range st.Spans {
+			loads = append(loads, [2]int64{sp.Start, sp.End})
+		}
+		r.Fill = w.fm.fill(loads, t0s, r.PG.LatAll)
 	}
 	r.PG.Sent, r.PG.OK, r.PG.PoolFails, r.PG.QueryErrs = st.Sent, st.OK, st.PoolFails, st.QueryErrs
 	r.Requests = w.cnt.Load()
@@ -116,8 +150,10 @@ func (w *pgWorker) report(r Report) Report {
 func (w *pgWorker) burst(ctx context.Context) Report {
 	g := w.j.Goroutines
 	lat := make([]int64, g)
+	t0s := make([]int64, g)
 	out := make([]uint8, g)
 	var e errs
+	w.fm.reset()
 	load := w.load(42)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -128,6 +164,7 @@ func (w *pgWorker) burst(ctx context.Context) Report {
 			t0 := time.Now()
 			_, err := w.c.Get(rctx, w.j.Key, load)
 			lat[i] = int64(time.Since(t0))
+			t0s[i] = t0.UnixNano()
 			out[i] = outcome(err)
 			if err != nil {
 				e.add(err)
@@ -139,7 +176,7 @@ func (w *pgWorker) burst(ctx context.Context) Report {
 		time.Sleep(w.j.Settle)
 	}
 	return w.report(Report{Ops: int64(g), Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(),
-		Elapsed: int64(time.Since(start)), PG: &PGReport{Out: out, LatAll: lat}})
+		Elapsed: int64(time.Since(start)), PG: &PGReport{Out: out, LatAll: lat}}, t0s)
 }
 
 // mix: an open-loop generator sends requests at a fixed rate (ramping up
@@ -186,7 +223,7 @@ func (w *pgWorker) mix(ctx context.Context) Report {
 	wg.Wait()
 	return w.report(Report{Ops: int64(len(keys)), Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(),
 		Elapsed: int64(time.Since(start)), ReqKey: keys, ReqAt: sent,
-		PG: &PGReport{Out: out, LatAll: lat, Age: age, MaxLag: int64(maxLag)}})
+		PG: &PGReport{Out: out, LatAll: lat, Age: age, MaxLag: int64(maxLag)}}, nil)
 }
 
 // schedule returns when to send each request of an open-loop run of length

@@ -18,8 +18,11 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 	if len(j.Addrs) == 0 {
 		return nil, fmt.Errorf("job %s: no Redis address", j.Kind)
 	}
-	if j.Kind == "pgstampede" || j.Kind == "pgmix" {
+	switch j.Kind {
+	case "pgstampede", "pgmix":
 		return preparePG(ctx, j)
+	case "nearwatch", "nearwrite":
+		return prepareNear(ctx, j)
 	}
 	cnt := &systems.Counter{}
 	switch j.Kind {
@@ -38,15 +41,44 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 			h.Release(ctx)
 		}
 		if j.Kind == "cycle" {
-			return &cycleWorker{j: j, m: m, cnt: cnt}, nil
+			w := &cycleWorker{j: j, m: m, cnt: cnt}
+			if j.Keys > j.Goroutines {
+				// Many names: every one is used once before the run, so
+				// that the run measures hot names.
+				var wg sync.WaitGroup
+				var e errs
+				for g := range j.Goroutines {
+					wg.Go(func() {
+						for _, name := range w.names(g) {
+							h, err := m.Acquire(ctx, name)
+							if err != nil {
+								e.add(err)
+								return
+							}
+							h.Release(ctx)
+						}
+					})
+				}
+				wg.Wait()
+				if e.n.Load() > 0 {
+					m.Close()
+					return nil, fmt.Errorf("warm-up: %s", e.first)
+				}
+			}
+			return w, nil
 		}
 		return &contendedWorker{j: j, m: m, cnt: cnt}, nil
 	case "stampede", "warm", "mix":
-		c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Retry: j.Retry, Counter: cnt})
+		fm, err := newFillMarks(ctx, j)
 		if err != nil {
 			return nil, err
 		}
-		w := &cacheWorker{j: j, c: c, cnt: cnt}
+		c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Retry: j.Retry, Counter: cnt, Marks: fm.cacheMarks()})
+		if err != nil {
+			fm.Close()
+			return nil, err
+		}
+		w := &cacheWorker{j: j, c: c, cnt: cnt, fm: fm}
 		quick := func(context.Context) (systems.Repo, error) { return systems.SampleRepo(0), nil }
 		var warm []string
 		switch j.Kind {
@@ -61,7 +93,7 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 		}
 		for _, k := range warm {
 			if _, err := c.Get(ctx, k, quick); err != nil {
-				c.Close()
+				w.Close()
 				return nil, fmt.Errorf("warm-up: %w", err)
 			}
 		}
@@ -79,7 +111,7 @@ func prepare(ctx context.Context, j Job) (worker, error) {
 		}
 		wg.Wait()
 		if e.n.Load() > 0 {
-			c.Close()
+			w.Close()
 			return nil, fmt.Errorf("warm-up: %s", e.first)
 		}
 		return w, nil
@@ -109,6 +141,16 @@ type cycleWorker struct {
 
 func (w *cycleWorker) Close() { w.m.Close() }
 
+// names returns the names goroutine g cycles over: its own one, or with
+// Keys names in all, every Goroutines-th of them from g.
+func (w *cycleWorker) names(g int) []string {
+	var out []string
+	for n := g; n < max(w.j.Keys, w.j.Goroutines); n += w.j.Goroutines {
+		out = append(out, w.j.Key+":"+strconv.Itoa(n))
+	}
+	return out
+}
+
 func (w *cycleWorker) Run(ctx context.Context) Report {
 	var e errs
 	lats := make([][]int64, w.j.Goroutines)
@@ -120,10 +162,11 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 	end := start.Add(w.j.Duration)
 	var wg sync.WaitGroup
 	for g := range w.j.Goroutines {
-		name := w.j.Key + ":" + strconv.Itoa(g)
+		names := w.names(g)
 		wg.Go(func() {
 			lat := make([]int64, 0, 4096)
-			for time.Now().Before(end) {
+			for i := 0; time.Now().Before(end); i++ {
+				name := names[i%len(names)]
 				t0 := time.Now()
 				h, err := w.m.Acquire(ctx, name)
 				if err != nil {
@@ -193,7 +236,7 @@ func (w *contendedWorker) Run(ctx context.Context) Report {
 		})
 	}
 	wg.Wait()
-	r := Report{Requests: w.cnt.Load() - req0, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
+	r := Report{Requests: w.cnt.Load() - req0, Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start))}
 	for _, a := range acqs {
 		r.Ops += int64(len(a))
 		r.Acqs = append(r.Acqs, a...)
@@ -207,31 +250,42 @@ type cacheWorker struct {
 	j   Job
 	c   systems.Cache
 	cnt *systems.Counter
+	fm  *fillMarks // a stampede's timeline (nil without Timeline)
 }
 
-func (w *cacheWorker) Close() { w.c.Close() }
+func (w *cacheWorker) Close() {
+	w.c.Close()
+	w.fm.Close()
+}
 
 // db is the database: every load takes j.Load and is counted.
 type db struct {
 	d     time.Duration
 	loads atomic.Int64
-	mu    sync.Mutex // guards at
+	mu    sync.Mutex // guards at and spans
 	at    []int64
-	stamp bool
+	stamp bool       // record at
+	spans [][2]int64 // each load's start and end (unix ns), when stamp
 }
 
 func (d *db) load(ctx context.Context) (systems.Repo, error) {
 	d.loads.Add(1)
+	start := time.Now()
 	if d.stamp {
-		now := time.Now().UnixNano()
 		d.mu.Lock()
-		d.at = append(d.at, now)
+		d.at = append(d.at, start.UnixNano())
 		d.mu.Unlock()
 	}
 	t := time.NewTimer(d.d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		if d.stamp {
+			end := time.Now().UnixNano()
+			d.mu.Lock()
+			d.spans = append(d.spans, [2]int64{start.UnixNano(), end})
+			d.mu.Unlock()
+		}
 		return systems.SampleRepo(42), nil
 	case <-ctx.Done():
 		return systems.Repo{}, ctx.Err()
@@ -251,9 +305,11 @@ func (w *cacheWorker) Run(ctx context.Context) Report {
 
 // burst: every goroutine asks for the same key at once.
 func (w *cacheWorker) burst(ctx context.Context) Report {
-	d := &db{d: w.j.Load}
+	d := &db{d: w.j.Load, stamp: w.fm != nil}
 	var e errs
 	lat := make([]int64, w.j.Goroutines)
+	t0s := make([]int64, w.j.Goroutines)
+	w.fm.reset()
 	req0 := w.cnt.Load()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -264,6 +320,7 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 			t0 := time.Now()
 			v, err := w.c.Get(rctx, w.j.Key, d.load)
 			lat[g] = int64(time.Since(t0))
+			t0s[g] = t0.UnixNano()
 			if err == nil && v.ID == 0 {
 				err = fmt.Errorf("got an empty value")
 			}
@@ -276,8 +333,12 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 	if w.j.Settle > 0 {
 		time.Sleep(w.j.Settle)
 	}
+	d.mu.Lock()
+	spans := slices.Clone(d.spans)
+	d.mu.Unlock()
 	return Report{Ops: int64(w.j.Goroutines), Lat: lat, Loads: d.loads.Load(), Requests: w.cnt.Load() - req0,
-		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(time.Since(start))}
+		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start)),
+		Fill: w.fm.fill(spans, t0s, lat)}
 }
 
 // warm: hits on keys filled during preparation, as fast as they go.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-redis/cache/v9"
@@ -75,6 +76,36 @@ type CacheConfig struct {
 	Retry time.Duration
 	// Counter counts the commands sent (may be nil).
 	Counter *Counter
+	// Marks, when set, records when cacheguard's flights received a value
+	// another process loaded (the stampede timeline); other systems ignore it.
+	Marks *Marks
+	// Trace, when set, records what a cacheguard system did (see Trace);
+	// other systems ignore it.
+	Trace *Trace
+}
+
+// Marks records when a point of a cold-key fill was first reached in this
+// process (unix ns; 0 when never).
+type Marks struct {
+	// Remote: a flight of this process got the value another process loaded,
+	// from its push, decoded (cacheguard's EventCoalescedRemote).
+	Remote atomic.Int64
+}
+
+// guardOptions are the options every cacheguard system shares.
+func guardOptions(cfg CacheConfig, more ...cacheguard.Option) []cacheguard.Option {
+	opts := append([]cacheguard.Option{cacheguard.TTL(cfg.TTL)}, more...)
+	if m, t := cfg.Marks, cfg.Trace; m != nil || t != nil {
+		opts = append(opts, cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
+			if m != nil && e.Kind == cacheguard.EventCoalescedRemote {
+				m.Remote.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			if t != nil {
+				t.observe(e)
+			}
+		}))
+	}
+	return opts
 }
 
 // Cache is one cache-aside implementation.
@@ -124,17 +155,17 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 		}
 		return &lockCheck{naive: naive{rdb: NewRedis(cfg.Addr, cfg.Counter), ttl: cfg.TTL}, mu: m}, nil
 	case Guard:
-		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
-		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
 	case GuardHandOff:
 		rdb := NewRedis(cfg.Addr, cfg.Counter)
-		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL))}, nil
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
 	case GuardNear:
-		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
-		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.NearCache(10000, cfg.TTL))}, nil
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.NearCache(10000, cfg.TTL))...)}, nil
 	case GuardStale, GuardSWR:
-		rdb := newGuardRedis(cfg.Addr, cfg.Counter)
-		return &guard{rdb: rdb, g: cacheguard.New(rdb, cacheguard.TTL(cfg.TTL), cacheguard.ServeStale(staleWindow))}, nil
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.ServeStale(staleWindow))...)}, nil
 	}
 	return nil, fmt.Errorf("systems: unknown cache %q", name)
 }
@@ -272,10 +303,13 @@ func (l *lockCheck) Close() error { return errors.Join(l.mu.Close(), l.naive.Clo
 // newGuardRedis is the client cacheguard's README asks for: go-redis bounds
 // its socket calls by the context's deadline (ContextTimeoutEnabled), so a
 // Get reads on its own goroutine and still keeps its wait budget.
-func newGuardRedis(addr string, c *Counter) *redis.Client {
+func newGuardRedis(addr string, c *Counter, t *Trace) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	if c != nil {
 		rdb.AddHook(hook{c})
+	}
+	if t != nil {
+		rdb.AddHook(traceHook{t})
 	}
 	return rdb
 }
@@ -304,3 +338,20 @@ func (g *guard) PrimeStale(ctx context.Context, key string, v Repo) error {
 }
 
 func (g *guard) Close() error { return errors.Join(g.g.Close(), g.rdb.Close()) }
+
+// Invalidate voids key in every process (cacheguard's Invalidate).
+func (g *guard) Invalidate(ctx context.Context, key string) error { return g.g.Invalidate(ctx, key) }
+
+// NearHits returns the hits the near cache served so far.
+func (g *guard) NearHits() uint64 { return g.g.Stats().NearHits }
+
+// Invalidator is implemented by the systems that void a key across
+// processes.
+type Invalidator interface {
+	Invalidate(ctx context.Context, key string) error
+}
+
+// NearCounter is implemented by the systems with a near cache.
+type NearCounter interface {
+	NearHits() uint64
+}
