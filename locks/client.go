@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -75,34 +74,51 @@ type Client struct {
 	names nameCache // the keys of recently used names under the client's prefix
 }
 
-// nameCache keeps the keys of lock names this client used recently, built and
-// boxed once: a lock cycle on a hot name then allocates nothing for them. It
-// holds at most maxCachedNames names; when full it starts afresh.
+// nameCache keeps the keys of the lock names this client used most recently,
+// built and boxed once: a lock cycle on a hot name then allocates nothing for
+// them. It holds at most maxCachedNames names; beyond that each new name
+// evicts the oldest one (first in, first out), so a working set of hot names
+// smaller than the bound stays cached whatever passes through beside it.
 type nameCache struct {
-	m sync.Map // name -> *nameKeys
-	n atomic.Int64
+	m    sync.Map   // name -> *nameKeys
+	mu   sync.Mutex // guards ring and next
+	ring []string   // the cached names; once full, a ring whose oldest is at next
+	next int
 }
 
+// nameKeys are the keys of one name (see keys), and the same boxed.
 type nameKeys struct {
-	ks []string
-	kv []any
+	ks [4]string
+	kv [4]any
 }
 
-const maxCachedNames = 4096
+// maxCachedNames bounds a client's name cache: some 400 bytes a name (with a
+// short name), so about 6 MB when full.
+const maxCachedNames = 16384
 
 func (nc *nameCache) get(prefix, name string) ([]string, []any) {
 	if v, ok := nc.m.Load(name); ok {
 		k := v.(*nameKeys)
-		return k.ks, k.kv
+		return k.ks[:], k.kv[:]
 	}
-	ks := keys(prefix, name)
-	k := &nameKeys{ks: ks, kv: boxKeys(ks)}
-	if nc.n.Add(1) > maxCachedNames {
-		nc.m.Clear()
-		nc.n.Store(1)
+	k := &nameKeys{}
+	for i, key := range keys(prefix, name) {
+		k.ks[i], k.kv[i] = key, key
 	}
-	nc.m.Store(name, k)
-	return k.ks, k.kv
+	if v, loaded := nc.m.LoadOrStore(name, k); loaded {
+		k = v.(*nameKeys) // another caller cached it meanwhile
+		return k.ks[:], k.kv[:]
+	}
+	nc.mu.Lock()
+	if len(nc.ring) < maxCachedNames {
+		nc.ring = append(nc.ring, name)
+	} else {
+		nc.m.Delete(nc.ring[nc.next])
+		nc.ring[nc.next] = name
+		nc.next = (nc.next + 1) % maxCachedNames
+	}
+	nc.mu.Unlock()
+	return k.ks[:], k.kv[:]
 }
 
 // New returns a Client on rdb with the given defaults. It panics with a
