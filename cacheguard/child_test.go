@@ -113,7 +113,7 @@ func childStampede(ctx context.Context, rdb *redis.Client, key string) error {
 
 // childHolder takes the fill lease and loads forever (until killed).
 func childHolder(ctx context.Context, rdb *redis.Client, key string) error {
-	g := cacheguard.New(rdb, cacheguard.FillLease(150*time.Millisecond), cacheguard.EarlyRefresh(0))
+	g := cacheguard.New(rdb, cacheguard.Lease(150*time.Millisecond), cacheguard.EarlyRefresh(0))
 	defer g.Close()
 	_, err := cacheguard.Get(ctx, g, key, func(ctx context.Context) (item, error) {
 		if err := rdb.Set(ctx, loadingKey(key), "1", time.Minute).Err(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 var (
@@ -21,8 +23,8 @@ var (
 	ErrMiss = errors.New("cacheguard: not cached")
 	// ErrUnavailable is returned under FailClosed when Redis cannot be reached,
 	// and by an Invalidate that could not reach it; it is joined with the Redis
-	// error.
-	ErrUnavailable = errors.New("cacheguard: redis unavailable")
+	// error. It is the same value as locks.ErrUnavailable.
+	ErrUnavailable = rcmd.ErrUnavailable
 	// ErrRemoteLoad means the load this call waited for failed in another
 	// process; the error carries that load's message.
 	ErrRemoteLoad = errors.New("cacheguard: load failed in another process")

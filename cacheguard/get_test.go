@@ -66,7 +66,7 @@ func TestBadInputBeforeRedis(t *testing.T) {
 		{"negative wait", g, "k", load, []cacheguard.CallOption{cacheguard.WaitBudget(-time.Second)}},
 		{"jitter 1", g, "k", load, []cacheguard.CallOption{cacheguard.Jitter(1)}},
 		{"negative beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(-1)}},
-		{"short fill lease", g, "k", load, []cacheguard.CallOption{cacheguard.FillLease(time.Millisecond)}},
+		{"short fill lease", g, "k", load, []cacheguard.CallOption{cacheguard.Lease(time.Millisecond)}},
 		{"nil codec", g, "k", load, []cacheguard.CallOption{cacheguard.Encoding(nil)}},
 	}
 	for _, tc := range cases {

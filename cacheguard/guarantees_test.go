@@ -60,7 +60,7 @@ func (p path) options() []cacheguard.Option {
 	if ttl == 0 {
 		ttl = time.Minute
 	}
-	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.FillLease(300 * time.Millisecond)}
+	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.Lease(300 * time.Millisecond)}
 	if p.Early {
 		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last twentieth refreshes
 	}

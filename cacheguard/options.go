@@ -10,8 +10,8 @@ import (
 
 // Limits.
 const (
-	// MinFillLease is the shortest fill lease accepted: a renewal must fit in a third of it.
-	MinFillLease = 30 * time.Millisecond
+	// MinLease is the shortest fill lease accepted: a renewal must fit in a third of it.
+	MinLease = 30 * time.Millisecond
 	// MaxKeyLen bounds keys; longer keys are refused with ErrInvalid.
 	MaxKeyLen = 1024
 )
@@ -176,11 +176,11 @@ func Jitter(frac float64) Setting { return func(c *config) { c.jitter = frac } }
 // default is 10s.
 func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeout = d } }
 
-// FillLease sets the fill lease: how long a process that took the lease and
+// Lease sets the fill lease: how long a process that took the lease and
 // then died (or stopped renewing) keeps the others waiting before one of them
 // takes over. The lease is renewed every third of it while the loader runs.
-// The default is 3s; at least 30ms (MinFillLease).
-func FillLease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
+// The default is 3s; at least 30ms (MinLease).
+func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 
 // FailSafe keeps a value standing in when its reload fails: when the loader
 // returns an error (other than ErrNotFound) or runs out of its LoadTimeout,
@@ -262,7 +262,8 @@ func NearCache(entries int, ttl time.Duration) Option {
 
 // Logger sets where the Guard's warnings go — a fail-open load, a failed
 // Redis call, an unreadable cached value — each kind at most once a second,
-// with the count of those suppressed since. The default discards them.
+// with the count of those suppressed since. The default (and nil) is
+// slog.Default(); silence them with Logger(slog.New(slog.DiscardHandler)).
 func Logger(l *slog.Logger) Option { return guardOption(func(c *config) { c.logger = l }) }
 
 // Variant keeps the value as one representation of key among others, next to
@@ -290,8 +291,8 @@ func (c *config) validate() error {
 		return invalid("negative NegativeTTL %v", c.negTTL)
 	case c.loadTimeout <= 0:
 		return invalid("load timeout %v must be positive", c.loadTimeout)
-	case c.lease < MinFillLease:
-		return invalid("fill lease %v is shorter than %v", c.lease, MinFillLease)
+	case c.lease < MinLease:
+		return invalid("fill lease %v is shorter than %v", c.lease, MinLease)
 	case !(c.beta >= 0) || math.IsInf(c.beta, 1):
 		return invalid("early refresh beta %v must be a finite number ≥ 0", c.beta)
 	case !(c.jitter >= 0 && c.jitter < 1):

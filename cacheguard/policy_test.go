@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/logtest"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -306,8 +307,7 @@ func TestObserver(t *testing.T) {
 	}
 }
 
-// Warnings go to the Guard's Logger, each kind at most once a second; the
-// default discards them.
+// Warnings go to the Guard's Logger, each kind at most once a second.
 func TestLoggerWarnsOncePerKind(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
@@ -372,5 +372,23 @@ func TestDeclinedLoadIsNotAFailedLoad(t *testing.T) {
 	defer mu.Unlock()
 	if n := g.Stats().Loads; n != 0 || len(loads) != 0 {
 		t.Fatalf("Stats.Loads %d, load events %+v: a declined load counted as a (failed) load", n, loads)
+	}
+}
+
+// Without Logger, warnings go to slog.Default(); Logger(nil) is the same.
+func TestWarningsGoToSlogDefault(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	def := logtest.New(8)
+	def.Default(t)
+	g := cacheguard.New(rdb, cacheguard.Logger(nil))
+	defer g.Close()
+	s.Kill()
+	if _, err := cacheguard.Get(ctx, g, testKey(t, "k"), (&counter{}).load); err != nil {
+		t.Fatal(err)
+	}
+	if m := def.Wait(t, 5*time.Second); !strings.HasPrefix(m, "cacheguard: ") {
+		t.Fatalf("warning %q, want the Guard's", m)
 	}
 }

@@ -30,7 +30,7 @@ import (
 func childCloser(ctx context.Context, rdb *redis.Client, key string) error {
 	// A lease far longer than any wait: without a hand-over, waiters elsewhere
 	// would wait for it to expire and run out of budget.
-	g := cacheguard.New(rdb, cacheguard.FillLease(time.Minute), cacheguard.EarlyRefresh(0))
+	g := cacheguard.New(rdb, cacheguard.Lease(time.Minute), cacheguard.EarlyRefresh(0))
 	defer g.Close()
 	release := make(chan struct{})
 	var once sync.Once

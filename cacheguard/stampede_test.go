@@ -103,7 +103,7 @@ func TestSlowLoaderKeepsLease(t *testing.T) {
 	ctx := context.Background()
 	// Generous margins: renewal every third of the lease must survive a
 	// CPU-starved -race run.
-	lease := cacheguard.FillLease(400 * time.Millisecond)
+	lease := cacheguard.Lease(400 * time.Millisecond)
 	a, _ := newGuard(t, lease)
 	b, _ := newGuard(t, lease)
 	key := testKey(t)
@@ -221,7 +221,7 @@ func TestHolderKilledWaiterTakesOver(t *testing.T) {
 	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
 		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
 	})
-	g, rg := newGuard(t, cacheguard.FillLease(150*time.Millisecond))
+	g, rg := newGuard(t, cacheguard.Lease(150*time.Millisecond))
 	waiting := watchWaiting(rg)
 	c := &counter{name: "taken over"}
 	const n = 20

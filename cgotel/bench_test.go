@@ -25,7 +25,7 @@ func benchHit(b *testing.B, near, observed bool) {
 	if observed {
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		defer mp.Shutdown(context.Background())
-		opts = append(opts, cacheguard.Observer(cgotel.New(cgotel.WithMeterProvider(mp)).CacheObserver()))
+		opts = append(opts, cacheguard.Observer(cgotel.New(cgotel.MeterProvider(mp)).CacheObserver()))
 	}
 	g := cacheguard.New(rdb, opts...)
 	defer g.Close()

@@ -5,7 +5,7 @@
 //
 //	a := cgotel.New()
 //	g := cacheguard.New(rdb, cacheguard.Observer(a.CacheObserver()))
-//	l := locks.New(rdb, locks.WithObserver(a.LockObserver()))
+//	l := locks.New(rdb, locks.Observer(a.LockObserver()))
 //	rdb.AddHook(&locks.Breaker{Observer: a.LockObserver()})
 //	db.Use(gormplugin.New(l, gormplugin.Observer(a.GormObserver())))
 //
@@ -22,12 +22,13 @@
 //     whose loader answered cacheguard.ErrUncached (a result not to be
 //     stored, not a failure) counts as error=false.
 //   - cacheguard.lock.events{event}: every lock outcome, by locks.EventKind
-//     ("acquired", "not_obtained", "released", "lost", "renewal_failed",
-//     "breaker_opened", "breaker_closed").
+//     ("acquired", "reentered", "not_obtained", "released", "lost",
+//     "renewal_failed", "breaker_opened", "breaker_closed"); acquired +
+//     reentered = released + lost + the holds open now.
 //   - cacheguard.lock.wait.duration{outcome}: how long acquisitions waited
-//     (outcome "acquired" or "not_obtained").
-//   - cacheguard.lock.hold.duration: from a name's acquisition to its release
-//     or loss, in this process.
+//     (outcome "acquired", "reentered" or "not_obtained").
+//   - cacheguard.lock.hold.duration: how long each hold lasted, from its
+//     grant to its release or loss (a re-entry is a hold of its own).
 //   - cacheguard.gorm.events{event}: the GORM plugin's events
 //     (gormplugin.EventKind).
 //
@@ -49,7 +50,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,11 +75,11 @@ type config struct {
 	hash bool
 }
 
-// WithMeterProvider sets where metrics go. The default is otel.GetMeterProvider().
-func WithMeterProvider(mp metric.MeterProvider) Option { return func(c *config) { c.mp = mp } }
+// MeterProvider sets where metrics go. The default is otel.GetMeterProvider().
+func MeterProvider(mp metric.MeterProvider) Option { return func(c *config) { c.mp = mp } }
 
-// WithTracerProvider sets where spans go. The default is otel.GetTracerProvider().
-func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config) { c.tp = tp } }
+// TracerProvider sets where spans go. The default is otel.GetTracerProvider().
+func TracerProvider(tp trace.TracerProvider) Option { return func(c *config) { c.tp = tp } }
 
 // HashKeys records a hash of each cache key and lock name in span
 // attributes instead of the key itself. Off by default.
@@ -99,8 +99,6 @@ type Adapter struct {
 	loadTime                            metric.Float64Histogram
 	waitTime                            metric.Float64Histogram
 	holdTime                            metric.Float64Histogram
-
-	held sync.Map // holding{name, fence} -> time acquired (for hold times)
 }
 
 // New returns an Adapter. It panics with a "cgotel:" message if an
@@ -143,7 +141,7 @@ func New(opts ...Option) *Adapter {
 		func(k int) string { return gormplugin.EventKind(k).String() })
 	a.loadTime = seconds("cacheguard.cache.load.duration", "How long the loads this process ran took.")
 	a.waitTime = seconds("cacheguard.lock.wait.duration", "How long lock acquisitions waited.")
-	a.holdTime = seconds("cacheguard.lock.hold.duration", "How long locks were held, from acquisition to release or loss.")
+	a.holdTime = seconds("cacheguard.lock.hold.duration", "How long each lock hold lasted, from its grant to its release or loss (re-entries count as holds of their own).")
 	for _, err := range errs {
 		if err != nil {
 			panic("cgotel: " + err.Error())
@@ -195,6 +193,7 @@ var (
 	loadErr  = metric.WithAttributeSet(attribute.NewSet(attribute.Bool("error", true)))
 	waitOK   = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "acquired")))
 	waitFail = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "not_obtained")))
+	waitRe   = metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", "reentered")))
 )
 
 // CacheObserver returns the observer to pass to cacheguard.Observer.
@@ -227,18 +226,19 @@ func (a *Adapter) CacheObserver() func(context.Context, cacheguard.Event) {
 	}
 }
 
-// LockObserver returns the observer to pass to locks.WithObserver (a Client
+// LockObserver returns the observer to pass to locks.Observer (a Client
 // or a Redlock) and to a locks.Breaker's Observer.
 func (a *Adapter) LockObserver() func(context.Context, locks.Event) {
 	return func(ctx context.Context, e locks.Event) {
 		defer a.lockEvents.add(int(e.Kind)) // last, as in CacheObserver
 		switch e.Kind {
-		case locks.Acquired, locks.NotObtained:
+		case locks.EventAcquired, locks.EventReentered, locks.EventNotObtained:
 			outcome, opt := "acquired", waitOK
-			if e.Kind == locks.NotObtained {
+			switch e.Kind {
+			case locks.EventNotObtained:
 				outcome, opt = "not_obtained", waitFail
-			} else {
-				a.held.LoadOrStore(holding{e.Name, e.Fence}, time.Now()) // a re-entry keeps the first time
+			case locks.EventReentered:
+				outcome, opt = "reentered", waitRe
 			}
 			a.waitTime.Record(ctx, e.Wait.Seconds(), opt)
 			if trace.SpanContextFromContext(ctx).IsValid() {
@@ -250,19 +250,10 @@ func (a *Adapter) LockObserver() func(context.Context, locks.Event) {
 				}
 				span.End(trace.WithTimestamp(end))
 			}
-		case locks.Released, locks.Lost:
-			if t, ok := a.held.LoadAndDelete(holding{e.Name, e.Fence}); ok {
-				a.holdTime.Record(ctx, time.Since(t.(time.Time)).Seconds())
-			}
+		case locks.EventReleased, locks.EventLost:
+			a.holdTime.Record(ctx, e.Held.Seconds())
 		}
 	}
-}
-
-// holding identifies one holding of a lock: a hand-off can report the next
-// holder's acquisition before the previous holder's release.
-type holding struct {
-	name  string
-	fence uint64
 }
 
 // GormObserver returns the observer to pass to gormplugin.Observer.

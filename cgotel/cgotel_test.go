@@ -40,7 +40,7 @@ func newRig(t *testing.T, opts ...cgotel.Option) *rig {
 		_ = mp.Shutdown(context.Background())
 		_ = r.tp.Shutdown(context.Background())
 	})
-	r.a = cgotel.New(append([]cgotel.Option{cgotel.WithMeterProvider(mp), cgotel.WithTracerProvider(r.tp)}, opts...)...)
+	r.a = cgotel.New(append([]cgotel.Option{cgotel.MeterProvider(mp), cgotel.TracerProvider(r.tp)}, opts...)...)
 	return r
 }
 
@@ -142,7 +142,7 @@ func TestStampede(t *testing.T) {
 func TestContendedAndLostLock(t *testing.T) {
 	r := newRig(t, cgotel.HashKeys())
 	s := redistest.Start(t)
-	l := locks.New(s.Client(), locks.WithObserver(r.a.LockObserver()))
+	l := locks.New(s.Client(), locks.Observer(r.a.LockObserver()))
 	t.Cleanup(func() { l.Close() })
 	ctx, root := r.tp.Tracer("test").Start(context.Background(), "request")
 	first, err := l.Lock(ctx, "repos:2")
@@ -167,7 +167,7 @@ func TestContendedAndLostLock(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	lost, err := l.Lock(ctx, "repos:3", locks.WithLease(100*time.Millisecond), locks.WithoutRenewal())
+	lost, err := l.Lock(ctx, "repos:3", locks.Lease(100*time.Millisecond), locks.NoRenewal())
 	if err != nil {
 		t.Fatal(err)
 	}

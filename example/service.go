@@ -98,10 +98,10 @@ func newService(cfg serviceConfig) (*service, error) {
 	}
 	s := &service{cfg: cfg, transaction: gormplugin.Transaction}
 	if len(cfg.LockServers) > 0 {
-		s.rl = locks.NewRedlock(cfg.LockServers, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
+		s.rl = locks.NewRedlock(cfg.LockServers, locks.Prefix(cfg.Prefix), locks.Lease(cfg.Lease))
 		s.locker = s.rl
 	} else {
-		s.locks = locks.New(cfg.Redis, locks.WithPrefix(cfg.Prefix), locks.WithLease(cfg.Lease))
+		s.locks = locks.New(cfg.Redis, locks.Prefix(cfg.Prefix), locks.Lease(cfg.Lease))
 		s.locker = s.locks
 	}
 	guardOpts := []cacheguard.Option{cacheguard.Prefix(cfg.Prefix)}
@@ -186,7 +186,7 @@ func (s *service) routes() *gin.Engine {
 	// The id is canonical before the lock is taken ("01" is "1"), and an id
 	// that names no row is refused without touching Redis.
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
-	lock := ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WithWait(s.cfg.EditWait)))
+	lock := ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WaitBudget(s.cfg.EditWait)))
 	r.PUT("/repos/:id/settings", lock, s.updateSettings)
 	// The same settings edit written as many handlers are: First, change
 	// the struct, Save it, with no gormplugin.Transaction.
@@ -476,7 +476,7 @@ func (s *service) answerEdit(c *gin.Context, repo Repo, err error) {
 		c.JSON(http.StatusOK, repo)
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		c.AbortWithStatusJSON(http.StatusNotFound, gin.H{"error": "no such repository"})
-	case errors.Is(err, gormplugin.ErrStaleWrite), errors.Is(err, locks.ErrNotHeld), errors.Is(context.Cause(ctx), ginmw.ErrLockLost):
+	case errors.Is(err, gormplugin.ErrStaleWrite), errors.Is(err, locks.ErrNotHeld), errors.Is(context.Cause(ctx), locks.ErrLost):
 		// The lock was lost before the write: nothing was written.
 		c.AbortWithStatusJSON(http.StatusConflict, gin.H{"error": "lock lost before the write; retry"})
 	case errors.Is(err, gormplugin.ErrLock), errors.Is(err, locks.ErrBusy):

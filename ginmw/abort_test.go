@@ -23,7 +23,7 @@ func TestLockLostWithoutAnswerIsNot200(t *testing.T) {
 	l, rdb, _ := newLocker(t)
 	entered := make(chan struct{})
 	r := newEngine()
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithLease(150*time.Millisecond))), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.Lease(150*time.Millisecond))), func(c *gin.Context) {
 		close(entered)
 		<-c.Request.Context().Done() // the write it was about to make would be refused: it gives up
 	})
@@ -68,13 +68,13 @@ func TestAbortMapsErrors(t *testing.T) {
 		{"busy Redlock", busyRedlock, http.StatusConflict, "resource locked", "1"},
 		{"stale write", fmt.Errorf("gormplugin: stale write: %w", locks.ErrNotHeld), http.StatusConflict, "lock lost", "1"},
 		{"lost scope", locks.ErrLost, http.StatusConflict, "lock lost", "1"},
-		{"lost lock (context cause)", ginmw.ErrLockLost, http.StatusConflict, "lock lost", "1"},
-		{"lock service down", &locks.NotObtainedError{Name: "repos:1", Err: redisDown}, http.StatusServiceUnavailable, "lock service unavailable", "1"},
-		{"cache down (FailClosed)", errors.Join(cacheguard.ErrUnavailable, redisDown), http.StatusServiceUnavailable, "lock service unavailable", "1"},
+		{"lost lock (context cause)", locks.ErrLost, http.StatusConflict, "lock lost", "1"},
+		{"lock service down", &locks.NotObtainedError{Name: "repos:1", Err: redisDown}, http.StatusServiceUnavailable, "service unavailable", "1"},
+		{"cache down (FailClosed)", errors.Join(cacheguard.ErrUnavailable, redisDown), http.StatusServiceUnavailable, "service unavailable", "1"},
 		{"wait budget", fmt.Errorf("%w: %q", cacheguard.ErrWaitTimeout, "repos:1"), http.StatusServiceUnavailable, "cached response unavailable", "1"},
 		{"remote load", fmt.Errorf("%w: db down", cacheguard.ErrRemoteLoad), http.StatusServiceUnavailable, "cached response unavailable", "1"},
 		{"not found", fmt.Errorf("repo 7: %w", cacheguard.ErrNotFound), http.StatusNotFound, "no such resource", ""},
-		{"closed guard", cacheguard.ErrClosed, http.StatusServiceUnavailable, "lock service unavailable", "1"},
+		{"closed guard", cacheguard.ErrClosed, http.StatusServiceUnavailable, "service unavailable", "1"},
 		{"deadline", context.DeadlineExceeded, http.StatusServiceUnavailable, "request timed out", "1"},
 		{"anything else", errors.New("pq: relation does not exist"), http.StatusInternalServerError, "internal error", ""},
 	}

@@ -44,22 +44,22 @@ func Abort(c *gin.Context, err error) {
 //
 //   - an *Error in err's chain: itself; an HTTPError: its status and text.
 //   - ErrBadKey: 400, or 404 when it also matches ErrNotFound.
-//   - Lock lost — ErrLockLost (the cause of a Lock request's context) or
-//     locks.ErrNotHeld, which a write fenced out by a newer holder matches
-//     (gormplugin.ErrStaleWrite) as does a nested lock of a lost hold
-//     (locks.ErrLost): 409 "lock lost", Retry-After 1. Nothing was written
+//   - Lock lost — locks.ErrNotHeld, which locks.ErrLost (the cause of a Lock
+//     request's context once its lock is lost) and a write fenced out by a
+//     newer holder (gormplugin.ErrStaleWrite) match: 409 "lock lost",
+//     Retry-After 1. Nothing was written
 //     under the lock; the client may retry.
 //   - Contention — locks.ErrBusy, ErrLocked: 409 "resource locked",
 //     Retry-After the holder's remaining lease when known (at least 1s).
-//   - Not found — cacheguard.ErrNotFound, ErrNotFound: 404 "no such resource".
+//   - Not found — ErrNotFound (the same value as cacheguard.ErrNotFound):
+//     404 "no such resource".
 //   - The cache's policy refused to load — cacheguard.ErrWaitTimeout,
 //     cacheguard.ErrMiss, ErrCacheUnavailable — or a load failed in another
 //     process (cacheguard.ErrRemoteLoad): 503 "cached response unavailable",
 //     Retry-After 1.
-//   - Redis or the lock service unavailable — locks.ErrUnavailable,
-//     cacheguard.ErrUnavailable (which a failed Guard.Invalidate matches too),
-//     ErrUnavailable, a closed Locker or Guard: 503 "lock service
-//     unavailable", Retry-After 1. A write that committed but whose
+//   - Redis unavailable — locks.ErrUnavailable (the same value as
+//     cacheguard.ErrUnavailable, which a failed Guard.Invalidate matches too),
+//     a closed Locker or Guard: 503 "service unavailable", Retry-After 1. A write that committed but whose
 //     invalidation failed is better answered with its success and the error
 //     recorded (the cached copies expire with their TTL), as InvalidateAfter
 //     does: Abort cannot know that the write committed.
@@ -78,18 +78,18 @@ func ErrorFor(err error) *Error {
 	switch {
 	case errors.As(err, &ke):
 		return badKey(err)
-	case errors.Is(err, ErrLockLost), errors.Is(err, locks.ErrNotHeld):
-		return &Error{Status: http.StatusConflict, Kind: ErrLockLost, RetryAfter: time.Second, Cause: err}
+	case errors.Is(err, locks.ErrNotHeld):
+		return &Error{Status: http.StatusConflict, Kind: locks.ErrLost, RetryAfter: time.Second, Cause: err}
 	case errors.Is(err, locks.ErrBusy), errors.Is(err, ErrLocked):
 		return &Error{Status: http.StatusConflict, Kind: ErrLocked, RetryAfter: max(retryAfter(err), time.Second), Cause: err}
-	case errors.Is(err, cacheguard.ErrNotFound), errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Cause: err}
 	case errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrMiss),
 		errors.Is(err, ErrCacheUnavailable), errors.Is(err, cacheguard.ErrRemoteLoad):
 		return &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, RetryAfter: time.Second, Cause: err}
-	case errors.Is(err, locks.ErrUnavailable), errors.Is(err, cacheguard.ErrUnavailable), errors.Is(err, ErrUnavailable),
+	case errors.Is(err, locks.ErrUnavailable),
 		errors.Is(err, locks.ErrClosed), errors.Is(err, cacheguard.ErrClosed):
-		return &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, RetryAfter: time.Second, Cause: err}
+		return &Error{Status: http.StatusServiceUnavailable, Kind: locks.ErrUnavailable, RetryAfter: time.Second, Cause: err}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &Error{Status: http.StatusServiceUnavailable, Kind: errTimedOut, RetryAfter: time.Second, Cause: err}
 	}

@@ -26,7 +26,7 @@
 //   - Every Locker's failures are told apart alike, through the locks
 //     sentinels, so a locks.Redlock behind Lock answers as a locks.Client does.
 //   - Contention (locks.ErrBusy): Lock waits up to a budget [5s, set with
-//     LockOptions(locks.WithWait(d)); push-woken, not polled], then answers
+//     LockOptions(locks.WaitBudget(d)); push-woken, not polled], then answers
 //     409 Conflict (see ConflictStatus)
 //     with Retry-After (the holder's remaining lease when the Locker reports
 //     it, rounded up to whole seconds, at least 1) and a JSON body naming the
@@ -35,7 +35,7 @@
 //     because mutual exclusion fails closed [FailOpen runs the handler
 //     unlocked instead]. A closed Locker is a 503, FailOpen or not.
 //   - A hold of the same resource by this request's owner was lost further up
-//     the chain (locks.ErrLost): 409 with ErrLockLost.
+//     the chain (locks.ErrLost): 409 with locks.ErrLost.
 //   - A bad key (missing parameter, header or query value, a custom Key's
 //     error, longer than MaxKeyLen): 400 with a JSON body.
 //   - The client went away while waiting: the chain is aborted with status 499
@@ -43,9 +43,9 @@
 //   - The request context carries the lock: its owner (locks.WithOwner; an owner
 //     already on the context is kept, so nested acquisitions re-enter), its fence
 //     token (Fence), the lock itself (LockFromContext), and it is
-//     cancelled with cause ErrLockLost when the lock is lost mid-handler. A
+//     cancelled with cause locks.ErrLost when the lock is lost mid-handler. A
 //     handler that then answers nothing (its write refused, or it gave up) is
-//     answered 409 with ErrLockLost, never a default 200.
+//     answered 409 with locks.ErrLost, never a default 200.
 //   - The release runs after the chain returns, under a context that the
 //     client's disconnect cannot cancel (bounded by 5s).
 //   - Lock never touches *gin.Context from another goroutine: lock loss reaches

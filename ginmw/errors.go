@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 var (
@@ -17,18 +20,11 @@ var (
 	// ErrLocked means another request held the resource for the whole wait
 	// budget. Lock answers 409 (see ConflictStatus) with Retry-After.
 	ErrLocked = errors.New("ginmw: resource locked")
-	// ErrUnavailable means the lock service failed (Redis down, a network error,
-	// a closed client). Lock answers 503 (FailOpen runs the handler instead when
-	// the Locker reports locks.ErrUnavailable).
-	ErrUnavailable = errors.New("ginmw: lock service unavailable")
-	// ErrLockLost is the cause (context.Cause) of a request context cancelled
-	// because its lock was lost while the handler ran. A request whose lock was
-	// lost and whose handler answered nothing is answered 409 with it.
-	ErrLockLost = errors.New("ginmw: lock lost")
 	// ErrNotFound means the request names no resource: an id that Int or UUID
 	// refuses in a path parameter, or an error of a Check (or Func) function
-	// that wraps it. The request is answered 404.
-	ErrNotFound = errors.New("ginmw: no such resource")
+	// that wraps it. The request is answered 404. It is the same value as
+	// cacheguard.ErrNotFound, which a loader returns for a missing row.
+	ErrNotFound = cacheguard.ErrNotFound
 )
 
 // StatusClientClosedRequest is the status Lock aborts with when the client went
@@ -42,7 +38,7 @@ const StatusClientClosedRequest = 499
 // own code to choose the answer Abort gives.
 type Error struct {
 	Status     int           // the HTTP status to answer with
-	Kind       error         // ErrBadKey, ErrLocked, ErrLockLost, ErrUnavailable, ErrNotFound, ErrCacheUnavailable, ...
+	Kind       error         // ErrBadKey, ErrLocked, locks.ErrLost, locks.ErrUnavailable, ErrNotFound, ErrCacheUnavailable, ...
 	Resource   string        // the lock or cache name, when known
 	RetryAfter time.Duration // when set, the answer carries Retry-After (ErrLocked: the holder's remaining lease, at least 1s)
 	Cause      error         // what went wrong underneath, if anything
@@ -80,9 +76,25 @@ func (e *Error) message() string {
 	if e.Kind == nil {
 		return strings.ToLower(http.StatusText(e.Status))
 	}
-	msg := e.Kind.Error()
 	if errors.Is(e.Kind, ErrBadKey) && e.Cause != nil {
-		msg = e.Cause.Error()
+		return strings.TrimPrefix(e.Cause.Error(), "ginmw: ")
 	}
-	return strings.TrimPrefix(msg, "ginmw: ")
+	for _, t := range clientTexts {
+		if e.Kind == t.kind {
+			return t.text
+		}
+	}
+	return strings.TrimPrefix(e.Kind.Error(), "ginmw: ")
+}
+
+// clientTexts are the answers' texts for the kinds other packages define
+// (their own messages name the package, which is for the log).
+var clientTexts = []struct {
+	kind error
+	text string
+}{
+	{locks.ErrNotHeld, "lock lost"},
+	{locks.ErrLost, "lock lost"},
+	{locks.ErrUnavailable, "service unavailable"},
+	{ErrNotFound, "no such resource"},
 }

@@ -45,7 +45,7 @@ func ExampleLock_conflict() {
 	defer holder.Unlock(context.Background())
 
 	r := gin.New()
-	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))), ginmw.LockOptions(locks.WithWait(0))),
+	r.PUT("/repos/:id/settings", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))), ginmw.LockOptions(locks.WaitBudget(0))),
 		func(c *gin.Context) { c.Status(204) })
 	w := httptest.NewRecorder()
 	r.ServeHTTP(w, httptest.NewRequest("PUT", "/repos/7/settings", nil))

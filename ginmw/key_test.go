@@ -34,7 +34,7 @@ func TestIntKeyIsCanonicalAndValidated(t *testing.T) {
 	repo := ginmw.Resource("repos", ginmw.Int(ginmw.Param("id")))
 	r := newEngine()
 	entered, release := make(chan string, 1), make(chan struct{})
-	r.PUT("/repos/:id", ginmw.Lock(l, repo, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repo, ginmw.LockOptions(locks.WaitBudget(0))), func(c *gin.Context) {
 		lk, _ := ginmw.LockFromContext(c.Request.Context())
 		if c.Query("hold") != "" {
 			entered <- lk.Name()

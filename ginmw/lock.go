@@ -33,8 +33,8 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 	if err := cfg.validate(); err != nil {
 		panic(err.Error())
 	}
-	// The default wait first: a locks.WithWait among the user's options wins.
-	lockOpts := append([]locks.CallOption{locks.WithWait(defaultWait)}, cfg.lockOpts...)
+	// The default wait first: a locks.WaitBudget among the user's options wins.
+	lockOpts := append([]locks.CallOption{locks.WaitBudget(defaultWait)}, cfg.lockOpts...)
 	// Each request is an owner of its own: a random 128-bit prefix per
 	// middleware and a counter, unique without a call to the OS per request.
 	ownerPrefix := locks.NewOwnerID() + "."
@@ -68,7 +68,7 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 		}
 
 		cctx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(lk.Context(), func() { cancel(ErrLockLost) })
+		stop := context.AfterFunc(lk.Context(), func() { cancel(locks.ErrLost) })
 		c.Request = orig.WithContext(&lockedCtx{Context: cctx, held: held{lk: lk}})
 		returned := false // the chain returned (it did not panic)
 		defer func() {
@@ -82,12 +82,12 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 			case lost && returned && !c.Writer.Written():
 				// The handler answered nothing (its write refused, or it saw
 				// its context end): the default would be a 200.
-				cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second})
-				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
+				cfg.onError(c, &Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name, RetryAfter: time.Second})
+				c.Error(&Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case lost:
-				c.Error(&Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name}) //nolint:errcheck // recorded for loggers
+				c.Error(&Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name}) //nolint:errcheck // recorded for loggers
 			case uerr != nil:
-				c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: uerr}) //nolint:errcheck
+				c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: locks.ErrUnavailable, Resource: name, Cause: uerr}) //nolint:errcheck
 			}
 		}()
 		c.Next()
@@ -98,7 +98,7 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 // refuse answers a failed acquisition, or reports false when the handler
 // should run unlocked (FailOpen and the lock service is unavailable). It
 // classifies the failures of every Locker alike, through the locks
-// sentinels: ErrBusy (another owner holds the resource), ErrUnavailable (the
+// sentinels: ErrBusy (another owner holds the resource), locks.ErrUnavailable (the
 // lock service could not be asked), ErrNotHeld (an enclosing hold of this
 // request's owner was lost: locks.ErrLost).
 func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
@@ -112,16 +112,16 @@ func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, 
 		// held lock), or a deadline set upstream ended the wait: contention.
 		cfg.conflict(c, name, retryAfter(err), err)
 	case errors.Is(err, locks.ErrNotHeld):
-		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: ErrLockLost, Resource: name, RetryAfter: time.Second, Cause: err})
+		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name, RetryAfter: time.Second, Cause: err})
 	case errors.Is(err, locks.ErrInvalid):
-		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: ErrUnavailable, Resource: name, Cause: err})
+		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: locks.ErrUnavailable, Resource: name, Cause: err})
 	case errors.Is(err, locks.ErrUnavailable) && !errors.Is(err, locks.ErrClosed) && cfg.failOpen:
 		// (A closed Locker is the process shutting down, not an outage.)
-		c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, Cause: err}) //nolint:errcheck // recorded for loggers
+		c.Error(&Error{Status: http.StatusServiceUnavailable, Kind: locks.ErrUnavailable, Resource: name, Cause: err}) //nolint:errcheck // recorded for loggers
 		return false
 	default:
 		// Unavailable (fail closed), a closed Locker, too few replicas.
-		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: ErrUnavailable, Resource: name, RetryAfter: time.Second, Cause: err})
+		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: locks.ErrUnavailable, Resource: name, RetryAfter: time.Second, Cause: err})
 	}
 	return true
 }

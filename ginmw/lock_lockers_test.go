@@ -78,11 +78,11 @@ func TestLockEveryLocker(t *testing.T) {
 			var ran atomic.Int64
 			handler := func(c *gin.Context) { ran.Add(1); c.Status(http.StatusOK) }
 			r := newEngine()
-			r.PUT("/closed/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond))), handler)
-			r.PUT("/open/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond)), ginmw.FailOpen()), handler)
-			r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
+			r.PUT("/closed/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(50*time.Millisecond))), handler)
+			r.PUT("/open/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(50*time.Millisecond)), ginmw.FailOpen()), handler)
+			r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
 			var inside, overlaps atomic.Int64
-			r.PUT("/serial/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) {
+			r.PUT("/serial/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(time.Minute))), func(c *gin.Context) {
 				if inside.Add(1) != 1 {
 					overlaps.Add(1)
 				}
@@ -91,7 +91,7 @@ func TestLockEveryLocker(t *testing.T) {
 				c.Status(http.StatusNoContent)
 			})
 			var panics atomic.Int64
-			r.PUT("/panic/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
+			r.PUT("/panic/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0))), func(c *gin.Context) {
 				if panics.Add(1) == 1 {
 					panic("boom")
 				}
@@ -148,7 +148,7 @@ func TestLockEveryLocker(t *testing.T) {
 			down()
 			if w := serve(r, http.MethodPut, "/closed/4"); w.Code != http.StatusServiceUnavailable {
 				t.Fatalf("Redis down: status %d, want 503 (%s)", w.Code, w.Body)
-			} else if b := decodeError(t, w); b.Error != "lock service unavailable" {
+			} else if b := decodeError(t, w); b.Error != "service unavailable" {
 				t.Fatalf("Redis down: body %+v", b)
 			}
 			if ran.Load() != 0 {

@@ -13,7 +13,7 @@ import (
 )
 
 // defaultWait is how long Lock waits for a held resource before answering
-// 409, unless LockOptions sets locks.WithWait. It is short because a person is
+// 409, unless LockOptions sets locks.WaitBudget. It is short because a person is
 // usually waiting for the answer: an edit that queues longer than a few
 // seconds is better refused with Retry-After.
 const defaultWait = 5 * time.Second
@@ -60,7 +60,7 @@ func Methods(methods ...string) LockOption {
 }
 
 // LockOptions passes options to every acquisition: the wait budget
-// (locks.WithWait: how long a request waits for a resource another request
+// (locks.WaitBudget: how long a request waits for a resource another request
 // holds before it is refused with ErrLocked; zero refuses at once; the
 // request's own context can end the wait sooner), the lease, fair mode,
 // replicas. The default is the Locker's own defaults, except the wait budget:

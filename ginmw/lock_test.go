@@ -42,8 +42,8 @@ func TestLockReentersNestedAcquisition(t *testing.T) {
 	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey), func(c *gin.Context) {
 		ctx := c.Request.Context()
 		outerF, fenceOK = ginmw.Fence(c)
-		// WithWait(0): if this did not re-enter it would fail at once instead of waiting.
-		inner, err := l.Lock(ctx, "repos:42", locks.WithWait(0))
+		// WaitBudget(0): if this did not re-enter it would fail at once instead of waiting.
+		inner, err := l.Lock(ctx, "repos:42", locks.WaitBudget(0))
 		if err != nil {
 			innerErr = err
 			c.Status(http.StatusInternalServerError)
@@ -90,7 +90,7 @@ func TestLockKeepsOwnerFromContext(t *testing.T) {
 		c.Request = c.Request.WithContext(locks.WithOwner(c.Request.Context(), "job-7"))
 	})
 	var holds, owner string
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey), ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey), ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0))), func(c *gin.Context) {
 		ctx := c.Request.Context()
 		holds, _ = rdb.HGet(ctx, "cg:lock:{repos:1}", "n").Result()
 		owner, _ = rdb.HGet(ctx, "cg:lock:{repos:1}", "o").Result()
@@ -108,7 +108,7 @@ func TestLockExcludesConcurrentRequests(t *testing.T) {
 	l, _, _ := newLocker(t)
 	r := newEngine()
 	var inside, overlaps, ran atomic.Int64
-	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) {
+	r.PUT("/repos/:id/settings", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(time.Minute))), func(c *gin.Context) {
 		if inside.Add(1) != 1 {
 			overlaps.Add(1)
 		}
@@ -180,9 +180,9 @@ func TestLockConflictAfterWaitBudget(t *testing.T) {
 	var ran atomic.Bool
 	handler := func(c *gin.Context) { ran.Store(true) }
 	r := newEngine()
-	r.PUT("/wait/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(50*time.Millisecond))), handler)
-	r.PUT("/now/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), handler)
-	r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
+	r.PUT("/wait/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(50*time.Millisecond))), handler)
+	r.PUT("/now/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0))), handler)
+	r.PUT("/locked/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0)), ginmw.ConflictStatus(http.StatusLocked)), handler)
 
 	for _, tc := range []struct {
 		path string
@@ -234,7 +234,7 @@ func TestLockReleasedWhenHandlerPanics(t *testing.T) {
 	l, rdb, _ := newLocker(t)
 	r := newEngine()
 	var calls atomic.Int64
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0))), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0))), func(c *gin.Context) {
 		if calls.Add(1) == 1 {
 			panic("boom")
 		}
@@ -276,7 +276,7 @@ func TestLockReleasedWhenClientDisconnects(t *testing.T) {
 		t.Fatalf("client: %v", err)
 	}
 	within(t, 10*time.Second, finished, "the request to finish after the disconnect")
-	if !errors.Is(cause, context.Canceled) || errors.Is(cause, ginmw.ErrLockLost) {
+	if !errors.Is(cause, context.Canceled) || errors.Is(cause, locks.ErrLost) {
 		t.Fatalf("handler context cause %v, want the client's cancellation", cause)
 	}
 	if lockExists(t, rdb, "repos:4") {
@@ -296,7 +296,7 @@ func TestLockClientGivesUpWhileWaiting(t *testing.T) {
 		c.Next()
 		status <- c.Writer.Status()
 	})
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(time.Minute))), func(c *gin.Context) { ran.Store(true) })
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(time.Minute))), func(c *gin.Context) { ran.Store(true) })
 	cancel, errc := startRequest(t, r, http.MethodPut, "/repos/6")
 	// The request is waiting once it has a place in the lock's queue.
 	eventually(t, 10*time.Second, "the request to queue for the lock", func() bool {
@@ -347,7 +347,7 @@ func TestLockRedisUnavailable(t *testing.T) {
 	if w.Code != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want 503", w.Code)
 	}
-	if b := decodeError(t, w); b.Error != "lock service unavailable" || b.Resource != "repos:8" {
+	if b := decodeError(t, w); b.Error != "service unavailable" || b.Resource != "repos:8" {
 		t.Fatalf("body %+v", b)
 	}
 	if ran.Load() != 0 {
@@ -361,13 +361,13 @@ func TestLockRedisUnavailable(t *testing.T) {
 	if ran.Load() != 1 || fenced.Load() {
 		t.Fatalf("fail-open: handler ran %d times, fence reported %v", ran.Load(), fenced.Load())
 	}
-	if len(recorded) != 1 || !errors.Is(recorded[0], ginmw.ErrUnavailable) {
-		t.Fatalf("fail-open: recorded errors %v, want one ErrUnavailable", recorded)
+	if len(recorded) != 1 || !errors.Is(recorded[0], locks.ErrUnavailable) {
+		t.Fatalf("fail-open: recorded errors %v, want one locks.ErrUnavailable", recorded)
 	}
 }
 
 // A lock lost mid-handler (its key deleted, so renewal finds another owner)
-// cancels the request's context with cause ErrLockLost.
+// cancels the request's context with cause locks.ErrLost.
 func TestLockLostCancelsRequestContext(t *testing.T) {
 	l, rdb, _ := newLocker(t)
 	entered := make(chan struct{})
@@ -375,7 +375,7 @@ func TestLockLostCancelsRequestContext(t *testing.T) {
 	var recorded []error
 	r := newEngine()
 	recordErrors(r, &recorded)
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithLease(150*time.Millisecond))), func(c *gin.Context) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.Lease(150*time.Millisecond))), func(c *gin.Context) {
 		close(entered)
 		select {
 		case <-c.Request.Context().Done():
@@ -397,11 +397,11 @@ func TestLockLostCancelsRequestContext(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("request never finished")
 	}
-	if w.Code != http.StatusConflict || !errors.Is(cause, ginmw.ErrLockLost) {
-		t.Fatalf("status %d, context cause %v; want the context cancelled with ErrLockLost", w.Code, cause)
+	if w.Code != http.StatusConflict || !errors.Is(cause, locks.ErrLost) {
+		t.Fatalf("status %d, context cause %v; want the context cancelled with locks.ErrLost", w.Code, cause)
 	}
-	if len(recorded) != 1 || !errors.Is(recorded[0], ginmw.ErrLockLost) {
-		t.Fatalf("recorded errors %v, want ErrLockLost", recorded)
+	if len(recorded) != 1 || !errors.Is(recorded[0], locks.ErrLost) {
+		t.Fatalf("recorded errors %v, want locks.ErrLost", recorded)
 	}
 }
 
@@ -410,7 +410,7 @@ func TestLockOnlySomeMethods(t *testing.T) {
 	l, _, _ := newLocker(t)
 	hold(t, l, "repos:11")
 	r := newEngine()
-	r.Use(ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.Methods("put", "DELETE")))
+	r.Use(ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0)), ginmw.Methods("put", "DELETE")))
 	var fenced atomic.Bool
 	h := func(c *gin.Context) {
 		_, ok := ginmw.Fence(c)
@@ -437,8 +437,8 @@ func TestLockRouteScopesName(t *testing.T) {
 		lk, _ := ginmw.LockFromContext(c.Request.Context())
 		names <- lk.Name()
 	}
-	r.PUT("/repos/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WithWait(0))), h)
-	r.PUT("/orgs/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WithWait(0))), h)
+	r.PUT("/repos/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WaitBudget(0))), h)
+	r.PUT("/orgs/:id", ginmw.Lock(l, ginmw.Param("id"), ginmw.LockOptions(locks.WaitBudget(0))), h)
 	hold(t, l, "/repos/:id:1")
 	if w := serve(r, http.MethodPut, "/repos/1"); w.Code != http.StatusConflict {
 		t.Fatalf("/repos/1: status %d, want 409", w.Code)
@@ -512,7 +512,7 @@ func TestLockErrorHandler(t *testing.T) {
 	hold(t, l, "repos:12")
 	var got *ginmw.Error
 	r := newEngine()
-	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WithWait(0)), ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0)), ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {
 		got = e
 		c.AbortWithStatus(http.StatusTeapot)
 	})), func(c *gin.Context) {})

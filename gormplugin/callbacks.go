@@ -185,7 +185,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				if p.cfg.failOpen && unavailable(err) {
 					p.warn(stmt.Context, "unguarded", "gormplugin: writing without a lock (FailOpen): the lock service is unavailable",
 						slog.String("table", table), slog.Any("cause", err))
-					p.emit(stmt.Context, Event{Kind: WroteUnguarded, Table: table, Err: err})
+					p.emit(stmt.Context, Event{Kind: EventWroteUnguarded, Table: table, Err: err})
 					g.locked = nil
 					g.resolved = false
 					return

@@ -145,7 +145,7 @@ func TestUnnamedRowsGuarded(t *testing.T) {
 }
 
 func testUnnamedRowsGuarded(t *testing.T, e *env) {
-	db := e.guarded(t, gormplugin.LockOptions(locks.WithWait(300*time.Millisecond)))
+	db := e.guarded(t, gormplugin.LockOptions(locks.WaitBudget(300*time.Millisecond)))
 	if err := db.Create(&[]Widget{{ID: 1, Size: 1}, {ID: 2, Size: 1}, {ID: 3, Size: 2}}).Error; err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,7 @@
 // every acquisition under the same owner. A statement without an owner on its
 // context gets a new one for its locks (and for its hooks' writes). Several
 // rows are locked in sorted name order. A lock is awaited up to the Locker's
-// wait budget; set it with LockOptions(locks.WithWait(d)).
+// wait budget; set it with LockOptions(locks.WaitBudget(d)).
 //
 // A lost lock scope is never re-acquired behind the caller's back: while a
 // request still has a Lock of "repos:42" (from ginmw.Lock, or its own under

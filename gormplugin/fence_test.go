@@ -58,7 +58,7 @@ func testPausedWriterRefusedByFence(t *testing.T, e *env) {
 	ctx := context.Background()
 	// A long lease: A's first renewal, which would tell it the lock is gone,
 	// is twenty seconds off.
-	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
+	db := e.guarded(t, gormplugin.LockOptions(locks.Lease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestWriterPausedPastLeaseRefused(t *testing.T) {
 }
 
 func testWriterPausedPastLeaseRefused(t *testing.T, e *env) {
-	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(100*time.Millisecond), locks.WithoutRenewal()))
+	db := e.guarded(t, gormplugin.LockOptions(locks.Lease(100*time.Millisecond), locks.NoRenewal()))
 	if err := db.Create(&Counter{ID: 1, N: 1}).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestStaleDeleteAndSaveRefused(t *testing.T) {
 
 func testStaleDeleteAndSaveRefused(t *testing.T, e *env) {
 	ctx := context.Background()
-	db := e.guarded(t, gormplugin.LockOptions(locks.WithLease(time.Minute)))
+	db := e.guarded(t, gormplugin.LockOptions(locks.Lease(time.Minute)))
 	if err := db.Create(&Counter{ID: 1}).Error; err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func (p *Plugin) invalidateOnce(ctx context.Context, keys []string) error {
 func (p *Plugin) retryLater(keys []string, err error) {
 	p.warn(context.Background(), "invalidate-failed", "gormplugin: invalidation after commit failed; retrying in the background",
 		slog.Any("keys", keys), slog.Any("cause", err))
-	p.emit(context.Background(), Event{Kind: InvalidateFailed, Keys: keys, Attempt: 1, Err: err})
+	p.emit(context.Background(), Event{Kind: EventInvalidateFailed, Keys: keys, Attempt: 1, Err: err})
 	p.mu.Lock()
 	if p.closed || p.pendingKeys+len(keys) > maxPendingKeys || p.cfg.attempts <= 1 {
 		p.mu.Unlock()
@@ -86,7 +86,7 @@ func (p *Plugin) drop(r *pendingInvalidation, why string) {
 	}
 	p.warn(context.Background(), "invalidate-dropped", "gormplugin: invalidation after commit given up; the keys may be served stale until they expire",
 		slog.Any("keys", r.keys), slog.String("why", why), slog.Int("attempts", r.attempts), slog.Any("cause", r.err))
-	p.emit(context.Background(), Event{Kind: InvalidateDropped, Keys: r.keys, Attempt: r.attempts, Err: r.err})
+	p.emit(context.Background(), Event{Kind: EventInvalidateDropped, Keys: r.keys, Attempt: r.attempts, Err: r.err})
 }
 
 // backoffFor is the wait before the attempt after the n-th.
@@ -176,7 +176,7 @@ func (p *Plugin) retryLoop() {
 		p.mu.Unlock()
 		switch {
 		case err == nil:
-			p.emit(context.Background(), Event{Kind: InvalidateRetried, Keys: r.keys, Attempt: r.attempts})
+			p.emit(context.Background(), Event{Kind: EventInvalidateRetried, Keys: r.keys, Attempt: r.attempts})
 		case dropped:
 			p.drop(r, "")
 		}

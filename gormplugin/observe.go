@@ -2,7 +2,6 @@ package gormplugin
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 )
 
@@ -10,33 +9,33 @@ import (
 type EventKind int
 
 const (
-	// InvalidateFailed: an invalidation after COMMIT failed (Err); the write
+	// EventInvalidateFailed: an invalidation after COMMIT failed (Err); the write
 	// has committed and returned nil, and the invalidation will be retried in
 	// the background (see RetryInvalidation).
-	InvalidateFailed EventKind = iota + 1
-	// InvalidateRetried: a retry of a failed invalidation succeeded.
-	InvalidateRetried
-	// InvalidateDropped: an invalidation was given up — its retries ran out,
+	EventInvalidateFailed EventKind = iota + 1
+	// EventInvalidateRetried: a retry of a failed invalidation succeeded.
+	EventInvalidateRetried
+	// EventInvalidateDropped: an invalidation was given up — its retries ran out,
 	// too many were pending, or Close (or Shutdown's context) ended first.
 	// Its keys may be served stale until they expire.
-	InvalidateDropped
-	// WroteUnguarded: FailOpen sent a write without its row locks because the
+	EventInvalidateDropped
+	// EventWroteUnguarded: FailOpen sent a write without its row locks because the
 	// lock service was unavailable (Err).
-	WroteUnguarded
+	EventWroteUnguarded
 )
 
 func (k EventKind) String() string {
 	switch k {
-	case InvalidateFailed:
-		return "InvalidateFailed"
-	case InvalidateRetried:
-		return "InvalidateRetried"
-	case InvalidateDropped:
-		return "InvalidateDropped"
-	case WroteUnguarded:
-		return "WroteUnguarded"
+	case EventInvalidateFailed:
+		return "invalidate_failed"
+	case EventInvalidateRetried:
+		return "invalidate_retried"
+	case EventInvalidateDropped:
+		return "invalidate_dropped"
+	case EventWroteUnguarded:
+		return "wrote_unguarded"
 	}
-	return fmt.Sprintf("EventKind(%d)", int(k))
+	return "unknown"
 }
 
 // Event is what the plugin reports to an Observer.

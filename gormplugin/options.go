@@ -185,7 +185,7 @@ func UnavailableAfter(d time.Duration) Option {
 }
 
 // LockOptions are passed to every Lock and TryLock call of the plugin, e.g.
-// locks.WithWait(5*time.Second) to bound how long a write waits for a row.
+// locks.WaitBudget(5*time.Second) to bound how long a write waits for a row.
 // The default is none: the Locker's own defaults apply.
 func LockOptions(opts ...locks.CallOption) Option {
 	return func(c *config) { c.lockOpts = append(c.lockOpts, opts...) }
@@ -194,9 +194,10 @@ func LockOptions(opts ...locks.CallOption) Option {
 // Logger sets where the plugin's warnings go — an invalidation that failed
 // after COMMIT or was given up, a write let through unguarded by FailOpen, a
 // row lock whose release failed — each kind at most once a second, with the
-// count of those suppressed. The default discards them (GORM's logger is not
-// used: it writes to standard output by default); the Observer sees every
-// event regardless.
+// count of those suppressed. The default (and nil) is slog.Default() (GORM's
+// logger is not used: it writes to standard output by default); silence them
+// with Logger(slog.New(slog.DiscardHandler)). The Observer sees every event
+// regardless.
 func Logger(l *slog.Logger) Option {
 	return func(c *config) { c.log = ratelog.New(l, time.Second) }
 }

@@ -53,7 +53,7 @@ func pauserOf(ctx context.Context) *pauser {
 // through the plugin. read is closed after the read.
 func incrementAsRequest(ctx context.Context, e *env, db *gorm.DB, mode string, read chan<- struct{}) error {
 	ctx = locks.WithOwner(ctx, locks.NewOwnerID())
-	lk, err := e.l.Lock(ctx, "counters:1", locks.WithLease(time.Minute))
+	lk, err := e.l.Lock(ctx, "counters:1", locks.Lease(time.Minute))
 	if err != nil {
 		return err
 	}

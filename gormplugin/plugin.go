@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 	"gorm.io/gorm/schema"
 
+	"github.com/cacheguard/cacheguard/internal/ratelog"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -65,6 +66,7 @@ func New(l locks.Locker, opts ...Option) *Plugin {
 	p.cfg.unavailableAfter = defaultUnavailableAfter
 	p.cfg.attempts, p.cfg.backoff = defaultInvalidateAttempts, defaultInvalidateBackoff
 	p.cfg.maxMatched = defaultMaxMatchedRows
+	p.cfg.log = defaultLog
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
@@ -223,3 +225,6 @@ func isRedlock(l locks.Locker) bool {
 	_, ok := l.(*locks.Redlock)
 	return ok
 }
+
+// defaultLog is where a Plugin's warnings go without Logger.
+var defaultLog = ratelog.New(nil, time.Second)

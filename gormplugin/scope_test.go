@@ -33,9 +33,9 @@ func testLostScopeNeverReacquired(t *testing.T, e *env) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			actx := locks.WithOwner(ctx, locks.NewOwnerID())
-			opts := []locks.CallOption{locks.WithLease(time.Minute)}
+			opts := []locks.CallOption{locks.Lease(time.Minute)}
 			if how == "known" {
-				opts = []locks.CallOption{locks.WithLease(300 * time.Millisecond), locks.WithoutRenewal()}
+				opts = []locks.CallOption{locks.Lease(300 * time.Millisecond), locks.NoRenewal()}
 			}
 			a, err := e.l.Lock(actx, "repos:1", opts...)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
+	"github.com/cacheguard/cacheguard/internal/logtest"
 )
 
 // events collects what the plugin reports to its Observer.
@@ -64,11 +66,11 @@ func testInvalidationRetriesReported(t *testing.T, e *env) {
 	if err := db.Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the invalidation to be given up", func() bool { return ev.count(gormplugin.InvalidateDropped) == 1 })
+	eventually(t, 10*time.Second, "the invalidation to be given up", func() bool { return ev.count(gormplugin.EventInvalidateDropped) == 1 })
 	if got := inv.calls.Load(); got != 3 {
 		t.Fatalf("%d invalidation attempts, want 3", got)
 	}
-	if ev.count(gormplugin.InvalidateFailed) != 1 {
+	if ev.count(gormplugin.EventInvalidateFailed) != 1 {
 		t.Fatalf("events %v, want one InvalidateFailed", ev.kinds())
 	}
 
@@ -78,7 +80,7 @@ func testInvalidationRetriesReported(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	inv.failing.Store(false)
-	eventually(t, 10*time.Second, "the retried invalidation", func() bool { return ev.count(gormplugin.InvalidateRetried) == 1 })
+	eventually(t, 10*time.Second, "the retried invalidation", func() bool { return ev.count(gormplugin.EventInvalidateRetried) == 1 })
 	if exists(t, e.rdb, "cache:widgets:1") {
 		t.Fatal("the retried invalidation left the key")
 	}
@@ -163,7 +165,7 @@ func testShutdownFlushesInvalidations(t *testing.T, e *env) {
 	if !errors.Is(err, gormplugin.ErrInvalidate) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Shutdown with the cache down: %v, want ErrInvalidate and the context's error", err)
 	}
-	if ev.count(gormplugin.InvalidateDropped) != 1 {
+	if ev.count(gormplugin.EventInvalidateDropped) != 1 {
 		t.Fatalf("events %v, want one InvalidateDropped", ev.kinds())
 	}
 }
@@ -254,5 +256,24 @@ func testGracefulHTTPShutdown(t *testing.T, e *env) {
 	e.plain(t).First(&c, 1)
 	if c.N != 1 {
 		t.Fatalf("n = %d, want the request's write", c.N)
+	}
+}
+
+// Without Logger, a failed invalidation is logged through slog.Default().
+func TestWarningsGoToSlogDefault(t *testing.T) {
+	def := logtest.New(8)
+	def.Default(t)
+	e := newEnv(t, onSQLite, byClient)
+	inv := &flakyInvalidator{rdb: e.rdb}
+	inv.failing.Store(true)
+	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.RetryInvalidation(1, 10*time.Millisecond))
+	if err := e.plain(t).Create(&Widget{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	if m := def.Wait(t, 10*time.Second); !strings.HasPrefix(m, "gormplugin: ") {
+		t.Fatalf("warning %q, want the plugin's", m)
 	}
 }

@@ -167,7 +167,7 @@ func testEveryWritePathRefusesStale(t *testing.T, e *env) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			actx := locks.WithOwner(ctx, locks.NewOwnerID()) // request A, as ginmw.Lock
-			a, err := e.l.Lock(actx, name, locks.WithLease(time.Minute))
+			a, err := e.l.Lock(actx, name, locks.Lease(time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -562,7 +562,7 @@ func testUpsertOnOtherKey(t *testing.T, e *env) {
 		}
 		// A stale holder of badges:7 (its lease ran out while stopped) is refused.
 		ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
-		a, err := e.l.Lock(ctx, "badges:7", locks.WithLease(time.Minute))
+		a, err := e.l.Lock(ctx, "badges:7", locks.Lease(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,8 +3,10 @@ package locks_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/logtest"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -31,7 +34,7 @@ var eventually = redistest.Eventually
 
 func TestRenewalKeepsLockAlive(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithLease(150*time.Millisecond))
+	c, rdb, _ := newClient(t, locks.Lease(150*time.Millisecond))
 	lk, err := c.TryLock(ctx, "renewed")
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +62,7 @@ func TestRenewalKeepsLockAlive(t *testing.T) {
 func TestFixedLeaseExpires(t *testing.T) {
 	ctx := context.Background()
 	c, rdb, _ := newClient(t)
-	lk, err := c.TryLock(ctx, "fixed", locks.WithLease(100*time.Millisecond), locks.WithoutRenewal())
+	lk, err := c.TryLock(ctx, "fixed", locks.Lease(100*time.Millisecond), locks.NoRenewal())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func TestFixedLeaseExpires(t *testing.T) {
 func TestExtendByHand(t *testing.T) {
 	ctx := context.Background()
 	c, rdb, _ := newClient(t)
-	lk, err := c.TryLock(ctx, "ext", locks.WithLease(time.Second), locks.WithoutRenewal())
+	lk, err := c.TryLock(ctx, "ext", locks.Lease(time.Second), locks.NoRenewal())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +107,7 @@ func TestExtendByHand(t *testing.T) {
 // renewal interval (a third of the lease).
 func TestLostWhenDeleted(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithLease(300*time.Millisecond))
+	c, rdb, _ := newClient(t, locks.Lease(300*time.Millisecond))
 	lk, err := c.TryLock(ctx, "deleted")
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +123,7 @@ func TestLostWhenDeleted(t *testing.T) {
 // TestLostWhenTakenOver: another owner holding the key is a loss too.
 func TestLostWhenTakenOver(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithLease(300*time.Millisecond))
+	c, rdb, _ := newClient(t, locks.Lease(300*time.Millisecond))
 	lk, err := c.TryLock(ctx, "taken")
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +144,7 @@ func TestLostWhenTakenOver(t *testing.T) {
 func TestSeedLateDelete(t *testing.T) {
 	ctx := context.Background()
 	c, rdb, _ := newClient(t)
-	a, err := c.TryLock(ctx, "timeline", locks.WithLease(50*time.Millisecond), locks.WithoutRenewal())
+	a, err := c.TryLock(ctx, "timeline", locks.Lease(50*time.Millisecond), locks.NoRenewal())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +233,7 @@ func TestReentrancyByOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inner, err := c.Lock(octx, "re", locks.WithWait(time.Second))
+	inner, err := c.Lock(octx, "re", locks.WaitBudget(time.Second))
 	if err != nil {
 		t.Fatalf("re-entry: %v", err)
 	}
@@ -332,7 +335,7 @@ func TestWaitBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk.Unlock(ctx)
-	_, err = c.Lock(ctx, "budget", locks.WithWait(100*time.Millisecond))
+	_, err = c.Lock(ctx, "budget", locks.WaitBudget(100*time.Millisecond))
 	var noe *locks.NotObtainedError
 	if !errors.As(err, &noe) || noe.RetryAfter <= 0 {
 		t.Fatalf("Lock past its budget = %v", err)
@@ -351,7 +354,7 @@ func TestWaitBudget(t *testing.T) {
 // TestFairOrder: in fair mode the lock goes to waiters in arrival order.
 func TestFairOrder(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithFair())
+	c, rdb, _ := newClient(t, locks.Fair())
 	holder, err := c.Lock(ctx, "fifo")
 	if err != nil {
 		t.Fatal(err)
@@ -361,7 +364,7 @@ func TestFairOrder(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			lk, err := c.Lock(ctx, "fifo", locks.WithWait(20*time.Second))
+			lk, err := c.Lock(ctx, "fifo", locks.WaitBudget(20*time.Second))
 			if err != nil {
 				order <- -1
 				return
@@ -388,7 +391,7 @@ func TestFairOrder(t *testing.T) {
 // place) does not block the queue for longer than its place lasts.
 func TestDeadWaiterLosesPlace(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithFair())
+	c, rdb, _ := newClient(t, locks.Fair())
 	holder, err := c.TryLock(ctx, "dead")
 	if err != nil {
 		t.Fatal(err)
@@ -399,7 +402,7 @@ func TestDeadWaiterLosesPlace(t *testing.T) {
 	rdb.ZAdd(ctx, "cg:qt:{dead}", redis.Z{Score: float64(now.Add(500 * time.Millisecond).UnixMilli()), Member: "ghost|10000|ghostacq"})
 	got := make(chan error, 1)
 	go func() {
-		lk, err := c.Lock(ctx, "dead", locks.WithWait(10*time.Second))
+		lk, err := c.Lock(ctx, "dead", locks.WaitBudget(10*time.Second))
 		if err == nil {
 			lk.Unlock(ctx)
 		}
@@ -423,7 +426,7 @@ func TestManyLocksBoundedCost(t *testing.T) {
 	if testing.Short() {
 		n = 2000
 	}
-	c, rdb, _ := newClient(t, locks.WithLease(5*time.Second))
+	c, rdb, _ := newClient(t, locks.Lease(5*time.Second))
 	before := runtime.NumGoroutine()
 	held := make([]*locks.Lock, n)
 	var wg sync.WaitGroup
@@ -482,7 +485,7 @@ func TestObserver(t *testing.T) {
 	// A lease long enough that a stall of this shared machine cannot lose a
 	// lock the test means to hold; Lost after the delete comes within a
 	// renewal interval (a third of it).
-	c, rdb, _ := newClient(t, locks.WithLease(1500*time.Millisecond), locks.WithObserver(func(_ context.Context, e locks.Event) {
+	c, rdb, _ := newClient(t, locks.Lease(1500*time.Millisecond), locks.Observer(func(_ context.Context, e locks.Event) {
 		mu.Lock()
 		seen[e.Kind]++
 		mu.Unlock()
@@ -507,11 +510,11 @@ func TestObserver(t *testing.T) {
 	eventually(t, 5*time.Second, "the Lost event", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return seen[locks.Lost] > 0
+		return seen[locks.EventLost] > 0
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if seen[locks.Acquired] != 2 || seen[locks.NotObtained] != 1 || seen[locks.Released] != 1 || seen[locks.Lost] != 1 {
+	if seen[locks.EventAcquired] != 2 || seen[locks.EventNotObtained] != 1 || seen[locks.EventReleased] != 1 || seen[locks.EventLost] != 1 {
 		t.Fatalf("events seen: %v", seen)
 	}
 }
@@ -527,12 +530,12 @@ func TestBadInputSendsNothing(t *testing.T) {
 	cases := map[string]func() error{
 		"empty name":      func() error { _, err := c.TryLock(ctx, ""); return err },
 		"long name":       func() error { _, err := c.Lock(ctx, string(make([]byte, locks.MaxNameLen+1))); return err },
-		"zero lease":      func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(0)); return err },
-		"negative lease":  func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(-time.Second)); return err },
-		"lease too short": func() error { _, err := c.TryLock(ctx, "x", locks.WithLease(5*time.Millisecond)); return err },
-		"negative wait":   func() error { _, err := c.Lock(ctx, "x", locks.WithWait(-1)); return err },
+		"zero lease":      func() error { _, err := c.TryLock(ctx, "x", locks.Lease(0)); return err },
+		"negative lease":  func() error { _, err := c.TryLock(ctx, "x", locks.Lease(-time.Second)); return err },
+		"lease too short": func() error { _, err := c.TryLock(ctx, "x", locks.Lease(5*time.Millisecond)); return err },
+		"negative wait":   func() error { _, err := c.Lock(ctx, "x", locks.WaitBudget(-1)); return err },
 		"replicas no timeout": func() error {
-			_, err := c.TryLock(ctx, "x", locks.WithReplicas(1, 0))
+			_, err := c.TryLock(ctx, "x", locks.Replicas(1, 0))
 			return err
 		},
 		"optimistic nil client": func() error { return locks.Optimistic(ctx, nil, func(*redis.Tx) error { return nil }, []string{"k"}) },
@@ -550,14 +553,14 @@ func TestBadInputSendsNothing(t *testing.T) {
 	}
 	for _, f := range []func(){
 		func() { locks.New(nil) },
-		func() { locks.New(rdb, locks.WithLease(time.Millisecond)) },
-		func() { locks.New(rdb, locks.WithPrefix("app{:")) },
-		func() { locks.New(rdb, locks.WithPrefix("a{}:")) },
-		func() { locks.New(rdb, locks.WithFenceRetention(time.Second)) },
+		func() { locks.New(rdb, locks.Lease(time.Millisecond)) },
+		func() { locks.New(rdb, locks.Prefix("app{:")) },
+		func() { locks.New(rdb, locks.Prefix("a{}:")) },
+		func() { locks.New(rdb, locks.FenceRetention(time.Second)) },
 		func() { locks.NewRedlock(nil) },
 		func() { locks.NewRedlock([]redis.UniversalClient{rdb, nil}) },
 		func() { locks.NewRedlock([]redis.UniversalClient{rdb, rdb}) },
-		func() { locks.NewRedlock([]redis.UniversalClient{rdb}, locks.WithDrift(-1)) },
+		func() { locks.NewRedlock([]redis.UniversalClient{rdb}, locks.Drift(-1)) },
 	} {
 		func() {
 			defer func() {
@@ -593,7 +596,7 @@ func TestHandOffCostsNoExtraRequest(t *testing.T) {
 	}
 	got := make(chan *locks.Lock, 1)
 	go func() {
-		lk, err := b.Lock(ctx, "handoff", locks.WithFair())
+		lk, err := b.Lock(ctx, "handoff", locks.Fair())
 		if err != nil {
 			t.Error(err)
 		}
@@ -638,7 +641,7 @@ func TestReentryAfterHandOff(t *testing.T) {
 	owner := locks.WithOwner(ctx, locks.NewOwnerID())
 	got := make(chan *locks.Lock, 1)
 	go func() {
-		l, err := b.Lock(owner, "x", locks.WithWait(10*time.Second))
+		l, err := b.Lock(owner, "x", locks.WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -673,7 +676,7 @@ func TestReentryAfterHandOff(t *testing.T) {
 // only the owner.
 func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
 	ctx := context.Background()
-	c, rdb, _ := newClient(t, locks.WithFair())
+	c, rdb, _ := newClient(t, locks.Fair())
 	other, err := c.Lock(ctx, "shared")
 	if err != nil {
 		t.Fatal(err)
@@ -682,7 +685,7 @@ func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
 	got := make(chan *locks.Lock, 2)
 	for i := range 2 {
 		go func() {
-			l, err := c.Lock(owner, "shared", locks.WithWait(10*time.Second))
+			l, err := c.Lock(owner, "shared", locks.WaitBudget(10*time.Second))
 			if err != nil {
 				t.Error(err)
 			}
@@ -706,26 +709,44 @@ func TestSharedOwnerWaitersGetOneHoldEach(t *testing.T) {
 	}
 }
 
-// The Released event means the last hold was released: not an inner
-// re-entry's Unlock (other holds remain), not an Unlock that failed (the
-// outcome is unknown; the lease ends it), not a lost lock's Unlock.
-func TestReleasedEventOnLastHold(t *testing.T) {
+// Lock events balance: every Lock is counted once as it begins (Acquired,
+// or Reentered for a nested hold of its owner's holding) and once as it ends
+// (Released — an inner hold, the last one, or one whose release failed, with
+// its error — or Lost), so a ginmw.Lock around a gormplugin.Transaction no
+// longer counts two acquisitions for one release.
+func TestLockEventsBalance(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
-	var released []string
+	kinds := map[locks.EventKind]int{}
+	var releaseErrs []error
 	s := redistest.Start(t)
-	c := locks.New(s.Client(), locks.WithObserver(func(_ context.Context, e locks.Event) {
-		if e.Kind == locks.Released {
-			mu.Lock()
-			released = append(released, e.Name)
-			mu.Unlock()
+	c := locks.New(s.Client(), locks.Lease(300*time.Millisecond), locks.Observer(func(_ context.Context, e locks.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		kinds[e.Kind]++
+		if e.Kind == locks.EventReleased && e.Err != nil {
+			releaseErrs = append(releaseErrs, e.Err)
+		}
+		if (e.Kind == locks.EventReleased || e.Kind == locks.EventLost) && e.Held <= 0 {
+			t.Errorf("%v event without its hold time", e.Kind)
 		}
 	}))
 	defer c.Close()
-	count := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(released)
+	// counts waits for the events to be as wanted: a Lost event follows the
+	// Lost channel's closing.
+	counts := func(want map[locks.EventKind]int) {
+		t.Helper()
+		match := func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			for k, n := range want {
+				if kinds[k] != n {
+					return false
+				}
+			}
+			return true
+		}
+		eventually(t, 5*time.Second, fmt.Sprintf("events %v", want), match)
 	}
 	octx := locks.WithOwner(ctx, "req")
 	outer, err := c.Lock(octx, "ev")
@@ -736,19 +757,29 @@ func TestReleasedEventOnLastHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	counts(map[locks.EventKind]int{locks.EventAcquired: 1, locks.EventReentered: 1, locks.EventReleased: 0})
 	if err := inner.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(); n != 0 {
-		t.Fatalf("%d Released events after an inner Unlock, want 0", n)
-	}
+	counts(map[locks.EventKind]int{locks.EventReleased: 1})
 	if err := outer.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(); n != 1 {
-		t.Fatalf("%d Released events after the last Unlock, want 1", n)
-	}
+	counts(map[locks.EventKind]int{locks.EventAcquired: 1, locks.EventReentered: 1, locks.EventReleased: 2})
 
+	// A lost lock ends once, as Lost; its Unlock adds nothing.
+	lost, err := c.TryLock(ctx, "ev:lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Client().Del(ctx, "cg:lock:{ev:lost}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	within(t, lost.Lost(), 5*time.Second, "the deleted lock to count as lost")
+	_ = lost.Unlock(ctx)
+	counts(map[locks.EventKind]int{locks.EventAcquired: 2, locks.EventReleased: 2, locks.EventLost: 1})
+
+	// An Unlock that failed ends its hold too: Released, with the error.
 	lk, err := c.TryLock(ctx, "ev:failed")
 	if err != nil {
 		t.Fatal(err)
@@ -759,8 +790,11 @@ func TestReleasedEventOnLastHold(t *testing.T) {
 	if err := lk.Unlock(tctx); err == nil {
 		t.Fatal("Unlock with the server down succeeded")
 	}
-	if n := count(); n != 1 {
-		t.Fatalf("a failed Unlock emitted Released (%d events, want 1)", n)
+	counts(map[locks.EventKind]int{locks.EventAcquired: 3, locks.EventReleased: 3, locks.EventLost: 1})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(releaseErrs) != 1 {
+		t.Fatalf("Released events with an error: %v, want the failed Unlock's", releaseErrs)
 	}
 }
 
@@ -777,7 +811,7 @@ func TestHandOffFixedLease(t *testing.T) {
 	}
 	got := make(chan *locks.Lock, 1)
 	go func() {
-		lk, err := b.Lock(ctx, "fixed-ho", locks.WithoutRenewal(), locks.WithLease(6*time.Second), locks.WithWait(10*time.Second))
+		lk, err := b.Lock(ctx, "fixed-ho", locks.NoRenewal(), locks.Lease(6*time.Second), locks.WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -795,5 +829,38 @@ func TestHandOffFixedLease(t *testing.T) {
 	}
 	if ttl := lk.TTL(); ttl < 4*time.Second {
 		t.Fatalf("handed-off fixed lease: TTL %v, want about 6s", ttl)
+	}
+}
+
+// Warnings go to slog.Default() unless Logger names another logger (a
+// discarding one silences them): a lock lost while held is logged once, where
+// the configuration says.
+func TestWarningsGoToSlogDefault(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	def, own := logtest.New(8), logtest.New(8)
+	def.Default(t)
+	for i, tc := range []struct {
+		opts        []locks.Option
+		want, quiet *logtest.Handler
+	}{
+		{nil, def, own},
+		{[]locks.Option{locks.Logger(own.Logger())}, own, def},
+	} {
+		c := locks.New(s.Client(), tc.opts...)
+		name := fmt.Sprintf("warned:%d", i)
+		lk, err := c.TryLock(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Client().Del(ctx, "cg:lock:{"+name+"}").Err(); err != nil {
+			t.Fatal(err)
+		}
+		within(t, lk.Lost(), 5*time.Second, "the deleted lock to count as lost")
+		if m := tc.want.Wait(t, 5*time.Second); !strings.Contains(m, "lock lost") {
+			t.Fatalf("warning %q, want the lost lock", m)
+		}
+		tc.quiet.None(t)
+		c.Close()
 	}
 }

@@ -67,8 +67,9 @@ type Breaker struct {
 	// Observer, if set, is called with BreakerOpened (Err: the failure that
 	// opened it) and BreakerClosed events, synchronously: it must not block.
 	Observer func(ctx context.Context, e Event)
-	// Logger, if set, gets a warning when the breaker opens (at most one a
-	// second, with the count of those suppressed).
+	// Logger gets a warning when the breaker opens (at most one a second,
+	// with the count of those suppressed). Nil means slog.Default(); silence
+	// it with slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
 	once      sync.Once
@@ -134,7 +135,7 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 			b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
 			b.failures.Store(0)
 			if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
-				b.emit(context.Background(), Event{Kind: BreakerClosed})
+				b.emit(context.Background(), Event{Kind: EventBreakerClosed})
 			}
 			return
 		case errors.Is(err, redis.ErrClosed):
@@ -189,7 +190,7 @@ func (b *Breaker) trip(ctx context.Context, err error) {
 	}
 	b.epoch.Add(1)
 	b.failures.Store(0)
-	b.emit(ctx, Event{Kind: BreakerOpened, Err: err})
+	b.emit(ctx, Event{Kind: EventBreakerOpened, Err: err})
 	b.log.Warn(ctx, "breaker", "locks: redis circuit breaker opened: commands fail at once until redis answers a probe",
 		slog.Any("cause", err))
 	if next := b.next.Load(); next != nil {

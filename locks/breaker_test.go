@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/faultproxy"
+	"github.com/cacheguard/cacheguard/internal/logtest"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -87,8 +90,8 @@ func TestBreakerKilledRedis(t *testing.T) {
 
 	s.Kill()
 	tryUntilOpen(t, c, b) // one attempt may be enough: each failed dial counts
-	if ev.count(locks.BreakerOpened) != 1 {
-		t.Fatalf("BreakerOpened events: %d, want 1", ev.count(locks.BreakerOpened))
+	if ev.count(locks.EventBreakerOpened) != 1 {
+		t.Fatalf("BreakerOpened events: %d, want 1", ev.count(locks.EventBreakerOpened))
 	}
 	mu.Lock()
 	before := dials
@@ -118,8 +121,8 @@ func TestBreakerKilledRedis(t *testing.T) {
 		_ = lk.Unlock(context.Background())
 		return true
 	})
-	if b.Open() || ev.count(locks.BreakerClosed) != 1 {
-		t.Fatalf("after recovery: open %v, BreakerClosed events %d", b.Open(), ev.count(locks.BreakerClosed))
+	if b.Open() || ev.count(locks.EventBreakerClosed) != 1 {
+		t.Fatalf("after recovery: open %v, BreakerClosed events %d", b.Open(), ev.count(locks.EventBreakerClosed))
 	}
 }
 
@@ -280,9 +283,9 @@ func TestBreakerIgnoresStragglers(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the stragglers did not return")
 	}
-	if b.Open() || ev.count(locks.BreakerOpened) != 1 {
+	if b.Open() || ev.count(locks.EventBreakerOpened) != 1 {
 		t.Fatalf("after the stragglers failed on a healthy Redis: open %v, opened %d times; want closed, opened once",
-			b.Open(), ev.count(locks.BreakerOpened))
+			b.Open(), ev.count(locks.EventBreakerOpened))
 	}
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -366,7 +369,7 @@ func testStallFailsFast(t *testing.T, fault string) {
 	if !errors.Is(err, locks.ErrCircuitOpen) {
 		t.Fatalf("TryLock with the breaker open: %v, want ErrCircuitOpen", err)
 	}
-	dl, err := call("Lock while open", func() error { _, err := c.Lock(bg, "stall:lock", locks.WithWait(10*time.Second)); return err })
+	dl, err := call("Lock while open", func() error { _, err := c.Lock(bg, "stall:lock", locks.WaitBudget(10*time.Second)); return err })
 	if !errors.Is(err, locks.ErrUnavailable) {
 		t.Fatalf("Lock with the breaker open: %v, want ErrUnavailable", err)
 	}
@@ -424,4 +427,21 @@ func TestBreakerIgnoresPoolTimeout(t *testing.T) {
 		t.Fatal("the breaker opened on the client's own pool timeouts, Redis answering")
 	}
 	<-busy
+}
+
+// A Breaker without Logger warns through slog.Default() when it opens.
+func TestBreakerWarnsToSlogDefault(t *testing.T) {
+	s := redistest.Start(t)
+	def := logtest.New(8)
+	def.Default(t)
+	b := &locks.Breaker{Threshold: 2, Cooldown: 50 * time.Millisecond}
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb.AddHook(b)
+	c := locks.New(rdb, locks.Logger(slog.New(slog.DiscardHandler)))
+	t.Cleanup(func() { c.Close() })
+	s.Kill()
+	tryUntilOpen(t, c, b)
+	if m := def.Wait(t, 5*time.Second); !strings.Contains(m, "circuit breaker opened") {
+		t.Fatalf("warning %q, want the breaker's", m)
+	}
 }

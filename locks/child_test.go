@@ -97,7 +97,7 @@ func childMutex(rdb *redis.Client) error {
 	for range envInt("G") {
 		wg.Go(func() {
 			for range envInt("N") {
-				lk, err := c.Lock(ctx, name, locks.WithWait(time.Minute))
+				lk, err := c.Lock(ctx, name, locks.WaitBudget(time.Minute))
 				if err != nil {
 					errs <- err
 					return
@@ -136,7 +136,7 @@ func childMutex(rdb *redis.Client) error {
 func childHold(rdb *redis.Client) error {
 	ctx := context.Background()
 	lease, _ := time.ParseDuration(env("LEASE"))
-	c := locks.New(rdb, locks.WithLease(lease))
+	c := locks.New(rdb, locks.Lease(lease))
 	defer c.Close()
 	lk, err := c.TryLock(ctx, env("NAME"))
 	if err != nil {

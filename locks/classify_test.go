@@ -93,11 +93,11 @@ func TestFailureClassesEveryPath(t *testing.T) {
 		if _, err := other.TryLock(ctx, "cls:held"); err != nil {
 			t.Fatal(err)
 		}
-		_, err := c.Lock(ctx, "cls:held", locks.WithWait(200*time.Millisecond))
+		_, err := c.Lock(ctx, "cls:held", locks.WaitBudget(200*time.Millisecond))
 		check(t, "wait budget spent behind a holder", err, "busy")
-		_, err = c.Lock(ctx, "cls:held", locks.WithFair(), locks.WithWait(200*time.Millisecond))
+		_, err = c.Lock(ctx, "cls:held", locks.Fair(), locks.WaitBudget(200*time.Millisecond))
 		check(t, "fair wait budget spent behind a holder", err, "busy")
-		_, err = c.TryLock(ctx, "cls:free", locks.WithReplicas(1, 50*time.Millisecond))
+		_, err = c.TryLock(ctx, "cls:free", locks.Replicas(1, 50*time.Millisecond))
 		check(t, "too few replicas", err, "unavailable")
 		var re *locks.ReplicaError
 		if !errors.As(err, &re) {
@@ -116,7 +116,7 @@ func TestFailureClassesEveryPath(t *testing.T) {
 		// Redis goes away while a Lock waits.
 		got := make(chan error, 1)
 		go func() {
-			_, err := c.Lock(ctx, "cls:held", locks.WithWait(20*time.Second))
+			_, err := c.Lock(ctx, "cls:held", locks.WaitBudget(20*time.Second))
 			got <- err
 		}()
 		eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{cls:held}").Val() == 1 })
@@ -132,18 +132,18 @@ func TestFailureClassesEveryPath(t *testing.T) {
 		}
 	})
 	t.Run("redlock", func(t *testing.T) {
-		set := newRedlockSet(t, 3, nil, locks.WithLease(time.Second))
+		set := newRedlockSet(t, 3, nil, locks.Lease(time.Second))
 		set.holdForeign(t, 0, "cls:rl")
 		set.holdForeign(t, 1, "cls:rl")
-		_, err := set.r.Lock(ctx, "cls:rl", locks.WithWait(300*time.Millisecond))
+		_, err := set.r.Lock(ctx, "cls:rl", locks.WaitBudget(300*time.Millisecond))
 		check(t, "wait budget spent behind a holder", err, "busy")
 		set.servers[2].Kill()
 		set.admin[1].Del(ctx, rlKey("cls:rl"))
 		_, err = set.r.TryLock(ctx, "cls:rl")
 		check(t, "one node refused, one down, one granted", err, "busy")
-		_, err = set.r.TryLock(ctx, "cls:rl", locks.WithReplicas(1, time.Second))
+		_, err = set.r.TryLock(ctx, "cls:rl", locks.Replicas(1, time.Second))
 		if !errors.Is(err, locks.ErrInvalid) {
-			t.Errorf("WithReplicas on a Redlock: %v, want ErrInvalid", err)
+			t.Errorf("Replicas on a Redlock: %v, want ErrInvalid", err)
 		}
 		set.r.Close()
 		_, err = set.r.TryLock(ctx, "cls:rl2")

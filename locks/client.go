@@ -131,7 +131,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
+	if err := clientValidate(&cfg); err != nil {
 		panic(err.Error())
 	}
 	cfg.pack()
@@ -195,7 +195,7 @@ func (c *Client) TryLock(ctx context.Context, name string, opts ...CallOption) (
 }
 
 // Lock takes the lock name, waiting while it is held until it is released to
-// this caller, the wait budget ends (WithWait; 30s by default) or ctx ends.
+// this caller, the wait budget ends (WaitBudget; 30s by default) or ctx ends.
 // Waiting is woken by push: a release hands the lock straight to the waiter
 // that has waited longest and tells it, so a waiter costs no polling.
 func (c *Client) Lock(ctx context.Context, name string, opts ...CallOption) (*Lock, error) {
@@ -221,14 +221,26 @@ func (c *Client) callConfig(name string, opts []CallOption) (config, error) {
 	for _, o := range opts {
 		o.apply(p)
 	}
-	if err := p.validate(); err != nil {
+	if err := clientValidate(p); err != nil {
 		return config{}, err
-	}
-	if p.nodeTimeout != c.cfg.nodeTimeout {
-		return config{}, invalid("WithNodeTimeout is a Redlock option")
 	}
 	p.packFrom(&c.cfg)
 	return *p, nil
+}
+
+// clientValidate validates a Client's configuration: cfg.validate, and none
+// of a Redlock's options.
+func clientValidate(cfg *config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	switch {
+	case cfg.nodeTimeout != 0:
+		return invalid("NodeTimeout is a Redlock option")
+	case cfg.drift != defaultDrift:
+		return invalid("Drift is a Redlock option")
+	}
+	return nil
 }
 
 // keys returns the lock's keys, all under one hash tag so they share a slot:
@@ -325,7 +337,7 @@ func parseAttempt(reply any) (attemptResult, error) {
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
 }
 
-// attemptWait is attempt with WithReplicas: see withWait. When too few
+// attemptWait is attempt with Replicas: see withWait. When too few
 // replicas acknowledged a grant, the grant is given back.
 func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
 	cmd, acks, werr := c.withWait(ctx, ks[0], acquireS.call(kv, args), cfg)
@@ -343,7 +355,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 	return res, nil
 }
 
-// handedWait makes a lock handed to this waiter honour WithReplicas: the
+// handedWait makes a lock handed to this waiter honour Replicas: the
 // hand-off was written by the releaser's connection, and WAIT counts only the
 // writes of its own, so the waiter writes to the lock itself (restoring the
 // full lease) and WAITs for that; replicas apply writes in order, so they
@@ -396,7 +408,7 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 		node = r
 	default:
 		cmd := redis.NewCmd(ctx, call...)
-		err := invalid("WithReplicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
+		err := invalid("Replicas needs a *redis.Client, a failover client or a *redis.ClusterClient, not %T", c.rdb)
 		cmd.SetErr(err)
 		return cmd, 0, err
 	}
@@ -462,7 +474,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 	fail := func(pttl time.Duration, err error) (*Lock, error) {
 		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
-		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: err})
+		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Wait: e.Waited, Err: err})
 		return nil, e
 	}
 	if closing && !reentrant {
@@ -706,7 +718,11 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		}
 		return giveBack(ErrClosed)
 	}
-	cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start), Fence: h.publicFence()})
+	kind := EventAcquired
+	if res.holds > 1 {
+		kind = EventReentered
+	}
+	cfg.emit(ctx, Event{Kind: kind, Name: name, Wait: time.Since(start), Fence: h.publicFence()})
 	return &Lock{h: h, parent: ctx}, nil
 }
 

@@ -41,7 +41,7 @@ func TestCloseEndsWaiters(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			var opts []locks.Option
 			if mode == "fair" {
-				opts = append(opts, locks.WithFair())
+				opts = append(opts, locks.Fair())
 			}
 			b := locks.New(s.Client(), opts...)
 			defer b.Close()
@@ -51,7 +51,7 @@ func TestCloseEndsWaiters(t *testing.T) {
 			}
 			got := make(chan error, 1)
 			go func() {
-				lk, err := b.Lock(ctx, "closing", locks.WithWait(20*time.Second))
+				lk, err := b.Lock(ctx, "closing", locks.WaitBudget(20*time.Second))
 				if lk != nil {
 					err = errors.Join(errors.New("got a lock"), err)
 				}
@@ -163,7 +163,7 @@ func TestShutdown(t *testing.T) {
 	defer other.Close()
 
 	t.Run("all released", func(t *testing.T) {
-		c := locks.New(s.Client(), locks.WithLease(lease))
+		c := locks.New(s.Client(), locks.Lease(lease))
 		octx := locks.WithOwner(ctx, "request-1")
 		lk, err := c.Lock(octx, "sd:1")
 		if err != nil {
@@ -205,7 +205,7 @@ func TestShutdown(t *testing.T) {
 	})
 
 	t.Run("deadline", func(t *testing.T) {
-		c := locks.New(s.Client(), locks.WithLease(lease))
+		c := locks.New(s.Client(), locks.Lease(lease))
 		blocker, err := other.TryLock(ctx, "sd:blocked")
 		if err != nil {
 			t.Fatal(err)
@@ -213,7 +213,7 @@ func TestShutdown(t *testing.T) {
 		defer blocker.Unlock(ctx)
 		waiting := make(chan error, 1)
 		go func() {
-			_, err := c.Lock(ctx, "sd:blocked", locks.WithWait(20*time.Second))
+			_, err := c.Lock(ctx, "sd:blocked", locks.WaitBudget(20*time.Second))
 			waiting <- err
 		}()
 		eventually(t, 5*time.Second, "waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{sd:blocked}").Val() == 1 })
@@ -246,13 +246,13 @@ func TestShutdown(t *testing.T) {
 // waits for the locks in use.
 func TestRedlockCloseEndsWaiters(t *testing.T) {
 	ctx := context.Background()
-	set := newRedlockSet(t, 3, nil, locks.WithLease(2*time.Second))
+	set := newRedlockSet(t, 3, nil, locks.Lease(2*time.Second))
 	for i := range set.servers {
 		set.holdForeign(t, i, "rl:closing")
 	}
 	got := make(chan error, 1)
 	go func() {
-		_, err := set.r.Lock(ctx, "rl:closing", locks.WithWait(20*time.Second))
+		_, err := set.r.Lock(ctx, "rl:closing", locks.WaitBudget(20*time.Second))
 		got <- err
 	}()
 	eventually(t, 5*time.Second, "waiter refused once", func() bool {
@@ -294,7 +294,7 @@ func TestCallDuringCloseFailsAtOnce(t *testing.T) {
 	h := &keyGate{key: "cg:lock:{in-flight}", open: make(chan struct{}), entered: make(chan struct{}, 1)}
 	gated := s.Client()
 	gated.AddHook(h)
-	c := locks.New(gated, locks.WithCommandTimeout(time.Minute)) // the gated attempt outlasts the test's bounds
+	c := locks.New(gated, locks.CommandTimeout(time.Minute)) // the gated attempt outlasts the test's bounds
 	var once sync.Once
 	open := func() { once.Do(func() { close(h.open) }) }
 	t.Cleanup(func() { open(); c.Close() })

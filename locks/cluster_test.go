@@ -59,7 +59,7 @@ func TestClusterLocks(t *testing.T) {
 		}
 		wg.Go(func() {
 			for range 25 {
-				lk, err := c.Lock(ctx, "hot", locks.WithWait(30*time.Second))
+				lk, err := c.Lock(ctx, "hot", locks.WaitBudget(30*time.Second))
 				if err != nil {
 					errs <- err
 					return
@@ -93,7 +93,7 @@ func TestClusterLocks(t *testing.T) {
 func TestClusterSlotMigration(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t)
-	c, cc := clusterClient(t, cl, locks.WithLease(600*time.Millisecond))
+	c, cc := clusterClient(t, cl, locks.Lease(600*time.Millisecond))
 	w, _ := clusterClient(t, cl)
 	lk, err := c.TryLock(ctx, "moving")
 	if err != nil {
@@ -110,7 +110,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() {
-		wl, err := w.Lock(ctx, "moving", locks.WithWait(30*time.Second))
+		wl, err := w.Lock(ctx, "moving", locks.WaitBudget(30*time.Second))
 		if err == nil {
 			err = wl.Unlock(ctx)
 		}
@@ -165,8 +165,8 @@ func TestClusterMasterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.WithReplicas())
 	var whyMu sync.Mutex
 	why := map[string][]error{}
-	c, _ := clusterClient(t, cl, locks.WithLease(2*time.Second), locks.WithObserver(func(_ context.Context, e locks.Event) {
-		if e.Kind == locks.Lost || e.Kind == locks.RenewalFailed {
+	c, _ := clusterClient(t, cl, locks.Lease(2*time.Second), locks.Observer(func(_ context.Context, e locks.Event) {
+		if e.Kind == locks.EventLost || e.Kind == locks.EventRenewalFailed {
 			whyMu.Lock()
 			why[e.Name] = append(why[e.Name], e.Err)
 			whyMu.Unlock()
@@ -208,7 +208,7 @@ func TestClusterMasterFailover(t *testing.T) {
 	}
 	// On the failed shard: whoever holds now has a larger fence than the old holder.
 	old := held[victimName]
-	nl, err := other.Lock(ctx, victimName, locks.WithWait(10*time.Second))
+	nl, err := other.Lock(ctx, victimName, locks.WaitBudget(10*time.Second))
 	if err != nil {
 		t.Fatalf("the failed shard's lock never became available: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestClusterReplicaAcknowledgement(t *testing.T) {
 	for _, m := range cl.Masters() {
 		before[m.Port()] = waitCalls(t, m)
 	}
-	lk, err := c.TryLock(ctx, "acked", locks.WithReplicas(1, time.Second))
+	lk, err := c.TryLock(ctx, "acked", locks.Replicas(1, time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestClusterReplicaAcknowledgement(t *testing.T) {
 	}
 	replica.Pause()
 	defer replica.Resume()
-	_, err = c.TryLock(ctx, "acked", locks.WithReplicas(1, 200*time.Millisecond))
+	_, err = c.TryLock(ctx, "acked", locks.Replicas(1, 200*time.Millisecond))
 	var re *locks.ReplicaError
 	if !errors.As(err, &re) || re.Got != 0 || !errors.Is(err, locks.ErrNotObtained) {
 		t.Fatalf("with the replica paused: %v", err)
@@ -291,7 +291,7 @@ func TestSentinelFailover(t *testing.T) {
 	ctx := context.Background()
 	st := redistest.StartSentinel(t)
 	rdb := st.Client()
-	c := locks.New(rdb, locks.WithLease(time.Second))
+	c := locks.New(rdb, locks.Lease(time.Second))
 	defer c.Close()
 	lk, err := c.TryLock(ctx, "sentinel")
 	if err != nil {
@@ -303,7 +303,7 @@ func TestSentinelFailover(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	var nl *locks.Lock
 	for {
-		nl, err = c.Lock(ctx, "sentinel-after", locks.WithWait(time.Second))
+		nl, err = c.Lock(ctx, "sentinel-after", locks.WaitBudget(time.Second))
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -323,7 +323,7 @@ func TestSentinelFailover(t *testing.T) {
 func TestClusterOddNames(t *testing.T) {
 	ctx := context.Background()
 	cl := redistest.StartCluster(t)
-	a, _ := clusterClient(t, cl, locks.WithLease(2*time.Second))
+	a, _ := clusterClient(t, cl, locks.Lease(2*time.Second))
 	b, _ := clusterClient(t, cl)
 	rl := locks.NewRedlock([]redis.UniversalClient{cl.Client()})
 	defer rl.Close()
@@ -334,7 +334,7 @@ func TestClusterOddNames(t *testing.T) {
 		}
 		got := make(chan error, 1)
 		go func() {
-			wl, err := b.Lock(ctx, name, locks.WithWait(10*time.Second))
+			wl, err := b.Lock(ctx, name, locks.WaitBudget(10*time.Second))
 			if err == nil {
 				err = wl.Unlock(ctx)
 			}

@@ -12,7 +12,7 @@
 //	l := locks.New(rdb) // any redis.UniversalClient: single, Sentinel failover, or Cluster
 //	defer l.Close()
 //
-//	lk, err := l.Lock(ctx, "repos:42", locks.WithWait(5*time.Second))
+//	lk, err := l.Lock(ctx, "repos:42", locks.WaitBudget(5*time.Second))
 //	if errors.Is(err, locks.ErrBusy) { /* held elsewhere: err is a *NotObtainedError with RetryAfter */ }
 //	defer lk.Unlock(context.WithoutCancel(ctx))
 //	write(lk.Context(), row, lk.Fence()) // lk.Context() is cancelled if the lock is lost
@@ -40,7 +40,7 @@
 // One goroutine per Client renews every due lock, one pipeline per master
 // node in parallel, so 10,000 held locks cost one goroutine and no extra
 // connections. When renewal fails past the local deadline, or the key was
-// deleted or taken over, Lost closes and Context is cancelled. WithoutRenewal
+// deleted or taken over, Lost closes and Context is cancelled. NoRenewal
 // gives a fixed lease (Lost closes when it runs out); Extend renews by hand.
 //
 // Waiting is push, and wakes one waiter: a waiter subscribes to its client's
@@ -63,7 +63,7 @@
 // place passes from one to the next through the lock: the release of a lock
 // granted after waiting queues the process's next waiter in the same script,
 // or hands it the lock when nobody else waits, so a contended acquisition
-// costs one request); WithFair queues every caller individually, in global
+// costs one request); Fair queues every caller individually, in global
 // arrival order.
 //
 // Reentrancy by owner: under WithOwner(ctx, id), a nested Lock of a name the
@@ -93,7 +93,7 @@
 //
 // Redis replicates asynchronously: a master can die before a lock reaches
 // its replica, and the promoted replica grants the lock again.
-// WithReplicas(n, timeout) closes most of that gap: after a grant it sends
+// Replicas(n, timeout) closes most of that gap: after a grant it sends
 // WAIT n timeout on the same connection, to the master that owns the lock's
 // slot (WAIT counts only its own connection's writes), and treats fewer
 // acknowledgements as not obtained, giving back what it took. WAIT does not
@@ -128,37 +128,38 @@
 //
 // # Options
 //
-// Options are typed by scope, so a misplaced one does not compile: New takes
-// Options (the Client's defaults), NewRedlock RedlockOptions, Lock and
-// TryLock CallOptions (for one call).
+// An Option configures a Locker (New and NewRedlock take its defaults), a
+// CallOption one call, a Setting both; a misplaced one does not compile.
 //
-//   - WithLease(d), everywhere, default 10s: how long a lock outlives a holder
+//   - Lease(d), everywhere, default 10s: how long a lock outlives a holder
 //     that stops renewing (at least 30ms).
-//   - WithoutRenewal(), everywhere: a fixed lease; renew by hand with Extend.
-//   - WithWait(d), everywhere, default 30s: how long Lock waits (the caller's
+//   - NoRenewal(), everywhere: a fixed lease; renew by hand with Extend.
+//   - WaitBudget(d), everywhere, default 30s: how long Lock waits (the caller's
 //     ctx can end it sooner); 0 is TryLock.
-//   - WithFair(), New and per call on a Client: strict global FIFO per caller
+//   - Fair(), New and per call on a Client: strict global FIFO per caller
 //     (default: FIFO per process).
-//   - WithReplicas(n, t), New and per call on a Client: require n replica
+//   - Replicas(n, t), New and per call on a Client: require n replica
 //     acknowledgements within t (default: no WAIT).
-//   - WithFenceRetention(d), New, default 10 minutes (or the lease, if
+//   - FenceRetention(d), New, default 10 minutes (or the lease, if
 //     longer): the lifetime of a name's fence counter after the name was last
 //     taken.
-//   - WithPrefix(p), New and NewRedlock, default "cg:": the prefix of every
+//   - Prefix(p), New and NewRedlock, default "cg:": the prefix of every
 //     key and channel.
-//   - WithObserver(f), New and NewRedlock: f(ctx, Event) for every outcome
+//   - Observer(f), New and NewRedlock: f(ctx, Event) for every outcome
 //     (acquired, not obtained, released, lost, renewal failed), with the
 //     call's context.
-//   - WithLogger(l), New and NewRedlock, default discard: a *slog.Logger for
+//   - Logger(l), New and NewRedlock, default discard: a *slog.Logger for
 //     warnings (a lock lost, a renewal failed), rate-limited.
-//   - WithCommandTimeout(d), New and NewRedlock, default 500ms: how long one
+//   - CommandTimeout(d), New and NewRedlock, default 500ms: how long one
 //     Redis command (or pipeline) may go unanswered (see Stalls).
-//   - WithDrift(d), NewRedlock, default 2ms; WithNodeTimeout(d), NewRedlock
+//   - Drift(d), NewRedlock, default 2ms; NodeTimeout(d), NewRedlock
 //     and per call on a Redlock, default lease/20 within [5ms, 250ms].
+//   - NoFencing(), everywhere: keep no fence counter (Fence reports 0).
 //
-// A per-call option of the other kind of Locker (WithFair on a Redlock,
-// WithNodeTimeout on a Client, through the Locker interface) fails with
-// ErrInvalid before any call to Redis.
+// An option of the other kind of Locker (Fair or FenceRetention on a
+// Redlock, Drift or NodeTimeout on a Client) makes New and NewRedlock panic,
+// and a call fail with ErrInvalid before any call to Redis. Optimistic takes
+// WaitBudget (1s by default), and refuses every other option.
 //
 // # Errors
 //
@@ -189,7 +190,7 @@
 // # Stalls
 //
 // Every Redis command of this package (internal/rcmd, shared with
-// cacheguard) is bounded on its own by the command timeout (WithCommandTimeout,
+// cacheguard) is bounded on its own by the command timeout (CommandTimeout,
 // 500ms by default), separately from the wait budget and the caller's
 // context, which can only end a call sooner. A paused or black-holed Redis
 // therefore turns a Lock, TryLock or Unlock into an error matching
@@ -213,7 +214,7 @@
 // # Optimistic transactions
 //
 // Optimistic(ctx, rdb, fn, keys) runs a WATCH/MULTI/EXEC transaction and
-// retries conflicts with jittered backoff (10 attempts by default), for
+// retries conflicts with jittered backoff (within WaitBudget, 1s by default), for
 // counters and small read-modify-writes where a lock would be overkill.
 //
 // # Decisions
@@ -224,7 +225,7 @@
 //
 // Defaults. A lease of 10 s, renewed every third; Lock waits 30 s (ginmw.Lock
 // 5 s); a hand-off's claim lease at most 2 s. The default mode already hands
-// the lock to the longest-waiting process; WithFair queues every caller
+// the lock to the longest-waiting process; Fair queues every caller
 // individually. Both wake one waiter, never all.
 //
 // Shared round trips. A Client pipelines the lock calls that pile up behind
@@ -278,7 +279,7 @@
 // name was last taken, 10 minutes by default, which bounds what names leave
 // behind in Redis.
 //
-// Replicas. WithReplicas holds on every grant path: a direct grant, a
+// Replicas. Replicas holds on every grant path: a direct grant, a
 // re-entry and a hand-off are each followed by WAIT on the connection that
 // wrote them, and a grant too few replicas acknowledged is given back.
 package locks

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 var (
@@ -44,11 +46,12 @@ var (
 	ErrBusy = errors.New("locks: held by another owner")
 	// ErrUnavailable marks an acquisition that failed because the lock service
 	// could not be asked: Redis unreachable or answering errors, too few
-	// replicas acknowledging in time (WithReplicas; a *ReplicaError), the
+	// replicas acknowledging in time (Replicas; a *ReplicaError), the
 	// client closing (ErrClosed), for Redlock too many nodes failed for a
 	// quorum or the quorum came too late. It also matches ErrNotObtained and
 	// the cause. Retrying later can help; the lock was not held by another.
-	ErrUnavailable = errors.New("locks: lock service unavailable")
+	// It is the same value as cacheguard.ErrUnavailable.
+	ErrUnavailable = rcmd.ErrUnavailable
 )
 
 func invalid(format string, args ...any) error {
@@ -98,7 +101,7 @@ func unavailableCause(err error) bool {
 }
 
 // ReplicaError reports that fewer replicas than asked acknowledged the lock's
-// write in time (see WithReplicas), so the lock was released and not obtained.
+// write in time (see Replicas), so the lock was released and not obtained.
 type ReplicaError struct {
 	Want, Got int
 }

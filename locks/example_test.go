@@ -18,7 +18,7 @@ func ExampleClient_Lock() {
 	l := locks.New(rdb)
 	defer l.Close()
 
-	lk, err := l.Lock(ctx, "repos:42", locks.WithWait(5*time.Second))
+	lk, err := l.Lock(ctx, "repos:42", locks.WaitBudget(5*time.Second))
 	if err != nil {
 		fmt.Println("not obtained:", err)
 		return
@@ -64,7 +64,7 @@ func ExampleLock_Lost() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
-	l := locks.New(rdb, locks.WithLease(300*time.Millisecond))
+	l := locks.New(rdb, locks.Lease(300*time.Millisecond))
 	defer l.Close()
 
 	lk, _ := l.Lock(ctx, "job:nightly")

@@ -42,7 +42,7 @@ func TestFenceCounterBounded(t *testing.T) {
 
 	t.Run("expire after retention", func(t *testing.T) {
 		const retention = 300 * time.Millisecond
-		c := locks.New(s.Client(), locks.WithLease(100*time.Millisecond), locks.WithFenceRetention(retention))
+		c := locks.New(s.Client(), locks.Lease(100*time.Millisecond), locks.FenceRetention(retention))
 		defer c.Close()
 		before := rdb.DBSize(ctx).Val()
 		for i := range 50 {
@@ -100,7 +100,7 @@ func TestFenceMonotonicWithStaleCounter(t *testing.T) {
 	rdb.Set(ctx, "cg:fence:{stale}", "7", 0)
 	got := make(chan *locks.Lock, 1)
 	go func() {
-		lk, err := c.Lock(ctx, "stale", locks.WithFair(), locks.WithWait(10*time.Second))
+		lk, err := c.Lock(ctx, "stale", locks.Fair(), locks.WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -152,7 +152,7 @@ func TestNoFencingKeepsNoCounter(t *testing.T) {
 	rdb := s.Client()
 	var fences []uint64
 	var mu sync.Mutex
-	obs := locks.WithObserver(func(_ context.Context, e locks.Event) {
+	obs := locks.Observer(func(_ context.Context, e locks.Event) {
 		mu.Lock()
 		fences = append(fences, e.Fence)
 		mu.Unlock()
@@ -174,7 +174,7 @@ func TestNoFencingKeepsNoCounter(t *testing.T) {
 	}
 	waiter := make(chan error, 1)
 	go func() {
-		b, err := c.Lock(ctx, "nofence", locks.WithWait(10*time.Second))
+		b, err := c.Lock(ctx, "nofence", locks.WaitBudget(10*time.Second))
 		if err == nil {
 			if b.Fence() != 0 {
 				err = fmt.Errorf("handed-off Fence %d, want 0", b.Fence())

@@ -171,7 +171,7 @@ func TestHandOffWakesOnlyItsProcess(t *testing.T) {
 	got := make(chan error, 2)
 	for _, c := range []*Client{b, w} {
 		go func() {
-			lk, err := c.Lock(ctx, "solo", WithWait(10*time.Second))
+			lk, err := c.Lock(ctx, "solo", WaitBudget(10*time.Second))
 			if err == nil {
 				err = lk.Unlock(ctx)
 			}
@@ -260,7 +260,7 @@ func TestReleaseQueuesNextLocalWaiter(t *testing.T) {
 		}
 		a, b := make(chan result, 1), make(chan result, 1)
 		lock := func(out chan result) {
-			lk, err := p.Lock(ctx, name, WithWait(10*time.Second))
+			lk, err := p.Lock(ctx, name, WaitBudget(10*time.Second))
 			out <- result{lk, err}
 		}
 		go lock(a)
@@ -271,7 +271,7 @@ func TestReleaseQueuesNextLocalWaiter(t *testing.T) {
 		if other {
 			ywait = make(chan result, 1)
 			go func() {
-				lk, err := y.Lock(ctx, name, WithWait(10*time.Second))
+				lk, err := y.Lock(ctx, name, WaitBudget(10*time.Second))
 				ywait <- result{lk, err}
 			}()
 			redistest.Eventually(t, 5*time.Second, "Y queued", func() bool { return rdb.ZCard(ctx, q).Val() == 2 })
@@ -331,7 +331,7 @@ func TestNextWaiterGivesUpWhileQueuedForIt(t *testing.T) {
 	}
 	a := make(chan *Lock, 1)
 	go func() {
-		lk, err := p.Lock(ctx, "gone", WithWait(10*time.Second))
+		lk, err := p.Lock(ctx, "gone", WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -341,7 +341,7 @@ func TestNextWaiterGivesUpWhileQueuedForIt(t *testing.T) {
 	bctx, cancelB := context.WithCancel(ctx)
 	b := make(chan error, 1)
 	go func() {
-		_, err := p.Lock(bctx, "gone", WithWait(10*time.Second))
+		_, err := p.Lock(bctx, "gone", WaitBudget(10*time.Second))
 		b <- err
 	}()
 	redistest.Eventually(t, 5*time.Second, "B at the gate", func() bool { return gateLen(p, "cg:lock:{gone}") == 1 })
@@ -396,13 +396,13 @@ func TestHandOffClaimIsTheWaitersOwn(t *testing.T) {
 	defer x.Close()
 	defer w.Close()
 	rdb := s.Client()
-	held, err := x.TryLock(ctx, "claim", WithLease(300*time.Millisecond))
+	held, err := x.TryLock(ctx, "claim", Lease(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *Lock, 1)
 	go func() {
-		lk, err := w.Lock(ctx, "claim", WithWait(10*time.Second), WithLease(10*time.Second))
+		lk, err := w.Lock(ctx, "claim", WaitBudget(10*time.Second), Lease(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -440,7 +440,7 @@ func TestNextWaiterAfterUnnoticedExpiry(t *testing.T) {
 	}
 	a := make(chan *Lock, 1)
 	go func() {
-		lk, err := p.Lock(ctx, "lapsed", WithWait(10*time.Second))
+		lk, err := p.Lock(ctx, "lapsed", WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -449,7 +449,7 @@ func TestNextWaiterAfterUnnoticedExpiry(t *testing.T) {
 	redistest.Eventually(t, 5*time.Second, "A queued", func() bool { return rdb.ZCard(ctx, "cg:q:{lapsed}").Val() == 1 })
 	b := make(chan error, 1)
 	go func() {
-		lk, err := p.Lock(ctx, "lapsed", WithWait(300*time.Millisecond))
+		lk, err := p.Lock(ctx, "lapsed", WaitBudget(300*time.Millisecond))
 		if err == nil {
 			err = lk.Unlock(ctx)
 		}

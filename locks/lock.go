@@ -91,13 +91,13 @@ func (l *Lock) Unlock(ctx context.Context) error {
 	switch {
 	case err != nil:
 		// The outcome is unknown; stop renewing so that the lease ends it.
-		h.retire(ctx, false)
+		h.retire(ctx, err)
 		return err
 	case n < 0:
 		h.loseHolding(ErrNotHeld)
 		return ErrNotHeld
 	}
-	h.retire(ctx, n == 0)
+	h.retire(ctx, nil)
 	return nil
 }
 
@@ -144,7 +144,8 @@ type held struct {
 	fenceV any // fence as a reply carried it, when it did (Client only)
 	fence  uint64
 	cfg    config
-	sc     *scope // the owner's scope of the name (WithOwner only), set before the renewer sees h
+	sc     *scope    // the owner's scope of the name (WithOwner only), set before the renewer sees h
+	since  time.Time // when the grant came back: its events' Held counts from here
 
 	mu        sync.Mutex                // guards the fields below
 	lost      chan struct{}             // made on first use: most callers never ask
@@ -165,7 +166,7 @@ type held struct {
 // than the configured one: the first renewal comes at a third of first and
 // restores the full lease). The caller registers it with the renewer.
 func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
-	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg}
+	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, since: time.Now()}
 	h.setDeadline(sent, min(first, cfg.lease))
 	h.lease = cfg.lease
 	return h
@@ -297,7 +298,7 @@ func (h *held) lose(err error) {
 		h.sc.lost(err)
 	}
 	h.ops.renewer().remove(h)
-	h.cfg.emit(context.Background(), Event{Kind: Lost, Name: h.name, Fence: h.publicFence(), Err: err})
+	h.cfg.emit(context.Background(), Event{Kind: EventLost, Name: h.name, Fence: h.publicFence(), Held: time.Since(h.since), Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
 }
@@ -313,15 +314,14 @@ func (h *held) loseHolding(err error) {
 	h.lose(err)
 }
 
-// retire ends h after its Unlock: renewal stops. last reports that Redis
-// confirmed the owner's last hold released (the Released event); otherwise
-// other holds of the owner remain, or the release's outcome is unknown.
-func (h *held) retire(ctx context.Context, last bool) {
+// retire ends h after its Unlock: renewal stops, and the Released event
+// counts the end of this hold — the owner's last (the lock is free), an inner
+// one (other holds of the owner remain), or, with unknown (the release's
+// error), one whose release may not have reached Redis (its lease ends it).
+func (h *held) retire(ctx context.Context, unknown error) {
 	if h.end(nil) {
 		h.ops.renewer().remove(h)
-		if last {
-			h.cfg.emit(ctx, Event{Kind: Released, Name: h.name, Fence: h.publicFence()})
-		}
+		h.cfg.emit(ctx, Event{Kind: EventReleased, Name: h.name, Fence: h.publicFence(), Held: time.Since(h.since), Err: unknown})
 	}
 }
 

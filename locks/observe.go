@@ -8,32 +8,37 @@ import (
 // EventKind names a lock outcome reported to an observer.
 type EventKind int
 
-// Lock outcomes.
+// Lock outcomes. Every Lock that Lock or TryLock returns is counted once
+// when it begins (EventAcquired or EventReentered) and once when it ends
+// (EventReleased or EventLost), so begins and ends balance.
 const (
-	Acquired      EventKind = iota + 1 // the lock was obtained (Event.Wait says how long it took)
-	NotObtained                        // TryLock found it held, or Lock gave up (Event.Err says why)
-	Released                           // Unlock released the owner's last hold (not an inner re-entry's, not a failed Unlock)
-	Lost                               // ownership was lost while held
-	RenewalFailed                      // one renewal attempt failed (the lock may still be held)
-	BreakerOpened                      // a Breaker opened: Redis commands fail at once (Event.Err: the failure that opened it)
-	BreakerClosed                      // a Breaker closed: Redis answered its probe
+	EventAcquired      EventKind = iota + 1 // a Lock with a new holding of the lock (Event.Wait says how long it took)
+	EventReentered                          // a Lock re-entering a holding its owner has already (WithOwner; Event.Wait)
+	EventNotObtained                        // TryLock found it held, or Lock gave up (Event.Err says why)
+	EventReleased                           // a Lock's Unlock gave back its hold (Event.Held; Event.Err when the release's outcome is unknown and its lease will end it)
+	EventLost                               // a Lock's holding was lost while held (Event.Held, Event.Err)
+	EventRenewalFailed                      // one renewal attempt failed (the lock may still be held)
+	EventBreakerOpened                      // a Breaker opened: Redis commands fail at once (Event.Err: the failure that opened it)
+	EventBreakerClosed                      // a Breaker closed: Redis answered its probe
 )
 
 func (k EventKind) String() string {
 	switch k {
-	case Acquired:
+	case EventAcquired:
 		return "acquired"
-	case NotObtained:
+	case EventReentered:
+		return "reentered"
+	case EventNotObtained:
 		return "not_obtained"
-	case Released:
+	case EventReleased:
 		return "released"
-	case Lost:
+	case EventLost:
 		return "lost"
-	case RenewalFailed:
+	case EventRenewalFailed:
 		return "renewal_failed"
-	case BreakerOpened:
+	case EventBreakerOpened:
 		return "breaker_opened"
-	case BreakerClosed:
+	case EventBreakerClosed:
 		return "breaker_closed"
 	}
 	return "unknown"
@@ -43,9 +48,10 @@ func (k EventKind) String() string {
 type Event struct {
 	Kind  EventKind
 	Name  string        // the lock name
-	Wait  time.Duration // time spent acquiring (Acquired, NotObtained)
-	Fence uint64        // the fence token (Acquired, Released, Lost): with Name, it identifies a holding
-	Err   error         // the cause (NotObtained, Lost, RenewalFailed)
+	Wait  time.Duration // time spent acquiring (EventAcquired, EventReentered, EventNotObtained)
+	Held  time.Duration // how long the Lock was held (EventReleased, EventLost)
+	Fence uint64        // the fence token (EventAcquired, EventReentered, EventReleased, EventLost): with Name, it identifies a holding
+	Err   error         // the cause (EventNotObtained, EventLost, EventRenewalFailed; EventReleased: see above)
 }
 
 func (c *config) emit(ctx context.Context, e Event) {

@@ -9,35 +9,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// OptimisticOption configures Optimistic.
-type OptimisticOption func(*optimistic)
-
-type optimistic struct {
-	attempts int
-	backoff  time.Duration
-}
-
-// OptimisticAttempts sets how many times Optimistic runs fn before giving up with
-// ErrConflict. The default is 10.
-func OptimisticAttempts(n int) OptimisticOption { return func(o *optimistic) { o.attempts = n } }
-
-// OptimisticBackoff sets the base delay between attempts; each retry waits a random time
-// up to base×2^attempt (capped at 100×base). The default base is 1ms.
-func OptimisticBackoff(d time.Duration) OptimisticOption {
-	return func(o *optimistic) { o.backoff = d }
-}
+// Optimistic's defaults: how long it retries, and the base of its backoff.
+const (
+	defaultOptimisticBudget = time.Second
+	optimisticBackoff       = time.Millisecond
+)
 
 // Optimistic runs fn as an optimistic transaction: it WATCHes keys, fn reads
 // them through tx and queues its writes with tx.TxPipelined, and EXEC applies
-// them only if no watched key changed meanwhile. On a conflict it retries with
-// jittered exponential backoff; when every attempt conflicts it returns an
-// error matching ErrConflict (and redis.TxFailedErr). Errors from fn are
-// returned as they are, without retrying. On a Redis Cluster all keys must
-// share a hash slot.
-func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redis.Tx) error, keys []string, opts ...OptimisticOption) error {
-	o := optimistic{attempts: 10, backoff: time.Millisecond}
-	for _, f := range opts {
-		f(&o)
+// them only if no watched key changed meanwhile. On a conflict it retries
+// after a jittered exponential backoff (1ms doubling per attempt, up to
+// 100ms) until its wait budget ends (WaitBudget; 1s by default) or ctx does;
+// then it returns an error matching ErrConflict (and redis.TxFailedErr). fn
+// runs at least once. Errors from fn are returned as they are, without
+// retrying. WaitBudget is its only option: any other fails with ErrInvalid.
+// On a Redis Cluster all keys must share a hash slot.
+func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redis.Tx) error, keys []string, opts ...CallOption) error {
+	base := defaults()
+	base.wait = defaultOptimisticBudget
+	cfg := base
+	for _, o := range opts {
+		o.apply(&cfg)
 	}
 	switch {
 	case rdb == nil:
@@ -46,27 +38,28 @@ func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redi
 		return invalid("nil transaction function")
 	case len(keys) == 0:
 		return invalid("no keys to watch")
-	case o.attempts < 1:
-		return invalid("attempts %d < 1", o.attempts)
-	case o.backoff < 0:
-		return invalid("negative backoff")
+	case cfg.wait < 0:
+		return invalid("negative wait budget %v", cfg.wait)
+	case cfg.lease != base.lease || cfg.renew != base.renew || cfg.fair || cfg.replicas != 0 || cfg.noFencing || cfg.nodeTimeout != 0:
+		return invalid("Optimistic takes no option but WaitBudget")
 	}
 	for _, k := range keys {
 		if k == "" {
 			return invalid("empty key")
 		}
 	}
+	deadline := time.Now().Add(cfg.wait)
 	var err error
-	for i := 0; i < o.attempts; i++ {
+	for i := 0; ; i++ {
 		err = rdb.Watch(ctx, fn, keys...)
 		if !errors.Is(err, redis.TxFailedErr) {
 			return err
 		}
-		if i == o.attempts-1 {
-			break
+		d := time.Duration(rand.Int64N(int64(min(optimisticBackoff<<min(i, 20), 100*optimisticBackoff)) + 1))
+		if time.Until(deadline) < d {
+			return errors.Join(ErrConflict, err)
 		}
-		d := min(o.backoff<<i, 100*o.backoff)
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(d) + 1)))
+		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -74,5 +67,4 @@ func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redi
 		case <-t.C:
 		}
 	}
-	return errors.Join(ErrConflict, err)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -30,7 +31,7 @@ func TestOptimisticRetriesConflicts(t *testing.T) {
 						return nil
 					})
 					return err
-				}, []string{"opt:n"}, locks.OptimisticAttempts(1000))
+				}, []string{"opt:n"}, locks.WaitBudget(time.Minute))
 				if err != nil {
 					errs <- err
 					return
@@ -60,12 +61,26 @@ func TestOptimisticGivesUp(t *testing.T) {
 			return nil
 		})
 		return err
-	}, []string{"opt:hot"}, locks.OptimisticAttempts(3))
+	}, []string{"opt:hot"}, locks.WaitBudget(20*time.Millisecond))
 	if !errors.Is(err, locks.ErrConflict) || !errors.Is(err, redis.TxFailedErr) {
 		t.Fatalf("err = %v, want ErrConflict and TxFailedErr", err)
 	}
-	if attempts != 3 {
-		t.Fatalf("attempts = %d, want 3", attempts)
+	if attempts < 2 {
+		t.Fatalf("attempts = %d, want retries within the budget", attempts)
+	}
+	// A budget of 0 runs fn once.
+	attempts = 0
+	err = locks.Optimistic(ctx, rdb, func(tx *redis.Tx) error {
+		attempts++
+		rdb.Incr(ctx, "opt:hot")
+		_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, "opt:hot", 0, 0)
+			return nil
+		})
+		return err
+	}, []string{"opt:hot"}, locks.WaitBudget(0))
+	if !errors.Is(err, locks.ErrConflict) || attempts != 1 {
+		t.Fatalf("budget 0: err = %v after %d attempts, want ErrConflict after 1", err, attempts)
 	}
 	boom := errors.New("boom")
 	if err := locks.Optimistic(ctx, rdb, func(*redis.Tx) error { return boom }, []string{"k"}); !errors.Is(err, boom) {

@@ -18,6 +18,7 @@ const (
 	defaultWait           = 30 * time.Second
 	defaultPrefix         = "cg:"
 	defaultFenceRetention = 10 * time.Minute
+	defaultDrift          = 2 * time.Millisecond
 )
 
 // Limits on input, refused with ErrInvalid.
@@ -28,50 +29,28 @@ const (
 	MaxNameLen = 1024
 )
 
-// Options are typed by the scope they make sense at, so that a misplaced one
-// does not compile: New takes Options, NewRedlock RedlockOptions, and Lock
-// and TryLock CallOptions (overriding the Locker's defaults for one call).
-// A knob valid at several scopes returns a type that is all of them: a
-// Setting (everywhere), a ClientSetting (New and per call), a RedlockSetting
-// (NewRedlock and per call) or a LockerOption (New and NewRedlock). Each
+// Options come in three types, by where they apply: an Option configures a
+// Locker as a whole (New and NewRedlock take its defaults), a CallOption one
+// Lock or TryLock call (overriding the defaults) or one Optimistic call, and
+// a Setting is both. A misplaced option does not compile; an option of the
+// other kind of Locker (Fair on a Redlock, Drift on a Client) is refused at
+// run time: New and NewRedlock panic, a call fails with ErrInvalid. Each
 // option's doc states its default.
 type (
-	// Option configures a Client: New takes its defaults for every call.
+	// Option configures a Locker: New and NewRedlock take its defaults.
 	Option interface {
 		apply(*config)
-		clientOption()
+		option()
 	}
-	// RedlockOption configures a Redlock: NewRedlock takes its defaults.
-	RedlockOption interface {
-		apply(*config)
-		redlockOption()
-	}
-	// CallOption configures one Lock or TryLock call.
+	// CallOption configures one Lock, TryLock or Optimistic call.
 	CallOption interface {
 		apply(*config)
 		callOption()
 	}
-	// Setting is an option valid at every scope: New, NewRedlock and per call.
+	// Setting is an option valid both ways: as a Locker's default and for
+	// one call.
 	Setting interface {
 		Option
-		RedlockOption
-		CallOption
-	}
-	// ClientSetting is an option of a Client, as its default (New) or for one
-	// call. A Redlock refuses it per call with ErrInvalid.
-	ClientSetting interface {
-		Option
-		CallOption
-	}
-	// LockerOption is an option of a lock service as a whole: New and NewRedlock.
-	LockerOption interface {
-		Option
-		RedlockOption
-	}
-	// RedlockSetting is an option of a Redlock, as its default (NewRedlock)
-	// or for one call. A Client refuses it per call with ErrInvalid.
-	RedlockSetting interface {
-		RedlockOption
 		CallOption
 	}
 )
@@ -81,8 +60,7 @@ type (
 type opt func(*config)
 
 func (o opt) apply(c *config) { o(c) }
-func (opt) clientOption()     {}
-func (opt) redlockOption()    {}
+func (opt) option()           {}
 func (opt) callOption()       {}
 
 type config struct {
@@ -138,47 +116,51 @@ func defaults() config {
 		renew:  true,
 		wait:   defaultWait,
 		prefix: defaultPrefix,
-		drift:  2 * time.Millisecond,
+		drift:  defaultDrift,
+		log:    defaultLog,
 	}
 }
 
-// WithLease sets the lease: how long the lock outlives a holder that stops
-// renewing it (crashed, paused, partitioned). The default is 10s; at least 30ms.
-func WithLease(d time.Duration) Setting { return opt(func(c *config) { c.lease = d }) }
+// defaultLog is where a Client's or Redlock's warnings go without Logger.
+var defaultLog = ratelog.New(nil, time.Second)
 
-// WithoutRenewal makes the lease fixed: the lock expires after the lease even
+// Lease sets the lease: how long the lock outlives a holder that stops
+// renewing it (crashed, paused, partitioned). The default is 10s; at least 30ms.
+func Lease(d time.Duration) Setting { return opt(func(c *config) { c.lease = d }) }
+
+// NoRenewal makes the lease fixed: the lock expires after the lease even
 // while held, unless renewed by hand with Extend. By default a held lock renews
 // itself in the background every third of the lease until Unlock.
-func WithoutRenewal() Setting { return opt(func(c *config) { c.renew = false }) }
+func NoRenewal() Setting { return opt(func(c *config) { c.renew = false }) }
 
-// WithWait sets how long Lock waits for a held lock before giving up with
+// WaitBudget sets how long Lock waits for a held lock before giving up with
 // ErrNotObtained (the caller's context can end it sooner). The default is 30s;
 // zero makes Lock behave like TryLock.
-func WithWait(d time.Duration) Setting { return opt(func(c *config) { c.wait = d }) }
+func WaitBudget(d time.Duration) Setting { return opt(func(c *config) { c.wait = d }) }
 
-// WithFair makes Lock grant the lock in arrival order across every caller and
+// Fair makes Lock grant the lock in arrival order across every caller and
 // process (FIFO). The default already hands a released lock to the process that
 // has waited longest; fair mode queues each caller individually, so no caller
 // can overtake another, even inside one process. A waiter that dies loses its
 // place after a few seconds. Off by default; a Redlock has no fair mode.
-func WithFair() ClientSetting { return opt(func(c *config) { c.fair = true }) }
+func Fair() Setting { return opt(func(c *config) { c.fair = true }) }
 
-// WithReplicas makes an acquisition wait (Redis WAIT, on the connection that
+// Replicas makes an acquisition wait (Redis WAIT, on the connection that
 // wrote the lock, on the master that owns its slot) until n replicas have the
 // lock, for at most timeout. With fewer acknowledgements the lock is released
 // and the call fails with a *ReplicaError. The default is 0: no WAIT is sent.
 // A Redlock's servers have no replicas: it refuses this option.
-func WithReplicas(n int, timeout time.Duration) ClientSetting {
+func Replicas(n int, timeout time.Duration) Setting {
 	return opt(func(c *config) { c.replicas, c.replicaTimeout = n, timeout })
 }
 
-// WithPrefix sets the prefix of every key and channel. The default is "cg:".
+// Prefix sets the prefix of every key and channel. The default is "cg:".
 // A prefix with a complete hash tag ("{app}:") puts every lock in that one
 // slot of a cluster; one that opens a tag without closing it ("app{:", or
 // an empty "{}") would split a lock's keys over slots and is refused.
-func WithPrefix(p string) LockerOption { return opt(func(c *config) { c.prefix = p }) }
+func Prefix(p string) Option { return opt(func(c *config) { c.prefix = p }) }
 
-// WithFenceRetention sets how long a lock name's fence counter lives after the
+// FenceRetention sets how long a lock name's fence counter lives after the
 // name was last taken: what a name leaves behind in Redis once nobody uses it.
 // A token is the larger of the counter plus one and the server's clock in
 // microseconds, so tokens keep increasing without the counter — after it
@@ -189,8 +171,9 @@ func WithPrefix(p string) LockerOption { return opt(func(c *config) { c.prefix =
 // taken within the retention, about 60 bytes of Redis memory each (plus the
 // key's share of the keyspace tables; MEMORY USAGE reports ~70). The
 // default is 10 minutes, or the lease when that is longer; a retention
-// shorter than the lease is refused. A Redlock issues no fence tokens.
-func WithFenceRetention(d time.Duration) Option {
+// shorter than the lease is refused. A Redlock issues no fence tokens and
+// refuses this option.
+func FenceRetention(d time.Duration) Option {
 	return opt(func(c *config) { c.fenceRetention = d })
 }
 
@@ -214,27 +197,28 @@ func (c *config) retention() time.Duration {
 	return max(defaultFenceRetention, c.lease)
 }
 
-// WithObserver sets a function called with every lock outcome (acquired,
+// Observer sets a function called with every lock outcome (acquired,
 // not obtained, released, lost, renewal failed), e.g. to feed metrics and
 // traces. ctx is the context of the call that produced the event (Lock,
 // TryLock, Unlock), or a background context for the renewal loop's events
 // (Lost, RenewalFailed). It is called synchronously and must not block. The
 // default is none.
-func WithObserver(f func(ctx context.Context, e Event)) LockerOption {
+func Observer(f func(ctx context.Context, e Event)) Option {
 	return opt(func(c *config) { c.observer = f })
 }
 
-// WithLogger sets where warnings go — a lock lost while held, a renewal that
+// Logger sets where warnings go — a lock lost while held, a renewal that
 // failed — each kind at most once a second, with the count of those
-// suppressed. The default discards them.
-func WithLogger(l *slog.Logger) LockerOption {
+// suppressed. The default (and nil) is slog.Default(); silence them with
+// Logger(slog.New(slog.DiscardHandler)).
+func Logger(l *slog.Logger) Option {
 	return opt(func(c *config) { c.log = ratelog.New(l, time.Second) })
 }
 
-// WithCommandTimeout sets how long one Redis command (a script call, or a
+// CommandTimeout sets how long one Redis command (a script call, or a
 // pipeline of them) may go unanswered before it fails; the default is
 // 500ms. It is separate from how long Lock waits for another holder
-// (WithWait) and from the caller's context, both of which can only end a
+// (WaitBudget) and from the caller's context, both of which can only end a
 // call sooner: a stalled Redis (paused, black-holed) turns into an error
 // matching ErrUnavailable within it — and, with a Breaker on the client, into
 // an open breaker once Threshold commands failed so — instead of a call that
@@ -242,17 +226,18 @@ func WithLogger(l *slog.Logger) LockerOption {
 // ContextTimeoutEnabled (as the README's client sets); without it go-redis
 // bounds each command by its ReadTimeout and WriteTimeout instead (3s by
 // default).
-func WithCommandTimeout(d time.Duration) LockerOption {
+func CommandTimeout(d time.Duration) Option {
 	return opt(func(c *config) { c.cmdTimeout = d })
 }
 
-// WithDrift sets the fixed part of Redlock's clock-drift allowance; the total
-// is lease×1% + d. The default d is 2ms.
-func WithDrift(d time.Duration) RedlockOption { return opt(func(c *config) { c.drift = d }) }
+// Drift sets the fixed part of Redlock's clock-drift allowance; the total
+// is lease×1% + d. The default d is 2ms. A Redlock option: New refuses it.
+func Drift(d time.Duration) Option { return opt(func(c *config) { c.drift = d }) }
 
-// WithNodeTimeout sets how long Redlock waits for one node's answer. The
-// default is lease/20, clamped to [5ms, 250ms].
-func WithNodeTimeout(d time.Duration) RedlockSetting {
+// NodeTimeout sets how long Redlock waits for one node's answer. The
+// default is lease/20, clamped to [5ms, 250ms]. A Redlock option: New
+// refuses it, and a Client's call fails with ErrInvalid.
+func NodeTimeout(d time.Duration) Setting {
 	return opt(func(c *config) { c.nodeTimeout = d })
 }
 

@@ -90,7 +90,7 @@ func TestHolderKilled(t *testing.T) {
 	}
 	ch.Signal(syscall.SIGKILL)
 	killed := time.Now()
-	lk, err := c.Lock(ctx, "killed", locks.WithWait(3*lease))
+	lk, err := c.Lock(ctx, "killed", locks.WaitBudget(3*lease))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestHolderPaused(t *testing.T) {
 	oldFence, _ := strconv.ParseUint(ch.expect(t, "held", 10*time.Second), 10, 64)
 
 	ch.Signal(syscall.SIGSTOP)
-	lk, err := c.Lock(ctx, "paused", locks.WithWait(10*time.Second))
+	lk, err := c.Lock(ctx, "paused", locks.WaitBudget(10*time.Second))
 	ch.Signal(syscall.SIGCONT)
 	if err != nil {
 		t.Fatal(err)

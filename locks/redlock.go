@@ -41,10 +41,10 @@ var _ Locker = (*Redlock)(nil)
 // background work.
 //
 // One attempt sends the acquisition to every node at once, each with a
-// timeout small against the lease (WithNodeTimeout), and measures the time
+// timeout small against the lease (NodeTimeout), and measures the time
 // taken on the local monotonic clock. The lock is granted when a quorum
 // granted it and validity = lease − elapsed − drift is still positive, where
-// drift = lease×1% + 2ms (WithDrift): Lock.TTL counts down that validity, not
+// drift = lease×1% + 2ms (Drift): Lock.TTL counts down that validity, not
 // the lease. An attempt returns as soon as a quorum granted it (the other
 // nodes' answers land just after). An attempt that fails, including one that
 // reached a quorum too late (ErrNoValidity), is released on every node that
@@ -108,7 +108,7 @@ type Redlock struct {
 // addresses for a *redis.ClusterClient, by identity otherwise), or an invalid
 // option. Messages name nodes by address (or "node<i>", by position, when the
 // client does not expose one).
-func NewRedlock(clients []redis.UniversalClient, opts ...RedlockOption) *Redlock {
+func NewRedlock(clients []redis.UniversalClient, opts ...Option) *Redlock {
 	if len(clients) == 0 {
 		panic("locks: NewRedlock needs at least one client")
 	}
@@ -148,9 +148,11 @@ func redlockValidate(cfg *config) error {
 	}
 	switch {
 	case cfg.fair:
-		return invalid("WithFair is not supported by Redlock")
+		return invalid("Fair is not supported by Redlock")
 	case cfg.replicas > 0:
-		return invalid("WithReplicas is not supported by Redlock (its servers have no replicas)")
+		return invalid("Replicas is not supported by Redlock (its servers have no replicas)")
+	case cfg.fenceRetention != 0:
+		return invalid("FenceRetention is not supported by Redlock (it keeps no fence counters)")
 	case rlSpan(cfg, cfg.lease) <= 0:
 		return invalid("drift allowance %v leaves no validity in lease %v", rlDrift(cfg, cfg.lease), cfg.lease)
 	}
@@ -206,7 +208,7 @@ func (r *Redlock) TryLock(ctx context.Context, name string, opts ...CallOption) 
 }
 
 // Lock takes the lock name on a quorum of the nodes, retrying failed attempts
-// after a random delay until it is held, the wait budget ends (WithWait; 30s
+// after a random delay until it is held, the wait budget ends (WaitBudget; 30s
 // by default; no attempt is started that could not end within it) or ctx
 // ends. On failure the error is the last attempt's *RedlockError, matching
 // ErrNotObtained and, when ctx ended the wait, ctx's error.
@@ -257,13 +259,13 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 	if closing && owner == "" {
 		e := r.opError("lock", name)
 		e.Err = ErrClosed
-		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Err: e})
+		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Err: e})
 		return nil, e
 	}
 	if err := ctx.Err(); err != nil {
 		e := r.opError("lock", name)
 		e.Err = err
-		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Err: e})
+		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Err: e})
 		return nil, e
 	}
 	fail := func(e *RedlockError, attempts int) (*Lock, error) {
@@ -271,7 +273,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		if err := ctx.Err(); err != nil && !errors.Is(e.Err, err) {
 			e.Err = errors.Join(e.Err, err)
 		}
-		cfg.emit(ctx, Event{Kind: NotObtained, Name: name, Wait: e.Waited, Err: e})
+		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Wait: e.Waited, Err: e})
 		return nil, e
 	}
 	// A nested acquisition (this owner's scope of the name has Locks not yet
@@ -323,7 +325,11 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 				}
 				return giveBack(ErrClosed)
 			}
-			cfg.emit(ctx, Event{Kind: Acquired, Name: name, Wait: time.Since(start)})
+			kind := EventAcquired
+			if reentered {
+				kind = EventReentered
+			}
+			cfg.emit(ctx, Event{Kind: kind, Name: name, Wait: time.Since(start)})
 			return &Lock{h: h, parent: ctx}, nil
 		}
 		if errors.Is(e.Err, ErrLost) {

@@ -68,7 +68,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 		clients[i] = c
 		admin[i] = s.Client()
 	}
-	r := locks.NewRedlock(clients, locks.WithLease(time.Minute))
+	r := locks.NewRedlock(clients, locks.Lease(time.Minute))
 	t.Cleanup(func() { r.Close() })
 	// Cleanups run last-registered first: the gate opens before Close waits
 	// for the calls it holds, also when the test stops early.
@@ -82,7 +82,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 	slots := []string{"rl:slot-1", "rl:slot-2"}
 	var held []*locks.Lock
 	for _, s := range slots {
-		lk, err := r.TryLock(ctx, s, locks.WithNodeTimeout(time.Minute))
+		lk, err := r.TryLock(ctx, s, locks.NodeTimeout(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +99,7 @@ func TestRedlockAbandonedNodeCallReleasesLateGrant(t *testing.T) {
 	// The attempt's call to node 0 queues behind the held ones; nodes 1-4
 	// grant, so it succeeds without node 0, whose call is abandoned when its
 	// node timeout ends.
-	lk, err := r.TryLock(ctx, name, locks.WithNodeTimeout(2*time.Second)) // long enough for nodes 1–4 on a loaded machine
+	lk, err := r.TryLock(ctx, name, locks.NodeTimeout(2*time.Second)) // long enough for nodes 1–4 on a loaded machine
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 // 5-server Redlock (each goroutine locks its own names).
 func BenchmarkRedlockCycle(b *testing.B) {
 	// A generous node timeout: a stall of the shared test machine is not what this measures.
-	s := newRedlockSet(b, 5, nil, locks.WithLease(10*time.Second), locks.WithNodeTimeout(time.Second))
+	s := newRedlockSet(b, 5, nil, locks.Lease(10*time.Second), locks.NodeTimeout(time.Second))
 	ctx := context.Background()
 	var next atomic.Int64
 	b.ReportAllocs()

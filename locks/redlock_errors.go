@@ -14,7 +14,7 @@ var (
 	// this short against the nodes' latency cannot be granted safely.
 	ErrNoValidity = errors.New("locks: redlock quorum reached with no validity left")
 	// ErrNodeTimeout is the cause recorded for a Redlock node that did not
-	// answer within the per-node timeout (see WithNodeTimeout).
+	// answer within the per-node timeout (see NodeTimeout).
 	ErrNodeTimeout = errors.New("locks: redlock node did not answer in time")
 )
 

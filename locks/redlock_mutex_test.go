@@ -103,7 +103,7 @@ func TestRedlockHelperProcess(t *testing.T) {
 		defer c.Close()
 		clients = append(clients, c)
 	}
-	r := locks.NewRedlock(clients, locks.WithLease(2*time.Second), locks.WithWait(60*time.Second))
+	r := locks.NewRedlock(clients, locks.Lease(2*time.Second), locks.WaitBudget(60*time.Second))
 	defer r.Close()
 
 	ctx := context.Background()

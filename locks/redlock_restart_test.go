@@ -21,7 +21,7 @@ var errRLPartitioned = errors.New("test: partitioned from this node")
 // (network partition) from nodes 3 and 4, so its locks are held on exactly
 // nodes 0-2, and B, which reaches every node. Both have their connections made
 // (dialling is not what these tests time).
-func rlRestartPair(t *testing.T, serverOpts []redistest.Option, opts ...locks.RedlockOption) (a, b *locks.Redlock, servers []*redistest.Server) {
+func rlRestartPair(t *testing.T, serverOpts []redistest.Option, opts ...locks.Option) (a, b *locks.Redlock, servers []*redistest.Server) {
 	t.Helper()
 	servers = redistest.StartN(t, 5, serverOpts...)
 	b = redlockOn(t, servers, opts...).r
@@ -71,7 +71,7 @@ func rlRestartRun(t *testing.T, a, b *locks.Redlock, restarted *redistest.Server
 		check(name)
 	}
 
-	lb, err := b.Lock(ctx, name, locks.WithWait(waitB))
+	lb, err := b.Lock(ctx, name, locks.WaitBudget(waitB))
 	if err != nil {
 		return false, err
 	}
@@ -93,7 +93,7 @@ func rlRestartNow(t *testing.T) func(*redistest.Server) {
 // restart rule (documented on Redlock) exists to prevent.
 func TestRedlockRestartEmptyDoubleGrant(t *testing.T) {
 	t.Parallel() // waits on processes and timers more than on the CPU
-	a, b, servers := rlRestartPair(t, nil, locks.WithLease(10*time.Second), locks.WithNodeTimeout(200*time.Millisecond))
+	a, b, servers := rlRestartPair(t, nil, locks.Lease(10*time.Second), locks.NodeTimeout(200*time.Millisecond))
 	if double, err := rlRestartRun(t, a, b, servers[2], "rl:restart:empty", rlRestartNow(t), nil, 2*time.Second); !double {
 		t.Fatalf("no double grant after an immediate empty restart (B: %v): the control did not reproduce", err)
 	}
@@ -103,7 +103,7 @@ func TestRedlockRestartEmptyDoubleGrant(t *testing.T) {
 func TestRedlockRestartAppendFsyncAlways(t *testing.T) {
 	t.Parallel() // waits on processes and timers more than on the CPU
 	a, b, servers := rlRestartPair(t, []redistest.Option{redistest.AppendFsyncAlways()},
-		locks.WithLease(10*time.Second), locks.WithNodeTimeout(200*time.Millisecond))
+		locks.Lease(10*time.Second), locks.NodeTimeout(200*time.Millisecond))
 	node2 := servers[2].Client()
 	kept := func(name string) { // the restarted node still has A's grant
 		if o, err := node2.HGet(context.Background(), rlKey(name), "o").Result(); err != nil || o == "" {
@@ -133,7 +133,7 @@ func TestRedlockRestartDelayed(t *testing.T) {
 	// A fixed lease: A sends nothing to node 2 while it is down, so go-redis's
 	// dial circuit breaker (open after repeated dial errors, probed once a
 	// second) does not keep A off the returned node and slow every run.
-	a, b, servers := rlRestartPair(t, nil, locks.WithLease(lease), locks.WithNodeTimeout(50*time.Millisecond), locks.WithoutRenewal())
+	a, b, servers := rlRestartPair(t, nil, locks.Lease(lease), locks.NodeTimeout(50*time.Millisecond), locks.NoRenewal())
 	delayed := func(srv *redistest.Server) {
 		srv.Kill()
 		<-time.After(lease) // the rule under test: down for at least the lease

@@ -35,13 +35,13 @@ func rlNodeClient(s *redistest.Server) *redis.Client {
 	})
 }
 
-func newRedlockSet(t testing.TB, n int, serverOpts []redistest.Option, opts ...locks.RedlockOption) *redlockSet {
+func newRedlockSet(t testing.TB, n int, serverOpts []redistest.Option, opts ...locks.Option) *redlockSet {
 	t.Helper()
 	servers := redistest.StartN(t, n, serverOpts...)
 	return redlockOn(t, servers, opts...)
 }
 
-func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.RedlockOption) *redlockSet {
+func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.Option) *redlockSet {
 	t.Helper()
 	set := &redlockSet{servers: servers}
 	clients := make([]redis.UniversalClient, len(servers))
@@ -54,7 +54,7 @@ func redlockOn(t testing.TB, servers []*redistest.Server, opts ...locks.RedlockO
 	// The default node timeout for a short lease is a few milliseconds, which
 	// a loaded 2-core test machine under -race misses now and then; tests
 	// that time the nodes set their own.
-	opts = append([]locks.RedlockOption{locks.WithNodeTimeout(250 * time.Millisecond)}, opts...)
+	opts = append([]locks.Option{locks.NodeTimeout(250 * time.Millisecond)}, opts...)
 	r := locks.NewRedlock(clients, opts...)
 	t.Cleanup(func() { r.Close() })
 	set.r = r
@@ -128,15 +128,15 @@ func TestNewRedlockRejects(t *testing.T) {
 	a2 := servers[0].Client(func(o *redis.Options) { o.DB = 1 }) // another database of the same server
 	cases := map[string]struct {
 		clients []redis.UniversalClient
-		opts    []locks.RedlockOption
+		opts    []locks.Option
 	}{
 		"no clients":     {nil, nil},
 		"nil client":     {[]redis.UniversalClient{a, nil}, nil},
 		"same client":    {[]redis.UniversalClient{a, b, a}, nil},
 		"same address":   {[]redis.UniversalClient{a, b, a2}, nil},
-		"short lease":    {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithLease(time.Millisecond)}},
-		"drift > lease":  {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithLease(time.Second), locks.WithDrift(2 * time.Second)}},
-		"negative drift": {[]redis.UniversalClient{a, b}, []locks.RedlockOption{locks.WithDrift(-time.Second)}},
+		"short lease":    {[]redis.UniversalClient{a, b}, []locks.Option{locks.Lease(time.Millisecond)}},
+		"drift > lease":  {[]redis.UniversalClient{a, b}, []locks.Option{locks.Lease(time.Second), locks.Drift(2 * time.Second)}},
+		"negative drift": {[]redis.UniversalClient{a, b}, []locks.Option{locks.Drift(-time.Second)}},
 	}
 	for name, c := range cases {
 		func() {
@@ -153,7 +153,7 @@ func TestNewRedlockRejects(t *testing.T) {
 	if r.Quorum() != 2 {
 		t.Fatalf("quorum %d", r.Quorum())
 	}
-	for name, o := range map[string]locks.CallOption{"fair": locks.WithFair(), "replicas": locks.WithReplicas(1, time.Second)} {
+	for name, o := range map[string]locks.CallOption{"fair": locks.Fair(), "replicas": locks.Replicas(1, time.Second)} {
 		if _, err := r.TryLock(context.Background(), "x", o); !errors.Is(err, locks.ErrInvalid) {
 			t.Errorf("per-call %s on a Redlock: %v, want ErrInvalid", name, err)
 		}
@@ -165,7 +165,7 @@ func TestNewRedlockRejects(t *testing.T) {
 
 func TestRedlockLockUnlock(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 5, nil, locks.Lease(2*time.Second))
 	lk, err := s.r.TryLock(ctx, "rl:basic")
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +213,7 @@ func TestRedlockLockUnlock(t *testing.T) {
 // With 2 of 5 nodes down every acquisition still reaches the quorum of 3.
 func TestRedlockTwoOfFiveKilled(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 5, nil, locks.Lease(2*time.Second))
 	s.servers[1].Kill()
 	s.servers[3].Kill()
 	ok := 0
@@ -239,13 +239,13 @@ func TestRedlockThreeOfFiveKilled(t *testing.T) {
 	ctx := context.Background()
 	// (A node timeout of 50ms was missed now and then by the live nodes of a
 	// loaded 2-core machine under -race, which then counted as failed.)
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second), locks.WithNodeTimeout(150*time.Millisecond))
+	s := newRedlockSet(t, 5, nil, locks.Lease(2*time.Second), locks.NodeTimeout(150*time.Millisecond))
 	for _, i := range []int{0, 2, 4} {
 		s.servers[i].Kill()
 	}
 	const budget = 1500 * time.Millisecond
 	start := time.Now()
-	_, err := s.r.Lock(ctx, "rl:three-down", locks.WithWait(budget))
+	_, err := s.r.Lock(ctx, "rl:three-down", locks.WaitBudget(budget))
 	took := time.Since(start)
 	var re *locks.RedlockError
 	if !errors.Is(err, locks.ErrNotObtained) || !errors.As(err, &re) {
@@ -280,7 +280,7 @@ func TestRedlockThreeOfFiveKilled(t *testing.T) {
 // leaves the free nodes empty and the held ones untouched.
 func TestRedlockPreheldSubsets(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 5, nil, locks.Lease(2*time.Second))
 	for mask := range 32 {
 		name := fmt.Sprintf("rl:subset:%02d", mask)
 		var held, free []int
@@ -330,7 +330,7 @@ func TestRedlockPreheldSubsets(t *testing.T) {
 func TestRedlockPausedNode(t *testing.T) {
 	ctx := context.Background()
 	const nodeTimeout = 500 * time.Millisecond
-	s := newRedlockSet(t, 5, nil, locks.WithLease(5*time.Second), locks.WithNodeTimeout(nodeTimeout))
+	s := newRedlockSet(t, 5, nil, locks.Lease(5*time.Second), locks.NodeTimeout(nodeTimeout))
 	s.servers[0].Pause()
 	t.Cleanup(s.servers[0].Resume)
 
@@ -369,7 +369,7 @@ func TestRedlockPausedNode(t *testing.T) {
 func TestRedlockLeaseShorterThanQuorumTime(t *testing.T) {
 	ctx := context.Background()
 	const lease = 100 * time.Millisecond
-	s := newRedlockSet(t, 5, nil, locks.WithLease(lease), locks.WithNodeTimeout(5*time.Second))
+	s := newRedlockSet(t, 5, nil, locks.Lease(lease), locks.NodeTimeout(5*time.Second))
 	s.servers[3].Kill()
 	s.servers[4].Kill()
 	s.servers[2].Pause()
@@ -410,7 +410,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 	const lease = 600 * time.Millisecond
 
 	t.Run("nodes down", func(t *testing.T) {
-		s := newRedlockSet(t, 5, nil, locks.WithLease(lease))
+		s := newRedlockSet(t, 5, nil, locks.Lease(lease))
 		lk, err := s.r.Lock(ctx, "rl:lost:down")
 		if err != nil {
 			t.Fatal(err)
@@ -434,7 +434,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 		}
 	})
 	t.Run("keys gone", func(t *testing.T) {
-		s := newRedlockSet(t, 5, nil, locks.WithLease(lease))
+		s := newRedlockSet(t, 5, nil, locks.Lease(lease))
 		lk, err := s.r.Lock(ctx, "rl:lost:keys")
 		if err != nil {
 			t.Fatal(err)
@@ -450,7 +450,7 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 func TestRedlockRenewal(t *testing.T) {
 	ctx := context.Background()
 	const lease = 500 * time.Millisecond
-	s := newRedlockSet(t, 5, nil, locks.WithLease(lease))
+	s := newRedlockSet(t, 5, nil, locks.Lease(lease))
 	lk, err := s.r.Lock(ctx, "rl:renew")
 	if err != nil {
 		t.Fatal(err)
@@ -472,7 +472,7 @@ func TestRedlockRenewal(t *testing.T) {
 
 func TestRedlockExtend(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 5, nil, locks.WithLease(time.Second), locks.WithoutRenewal())
+	s := newRedlockSet(t, 5, nil, locks.Lease(time.Second), locks.NoRenewal())
 	lk, err := s.r.Lock(ctx, "rl:extend")
 	if err != nil {
 		t.Fatal(err)
@@ -509,7 +509,7 @@ func TestRedlockExtend(t *testing.T) {
 
 func TestRedlockReentry(t *testing.T) {
 	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
-	s := newRedlockSet(t, 3, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 3, nil, locks.Lease(2*time.Second))
 	outer, err := s.r.Lock(ctx, "rl:reenter")
 	if err != nil {
 		t.Fatal(err)
@@ -541,7 +541,7 @@ func TestRedlockReentry(t *testing.T) {
 // Lock waits (retrying) while the lock is held, and keeps the caller's
 // context error when the context ends the wait.
 func TestRedlockLockWaitsAndContext(t *testing.T) {
-	s := newRedlockSet(t, 3, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 3, nil, locks.Lease(2*time.Second))
 	bg := context.Background()
 	lk, err := s.r.TryLock(bg, "rl:ctx")
 	if err != nil {
@@ -579,7 +579,7 @@ func TestRedlockLockWaitsAndContext(t *testing.T) {
 
 func TestRedlockClose(t *testing.T) {
 	ctx := context.Background()
-	s := newRedlockSet(t, 3, nil, locks.WithLease(2*time.Second))
+	s := newRedlockSet(t, 3, nil, locks.Lease(2*time.Second))
 	lk, err := s.r.TryLock(ctx, "rl:close")
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 var (
 	// errNotOwner is what a renewal reports for a lock no longer held by its owner.
 	errNotOwner = errors.New("locks: not owner")
-	// errExpired is why a lock with a fixed lease (WithoutRenewal) is lost.
+	// errExpired is why a lock with a fixed lease (NoRenewal) is lost.
 	errExpired = errors.New("locks: lease expired without renewal")
 	// errNoRenewal is why a renewed lock is lost when no renewal was confirmed
 	// before its local deadline (joined with the last renewal's error, if any).
@@ -261,7 +261,7 @@ func (h *held) renewed(sent time.Time, err error) {
 	case errors.Is(err, errNotOwner):
 		h.loseHolding(ErrNotHeld)
 	default:
-		h.cfg.emit(context.Background(), Event{Kind: RenewalFailed, Name: h.name, Err: err})
+		h.cfg.emit(context.Background(), Event{Kind: EventRenewalFailed, Name: h.name, Err: err})
 		h.cfg.log.Warn(context.Background(), "renewal", "locks: lock renewal failed (retrying until the lease ends)",
 			slog.String("lock", h.name), slog.Any("cause", err))
 		h.mu.Lock()

@@ -24,7 +24,7 @@ func TestRenewalPausedShard(t *testing.T) {
 	const lease, pause = 900 * time.Millisecond, 2500 * time.Millisecond
 	cl := redistest.StartCluster(t)
 	cc := cl.Client() // defaults: ContextTimeoutEnabled false, ReadTimeout 3s
-	c := locks.New(cc, locks.WithLease(lease))
+	c := locks.New(cc, locks.Lease(lease))
 	t.Cleanup(func() { c.Close() })
 
 	victim := cl.Masters()[0]

@@ -27,7 +27,7 @@ func waitCalls(t *testing.T, s *redistest.Server) int {
 	return n
 }
 
-// TestReplicaAcknowledgement: WithReplicas sends WAIT on the connection that
+// TestReplicaAcknowledgement: Replicas sends WAIT on the connection that
 // wrote the lock; too few acknowledgements release the lock and fail; without
 // the option no WAIT is sent.
 func TestReplicaAcknowledgement(t *testing.T) {
@@ -51,10 +51,10 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	}
 	lk.Unlock(ctx)
 	if n := waitCalls(t, master); n != 0 {
-		t.Fatalf("WAIT sent %d times without WithReplicas", n)
+		t.Fatalf("WAIT sent %d times without Replicas", n)
 	}
 
-	lk, err = c.TryLock(ctx, "acked", locks.WithReplicas(1, time.Second))
+	lk, err = c.TryLock(ctx, "acked", locks.Replicas(1, time.Second))
 	if err != nil {
 		t.Fatalf("with a live replica: %v", err)
 	}
@@ -65,7 +65,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 
 	replica.Pause()
 	defer replica.Resume()
-	_, err = c.TryLock(ctx, "acked", locks.WithReplicas(1, 200*time.Millisecond))
+	_, err = c.TryLock(ctx, "acked", locks.Replicas(1, 200*time.Millisecond))
 	var re *locks.ReplicaError
 	if !errors.Is(err, locks.ErrNotObtained) || !errors.As(err, &re) || re.Got != 0 || re.Want != 1 {
 		t.Fatalf("with the replica paused: %v, want ErrNotObtained with a ReplicaError 0/1", err)
@@ -75,8 +75,8 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	}
 }
 
-// WithReplicas holds on every grant path. On a server without replicas a
-// lock handed to a queued Lock(WithReplicas(1)) fails with a ReplicaError
+// Replicas holds on every grant path. On a server without replicas a
+// lock handed to a queued Lock(Replicas(1)) fails with a ReplicaError
 // and is handed on (it used to be returned without any WAIT), and a nested
 // acquisition that re-enters fails likewise while the outer hold stays.
 func TestReplicasOnEveryGrantPath(t *testing.T) {
@@ -86,7 +86,7 @@ func TestReplicasOnEveryGrantPath(t *testing.T) {
 			c, rdb, s := newClient(t)
 			var opts []locks.Option
 			if mode == "fair" {
-				opts = append(opts, locks.WithFair())
+				opts = append(opts, locks.Fair())
 			}
 			b := locks.New(s.Client(), opts...)
 			defer b.Close()
@@ -96,7 +96,7 @@ func TestReplicasOnEveryGrantPath(t *testing.T) {
 			}
 			got := make(chan error, 1)
 			go func() {
-				lk, err := b.Lock(ctx, "ho", locks.WithReplicas(1, 100*time.Millisecond), locks.WithWait(10*time.Second))
+				lk, err := b.Lock(ctx, "ho", locks.Replicas(1, 100*time.Millisecond), locks.WaitBudget(10*time.Second))
 				if lk != nil {
 					err = errors.Join(errors.New("got a lock"), err)
 				}
@@ -110,7 +110,7 @@ func TestReplicasOnEveryGrantPath(t *testing.T) {
 			err = waitErr(t, got, 5*time.Second, "queued Lock")
 			var re *locks.ReplicaError
 			if !errors.As(err, &re) || !errors.Is(err, locks.ErrNotObtained) || !errors.Is(err, locks.ErrUnavailable) || errors.Is(err, locks.ErrBusy) {
-				t.Fatalf("lock handed to a waiter with WithReplicas(1) and no replica: %v, want a ReplicaError", err)
+				t.Fatalf("lock handed to a waiter with Replicas(1) and no replica: %v, want a ReplicaError", err)
 			}
 			if waitCalls(t, s) == before {
 				t.Fatal("no WAIT sent for the hand-off")
@@ -125,10 +125,10 @@ func TestReplicasOnEveryGrantPath(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = c.TryLock(octx, "re", locks.WithReplicas(1, 100*time.Millisecond))
+		_, err = c.TryLock(octx, "re", locks.Replicas(1, 100*time.Millisecond))
 		var re *locks.ReplicaError
 		if !errors.As(err, &re) {
-			t.Fatalf("nested acquisition with WithReplicas(1) and no replica: %v, want a ReplicaError", err)
+			t.Fatalf("nested acquisition with Replicas(1) and no replica: %v, want a ReplicaError", err)
 		}
 		if n := rdb.HGet(ctx, "cg:lock:{re}", "n").Val(); n != "1" {
 			t.Fatalf("hold count %q after the refused re-entry, want the outer's 1", n)

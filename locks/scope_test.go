@@ -32,7 +32,7 @@ func TestLostScopeNotReacquired(t *testing.T) {
 	c, rdb, _ := newClient(t)
 	const name, key = "repos:1", "cg:lock:{repos:1}"
 	octx := locks.WithOwner(ctx, "request-O")
-	outer, err := c.TryLock(octx, name, locks.WithLease(100*time.Millisecond), locks.WithoutRenewal())
+	outer, err := c.TryLock(octx, name, locks.Lease(100*time.Millisecond), locks.NoRenewal())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestLostScopeNotReacquired(t *testing.T) {
 
 	lk, err := c.TryLock(octx, name)
 	wantLost(t, "nested TryLock", lk, err)
-	lk, err = c.Lock(octx, name, locks.WithWait(time.Second))
+	lk, err = c.Lock(octx, name, locks.WaitBudget(time.Second))
 	wantLost(t, "nested Lock", lk, err)
 	if n := rdb.Exists(ctx, key).Val(); n != 0 {
 		t.Fatalf("a failed nested acquisition left the lock key behind")
@@ -114,7 +114,7 @@ func TestLostScopeDetectedByNestedAttempt(t *testing.T) {
 		rdb.HSet(ctx, "cg:lock:{repos:3}", "o", "owner-B")
 		// Lock would wait for B; the scope is lost, so it must fail at once
 		// (well before its wait budget) rather than be granted later.
-		lk, err := c.Lock(octx, "repos:3", locks.WithWait(5*time.Second))
+		lk, err := c.Lock(octx, "repos:3", locks.WaitBudget(5*time.Second))
 		wantLost(t, "nested Lock", lk, err)
 		within(t, outer.Lost(), time.Second, "outer Lost")
 		if o := rdb.HGet(ctx, "cg:lock:{repos:3}", "o").Val(); o != "owner-B" {
@@ -151,7 +151,7 @@ func TestRedlockLostScopeNotReacquired(t *testing.T) {
 	octx := locks.WithOwner(ctx, "request-O")
 
 	t.Run("lease ran out", func(t *testing.T) {
-		outer, err := s.r.TryLock(octx, "rl:repos:1", locks.WithLease(100*time.Millisecond), locks.WithoutRenewal())
+		outer, err := s.r.TryLock(octx, "rl:repos:1", locks.Lease(100*time.Millisecond), locks.NoRenewal())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestRedlockLostScopeNotReacquired(t *testing.T) {
 		b.Unlock(ctx)
 		lk, err := s.r.TryLock(octx, "rl:repos:1")
 		wantLost(t, "nested TryLock", lk, err)
-		lk, err = s.r.Lock(octx, "rl:repos:1", locks.WithWait(time.Second))
+		lk, err = s.r.Lock(octx, "rl:repos:1", locks.WaitBudget(time.Second))
 		wantLost(t, "nested Lock", lk, err)
 		if n := rlCountEmpty(s.owners(t, "rl:repos:1", 0, 1, 2)); n != 3 {
 			t.Fatalf("a failed nested acquisition left keys on %d nodes", 3-n)

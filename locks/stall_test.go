@@ -59,7 +59,7 @@ func TestClaimedWaiterEndsWithItsContext(t *testing.T) {
 	}
 	a := make(chan *Lock, 1)
 	go func() {
-		lk, err := p.Lock(ctx, "claimed", WithWait(10*time.Second))
+		lk, err := p.Lock(ctx, "claimed", WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -70,7 +70,7 @@ func TestClaimedWaiterEndsWithItsContext(t *testing.T) {
 	defer cancelB()
 	b := make(chan error, 1)
 	go func() {
-		lk, err := p.Lock(bctx, "claimed", WithWait(10*time.Second))
+		lk, err := p.Lock(bctx, "claimed", WaitBudget(10*time.Second))
 		if err == nil {
 			_ = lk.Unlock(ctx)
 		}
@@ -297,7 +297,7 @@ func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
 			crdb.AddHook(hook)
 			var mu sync.Mutex
 			kinds := map[EventKind]int{}
-			c := New(crdb, WithCommandTimeout(2*time.Second), WithObserver(func(_ context.Context, e Event) {
+			c := New(crdb, CommandTimeout(2*time.Second), Observer(func(_ context.Context, e Event) {
 				if e.Name == name {
 					mu.Lock()
 					kinds[e.Kind]++
@@ -307,14 +307,14 @@ func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
 			defer c.Close()
 			w := New(s.Client())
 			defer w.Close()
-			lk, err := c.TryLock(ctx, name, WithLease(300*time.Millisecond))
+			lk, err := c.TryLock(ctx, name, Lease(300*time.Millisecond))
 			if err != nil {
 				t.Fatal(err)
 			}
 			waited := make(chan error, 1)
 			if handOff {
 				go func() {
-					wl, err := w.Lock(ctx, name, WithWait(10*time.Second))
+					wl, err := w.Lock(ctx, name, WaitBudget(10*time.Second))
 					if err == nil {
 						err = wl.Unlock(ctx)
 					}
@@ -335,7 +335,7 @@ func TestCleanUnlockDoesNotCloseLost(t *testing.T) {
 			got := maps.Clone(kinds)
 			mu.Unlock()
 			t.Logf("renewals answered after the release ran: %d; events %v", hook.renewals, got)
-			if got[Lost] != 0 || got[Released] != 1 {
+			if got[EventLost] != 0 || got[EventReleased] != 1 {
 				t.Errorf("events %v, want 1 released and no lost", got)
 			}
 			if handOff {
@@ -427,7 +427,7 @@ func (d *dropBeforeExtend) before(cmds []redis.Cmder) {
 	}
 }
 
-// TestFixedLeaseHandOffNotHeld: a waiter with a fixed lease (WithoutRenewal)
+// TestFixedLeaseHandOffNotHeld: a waiter with a fixed lease (NoRenewal)
 // handed the lock sets its lease at once; when Redis answers that it does
 // not hold the lock (the claim ran out first), the hand-off is gone, and
 // Lock must not return a Lock that Redis does not hold.
@@ -450,7 +450,7 @@ func TestFixedLeaseHandOffNotHeld(t *testing.T) {
 	}
 	got := make(chan result, 1)
 	go func() {
-		lk, err := w.Lock(ctx, "fixed", WithWait(10*time.Second), WithoutRenewal(), WithLease(10*time.Second))
+		lk, err := w.Lock(ctx, "fixed", WaitBudget(10*time.Second), NoRenewal(), Lease(10*time.Second))
 		got <- result{lk, err}
 	}()
 	redistest.Eventually(t, 5*time.Second, "waiter queued", func() bool { return admin.ZCard(ctx, "cg:q:{fixed}").Val() == 1 })
@@ -503,7 +503,7 @@ func TestUnlockGivenUpWhileQueued(t *testing.T) {
 	h := &holdKeys{keys: map[any]bool{"cg:lock:{blocker1}": true, "cg:lock:{blocker2}": true}, open: make(chan struct{}), entered: make(chan struct{}, 2)}
 	prdb := s.Client()
 	prdb.AddHook(h)
-	p, x := New(prdb, WithCommandTimeout(time.Minute)), New(s.Client())
+	p, x := New(prdb, CommandTimeout(time.Minute)), New(s.Client())
 	var once sync.Once
 	open := func() { once.Do(func() { close(h.open) }) }
 	defer p.Close()
@@ -516,7 +516,7 @@ func TestUnlockGivenUpWhileQueued(t *testing.T) {
 	}
 	a := make(chan *Lock, 1)
 	go func() {
-		lk, err := p.Lock(ctx, "queued", WithWait(10*time.Second))
+		lk, err := p.Lock(ctx, "queued", WaitBudget(10*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
@@ -527,7 +527,7 @@ func TestUnlockGivenUpWhileQueued(t *testing.T) {
 	defer cancelB()
 	b := make(chan error, 1)
 	go func() {
-		lk, err := p.Lock(bctx, "queued", WithWait(10*time.Second))
+		lk, err := p.Lock(bctx, "queued", WaitBudget(10*time.Second))
 		if err == nil {
 			_ = lk.Unlock(ctx)
 		}

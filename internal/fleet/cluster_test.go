@@ -82,7 +82,7 @@ func TestFleetCluster(t *testing.T) {
 
 	// A master paused until its replica is promoted; it then rejoins as a
 	// replica. Writes acknowledged by the old master but not yet replicated
-	// can be lost (Redis replicates asynchronously; the locks' WithReplicas
+	// can be lost (Redis replicates asynchronously; the locks' Replicas
 	// asks for acknowledgements, which the service does not use).
 	s = f.Scenario(t, rep, "a master SIGSTOPped until its replica took over (cluster)")
 	victim := f.lockMaster(recoverRepo)

@@ -11,7 +11,7 @@ import (
 )
 
 // Logger logs warnings through a *slog.Logger, at most once per interval for
-// each key. The zero value and a nil *Logger discard everything.
+// each key. A nil *Logger discards everything.
 type Logger struct {
 	l     *slog.Logger
 	every time.Duration
@@ -25,8 +25,9 @@ type entry struct {
 	suppressed int
 }
 
-// New returns a Logger writing to l (nil: discard) at most once per interval
-// for each key. Keys should come from a small fixed set (one per kind of
+// New returns a Logger writing to l at most once per interval for each key;
+// when l is nil, to slog.Default() as it is when each warning is logged (so
+// a program that sets its default logger after New still gets them). Keys should come from a small fixed set (one per kind of
 // warning): each is remembered for the Logger's life.
 func New(l *slog.Logger, interval time.Duration) *Logger {
 	return &Logger{l: l, every: interval, keys: map[string]*entry{}}
@@ -36,7 +37,14 @@ func New(l *slog.Logger, interval time.Duration) *Logger {
 // interval ago; then it only counts it. A logged message carries the count of
 // those suppressed since the last one ("suppressed").
 func (r *Logger) Warn(ctx context.Context, key, msg string, attrs ...slog.Attr) {
-	if r == nil || r.l == nil || !r.l.Enabled(ctx, slog.LevelWarn) {
+	if r == nil {
+		return
+	}
+	l := r.l
+	if l == nil {
+		l = slog.Default()
+	}
+	if !l.Enabled(ctx, slog.LevelWarn) {
 		return
 	}
 	now := time.Now()
@@ -56,5 +64,5 @@ func (r *Logger) Warn(ctx context.Context, key, msg string, attrs ...slog.Attr) 
 	if suppressed > 0 {
 		attrs = append(attrs, slog.Int("suppressed", suppressed))
 	}
-	r.l.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	l.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 }

@@ -30,8 +30,20 @@ func TestOncePerIntervalWithSuppressedCount(t *testing.T) {
 	}
 }
 
-func TestNilDiscards(t *testing.T) {
+func TestNilReceiverDiscards(t *testing.T) {
 	var r *Logger
 	r.Warn(context.Background(), "k", "m")
-	New(nil, time.Second).Warn(context.Background(), "k", "m")
+}
+
+// A Logger made with nil writes to slog.Default() as it is when it warns.
+func TestNilLoggerIsTheDefaultAtWarnTime(t *testing.T) {
+	r := New(nil, time.Hour)
+	var buf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	defer slog.SetDefault(prev)
+	r.Warn(context.Background(), "k", "to the default")
+	if !strings.Contains(buf.String(), "to the default") {
+		t.Fatalf("slog.Default() got %q", &buf)
+	}
 }

@@ -45,6 +45,12 @@ const DefaultTimeout = 500 * time.Millisecond
 // timeout, and the cause (context.Cause) of its context once that ended it.
 var ErrTimeout = errors.New("rcmd: redis command timed out")
 
+// ErrUnavailable is the one error value, across the module's packages, for
+// "Redis could not be asked": locks.ErrUnavailable and
+// cacheguard.ErrUnavailable are this value, so one errors.Is check covers a
+// lock, a cache read and a ginmw answer.
+var ErrUnavailable = errors.New("cacheguard: redis unavailable")
+
 // Runner runs commands on one go-redis client, each bounded by the command
 // timeout. The zero value is not usable: see New. A Runner is safe for
 // concurrent use and holds no goroutines.

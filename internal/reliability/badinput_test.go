@@ -78,7 +78,7 @@ func TestReliabilityBadInput(t *testing.T) {
 	}
 
 	panicsWith(t, "locks.New(nil)", "locks:", func() { locks.New(nil) })
-	panicsWith(t, "locks.New(rdb, WithLease(0))", "locks:", func() { locks.New(w.rdb, locks.WithLease(0)) })
+	panicsWith(t, "locks.New(rdb, Lease(0))", "locks:", func() { locks.New(w.rdb, locks.Lease(0)) })
 	var nilClient *locks.Client
 	w.silent(t, "nil Client", func() {
 		_, err := nilClient.TryLock(bg, "x")
@@ -94,11 +94,11 @@ func TestReliabilityBadInput(t *testing.T) {
 	}{
 		{"empty name", "", nil},
 		{"name over MaxNameLen", long, nil},
-		{"lease below MinLease", "x", []locks.CallOption{locks.WithLease(locks.MinLease - 1)}},
-		{"zero lease", "x", []locks.CallOption{locks.WithLease(0)}},
-		{"negative wait", "x", []locks.CallOption{locks.WithWait(-1)}},
-		{"negative replicas", "x", []locks.CallOption{locks.WithReplicas(-1, time.Second)}},
-		{"replicas without timeout", "x", []locks.CallOption{locks.WithReplicas(1, 0)}},
+		{"lease below MinLease", "x", []locks.CallOption{locks.Lease(locks.MinLease - 1)}},
+		{"zero lease", "x", []locks.CallOption{locks.Lease(0)}},
+		{"negative wait", "x", []locks.CallOption{locks.WaitBudget(-1)}},
+		{"negative replicas", "x", []locks.CallOption{locks.Replicas(-1, time.Second)}},
+		{"replicas without timeout", "x", []locks.CallOption{locks.Replicas(1, 0)}},
 	}
 	for _, l := range []locks.Locker{c, rl} {
 		for _, tc := range lockCases {
@@ -111,18 +111,18 @@ func TestReliabilityBadInput(t *testing.T) {
 		}
 	}
 	w.silent(t, "Redlock-only refusals", func() {
-		_, err := rl.TryLock(bg, "x", locks.WithFair())
-		check("Redlock WithFair", err, locks.ErrInvalid)
-		_, err = rl.TryLock(bg, "x", locks.WithReplicas(1, time.Second))
-		check("Redlock WithReplicas", err, locks.ErrInvalid)
+		_, err := rl.TryLock(bg, "x", locks.Fair())
+		check("Redlock Fair", err, locks.ErrInvalid)
+		_, err = rl.TryLock(bg, "x", locks.Replicas(1, time.Second))
+		check("Redlock Replicas", err, locks.ErrInvalid)
 	})
 	w.silent(t, "NewRedlock", func() {
 		panicsWith(t, "NewRedlock(nil)", "locks:", func() { locks.NewRedlock(nil) })
 		panicsWith(t, "NewRedlock with a nil client", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb, nil}) })
 		panicsWith(t, "NewRedlock with one node twice", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb, w.rdb}) })
-		panicsWith(t, "NewRedlock with a zero lease", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithLease(0)) })
-		panicsWith(t, "NewRedlock with a negative drift", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithDrift(-1)) })
-		panicsWith(t, "NewRedlock with a negative node timeout", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.WithNodeTimeout(-1)) })
+		panicsWith(t, "NewRedlock with a zero lease", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.Lease(0)) })
+		panicsWith(t, "NewRedlock with a negative drift", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.Drift(-1)) })
+		panicsWith(t, "NewRedlock with a negative node timeout", "locks:", func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, locks.NodeTimeout(-1)) })
 	})
 	w.silent(t, "Optimistic", func() {
 		fn := func(*redis.Tx) error { return nil }
@@ -130,8 +130,8 @@ func TestReliabilityBadInput(t *testing.T) {
 		check("Optimistic nil fn", locks.Optimistic(bg, w.rdb, nil, []string{"k"}), locks.ErrInvalid)
 		check("Optimistic no keys", locks.Optimistic(bg, w.rdb, fn, nil), locks.ErrInvalid)
 		check("Optimistic empty key", locks.Optimistic(bg, w.rdb, fn, []string{""}), locks.ErrInvalid)
-		check("Optimistic MaxAttempts(0)", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.OptimisticAttempts(0)), locks.ErrInvalid)
-		check("Optimistic negative backoff", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.OptimisticBackoff(-1)), locks.ErrInvalid)
+		check("Optimistic negative budget", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.WaitBudget(-1)), locks.ErrInvalid)
+		check("Optimistic with a lock option", locks.Optimistic(bg, w.rdb, fn, []string{"k"}, locks.Lease(time.Second)), locks.ErrInvalid)
 	})
 	// Extend with a too-short lease, on a held lock.
 	lk, err := c.TryLock(bg, "held")
@@ -179,7 +179,7 @@ func TestReliabilityBadInput(t *testing.T) {
 		{"negative wait budget", g, "k", load, []cacheguard.CallOption{cacheguard.WaitBudget(-1)}},
 		{"negative NegativeTTL", g, "k", load, []cacheguard.CallOption{cacheguard.NegativeTTL(-1)}},
 		{"zero load timeout", g, "k", load, []cacheguard.CallOption{cacheguard.LoadTimeout(0)}},
-		{"fill lease below minimum", g, "k", load, []cacheguard.CallOption{cacheguard.FillLease(cacheguard.MinFillLease - 1)}},
+		{"fill lease below minimum", g, "k", load, []cacheguard.CallOption{cacheguard.Lease(cacheguard.MinLease - 1)}},
 		{"negative beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(-1)}},
 		{"NaN beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(math.NaN())}},
 		{"infinite beta", g, "k", load, []cacheguard.CallOption{cacheguard.EarlyRefresh(math.Inf(1))}},

@@ -56,7 +56,7 @@ func TestReliabilityCacheHolderKilled(t *testing.T) {
 	if l := p.next(t, 10*time.Second); l != "loading" {
 		t.Fatalf("child: %s", l)
 	}
-	guards := []*cacheguard.Guard{newGuard(t, srv, cacheguard.FillLease(lease)), newGuard(t, srv, cacheguard.FillLease(lease))}
+	guards := []*cacheguard.Guard{newGuard(t, srv, cacheguard.Lease(lease)), newGuard(t, srv, cacheguard.Lease(lease))}
 	var loads atomic.Int64
 	start := time.Now()
 	var vals []string

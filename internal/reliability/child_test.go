@@ -74,7 +74,7 @@ func childHolder() error {
 	defer regRDB.Close()
 	unfenced, _ := strconv.ParseBool(os.Getenv("UNFENCED"))
 	reg := Register{RDB: regRDB, Key: os.Getenv("REG_KEY"), Unfenced: unfenced}
-	c := locks.New(lockRDB, locks.WithLease(lease))
+	c := locks.New(lockRDB, locks.Lease(lease))
 	defer c.Close()
 	var lk *locks.Lock
 	sc := bufio.NewScanner(os.Stdin)
@@ -133,7 +133,7 @@ func childFill() error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR")})
 	defer rdb.Close()
-	g := cacheguard.New(rdb, cacheguard.FillLease(lease))
+	g := cacheguard.New(rdb, cacheguard.Lease(lease))
 	defer g.Close()
 	_, err = cacheguard.Get(context.Background(), g, os.Getenv("KEY"), func(ctx context.Context) (string, error) {
 		fmt.Println("loading")

@@ -15,7 +15,7 @@ import (
 
 // TestReliabilityClusterFailover: on a Redis Cluster with one replica per
 // master, holder A takes a lock acknowledged by the replica
-// (locks.WithReplicas), then the master owning its slot is SIGKILLed and the
+// (locks.Replicas), then the master owning its slot is SIGKILLed and the
 // replica promoted. The lock survives the failover: B is refused until A
 // releases, A's writes still land, and B's fence after the release is above
 // A's. Histories are checked with porcupine. Before that, with the replica
@@ -56,7 +56,7 @@ func TestReliabilityClusterFailover(t *testing.T) {
 
 	// The replica stopped: WAIT gets no acknowledgement, the lock is refused.
 	replica.Pause()
-	_, err := a.TryLock(bg, name, locks.WithLease(lease), locks.WithoutRenewal(), locks.WithReplicas(1, 100*time.Millisecond))
+	_, err := a.TryLock(bg, name, locks.Lease(lease), locks.NoRenewal(), locks.Replicas(1, 100*time.Millisecond))
 	replica.Resume()
 	var re *locks.ReplicaError
 	r.fig.Attempted++
@@ -66,7 +66,7 @@ func TestReliabilityClusterFailover(t *testing.T) {
 	r.fig.Refused++
 
 	call := r.lockH.Now()
-	holder, err := a.TryLock(bg, name, locks.WithLease(lease), locks.WithoutRenewal(), locks.WithReplicas(1, 2*time.Second))
+	holder, err := a.TryLock(bg, name, locks.Lease(lease), locks.NoRenewal(), locks.Replicas(1, 2*time.Second))
 	ret := r.lockH.Now()
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestReliabilityClusterFailover(t *testing.T) {
 	ccB.ReloadState(bg)
 	for try := 0; ; try++ {
 		call := r.lockH.Now()
-		lk, err := b.TryLock(bg, name, locks.WithLease(lease), locks.WithoutRenewal())
+		lk, err := b.TryLock(bg, name, locks.Lease(lease), locks.NoRenewal())
 		ret := r.lockH.Now()
 		h, err := classify(lk, err)
 		in := LockInput{Op: Acquire, Client: 2, Lease: lease, Call: call, Return: ret}
@@ -123,6 +123,6 @@ func TestReliabilityClusterFailover(t *testing.T) {
 	}
 	r.unlock(next, 2)
 	f := r.verify(porcupine.Ok, porcupine.Ok)
-	f.Scenario = "cluster master SIGKILLed under a lock acknowledged by its replica (WithReplicas)"
+	f.Scenario = "cluster master SIGKILLed under a lock acknowledged by its replica (Replicas)"
 	f.Report(t)
 }

@@ -30,7 +30,7 @@
 // cannot end before c+L on the server, so a second grant that returned before
 // c+L, with no release in between, is a violation; a grant returned after c+L
 // is legal. Fences must increase with every grant. Only the holder can
-// release. The leases in the workloads are fixed (WithoutRenewal) so that the
+// release. The leases in the workloads are fixed (NoRenewal) so that the
 // model knows them; for holders that renew (child processes), the lease end is
 // taken from PTTL read just before the fault, a lower bound of the server's
 // expiry. The model checks safety only: refusals are always legal.

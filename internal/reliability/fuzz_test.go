@@ -85,9 +85,9 @@ func FuzzReliabilityLockName(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, name string) {
 		rdb := fuzzClient(t)
-		c := locks.New(rdb, locks.WithPrefix("fzl:"))
+		c := locks.New(rdb, locks.Prefix("fzl:"))
 		defer c.Close()
-		other := locks.New(rdb, locks.WithPrefix("fzl:"))
+		other := locks.New(rdb, locks.Prefix("fzl:"))
 		defer other.Close()
 		ctx := context.Background()
 		lk, err := c.TryLock(ctx, name)
@@ -142,17 +142,17 @@ func FuzzReliabilityLockOptions(f *testing.F) {
 		defer c.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		_, err := c.TryLock(ctx, "opts", locks.WithLease(lease), locks.WithWait(wait), locks.WithReplicas(replicas, rt))
+		_, err := c.TryLock(ctx, "opts", locks.Lease(lease), locks.WaitBudget(wait), locks.Replicas(replicas, rt))
 		if got := errors.Is(err, locks.ErrInvalid); got != callInvalid {
 			t.Fatalf("lease %v wait %v replicas %d/%v: %v (ErrInvalid %v, want %v)", lease, wait, replicas, rt, err, got, callInvalid)
 		}
 		if !callInvalid && !errors.Is(err, context.Canceled) {
 			t.Fatalf("valid options under a cancelled context: %v, want context.Canceled", err)
 		}
-		if got := panics(func() { locks.New(w.rdb, locks.WithLease(lease), locks.WithFenceRetention(ret)).Close() }); got != clientInvalid {
+		if got := panics(func() { locks.New(w.rdb, locks.Lease(lease), locks.FenceRetention(ret)).Close() }); got != clientInvalid {
 			t.Fatalf("New with lease %v retention %v: panicked %v, want %v", lease, ret, got, clientInvalid)
 		}
-		rlOpts := []locks.RedlockOption{locks.WithLease(lease), locks.WithDrift(drift), locks.WithNodeTimeout(node)}
+		rlOpts := []locks.Option{locks.Lease(lease), locks.Drift(drift), locks.NodeTimeout(node)}
 		if got := panics(func() { locks.NewRedlock([]redis.UniversalClient{w.rdb}, rlOpts...).Close() }); got != redlockInvalid {
 			t.Fatalf("NewRedlock with lease %v drift %v node timeout %v: panicked %v, want %v", lease, drift, node, got, redlockInvalid)
 		}

@@ -84,7 +84,7 @@ const free = -1
 //   - An unknown outcome may or may not have taken effect; an unknown grant
 //     keeps the lock until its lease runs out.
 //
-// Leases must be fixed (locks.WithoutRenewal) for the model to know them;
+// Leases must be fixed (locks.NoRenewal) for the model to know them;
 // with renewal the model would only know a lower bound, so it stays sound but
 // becomes lenient.
 var LockModel = porcupine.NondeterministicModel{

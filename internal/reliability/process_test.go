@@ -120,7 +120,7 @@ func (r *recorder) childRelease(p *proc, client int) string {
 func (r *recorder) lock(c *locks.Client, client int, name string, lease time.Duration) (*locks.Lock, int64) {
 	r.t.Helper()
 	call := r.lockH.Now()
-	lk, err := c.Lock(context.Background(), name, locks.WithLease(lease), locks.WithoutRenewal(), locks.WithWait(30*time.Second))
+	lk, err := c.Lock(context.Background(), name, locks.Lease(lease), locks.NoRenewal(), locks.WaitBudget(30*time.Second))
 	ret := r.lockH.Now()
 	r.fig.Attempted++
 	if err != nil {

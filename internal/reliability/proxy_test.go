@@ -301,7 +301,7 @@ func TestReliabilityRenewalPartitioned(t *testing.T) {
 	bg := context.Background()
 
 	call := r.lockH.Now()
-	a, err := srv.c.TryLock(bg, "renew", locks.WithLease(lease))
+	a, err := srv.c.TryLock(bg, "renew", locks.Lease(lease))
 	ret := r.lockH.Now()
 	if err != nil {
 		t.Fatal(err)

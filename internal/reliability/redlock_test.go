@@ -36,7 +36,7 @@ func newRedlockRig(t *testing.T) *redlockRig {
 	}
 	// A node timeout well above a loaded test machine's latency (the default,
 	// lease/20, is 50ms for these leases).
-	rl := locks.NewRedlock(clients, locks.WithNodeTimeout(150*time.Millisecond))
+	rl := locks.NewRedlock(clients, locks.NodeTimeout(150*time.Millisecond))
 	t.Cleanup(func() { rl.Close() })
 	// Warm the connections and scripts: dialling is not what is measured.
 	lk, err := rl.Lock(context.Background(), "warm-up")
@@ -177,7 +177,7 @@ func TestReliabilityRedlockRestartRule(t *testing.T) {
 		Expect: ">0: documented (Redlock \"Restarts\": use appendfsync always or delay the restart)"}
 	acquire := func(client int) *locks.Lock {
 		call := h.Now()
-		lk, err := g.rl.TryLock(context.Background(), "rule", locks.WithLease(lease), locks.WithoutRenewal())
+		lk, err := g.rl.TryLock(context.Background(), "rule", locks.Lease(lease), locks.NoRenewal())
 		ret := h.Now()
 		in := LockInput{Op: Acquire, Client: client, Lease: lease, Call: call, Return: ret, Unfenced: true}
 		fig.Attempted++

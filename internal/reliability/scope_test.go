@@ -58,7 +58,7 @@ func TestReliabilityLostScopePaused(t *testing.T) {
 		fence("outer", p.do(t, "outer", 5*time.Second))
 		p.Signal(syscall.SIGSTOP)
 		start := time.Now()
-		lk, err := c.Lock(context.Background(), "repos:1", locks.WithWait(10*time.Second))
+		lk, err := c.Lock(context.Background(), "repos:1", locks.WaitBudget(10*time.Second))
 		if err != nil {
 			p.Signal(syscall.SIGCONT)
 			t.Fatalf("round %d: the next holder: %v", round, err)
@@ -110,7 +110,7 @@ func childScoped() error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("LOCK_ADDR")})
 	defer rdb.Close()
-	c := locks.New(rdb, locks.WithLease(lease))
+	c := locks.New(rdb, locks.Lease(lease))
 	defer c.Close()
 	name := os.Getenv("NAME")
 	var outer *locks.Lock

@@ -79,7 +79,7 @@ func TestReliabilityServerRestart(t *testing.T) {
 			var other *locks.Lock
 			for try := 0; ; try++ {
 				call := r.lockH.Now()
-				lk, err := c.TryLock(context.Background(), "restart", locks.WithLease(lease), locks.WithoutRenewal())
+				lk, err := c.TryLock(context.Background(), "restart", locks.Lease(lease), locks.NoRenewal())
 				ret := r.lockH.Now()
 				h, err := classify(lk, err)
 				in := LockInput{Op: Acquire, Client: 2, Lease: lease, Call: call, Return: ret}

@@ -82,7 +82,7 @@ func lockWake(t *testing.T, rdb *redis.Client, a, b *locks.Client, stage string)
 	var lk *locks.Lock
 	go func() {
 		var err error
-		lk, err = b.Lock(ctx, name, locks.WithWait(10*time.Second))
+		lk, err = b.Lock(ctx, name, locks.WaitBudget(10*time.Second))
 		got <- err
 	}()
 	redistest.Eventually(t, 5*time.Second, stage+": lock waiter queued", func() bool {

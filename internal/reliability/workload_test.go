@@ -43,11 +43,11 @@ type libMutex struct {
 }
 
 func (m libMutex) acquire(ctx context.Context, wait bool) (holding, error) {
-	opts := []locks.CallOption{locks.WithLease(m.lease), locks.WithoutRenewal()}
+	opts := []locks.CallOption{locks.Lease(m.lease), locks.NoRenewal()}
 	var lk *locks.Lock
 	var err error
 	if wait {
-		lk, err = m.c.Lock(ctx, m.name, append(opts, locks.WithWait(2*m.lease))...)
+		lk, err = m.c.Lock(ctx, m.name, append(opts, locks.WaitBudget(2*m.lease))...)
 	} else {
 		lk, err = m.c.TryLock(ctx, m.name, opts...)
 	}

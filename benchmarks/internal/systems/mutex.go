@@ -76,9 +76,9 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 	switch name {
 	case Locks, LocksFair:
 		rdb := NewRedis(cfg.Addrs[0], cfg.Counter)
-		m := &locksMutex{rdb: rdb, c: locks.New(rdb, locks.WithLease(cfg.Lease))}
+		m := &locksMutex{rdb: rdb, c: locks.New(rdb, locks.Lease(cfg.Lease))}
 		if name == LocksFair {
-			m.opts = []locks.CallOption{locks.WithFair()}
+			m.opts = []locks.CallOption{locks.Fair()}
 		}
 		return m, nil
 	case Redsync:
@@ -129,7 +129,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 			m.rdbs = append(m.rdbs, rdb)
 			clients = append(clients, rdb)
 		}
-		rl := locks.NewRedlock(clients, locks.WithLease(cfg.Lease))
+		rl := locks.NewRedlock(clients, locks.Lease(cfg.Lease))
 		m.rl = rl
 		return m, nil
 	}
