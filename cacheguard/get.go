@@ -259,7 +259,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 
 // worse returns the less favourable of two results (see GetMany).
 func worse(a, b Result) Result {
-	rank := [...]int{0, 1, 4, 2, 3} // none, Hit, Miss, Stale, Coalesced
+	rank := [...]int{0, 2, 5, 3, 4, 1} // none, Hit, Miss, Stale, Coalesced, NearHit
 	if a == 0 || b != 0 && rank[b] > rank[a] {
 		return b
 	}
@@ -292,7 +292,7 @@ func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one 
 		c.rep = representation(typ, cfg.variant, cfg.tags)
 		c.refresh(ctx, key, &stored{gen: e.env.gen}, false, fillEarly, e.env.freshUntil, nil)
 	}
-	return v, Hit, true
+	return v, NearHit, true
 }
 
 // readFailed serves sl when its read did not answer: its wait budget ended

@@ -21,7 +21,7 @@ import (
 
 // childNear is a process of the service with a near cache: on "get" it reads
 // the key through its Guard and answers "got <version> near" when the near
-// cache served it, "got <version> redis" otherwise.
+// cache served it (ReportTo says NearHit), "got <version> redis" otherwise.
 func childNear(ctx context.Context, rdb *redis.Client, key string) error {
 	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0), cacheguard.NearCache(100, time.Minute))
 	defer g.Close()
@@ -40,13 +40,13 @@ func childNear(ctx context.Context, rdb *redis.Client, key string) error {
 		if sc.Text() != "get" {
 			return fmt.Errorf("unknown command %q", sc.Text())
 		}
-		before := g.Stats().NearHits
-		v, err := cacheguard.Get(ctx, g, key, versionLoad(rdb, key))
+		var res cacheguard.Result
+		v, err := cacheguard.Get(ctx, g, key, versionLoad(rdb, key), cacheguard.ReportTo(&res))
 		if err != nil {
 			return err
 		}
 		from := "redis"
-		if g.Stats().NearHits > before {
+		if res == cacheguard.NearHit {
 			from = "near"
 		}
 		fmt.Println("got", v.ID, from)

@@ -18,6 +18,7 @@ const (
 	Miss                        // this call ran the loader, or failed after finding nothing usable
 	Stale                       // a stale value within its stale window; a refresh runs in the background
 	Coalesced                   // a value loaded by another caller, in this process or another
+	NearHit                     // a fresh value from this process's near cache (NearCache), Redis not asked
 )
 
 func (r Result) String() string {
@@ -30,6 +31,8 @@ func (r Result) String() string {
 		return "STALE"
 	case Coalesced:
 		return "COALESCED"
+	case NearHit:
+		return "NEAR_HIT"
 	}
 	return "NONE"
 }

@@ -274,8 +274,9 @@ func Logger(l *slog.Logger) Option { return guardOption(func(c *config) { c.logg
 // always sets one representation apart from another.
 func Variant(name string) CallOption { return callOption(func(c *config) { c.variant = name }) }
 
-// ReportTo makes the call store how it was served in *r: Hit, Miss, Stale or
-// Coalesced. It is left unchanged when the call fails before reading the
+// ReportTo makes the call store how it was served in *r: NearHit, Hit, Miss,
+// Stale or Coalesced (GetMany: the least favourable of its keys', in that
+// order). It is left unchanged when the call fails before reading the
 // cache (bad input, closed guard).
 func ReportTo(r *Result) CallOption { return callOption(func(c *config) { c.report = r }) }
 

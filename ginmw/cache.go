@@ -26,7 +26,8 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // (or are served the stale one, under cacheguard.ServeStale). Other methods
 // pass through.
 //
-// The response carries X-Cache: HIT, MISS (this request ran the handler),
+// The response carries X-Cache: HIT (from Redis or the Guard's near cache),
+// MISS (this request ran the handler),
 // STALE, COALESCED (served the response another request loaded), or BYPASS
 // (this request's handler ran for it alone). What may be stored, and shared
 // with the requests that waited for a load, is decided from the request and

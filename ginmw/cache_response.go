@@ -117,7 +117,7 @@ var (
 
 func xcacheValue(v string) []string {
 	switch v {
-	case "HIT":
+	case "HIT", "NEAR_HIT": // a near-cache hit is a hit to the client
 		return xcacheHit
 	case "MISS":
 		return xcacheMiss

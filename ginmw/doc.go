@@ -29,7 +29,9 @@
 //     LockOptions(locks.WaitBudget(d)); push-woken, not polled], then answers
 //     409 Conflict (see ConflictStatus)
 //     with Retry-After (the holder's remaining lease when the Locker reports
-//     it, rounded up to whole seconds, at least 1) and a JSON body naming the
+//     it, rounded up to whole seconds, at least 1 — when the resource frees
+//     at the latest if its holder died; a live holder usually unlocks
+//     sooner, so a client may retry earlier) and a JSON body naming the
 //     resource. The handler never runs without the lock — FailOpen included.
 //   - Redis unavailable (locks.ErrUnavailable): 503 with Retry-After: 1,
 //     because mutual exclusion fails closed [FailOpen runs the handler

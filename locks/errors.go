@@ -61,9 +61,15 @@ func invalid(format string, args ...any) error {
 // NotObtainedError is the error of a failed acquisition. It matches
 // ErrNotObtained with errors.Is, and the context's error too when the caller's
 // context ended the wait.
+//
+// RetryAfter is the holder's remaining lease when last seen: when the lock
+// frees at the latest if its holder stopped renewing it (crashed, paused). It
+// is an upper bound, not a forecast: a live holder renews every third of the
+// lease, so its lock always shows between two thirds and all of the lease,
+// and it frees when the holder unlocks, usually sooner.
 type NotObtainedError struct {
 	Name       string        // the lock name
-	RetryAfter time.Duration // the holder's remaining lease when last seen (0 if unknown)
+	RetryAfter time.Duration // the holder's remaining lease when last seen (0 if unknown): an upper bound
 	Waited     time.Duration // how long the call waited
 	Err        error         // the cause: a context error, a Redis error, a *ReplicaError, or nil
 }
