@@ -3,7 +3,7 @@ module github.com/cacheguard/cacheguard/cgotel
 go 1.26.0
 
 require (
-	github.com/cacheguard/cacheguard v0.0.0-20261125182851-962ecbdf1f36
+	github.com/cacheguard/cacheguard v0.0.0-20261126054900-e546b212f4e2
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
