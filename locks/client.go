@@ -535,24 +535,26 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer cancel()
 	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
 	defer stop()
-	// Subscribed before taking a turn at the gate: a caller queued in Redis by
-	// the Unlock that passes it the turn (see gate) may be handed the lock
-	// before it could subscribe otherwise.
-	sub, err := c.hub.Subscribe(wctx, c.channel(ks[0]))
+	// Listening (the gate subscribed) before taking a turn at the gate: a
+	// caller queued in Redis by the Unlock that passes it the turn (see gate)
+	// may be handed the lock before it could listen otherwise.
+	g, err := c.openGate(wctx, ks[0])
 	if err != nil {
 		if wctx.Err() != nil || c.life.closed.Load() {
 			return fail(0, c.life.cause(ctx))
 		}
 		return fail(0, err)
 	}
-	defer sub.Close()
-
+	defer c.ungate(ks[0], g)
 	acqs := acq.(string)
+	handed := g.listen(acqs)
+	defer g.unlisten(acqs)
+
 	member := owner + "|" + cfg.leaseV.(string) + "|" + c.id + "|" + acqs // as acquire.lua builds it
 	var pre turnOutcome                                                   // what the previous turn's holder did for this caller
 	var keeper *turnKeeper
 	if !cfg.fair {
-		g := c.gate(ks[0])
+		c.ref(g) // the turn's, kept by a grant or passed on
 		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg.argsReleaseV, member)}
 		o, owned, err := g.enter(wctx, w)
 		if !owned {
@@ -618,12 +620,12 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			}
 			d = max(d-time.Duration(rand.Int64N(int64(d)/5+1)), time.Millisecond)
 			timer.Reset(d)
-			f, handed, done := await(wctx, sub, timer, acqs)
+			f, ok, done := await(wctx, handed, timer)
 			if done {
 				c.giveBack(wctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
 				return fail(pttl, c.life.cause(ctx))
 			}
-			if !handed {
+			if !ok {
 				continue
 			}
 			fence = f
@@ -656,23 +658,16 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	}
 }
 
-// await sleeps until the lock is handed to the waiter with acquisition id acq
-// (its fence), the timer fires, or wctx ends (done).
-func await(wctx context.Context, sub *wake.Sub, timer *time.Timer, acq string) (fence uint64, handed, done bool) {
-	for {
-		select {
-		case msg := <-sub.C():
-			who, f, ok := strings.Cut(msg, " ")
-			if ok && who == acq {
-				fence, _ = strconv.ParseUint(f, 10, 64)
-				return fence, true, false
-			}
-			// a hand-off to somebody else: sleep on
-		case <-timer.C:
-			return 0, false, false
-		case <-wctx.Done():
-			return 0, false, true
-		}
+// await sleeps until the lock is handed to the waiter (its fence, from the
+// gate's hand-off channel), the timer fires, or wctx ends (done).
+func await(wctx context.Context, handed <-chan uint64, timer *time.Timer) (fence uint64, ok, done bool) {
+	select {
+	case fence = <-handed:
+		return fence, true, false
+	case <-timer.C:
+		return 0, false, false
+	case <-wctx.Done():
+		return 0, false, true
 	}
 }
 

@@ -43,10 +43,11 @@
 // deleted or taken over, Lost closes and Context is cancelled. NoRenewal
 // gives a fixed lease (Lost closes when it runs out); Extend renews by hand.
 //
-// Waiting is push, and wakes one waiter: a waiter subscribes to its client's
+// Waiting is push, and wakes one waiter: a waiter listens on its client's
 // channel for the lock (cg:lock:{name}:w:<client id>; one shared subscription
-// connection per process, per master on a cluster) before its queued attempt,
-// then sleeps. Unlock hands the lock straight to the longest-waiting live
+// connection per process, per master on a cluster, and one subscription per
+// name however many of the client's callers wait for it, each hand-off routed
+// to the caller it names) before its queued attempt, then sleeps. Unlock hands the lock straight to the longest-waiting live
 // waiter inside the release script and publishes the grant on that waiter's
 // client's channel alone: no waiter polls, no other process is woken, and the
 // hand-off costs no extra round trip. A lock with waiters queued carries a

@@ -2,11 +2,20 @@ package locks
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
-// gate lets one caller per process and lock wait in Redis in default mode; the
+// gate is where this process's callers wait for one lock. It holds the
+// process's one subscription to the client's hand-off channel for the lock
+// (see Client.channel), which routes each hand-off to the waiter it names, so
+// that a hand-off costs the same whether one caller or a thousand wait here.
+//
+// In default mode it also lets one caller per process wait in Redis; the
 // others queue here in arrival order, so a process holds one place in the
 // lock's queue and the lock is handed from process to process.
 //
@@ -16,10 +25,16 @@ import (
 // lock there, when nobody else waits), so that caller's wait costs no request
 // of its own, and tells it the outcome as it passes the turn on.
 type gate struct {
-	mu    sync.Mutex    // guards the fields below
-	taken bool          // a caller waits in Redis, or holds the lock after waiting
-	queue []*gateWaiter // callers waiting here, oldest first
-	users int           // references: callers and the turn (guarded by Client.mu)
+	mu     sync.Mutex             // guards the fields below
+	taken  bool                   // a caller waits in Redis, or holds the lock after waiting
+	queue  []*gateWaiter          // callers waiting here, oldest first
+	handed map[string]chan uint64 // by acquisition id: the callers listening for a hand-off, given its fence
+
+	users int // references: callers and the turn (guarded by Client.mu)
+
+	subscribed chan struct{} // closed once sub (or subErr) is set
+	sub        *wake.Sub
+	subErr     error
 }
 
 // gateWaiter is a caller waiting at a gate.
@@ -41,23 +56,66 @@ type turnOutcome struct {
 	sent                     time.Time // when the release that granted it was sent: its claim lease runs from then
 }
 
-func (c *Client) gate(key string) *gate {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	g := c.gates[key]
-	if g == nil {
-		g = &gate{}
-		c.gates[key] = g
+// openGate returns the gate of the lock key with a reference to it (give it
+// back with ungate), once the gate's subscription is confirmed by Redis (see
+// wake.Hub.Subscribe) or ctx ends (an error). The first caller subscribes;
+// the others wait for it, and subscribe afresh if it gave up first.
+func (c *Client) openGate(ctx context.Context, key string) (*gate, error) {
+	for {
+		c.mu.Lock()
+		g := c.gates[key]
+		fresh := g == nil
+		if fresh {
+			g = &gate{handed: map[string]chan uint64{}, subscribed: make(chan struct{})}
+			c.gates[key] = g
+		}
+		g.users++
+		c.mu.Unlock()
+		if fresh {
+			g.sub, g.subErr = c.hub.SubscribeFunc(ctx, c.channel(key), g.heard)
+			if g.subErr != nil {
+				c.mu.Lock()
+				if c.gates[key] == g {
+					delete(c.gates, key) // the next caller starts afresh
+				}
+				c.mu.Unlock()
+			}
+			close(g.subscribed)
+		}
+		select {
+		case <-g.subscribed:
+		case <-ctx.Done():
+			c.ungate(key, g)
+			return nil, ctx.Err()
+		}
+		if g.subErr == nil {
+			return g, nil
+		}
+		c.ungate(key, g)
+		if fresh || ctx.Err() != nil {
+			return nil, g.subErr
+		}
 	}
-	g.users++
-	return g
 }
 
+// ref takes one more reference to g, which the caller has one of.
+func (c *Client) ref(g *gate) {
+	c.mu.Lock()
+	g.users++
+	c.mu.Unlock()
+}
+
+// ungate gives back a reference to g; the last one closes its subscription.
 func (c *Client) ungate(key string, g *gate) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if g.users--; g.users == 0 {
+	g.users--
+	last := g.users == 0
+	if last && c.gates[key] == g {
 		delete(c.gates, key)
+	}
+	c.mu.Unlock()
+	if last && g.sub != nil {
+		g.sub.Close()
 	}
 }
 
@@ -74,6 +132,43 @@ func (c *Client) waiting(key string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.taken
+}
+
+// listen makes the hand-off of the lock to acquisition acq reach the
+// returned channel, until unlisten.
+func (g *gate) listen(acq string) <-chan uint64 {
+	ch := make(chan uint64, 1)
+	g.mu.Lock()
+	g.handed[acq] = ch
+	g.mu.Unlock()
+	return ch
+}
+
+func (g *gate) unlisten(acq string) {
+	g.mu.Lock()
+	delete(g.handed, acq)
+	g.mu.Unlock()
+}
+
+// heard routes a message of the hand-off channel, "<acquisition id> <fence>"
+// (see release.lua), to the caller it names, if it listens (on the hub's
+// goroutine: it never blocks).
+func (g *gate) heard(payload string) {
+	who, f, ok := strings.Cut(payload, " ")
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	ch := g.handed[who]
+	g.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	fence, _ := strconv.ParseUint(f, 10, 64)
+	select {
+	case ch <- fence:
+	default: // told already
+	}
 }
 
 // enter waits for w's turn. It returns what the previous holder of the turn

@@ -141,8 +141,9 @@ type Sub struct {
 	h     *Hub
 	ch    *channel
 	msgs  chan string
-	l     Listener      // a watching listener (see Watch), else nil
-	every time.Duration // Watch's interval
+	fn    func(payload string) // SubscribeFunc's, given the messages instead of msgs
+	l     Listener             // a watching listener (see Watch), else nil
+	every time.Duration        // Watch's interval
 	once  sync.Once
 }
 
@@ -158,8 +159,9 @@ type Listener interface {
 	Live(session uint64)
 }
 
-// C delivers the channel's messages. It is buffered; when the listener falls
-// behind, the oldest undelivered message is dropped (a wake-up is a hint).
+// C delivers the channel's messages (nil for SubscribeFunc's Sub). It is
+// buffered; when the listener falls behind, the oldest undelivered message is
+// dropped (a wake-up is a hint).
 func (s *Sub) C() <-chan string { return s.msgs }
 
 // Close releases the listener; a channel left without listeners is
@@ -171,6 +173,19 @@ func (s *Sub) Close() { s.once.Do(func() { s.h.release(s) }) }
 // then the listener is returned unconfirmed — the subscription completes when
 // the connection recovers, and the waiter's fallback timer covers the gap.
 func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
+	return h.subscribe(ctx, name, nil)
+}
+
+// SubscribeFunc is Subscribe with f given each message of the channel, in
+// order, instead of C: it is called on the hub's goroutine and must not
+// block. A process whose many waiters share one channel subscribes once and
+// routes each message to the waiter it names, instead of copying it to every
+// waiter's Sub.
+func (h *Hub) SubscribeFunc(ctx context.Context, name string, f func(payload string)) (*Sub, error) {
+	return h.subscribe(ctx, name, f)
+}
+
+func (h *Hub) subscribe(ctx context.Context, name string, f func(string)) (*Sub, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -188,7 +203,10 @@ func (h *Hub) Subscribe(ctx context.Context, name string) (*Sub, error) {
 		ch.linger.Stop()
 		ch.linger = nil
 	}
-	s := &Sub{h: h, ch: ch, msgs: make(chan string, 4)}
+	s := &Sub{h: h, ch: ch, fn: f}
+	if f == nil {
+		s.msgs = make(chan string, 4)
+	}
 	ch.subs[s] = true
 	ready, failed := ch.ready, ch.failed
 	h.mu.Unlock()
@@ -378,6 +396,16 @@ func (h *Hub) Listening() int {
 	return n
 }
 
+// Listeners returns the number of listeners of channel name.
+func (h *Hub) Listeners(name string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ch := h.chans[name]; ch != nil {
+		return len(ch.subs)
+	}
+	return 0
+}
+
 // Conns returns the number of subscription connections in use.
 func (h *Hub) Conns() int {
 	h.mu.Lock()
@@ -489,8 +517,14 @@ func (h *Hub) deliver(c *conn, name, payload string) {
 	h.mu.Lock()
 	c.heard = time.Now()
 	var heard []Listener
+	var fnBuf [2]func(string)
+	fns := fnBuf[:0]
 	if ch := h.chans[name]; ch != nil {
 		for s := range ch.subs {
+			if s.fn != nil {
+				fns = append(fns, s.fn)
+				continue
+			}
 			if s.l != nil {
 				if ch.conn == c && ch.state == subscribed {
 					heard = append(heard, s.l)
@@ -513,6 +547,9 @@ func (h *Hub) deliver(c *conn, name, payload string) {
 	}
 	ls := h.alive(c)
 	h.mu.Unlock()
+	for _, f := range fns {
+		f(payload)
+	}
 	for _, l := range heard {
 		l.Heard(payload)
 	}

@@ -296,3 +296,53 @@ func TestLateSubscribeKeepsOthersSubscribed(t *testing.T) {
 		})
 	}
 }
+
+// TestSubscribeFunc: a SubscribeFunc listener is given every message of its
+// channel, in order, beside the channel's other listeners, and nothing once
+// closed.
+func TestSubscribeFunc(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	h := wake.New(rdb)
+	defer h.Close()
+	got := make(chan string, 100)
+	f, err := h.SubscribeFunc(ctx, "fch", func(p string) { got <- p })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.C() != nil {
+		t.Fatal("a SubscribeFunc listener has a channel")
+	}
+	other, err := h.Subscribe(ctx, "fch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for i := range 10 {
+		if err := rdb.Publish(ctx, "fch", fmt.Sprint(i)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		select {
+		case p := <-got:
+			if p != fmt.Sprint(i) {
+				t.Fatalf("message %d: got %q", i, p)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("message %d never came", i)
+		}
+	}
+	recv(t, other, "9", 5*time.Second)
+	f.Close()
+	if err := rdb.Publish(ctx, "fch", "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, other, "after", 5*time.Second) // delivered: the closed listener had its turn
+	select {
+	case p := <-got:
+		t.Fatalf("a closed listener was given %q", p)
+	default:
+	}
+}
