@@ -27,7 +27,7 @@ func TestOneSubscriptionForManyWaiters(t *testing.T) {
 			name := fmt.Sprintf("fanout-%v", fair)
 			var opts []CallOption
 			if fair {
-				opts = append(opts, WithFair())
+				opts = append(opts, Fair())
 			}
 			holder, err := c.TryLock(ctx, name)
 			if err != nil {
