@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"gorm.io/driver/postgres"
@@ -175,6 +176,9 @@ func (e *env) plugin(t testing.TB, opts ...gormplugin.Option) *gormplugin.Plugin
 	if e.locker == byRedlock {
 		opts = append(opts, gormplugin.NoFencing())
 	}
+	// A lock acquisition under -race on a loaded machine can take longer
+	// than the default 500ms; the tests of that bound set their own.
+	opts = append([]gormplugin.Option{gormplugin.UnavailableAfter(5 * time.Second)}, opts...)
 	p := gormplugin.New(e.l, opts...)
 	t.Cleanup(func() { p.Close() })
 	return p
