@@ -50,7 +50,7 @@
 //     fail-open call shares only a load that began after the call did.
 //   - Reads do not go backwards across invalidations within a process: a Get
 //     that begins after another Get of the key returned, in the same process,
-//     returns a value loaded under the same generation or a later one.
+//     never returns a value loaded before an invalidation the other's followed.
 //   - InvalidateTags(tag) voids every value stored by a call with Tags(tag),
 //     of every key, in every process, with the same read-your-writes
 //     guarantee. A call with other tags, or none, reads an entry of its own; a
@@ -131,14 +131,14 @@
 //
 // # Limits
 //
-//   - Freshness is decided on wall clocks (the loader's writes it, the
+//   - Freshness is decided on wall clocks (the loading process's sets it, the
 //     reader's judges it): keep them within a small fraction of the TTL (NTP).
 //   - Cached bytes that are not a current envelope or do not decode are a miss,
 //     counted in Stats.DecodeErrors, never a panic. Readers must use the codec
 //     the writers used.
 //   - A key leaves its values in Redis until the longest-lived one expires (TTL
 //     plus the stale window or FailSafe's max age), and a small generation key
-//     at least a minute longer; a tag leaves one small key.
+//     as long, and at least a minute after a fill or an invalidation.
 //
 // # Lifetimes
 //

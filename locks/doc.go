@@ -44,7 +44,7 @@
 //     longest-waiting live waiter and wakes it alone. By default processes
 //     queue in arrival order (a process's own callers take turns); Fair
 //     queues every caller in global arrival order. A waiter that died loses
-//     its place within 2 s.
+//     its place within 2s.
 //   - Reentrancy by owner: under WithOwner(ctx, id), a Lock of a name the
 //     owner holds re-enters (a hold count, the same fence); each Unlock gives
 //     one hold back. Once the owner's scope of a name is lost, nested
@@ -63,8 +63,8 @@
 //     What a failed call may have taken is given back once Redis answers
 //     (retried every 100ms, at most for its lease), so no name stays locked
 //     after Redis recovers.
-//   - Close and Shutdown end waiting Lock calls at once with ErrClosed and
-//     hand their queue places on. Shutdown(ctx), for rolling restarts, keeps
+//   - Close and Shutdown end waiting Lock calls at once with ErrClosed, out of
+//     the queues (another process is granted at once). Shutdown(ctx) keeps
 //     the locks still held renewed until they are Unlocked, or reports them
 //     (ErrStillHeld) when ctx ends. Every goroutine has ended when they return.
 //
