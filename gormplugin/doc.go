@@ -25,8 +25,8 @@
 // model's primary key, or a WHERE pinning it with = or IN among AND-ed
 // conditions (Where("id IN ?", ids), db.Delete(&Repo{}, 42)); an upsert's by
 // their primary key when it is the conflict target (GORM's default).
-// A Create of new rows takes no lock; its rows' cache keys (generated keys
-// too) are invalidated after its COMMIT: no cached "not found" outlives it.
+// A Create of new rows (or ON CONFLICT DO NOTHING) takes no lock; its rows'
+// cache keys (generated keys too) are invalidated after its COMMIT.
 //
 // Other writes — a condition on other columns, db.Table without a model, a
 // global write with AllowGlobalUpdate, association writes by foreign key, an
