@@ -62,7 +62,10 @@ func TestPackageDocsAreShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, pkg := range []string{"cacheguard", "locks", "ginmw", "gormplugin", "cgotel"} {
+	// The library's packages must have been seen (cgotel and benchmarks are
+	// checked when present: they are modules of their own, absent from this
+	// module's zip).
+	for _, pkg := range []string{"cacheguard", "locks", "ginmw", "gormplugin"} {
 		if !checked[pkg] {
 			t.Errorf("no package doc found for %s under %s", pkg, root)
 		}
