@@ -214,7 +214,7 @@ func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, err error
 	switch {
 	case ctx.Err() != nil:
 		err = ErrClosed
-	case wctx.Err() != nil:
+	case passed(wctx): // its budget ended, whether or not Redis failed too
 		err = errFlightExpired
 	default:
 		c.g.note(ctx, EventRedisError, fs[0].key, 0, err)

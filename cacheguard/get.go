@@ -620,7 +620,7 @@ func closedTask() *task[entry, *outcome] {
 }
 
 func ctxErr(key string, ctx context.Context) error {
-	return fmt.Errorf("cacheguard: get %q: %w", key, ctx.Err())
+	return fmt.Errorf("cacheguard: get %q: %w", key, deadlineErr(ctx))
 }
 
 func notFound(key string) error { return fmt.Errorf("%w: %q", ErrNotFound, key) }

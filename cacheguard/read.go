@@ -239,14 +239,37 @@ func (g *Guard) bound(ctx context.Context, deadline time.Time) (context.Context,
 // error; the command timeout's included).
 func (g *Guard) ended(ctx, rctx context.Context, budget bool, s stored) (stored, error) {
 	switch {
-	case ctx.Err() != nil:
-		return stored{}, ctx.Err()
-	case budget && rctx.Err() != nil:
+	case passed(ctx):
+		return stored{}, deadlineErr(ctx)
+	case budget && passed(rctx):
 		return stored{}, errBudget
-	case rctx.Err() != nil:
+	case passed(rctx):
 		return stored{err: rcmd.ErrTimeout}, nil
 	}
 	return s, nil
+}
+
+// passed reports whether ctx has ended or its deadline has passed. A
+// context's timer can run late on a starved CPU, while a client that bounds
+// its socket calls by the deadline (ContextTimeoutEnabled) fails them with a
+// timeout at once: a Redis call that failed once its deadline passed failed
+// for the deadline, not for Redis, and must not count as a Redis failure
+// (whose answer is to run the loader uncached).
+func passed(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
+// deadlineErr is ctx's error, or DeadlineExceeded when its deadline passed
+// before its timer ran (see passed).
+func deadlineErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
 }
 
 // notStarted admits only a task not started yet: a read sent after the
@@ -307,7 +330,7 @@ func (g *Guard) readMany(ctx context.Context, values []string, field string, tag
 	}
 	if g.ctxDeadlines {
 		g.read(rctx, values, field, tags, out)
-		if rctx.Err() != nil {
+		if passed(rctx) {
 			return failed()
 		}
 		return nil

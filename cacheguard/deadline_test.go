@@ -1,0 +1,56 @@
+package cacheguard_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// lateCtx is a context whose deadline has passed but that has not ended yet:
+// what a caller's context is to a Redis call when the runtime runs the
+// context's timer late, as it does on a starved CPU. A client that bounds its
+// socket calls by the context's deadline (ContextTimeoutEnabled) fails such a
+// call at once with a bare timeout.
+type lateCtx struct {
+	context.Context
+	d time.Time
+}
+
+func (c lateCtx) Deadline() (time.Time, bool) { return c.d, true }
+
+// TestPassedDeadlineIsNotARedisFailure (issue 33, the real-database mix's
+// failures under CPU starvation): a call whose deadline has passed when its
+// Redis command is sent, its context's timer not run yet, ends with the
+// deadline's error. It is not a Redis failure: nothing is counted as one,
+// and the loader never runs uncached (fail-open) for it — on a cold key and
+// on a warm one.
+func TestPassedDeadlineIsNotARedisFailure(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	t.Cleanup(func() { g.Close() })
+	warm := testKey(t, "warm")
+	if _, err := cacheguard.Get(ctx, g, warm, (&counter{name: "warm"}).load); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{testKey(t, "cold"), warm} {
+		base := g.Stats()
+		c := &counter{name: "late"}
+		late := lateCtx{ctx, time.Now().Add(-time.Millisecond)}
+		_, err := cacheguard.Get(late, g, key, c.load)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: got %v, want the deadline's error", key, err)
+		}
+		st := g.Stats()
+		if n := c.n.Load(); n != 0 || st.FailOpenLoads != base.FailOpenLoads || st.RedisErrors != base.RedisErrors {
+			t.Errorf("%s: %d loads, %d fail-open loads, %d Redis errors, want none", key, n,
+				st.FailOpenLoads-base.FailOpenLoads, st.RedisErrors-base.RedisErrors)
+		}
+	}
+}
