@@ -114,7 +114,7 @@ func (h *waitingHook) seeReply(cmd redis.Cmder) {
 }
 
 // The Redis names of a test key's values hash, the field of its item value in
-// it, and its item fill lease (see the package documentation, "Keys").
+// it, and its item fill lease (see cacheguard/DESIGN.md, "Keys").
 func valueKey(key string) string { return "cg:v:{" + key + "}" }
 func leaseKey(key string) string { return "cg:fl:{" + key + "}|cacheguard_test.item" }
 

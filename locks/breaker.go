@@ -64,8 +64,8 @@ type Breaker struct {
 	// Cooldown is how long the breaker stays open before it lets one probe
 	// through. The default is 250ms.
 	Cooldown time.Duration
-	// Observer, if set, is called with BreakerOpened (Err: the failure that
-	// opened it) and BreakerClosed events, synchronously: it must not block.
+	// Observer, if set, is called with EventBreakerOpened (Err: the
+	// failure that opened it) and EventBreakerClosed events, synchronously: it must not block.
 	Observer func(ctx context.Context, e Event)
 	// Logger gets a warning when the breaker opens (at most one a second,
 	// with the count of those suppressed). Nil means slog.Default(); silence

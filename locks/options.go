@@ -197,11 +197,12 @@ func (c *config) retention() time.Duration {
 	return max(defaultFenceRetention, c.lease)
 }
 
-// Observer sets a function called with every lock outcome (acquired,
-// not obtained, released, lost, renewal failed), e.g. to feed metrics and
-// traces. ctx is the context of the call that produced the event (Lock,
-// TryLock, Unlock), or a background context for the renewal loop's events
-// (Lost, RenewalFailed). It is called synchronously and must not block. The
+// Observer sets a function called with every lock outcome (EventAcquired,
+// EventReentered, EventNotObtained, EventReleased, EventLost,
+// EventRenewalFailed), e.g. to feed metrics and traces; every acquisition or
+// re-entry ends in one EventReleased or EventLost. ctx is the context of the
+// call that produced the event (Lock, TryLock, Unlock), or a background
+// context for the renewal loop's events (EventLost, EventRenewalFailed). It is called synchronously and must not block. The
 // default is none.
 func Observer(f func(ctx context.Context, e Event)) Option {
 	return opt(func(c *config) { c.observer = f })
