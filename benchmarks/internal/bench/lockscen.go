@@ -74,7 +74,7 @@ func (e *env) manyNames(ctx context.Context) error {
 			{"amany", fmt.Sprintf("allocs/cycle, %d names", s.manyNames), "%.1f"},
 		}}
 	e.res.Tables = append(e.res.Tables, t)
-	return e.series(ctx, t, []string{systems.Locks, systems.RawSetNX}, func(ctx context.Context, r *Row, rep int) error {
+	return e.seriesN(ctx, e.capped(s.newReps), t, []string{systems.Locks}, func(ctx context.Context, r *Row, rep int) error {
 		sizes := []int{s.cycleG, s.manyNames}
 		if rep%2 == 1 {
 			sizes[0], sizes[1] = sizes[1], sizes[0]
@@ -160,7 +160,7 @@ func (e *env) handoff(ctx context.Context) error {
 		}
 	}
 	e.res.Tables = append(e.res.Tables, t)
-	return e.series(ctx, t, []string{systems.Locks, systems.LocksFair}, func(ctx context.Context, r *Row, rep int) error {
+	return e.seriesN(ctx, e.capped(s.newReps), t, []string{systems.Locks, systems.LocksFair}, func(ctx context.Context, r *Row, rep int) error {
 		ns := slices.Clone(s.handWaiters)
 		k := rep % len(ns)
 		ns = slices.Concat(ns[k:], ns[:k])

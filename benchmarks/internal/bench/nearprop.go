@@ -211,11 +211,7 @@ func (e *env) nearProp(ctx context.Context) error {
 		t.Row(nearLoaded).Skip = "needs PostgreSQL: " + oneLine(err.Error())
 		variants = variants[:1]
 	}
-	reps := e.reps
-	if s.pgMixReps > 0 && e.cfg.Reps == 0 { // -reps overrides the cap
-		reps = min(reps, s.pgMixReps)
-	}
-	for rep := range reps {
+	for rep := range e.capped(s.newReps) {
 		order := slices.Concat(variants[rep%len(variants):], variants[:rep%len(variants)])
 		for _, v := range order {
 			if err := ctx.Err(); err != nil {

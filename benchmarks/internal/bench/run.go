@@ -109,6 +109,7 @@ type sizes struct {
 
 	manyNames   int   // names of the many-name uncontended run
 	handWaiters []int // local waiters of the hand-off scenario
+	newReps     int   // at most this many repetitions of tables 1b, 2b and 8 (0: all)
 }
 
 func (c Config) sizes() sizes {
@@ -124,7 +125,7 @@ func (c Config) sizes() sizes {
 		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
 		pgMixDur: 10 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
 		nearDur:   3 * time.Second,
-		manyNames: 10_000, handWaiters: []int{1, 100, 1000},
+		manyNames: 10_000, handWaiters: []int{1, 100, 1000}, newReps: 3,
 	}
 	if c.Long {
 		s.mixDur, s.mixReps = 30*time.Second, 0
@@ -278,6 +279,15 @@ func newResults(cfg Config) *Results {
 // previous repetition (A B C, B C A, …), so drift in the machine's load
 // spreads over all systems. A system that is not merged yet is skipped with a
 // TODO in its row; a failed run is recorded in its row and the series goes on.
+// capped returns the repetitions of a scenario capped at n (0: no cap),
+// unless -reps asked for a number.
+func (e *env) capped(n int) int {
+	if n > 0 && e.cfg.Reps == 0 {
+		return min(e.reps, n)
+	}
+	return e.reps
+}
+
 func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
 	return e.seriesN(ctx, e.reps, t, names, fn)
 }
