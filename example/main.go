@@ -71,9 +71,9 @@ flags:
                    runs without fencing); default: locks on -redis
   -quiet           serve: no request log
 
-test-only flags (the end-to-end suite in internal/fleet uses them):
+test-only flags (for the end-to-end suite in internal/fleet; not for a deployment):
   -hooks           enable pause points: a request with X-Pause-At: <step>
-                   stops at that step until released (see hooks.go)
+                   stops at that step until released (see testhooks.go)
   -control name    with -hooks, switch a protection off to show what it
                    prevents: no-plugin, no-fencing or no-invalidate
 `

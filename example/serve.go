@@ -60,11 +60,11 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 		}
 	}
 	if o.hooks {
-		cfg.Hooks = newHooks(out, o.control)
+		cfg.TestHooks = newTestHooks(out, o.control)
 	}
 	in, err := startInstance(cfg, r.client(), o.listen)
 	if err != nil {
-		cfg.Hooks.close()
+		cfg.TestHooks.close()
 		return err
 	}
 	defer func() {
@@ -72,7 +72,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 		// shutdown, as slow requests would be: it waits for them (up to its
 		// grace), then closes the service, which ends parked cache loads.
 		err = errors.Join(err, closeAll([]*instance{in}))
-		cfg.Hooks.close()
+		cfg.TestHooks.close()
 		if r.embedded == nil && !shared { // leave a shared Redis as it was found
 			rdb := r.client()
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -41,7 +41,9 @@ type serviceConfig struct {
 	NearCache   int           // values kept in the process too (cacheguard.NearCache); 0: off
 	Meter       *meter        // where queries and edits are counted
 	Log         io.Writer     // request log; nil for none
-	Hooks       *hooks        // test-only pause points and controls; nil (inert) in a real deployment
+	// TestHooks are the end-to-end suite's fault hooks and negative
+	// controls (testhooks.go, test-only); nil in a real deployment.
+	TestHooks *testHooks
 }
 
 // defaultCacheTTL is how long a cached repository or list stays fresh.
@@ -78,10 +80,11 @@ type service struct {
 	rl     *locks.Redlock // the Redlock over LockServers, if any
 	locker locks.Locker   // whichever of the two takes the repository locks
 	guard  *cacheguard.Guard
-	plugin *gormplugin.Plugin // nil under the test-only control no-plugin
+	plugin *gormplugin.Plugin
 	engine *gin.Engine
 	// transaction runs a read-modify-write of rows: gormplugin.Transaction,
 	// which holds the rows' locks from before BEGIN until after COMMIT.
+	// (A plain GORM transaction under the test-only control no-plugin.)
 	transaction func(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, rows ...any) error
 }
 
@@ -128,22 +131,22 @@ func newService(cfg serviceConfig) (*service, error) {
 	invalidate := gormplugin.Invalidate(inv, func(_ string, pk any) []string {
 		return []string{repoKey(pk)}
 	})
-	opts := cfg.Hooks.pluginOptions(invalidate) // [invalidate], unless a test-only control changes it
-	if cfg.Hooks.unguarded() {
-		// Test-only control no-plugin: writes take no row locks, check no
-		// fence and invalidate nothing; only ginmw.Lock remains.
-		s.transaction = unguardedTransaction
-	} else {
-		if s.rl != nil {
-			opts = append(opts, gormplugin.NoFencing())
-		}
+	// [invalidate]; a test-only negative control may drop or add options,
+	// or the plugin itself (testhooks.go).
+	opts, guarded := cfg.TestHooks.pluginOptions(invalidate)
+	if s.rl != nil {
+		opts = append(opts, gormplugin.NoFencing())
+	}
+	if guarded {
 		s.plugin = gormplugin.New(s.locker, opts...)
 		if err := db.Use(s.plugin); err != nil {
 			s.Close()
 			return nil, err
 		}
+	} else {
+		s.transaction = unguardedTransaction
 	}
-	if err := cfg.Hooks.registerGORM(db); err != nil {
+	if err := cfg.TestHooks.registerGORM(db); err != nil { // test-only steps
 		s.Close()
 		return nil, err
 	}
@@ -168,7 +171,7 @@ func (s *service) routes() *gin.Engine {
 		r.Use(gin.LoggerWithWriter(s.cfg.Log))
 	}
 	r.Use(gin.Recovery())
-	s.cfg.Hooks.routes(r) // test-only; nothing without -hooks
+	s.cfg.TestHooks.routes(r) // test-only; nothing in a real deployment
 
 	// The list is a whole response cached by ginmw.Cache, tagged "repos": a
 	// commit to any repository drops it (see newService), and so would
@@ -186,13 +189,14 @@ func (s *service) routes() *gin.Engine {
 	// The id is canonical before the lock is taken ("01" is "1"), and an id
 	// that names no row is refused without touching Redis.
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
-	lock := ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WaitBudget(s.cfg.EditWait)))
-	r.PUT("/repos/:id/settings", lock, s.updateSettings)
+	edits := r.Group("/repos/:id", ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WaitBudget(s.cfg.EditWait))))
+	edits.Use(s.cfg.TestHooks.underLock()...) // test-only; nothing in a real deployment
+	edits.PUT("/settings", s.updateSettings)
 	// The same settings edit written as many handlers are: First, change
 	// the struct, Save it, with no gormplugin.Transaction.
-	r.PATCH("/repos/:id/settings", lock, s.saveSettings)
+	edits.PATCH("/settings", s.saveSettings)
 	// Renames hold the same lock, and write with plain GORM calls.
-	r.PATCH("/repos/:id", lock, s.renameRepo)
+	edits.PATCH("", s.renameRepo)
 	r.GET("/stats", s.stats)
 	r.GET("/metrics", s.metrics)
 	return r
@@ -243,10 +247,6 @@ func (s *service) listRepos(c *gin.Context) {
 		c.AbortWithStatusJSON(http.StatusInternalServerError, gin.H{"error": err.Error()})
 		return
 	}
-	if err := s.cfg.Hooks.inLoad(ctx, ctx); err != nil { // test-only pause point
-		c.AbortWithStatusJSON(http.StatusServiceUnavailable, gin.H{"error": err.Error()})
-		return
-	}
 	c.JSON(http.StatusOK, repos)
 }
 
@@ -256,17 +256,12 @@ func (s *service) getRepo(c *gin.Context) {
 		return
 	}
 	var res cacheguard.Result
-	reqCtx := c.Request.Context()
-	repo, err := cacheguard.Get(reqCtx, s.guard, repoKey(id),
+	repo, err := cacheguard.Get(c.Request.Context(), s.guard, repoKey(id),
 		func(ctx context.Context) (Repo, error) {
 			if m := s.cfg.Meter; m != nil {
 				m.loads.Add(1)
 			}
-			repo, err := s.loadRepo(ctx, id)
-			if err == nil {
-				err = s.cfg.Hooks.inLoad(reqCtx, ctx) // test-only pause point
-			}
-			return repo, err
+			return s.loadRepo(ctx, id)
 		},
 		cacheguard.TTL(s.cfg.CacheTTL), cacheguard.ReportTo(&res))
 	if res != 0 {
@@ -316,14 +311,15 @@ func (s *service) getRepoNaive(c *gin.Context) {
 }
 
 // loadRepo reads one repository. The query holds one of the pool's
-// connections for QueryCost, as an expensive query would.
+// connections for QueryCost before its row arrives, as an expensive query
+// would.
 func (s *service) loadRepo(ctx context.Context, id uint) (Repo, error) {
 	var repo Repo
 	err := s.db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-		if err := conn.First(&repo, id).Error; err != nil {
+		if err := pause(ctx, s.cfg.QueryCost); err != nil {
 			return err
 		}
-		return pause(ctx, s.cfg.QueryCost)
+		return conn.First(&repo, id).Error
 	})
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return Repo{}, fmt.Errorf("repository %d: %w", id, cacheguard.ErrNotFound)
@@ -338,9 +334,6 @@ func (s *service) loadRepo(ctx context.Context, id uint) (Repo, error) {
 // the commit invalidates the cached copies.
 func (s *service) updateSettings(c *gin.Context) {
 	ctx := c.Request.Context()
-	span := s.cfg.Hooks.enterEdit(ctx)
-	defer span.leave()
-	s.cfg.Hooks.at(ctx, stepAfterLock)
 	id, ok := repoID(c)
 	if !ok {
 		return
@@ -355,18 +348,16 @@ func (s *service) updateSettings(c *gin.Context) {
 		defer m.leaveEdit()
 	}
 	var repo Repo
-	err := s.transaction(s.cfg.Hooks.txContext(ctx), s.db, func(tx *gorm.DB) error {
+	err := s.transaction(ctx, s.db, func(tx *gorm.DB) error {
 		if err := tx.First(&repo, id).Error; err != nil {
 			return err
 		}
-		s.cfg.Hooks.at(ctx, stepAfterRead)
 		if err := pause(ctx, s.cfg.EditCost); err != nil {
 			return err
 		}
 		e.apply(&repo)
 		return tx.Model(&repo).Select("settings", "version").Updates(&repo).Error
 	}, &Repo{ID: id})
-	span.done(c) // test-only: the critical section's span, in a header
 	s.answerEdit(c, repo, err)
 }
 
@@ -392,9 +383,6 @@ func (e edit) apply(repo *Repo) {
 // gormplugin.ErrStaleWrite (409) instead of overwriting that commit.
 func (s *service) saveSettings(c *gin.Context) {
 	ctx := c.Request.Context()
-	span := s.cfg.Hooks.enterEdit(ctx)
-	defer span.leave()
-	s.cfg.Hooks.at(ctx, stepAfterLock)
 	id, ok := repoID(c)
 	if !ok {
 		return
@@ -408,17 +396,15 @@ func (s *service) saveSettings(c *gin.Context) {
 		m.enterEdit()
 		defer m.leaveEdit()
 	}
-	db := s.db.WithContext(s.cfg.Hooks.txContext(ctx))
+	db := s.db.WithContext(ctx)
 	var repo Repo
 	err := db.First(&repo, id).Error
 	if err == nil {
-		s.cfg.Hooks.at(ctx, stepAfterRead)
 		if err = pause(ctx, s.cfg.EditCost); err == nil {
 			e.apply(&repo)
 			err = db.Save(&repo).Error
 		}
 	}
-	span.done(c)
 	s.answerEdit(c, repo, err)
 }
 
@@ -434,9 +420,6 @@ type rename struct {
 // its token, and the read is exact because the request's lock spans it.
 func (s *service) renameRepo(c *gin.Context) {
 	ctx := c.Request.Context()
-	span := s.cfg.Hooks.enterEdit(ctx)
-	defer span.leave()
-	s.cfg.Hooks.at(ctx, stepAfterLock)
 	id, ok := repoID(c)
 	if !ok {
 		return
@@ -446,17 +429,15 @@ func (s *service) renameRepo(c *gin.Context) {
 		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
 		return
 	}
-	db := s.db.WithContext(s.cfg.Hooks.txContext(ctx))
+	db := s.db.WithContext(ctx)
 	var repo Repo
 	err := db.First(&repo, id).Error
 	if err == nil {
-		s.cfg.Hooks.at(ctx, stepAfterRead)
 		repo.Name = r.Name
 		repo.Settings.Edits = append(repo.Settings.Edits, r.ID)
 		repo.Version++
 		err = db.Model(&repo).Select("name", "settings", "version").Updates(&repo).Error
 	}
-	span.done(c)
 	s.answerEdit(c, repo, err)
 }
 

@@ -13,7 +13,7 @@
 //
 // # The service's test hooks
 //
-// The processes run with the service's test-only -hooks flag (example/hooks.go,
+// The processes run with the service's test-only -hooks flag (example/testhooks.go,
 // inert without it). A request carrying X-Pause-At: <step> parks at that step
 // and the process prints "hook at <step> <tag>"; the driver then SIGSTOPs the
 // whole process (so its lease renewals stop too) for longer than the lease,

@@ -10,7 +10,7 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// The steps a request can be paused at (the service's hooks.go).
+// The steps a request can be paused at (the service's testhooks.go).
 const (
 	StepAfterLock    = "after-lock"
 	StepAfterRead    = "after-read"
