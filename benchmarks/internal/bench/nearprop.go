@@ -36,6 +36,11 @@ const nearRead = 100 * time.Microsecond
 // nearRound is the pause between the writer's rounds.
 const nearRound = 20 * time.Millisecond
 
+// nearTail is how long the watchers read on after the writer's last round:
+// a round the run ended before every watcher could read is no propagation
+// missed, and beside the real-DB mix a watcher may wait that long for a CPU.
+const nearTail = time.Second
+
 func dbKeyOf(key string) string { return key + ":db" }
 
 // versionLoad is the watchers' loader: the version the database holds.
@@ -247,7 +252,7 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 		Duration: wait + dur, Warmup: wait, Interval: nearRound}}
 	for range nearWatchers {
 		jobs = append(jobs, Job{Kind: "nearwatch", System: systems.GuardNear, Addrs: []string{e.addr}, Key: key,
-			Duration: wait + dur + 200*time.Millisecond})
+			Duration: wait + dur + nearTail})
 	}
 	if loaded {
 		db, err := e.startPG(ctx)
