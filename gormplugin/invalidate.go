@@ -14,7 +14,7 @@ const (
 	defaultInvalidateBackoff  = 100 * time.Millisecond
 	maxRetryBackoff           = 5 * time.Second
 	// maxPendingKeys bounds the keys waiting for a retry; an invalidation
-	// that would exceed it is dropped (InvalidateDropped).
+	// that would exceed it is dropped (EventInvalidateDropped).
 	maxPendingKeys = 10000
 	// flushPause separates two passes over the pending retries while
 	// Shutdown flushes them.
@@ -237,7 +237,7 @@ func (p *Plugin) end() {
 // InvalidateAgain to come due and run, and retries every failed invalidation
 // at once, again and again (beyond RetryInvalidation's attempts), until none
 // is left. When ctx ends first, what is
-// left is dropped (each reported as InvalidateDropped) and Shutdown returns
+// left is dropped (each reported as EventInvalidateDropped) and Shutdown returns
 // an error matching ErrInvalidate and ctx's error. Writes made after
 // Shutdown began are still guarded and invalidated, and waited for; after it
 // returns, the plugin is closed (see Close).
@@ -269,7 +269,7 @@ func (p *Plugin) Shutdown(ctx context.Context) error {
 
 // Close stops the plugin's background work at once: it drops the delayed
 // repeats not yet due and the failed invalidations waiting for a retry (each
-// reported as InvalidateDropped), and waits for the attempts already running
+// reported as EventInvalidateDropped), and waits for the attempts already running
 // (bounded by the Redis client's timeouts). Use Shutdown to flush them
 // instead. Writes after Close are still guarded and invalidated once; a
 // failed invalidation is then dropped, not retried. Close does not close the

@@ -41,7 +41,7 @@ func (k EventKind) String() string {
 // Event is what the plugin reports to an Observer.
 type Event struct {
 	Kind    EventKind
-	Table   string   // WroteUnguarded: the table written
+	Table   string   // EventWroteUnguarded: the table written
 	Keys    []string // invalidation events: the cache keys
 	Attempt int      // invalidation events: the attempts made so far
 	Err     error    // the failure, when there is one
@@ -50,7 +50,7 @@ type Event struct {
 // Observer makes the plugin report what it does in the background, and what
 // it let through, to f: failed, retried and dropped invalidations and
 // unguarded (FailOpen) writes (each is also a warning: see Logger). ctx is
-// the write's context for WroteUnguarded and a background one for the
+// the write's context for EventWroteUnguarded and a background one for the
 // invalidations, which run after the write returned. f is called
 // synchronously from the plugin's goroutines and from writes: it must be
 // quick and must not block; a panic in it is recovered and logged. The

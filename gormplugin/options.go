@@ -138,7 +138,7 @@ func Unkeyed(p UnkeyedPolicy) Option {
 // FailOpen lets guarded writes proceed without a lock (and without a fence)
 // when the lock service is unavailable (locks.ErrUnavailable, or no answer
 // within UnavailableAfter), logging a warning (see Logger) and reporting
-// WroteUnguarded to the Observer. A lock held by another writer is
+// EventWroteUnguarded to the Observer. A lock held by another writer is
 // never failed open. By default such writes fail with ErrLock and nothing is
 // written.
 func FailOpen() Option { return func(c *config) { c.failOpen = true } }
