@@ -36,8 +36,18 @@ func run() int {
 		label = flag.String("command", "", "the command to record in RESULTS.md (default: this command line)")
 		busy  = flag.Bool("busy", false, "keep one CPU busy beside the benchmark (a spinning thread), as a loaded machine would")
 		trace = flag.String("trace", "", "write what cacheguard's workers did in each real-database mix run into this directory")
+		expl  = flag.Bool("explain", false, "read the trace files given as arguments (see -trace) and say what their failed requests waited for")
 	)
 	flag.Parse()
+	if *expl {
+		for _, p := range flag.Args() {
+			if err := bench.Explain(os.Stdout, p); err != nil {
+				fmt.Fprintln(os.Stderr, "cgbench:", err)
+				return 1
+			}
+		}
+		return 0
+	}
 
 	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}, Trace: *trace}
 	for s := range strings.SplitSeq(*only, ",") {
