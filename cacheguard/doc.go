@@ -16,7 +16,7 @@
 //
 // # Options
 //
-// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (5s),
+// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (500ms),
 // MaxConcurrentLoads, NearCache, Observer, Logger (slog.Default(),
 // rate-limited; silence it with Logger(slog.New(slog.DiscardHandler))) — and
 // every Setting as the Guard's default. Get and GetMany take CallOptions —
@@ -85,7 +85,15 @@
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
 // its context, whatever the client's timeouts, and each Redis command within
-// CommandTimeout: a paused or black-holed Redis is unreachable within it. Set
+// CommandTimeout of being sent: a paused or black-holed Redis is unreachable
+// within it, and a locks.Breaker on the client counts it. A timeout alone is
+// no proof (a busy process may send a command or read its answer late, and
+// failing open costs a load): a call whose read timed out asks once more
+// through its flight's get-or-lease script, which returns the value if there
+// is one and is sent again while Redis answers the Guard's other commands
+// (or when the process saw its timeout late); the call fails open when it
+// times out on time with Redis silent — about two
+// command timeouts into a stall, at once with the breaker open. Set
 // ContextTimeoutEnabled on the client; without it a Get hands each read to
 // another goroutine so that it can stop waiting (a few µs per hit:
 // BenchmarkGetHit, BenchmarkGetHitContextTimeout). When Redis fails, Get fails
@@ -118,16 +126,18 @@
 //	B  read-your-writes after Invalidate        F  fail-safe never serves past max age
 //	C  read-your-writes after InvalidateTags    G  fail-safe never serves from before
 //	D  near cache distrusts a down subscription    an invalidation
+//	H  every Redis command (read, get-or-lease, renewal, store, Invalidate,
+//	   InvalidateTags) carries a deadline within CommandTimeout
 //
-//	path                                   A  B  C  D  E  F  G
-//	Get                                    ✓  ✓  .  .  .  ✓  ✓
-//	GetMany                                ✓  ✓  .  .  .  ✓  ✓
-//	Get, Tags / GetMany, Tags              ✓  ✓  ✓  .  .  ✓  ✓
-//	Get, near cache                        ✓  ✓  .  ✓  ✓  .  .
-//	GetMany, near cache, Tags              ✓  ✓  ✓  ✓  ✓  .  .
-//	Get, ServeStale / Get, EarlyRefresh    ✓  ✓  .  .  .  .  .
-//	Get, 3-master cluster                  ✓  ✓  .  .  .  ✓  ✓
-//	GetMany, near cache, Tags, cluster     ✓  ✓  ✓  ✓  ✓  .  .
+//	path                                   A  B  C  D  E  F  G  H
+//	Get                                    ✓  ✓  .  .  .  ✓  ✓  ✓
+//	GetMany                                ✓  ✓  .  .  .  ✓  ✓  ✓
+//	Get, Tags / GetMany, Tags              ✓  ✓  ✓  .  .  ✓  ✓  ✓
+//	Get, near cache                        ✓  ✓  .  ✓  ✓  .  .  ✓
+//	GetMany, near cache, Tags              ✓  ✓  ✓  ✓  ✓  .  .  ✓
+//	Get, ServeStale / Get, EarlyRefresh    ✓  ✓  .  .  .  .  .  ✓
+//	Get, 3-master cluster                  ✓  ✓  .  .  .  ✓  ✓  ✓
+//	GetMany, near cache, Tags, cluster     ✓  ✓  ✓  ✓  ✓  .  .  ✓
 //
 // # Limits
 //

@@ -353,3 +353,51 @@ func TestRedisPausedFailsOpen(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// slowGets delays every read of a value (HGET) by d before it is sent — as
+// a process too busy to run it in time would; scripts go at once.
+type slowGets struct{ d time.Duration }
+
+func (h slowGets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowGets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hget" {
+			time.Sleep(h.d) // the delay (a fault, not synchronisation)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h slowGets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestReadTimeoutAsksTheFlight: a hit's read that the command timeout ends
+// (Redis slow to answer it, or this process too busy to read the answer in
+// time) is a miss whose state is unknown, not proof that Redis is away: the
+// call asks through its flight's get-or-lease script, which returns the
+// cached value, instead of failing open at once — no load. Only when that
+// script fails too does the call fail open (TestRedisPausedFailsOpen).
+func TestReadTimeoutAsksTheFlight(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(fmt.Sprint("ContextTimeoutEnabled=", cte), func(t *testing.T) {
+			ctx := context.Background()
+			s := redistest.Start(t)
+			rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = cte })
+			g := cacheguard.New(rdb, cacheguard.CommandTimeout(200*time.Millisecond), cacheguard.EarlyRefresh(0))
+			defer g.Close()
+			key := testKey(t)
+			if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "cached"}).load); err != nil {
+				t.Fatal(err)
+			}
+			rdb.AddHook(slowGets{d: time.Second})
+			c := &counter{name: "loaded"}
+			v, err := cacheguard.Get(ctx, g, key, c.load)
+			if err != nil || v.Name != "cached" || c.n.Load() != 0 {
+				t.Fatalf("Get with a read slower than the command timeout = %v, %v after %d loads; want the cached value, no load", v, err, c.n.Load())
+			}
+			if st := g.Stats(); st.FailOpenLoads != 0 || st.RedisErrors != 1 {
+				t.Fatalf("fail-open loads %d, Redis errors %d; want 0 and 1 (the read)", st.FailOpenLoads, st.RedisErrors)
+			}
+		})
+	}
+}

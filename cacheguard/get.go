@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // Get returns the value cached under key, loading it with load when it is
@@ -165,6 +168,9 @@ type part[T any] struct {
 	t       *task[entry, *outcome] // the flight it waits for, or
 	u       *task[entry, *outcome] // the load without the lease it waits for
 	pending bool                   // t is held (see admit)
+	// unread: the command timeout ended its read, so the generation is
+	// unknown: it joins only flights created after that (see join).
+	unread bool
 
 	v   T
 	res Result
@@ -424,12 +430,26 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
 		}
+		if sl.s.err != nil && errors.Is(sl.s.err, rcmd.ErrTimeout) && c.cfg.policy != policyFailFast {
+			// Redis did not answer the read in time: slow, stalled, or this
+			// process too busy to read the answer. That is no proof that
+			// Redis is away, and failing open costs a load: the flight's
+			// get-or-lease script, which returns the value when there is one,
+			// asks again, and only when it fails too does the call fail open.
+			// Nothing is known of the generation: a flight created from now
+			// on sends its scripts after this call began, and is joined.
+			sl.s, sl.unread = stored{mark: g.flights.serial.Load()}, true
+		}
 		if sl.s.err != nil {
 			open = append(open, sl)
 			continue
 		}
 		n := g.names(sl.key, c.rep)
-		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
+		adm := &sl.s
+		if sl.unread {
+			adm = &stored{mark: sl.s.mark, gen: math.MaxInt64} // an older flight only if created after the call (see admit)
+		}
+		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(adm, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader {
 			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: sl.near}

@@ -44,6 +44,7 @@ type task[K comparable, T any] struct {
 	key     K
 	ctx     context.Context // a read's (see Guard.readTask)
 	tags    []string        // a read's
+	sent    atomic.Int64    // a read's: when it was sent (sinceStart), 0 before
 	run     func() T        // the work of a queued task, when its callers have it (else whoever ends the one before runs it)
 	done    chan struct{}   // closed once res is set
 	res     T
@@ -207,6 +208,7 @@ func (q *group[K, T]) leave(t *task[K, T]) {
 func (q *group[K, T]) recycle(t *task[K, T]) {
 	var zero T
 	t.res, t.ctx, t.tags = zero, nil, nil
+	t.sent.Store(0)
 	q.pool.Put(t)
 }
 

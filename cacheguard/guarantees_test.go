@@ -269,6 +269,7 @@ var guarantees = []guarantee{
 	{"near cache: bounded", func(p path) bool { return p.Near }, nearBounded},
 	{"fail-safe: never older than its max age", failSafePath, failSafeMaxAge},
 	{"fail-safe: never from before an invalidation", failSafePath, failSafeNotBeforeInvalidation},
+	{"every Redis command bounded by the command timeout", func(path) bool { return true }, commandsBounded},
 }
 
 // failSafePath reports whether p is one fail-safe is checked on: not with a
@@ -558,4 +559,87 @@ func failSafeNotBeforeInvalidation(t *testing.T, w world, p path) {
 	if got := ask(t, c, "get"); got != "got 2" {
 		t.Fatalf("a read that began after Invalidate returned: %q, want got 2", got)
 	}
+}
+
+// boundedHook records every command and pipeline a client sends whose
+// context lets it run longer than within (no deadline, or a later one).
+type boundedHook struct {
+	within time.Duration
+	mu     sync.Mutex // guards seen, loose
+	seen   map[string]int
+	loose  []string
+}
+
+func (h *boundedHook) check(ctx context.Context, cmds ...redis.Cmder) {
+	dl, ok := ctx.Deadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range cmds {
+		switch name := c.Name(); name {
+		case "cluster", "hello", "client", "command", "ping": // the client's own
+		default:
+			h.seen[name]++
+			if !ok || time.Until(dl) > h.within {
+				h.loose = append(h.loose, fmt.Sprintf("%s (deadline %v away, %v)", name, time.Until(dl).Round(time.Millisecond), ok))
+			}
+		}
+	}
+}
+
+func (h *boundedHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *boundedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.check(ctx, cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *boundedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.check(ctx, cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// commandsBounded: every command the Guard sends — reads of hits and misses,
+// the get-or-lease script, the store, the lease's renewals during a slow load,
+// Invalidate, InvalidateTags — carries a deadline within the command timeout
+// (so that a stalled Redis fails it, and a breaker counts it, within that
+// time), whatever the caller's context and budget.
+func commandsBounded(t *testing.T, w world, p path) {
+	ctx := context.Background()
+	const timeout = 2 * time.Second // apart from every other bound (budget and load timeout 10s)
+	rdb := w.client()
+	t.Cleanup(func() { rdb.Close() })
+	h := &boundedHook{within: timeout, seen: map[string]int{}}
+	rdb.AddHook(h)
+	g := cacheguard.New(rdb, append(p.options(), cacheguard.CommandTimeout(timeout))...)
+	t.Cleanup(func() { g.Close() })
+	key := testKey(t)
+	slow := func(ctx context.Context) (item, error) {
+		select {
+		case <-time.After(400 * time.Millisecond): // more than a third of the 300ms lease: renewed
+		case <-ctx.Done():
+			return item{}, ctx.Err()
+		}
+		return item{ID: 1}, nil
+	}
+	for i := range 2 { // a miss, then a hit
+		if _, err := p.read(ctx, g, key, slow); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	if err := g.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if p.Tagged {
+		if err := g.InvalidateTags(ctx, invalidateTag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.loose) > 0 {
+		t.Fatalf("%d commands not bounded by the command timeout (%v): %v (seen %v)", len(h.loose), timeout, h.loose, h.seen)
+	}
+	t.Logf("commands seen: %v", h.seen)
 }

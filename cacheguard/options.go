@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // Limits.
@@ -102,7 +104,7 @@ func defaults() config {
 		jitter:      0.1,
 		codec:       JSON{},
 		prefix:      "cg:",
-		cmdTime:     5 * time.Second,
+		cmdTime:     rcmd.DefaultTimeout,
 	}
 }
 
@@ -218,13 +220,21 @@ func FailClosed() Setting { return func(c *config) { c.failClosed = true } }
 func Prefix(p string) Option { return guardOption(func(c *config) { c.prefix = p }) }
 
 // CommandTimeout bounds each Redis command (a read, a script call, a
-// pipeline) on its own, whatever the call's wait budget: a Redis that does
-// not answer within it (paused, black-holed) counts as unreachable — the call
-// fails open, or closed — instead of holding the call for its whole budget.
-// The default is 5s: shorter than the default wait budget, long enough that
-// a Redis answering a burst on a loaded machine is not taken for a stalled
-// one (a false alarm makes the calls fail open: loads the cache is there to
-// spare). It must be positive.
+// pipeline) on its own, whatever the call's wait budget, counted from when
+// the command is sent (a read that waits behind another one in flight does
+// not count that wait): a Redis that does not answer within it (paused,
+// black-holed) counts as unreachable, and a locks.Breaker on the client
+// counts it as it counts a refused connection. A timeout is not taken as
+// proof of a stall on its own, for a false alarm (a busy machine that sends
+// a command or reads its answer late) would cost a load: a call whose read
+// timed out asks once more through its fill flight's get-or-lease script
+// (which returns the value when there is one), and that script is sent again
+// while Redis answers the Guard's other commands (or when this process saw
+// its timeout late); the call fails open — or closed — when it times out on
+// time with Redis silent. So a Get answers within about
+// two command timeouts of a stall's start, and at once when the breaker is
+// open. The default is 500ms, the command timeout of package locks. It must
+// be positive.
 func CommandTimeout(d time.Duration) Option {
 	return guardOption(func(c *config) { c.cmdTime = d })
 }

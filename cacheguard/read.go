@@ -41,7 +41,7 @@ type stored struct {
 func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
-			v, err := g.rdb.HGet(ctx, values[0], field).Result()
+			v, err := g.cmd.Do(ctx, "hget", values[0], field).Text()
 			switch {
 			case err == nil:
 				out[0] = stored{b: bytesOf(v), mark: mark}
@@ -146,6 +146,11 @@ type entry struct{ values, field string }
 // began, shared with the other callers of the entry that overlap it. It
 // returns when the read answers, ctx ends, the budget ends (at deadline:
 // errBudget) or the command timeout does (a Redis error), whichever is first.
+// The command timeout runs from when the read is sent: a caller queued
+// behind the reads in flight does not count the time it waits for them
+// (until its read is sent it counts from when it queued, so that a read
+// ahead that Redis does not answer ends it as well; one that the command
+// timeout ended ends the reads queued behind it with its error at once).
 //
 // Unless the client bounds its socket calls by the context's deadline
 // (ContextTimeoutEnabled), the read runs on a worker of the Guard's, so that
@@ -164,43 +169,73 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		rctx, cancel, budget := g.bound(ctx, deadline)
 		var s [1]stored
 		g.read(rctx, []string{e.values}, e.field, tags, s[:])
+		res, err := s[0], error(nil)
+		if res.err != nil {
+			res, err = g.ended(ctx, rctx, budget, res)
+		}
 		cancel()
-		if next := q.end(t, s[0]); next != nil {
+		if next := g.endRead(t, res); next != nil {
 			next.ctx, next.tags = ctx, tags
 			g.work.run(next)
 		}
 		<-t.ready
 		q.recycle(t)
-		if s[0].err != nil {
-			return g.ended(ctx, rctx, budget, s[0])
-		}
-		return s[0], nil
+		return res, err
 	}
 	if solo {
 		t.ctx, t.tags = ctx, tags
 		g.work.run(t)
 	}
-	wait := time.Until(deadline)
-	budget := wait < g.cmd.Timeout()
-	timer := getTimer(min(wait, g.cmd.Timeout()))
+	timeout := g.cmd.Timeout()
+	timer := getTimer(min(time.Until(deadline), timeout))
 	defer putTimer(timer)
-	select {
-	case <-t.signal():
-		s := t.res
-		if solo {
-			q.recycle(t)
+	for {
+		select {
+		case <-t.signal():
+			s := t.res
+			if solo {
+				q.recycle(t)
+			}
+			return s, nil
+		case <-ctx.Done():
+			q.leave(t) // a solo task ends on its worker, and is not reused
+			return stored{}, ctx.Err()
+		case <-timer.C:
+			left := time.Until(deadline)
+			if left <= 0 {
+				q.leave(t)
+				return stored{}, errBudget
+			}
+			if sent := t.sent.Load(); sent != 0 {
+				if rest := time.Duration(sent) + timeout - sinceStart(); rest > 0 {
+					timer.Reset(min(rest, left)) // sent after this caller queued
+					continue
+				}
+			}
+			q.leave(t)
+			return stored{err: rcmd.ErrTimeout}, nil
 		}
-		return s, nil
-	case <-ctx.Done():
-		q.leave(t) // a solo task ends on its worker, and is not reused
-		return stored{}, ctx.Err()
-	case <-timer.C:
-		q.leave(t)
-		if budget {
-			return stored{}, errBudget
-		}
-		return stored{err: rcmd.ErrTimeout}, nil
 	}
+}
+
+// start is the origin of sinceStart.
+var start = time.Now()
+
+// sinceStart is a reading of the monotonic clock, never 0.
+func sinceStart() time.Duration { return time.Since(start) + 1 }
+
+// endRead ends t, a read, with s, and returns the read queued behind it for
+// the caller to run, if any: when the command timeout ended t, Redis did not
+// answer a read sent before the queued one's callers arrived, and the queued
+// read ends with t's error instead of being sent into the same stall.
+func (g *Guard) endRead(t *task[entry, stored], s stored) *task[entry, stored] {
+	next := g.reads.end(t, s)
+	if next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
+		for next != nil {
+			next = g.reads.end(next, stored{err: rcmd.ErrTimeout})
+		}
+	}
+	return next
 }
 
 // readTask is the exec of g.reads: it sends t, a read, on a worker, then the
@@ -215,9 +250,13 @@ func (g *Guard) readTask(t *task[entry, stored]) {
 			rctx, cancel = g.cmd.Bound(context.WithoutCancel(ctx), 0)
 		}
 		var s [1]stored
+		t.sent.Store(int64(sinceStart()))
 		g.read(rctx, []string{t.key.values}, t.key.field, tags, s[:])
+		if s[0].err != nil && rctx != ctx && passed(rctx) {
+			s[0] = stored{err: rcmd.ErrTimeout} // its bound, the command timeout, ended it
+		}
 		cancel()
-		if t = g.reads.end(t, s[0]); t != nil {
+		if t = g.endRead(t, s[0]); t != nil {
 			t.ctx, t.tags = ctx, tags
 		}
 	}
@@ -236,7 +275,7 @@ func (g *Guard) bound(ctx context.Context, deadline time.Time) (context.Context,
 
 // ended tells what ended a read that failed under rctx (see bound): the
 // caller's ctx (its error), the wait budget (errBudget), or Redis (s, its
-// error; the command timeout's included).
+// error; the command timeout's included). Call it before cancelling rctx.
 func (g *Guard) ended(ctx, rctx context.Context, budget bool, s stored) (stored, error) {
 	switch {
 	case passed(ctx):
@@ -292,7 +331,13 @@ func (t *task[K, T]) signal() <-chan struct{} {
 // bytesOf returns the bytes of s without copying them. The envelope is
 // only ever read (decodeEnvelope, Codec.Unmarshal, which must not modify
 // its input), never written.
-func bytesOf(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
+// An empty value is not nil (nil is an absent one).
+func bytesOf(s string) []byte {
+	if s == "" {
+		return []byte{}
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
 
 // honoursDeadlines reports whether rdb bounds every socket call by its
 // context's deadline (go-redis's ContextTimeoutEnabled): then a read may run

@@ -242,3 +242,63 @@ func TestReadsOutAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// slowReplies delays the reply to every read (HGET) by d, after the server
+// has answered it: a Redis slow to answer, never a stalled one.
+type slowReplies struct {
+	d    time.Duration
+	sent atomic.Int64 // HGETs answered by the server
+}
+
+func (h *slowReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "hget" {
+			h.sent.Add(1)
+			time.Sleep(h.d) // the reply's delay (a fault, not synchronisation)
+		}
+		return err
+	}
+}
+func (h *slowReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestQueuedReadTimedFromItsSend: the command timeout of a caller queued
+// behind a read in flight runs from when its own read is sent, not from when
+// it queued: every read here answers within the command timeout (1s of 1.5s),
+// so every caller gets the value — none fails for the time it spent waiting
+// for the read ahead of it. With and without ContextTimeoutEnabled (the
+// caller reads on its own goroutine, or hands the read to a worker).
+func TestQueuedReadTimedFromItsSend(t *testing.T) {
+	for _, cte := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain client", true: "ContextTimeoutEnabled"}[cte], func(t *testing.T) {
+			ctx := context.Background()
+			s := redistest.Start(t)
+			rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = cte })
+			if err := rdb.HSet(ctx, "h", "k", "v").Err(); err != nil {
+				t.Fatal(err)
+			}
+			hook := &slowReplies{d: time.Second}
+			rdb.AddHook(hook)
+			g := New(rdb, CommandTimeout(1500*time.Millisecond))
+			g.reads.limit = 1
+			t.Cleanup(func() { g.Close() })
+			type answer struct {
+				v   string
+				err error
+			}
+			first, queued := make(chan answer, 1), make(chan answer, 1)
+			go func() { v, err := read(ctx, g, "k"); first <- answer{v, err} }()
+			waitFor(t, "first read answered by the server", func() bool { return hook.sent.Load() == 1 })
+			go func() { v, err := read(ctx, g, "k"); queued <- answer{v, err} }()
+			waitFor(t, "second read queued", func() bool { return g.queued("k") == 1 })
+			for name, c := range map[string]chan answer{"first": first, "queued": queued} {
+				if a := <-c; a.err != nil || a.v != "v" {
+					t.Errorf("%s read: %q, %v; want the value (each read answers within the command timeout)", name, a.v, a.err)
+				}
+			}
+		})
+	}
+}

@@ -92,8 +92,27 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // trip — one script call per hash slot (one in all on a single server) — and
 // reads, in the same round trip, the versions of the call's tags as a fill
 // records them (creating the absent ones): read before any load the replies
-// grant begins.
+// grant begins. When the command timeout ends the round trip while Redis
+// answered other commands of the Guard meanwhile, or the timeout itself was
+// seen half a command timeout late (the runtime ran this goroutine late),
+// Redis is not shown to stall: this process was too busy to send the script
+// or read its answer in time, and failing open would cost a load the lease
+// is there to spare. It is sent again then, with the same token (the script
+// grants a lease this token holds again), until it is answered, it times out
+// on time with Redis silent, or ctx ends.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
+	for {
+		sent := time.Now()
+		rs, vers, err := g.leaseOnce(ctx, fs, tok, cfg)
+		late := time.Since(sent) > g.cmd.Timeout()*3/2
+		if err == nil || !errors.Is(err, rcmd.ErrTimeout) || passed(ctx) || !late && !g.cmd.HeardSince(sent) {
+			return rs, vers, err
+		}
+	}
+}
+
+// leaseOnce is one round trip of lease.
+func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
 	groups := map[int][]int{}
 	for i, f := range fs {
 		s := 0

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,6 +58,8 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 type Runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
+	base    time.Time    // the origin of heard
+	heard   atomic.Int64 // when Redis last answered a command of r (ns since base), 0 before
 }
 
 // New returns a Runner on rdb with the given command timeout (DefaultTimeout
@@ -65,7 +68,26 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return &Runner{rdb: rdb, timeout: timeout}
+	return &Runner{rdb: rdb, timeout: timeout, base: time.Now()}
+}
+
+// HeardSince reports whether Redis answered a command of r (a reply, an
+// error reply or nil — not a timeout or a connection error) that r saw end
+// after t: it was alive after t. A command that timed out while Redis
+// answered others sent after it is no proof of a stall: the process may have
+// been too busy to send it or read its answer in time.
+func (r *Runner) HeardSince(t time.Time) bool { return r.heard.Load() > int64(t.Sub(r.base)) }
+
+// note records cmds' answers, if any came from Redis.
+func (r *Runner) note(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		err := c.Err()
+		var re redis.Error
+		if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &re) {
+			r.heard.Store(int64(time.Since(r.base)))
+			return
+		}
+	}
 }
 
 // Client returns the client r runs on.
@@ -107,6 +129,7 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	}
 	settle(ctx, bctx, cmd)
 	cancel()
+	r.note(cmd)
 	return cmd
 }
 
@@ -176,6 +199,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	for _, c := range cmds {
 		settle(ctx, bctx, c)
 	}
+	r.note(cmds...)
 }
 
 // copyCmd sets dst's outcome to src's.

@@ -150,14 +150,24 @@ func TestTimeoutOnStall(t *testing.T) {
 	rdb.AddHook(&c)
 	r := rcmd.New(rdb, 100*time.Millisecond)
 	bg := context.Background()
-	if err := r.Do(bg, "ping").Err(); err != nil {
+	before := time.Now()
+	if r.HeardSince(before) {
+		t.Fatal("HeardSince before any command: true")
+	}
+	if err := r.Do(bg, "get", "absent").Err(); !errors.Is(err, redis.Nil) {
 		t.Fatal(err)
+	}
+	if !r.HeardSince(before) {
+		t.Fatal("HeardSince after an answer (nil): false")
 	}
 	s.Pause()
 	defer s.Resume()
 
 	start := time.Now()
 	err := r.Do(bg, "get", "k").Err()
+	if r.HeardSince(start) {
+		t.Fatal("HeardSince after a command the stall timed out: true")
+	}
 	t.Logf("a command on a paused server returned after %v: %v", time.Since(start), err)
 	if !errors.Is(err, rcmd.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("command: %v, want ErrTimeout and not context.DeadlineExceeded", err)

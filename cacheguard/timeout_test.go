@@ -1,0 +1,83 @@
+package cacheguard
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// heldLease holds the first get-or-lease script sent until its context ends
+// (the command timeout), after telling held and waiting for proceed: a
+// process too busy to send it in time, while Redis answers everything else.
+type heldLease struct {
+	held, proceed chan struct{}
+	armed         atomic.Bool
+}
+
+func (h *heldLease) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *heldLease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { return next(ctx, cmd) }
+}
+func (h *heldLease) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == leaseScript.SHA() && h.armed.CompareAndSwap(true, false) {
+				close(h.held)
+				<-h.proceed
+				<-ctx.Done()
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestLeaseTimeoutWhileRedisAnswers: a get-or-lease script that the command
+// timeout ends while Redis answers the Guard's other commands is sent again
+// (Redis did not stall: this process was too slow), so the miss loads once,
+// under the lease, and stores the value — it does not fail open.
+func TestLeaseTimeoutWhileRedisAnswers(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	g := New(rdb, CommandTimeout(300*time.Millisecond))
+	t.Cleanup(func() { g.Close() })
+	load := func(v string) func(context.Context) (string, error) {
+		return func(context.Context) (string, error) { return v, nil }
+	}
+	if _, err := Get(ctx, g, "other", load("o")); err != nil {
+		t.Fatal(err)
+	}
+	h := &heldLease{held: make(chan struct{}), proceed: make(chan struct{})}
+	h.armed.Store(true)
+	rdb.AddHook(h)
+	done := make(chan error, 1)
+	go func() {
+		v, err := Get(ctx, g, "k", load("v"))
+		if err == nil && v != "v" {
+			err = errors.New("got " + v)
+		}
+		done <- err
+	}()
+	<-h.held
+	var res Result
+	if _, err := Get(ctx, g, "other", load("o"), ReportTo(&res)); err != nil || res != Hit {
+		t.Fatalf("the other key: %v, %v; want a hit (Redis answers)", err, res)
+	}
+	close(h.proceed)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := g.Stats(); st.FailOpenLoads != 0 || st.Loads != 2 {
+		t.Fatalf("fail-open loads %d, loads %d; want 0 and 2 (each key's, under its lease)", st.FailOpenLoads, st.Loads)
+	}
+	if _, err := Get(ctx, g, "k", load("again"), ReportTo(&res)); err != nil || res != Hit {
+		t.Fatalf("after the miss: %v, %v; want a hit (stored under the lease)", err, res)
+	}
+}
