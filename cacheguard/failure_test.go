@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -400,4 +401,43 @@ func TestReadTimeoutAsksTheFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFollowerNoticesStall: a call waiting for another process's fill when
+// Redis goes silent (black-holed) does not wait for the holder's lease (30s
+// here, past the call's 10s budget): it asks again within a second, that
+// ask times out, and it fails open with the loader's value.
+func TestFollowerNoticesStall(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	holder := cacheguard.New(s.Client(), cacheguard.Lease(30*time.Second))
+	defer holder.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer rdb.Close()
+	waiter := cacheguard.New(rdb, cacheguard.Lease(30*time.Second), cacheguard.CommandTimeout(200*time.Millisecond))
+	defer waiter.Close()
+	key := testKey(t)
+	l := newGated("held")
+	go cacheguard.Get(ctx, holder, key, l.load)
+	<-l.entered
+	waiting := watchWaiting(rdb)
+	got := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, waiter, key, (&counter{name: "open"}).load)
+		if err == nil && v.Name != "open" {
+			err = fmt.Errorf("got %v", v)
+		}
+		got <- err
+	}()
+	<-waiting
+	p.Set(faultproxy.BlackHole)
+	if err := <-got; err != nil {
+		t.Fatalf("a call waiting for another fill when Redis went silent: %v; want a fail-open load", err)
+	}
+	close(l.release)
 }

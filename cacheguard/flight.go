@@ -21,6 +21,14 @@ var errFlightExpired = errors.New("cacheguard: flight expired")
 // flight still works, woken by the lease's expiry instead of a push.
 const subscribeTimeout = time.Second
 
+// followCheck bounds how long a flight waiting for another process's fill
+// sleeps between two asks (the get-or-lease script): the holder's push never
+// arrives when Redis stalls meanwhile (the holder cannot store either), and
+// the next ask, bounded by the command timeout, then finds Redis silent and
+// fails open — within this and a command timeout of the stall's start, not
+// at the end of the holder's lease.
+const followCheck = time.Second
+
 // maxJoinAge bounds the age of a flight a call may join by its generation:
 // half of the generation's shortest life, so that a generation that was lost
 // and reads as absent (0) cannot lead a call into a flight older than the
@@ -265,7 +273,7 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 			continue // unreadable or refused: f.force is set
 		}
 		d := r.pttl + time.Millisecond
-		timer.Reset(d + rand.N(d/10+1))
+		timer.Reset(min(d+rand.N(d/10+1), followCheck))
 		select {
 		case m := <-wakeC:
 			if c.fromWake(ctx, f, m, r.holder, tagVers) {
