@@ -48,7 +48,7 @@ func demo(ctx context.Context, r *redisServer, cfg demoConfig, out io.Writer) er
 	fmt.Fprintf(out, "cacheguard demo: %d instances of a repository-settings service, each with its own\n", cfg.Instances)
 	fmt.Fprintf(out, "Redis client, lock client, cache guard and database pool (%d connections).\n", cfg.Pool)
 	fmt.Fprintf(out, "  redis   %s\n", r.desc)
-	rep, err := runDemo(ctx, cfg, r.client, out)
+	rep, err := runDemo(ctx, cfg, func() redis.UniversalClient { return r.client(nil) }, out)
 	if err != nil {
 		return err
 	}

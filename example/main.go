@@ -308,7 +308,9 @@ func openRedis(ctx context.Context, spec string, cluster bool) (*redisServer, er
 // Redis stalls; a circuit breaker on it, shared by the locks, the cache and
 // the GORM plugin, then makes every call fail at once while Redis is down or
 // stalled instead of waiting for go-redis's retries and timeouts.
-func (r *redisServer) client() redis.UniversalClient {
+// When m is not nil, the breaker's openings and closings are stamped on it
+// (GET /stats), for the end-to-end suite's figures.
+func (r *redisServer) client(m *meter) redis.UniversalClient {
 	o := *r.opts
 	o.ContextTimeoutEnabled = true
 	var rdb redis.UniversalClient
@@ -323,7 +325,11 @@ func (r *redisServer) client() redis.UniversalClient {
 	} else {
 		rdb = redis.NewClient(&o)
 	}
-	rdb.AddHook(&locks.Breaker{})
+	b := &locks.Breaker{}
+	if m != nil {
+		b.Observer = m.breaker
+	}
+	rdb.AddHook(b)
 	return rdb
 }
 

@@ -62,7 +62,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 	if o.hooks {
 		cfg.TestHooks = newTestHooks(out, o.control)
 	}
-	in, err := startInstance(cfg, r.client(), o.listen)
+	in, err := startInstance(cfg, r.client(cfg.Meter), o.listen)
 	if err != nil {
 		cfg.TestHooks.close()
 		return err
@@ -74,7 +74,7 @@ func serve(ctx context.Context, r *redisServer, o options, out io.Writer) (err e
 		err = errors.Join(err, closeAll([]*instance{in}))
 		cfg.TestHooks.close()
 		if r.embedded == nil && !shared { // leave a shared Redis as it was found
-			rdb := r.client()
+			rdb := r.client(nil)
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = errors.Join(err, dropKeys(dctx, rdb, prefix), rdb.Close())
 			cancel()

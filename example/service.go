@@ -57,6 +57,10 @@ type meter struct {
 	editing   atomic.Int64 // edits inside their critical section now
 	maxEdit   atomic.Int64 // the most edits ever inside at once
 	editsDone atomic.Int64 // edits committed
+
+	// breakerOpened and breakerClosed are the unix ms of the instance's
+	// Redis breaker's last opening and closing (0: none yet).
+	breakerOpened, breakerClosed atomic.Int64
 }
 
 func (m *meter) enterEdit() {
@@ -70,6 +74,16 @@ func (m *meter) enterEdit() {
 }
 
 func (m *meter) leaveEdit() { m.editing.Add(-1) }
+
+// breaker is the Observer of the instance's Redis breaker.
+func (m *meter) breaker(_ context.Context, e locks.Event) {
+	switch e.Kind {
+	case locks.EventBreakerOpened:
+		m.breakerOpened.Store(time.Now().UnixMilli())
+	case locks.EventBreakerClosed:
+		m.breakerClosed.Store(time.Now().UnixMilli())
+	}
+}
 
 // service is one instance: its Redis client's lock client and cache guard,
 // its own database pool with the gormplugin guard, and its Gin engine.
@@ -477,6 +491,8 @@ func (s *service) stats(c *gin.Context) {
 		out["repo_queries"] = m.queries.Load()
 		out["cache_loads"] = m.loads.Load()
 		out["edits_committed"] = m.editsDone.Load()
+		out["breaker_opened_ms"] = m.breakerOpened.Load()
+		out["breaker_closed_ms"] = m.breakerClosed.Load()
 	}
 	c.JSON(http.StatusOK, out)
 }
