@@ -10,9 +10,8 @@
 //	err = g.Invalidate(ctx, "repos:42") // after a commit that changed it, in any process
 //
 // Examples: Get, Get's serveStale, failFast and notFound, Guard.Invalidate. New
-// panics with a "cacheguard:" message on programmer error (a nil client, an
-// invalid option value); bad input to a call fails with ErrInvalid before any
-// Redis call.
+// panics with a "cacheguard:" message on programmer error (a nil client, a bad
+// option value); bad input to a call fails with ErrInvalid before Redis.
 //
 // # Options
 //
@@ -85,18 +84,11 @@
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
 // its context, whatever the client's timeouts, and each Redis command within
-// CommandTimeout of being sent: a paused or black-holed Redis is unreachable
-// within it, and a locks.Breaker on the client counts it. A timeout alone is
-// no proof (a busy process may send a command or read its answer late, and
-// failing open costs a load): a call whose read timed out asks once more
-// through its flight's get-or-lease script, which returns the value if there
-// is one and is sent again while Redis answers the Guard's other commands
-// (or when the process saw its timeout late); the call fails open when it
-// times out on time with Redis silent — about two
-// command timeouts into a stall, at once with the breaker open. Set
-// ContextTimeoutEnabled on the client; without it a Get hands each read to
-// another goroutine so that it can stop waiting (a few µs per hit:
-// BenchmarkGetHit, BenchmarkGetHitContextTimeout). When Redis fails, Get fails
+// CommandTimeout of being sent (a locks.Breaker on the client counts the
+// timeouts): a call fails open about two command timeouts into a stall, at
+// once with the breaker open. Set ContextTimeoutEnabled on the client;
+// without it each read is handed to another goroutine (a few µs per hit).
+// When Redis fails, Get fails
 // open by default: the loader runs, shared by the process's callers (at most
 // two loads per key at once, one running, one queued; MaxConcurrentLoads
 // bounds them all), its result is returned and not cached
@@ -126,8 +118,7 @@
 //	B  read-your-writes after Invalidate        F  fail-safe never serves past max age
 //	C  read-your-writes after InvalidateTags    G  fail-safe never serves from before
 //	D  near cache distrusts a down subscription    an invalidation
-//	H  every Redis command (read, get-or-lease, renewal, store, Invalidate,
-//	   InvalidateTags) carries a deadline within CommandTimeout
+//	H  every Redis command has a deadline within CommandTimeout
 //
 //	path                                   A  B  C  D  E  F  G  H
 //	Get                                    ✓  ✓  .  .  .  ✓  ✓  ✓
@@ -152,9 +143,8 @@
 //
 // # Lifetimes
 //
-// A flight outlives callers whose context ends. Shutdown lets running loads
-// and waits finish within its context and hands the rest over (a waiter in
-// another process takes the fill at once, with no error); Close hands over at
-// once. Both stop every background goroutine. The wire layout (keys, envelope,
-// scripts) and how each guarantee is kept: cacheguard/DESIGN.md.
+// A flight outlives callers whose context ends. Shutdown lets loads and waits
+// finish within its context and hands the rest over (a waiter elsewhere takes
+// the fill at once); Close hands over at once; both stop every goroutine.
+// Wire layout and mechanisms: cacheguard/DESIGN.md.
 package cacheguard
