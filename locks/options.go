@@ -226,7 +226,10 @@ func Logger(l *slog.Logger) Option {
 // lasts the stall. The bound reaches the socket only on a client with
 // ContextTimeoutEnabled (as the README's client sets); without it go-redis
 // bounds each command by its ReadTimeout and WriteTimeout instead (3s by
-// default).
+// default). A timeout that ends a command while Redis answers the client's
+// other commands is the process's slowness, not a stall: the timeout in force
+// then doubles, up to 10 times d, and halves back every 2s (see
+// locks/DESIGN.md).
 func CommandTimeout(d time.Duration) Option {
 	return opt(func(c *config) { c.cmdTimeout = d })
 }

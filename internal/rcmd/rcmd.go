@@ -15,6 +15,18 @@
 // caller's context on any client waits for the reply off the caller's
 // goroutine there.
 //
+// A command timeout is evidence of a stall only when Redis is silent. When one
+// ends a command while Redis answered other commands of the Runner in the last
+// quarter of that timeout, or when the runtime noticed it more than half a
+// timeout late, the process or the host was too busy to send the command or
+// read its reply in time (a CPU-starved host, a -race test run, a database
+// beside Redis saturating the cores): the Runner doubles its command timeout
+// then, up to MaxStretch times the one it was made with, and halves it back
+// every Relax without such a timeout. On a stalled Redis nothing answers, the
+// timeout stays as set, and a stall is reported within it. This is TCP's
+// retransmission back-off (RFC 6298), told apart from a lost peer by the
+// other replies.
+//
 // A Script is sent as EVALSHA, alone or in a pipeline. A node that has not
 // seen it yet (new, restarted, promoted) answers NOSCRIPT; the call is then
 // sent once more as EVAL, which also caches the script there. SCRIPT LOAD is
@@ -42,6 +54,15 @@ import (
 // circuit breaker's count, within half a second.
 const DefaultTimeout = 500 * time.Millisecond
 
+// MaxStretch bounds how far a Runner stretches its command timeout on a busy
+// host (see the package doc): 10 times the timeout it was made with (5 s for
+// DefaultTimeout).
+const MaxStretch = 10
+
+// Relax is how often a stretched command timeout halves back towards the one
+// the Runner was made with, while no command meets it with Redis answering.
+const Relax = 2 * time.Second
+
 // ErrTimeout is the error of a command that got no answer within its command
 // timeout, and the cause (context.Cause) of its context once that ended it.
 var ErrTimeout = errors.New("rcmd: redis command timed out")
@@ -58,8 +79,15 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 type Runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
-	base    time.Time    // the origin of heard
+	base    time.Time    // the origin of heard and stretchedAt
 	heard   atomic.Int64 // when Redis last answered a command of r (ns since base), 0 before
+
+	// The command timeout in force is stretch (ns; the timeout when 0 or
+	// less) halved once per Relax since stretchedAt (ns since base), and
+	// never under timeout. Concurrent stretches may lose one another's
+	// doubling: the estimate only needs to grow while timeouts keep coming.
+	stretch     atomic.Int64
+	stretchedAt atomic.Int64
 }
 
 // New returns a Runner on rdb with the given command timeout (DefaultTimeout
@@ -93,8 +121,42 @@ func (r *Runner) note(cmds ...redis.Cmder) {
 // Client returns the client r runs on.
 func (r *Runner) Client() redis.UniversalClient { return r.rdb }
 
-// Timeout returns r's command timeout.
-func (r *Runner) Timeout() time.Duration { return r.timeout }
+// Timeout returns r's command timeout in force: the one it was made with,
+// unless a busy process stretched it (see the package doc).
+func (r *Runner) Timeout() time.Duration { return r.timeoutAt(time.Since(r.base)) }
+
+// Base returns r's command timeout as made, before any stretch.
+func (r *Runner) Base() time.Duration { return r.timeout }
+
+// timeoutAt returns the command timeout in force at now (since base).
+func (r *Runner) timeoutAt(now time.Duration) time.Duration {
+	s := time.Duration(r.stretch.Load())
+	if s <= r.timeout {
+		return r.timeout
+	}
+	if n := (now - time.Duration(r.stretchedAt.Load())) / Relax; n > 0 {
+		s >>= min(n, 32)
+	}
+	return max(s, r.timeout)
+}
+
+// Missed tells r that the command timeout ended a command whose deadline was
+// at deadline (Do and Exec tell it themselves; a caller that times a command
+// on its own timer calls it). If Redis answered another command of r in the
+// last quarter of the timeout, or the timeout was noticed more than half a
+// timeout late, the process was slow rather than Redis silent, and r doubles
+// its command timeout (see the package doc). It reports whether it did.
+func (r *Runner) Missed(deadline time.Time) bool {
+	now := time.Since(r.base)
+	cur := r.timeoutAt(now)
+	late := time.Since(deadline) > cur/2
+	if !late && time.Duration(r.heard.Load()) <= now-cur/4 {
+		return false // Redis was silent: a stall, reported as one
+	}
+	r.stretch.Store(int64(min(2*cur, MaxStretch*r.timeout)))
+	r.stretchedAt.Store(int64(now))
+	return true
+}
 
 // noCancel is the cancel func of a context Bound did not derive.
 func noCancel() {}
@@ -105,7 +167,7 @@ func noCancel() {}
 // when its own deadline comes first (nothing is allocated then). Every
 // command of r runs under such a context; call cancel when done.
 func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
-	d := time.Now().Add(r.timeout + extra)
+	d := time.Now().Add(r.Timeout() + extra)
 	if dl, ok := ctx.Deadline(); ok && !dl.After(d) {
 		return ctx, noCancel
 	}
@@ -127,9 +189,11 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	if NoScript(cmd.Err()) && ToEval(args) {
 		cmd = r.rdb.Do(bctx, args...)
 	}
-	settle(ctx, bctx, cmd)
-	cancel()
 	r.note(cmd)
+	if settle(ctx, bctx, cmd) {
+		r.missed(bctx)
+	}
+	cancel()
 	return cmd
 }
 
@@ -196,10 +260,14 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 			copyCmd(orig[i], c.(*redis.Cmd))
 		}
 	}
-	for _, c := range cmds {
-		settle(ctx, bctx, c)
-	}
 	r.note(cmds...)
+	timedOut := false
+	for _, c := range cmds {
+		timedOut = settle(ctx, bctx, c) || timedOut
+	}
+	if timedOut {
+		r.missed(bctx)
+	}
 }
 
 // copyCmd sets dst's outcome to src's.
@@ -216,14 +284,23 @@ func copyCmd(dst redis.Cmder, src *redis.Cmd) {
 // settle gives a command that the command timeout ended ErrTimeout as its
 // error: ctx (the caller's) did not end, bctx (the command's) did, or the
 // socket's deadline, which is bctx's, came a moment before bctx counted as
-// ended.
-func settle(ctx, bctx context.Context, cmd redis.Cmder) {
+// ended. It reports whether it did.
+func settle(ctx, bctx context.Context, cmd redis.Cmder) bool {
 	err := cmd.Err()
 	if err == nil || bctx == ctx || ctx.Err() != nil || !isTimeout(err) {
-		return
+		return false
 	}
 	if dl, ok := bctx.Deadline(); TimedOut(bctx) || ok && !time.Now().Before(dl) {
 		cmd.SetErr(timeoutError{err})
+		return true
+	}
+	return false
+}
+
+// missed tells Missed of a call under bctx that the command timeout ended.
+func (r *Runner) missed(bctx context.Context) {
+	if dl, ok := bctx.Deadline(); ok {
+		r.Missed(dl)
 	}
 }
 

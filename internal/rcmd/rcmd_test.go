@@ -224,3 +224,73 @@ func TestBoundKeepsEarlierDeadline(t *testing.T) {
 		t.Fatalf("cause %v, want ErrTimeout", context.Cause(b))
 	}
 }
+
+// TestTimeoutStretchesWhileRedisAnswers: a command that its command timeout
+// ends while Redis answers the Runner's other commands is no stall (the
+// process or the host was slow): the Runner doubles its timeout, so that the
+// same wait then succeeds. A command that times out on a silent (paused)
+// Redis leaves the timeout as it is. Repeated stretches stop at MaxStretch
+// times the timeout the Runner was made with.
+func TestTimeoutStretchesWhileRedisAnswers(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	const base = 100 * time.Millisecond
+	r := rcmd.New(rdb, base)
+	bg := context.Background()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // Redis keeps answering the Runner
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = r.Do(bg, "ping").Err()
+			}
+		}
+	}()
+	err := r.Do(bg, "blpop", "rcmd:absent", "0.3").Err()
+	if !errors.Is(err, rcmd.ErrTimeout) {
+		close(stop)
+		wg.Wait()
+		t.Fatalf("a 300ms BLPOP under a 100ms command timeout: %v, want ErrTimeout", err)
+	}
+	got := r.Timeout()
+	t.Logf("after a timeout while Redis answered: command timeout %v", got)
+	if got <= base || r.Base() != base {
+		close(stop)
+		wg.Wait()
+		t.Fatalf("command timeout %v (base %v) after a timeout while Redis answered; want it stretched past %v", got, r.Base(), base)
+	}
+	if got >= 150*time.Millisecond { // not relaxed yet (Relax is 2s): a 120ms wait now fits
+		if err := r.Do(bg, "blpop", "rcmd:absent", "0.12").Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("a 120ms BLPOP under the stretched timeout %v: %v, want nil (no element)", got, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	s.Pause()
+	before := r.Timeout()
+	err = r.Do(bg, "get", "k").Err()
+	s.Resume()
+	if !errors.Is(err, rcmd.ErrTimeout) {
+		t.Fatalf("a command on a paused server: %v, want ErrTimeout", err)
+	}
+	if after := r.Timeout(); after > before {
+		t.Fatalf("a timeout on a silent Redis stretched the command timeout %v -> %v", before, after)
+	}
+
+	if err := r.Do(bg, "ping").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		r.Missed(time.Now())
+	}
+	if got, want := r.Timeout(), rcmd.MaxStretch*base; got != want {
+		t.Fatalf("after 20 stretches: %v, want the cap %v", got, want)
+	}
+}
