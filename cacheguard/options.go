@@ -233,9 +233,10 @@ func Prefix(p string) Option { return guardOption(func(c *config) { c.prefix = p
 // its timeout late); the call fails open — or closed — when it times out on
 // time with Redis silent. So a Get answers within about
 // two command timeouts of a stall's start, and at once when the breaker is
-// open. A timeout met while Redis answers other commands also doubles the
-// timeout in force, up to 10 times d, halving back every 2s, so that a
-// CPU-starved host does not turn slow answers into loads. The default is
+// open. A timeout met while Redis answers other commands, or a run of slow
+// answers, stretches the timeout in force, up to 10 times d (see
+// locks/DESIGN.md, "Stalls"), so that a CPU-starved host does not turn slow
+// answers into loads. The default is
 // 500ms, the command timeout of package locks. It must be positive.
 func CommandTimeout(d time.Duration) Option {
 	return guardOption(func(c *config) { c.cmdTime = d })

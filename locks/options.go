@@ -228,8 +228,9 @@ func Logger(l *slog.Logger) Option {
 // bounds each command by its ReadTimeout and WriteTimeout instead (3s by
 // default). A timeout that ends a command while Redis answers the client's
 // other commands is the process's slowness, not a stall: the timeout in force
-// then doubles, up to 10 times d, and halves back every 2s (see
-// locks/DESIGN.md).
+// then doubles, up to 10 times d, and halves back every 2s; while answers come
+// slowly it is at least their smoothed time plus four times its variation
+// (see locks/DESIGN.md, "Stalls").
 func CommandTimeout(d time.Duration) Option {
 	return opt(func(c *config) { c.cmdTimeout = d })
 }

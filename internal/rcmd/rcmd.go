@@ -22,10 +22,12 @@
 // read its reply in time (a CPU-starved host, a -race test run, a database
 // beside Redis saturating the cores): the Runner doubles its command timeout
 // then, up to MaxStretch times the one it was made with, and halves it back
-// every Relax without such a timeout. On a stalled Redis nothing answers, the
-// timeout stays as set, and a stall is reported within it. This is TCP's
-// retransmission back-off (RFC 6298), told apart from a lost peer by the
-// other replies.
+// every Relax without such a timeout. It also waits longer while answers come
+// slowly: never less than the smoothed reply time plus four times its
+// variation (RFC 6298's retransmission timeout), up to the same bound. On a
+// stalled Redis nothing answers, the timeout stays as it was, and a stall is
+// reported within it. This is TCP's retransmission timer and back-off, told
+// apart from a lost peer by the other replies.
 //
 // A Script is sent as EVALSHA, alone or in a pipeline. A node that has not
 // seen it yet (new, restarted, promoted) answers NOSCRIPT; the call is then
@@ -88,6 +90,10 @@ type Runner struct {
 	// doubling: the estimate only needs to grow while timeouts keep coming.
 	stretch     atomic.Int64
 	stretchedAt atomic.Int64
+
+	// srtt and rttvar (ns) estimate how long Redis takes to answer r's
+	// commands, from the answers that came (see sample); 0 before any.
+	srtt, rttvar atomic.Int64
 }
 
 // New returns a Runner on rdb with the given command timeout (DefaultTimeout
@@ -106,16 +112,42 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 // been too busy to send it or read its answer in time.
 func (r *Runner) HeardSince(t time.Time) bool { return r.heard.Load() > int64(t.Sub(r.base)) }
 
-// note records cmds' answers, if any came from Redis.
-func (r *Runner) note(cmds ...redis.Cmder) {
+// note records cmds' answers, if any came from Redis, and, when timed (a
+// call sent at sent, since base; a WAIT's is not, it waits by design), how
+// long it took.
+func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) {
 	for _, c := range cmds {
 		err := c.Err()
 		var re redis.Error
 		if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &re) {
-			r.heard.Store(int64(time.Since(r.base)))
+			now := time.Since(r.base)
+			r.heard.Store(int64(now))
+			if timed {
+				r.sample(now - sent)
+			}
 			return
 		}
 	}
+}
+
+// sample adds a reply time d to r's estimate of how long Redis takes to
+// answer (RFC 6298's smoothed time and its variation, d capped at the
+// stretch's bound). Concurrent samples may overwrite one another.
+func (r *Runner) sample(d time.Duration) {
+	d = min(d, MaxStretch*r.timeout)
+	s := time.Duration(r.srtt.Load())
+	if s == 0 {
+		r.srtt.Store(int64(d))
+		r.rttvar.Store(int64(d / 2))
+		return
+	}
+	dev := s - d
+	if dev < 0 {
+		dev = -dev
+	}
+	v := time.Duration(r.rttvar.Load())
+	r.rttvar.Store(int64(v - v/4 + dev/4))
+	r.srtt.Store(int64(s - s/8 + d/8))
 }
 
 // Client returns the client r runs on.
@@ -130,14 +162,18 @@ func (r *Runner) Base() time.Duration { return r.timeout }
 
 // timeoutAt returns the command timeout in force at now (since base).
 func (r *Runner) timeoutAt(now time.Duration) time.Duration {
+	t := r.timeout
+	if rto := time.Duration(r.srtt.Load() + 4*r.rttvar.Load()); rto > t {
+		t = min(rto, MaxStretch*r.timeout) // answers come slowly: wait for them
+	}
 	s := time.Duration(r.stretch.Load())
-	if s <= r.timeout {
-		return r.timeout
+	if s <= t {
+		return t
 	}
 	if n := (now - time.Duration(r.stretchedAt.Load())) / Relax; n > 0 {
 		s >>= min(n, 32)
 	}
-	return max(s, r.timeout)
+	return max(s, t)
 }
 
 // Missed tells r that the command timeout ended a command whose deadline was
@@ -184,12 +220,13 @@ func TimedOut(ctx context.Context) bool {
 // script), bounded by the command timeout. A script the server does not have
 // is sent again as EVAL (args is rewritten in place).
 func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
+	sent := time.Since(r.base)
 	bctx, cancel := r.Bound(ctx, 0)
 	cmd := r.rdb.Do(bctx, args...)
 	if NoScript(cmd.Err()) && ToEval(args) {
 		cmd = r.rdb.Do(bctx, args...)
 	}
-	r.note(cmd)
+	r.note(sent, true, cmd)
 	if settle(ctx, bctx, cmd) {
 		r.missed(bctx)
 	}
@@ -225,6 +262,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	if p == nil {
 		p = r.rdb
 	}
+	sent := time.Since(r.base)
 	bctx, cancel := r.Bound(ctx, extra)
 	defer cancel()
 	send := func(cs []redis.Cmder) {
@@ -260,7 +298,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 			copyCmd(orig[i], c.(*redis.Cmd))
 		}
 	}
-	r.note(cmds...)
+	r.note(sent, extra == 0, cmds...)
 	timedOut := false
 	for _, c := range cmds {
 		timedOut = settle(ctx, bctx, c) || timedOut

@@ -64,6 +64,13 @@ func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 
 var echo = rcmd.NewScript("return {KEYS[1], ARGV[1]}")
 
+// busy keeps Redis busy for ARGV[1] milliseconds (BLPOP's own timeout is
+// checked only 10 times a second on Redis 7.0).
+var busy = rcmd.NewScript(`local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= tonumber(ARGV[1]) * 1000
+return 1`)
+
 // TestRunSendsEVALOnceOnNoScript: a script goes as EVALSHA; a server without
 // it answers NOSCRIPT once and gets it as EVAL, after which EVALSHA suffices.
 func TestRunSendsEVALOnceOnNoScript(t *testing.T) {
@@ -266,8 +273,8 @@ func TestTimeoutStretchesWhileRedisAnswers(t *testing.T) {
 		t.Fatalf("command timeout %v (base %v) after a timeout while Redis answered; want it stretched past %v", got, r.Base(), base)
 	}
 	if got >= 150*time.Millisecond { // not relaxed yet (Relax is 2s): a 120ms wait now fits
-		if err := r.Do(bg, "blpop", "rcmd:absent", "0.12").Err(); !errors.Is(err, redis.Nil) {
-			t.Errorf("a 120ms BLPOP under the stretched timeout %v: %v, want nil (no element)", got, err)
+		if err := r.Run(bg, busy, nil, 120).Err(); err != nil {
+			t.Errorf("a 120ms script under the stretched timeout %v: %v", got, err)
 		}
 	}
 	close(stop)
@@ -292,5 +299,30 @@ func TestTimeoutStretchesWhileRedisAnswers(t *testing.T) {
 	}
 	if got, want := r.Timeout(), rcmd.MaxStretch*base; got != want {
 		t.Fatalf("after 20 stretches: %v, want the cap %v", got, want)
+	}
+}
+
+// TestTimeoutFollowsSlowAnswers: while Redis's answers come slowly and
+// unevenly, the command timeout in force is at least their smoothed time plus
+// four times its variation, so that a wait within that fits.
+func TestTimeoutFollowsSlowAnswers(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	const base = 100 * time.Millisecond
+	r := rcmd.New(rdb, base)
+	bg := context.Background()
+	for i := range 16 { // answers in 10ms and 90ms, alternately
+		ms := 10 + 80*(i%2)
+		if err := r.Run(bg, busy, nil, ms).Err(); err != nil {
+			t.Fatalf("a %dms script under %v: %v", ms, r.Timeout(), err)
+		}
+	}
+	got := r.Timeout()
+	t.Logf("after answers in 10ms and 90ms: command timeout %v", got)
+	if got <= 150*time.Millisecond {
+		t.Fatalf("command timeout %v after uneven 10-90ms answers; want over 150ms (base %v)", got, base)
+	}
+	if err := r.Run(bg, busy, nil, 130).Err(); err != nil {
+		t.Fatalf("a 130ms script under %v: %v", got, err)
 	}
 }
