@@ -15,7 +15,7 @@
 //
 // # Options
 //
-// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (500ms),
+// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (5s),
 // MaxConcurrentLoads, NearCache, Observer, Logger (slog.Default(),
 // rate-limited; silence it with Logger(slog.New(slog.DiscardHandler))) — and
 // every Setting as the Guard's default. Get and GetMany take CallOptions —
