@@ -117,7 +117,9 @@ func GetMany[T any](ctx context.Context, g *Guard, keys []string, load func(ctx 
 	}
 	c := &call[T]{g: g, cfg: cfg, typ: reflect.TypeFor[T](), load: load}
 	c.rep = representation(c.typ, cfg.variant, cfg.tags)
-	out, res, err := c.many(ctx, slices.Compact(slices.Sorted(slices.Values(keys))))
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	out, res, err := c.many(ctx, slices.Compact(keys))
 	if cfg.report != nil && res != 0 {
 		*cfg.report = res
 	}
@@ -212,7 +214,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	start := time.Now()
 	out := make(map[string]T, len(keys))
 	var worst Result
-	var sls []*part[T]
+	sls := make([]*part[T], 0, len(keys))
 	all := make([]part[T], len(keys))
 	for i, k := range keys {
 		if g.near != nil {
@@ -230,10 +232,11 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	}
 	var missed []*part[T]
 	if len(sls) > 0 {
-		values := make([]string, len(sls))
+		ks := make([]string, len(sls))
 		for i, sl := range sls {
-			values[i] = g.valuesKey(sl.key)
+			ks[i] = sl.key
 		}
+		values := g.valuesKeys(ks)
 		found := make([]stored, len(sls))
 		err := g.readMany(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
 		for i, sl := range sls {
@@ -247,13 +250,16 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	if len(missed) > 0 {
 		c.miss(ctx, start, missed)
 	}
-	errs := KeyErrors{}
+	var errs KeyErrors
 	for _, sl := range sls {
 		worst = worse(worst, sl.res)
 		switch {
 		case sl.err == nil:
 			out[sl.key] = sl.v
 		case !errors.Is(sl.err, ErrNotFound):
+			if errs == nil {
+				errs = KeyErrors{}
+			}
 			errs[sl.key] = sl.err
 		}
 	}

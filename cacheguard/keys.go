@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"reflect"
+	"strings"
 
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
@@ -49,6 +50,30 @@ func representation(t reflect.Type, variant string, tags *tagSet) string {
 func (g *Guard) valuesKey(key string) string {
 	tag, rest := slot.Tag(key)
 	return g.cfg.prefix + "v:{" + tag + "}" + rest
+}
+
+// valuesKeys returns the names of the values hashes of keys (see valuesKey),
+// built in one buffer rather than one allocation each.
+func (g *Guard) valuesKeys(keys []string) []string {
+	p := g.cfg.prefix
+	n := 0
+	for _, k := range keys {
+		n += len(p) + len("v:{}") + len(k)
+	}
+	var b strings.Builder
+	b.Grow(n) // a long hash tag (see slot.Tag) grows it; the names cut before stay valid
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		tag, rest := slot.Tag(k)
+		from := b.Len()
+		b.WriteString(p)
+		b.WriteString("v:{")
+		b.WriteString(tag)
+		b.WriteByte('}')
+		b.WriteString(rest)
+		out[i] = b.String()[from:]
+	}
+	return out
 }
 
 // names returns every Redis name of key in representation rep.

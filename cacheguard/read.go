@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -57,21 +59,33 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 	// HGET each on a cluster), the generations, the tags' versions.
 	var cmds []redis.Cmder
 	var many *redis.Cmd
-	hv := make([]*redis.StringCmd, len(values))
+	var hv []*redis.StringCmd
 	if len(values) > 1 && !g.hub.Sharded() {
-		many = readManyScript.Cmd(ctx, keys(values...), field)
+		// Each name boxed as a pointer into a copy (boxing a string would
+		// allocate once per key; a pointer into values would move the
+		// callers' slices to the heap).
+		names := slices.Clone(values)
+		kv := make([]any, len(names))
+		for i := range names {
+			kv[i] = &names[i]
+		}
+		many = readManyScript.Cmd(ctx, kv, field)
 		cmds = append(cmds, many)
 	} else {
+		hv = make([]*redis.StringCmd, len(values))
 		for i, v := range values {
 			hv[i] = redis.NewStringCmd(ctx, "hget", v, field)
 			cmds = append(cmds, hv[i])
 		}
 	}
-	gv := make([]*redis.StringCmd, len(values))
+	var gv []*redis.StringCmd
 	p := g.cfg.prefix
 	for i, v := range values {
 		var busy bool
 		if out[i].mark, busy = g.flights.mark(entry{v, field}); busy {
+			if gv == nil {
+				gv = make([]*redis.StringCmd, len(values))
+			}
 			gv[i] = redis.NewStringCmd(ctx, "get", p+"g:"+v[len(p)+len("v:"):]) // the generation's name: the values hash's, with "g:" for "v:"
 			cmds = append(cmds, gv[i])
 		}
@@ -100,13 +114,10 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			}
 		}
 	}
-	var found []any
+	var found string
 	if many != nil {
 		var err error
-		if found, err = many.Slice(); err == nil && len(found) != len(values) {
-			err = fmt.Errorf("cacheguard: %d values read for %d keys", len(found), len(values))
-		}
-		if err != nil {
+		if found, err = many.Text(); err != nil {
 			fail(err)
 			return
 		}
@@ -115,8 +126,10 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 		s := &out[i]
 		s.tagVers = vers
 		if many != nil {
-			if v, ok := found[i].(string); ok {
-				s.b = bytesOf(v)
+			var ok bool
+			if s.b, found, ok = cutValue(found); !ok {
+				fail(fmt.Errorf("cacheguard: bad reply to the read of %d keys", len(values)))
+				return
 			}
 		} else {
 			switch v, err := hv[i].Result(); {
@@ -127,7 +140,7 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 				continue
 			}
 		}
-		if gv[i] == nil {
+		if gv == nil || gv[i] == nil {
 			continue
 		}
 		switch v, err := gv[i].Result(); {
@@ -137,6 +150,20 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			*s = stored{err: err}
 		}
 	}
+}
+
+// cutValue takes the first value off s, readmany.lua's reply: its bytes (nil
+// when absent) and the rest of s.
+func cutValue(s string) (b []byte, rest string, ok bool) {
+	if strings.HasPrefix(s, "-") {
+		return nil, s[1:], true
+	}
+	n, after, _ := strings.Cut(s, ":")
+	l, err := strconv.Atoi(n)
+	if err != nil || l < 0 || l > len(after) {
+		return nil, "", false
+	}
+	return bytesOf(after[:l]), after[l:], true
 }
 
 // entry names an entry in a process: its values hash and field.
