@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -279,4 +280,52 @@ type testLog struct{ t *testing.T }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// Every row a target reads is listed in targetRows, so that it runs every
+// repetition.
+func TestTargetsReadTargetRows(t *testing.T) {
+	res := newResults(Config{})
+	res.Tables = append(res.Tables, &Table{ID: "pg-mix"}, &Table{ID: "pg-stampede"})
+	res.PG = &PGInfo{Alone: 20 * time.Millisecond}
+	reads := 0
+	res.onRead = func(table, system string) {
+		reads++
+		if !targetRow(table, system) {
+			t.Errorf("a target reads %s / %s, which targetRows does not list", table, system)
+		}
+	}
+	res.Targets()
+	if reads == 0 {
+		t.Fatal("no row read")
+	}
+}
+
+// A row no target reads runs fewReps repetitions, a target row all of them,
+// interleaved; -reps runs every row that many.
+func TestSeriesRepsPerRow(t *testing.T) {
+	for _, tc := range []struct {
+		reps, flag, target, other int
+	}{{5, 0, 5, fewReps}, {2, 0, 2, 2}, {4, 4, 4, 4}} {
+		e := &env{cfg: Config{Reps: tc.flag}, reps: tc.reps, res: newResults(Config{})}
+		tb := &Table{ID: "stampede"}
+		var order []string
+		err := e.seriesN(context.Background(), tc.reps, tb, []string{systems.Naive, systems.Guard}, func(_ context.Context, r *Row, _ int) error {
+			order = append(order, r.System)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, s := range order {
+			n[s]++
+		}
+		if n[systems.Guard] != tc.reps || n[systems.Naive] != min(tc.reps, max(tc.other, tc.flag)) {
+			t.Errorf("reps %d, -reps %d: ran %v", tc.reps, tc.flag, order)
+		}
+		if len(order) >= 4 && order[2] != systems.Guard { // the second repetition starts one row later
+			t.Errorf("reps %d: order %v", tc.reps, order)
+		}
+	}
 }

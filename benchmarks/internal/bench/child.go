@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/stats"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
@@ -45,6 +46,9 @@ type Job struct {
 	// Settle is how long a stampede worker stays up after its requests
 	// returned, so that background refreshes are done and counted.
 	Settle time.Duration `json:"settle,omitempty"`
+	// Cutoff makes a contended worker's waiters give up at the run's end
+	// (without it they wait for their turn, one hold each).
+	Cutoff bool `json:"cutoff,omitempty"`
 	// Warmup is how long a mix worker runs before it records latencies.
 	Warmup time.Duration `json:"warmup,omitempty"`
 	// Timeline makes a stampede worker record where the time goes (Fill).
@@ -81,6 +85,11 @@ type Report struct {
 	FirstErr string  `json:"firstErr,omitempty"`
 	Start    int64   `json:"start"`   // wall clock (unix ns) at GO
 	Elapsed  int64   `json:"elapsed"` // ns from GO to the end of the run
+
+	// Dist is the latency distribution of a one-process run (cycle, warm),
+	// computed by the worker after the run instead of Lat: a near cache's
+	// millions of samples need not cross the pipe.
+	Dist *stats.Dist `json:"dist,omitempty"`
 
 	// ReqKey and ReqAt are every request of a mix: its key (the Zipf rank)
 	// and when it was sent (unix ns), for the ideal number of loads.
@@ -305,12 +314,42 @@ func runWorkers(ctx context.Context, jobs []Job, h Hooks) ([]Report, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	for _, c := range children {
+	// Every report is in: the workers close their systems and exit. One
+	// still closing after exitGrace (a database pool waiting out the cancel
+	// requests of queries whose deadline passed takes seconds) is killed:
+	// waiting for it would measure nothing.
+	exited := make([]chan error, len(children))
+	for i, c := range children {
 		c.stdin.Close()
-		if err := c.cmd.Wait(); err != nil {
-			return nil, fmt.Errorf("worker: %v: %s", err, c.stderr.String())
+		exited[i] = make(chan error, 1)
+		go func() { exited[i] <- c.cmd.Wait() }()
+	}
+	grace := time.NewTimer(exitGrace)
+	defer grace.Stop()
+	var werr error
+	for i, c := range children {
+		select {
+		case err := <-exited[i]:
+			if err != nil && werr == nil {
+				werr = fmt.Errorf("worker: %v: %s", err, c.stderr.String())
+			}
+			continue
+		case <-grace.C:
 		}
+		for _, c := range children[i:] {
+			_ = c.cmd.Process.Kill()
+		}
+		for _, ch := range exited[i:] {
+			<-ch
+		}
+		break
 	}
 	children = nil
+	if werr != nil {
+		return nil, werr
+	}
 	return reports, nil
 }
+
+// exitGrace is how long a worker may take to exit after its report.
+const exitGrace = 250 * time.Millisecond

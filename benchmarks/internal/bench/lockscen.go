@@ -35,11 +35,10 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 		return cycles{}, err
 	}
 	rep := reps[0]
-	lat := make([]time.Duration, len(rep.Lat))
-	for i, v := range rep.Lat {
-		lat[i] = time.Duration(v)
+	if rep.Dist == nil {
+		return cycles{}, fmt.Errorf("no latencies reported")
 	}
-	dist := stats.Durations(lat)
+	dist := *rep.Dist
 	ops := float64(rep.Ops)
 	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
 		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1)}, firstErr(reps)
@@ -166,7 +165,7 @@ func (e *env) handoff(ctx context.Context) error {
 		ns = slices.Concat(ns[k:], ns[:k])
 		for _, n := range ns {
 			reps, _, _, err := e.measured(ctx, []Job{{Kind: "contended", System: r.System, Addrs: []string{e.addr},
-				Goroutines: n + 1, Duration: s.contDur, Hold: s.hold, Retry: s.pollRetry, Key: e.key("handoff")}})
+				Goroutines: n + 1, Duration: s.contDur, Hold: s.hold, Retry: s.pollRetry, Key: e.key("handoff"), Cutoff: true}})
 			if err != nil {
 				return err
 			}

@@ -264,8 +264,10 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 		}
 		mkey := e.key("pgmix")
 		for i := range s.pgMixProcs {
+			// The mix runs until the watchers stop reading: it loads
+			// every round, and nothing after them.
 			jobs = append(jobs, Job{Kind: "pgmix", System: systems.GuardNear, Addrs: []string{e.addr}, Goroutines: 16,
-				Key: mkey, Keys: s.pgMixKeys, TTL: s.pgMixTTL, Duration: s.pgMixDur, Warmup: s.pgMixWarm,
+				Key: mkey, Keys: s.pgMixKeys, TTL: s.pgMixTTL, Duration: wait + dur + nearTail, Warmup: s.pgMixWarm,
 				Rate: s.pgMixRate / float64(s.pgMixProcs), Seed: uint64(rep*1000 + i + 1),
 				DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline})
 		}

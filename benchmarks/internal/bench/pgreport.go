@@ -12,6 +12,7 @@ import (
 // summary returns the median and the worst (max) of metric key of system in
 // table id; ok is false when there is no such data.
 func (r *Results) summary(id, system, key string) (med, worst float64, ok bool) {
+	r.read(id, system)
 	t := r.Table(id)
 	if t == nil {
 		return math.NaN(), math.NaN(), false
@@ -83,6 +84,7 @@ func (r *Results) pgTargets() []Target {
 
 // minOf returns the smallest value of metric key of system over repetitions.
 func (r *Results) minOf(id, system, key string) float64 {
+	r.read(id, system)
 	t := r.Table(id)
 	if t == nil {
 		return math.NaN()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,10 +28,38 @@ func status(ok bool) string {
 	return "FAIL"
 }
 
+// targetRows are the rows of each table that the targets read (Targets,
+// pgTargets): they run every repetition, the other rows fewer (see
+// env.repsOf). A table of the warm scenario is listed without its key count.
+var targetRows = map[string][]string{
+	"pg-stampede":      {systems.Guard},
+	"pg-stampede-wake": {systems.Guard},
+	"pg-mix":           {systems.Naive, systems.Singleflight, systems.Guard, systems.GuardSWR},
+	"pg-mix-db":        {systems.Naive, systems.Guard, systems.GuardSWR},
+	"near-prop":        {nearIdle, nearLoaded},
+	"uncontended":      {systems.Locks, systems.Redsync, systems.BSM, systems.RawSetNX},
+	"names":            {systems.Locks},
+	"handoff":          {systems.Locks},
+	"contended":        {systems.Locks, systems.LocksFair, systems.RawSetNX},
+	"redlock":          {systems.Redlock, systems.Redsync},
+	"stampede":         {systems.Guard, systems.GuardStale, systems.Singleflight},
+	"stampede-wake":    {systems.Guard},
+	"warm":             {systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode},
+}
+
+// targetRow reports whether a target reads system's row of table id.
+func targetRow(id, system string) bool {
+	if base, n, ok := strings.Cut(id, "-"); ok && strings.Trim(n, "0123456789") == "" {
+		id = base // warm-1, warm-1000
+	}
+	return slices.Contains(targetRows[id], system)
+}
+
 // Targets checks the goals the other issues set.
 func (r *Results) Targets() []Target {
 	var out []Target
 	med := func(table, sys, key string) (float64, string) {
+		r.read(table, sys)
 		t := r.Table(table)
 		if t == nil {
 			return math.NaN(), "n/a"
@@ -174,6 +203,7 @@ func (r *Results) Targets() []Target {
 // nearMedian returns the median of metric key of a row of the near-cache
 // propagation table (ok false when it did not run).
 func (r *Results) nearMedian(row, key string) (float64, bool) {
+	r.read("near-prop", row)
 	t := r.Table("near-prop")
 	if t == nil {
 		return math.NaN(), false
@@ -196,10 +226,20 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 		"(min–max)**.\n\n")
 	fmt.Fprintf(&b, "- Command: `%s`\n", command)
 	fmt.Fprintf(&b, "- Date: %s; took %v; %d repetitions", r.Started.UTC().Format(time.RFC3339), r.Took.Round(time.Second), r.Reps)
+	if r.Few < r.Reps {
+		fmt.Fprintf(&b, " of each row a target reads, %d of the others (a scenario's own cap, where it states one, applies to both)", r.Few)
+	}
 	if r.Quick {
 		b.WriteString(" (**quick mode: tiny sizes, the numbers mean nothing**)")
 	}
 	b.WriteString("\n")
+	if len(r.Steps) > 0 {
+		steps := make([]string, len(r.Steps))
+		for i, st := range r.Steps {
+			steps[i] = fmt.Sprintf("%s %v", st.Name, st.Took.Round(time.Second))
+		}
+		fmt.Fprintf(&b, "- Scenarios took: %s\n", strings.Join(steps, ", "))
+	}
 	fmt.Fprintf(&b, "- Machine: %d CPUs, %s; %s; load average at start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
 	if m.Busy {
 		b.WriteString("- **Beside a busy loop**: one CPU was kept busy by a spinning thread for the whole run (`cgbench -busy`), " +
@@ -249,7 +289,9 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 		b.WriteString(t.Markdown())
 	}
 	if r.Micro != "" {
-		b.WriteString("## 7. Go micro-benchmarks\n\n`go test -bench` in benchmarks/micro (benchstat-friendly; saved as results/micro.txt):\n\n```\n")
+		fmt.Fprintf(&b, "## 7. Go micro-benchmarks\n\n`go test -bench` in benchmarks/micro, %d runs of each, each a fixed "+
+			"number of iterations (-benchtime %s; %s for BenchmarkWarmGetMany, 100 keys an iteration) "+
+			"(benchstat-friendly; saved as results/micro.txt):\n\n```\n", r.s.microCount, r.s.microIters, r.s.microIterMany)
 		b.WriteString(r.Micro)
 		b.WriteString("\n```\n")
 	}

@@ -90,7 +90,8 @@ type sizes struct {
 	mixDur        time.Duration
 	mixReps       int // at most this many repetitions of the mix (all with Long)
 	microCount    int
-	microBenchDur string
+	microIters    string // -benchtime of the micro-benchmarks: a fixed number of iterations
+	microIterMany string // the same for BenchmarkWarmGetMany, whose iteration reads 100 keys
 
 	// The real database.
 	pgRows     int           // table size: the loader's query scans every row
@@ -120,7 +121,7 @@ func (c Config) sizes() sizes {
 		warmG: 16, warmDur: time.Second, warmKeys: 1000,
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 5 * time.Second, mixReps: 3,
-		microCount: 5, microBenchDur: "300ms",
+		microCount: 5, microIters: "1000x", microIterMany: "50x",
 		pgRows: 500_000, pgPool: 10, pgDeadline: time.Second,
 		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
 		pgMixDur: 10 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
@@ -137,7 +138,7 @@ func (c Config) sizes() sizes {
 		s.warmG, s.warmDur, s.warmKeys = 4, 150*time.Millisecond, 20
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
-		s.microCount, s.microBenchDur = 1, "20x"
+		s.microCount, s.microIters, s.microIterMany = 1, "20x", "5x"
 		s.pgRows, s.pgMixReps = 20_000, 1
 		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.pgMixWarm, s.pgMixDur = 2, 100, 20, 300*time.Millisecond, 300*time.Millisecond, 1200*time.Millisecond
 		s.nearDur = 400 * time.Millisecond
@@ -169,10 +170,13 @@ func (c Config) reps() int {
 type Results struct {
 	Started time.Time
 	Took    time.Duration
-	Quick   bool
-	Long    bool
-	Reps    int
-	Tables  []*Table
+	// Steps is each scenario's wall time, in the order they ran.
+	Steps  []Step
+	Quick  bool
+	Long   bool
+	Reps   int // repetitions of a row a target reads
+	Few    int // repetitions of the other rows (see env.repsOf)
+	Tables []*Table
 	// Latency samples pooled over repetitions, in ms, for the charts.
 	StampedeLat   map[string][]float64
 	ContendedWait map[string][]float64
@@ -183,6 +187,14 @@ type Results struct {
 	Micro    string   // go test -bench output
 	Notes    []string // skipped scenarios and other remarks
 	s        sizes
+	// onRead, when set, is told of every row the targets read (tests).
+	onRead func(table, system string)
+}
+
+func (r *Results) read(table, system string) {
+	if r.onRead != nil {
+		r.onRead(table, system)
+	}
 }
 
 // Table returns the table with the given ID, or nil.
@@ -262,14 +274,26 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		if err := st.fn(ctx); err != nil {
 			return res, fmt.Errorf("scenario %s: %w", st.name, err)
 		}
-		cfg.logf("scenario %s done in %v", st.name, time.Since(t0).Round(time.Second))
+		took := time.Since(t0)
+		res.Steps = append(res.Steps, Step{st.name, took})
+		cfg.logf("scenario %s done in %v", st.name, took.Round(time.Second))
 	}
 	res.Took = time.Since(res.Started)
 	return res, nil
 }
 
+// Step is one scenario's wall time.
+type Step struct {
+	Name string
+	Took time.Duration
+}
+
 func newResults(cfg Config) *Results {
-	return &Results{Started: time.Now(), Quick: cfg.Quick, Long: cfg.Long, Reps: cfg.reps(), s: cfg.sizes(),
+	few := min(cfg.reps(), fewReps)
+	if cfg.Reps > 0 {
+		few = cfg.Reps
+	}
+	return &Results{Started: time.Now(), Quick: cfg.Quick, Long: cfg.Long, Reps: cfg.reps(), Few: few, s: cfg.sizes(),
 		StampedeLat: map[string][]float64{}, ContendedWait: map[string][]float64{},
 		PGStampedeLat: map[string][]float64{}, PGSeries: map[string]*Series{}}
 }
@@ -292,7 +316,9 @@ func (e *env) series(ctx context.Context, t *Table, names []string, fn func(ctx 
 	return e.seriesN(ctx, e.reps, t, names, fn)
 }
 
-// seriesN is series with n repetitions.
+// seriesN is series with n repetitions for the rows a target reads
+// (targetRow), and at most fewReps for the others, unless -reps asked for a
+// number: a repetition runs the rows that still need one, in rotating order.
 func (e *env) seriesN(ctx context.Context, n int, t *Table, names []string, fn func(ctx context.Context, r *Row, rep int) error) error {
 	var live []string
 	for _, n := range names {
@@ -310,8 +336,14 @@ func (e *env) seriesN(ctx context.Context, n int, t *Table, names []string, fn f
 		live = append(live, n)
 	}
 	for rep := range n {
-		order := slices.Concat(live[rep%max(len(live), 1):], live[:rep%max(len(live), 1)])
-		for _, n := range order {
+		var due []string
+		for _, s := range live {
+			if rep < e.repsOf(t.ID, s, n) {
+				due = append(due, s)
+			}
+		}
+		k := rep % max(len(due), 1)
+		for _, n := range slices.Concat(due[k:], due[:k]) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -326,6 +358,20 @@ func (e *env) seriesN(ctx context.Context, n int, t *Table, names []string, fn f
 		}
 	}
 	return nil
+}
+
+// fewReps is how many repetitions a row that no target reads runs at most:
+// enough for a median and its spread.
+const fewReps = 3
+
+// repsOf returns the repetitions of system's row of table id when its
+// scenario runs n: all n for a row a target reads, at most fewReps for the
+// others, unless -reps asked for a number.
+func (e *env) repsOf(id, system string, n int) int {
+	if e.cfg.Reps > 0 || targetRow(id, system) {
+		return n
+	}
+	return min(n, fewReps)
 }
 
 func oneLine(s string) string {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/benchmarks/internal/stats"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
@@ -185,11 +186,20 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 	elapsed := time.Since(start)
 	runtime.ReadMemStats(&ms1)
 	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
-	for _, l := range lats {
-		r.Ops += int64(len(l))
-		r.Lat = append(r.Lat, l...)
-	}
+	r.Ops, r.Dist = distOf(lats)
 	return r
+}
+
+// distOf returns how many latencies lats holds and their distribution.
+func distOf(lats [][]int64) (int64, *stats.Dist) {
+	var all []time.Duration
+	for _, l := range lats {
+		for _, v := range l {
+			all = append(all, time.Duration(v))
+		}
+	}
+	d := stats.Durations(all)
+	return int64(len(all)), &d
 }
 
 // --- one contended lock: every goroutine of every process takes the same name
@@ -217,10 +227,15 @@ func (w *contendedWorker) Run(ctx context.Context) Report {
 				// actx stays alive while the lock is held: rueidislock's lock
 				// ends with the context it was taken with.
 				actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				if w.j.Cutoff {
+					actx, cancel = context.WithDeadline(ctx, end)
+				}
 				h, err := w.m.Acquire(actx, w.j.Key)
 				if err != nil {
 					cancel()
-					e.add(err)
+					if !w.j.Cutoff || actx.Err() == nil {
+						e.add(err)
+					}
 					continue
 				}
 				grant := time.Now()
@@ -376,10 +391,7 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 	runtime.ReadMemStats(&ms1)
 	r := Report{Loads: d.loads.Load(), Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs,
 		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
-	for _, l := range lats {
-		r.Ops += int64(len(l))
-		r.Lat = append(r.Lat, l...)
-	}
+	r.Ops, r.Dist = distOf(lats)
 	return r
 }
 

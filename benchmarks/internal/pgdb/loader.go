@@ -64,28 +64,33 @@ func Open(ctx context.Context, dsn string, conns int) (*Loader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdb: %w", err)
 	}
-	held := make([]*pgxpool.Conn, 0, conns)
-	for range conns {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			for _, h := range held {
-				h.Release()
+	// Dial them all at once: one after another, they cost a round trip and a
+	// backend start each.
+	held := make([]*pgxpool.Conn, conns)
+	errs := make([]error, conns)
+	var wg sync.WaitGroup
+	for i := range held {
+		wg.Go(func() {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				errs[i] = fmt.Errorf("pgdb: open the pool: %w", err)
+				return
 			}
-			pool.Close()
-			return nil, fmt.Errorf("pgdb: open the pool: %w", err)
-		}
-		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
-			c.Release()
-			for _, h := range held {
-				h.Release()
+			held[i] = c
+			if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+				errs[i] = fmt.Errorf("pgdb: warm-up query: %w", err)
 			}
-			pool.Close()
-			return nil, fmt.Errorf("pgdb: warm-up query: %w", err)
-		}
-		held = append(held, c)
+		})
 	}
+	wg.Wait()
 	for _, h := range held {
-		h.Release()
+		if h != nil {
+			h.Release()
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		pool.Close()
+		return nil, err
 	}
 	return &Loader{pool: pool}, nil
 }
