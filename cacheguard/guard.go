@@ -2,6 +2,7 @@ package cacheguard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -47,12 +48,15 @@ type Guard struct {
 	stats    counters
 	callIDs  atomic.Uint64
 
-	mu       sync.Mutex                         // guards tasks, nextTask, closed
-	tasks    map[uint64]context.CancelCauseFunc // running flights and loads, cancelled by Close
-	nextTask uint64
-	closed   bool
-	isShut   atomic.Bool    // closed, read without mu by every call
-	wg       sync.WaitGroup // the tasks
+	// stop cancels every running flight and load (see track), with cause
+	// ErrClosed, when Shutdown's ctx ends.
+	root context.Context
+	stop context.CancelCauseFunc
+
+	mu     sync.Mutex // guards closed
+	closed bool
+	isShut atomic.Bool    // closed, read without mu by every call
+	wg     sync.WaitGroup // the tasks
 }
 
 // New returns a Guard on rdb with the given defaults. It panics with a
@@ -74,8 +78,9 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g := &Guard{
 		rdb: rdb, cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
-		tasks: map[uint64]context.CancelCauseFunc{}, work: newWorkers(),
+		work: newWorkers(),
 	}
+	g.root, g.stop = context.WithCancelCause(context.Background())
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"
 	}
@@ -136,15 +141,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	case <-idle:
 	case <-ctx.Done():
 		err = ctx.Err()
-		g.mu.Lock()
-		cancels := make([]context.CancelCauseFunc, 0, len(g.tasks))
-		for _, c := range g.tasks {
-			cancels = append(cancels, c)
-		}
-		g.mu.Unlock()
-		for _, c := range cancels {
-			c(ErrClosed)
-		}
+		g.stop(ErrClosed)
 		<-idle
 	}
 	g.unleased.close(&outcome{err: ErrClosed})
@@ -176,37 +173,54 @@ func (g *Guard) Stats() Stats {
 // of the generation they read (see the package documentation). When Redis
 // cannot be reached it returns an error matching ErrUnavailable.
 func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
+	return g.invalidate(ctx, "invalidate", keys, validKey, func(k string) redis.Cmder {
+		n := g.names(k, "")
+		return invalidateScript.Cmd(ctx, []any{n.gen, n.values}, n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
+	}, func(ks []string) {
+		for _, k := range ks {
+			g.near.drop(k)
+		}
+	})
+}
+
+// invalidate checks names (keys, or tags), then runs one script for each,
+// made by cmd, in one pipeline. The near cache drops their values (with
+// drop) before the scripts run, so that a read that begins now keeps nothing
+// it finds, and after, so that neither does one that began before and found
+// the old value; the other processes drop theirs on the scripts' message.
+func (g *Guard) invalidate(ctx context.Context, what string, names []string, check func(string) error, cmd func(string) redis.Cmder, drop func([]string)) error {
 	if g == nil {
 		return invalid("nil Guard")
 	}
-	for _, k := range keys {
-		if err := validKey(k); err != nil {
+	for _, n := range names {
+		if err := check(n); err != nil {
 			return err
 		}
 	}
 	if g.isClosed() {
 		return ErrClosed
 	}
-	if len(keys) == 0 {
+	if len(names) == 0 {
 		return nil
 	}
-	// The near cache drops the keys before (a read that begins now must not
-	// keep what it finds) and after (a read that began before the script ran
-	// and found the old value must not keep it either). The other processes
-	// drop theirs on the script's message.
 	if g.near != nil {
-		for _, k := range keys {
-			g.near.drop(k)
-		}
-		defer func() {
-			for _, k := range keys {
-				g.near.drop(k)
-			}
-		}()
+		drop(names)
+		defer drop(names)
 	}
-	if err := g.invalidate(ctx, keys); err != nil {
-		g.note(ctx, EventRedisError, keys[0], 0, err)
-		return fmt.Errorf("%w: invalidate: %w", ErrUnavailable, err)
+	cmds := make([]redis.Cmder, len(names))
+	for i, n := range names {
+		cmds[i] = cmd(n)
+	}
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	var errs []error
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			errs = append(errs, fmt.Errorf("%q: %w", names[i], err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		g.note(ctx, EventRedisError, names[0], 0, err)
+		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
 	}
 	return nil
 }
@@ -252,14 +266,10 @@ func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 		return nil, nil, false
 	}
 	ctx, cancel := context.WithCancelCause(parent)
-	id := g.nextTask
-	g.nextTask++
-	g.tasks[id] = cancel
+	unhook := context.AfterFunc(g.root, func() { cancel(context.Cause(g.root)) })
 	g.wg.Add(1)
 	return ctx, func() {
-		g.mu.Lock()
-		delete(g.tasks, id)
-		g.mu.Unlock()
+		unhook()
 		cancel(nil)
 		g.wg.Done()
 	}, true

@@ -230,27 +230,3 @@ func (g *Guard) store(ctx context.Context, f *flight, env []byte, ttl time.Durat
 func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
 	return releaseScript.Cmd(ctx, keys(f.n.lease), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
 }
-
-// invalidate moves the generation of each key forward, deletes its values
-// and wakes its waiters, in one pipeline.
-func (g *Guard) invalidate(ctx context.Context, ks []string) error {
-	cmds := make([]redis.Cmder, len(ks))
-	for i, k := range ks {
-		n := g.names(k, "")
-		cmds[i] = invalidateScript.Cmd(ctx, keys(n.gen, n.values), n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
-	}
-	return g.execAll(ctx, cmds, ks)
-}
-
-// execAll runs cmds, one per name, in one pipeline, and joins the errors of
-// those that failed, each with its name.
-func (g *Guard) execAll(ctx context.Context, cmds []redis.Cmder, names []string) error {
-	g.cmd.Exec(ctx, nil, cmds, 0, false)
-	var errs []error
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			errs = append(errs, fmt.Errorf("%q: %w", names[i], err))
-		}
-	}
-	return errors.Join(errs...)
-}

@@ -108,34 +108,12 @@ func (g *Guard) tagKey(tag string) string {
 // in each tag's own slot; one round trip per node) and nothing per key. When
 // Redis cannot be reached it returns an error matching ErrUnavailable.
 func (g *Guard) InvalidateTags(ctx context.Context, tags ...string) error {
-	if g == nil {
-		return invalid("nil Guard")
-	}
-	for _, t := range tags {
+	return g.invalidate(ctx, "invalidate tags", tags, func(t string) error {
 		if err := validKey(t); err != nil {
 			return fmt.Errorf("tag: %w", err)
 		}
-	}
-	if g.isClosed() {
-		return ErrClosed
-	}
-	if len(tags) == 0 {
 		return nil
-	}
-	if n := g.near; n != nil {
-		// Before (a read that begins now keeps nothing) and after (nor does
-		// one that began before the script ran). Other processes drop
-		// theirs on the script's message.
-		n.dropTags(tags)
-		defer n.dropTags(tags)
-	}
-	cmds := make([]redis.Cmder, len(tags))
-	for i, t := range tags {
-		cmds[i] = tagBumpScript.Cmd(ctx, keys(g.tagKey(t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
-	}
-	if err := g.execAll(ctx, cmds, tags); err != nil {
-		g.note(ctx, EventRedisError, tags[0], 0, err)
-		return fmt.Errorf("%w: invalidate tags: %w", ErrUnavailable, err)
-	}
-	return nil
+	}, func(t string) redis.Cmder {
+		return tagBumpScript.Cmd(ctx, keys(g.tagKey(t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
+	}, func(ts []string) { g.near.dropTags(ts) })
 }
