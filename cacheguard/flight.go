@@ -297,13 +297,8 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 // (unreadable, or loaded before a tag invalidation).
 func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uint64) bool {
 	g := c.g
-	env, err := decodeEnvelope(b)
-	if err != nil {
-		g.note(ctx, EventDecodeError, f.key, 0, err)
-		f.force = true
-		return false
-	}
-	switch c.cfg.judge(&env, &view{now: time.Now().UnixMilli(), tags: tagVers}) {
+	env, v, verdict := c.decode(ctx, f.key, b, &view{now: time.Now().UnixMilli(), tags: tagVers})
+	switch verdict {
 	case fresh, failSafe:
 	case refused:
 		f.force = true
@@ -312,16 +307,12 @@ func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uin
 		return false // already old: ask Redis
 	}
 	o := &outcome{leader: f.id, env: &env, stored: !env.failSafe}
+	g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
 	if env.negative {
-		g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
 		g.note(ctx, EventNegativeHit, f.key, 0, nil)
 		o.err = notFound(f.key)
-	} else if o.val, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-		g.note(ctx, EventDecodeError, f.key, 0, err)
-		f.force = true
-		return false
 	} else {
-		g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
+		o.val = v
 	}
 	env.payload = nil
 	if o.stored && o.err == nil && g.near != nil {

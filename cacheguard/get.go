@@ -283,11 +283,7 @@ func worse(a, b Result) Result {
 func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one func(context.Context) (T, error),
 	load func(context.Context, []string) (map[string]T, error), now time.Time) (v T, res Result, ok bool) {
 	typ := reflect.TypeFor[T]()
-	id := nearID{typ: typ, variant: cfg.variant}
-	if cfg.tags != nil {
-		id.tags = cfg.tags.key
-	}
-	e, epoch := g.near.get(key, id, now)
+	e, epoch := g.near.get(key, nearIDOf(typ, cfg), now)
 	if e == nil {
 		return v, 0, false
 	}
@@ -337,13 +333,7 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 	if s.b == nil {
 		return false
 	}
-	env, err := decodeEnvelope(s.b)
-	if err != nil {
-		g.note(ctx, EventDecodeError, sl.key, 0, err)
-		sl.force = true
-		return false
-	}
-	verdict := c.cfg.judge(&env, &view{now: now, gen: s.gen, tags: s.tagVers})
+	env, v, verdict := c.decode(ctx, sl.key, s.b, &view{now: now, gen: s.gen, tags: s.tagVers})
 	switch verdict {
 	case refused:
 		sl.force = true
@@ -361,11 +351,7 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 		sl.res, sl.err = Hit, notFound(sl.key)
 		return true
 	}
-	if sl.v, err = decodeValue[T](c.cfg.codec, &env); err != nil {
-		g.note(ctx, EventDecodeError, sl.key, 0, err)
-		sl.force = true
-		return false
-	}
+	sl.v = v
 	switch verdict {
 	case failSafe:
 		g.note(ctx, EventFailSafe, sl.key, 0, nil)
@@ -386,6 +372,23 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 		sl.res = Hit
 	}
 	return true
+}
+
+// decode reads b, an envelope stored for key, judges it under v, and decodes
+// its value when the verdict serves it (a cached absence has none). Bytes it
+// cannot read are refused, as a decode error.
+func (c *call[T]) decode(ctx context.Context, key string, b []byte, v *view) (env envelope, val T, verdict verdict) {
+	env, err := decodeEnvelope(b)
+	if err == nil {
+		if verdict = c.cfg.judge(&env, v); verdict < fresh || env.negative {
+			return env, val, verdict
+		}
+		if val, err = decodeValue[T](c.cfg.codec, &env); err == nil {
+			return env, val, verdict
+		}
+	}
+	c.g.note(ctx, EventDecodeError, key, 0, err)
+	return env, val, refused
 }
 
 // miss runs the miss path of slots: each joins (or starts) a flight of its

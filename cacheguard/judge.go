@@ -20,6 +20,7 @@ const (
 	expired
 	// gone: too old for anything.
 	gone
+	// The verdicts below serve the value; those above do not.
 	fresh    // served as it is (a cached absence: ErrNotFound)
 	stale    // served marked Stale while one refresh runs (ServeStale, FailFast)
 	failSafe // an older value re-stored after a failed load, in its back-off: served marked Stale

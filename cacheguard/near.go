@@ -84,10 +84,12 @@ type nearID struct {
 	tags    string
 }
 
-func (c *call[T]) nearID() nearID {
-	id := nearID{typ: c.typ, variant: c.cfg.variant}
-	if c.cfg.tags != nil {
-		id.tags = c.cfg.tags.key
+func (c *call[T]) nearID() nearID { return nearIDOf(c.typ, &c.cfg) }
+
+func nearIDOf(typ reflect.Type, cfg *config) nearID {
+	id := nearID{typ: typ, variant: cfg.variant}
+	if cfg.tags != nil {
+		id.tags = cfg.tags.key
 	}
 	return id
 }
