@@ -128,8 +128,13 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				if err == nil {
 					f.t.shut.Store(true) // the lease was lost
 				}
+			} else if g.near != nil && o.stored && o.err == nil {
+				// Stored: the key's other representations are older now (the
+				// other processes drop them on the store's message, which
+				// this Guard ignores).
+				g.near.put(f.near, f.key, c.nearID(), c.cfg.tags.list(), o.val, o.env, true)
 			} else if g.near != nil {
-				g.near.stored(f.near, f.key, c.nearID(), c.cfg.tags.list(), o)
+				g.near.drop(f.key)
 			}
 		}
 		g.flights.finish(f, o)

@@ -461,7 +461,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(adm, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader {
-			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: sl.near}
+			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback}
 			if g.near != nil {
 				f.near = g.near.ticket(sl.key)
 			}

@@ -33,7 +33,7 @@ type Guard struct {
 	log               *ratelog.Logger
 	sem               chan struct{}
 	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
-	// a caller may read on its own goroutine (see readStored).
+	// a caller may read on its own goroutine (see readOne).
 	ctxDeadlines bool
 
 	// The coalescer (see group), per entry: the reads of hits (a caller

@@ -182,7 +182,7 @@ func (n *nearCache) valid(t nearTicket, tagged bool) bool {
 // Redis (or that the call stored), unless something was heard about its key
 // or tags since, or the subscription was not trusted throughout. With
 // replace, the key's other representations are dropped (this process stored
-// it: see stored).
+// it: see call.fill).
 func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val any, env *envelope, replace bool) {
 	now := time.Now()
 	if env.negative || env.failSafe || now.UnixMilli() >= env.freshUntil || !n.valid(t, len(tags) > 0) {
@@ -214,17 +214,6 @@ func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val 
 	n.admit(e, gone)
 	if len(tags) > 0 && n.tagChanges.Load() != t.tags {
 		n.remove(e) // a tag message came while it was indexed: it may have missed it
-	}
-}
-
-// stored keeps what this process's fill stored under t: the key's other
-// representations are older now (the other processes drop them on the
-// store's message, which this Guard ignores).
-func (n *nearCache) stored(t nearTicket, key string, id nearID, tags []string, o *outcome) {
-	if o.stored && o.err == nil {
-		n.put(t, key, id, tags, o.val, o.env, true)
-	} else {
-		n.drop(key)
 	}
 }
 

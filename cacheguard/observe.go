@@ -21,18 +21,11 @@ const (
 	NearHit                     // a fresh value from this process's near cache (NearCache), Redis not asked
 )
 
+var resultNames = [...]string{"NONE", "HIT", "MISS", "STALE", "COALESCED", "NEAR_HIT"}
+
 func (r Result) String() string {
-	switch r {
-	case Hit:
-		return "HIT"
-	case Miss:
-		return "MISS"
-	case Stale:
-		return "STALE"
-	case Coalesced:
-		return "COALESCED"
-	case NearHit:
-		return "NEAR_HIT"
+	if r > 0 && int(r) < len(resultNames) {
+		return resultNames[r]
 	}
 	return "NONE"
 }

@@ -90,9 +90,9 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			cmds = append(cmds, gv[i])
 		}
 	}
-	tv := make([]*redis.StringCmd, len(tags))
+	tv := make([]*redis.Cmd, len(tags))
 	for i, t := range tags {
-		tv[i] = redis.NewStringCmd(ctx, "get", g.tagKey(t))
+		tv[i] = redis.NewCmd(ctx, "get", g.tagKey(t))
 		cmds = append(cmds, tv[i])
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
@@ -101,22 +101,13 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			out[i] = stored{err: err}
 		}
 	}
-	var vers []uint64
-	if len(tags) > 0 {
-		vers = make([]uint64, len(tags))
-		for i, c := range tv {
-			switch v, err := c.Result(); {
-			case err == nil:
-				vers[i], _ = strconv.ParseUint(v, 10, 64)
-			case !errors.Is(err, redis.Nil):
-				fail(err)
-				return
-			}
-		}
+	vers, err := versions(tv)
+	if err != nil {
+		fail(err)
+		return
 	}
 	var found string
 	if many != nil {
-		var err error
 		if found, err = many.Text(); err != nil {
 			fail(err)
 			return
@@ -150,6 +141,26 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			*s = stored{err: err}
 		}
 	}
+}
+
+// versions reads the tags' versions from their commands' replies (an absent
+// one is 0).
+func versions(cmds []*redis.Cmd) ([]uint64, error) {
+	if len(cmds) == 0 {
+		return nil, nil
+	}
+	vers := make([]uint64, len(cmds))
+	for i, c := range cmds {
+		switch s, err := c.Text(); {
+		case err == nil:
+			if vers[i], err = strconv.ParseUint(s, 10, 64); err != nil {
+				return nil, fmt.Errorf("cacheguard: tag version %q: %w", s, err)
+			}
+		case !errors.Is(err, redis.Nil):
+			return nil, err
+		}
+	}
+	return vers, nil
 }
 
 // cutValue takes the first value off s, readmany.lua's reply: its bytes (nil
@@ -213,12 +224,16 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		t.ctx, t.tags = ctx, tags
 		g.work.run(t)
 	}
+	signal := t.done
+	if t.solo {
+		signal = t.ready
+	}
 	timeout := g.cmd.Timeout()
 	timer := getTimer(min(time.Until(deadline), timeout))
 	defer putTimer(timer)
 	for {
 		select {
-		case <-t.signal():
+		case <-signal:
 			s := t.res
 			if solo {
 				q.recycle(t)
@@ -345,14 +360,6 @@ func notStarted[K comparable, T any](t *task[K, T]) admission {
 		return skip
 	}
 	return take
-}
-
-// signal is what a task's callers wait on.
-func (t *task[K, T]) signal() <-chan struct{} {
-	if t.solo {
-		return t.ready
-	}
-	return t.done
 }
 
 // bytesOf returns the bytes of s without copying them. The envelope is

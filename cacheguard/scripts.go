@@ -169,18 +169,9 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 			}
 		}
 	}
-	var vers []uint64
-	if len(tags) > 0 {
-		vers = make([]uint64, len(tags))
-		for i, c := range tv {
-			s, err := c.Text()
-			if err == nil {
-				vers[i], err = strconv.ParseUint(s, 10, 64)
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("cacheguard: tag version %q: %w", s, err)
-			}
-		}
+	vers, err := versions(tv)
+	if err != nil {
+		return nil, nil, err
 	}
 	return rs, vers, nil
 }
