@@ -131,18 +131,11 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 	g.isShut.Store(true)
 	g.mu.Unlock()
 
-	idle := make(chan struct{})
-	go func() {
-		g.wg.Wait()
-		close(idle)
-	}()
+	cancel := context.AfterFunc(ctx, func() { g.stop(ErrClosed) }) // when ctx ends first
+	g.wg.Wait()
 	var err error
-	select {
-	case <-idle:
-	case <-ctx.Done():
+	if !cancel() {
 		err = ctx.Err()
-		g.stop(ErrClosed)
-		<-idle
 	}
 	g.unleased.close(&outcome{err: ErrClosed})
 	g.reads.close(stored{err: ErrClosed})
