@@ -441,3 +441,50 @@ func TestFollowerNoticesStall(t *testing.T) {
 	}
 	close(l.release)
 }
+
+// TestLeaseLostInStallIsGivenBack: a call whose get-or-lease script ran in
+// Redis but whose reply never came (dropped by a proxy: Redis silent to this
+// client) fails open; the script granted the call's token a fill lease (30s
+// here) that nobody will fill. It is given back: another Guard's call then
+// loads at once instead of waiting for that lease to expire (its context,
+// 5s, would end first).
+func TestLeaseLostInStallIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Idle connections in the pool: a new one would not get past its
+	// handshake, whose reply is dropped too, and the script would never leave.
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, MinIdleConns: 4})
+	defer rdb.Close()
+	redistest.Eventually(t, 10*time.Second, "4 idle connections", func() bool { return rdb.PoolStats().IdleConns >= 4 })
+	a := cacheguard.New(rdb, cacheguard.Lease(30*time.Second), cacheguard.CommandTimeout(100*time.Millisecond))
+	defer a.Close()
+	b := cacheguard.New(s.Client(), cacheguard.Lease(30*time.Second))
+	defer b.Close()
+	key := testKey(t)
+	// Redis knows the scripts (else the EVALSHA answers NOSCRIPT, unheard).
+	if _, err := cacheguard.Get(ctx, a, testKey(t, "warm"), (&counter{}).load); err != nil {
+		t.Fatal(err)
+	}
+
+	p.Set(faultproxy.DropReplies)
+	v, err := cacheguard.Get(ctx, a, key, (&counter{name: "open"}).load)
+	p.Set(faultproxy.Pass)
+	if err != nil || v.Name != "open" {
+		t.Fatalf("a Get whose replies were lost: %v, %v; want the fail-open load", v, err)
+	}
+
+	bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var res cacheguard.Result
+	start := time.Now()
+	v, err = cacheguard.Get(bctx, b, key, (&counter{name: "b"}).load, cacheguard.ReportTo(&res))
+	t.Logf("then another Guard's Get: %v, %v, %v in %v", v, err, res, time.Since(start))
+	if err != nil || v.Name != "b" {
+		t.Fatalf("another Guard's Get: %v, %v (%v); want its own load, not a wait for the lost lease", v, err, res)
+	}
+}

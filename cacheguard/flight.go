@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/rid"
 )
 
@@ -176,7 +177,7 @@ func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kin
 		f.t.answered()
 	}
 	if err != nil {
-		c.leaseFailed(ctx, wctx, fs, err)
+		c.leaseFailed(ctx, wctx, fs, tok, err)
 		return
 	}
 	var mine []*flight
@@ -215,10 +216,15 @@ func (c *call[T]) unfinished(fs []*flight) {
 	}
 }
 
-// leaseFailed ends flights whose get-or-lease round trip failed: Close
-// stopped them, or their starter's budget ended, or Redis failed (then they
-// fail open, or closed).
-func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, err error) {
+// leaseFailed ends flights whose get-or-lease round trip (made with tok)
+// failed: Close stopped them, or their starter's budget ended, or Redis
+// failed (then they fail open, or closed). A round trip that timed out may
+// have run in Redis, or may run when it resumes, and granted leases nobody
+// fills: they are given back (see giveBack) while the flights fail open.
+func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, tok string, err error) {
+	if errors.Is(err, rcmd.ErrTimeout) || passed(wctx) {
+		c.g.giveBack(ctx, fs, tok, time.Now().Add(c.cfg.lease))
+	}
 	switch {
 	case ctx.Err() != nil:
 		err = ErrClosed
@@ -257,7 +263,7 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 	for {
 		rs, tagVers, err := g.lease(wctx, fl, tok, &c.cfg)
 		if err != nil {
-			c.leaseFailed(ctx, wctx, fl, err)
+			c.leaseFailed(ctx, wctx, fl, tok, err)
 			return
 		}
 		r := rs[0]

@@ -2,9 +2,20 @@
 -- the load failed (so they do not each retry a failing load), found nothing,
 -- or was handed over by a closing Guard (so one of them takes it over now).
 -- KEYS[1] fill lease
--- ARGV: lease ("<generation> <token>"), wake channel, publish command, message
+-- ARGV: lease ("<generation> <token>", or "*<token>": whatever generation that
+-- token's lease has, for a lease its holder asked for without learning it was
+-- granted), wake channel, publish command, message
 -- Returns 1 when released, 0 when the lease was no longer this token's.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  return 0
+end
+if string.sub(ARGV[1], 1, 1) == '*' then
+  local tok = ' ' .. string.sub(ARGV[1], 2)
+  if string.sub(cur, -#tok) ~= tok then
+    return 0
+  end
+elseif cur ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])

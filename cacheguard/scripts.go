@@ -221,3 +221,47 @@ func (g *Guard) store(ctx context.Context, f *flight, env []byte, ttl time.Durat
 func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
 	return releaseScript.Cmd(ctx, keys(f.n.lease), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
 }
+
+// giveBackEvery is how often giveBack asks a silent Redis again.
+const giveBackEvery = 100 * time.Millisecond
+
+// giveBack releases, on a task of its own, the fill leases of fs that token
+// tok may hold though its caller never learnt it: the get-or-lease round
+// trip that asked for them ended unanswered, and Redis may have run it
+// (or run it when it resumes). A lease left so would keep every process's
+// waiters of those keys waiting until it expired; released, its waiters are
+// told to take the fill over at once ('h'). It asks every giveBackEvery
+// until Redis answers, the leases would have expired (until), or Close.
+func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
+	gctx, done, ok := g.track(context.WithoutCancel(ctx))
+	if !ok {
+		return
+	}
+	left := append([]*flight(nil), fs...)
+	go func() {
+		defer done()
+		t := time.NewTicker(giveBackEvery)
+		defer t.Stop()
+		for len(left) > 0 && time.Now().Before(until) {
+			cmds := make([]redis.Cmder, len(left))
+			for i, f := range left {
+				cmds[i] = releaseScript.Cmd(gctx, keys(f.n.lease), "*"+tok, f.n.wake, g.pub, "h"+tok+" ")
+			}
+			g.cmd.Exec(gctx, nil, cmds, 0, false)
+			kept := left[:0]
+			for i, f := range left {
+				if cmds[i].Err() != nil {
+					kept = append(kept, f)
+				}
+			}
+			if left = kept; len(left) == 0 {
+				return
+			}
+			select {
+			case <-t.C:
+			case <-gctx.Done():
+				return
+			}
+		}
+	}()
+}
