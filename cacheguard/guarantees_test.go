@@ -33,6 +33,7 @@ type path struct {
 	Name                                  string
 	Many, Tagged, Near, Stale, Early, Cls bool
 	TTL                                   time.Duration
+	Lease                                 time.Duration    // zero: 300ms (a killed holder's takeover is quick)
 	FailSafe                              [2]time.Duration // max age, back-off; zero: off
 }
 
@@ -60,7 +61,11 @@ func (p path) options() []cacheguard.Option {
 	if ttl == 0 {
 		ttl = time.Minute
 	}
-	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.Lease(300 * time.Millisecond)}
+	lease := p.Lease
+	if lease == 0 {
+		lease = 300 * time.Millisecond
+	}
+	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.Lease(lease)}
 	if p.Early {
 		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last twentieth refreshes
 	}
@@ -299,12 +304,14 @@ func TestGuarantees(t *testing.T) {
 
 // oneLoadPerExpiry: two processes' bursts on a cold key cost one load; two
 // processes reading without pause for five TTLs cost one load per expiry.
-// The bursts run with a TTL of a minute: on a loaded host one process's
-// burst may begin after a 300ms value expired, and a load then is right.
+// The bursts run with a TTL of a minute and a fill lease of 10s: on a loaded
+// host one process's burst may begin after a 300ms value expired, or a
+// holder descheduled for 200ms may miss the renewal of a 300ms lease, and a
+// second load is then right.
 func oneLoadPerExpiry(t *testing.T, w world, p path) {
 	ctx := context.Background()
 	burst := p
-	burst.TTL = time.Minute
+	burst.TTL, burst.Lease = time.Minute, 10*time.Second
 	p.TTL = 300 * time.Millisecond
 	key, spinKey := testKey(t), testKey(t, "spin")
 	_, rdb := w.guard(t, p)
