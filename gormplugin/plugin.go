@@ -66,7 +66,7 @@ func New(l locks.Locker, opts ...Option) *Plugin {
 	p.cfg.unavailableAfter = defaultUnavailableAfter
 	p.cfg.attempts, p.cfg.backoff = defaultInvalidateAttempts, defaultInvalidateBackoff
 	p.cfg.maxMatched = defaultMaxMatchedRows
-	p.cfg.log = defaultLog
+	p.cfg.log = ratelog.New(nil, time.Second) // slog.Default(), limited per Plugin
 	for _, o := range opts {
 		if o != nil {
 			o(&p.cfg)
@@ -225,6 +225,3 @@ func isRedlock(l locks.Locker) bool {
 	_, ok := l.(*locks.Redlock)
 	return ok
 }
-
-// defaultLog is where a Plugin's warnings go without Logger.
-var defaultLog = ratelog.New(nil, time.Second)

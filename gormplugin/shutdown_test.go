@@ -277,3 +277,24 @@ func TestWarningsGoToSlogDefault(t *testing.T) {
 		t.Fatalf("warning %q, want the plugin's", m)
 	}
 }
+
+// Each Plugin without Logger rate-limits its own warnings: another
+// Plugin's warning a moment earlier does not swallow this one's.
+func TestDefaultWarningsLimitedPerPlugin(t *testing.T) {
+	def := logtest.New(8)
+	def.Default(t)
+	for range 2 {
+		e := newEnv(t, onSQLite, byClient)
+		inv := &flakyInvalidator{rdb: e.rdb}
+		inv.failing.Store(true)
+		db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.RetryInvalidation(1, 10*time.Millisecond))
+		if err := e.plain(t).Create(&Widget{ID: 1}).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {
+			t.Fatal(err)
+		}
+		for m := def.Wait(t, 10*time.Second); !strings.Contains(m, "given up"); m = def.Wait(t, 10*time.Second) {
+		}
+	}
+}

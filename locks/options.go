@@ -117,12 +117,9 @@ func defaults() config {
 		wait:   defaultWait,
 		prefix: defaultPrefix,
 		drift:  defaultDrift,
-		log:    defaultLog,
+		log:    ratelog.New(nil, time.Second), // slog.Default(), limited per Client
 	}
 }
-
-// defaultLog is where a Client's or Redlock's warnings go without Logger.
-var defaultLog = ratelog.New(nil, time.Second)
 
 // Lease sets the lease: how long the lock outlives a holder that stops
 // renewing it (crashed, paused, partitioned). The default is 10s; at least 30ms.
