@@ -60,8 +60,9 @@
 // invalidation, a value loaded before the commit and one loaded after it can
 // both be served, in either order (cache-aside's window: no cache can close it
 // without being told of the write); and a value from a load that was not
-// stored (fail-open, TimeoutLoad, a fill whose lease was lost) may be newer
-// than a cached one served after it within that window. An Invalidate that a
+// stored (fail-open, TimeoutLoad, a fill whose lease was lost or that an
+// invalidation overtook) may be newer than a cached one served after it within
+// that window. An Invalidate that a
 // failed-over master acknowledged but did not replicate is lost like any other
 // write to it; a value lost or evicted in Redis is a miss, never a hit of an
 // invalidated value.
