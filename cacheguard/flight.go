@@ -121,7 +121,7 @@ func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task
 func (fs *flights) finish(f *flight, o *outcome) {
 	if !f.ended {
 		f.ended = true
-		fs.end(f.t, o)
+		fs.end(f.t.key, f.t, o)
 		fs.running.Add(-1)
 	}
 }

@@ -238,7 +238,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 		}
 		values := g.valuesKeys(ks)
 		found := make([]stored, len(sls))
-		err := g.readMany(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
+		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
 		for i, sl := range sls {
 			if sl.s = found[i]; err != nil {
 				c.readFailed(ctx, sl, err, start.Add(c.cfg.wait))
@@ -490,18 +490,20 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 			t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, id, deadline, cause)[0] }
 		})
 		switch sl.u = t; {
+		case leader: // its own load: a task nobody else joins
+			sl.u = &task[entry, *outcome]{key: entry{g.valuesKey(key), c.rep}, done: make(chan struct{}), started: true}
+			lead, keys = append(lead, sl), append(keys, key)
 		case t == nil:
 			sl.u = closedTask()
-		case leader:
-			lead, keys = append(lead, sl), append(keys, key)
 		}
 	}
 	if len(lead) > 0 {
 		go func() {
 			for i, o := range c.loadUnleased(ctx, keys, lead[0].id, deadline, cause) {
 				o.leader = lead[i].id
-				for t := g.unleased.end(lead[i].u, o); t != nil; {
-					t = g.unleased.end(t, t.run())
+				lead[i].u.finish(o)
+				for t := g.unleased.end(lead[i].u.key, nil, nil); t != nil; {
+					t = g.unleased.end(t.key, t, t.run())
 				}
 			}
 		}()

@@ -1,7 +1,6 @@
 package cacheguard
 
 import (
-	"context"
 	"reflect"
 	"slices"
 	"sync"
@@ -12,17 +11,14 @@ import (
 // group is the coalescer of a Guard, for every kind of work it shares
 // between the calls of its process: the reads of hits, the flights of misses
 // and the loads run without the fill lease. A caller takes the result of a
-// task of its key that it admits, or of a new one; at most limit tasks of a
-// key run at once (0: no limit), and the callers that arrive beyond them
-// share the next task, which the caller that ends one of them starts — so
-// that a caller who admits only tasks not started yet shares only work begun
-// after it arrived, and a burst of N callers costs limit+1 tasks, not N. A
-// queued task whose callers all left is dropped.
+// task of its key that it admits, or of a new one; at most limit pieces of
+// work of a key run at once (0: no limit), and the callers that arrive beyond
+// them share the next task, which the caller that ends one of them starts —
+// so that a caller who admits only tasks not started yet shares only work
+// begun after it arrived, and a burst of N callers costs limit+1 pieces of
+// work, not N. A queued task whose callers all left is dropped.
 type group[K comparable, T any] struct {
-	limit  int
-	pooled bool              // a leader's task is a solo one, from pool (see task.solo)
-	pool   sync.Pool         // of solo tasks
-	exec   func(*task[K, T]) // runs a task on a worker (see task.do)
+	limit int
 
 	mu      sync.Mutex // guards m, closed, closedT, and every task's waiting and started
 	m       map[K]line[K, T]
@@ -32,28 +28,20 @@ type group[K comparable, T any] struct {
 
 // line is the state of one key's tasks.
 type line[K comparable, T any] struct {
-	out     int           // tasks running
+	out     int           // pieces of work running
 	running []*task[K, T] // the tasks running, kept without a limit only (the others admit none of them)
 	next    *task[K, T]   // queued behind them
 }
 
-// task is one piece of shared work. Its caller (the leader, or start) runs it
-// and ends it with group.end; the others wait for done.
+// task is one piece of shared work. Its caller (the leader, or whoever
+// starts it) runs it and ends it with group.end; the others wait for done.
 type task[K comparable, T any] struct {
-	q       *group[K, T]
 	key     K
-	ctx     context.Context // a read's (see Guard.readTask)
-	tags    []string        // a read's
-	sent    atomic.Int64    // a read's: when it was sent (sinceStart), 0 before
-	run     func() T        // the work of a queued task, when its callers have it (else whoever ends the one before runs it)
-	done    chan struct{}   // closed once res is set
+	run     func() T      // the work of a queued task
+	done    chan struct{} // closed once res is set
 	res     T
 	waiting int  // callers waiting for it while it is queued
 	started bool // set under the group's mu
-	// solo: a task with one caller, which waits on ready (buffered: one
-	// send per use) and hands the task back to the pool once it received.
-	solo  bool
-	ready chan struct{}
 
 	// For flights (see flights.admit): when it began, its serial, the
 	// lowest generation of anything it may return, and whether its first
@@ -78,11 +66,14 @@ const (
 
 // join returns the task whose result the caller shares: one that admit
 // takes (a queued one counts the caller as waiting: see leave), or a new one,
-// which mk (when not nil) completes before anyone else sees it. A new task is
-// the caller's to run and end (leader) when fewer than limit run; else it is
-// queued, and started when one of them ends (see end). With pending, a task
-// admit holds is returned: wait for its asked channel and join again. After
-// close, join returns nil.
+// which mk (when not nil) completes before anyone else sees it. The caller
+// leads (leader) when fewer than limit pieces of work run: in a group
+// without a limit it gets a new task to run and end, in one with a limit no
+// task (nobody shares a running piece of work there: it runs its own and
+// calls end with a nil task). Else the new task is queued, and started when
+// one of them ends (see end). With pending, a task admit holds is returned:
+// wait for its asked channel and join again. After close, join returns nil
+// and false.
 func (q *group[K, T]) join(key K, admit func(*task[K, T]) admission, mk func(*task[K, T])) (t *task[K, T], leader, pending bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -110,67 +101,52 @@ func (q *group[K, T]) join(key K, admit func(*task[K, T]) admission, mk func(*ta
 		return held, false, true
 	case q.limit > 0 && l.out >= q.limit:
 		if l.next == nil {
-			l.next = q.newTask(key, false)
-			if mk != nil {
-				mk(l.next)
-			}
+			l.next = q.newTask(key, mk)
 			q.m[key] = l
 		}
 		l.next.waiting++
 		return l.next, false, false
 	}
-	t = q.newTask(key, q.pooled)
-	if mk != nil {
-		mk(t)
-	}
-	t.started = true
 	l.out++
 	if q.limit == 0 {
+		t = q.newTask(key, mk)
+		t.started = true
 		l.running = append(l.running, t)
 	}
 	q.m[key] = l
 	return t, true, false
 }
 
-func (q *group[K, T]) newTask(key K, solo bool) *task[K, T] {
-	if solo {
-		t, _ := q.pool.Get().(*task[K, T])
-		if t == nil {
-			t = &task[K, T]{q: q, solo: true, ready: make(chan struct{}, 1)}
-		}
-		t.key = key
-		return t
-	}
-	t := &task[K, T]{q: q, key: key, done: make(chan struct{})}
+func (q *group[K, T]) newTask(key K, mk func(*task[K, T])) *task[K, T] {
+	t := &task[K, T]{key: key, done: make(chan struct{})}
 	if q.limit == 0 {
 		t.asked, t.born = make(chan struct{}), time.Now()
+	}
+	if mk != nil {
+		mk(t)
 	}
 	return t
 }
 
-// end ends t, a running task, with res, and returns the task queued behind
+// end ends a running piece of work of key — t with res, or (t nil) a
+// leader's own in a group with a limit — and returns the task queued behind
 // the key's running ones, if any, which is running now: the caller must run
-// it (its run, or the same work as t's) and end it.
-func (q *group[K, T]) end(t *task[K, T], res T) (next *task[K, T]) {
+// it (its run) and end it.
+func (q *group[K, T]) end(key K, t *task[K, T], res T) (next *task[K, T]) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	t.res = res
-	if t.solo {
-		t.ready <- struct{}{}
-	} else {
-		close(t.done)
-		t.answered()
+	l := q.m[key]
+	if t != nil {
+		t.finish(res)
+		if i := slices.Index(l.running, t); i >= 0 {
+			l.running = slices.Delete(l.running, i, i+1)
+		}
 	}
-	l := q.m[t.key]
 	l.out--
-	if i := slices.Index(l.running, t); i >= 0 {
-		l.running = slices.Delete(l.running, i, i+1)
-	}
 	if n := l.next; n != nil {
 		l.next = nil
 		if q.closed {
-			n.res = q.closedT
-			close(n.done)
+			n.finish(q.closedT)
 		} else {
 			n.started = true
 			l.out++
@@ -178,11 +154,18 @@ func (q *group[K, T]) end(t *task[K, T], res T) (next *task[K, T]) {
 		}
 	}
 	if l.out == 0 {
-		delete(q.m, t.key)
+		delete(q.m, key)
 	} else {
-		q.m[t.key] = l
+		q.m[key] = l
 	}
 	return next
+}
+
+// finish sets t's result and wakes its callers.
+func (t *task[K, T]) finish(res T) {
+	t.res = res
+	close(t.done)
+	t.answered()
 }
 
 // leave is called by a caller that stops waiting for t before it ended: a
@@ -203,17 +186,6 @@ func (q *group[K, T]) leave(t *task[K, T]) {
 		}
 	}
 }
-
-// recycle returns a solo task, ended and received by its caller, to the pool.
-func (q *group[K, T]) recycle(t *task[K, T]) {
-	var zero T
-	t.res, t.ctx, t.tags = zero, nil, nil
-	t.sent.Store(0)
-	q.pool.Put(t)
-}
-
-// do runs t with its group's exec: a task is a job of the workers.
-func (t *task[K, T]) do() { t.q.exec(t) }
 
 // close makes later joins return nil, and tasks queued from now on end with
 // r instead of starting.

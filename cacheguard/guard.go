@@ -33,8 +33,9 @@ type Guard struct {
 	log               *ratelog.Logger
 	sem               chan struct{}
 	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
-	// a caller may read on its own goroutine (see readOne).
+	// a caller may read on its own goroutine (see fetch).
 	ctxDeadlines bool
+	jobs         sync.Pool // of *readJob
 
 	// The coalescer (see group), per entry: the reads of hits (a caller
 	// shares a read sent after it arrived), the flights of misses (one to
@@ -88,7 +89,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	if cfg.nearSize > 0 {
 		g.near = newNearCache(g, cfg.nearSize, cfg.nearTTL)
 	}
-	g.reads.limit, g.reads.pooled, g.reads.exec = max(2, runtime.GOMAXPROCS(0)), true, g.readTask
+	g.reads.limit = max(2, runtime.GOMAXPROCS(0))
 	g.unleased.limit = 1
 	g.ctxDeadlines = honoursDeadlines(rdb)
 	if cfg.maxLoads > 0 {

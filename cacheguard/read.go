@@ -180,134 +180,68 @@ func cutValue(s string) (b []byte, rest string, ok bool) {
 // entry names an entry in a process: its values hash and field.
 type entry struct{ values, field string }
 
-// readOne reads one entry through g.reads: a read sent after this call
-// began, shared with the other callers of the entry that overlap it. It
-// returns when the read answers, ctx ends, the budget ends (at deadline:
-// errBudget) or the command timeout does (a Redis error), whichever is first.
-// The command timeout runs from when the read is sent: a caller queued
-// behind the reads in flight does not count the time it waits for them
-// (until its read is sent it counts from when it queued, so that a read
-// ahead that Redis does not answer ends it as well; one that the command
-// timeout ended ends the reads queued behind it with its error at once).
-//
-// Unless the client bounds its socket calls by the context's deadline
-// (ContextTimeoutEnabled), the read runs on a worker of the Guard's, so that
-// a Redis that does not answer (black-holed, paused) holds no caller beyond
-// those bounds whatever the client's own timeouts (go-redis bounds a read by
-// ReadTimeout and its retries then, not by the context). With it, a caller
-// that reads alone does so on its own goroutine: a hit then costs what a
-// plain HGET does.
+// readOne reads one entry for Get through g.reads: a read sent after this
+// call began, shared with the callers of the entry that overlap it, so that a
+// burst of reads of a hot entry costs limit+1 HGETs, not one per caller. It
+// returns when the read answers, ctx ends or the budget ends (at deadline:
+// errBudget), whichever is first; the read itself ends at the command
+// timeout (see fetch).
 func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time) (stored, error) {
-	q := &g.reads
-	t, solo, _ := q.join(e, notStarted, nil)
+	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
+		// A queued read runs detached from its callers, bounded by the
+		// command timeout alone: one who gives up does not fail the others.
+		rctx := context.WithoutCancel(ctx)
+		t.run = func() stored {
+			var s [1]stored
+			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:]); err != nil {
+				s[0] = stored{err: err}
+			}
+			return s[0]
+		}
+	})
+	if leader {
+		var s [1]stored
+		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:])
+		g.endRead(e, nil, s[0])
+		return s[0], err
+	}
 	if t == nil {
 		return stored{}, ErrClosed
 	}
-	if solo && g.ctxDeadlines {
-		rctx, cancel, budget := g.bound(ctx, deadline)
-		var s [1]stored
-		g.read(rctx, []string{e.values}, e.field, tags, s[:])
-		res, err := s[0], error(nil)
-		if res.err != nil {
-			res, err = g.ended(ctx, rctx, budget, res)
-		}
-		cancel()
-		if next := g.endRead(t, res); next != nil {
-			next.ctx, next.tags = ctx, tags
-			g.work.run(next)
-		}
-		<-t.ready
-		q.recycle(t)
-		return res, err
-	}
-	if solo {
-		t.ctx, t.tags = ctx, tags
-		g.work.run(t)
-	}
-	signal := t.done
-	if t.solo {
-		signal = t.ready
-	}
-	timeout := g.cmd.Timeout()
-	timer := getTimer(min(time.Until(deadline), timeout))
+	timer := getTimer(time.Until(deadline))
 	defer putTimer(timer)
-	for {
-		select {
-		case <-signal:
-			s := t.res
-			if solo {
-				q.recycle(t)
-			}
-			return s, nil
-		case <-ctx.Done():
-			q.leave(t) // a solo task ends on its worker, and is not reused
-			return stored{}, ctx.Err()
-		case <-timer.C:
-			left := time.Until(deadline)
-			if left <= 0 {
-				q.leave(t)
-				return stored{}, errBudget
-			}
-			if sent := t.sent.Load(); sent != 0 {
-				if rest := time.Duration(sent) + timeout - sinceStart(); rest > 0 {
-					timer.Reset(min(rest, left)) // sent after this caller queued
-					continue
-				}
-			}
-			q.leave(t)
-			return stored{err: rcmd.ErrTimeout}, nil
-		}
+	select {
+	case <-t.done:
+		return t.res, nil
+	case <-ctx.Done():
+		g.reads.leave(t)
+		return stored{}, deadlineErr(ctx)
+	case <-timer.C:
+		g.reads.leave(t)
+		return stored{}, errBudget
 	}
 }
 
-// start is the origin of sinceStart.
-var start = time.Now()
-
-// sinceStart is a reading of the monotonic clock, never 0.
-func sinceStart() time.Duration { return time.Since(start) + 1 }
-
-// endRead ends t, a read, with s, and returns the read queued behind it for
-// the caller to run, if any: when the command timeout ended t, Redis did not
-// answer a read sent before the queued one's callers arrived, and the queued
-// read ends with t's error instead of being sent into the same stall.
-func (g *Guard) endRead(t *task[entry, stored], s stored) *task[entry, stored] {
-	next := g.reads.end(t, s)
-	if next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
-		for next != nil {
-			next = g.reads.end(next, stored{err: rcmd.ErrTimeout})
-		}
+// endRead ends a read of e (t, or a leader's own when nil) that found s, and
+// runs the reads queued behind it, in turn, on a worker — unless the command
+// timeout ended it: Redis did not answer a read sent before their callers
+// arrived, and they end with its error instead of being sent into the same
+// stall.
+func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
+	next := g.reads.end(e, t, s)
+	for next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
+		next = g.reads.end(e, next, s)
 	}
-	return next
-}
-
-// readTask is the exec of g.reads: it sends t, a read, on a worker, then the
-// reads queued behind it (on the same worker: their callers are waiting
-// already). A solo read runs under its caller's ctx, a queued one under one
-// detached from its callers, bounded by the command timeout.
-func (g *Guard) readTask(t *task[entry, stored]) {
-	for t != nil {
-		ctx, tags := t.ctx, t.tags // t goes back to the pool once ended
-		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if !t.solo {
-			rctx, cancel = g.cmd.Bound(context.WithoutCancel(ctx), 0)
-		}
-		var s [1]stored
-		t.sent.Store(int64(sinceStart()))
-		g.read(rctx, []string{t.key.values}, t.key.field, tags, s[:])
-		if s[0].err != nil && rctx != ctx && passed(rctx) {
-			s[0] = stored{err: rcmd.ErrTimeout} // its bound, the command timeout, ended it
-		}
-		cancel()
-		if t = g.endRead(t, s[0]); t != nil {
-			t.ctx, t.tags = ctx, tags
-		}
+	if next != nil {
+		g.work.run(funcJob(func() { g.endRead(e, next, next.run()) }))
 	}
 }
 
-// bound returns ctx bounded by the earlier of the wait budget's deadline and
-// the command timeout (see rcmd), and whether the budget is the earlier.
+// bound returns ctx bounded by the earlier of the wait budget's deadline
+// (none when zero) and the command timeout (see rcmd), and whether the budget
+// is the earlier.
 func (g *Guard) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc, bool) {
-	if d, ok := ctx.Deadline(); ok && !d.After(deadline) || time.Until(deadline) >= g.cmd.Timeout() {
+	if d, ok := ctx.Deadline(); deadline.IsZero() || ok && !d.After(deadline) || time.Until(deadline) >= g.cmd.Timeout() {
 		rctx, cancel := g.cmd.Bound(ctx, 0)
 		return rctx, cancel, false
 	}
@@ -391,40 +325,67 @@ func honoursDeadlines(rdb redis.UniversalClient) bool {
 // errBudget means the wait budget ended before Redis answered.
 var errBudget = errors.New("cacheguard: wait budget ended during a read")
 
-// readMany reads the entries of values (field being their representation)
-// in one round trip (see read), bounded as readOne's read is, on the caller's
-// goroutine when the client honours context deadlines, else on a worker (the
-// caller waiting for it at most until the bound).
-func (g *Guard) readMany(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
+// fetch reads the entries of values (field being their representation) in
+// one round trip (see read) into out, bounded by ctx (its error), the wait
+// budget (at deadline, none when zero: errBudget) and the command timeout
+// (then each entry's error matches rcmd.ErrTimeout), whichever ends first.
+//
+// Unless the client bounds its socket calls by the context's deadline
+// (ContextTimeoutEnabled), the read runs on a worker of the Guard's, and the
+// caller waits for it only until those bounds: a Redis that does not answer
+// (black-holed, paused) then holds no caller beyond them whatever the
+// client's own timeouts (go-redis bounds a read by ReadTimeout and its
+// retries then, not by the context). With it, the read runs on the caller's
+// goroutine: a hit then costs what a plain HGET does.
+func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
 	rctx, cancel, budget := g.bound(ctx, deadline)
 	defer cancel()
-	failed := func() error {
-		s, err := g.ended(ctx, rctx, budget, stored{err: rctx.Err()})
-		if err == nil {
-			for i := range out {
-				out[i] = s
-			}
-		}
-		return err
-	}
 	if g.ctxDeadlines {
 		g.read(rctx, values, field, tags, out)
-		if passed(rctx) {
-			return failed()
+	} else {
+		j, _ := g.jobs.Get().(*readJob)
+		if j == nil {
+			j = &readJob{g: g, done: make(chan struct{}, 1)}
 		}
+		j.ctx, j.field, j.tags = rctx, field, tags
+		j.values = append(j.values[:0], values...)
+		j.out = slices.Grow(j.out[:0], len(out))[:len(out)]
+		g.work.run(j)
+		select {
+		case <-j.done:
+			copy(out, j.out)
+			clear(j.out)
+			clear(j.values)
+			j.ctx, j.tags = nil, nil
+			g.jobs.Put(j)
+		case <-rctx.Done(): // the worker keeps j: it is not reused
+			for i := range out {
+				out[i] = stored{err: rctx.Err()}
+			}
+		}
+	}
+	if !passed(rctx) || !slices.ContainsFunc(out, func(s stored) bool { return s.err != nil }) {
 		return nil
 	}
-	tmp := make([]stored, len(out))
-	done := make(chan struct{})
-	g.work.run(funcJob(func() {
-		g.read(rctx, values, field, tags, tmp)
-		close(done)
-	}))
-	select {
-	case <-done:
-		copy(out, tmp)
-		return nil
-	case <-rctx.Done():
-		return failed()
+	s, err := g.ended(ctx, rctx, budget, stored{err: rcmd.ErrTimeout})
+	for i := range out {
+		out[i] = s
 	}
+	return err
+}
+
+// readJob is a read that fetch hands to a worker; the Guard pools them.
+type readJob struct {
+	g      *Guard
+	ctx    context.Context
+	values []string
+	field  string
+	tags   []string
+	out    []stored
+	done   chan struct{} // buffered: one send per use, the worker never blocks
+}
+
+func (j *readJob) do() {
+	j.g.read(j.ctx, j.values, j.field, j.tags, j.out)
+	j.done <- struct{}{}
 }
