@@ -3,7 +3,6 @@ package cacheguard
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -92,20 +91,17 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // trip — one script call per hash slot (one in all on a single server) — and
 // reads, in the same round trip, the versions of the call's tags as a fill
 // records them (creating the absent ones): read before any load the replies
-// grant begins. When the command timeout ends the round trip while Redis
-// answered other commands of the Guard meanwhile, or the timeout itself was
-// seen half a command timeout late (the runtime ran this goroutine late),
-// Redis is not shown to stall: this process was too busy to send the script
-// or read its answer in time, and failing open would cost a load the lease
-// is there to spare. It is sent again then, with the same token (the script
-// grants a lease this token holds again), until it is answered, it times out
-// on time with Redis silent, or ctx ends.
+// grant begins. A round trip that the command timeout ended while this
+// process, not Redis, was slow (rcmd.Busy: Redis answered other commands
+// meanwhile, or the timeout was seen late) is no sign of a stall, and failing
+// open would cost a load the lease is there to spare: it is sent again, under
+// the stretched timeout and with the same token (the script grants a lease
+// this token holds again), until it is answered, it times out with Redis
+// silent, or ctx ends.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
 	for {
-		sent := time.Now()
 		rs, vers, err := g.leaseOnce(ctx, fs, tok, cfg)
-		late := time.Since(sent) > g.cmd.Timeout()*3/2
-		if err == nil || !errors.Is(err, rcmd.ErrTimeout) || passed(ctx) || !late && !g.cmd.HeardSince(sent) {
+		if !rcmd.Busy(err) || passed(ctx) {
 			return rs, vers, err
 		}
 	}

@@ -105,13 +105,6 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 	return &Runner{rdb: rdb, timeout: timeout, base: time.Now()}
 }
 
-// HeardSince reports whether Redis answered a command of r (a reply, an
-// error reply or nil — not a timeout or a connection error) that r saw end
-// after t: it was alive after t. A command that timed out while Redis
-// answered others sent after it is no proof of a stall: the process may have
-// been too busy to send it or read its answer in time.
-func (r *Runner) HeardSince(t time.Time) bool { return r.heard.Load() > int64(t.Sub(r.base)) }
-
 // note records cmds' answers, if any came from Redis, and, when timed (a
 // call sent at sent, since base; a WAIT's is not, it waits by design), how
 // long it took.
@@ -227,8 +220,8 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 		cmd = r.rdb.Do(bctx, args...)
 	}
 	r.note(sent, true, cmd)
-	if settle(ctx, bctx, cmd) {
-		r.missed(bctx)
+	if settle(ctx, bctx, cmd) && r.missed(sent, bctx) {
+		markBusy(cmd)
 	}
 	cancel()
 	return cmd
@@ -303,8 +296,8 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	for _, c := range cmds {
 		timedOut = settle(ctx, bctx, c) || timedOut
 	}
-	if timedOut {
-		r.missed(bctx)
+	if timedOut && r.missed(sent, bctx) {
+		markBusy(cmds...)
 	}
 }
 
@@ -329,24 +322,56 @@ func settle(ctx, bctx context.Context, cmd redis.Cmder) bool {
 		return false
 	}
 	if dl, ok := bctx.Deadline(); TimedOut(bctx) || ok && !time.Now().Before(dl) {
-		cmd.SetErr(timeoutError{err})
+		cmd.SetErr(timeoutError{err: err})
 		return true
 	}
 	return false
 }
 
-// missed tells Missed of a call under bctx that the command timeout ended.
-func (r *Runner) missed(bctx context.Context) {
-	if dl, ok := bctx.Deadline(); ok {
-		r.Missed(dl)
+// missed tells Missed of a call sent at sent (since base) under bctx that
+// the command timeout ended, and reports whether the process rather than
+// Redis was slow (see Busy): Redis answered another command after this one
+// was sent, or Missed found the timeout noticed late. (Missed stretches the
+// timeout on narrower evidence, an answer in its last quarter: one early in
+// it does not show the timeout too short, only Redis alive after the send.)
+func (r *Runner) missed(sent time.Duration, bctx context.Context) bool {
+	dl, ok := bctx.Deadline()
+	if !ok {
+		return false
 	}
+	stretched := r.Missed(dl)
+	return stretched || r.heard.Load() > int64(sent)
+}
+
+// markBusy marks the commands of cmds that the command timeout ended as
+// ended while the process was busy (see Busy).
+func markBusy(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		if e, ok := c.Err().(timeoutError); ok {
+			e.busy = true
+			c.SetErr(e)
+		}
+	}
+}
+
+// Busy reports whether err is a command timeout that shows the process, not
+// Redis, slow: Redis answered another command of the Runner after this one
+// was sent, or the runtime noticed the timeout more than half a timeout late.
+// Such a command may be asked again (the timeout may have stretched
+// meanwhile: see Missed); any other timeout is a stall.
+func Busy(err error) bool {
+	var e timeoutError
+	return errors.As(err, &e) && e.busy
 }
 
 // timeoutError is the error of a command the command timeout ended: it
 // matches ErrTimeout, is a net.Error whose Timeout is true, and keeps what
 // go-redis said as text only — it must not match context.DeadlineExceeded,
 // which would say that the caller's context ended.
-type timeoutError struct{ err error }
+type timeoutError struct {
+	err  error
+	busy bool // see Busy
+}
 
 func (e timeoutError) Error() string        { return ErrTimeout.Error() + ": " + e.err.Error() }
 func (e timeoutError) Is(target error) bool { return target == ErrTimeout }
