@@ -301,8 +301,8 @@ func TestTargetsReadTargetRows(t *testing.T) {
 	}
 }
 
-// A row no target reads runs fewReps repetitions, a target row all of them,
-// interleaved; -reps runs every row that many.
+// A row no target reads runs fewReps repetitions (a slow one slowReps), a
+// target row all of them, interleaved; -reps runs every row that many.
 func TestSeriesRepsPerRow(t *testing.T) {
 	for _, tc := range []struct {
 		reps, flag, target, other int
@@ -310,7 +310,7 @@ func TestSeriesRepsPerRow(t *testing.T) {
 		e := &env{cfg: Config{Reps: tc.flag}, reps: tc.reps, res: newResults(Config{})}
 		tb := &Table{ID: "stampede"}
 		var order []string
-		err := e.seriesN(context.Background(), tc.reps, tb, []string{systems.Naive, systems.Guard}, func(_ context.Context, r *Row, _ int) error {
+		err := e.seriesN(context.Background(), tc.reps, tb, []string{systems.Naive, systems.Guard, systems.LockRedsync}, func(_ context.Context, r *Row, _ int) error {
 			order = append(order, r.System)
 			return nil
 		})
@@ -321,11 +321,23 @@ func TestSeriesRepsPerRow(t *testing.T) {
 		for _, s := range order {
 			n[s]++
 		}
-		if n[systems.Guard] != tc.reps || n[systems.Naive] != min(tc.reps, max(tc.other, tc.flag)) {
+		slow := min(tc.reps, max(slowReps, tc.flag))
+		if n[systems.Guard] != tc.reps || n[systems.Naive] != min(tc.reps, max(tc.other, tc.flag)) || n[systems.LockRedsync] != slow {
 			t.Errorf("reps %d, -reps %d: ran %v", tc.reps, tc.flag, order)
 		}
-		if len(order) >= 4 && order[2] != systems.Guard { // the second repetition starts one row later
+		if len(order) >= 5 && order[3] != systems.Guard { // the second repetition starts one row later
 			t.Errorf("reps %d: order %v", tc.reps, order)
+		}
+	}
+}
+
+// No row a target reads is capped as slow.
+func TestSlowRowsAreNotTargetRows(t *testing.T) {
+	for id, rows := range slowRows {
+		for _, s := range rows {
+			if targetRow(id, s) {
+				t.Errorf("%s / %s is both a target row and a slow one", id, s)
+			}
 		}
 	}
 }

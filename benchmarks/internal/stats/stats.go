@@ -31,11 +31,13 @@ type Dist struct {
 }
 
 // Durations summarises latencies.
-func Durations(ds []time.Duration) Dist {
-	if len(ds) == 0 {
+func Durations(ds []time.Duration) Dist { return SortDurations(slices.Clone(ds)) }
+
+// SortDurations is Durations sorting ds in place.
+func SortDurations(s []time.Duration) Dist {
+	if len(s) == 0 {
 		return Dist{}
 	}
-	s := slices.Clone(ds)
 	slices.Sort(s)
 	at := func(q float64) time.Duration {
 		i := int(math.Ceil(q*float64(len(s)))) - 1
