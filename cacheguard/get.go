@@ -631,16 +631,8 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 		sl.id = g.callIDs.Add(1)
 	}
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
-	select {
-	case <-sl.u.done:
-		if o := sl.u.res; o.leader != sl.id {
-			g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
-		}
-		c.deliver(ctx, sl, sl.u.res)
-	case <-ctx.Done():
-		g.unleased.leave(sl.u)
-		sl.err = ctxErr(sl.key, ctx)
-	}
+	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss
+	c.wait(ctx, sl, deadline, nil, nil)
 }
 
 // closedTask is a task ended with ErrClosed.
