@@ -99,10 +99,20 @@ func reportCPU(b *testing.B) func() {
 
 // BenchmarkGetHitKeys is the warm scenario of benchmarks/: 16 goroutines (on
 // GOMAXPROCS 2) reading 1000 warm keys round-robin; compare with
-// BenchmarkRawGetJSONKeys.
-func BenchmarkGetHitKeys(b *testing.B) {
+// BenchmarkRawGetJSONKeys. Without ContextTimeoutEnabled each read is handed
+// to a worker of the Guard's.
+func BenchmarkGetHitKeys(b *testing.B) { benchGetHitKeys(b, &redis.Options{Addr: redisAddr}) }
+
+// BenchmarkGetHitKeysContextTimeout is BenchmarkGetHitKeys on a client with
+// ContextTimeoutEnabled, on which a Get reads on its own goroutine; compare
+// with BenchmarkRawGetJSONKeysBounded.
+func BenchmarkGetHitKeysContextTimeout(b *testing.B) {
+	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+}
+
+func benchGetHitKeys(b *testing.B, opt *redis.Options) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
 	defer g.Close()
@@ -129,9 +139,18 @@ func BenchmarkGetHitKeys(b *testing.B) {
 	})
 }
 
-func BenchmarkRawGetJSONKeys(b *testing.B) {
+func BenchmarkRawGetJSONKeys(b *testing.B) { benchRawGetJSONKeys(b, false) }
+
+// BenchmarkRawGetJSONKeysBounded is BenchmarkRawGetJSONKeys with each GET
+// bounded as a Get bounds its read: under a context whose deadline is the
+// command timeout away (5 s), on a client with ContextTimeoutEnabled. The
+// context's timer, made and stopped on every read, is most of what a hit
+// costs beyond an unbounded GET.
+func BenchmarkRawGetJSONKeysBounded(b *testing.B) { benchRawGetJSONKeys(b, true) }
+
+func benchRawGetJSONKeys(b *testing.B, bounded bool) {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: bounded})
 	defer rdb.Close()
 	keys := make([]string, 1000)
 	raw, _ := json.Marshal(Repo{ID: 42, Name: "cacheguard"})
@@ -148,7 +167,12 @@ func BenchmarkRawGetJSONKeys(b *testing.B) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			bs, err := rdb.Get(ctx, keys[next.Add(1)%1000]).Bytes()
+			rctx, cancel := ctx, context.CancelFunc(func() {})
+			if bounded {
+				rctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+			}
+			bs, err := rdb.Get(rctx, keys[next.Add(1)%1000]).Bytes()
+			cancel()
 			var r Repo
 			if err == nil {
 				err = json.Unmarshal(bs, &r)
