@@ -40,8 +40,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// The leases are renewed until the load timeout at most (the hard
 	// timeout): a loader that ignores its context then loses them within a
 	// lease, so that another process can load.
-	rctx, rcancel := context.WithDeadline(ctx, start.Add(c.cfg.loadTimeout))
-	stop := g.renew(rctx, fs, c.cfg.lease)
+	stop := g.renew(ctx, fs, c.cfg.lease, start.Add(c.cfg.loadTimeout))
 	names := make([]string, len(fs))
 	for i, f := range fs {
 		names[i] = f.key
@@ -51,7 +50,6 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	}
 	vals, err := c.runLoader(ctx, names)
 	stop()
-	rcancel()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
 	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
@@ -261,14 +259,25 @@ func (c *call[T]) failOpen(ctx context.Context, fs []*flight, cause error) {
 }
 
 // renew keeps the fill leases of fs alive every third of the lease, in one
-// round trip for them all, until the returned stop function is called (which
-// waits for it) or ctx ends. A lease found gone (expired, taken over, or its
-// generation invalidated) shuts its flight, which takes no new callers, and
-// is renewed no more (the store's compare-and-set will fail too).
-func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration) (stop func()) {
-	quit, done := make(chan struct{}), make(chan struct{})
+// round trip for them all, until the returned stop function is called, the
+// deadline passes or the Guard closes. stop does not wait for a renewal on its
+// way: the store's compare-and-set needs none (one that reaches Redis after
+// the store finds the lease gone and changes nothing), and on a starved host
+// its answer can take hundreds of ms that every waiter in the fleet would
+// wait too. The renewals run on a goroutine of the Guard's (Close waits for
+// it). A lease found gone (expired, taken over, or its generation
+// invalidated) shuts its flight, which takes no new callers, and is renewed
+// no more (the store's compare-and-set will fail too).
+func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) (stop func()) {
+	tctx, done, ok := g.track(context.WithoutCancel(ctx))
+	if !ok {
+		return func() {} // closing: the fill hands its leases over
+	}
+	rctx, cancel := context.WithDeadline(tctx, deadline)
+	quit := make(chan struct{})
 	go func() {
-		defer close(done)
+		defer done()
+		defer cancel()
 		t := time.NewTicker(leaseFor / 3)
 		defer t.Stop()
 		live := append([]*flight(nil), fs...)
@@ -276,15 +285,20 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration)
 			select {
 			case <-quit:
 				return
-			case <-ctx.Done():
+			case <-rctx.Done():
 				return
 			case <-t.C:
 			}
+			select {
+			case <-quit: // stopped as the tick came: no renewal
+				return
+			default:
+			}
 			cmds := make([]redis.Cmder, len(live))
 			for i, f := range live {
-				cmds[i] = renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
+				cmds[i] = renewScript.Cmd(rctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
 			}
-			g.cmd.Exec(ctx, nil, cmds, 0, false) // a lease not renewed for an error is found out by the store
+			g.cmd.Exec(rctx, nil, cmds, 0, false) // a lease not renewed for an error is found out by the store
 			kept := live[:0]
 			for i, f := range live {
 				if n, err := cmds[i].(*redis.Cmd).Int64(); err == nil && n == 0 {
@@ -296,7 +310,7 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration)
 			live = kept
 		}
 	}()
-	return func() { close(quit); <-done }
+	return func() { close(quit) }
 }
 
 // refresh fills key's entry in the background, under the fill lease — after
