@@ -110,9 +110,7 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 // long it took.
 func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) {
 	for _, c := range cmds {
-		err := c.Err()
-		var re redis.Error
-		if err == nil || errors.Is(err, redis.Nil) || errors.As(err, &re) {
+		if err := c.Err(); err == nil || answered(err) {
 			now := time.Since(r.base)
 			r.heard.Store(int64(now))
 			if timed {
@@ -121,6 +119,14 @@ func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) {
 			return
 		}
 	}
+}
+
+// answered reports whether err, a command's error, came from Redis (nil, or
+// an error reply); a function of its own so that its errors.As target does
+// not escape to the heap on every call that succeeded.
+func answered(err error) bool {
+	var re redis.Error
+	return errors.Is(err, redis.Nil) || errors.As(err, &re)
 }
 
 // sample adds a reply time d to r's estimate of how long Redis takes to
