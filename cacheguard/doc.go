@@ -62,10 +62,9 @@
 // without being told of the write); and a value from a load that was not
 // stored (fail-open, TimeoutLoad, a fill whose lease was lost or that an
 // invalidation overtook) may be newer than a cached one served after it within
-// that window. An Invalidate that a
-// failed-over master acknowledged but did not replicate is lost like any other
-// write to it; a value lost or evicted in Redis is a miss, never a hit of an
-// invalidated value.
+// that window. An Invalidate that a failed-over master acknowledged but did not
+// replicate is lost like any other write to it; a value lost or evicted in
+// Redis is a miss, never a hit of an invalidated value.
 //
 // # Near cache
 //
