@@ -403,6 +403,24 @@ func TestReadTimeoutAsksTheFlight(t *testing.T) {
 	}
 }
 
+// proxied returns a fault proxy in front of s and a client through it that
+// bounds its socket calls by the context and does not retry, with idle
+// connections kept ready (waited for).
+func proxied(t *testing.T, s *redistest.Server, idle int) (*faultproxy.Proxy, *redis.Client) {
+	t.Helper()
+	p, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, MinIdleConns: idle})
+	t.Cleanup(func() { rdb.Close() })
+	if idle > 0 {
+		redistest.Eventually(t, 10*time.Second, "idle connections", func() bool { return int(rdb.PoolStats().IdleConns) >= idle })
+	}
+	return p, rdb
+}
+
 // TestFollowerNoticesStall: a call waiting for another process's fill when
 // Redis goes silent (black-holed) does not wait for the holder's lease (30s
 // here, past the call's 10s budget): it asks again within a second, that
@@ -410,15 +428,9 @@ func TestReadTimeoutAsksTheFlight(t *testing.T) {
 func TestFollowerNoticesStall(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
-	p, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, rdb := proxied(t, s, 0)
 	holder := cacheguard.New(s.Client(), cacheguard.Lease(30*time.Second))
 	defer holder.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
-	defer rdb.Close()
 	waiter := cacheguard.New(rdb, cacheguard.Lease(30*time.Second), cacheguard.CommandTimeout(200*time.Millisecond))
 	defer waiter.Close()
 	key := testKey(t)
@@ -451,16 +463,9 @@ func TestFollowerNoticesStall(t *testing.T) {
 func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
-	p, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	// Idle connections in the pool: a new one would not get past its
 	// handshake, whose reply is dropped too, and the script would never leave.
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, MinIdleConns: 4})
-	defer rdb.Close()
-	redistest.Eventually(t, 10*time.Second, "4 idle connections", func() bool { return rdb.PoolStats().IdleConns >= 4 })
+	p, rdb := proxied(t, s, 4)
 	a := cacheguard.New(rdb, cacheguard.Lease(30*time.Second), cacheguard.CommandTimeout(100*time.Millisecond))
 	defer a.Close()
 	b := cacheguard.New(s.Client(), cacheguard.Lease(30*time.Second))
