@@ -15,7 +15,7 @@
 //
 // # Options
 //
-// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (5s),
+// New takes Options — Prefix ("cg:"; no braces), CommandTimeout (500ms),
 // MaxConcurrentLoads, NearCache, Observer, Logger (slog.Default(),
 // rate-limited; silence it with Logger(slog.New(slog.DiscardHandler))) — and
 // every Setting as the Guard's default. Get and GetMany take CallOptions —
@@ -84,14 +84,14 @@
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
 // its context, whatever the client's timeouts, and each Redis command within
-// CommandTimeout of being sent (a locks.Breaker on the client counts the
-// timeouts): a call fails open about two command timeouts into a stall, at
-// once with the breaker open. Set ContextTimeoutEnabled on the client;
-// without it each read is handed to another goroutine (a few µs per hit).
-// When Redis fails, Get fails
-// open by default: the loader runs, shared by the process's callers (at most
-// two loads per key at once, one running, one queued; MaxConcurrentLoads
-// bounds them all), its result is returned and not cached
+// twice CommandTimeout of being sent, once CommandTimeout when Redis is quiet
+// (a locks.Breaker on the client counts the timeouts): a call fails open
+// within about three command timeouts of a stall's start, at once with the
+// breaker open. Set ContextTimeoutEnabled on the client; without it each
+// read is handed to another goroutine (a few µs per hit). When Redis fails,
+// Get fails open by default: the loader runs, shared by the process's callers
+// (at most two loads per key at once, one running, one queued;
+// MaxConcurrentLoads bounds them all), its result is returned and not cached
 // (Stats.FailOpenLoads). FailClosed returns ErrUnavailable instead.
 //
 // # When the database fails
@@ -118,7 +118,7 @@
 //	B  read-your-writes after Invalidate        F  fail-safe never serves past max age
 //	C  read-your-writes after InvalidateTags    G  fail-safe never serves from before
 //	D  near cache distrusts a down subscription    an invalidation
-//	H  every Redis command has a deadline within CommandTimeout
+//	H  every Redis command has a deadline within 2 CommandTimeouts
 //
 //	path                                   A  B  C  D  E  F  G  H
 //	Get                                    ✓  ✓  .  .  .  ✓  ✓  ✓

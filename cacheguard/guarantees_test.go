@@ -19,6 +19,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/childproc"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -617,15 +618,17 @@ func (h *boundedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 // commandsBounded: every command the Guard sends — reads of hits and misses,
 // the get-or-lease script, the store, the lease's renewals during a slow load,
-// Invalidate, InvalidateTags — carries a deadline within the command timeout
-// (so that a stalled Redis fails it, and a breaker counts it, within that
-// time), whatever the caller's context and budget.
+// Invalidate, InvalidateTags — carries a deadline within rcmd.Patience
+// command timeouts (the bound while Redis answers; once it is quiet, the
+// command timeout itself: internal/rcmd's tests), so that a stalled Redis
+// fails it, and a breaker counts it, within that time, whatever the caller's
+// context and budget.
 func commandsBounded(t *testing.T, w world, p path) {
 	ctx := context.Background()
-	const timeout = 2 * time.Second // apart from every other bound (budget and load timeout 10s)
+	const timeout = 2 * time.Second // Patience (2) times it is apart from every other bound (budget and load timeout 10s)
 	rdb := w.client()
 	t.Cleanup(func() { rdb.Close() })
-	h := &boundedHook{within: timeout, seen: map[string]int{}}
+	h := &boundedHook{within: rcmd.Patience * timeout, seen: map[string]int{}}
 	rdb.AddHook(h)
 	g := cacheguard.New(rdb, append(p.options(), cacheguard.CommandTimeout(timeout))...)
 	t.Cleanup(func() { g.Close() })
@@ -654,7 +657,7 @@ func commandsBounded(t *testing.T, w world, p path) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.loose) > 0 {
-		t.Fatalf("%d commands not bounded by the command timeout (%v): %v (seen %v)", len(h.loose), timeout, h.loose, h.seen)
+		t.Fatalf("%d commands not bounded by Patience command timeouts (%v): %v (seen %v)", len(h.loose), h.within, h.loose, h.seen)
 	}
 	t.Logf("commands seen: %v", h.seen)
 }

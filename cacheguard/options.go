@@ -6,20 +6,17 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
-// defaultCommandTimeout is CommandTimeout's default. 500ms (package locks')
-// was tried as the default twice. On the real-PostgreSQL mix (8 processes,
-// 2,000 requests/s with a 1s deadline, PostgreSQL and Redis on the same
-// 2-core host beside a busy CPU; cgbench -only pg-mix -busy, 3 repetitions
-// each, same sitting, host load 26-47) it completed 1,308 and 2 requests/s
-// with 5,755 and 10,431 failed, p99 1.6s and 13.2s, against 1,690 and 1,833
-// completed, 2,783 and 2,230 failed, p99 1.2s with 5s; with the timeout
-// stretching under load (internal/rcmd) still 1,234 completed/s, 7,269
-// failed. A trace of that run: 339 loads run uncached (fail-open) and 1,286
-// connections dialled (each timeout closes one under ContextTimeoutEnabled),
-// queries at p50 1.2s against 22ms alone.
-const defaultCommandTimeout = 5 * time.Second
+// defaultCommandTimeout is CommandTimeout's default, package locks' too.
+// Before a command's deadline was chosen from whether Redis answered
+// (internal/rcmd), it had to be 5s: at 500ms the real-PostgreSQL mix on a
+// starved 2-core host (cgbench -only pg-mix -busy) completed 1,092-1,722
+// requests/s with 2,272-7,645 failed, against 1,818-1,918 and 670-1,761 at
+// 5s, each cut costing a connection and its handshake.
+const defaultCommandTimeout = rcmd.DefaultTimeout
 
 // Limits.
 const (
@@ -235,25 +232,21 @@ func Prefix(p string) Option { return guardOption(func(c *config) { c.prefix = p
 // the command is sent (a read that waits behind another one in flight does
 // not count that wait): a Redis that does not answer within it (paused,
 // black-holed) counts as unreachable, and a locks.Breaker on the client
-// counts it as it counts a refused connection. A timeout is not taken as
-// proof of a stall on its own, for a false alarm (a busy machine that sends
-// a command or reads its answer late) would cost a load: a call whose read
-// timed out asks once more through its fill flight's get-or-lease script
-// (which returns the value when there is one), and that script is sent again
-// while Redis answers the Guard's other commands (or when this process saw
-// its timeout late); the call fails open — or closed — when it times out on
-// time with Redis silent. So a Get answers within about
-// two command timeouts of a stall's start, and at once when the breaker is
-// open. A timeout met while Redis answers other commands, or a run of slow
-// answers, stretches the timeout in force, up to 10 times d (see
-// locks/DESIGN.md, "Stalls"), so that a CPU-starved host does not turn slow
-// answers into loads. The default is 5s, ten times package locks': a
-// timeout that fires before the caller's own deadline turns a slow Redis
-// into fail-open loads, and on a host where the database and Redis share
-// starved cores those loads feed the overload (measured: see
-// defaultCommandTimeout). Set 500ms to fail open within about a second of a
-// stall, as the example service does, where Redis has cores of its own. It
-// must be positive.
+// counts it as it counts a refused connection. The bound is chosen when the
+// command is sent (see internal/rcmd): while Redis answers the Guard's other
+// commands, a command may wait twice d (a busy host that sends a command
+// or reads its answer late is no stall, and a cut costs the connection);
+// once a command has waited d/4 with nothing answered since, Redis is quiet
+// and commands get d. A timeout is not taken as proof of a stall on its own,
+// for a false alarm would cost a load: a call whose read timed out asks once
+// more through its fill flight's get-or-lease script (which returns the
+// value when there is one), and that script is sent again while Redis
+// answers the Guard's other commands (or when this process saw its timeout
+// late); the call fails open — or closed — when it times out with Redis
+// silent. So a Get answers within about two command timeouts of a stall's
+// start (three when it was sent in the stall's first d/4), and at once when the
+// breaker is open. The default is 500ms (measured: see locks/DESIGN.md,
+// "Stalls"). It must be positive.
 func CommandTimeout(d time.Duration) Option {
 	return guardOption(func(c *config) { c.cmdTime = d })
 }

@@ -121,10 +121,7 @@ func newService(cfg serviceConfig) (*service, error) {
 		s.locks = locks.New(cfg.Redis, locks.Prefix(cfg.Prefix), locks.Lease(cfg.Lease))
 		s.locker = s.locks
 	}
-	// Fail open within about a second of a Redis stall (the default, 5s,
-	// suits a host where the database and Redis share starved cores: see
-	// cacheguard.CommandTimeout).
-	guardOpts := []cacheguard.Option{cacheguard.Prefix(cfg.Prefix), cacheguard.CommandTimeout(500 * time.Millisecond)}
+	guardOpts := []cacheguard.Option{cacheguard.Prefix(cfg.Prefix)}
 	if cfg.NearCache > 0 {
 		// Hot repositories and lists are served from memory; every edit's
 		// invalidation reaches the other instances' copies within about a

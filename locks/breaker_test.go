@@ -294,8 +294,9 @@ func TestBreakerIgnoresStragglers(t *testing.T) {
 
 // TestStallFailsFast: with the README's client (ContextTimeoutEnabled) and a
 // Breaker on it, a paused (SIGSTOP) or black-holed Redis turns every lock
-// call into an error within
-// the command timeout (500ms by default) — not a call that lasts the stall —
+// call into an error within twice the command timeout (500ms by default;
+// the first call, sent while Redis had just answered) or within the timeout
+// itself (the later ones, Redis quiet) — not a call that lasts the stall —
 // the breaker opens after Threshold such failures, then calls fail at once;
 // once Redis answers again the probe closes the breaker. Latencies are
 // logged; the bound asserted (2s, while Redis stays paused) only separates a

@@ -57,9 +57,9 @@
 //     ErrNotHeld means another holder may have had it meanwhile).
 //   - Deadlines are measured on the local monotonic clock from before each
 //     request was sent; no wall-clock time is sent to Redis.
-//   - Every call ends within its context and wait budget, and every Redis
-//     command within CommandTimeout (500ms): a paused or black-holed Redis
-//     turns a Lock, TryLock or Unlock into an error matching ErrUnavailable.
+//   - Every call ends within its context and wait budget, every command
+//     within 2 CommandTimeouts (500ms; one once Redis is quiet): a stalled
+//     Redis turns a Lock, TryLock or Unlock into an error matching ErrUnavailable.
 //     What a failed call may have taken is given back once Redis answers
 //     (retried every 100ms, at most for its lease), so no name stays locked
 //     after Redis recovers.

@@ -223,11 +223,12 @@ func Logger(l *slog.Logger) Option {
 // lasts the stall. The bound reaches the socket only on a client with
 // ContextTimeoutEnabled (as the README's client sets); without it go-redis
 // bounds each command by its ReadTimeout and WriteTimeout instead (3s by
-// default). A timeout that ends a command while Redis answers the client's
-// other commands is the process's slowness, not a stall: the timeout in force
-// then doubles, up to 10 times d, and halves back every 2s; while answers come
-// slowly it is at least their smoothed time plus four times its variation
-// (see locks/DESIGN.md, "Stalls").
+// default). The bound is chosen when the command is sent: while Redis
+// answers the client's other commands, a command may wait twice d (a slow
+// answer then is the process's slowness, not a stall, and a cut costs the
+// connection); once a command has waited d/4 with nothing answered since,
+// Redis is quiet and commands get d — at least the answers' smoothed time
+// plus four times its variation (see locks/DESIGN.md, "Stalls").
 func CommandTimeout(d time.Duration) Option {
 	return opt(func(c *config) { c.cmdTimeout = d })
 }

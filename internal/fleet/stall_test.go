@@ -14,21 +14,24 @@ const (
 	// stallFor is how long Redis stalls.
 	stallFor = 5 * time.Second
 	// stallBound is the longest a request overlapping the stall may take:
-	// each Redis command is bounded by its command timeout (500ms) and a
-	// request makes a few in a row (an edit: its lock, the plugin's
-	// re-entry, the release; a read: its read, then its fill) until its
-	// process's breaker opens and they fail at once — well below the edit's
-	// 5s lock budget and a read's 10s wait budget, and below the stall.
+	// each Redis command is bounded by twice its command timeout (500ms)
+	// when sent while Redis answered, by the timeout itself once Redis is
+	// quiet (internal/rcmd), and a request makes a few in a row (an edit:
+	// its lock, the plugin's re-entry, the release; a read: its read, then
+	// its fill) until its process's breaker opens and they fail at once —
+	// well below the edit's 5s lock budget and a read's 10s wait budget, and
+	// below the stall.
 	stallBound = 2500 * time.Millisecond
 	// fastAnswer is how quickly a request is answered once its process's
 	// breaker is open (503 for an edit, the loader's value for a read).
 	fastAnswer = 100 * time.Millisecond
 	// breakerOpens bounds how long after the stall's start each process's
-	// breaker must have opened (five failed commands, each ended by its
-	// 500ms command timeout, as the process's own traffic sends them:
-	// 1.0-2.1s measured), and breakerCloses how long after Redis answers
-	// again it must have closed (a probe every 250ms cooldown).
-	breakerOpens  = 3 * time.Second
+	// breaker must have opened (five failed commands, as the process's own
+	// traffic sends them: those in flight at the stall's start end after 1s,
+	// twice the 500ms command timeout, later ones after 500ms; 1.5-3.2s
+	// measured, in steps of 500ms), and breakerCloses how long after Redis
+	// answers again it must have closed (a probe every 250ms cooldown).
+	breakerOpens  = 3500 * time.Millisecond
 	breakerCloses = time.Second
 )
 

@@ -15,19 +15,23 @@
 // caller's context on any client waits for the reply off the caller's
 // goroutine there.
 //
-// A command timeout is evidence of a stall only when Redis is silent. When one
-// ends a command while Redis answered other commands of the Runner in the last
-// quarter of that timeout, or when the runtime noticed it more than half a
-// timeout late, the process or the host was too busy to send the command or
-// read its reply in time (a CPU-starved host, a -race test run, a database
-// beside Redis saturating the cores): the Runner doubles its command timeout
-// then, up to MaxStretch times the one it was made with, and halves it back
-// every Relax without such a timeout. It also waits longer while answers come
-// slowly: never less than the smoothed reply time plus four times its
-// variation (RFC 6298's retransmission timeout), up to the same bound. On a
-// stalled Redis nothing answers, the timeout stays as it was, and a stall is
-// reported within it. This is TCP's retransmission timer and back-off, told
-// apart from a lost peer by the other replies.
+// A command timeout is evidence of a stall only when Redis is silent, and a
+// command cut on a client with ContextTimeoutEnabled costs its connection
+// (go-redis closes a connection whose read timed out; a new one costs a
+// handshake, ~150 ms on a CPU-starved host, so cuts there feed themselves).
+// So the deadline a command gets is chosen when it is sent, from what Redis
+// did meanwhile: while Redis answers the Runner's commands, a command may
+// wait Patience times the command timeout (the process or the host may be
+// too busy to send it or read its reply in time: a starved CPU, a -race test
+// run, a database beside Redis saturating the cores); once a command has
+// waited a quarter of the command timeout with no answer to any command of
+// the Runner since it was sent, Redis is quiet, and commands sent then get
+// the command timeout. The command timeout is never less than the smoothed
+// reply time plus four times its variation (RFC 6298's retransmission
+// timeout), up to Patience times the one set. On a stalled Redis, calls sent
+// in the first quarter timeout of the stall wait up to Patience command
+// timeouts; every later one fails within one, which is what a circuit
+// breaker counts.
 //
 // A Script is sent as EVALSHA, alone or in a pipeline. A node that has not
 // seen it yet (new, restarted, promoted) answers NOSCRIPT; the call is then
@@ -52,18 +56,14 @@ import (
 // DefaultTimeout is the command timeout of a Runner made with none: long
 // enough that a healthy Redis on a loaded machine (a script, a pipeline of a
 // few hundred commands, a test run with -race) never meets it, short enough
-// that a stalled Redis (paused, black-holed) turns into an error, and a
-// circuit breaker's count, within half a second.
+// that a stalled Redis (paused, black-holed) turns into errors, and a
+// circuit breaker's count, within about a second (see Patience).
 const DefaultTimeout = 500 * time.Millisecond
 
-// MaxStretch bounds how far a Runner stretches its command timeout on a busy
-// host (see the package doc): 10 times the timeout it was made with (5 s for
-// DefaultTimeout).
-const MaxStretch = 10
-
-// Relax is how often a stretched command timeout halves back towards the one
-// the Runner was made with, while no command meets it with Redis answering.
-const Relax = 2 * time.Second
+// Patience is how many times its command timeout a command sent while Redis
+// answers the Runner may wait for its reply (see the package doc): 1 s for
+// DefaultTimeout.
+const Patience = 2
 
 // ErrTimeout is the error of a command that got no answer within its command
 // timeout, and the cause (context.Cause) of its context once that ended it.
@@ -81,15 +81,9 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 type Runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
-	base    time.Time    // the origin of heard and stretchedAt
+	base    time.Time    // the origin of heard and waiting
 	heard   atomic.Int64 // when Redis last answered a command of r (ns since base), 0 before
-
-	// The command timeout in force is stretch (ns; the timeout when 0 or
-	// less) halved once per Relax since stretchedAt (ns since base), and
-	// never under timeout. Concurrent stretches may lose one another's
-	// doubling: the estimate only needs to grow while timeouts keep coming.
-	stretch     atomic.Int64
-	stretchedAt atomic.Int64
+	waiting atomic.Int64 // when the first command sent after that was sent (ns since base; stale when <= heard)
 
 	// srtt and rttvar (ns) estimate how long Redis takes to answer r's
 	// commands, from the answers that came (see sample); 0 before any.
@@ -131,9 +125,9 @@ func answered(err error) bool {
 
 // sample adds a reply time d to r's estimate of how long Redis takes to
 // answer (RFC 6298's smoothed time and its variation, d capped at the
-// stretch's bound). Concurrent samples may overwrite one another.
+// Patience bound). Concurrent samples may overwrite one another.
 func (r *Runner) sample(d time.Duration) {
-	d = min(d, MaxStretch*r.timeout)
+	d = min(d, Patience*r.timeout)
 	s := time.Duration(r.srtt.Load())
 	if s == 0 {
 		r.srtt.Store(int64(d))
@@ -152,45 +146,35 @@ func (r *Runner) sample(d time.Duration) {
 // Client returns the client r runs on.
 func (r *Runner) Client() redis.UniversalClient { return r.rdb }
 
-// Timeout returns r's command timeout in force: the one it was made with,
-// unless a busy process stretched it (see the package doc).
+// Timeout returns how long a command sent now may wait for its answer:
+// Patience times the command timeout while Redis answers, the command
+// timeout (raised to the reply time's estimate) once it is quiet (see the
+// package doc).
 func (r *Runner) Timeout() time.Duration { return r.timeoutAt(time.Since(r.base)) }
 
-// Base returns r's command timeout as made, before any stretch.
+// Base returns r's command timeout as made.
 func (r *Runner) Base() time.Duration { return r.timeout }
 
-// timeoutAt returns the command timeout in force at now (since base).
+// timeoutAt returns how long a command sent at now (since base) may wait.
 func (r *Runner) timeoutAt(now time.Duration) time.Duration {
 	t := r.timeout
 	if rto := time.Duration(r.srtt.Load() + 4*r.rttvar.Load()); rto > t {
-		t = min(rto, MaxStretch*r.timeout) // answers come slowly: wait for them
+		t = min(rto, Patience*r.timeout) // answers come slowly: wait for them
 	}
-	s := time.Duration(r.stretch.Load())
-	if s <= t {
-		return t
+	if w := time.Duration(r.waiting.Load()); w > time.Duration(r.heard.Load()) && now-w > t/4 {
+		return t // quiet: a command has waited a quarter timeout, nothing answered since
 	}
-	if n := (now - time.Duration(r.stretchedAt.Load())) / Relax; n > 0 {
-		s >>= min(n, 32)
-	}
-	return max(s, t)
+	return Patience * r.timeout
 }
 
-// Missed tells r that the command timeout ended a command whose deadline was
-// at deadline (Do and Exec tell it themselves; a caller that times a command
-// on its own timer calls it). If Redis answered another command of r in the
-// last quarter of the timeout, or the timeout was noticed more than half a
-// timeout late, the process was slow rather than Redis silent, and r doubles
-// its command timeout (see the package doc). It reports whether it did.
-func (r *Runner) Missed(deadline time.Time) bool {
+// send records a command sent now and returns now (since base): the first
+// sent since Redis last answered starts the wait that tells Redis quiet.
+func (r *Runner) send() time.Duration {
 	now := time.Since(r.base)
-	cur := r.timeoutAt(now)
-	late := time.Since(deadline) > cur/2
-	if !late && time.Duration(r.heard.Load()) <= now-cur/4 {
-		return false // Redis was silent: a stall, reported as one
+	if w := r.waiting.Load(); w <= r.heard.Load() {
+		r.waiting.CompareAndSwap(w, int64(now)+1) // +1: never 0, the zero value's "none"
 	}
-	r.stretch.Store(int64(min(2*cur, MaxStretch*r.timeout)))
-	r.stretchedAt.Store(int64(now))
-	return true
+	return now
 }
 
 // noCancel is the cancel func of a context Bound did not derive.
@@ -219,8 +203,8 @@ func TimedOut(ctx context.Context) bool {
 // script), bounded by the command timeout. A script the server does not have
 // is sent again as EVAL (args is rewritten in place).
 func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
-	sent := time.Since(r.base)
 	bctx, cancel := r.Bound(ctx, 0)
+	sent := r.send()
 	cmd := r.rdb.Do(bctx, args...)
 	if NoScript(cmd.Err()) && ToEval(args) {
 		cmd = r.rdb.Do(bctx, args...)
@@ -261,9 +245,9 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	if p == nil {
 		p = r.rdb
 	}
-	sent := time.Since(r.base)
 	bctx, cancel := r.Bound(ctx, extra)
 	defer cancel()
+	sent := r.send()
 	send := func(cs []redis.Cmder) {
 		pipe := p.Pipeline()
 		for _, c := range cs {
@@ -334,19 +318,13 @@ func settle(ctx, bctx context.Context, cmd redis.Cmder) bool {
 	return false
 }
 
-// missed tells Missed of a call sent at sent (since base) under bctx that
-// the command timeout ended, and reports whether the process rather than
-// Redis was slow (see Busy): Redis answered another command after this one
-// was sent, or Missed found the timeout noticed late. (Missed stretches the
-// timeout on narrower evidence, an answer in its last quarter: one early in
-// it does not show the timeout too short, only Redis alive after the send.)
+// missed reports whether a call sent at sent (since base) under bctx, which
+// the command timeout ended, shows the process rather than Redis slow (see
+// Busy): Redis answered another command after this one was sent, or the
+// timeout was noticed more than half a command timeout late.
 func (r *Runner) missed(sent time.Duration, bctx context.Context) bool {
 	dl, ok := bctx.Deadline()
-	if !ok {
-		return false
-	}
-	stretched := r.Missed(dl)
-	return stretched || r.heard.Load() > int64(sent)
+	return ok && (time.Since(dl) > r.timeout/2 || r.heard.Load() > int64(sent))
 }
 
 // markBusy marks the commands of cmds that the command timeout ended as
@@ -363,8 +341,8 @@ func markBusy(cmds ...redis.Cmder) {
 // Busy reports whether err is a command timeout that shows the process, not
 // Redis, slow: Redis answered another command of the Runner after this one
 // was sent, or the runtime noticed the timeout more than half a timeout late.
-// Such a command may be asked again (the timeout may have stretched
-// meanwhile: see Missed); any other timeout is a stall.
+// Such a command may be asked again (Redis answers: it gets Patience
+// command timeouts); any other timeout is a stall.
 func Busy(err error) bool {
 	var e timeoutError
 	return errors.As(err, &e) && e.busy
