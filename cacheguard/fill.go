@@ -259,57 +259,29 @@ func (c *call[T]) failOpen(ctx context.Context, fs []*flight, cause error) {
 }
 
 // renew keeps the fill leases of fs alive every third of the lease, in one
-// round trip for them all, until the returned stop function is called, the
-// deadline passes or the Guard closes. stop does not wait for a renewal on its
-// way: the store's compare-and-set needs none (one that reaches Redis after
-// the store finds the lease gone and changes nothing), and on a starved host
-// its answer can take hundreds of ms that every waiter in the fleet would
-// wait too. The renewals run on a goroutine of the Guard's (Close waits for
-// it). A lease found gone (expired, taken over, or its generation
-// invalidated) shuts its flight, which takes no new callers, and is renewed
-// no more (the store's compare-and-set will fail too).
+// round trip for them all (see every), until the returned stop function is
+// called, the deadline passes or the Guard closes. stop does not wait for a
+// renewal on its way: the store's compare-and-set needs none (one that
+// reaches Redis after the store finds the lease gone and changes nothing),
+// and on a starved host its answer can take hundreds of ms that every waiter
+// in the fleet would wait too. A lease found gone (expired, taken over, or
+// its generation invalidated) shuts its flight, which takes no new callers,
+// and is renewed no more (the store's compare-and-set will fail too).
 func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) (stop func()) {
-	tctx, done, ok := g.track(context.WithoutCancel(ctx))
-	if !ok {
+	quit := make(chan struct{})
+	renewal := func(ctx context.Context, f *flight) redis.Cmder {
+		return renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
+	}
+	kept := func(f *flight, c redis.Cmder) bool { // a lease not renewed for an error is found out by the store
+		if n, err := c.(*redis.Cmd).Int64(); err == nil && n == 0 {
+			f.t.shut.Store(true)
+			return false
+		}
+		return true
+	}
+	if !g.every(ctx, fs, leaseFor/3, false, deadline, quit, renewal, kept) {
 		return func() {} // closing: the fill hands its leases over
 	}
-	rctx, cancel := context.WithDeadline(tctx, deadline)
-	quit := make(chan struct{})
-	go func() {
-		defer done()
-		defer cancel()
-		t := time.NewTicker(leaseFor / 3)
-		defer t.Stop()
-		live := append([]*flight(nil), fs...)
-		for len(live) > 0 {
-			select {
-			case <-quit:
-				return
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
-			select {
-			case <-quit: // stopped as the tick came: no renewal
-				return
-			default:
-			}
-			cmds := make([]redis.Cmder, len(live))
-			for i, f := range live {
-				cmds[i] = renewScript.Cmd(rctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
-			}
-			g.cmd.Exec(rctx, nil, cmds, 0, false) // a lease not renewed for an error is found out by the store
-			kept := live[:0]
-			for i, f := range live {
-				if n, err := cmds[i].(*redis.Cmd).Int64(); err == nil && n == 0 {
-					f.t.shut.Store(true)
-					continue
-				}
-				kept = append(kept, f)
-			}
-			live = kept
-		}
-	}()
 	return func() { close(quit) }
 }
 

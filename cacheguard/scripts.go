@@ -221,43 +221,70 @@ func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
 // giveBackEvery is how often giveBack asks a silent Redis again.
 const giveBackEvery = 100 * time.Millisecond
 
-// giveBack releases, on a task of its own, the fill leases of fs that token
-// tok may hold though its caller never learnt it: the get-or-lease round
-// trip that asked for them ended unanswered, and Redis may have run it
-// (or run it when it resumes). A lease left so would keep every process's
-// waiters of those keys waiting until it expired; released, its waiters are
-// told to take the fill over at once ('h'). It asks every giveBackEvery
-// until Redis answers, the leases would have expired (until), or Close.
+// giveBack releases, on a task of its own (see every), the fill leases of fs
+// that token tok may hold though its caller never learnt it: the
+// get-or-lease round trip that asked for them ended unanswered, and Redis may
+// have run it (or run it when it resumes). A lease left so would keep every
+// process's waiters of those keys waiting until it expired; released, its
+// waiters are told to take the fill over at once ('h'). It asks every
+// giveBackEvery until Redis answers, the leases would have expired (until),
+// or Close.
 func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
-	gctx, done, ok := g.track(context.WithoutCancel(ctx))
-	if !ok {
-		return
+	release := func(ctx context.Context, f *flight) redis.Cmder {
+		return releaseScript.Cmd(ctx, keys(f.n.lease), "*"+tok, f.n.wake, g.pub, "h"+tok+" ")
 	}
-	left := append([]*flight(nil), fs...)
+	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
+	g.every(ctx, fs, giveBackEvery, true, until, nil, release, unanswered)
+}
+
+// every sends, on a goroutine of the Guard's (Close waits for it), one
+// pipeline of cmd(f) for the flights of fs every period — the first at once
+// when now is set, else after a period — keeping for the next the flights for
+// which keep(f, its command) holds, until none is left, the deadline passes,
+// stop is closed, or the Guard closes. A tick that comes as stop is closed
+// sends nothing. It reports false, starting nothing, when the Guard is
+// closing. It is the one loop of the fill leases' renewals and give-backs.
+func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, now bool, deadline time.Time, stop <-chan struct{},
+	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) bool {
+	tctx, done, ok := g.track(context.WithoutCancel(ctx))
+	if !ok {
+		return false
+	}
+	rctx, cancel := context.WithDeadline(tctx, deadline)
+	live := append([]*flight(nil), fs...)
 	go func() {
 		defer done()
-		t := time.NewTicker(giveBackEvery)
+		defer cancel()
+		t := time.NewTicker(period)
 		defer t.Stop()
-		for len(left) > 0 && time.Now().Before(until) {
-			cmds := make([]redis.Cmder, len(left))
-			for i, f := range left {
-				cmds[i] = releaseScript.Cmd(gctx, keys(f.n.lease), "*"+tok, f.n.wake, g.pub, "h"+tok+" ")
+		for wait := !now; len(live) > 0; wait = true {
+			if wait {
+				select {
+				case <-stop:
+					return
+				case <-rctx.Done():
+					return
+				case <-t.C:
+				}
+				select {
+				case <-stop: // stopped as the tick came: nothing sent
+					return
+				default:
+				}
 			}
-			g.cmd.Exec(gctx, nil, cmds, 0, false)
-			kept := left[:0]
-			for i, f := range left {
-				if cmds[i].Err() != nil {
+			cmds := make([]redis.Cmder, len(live))
+			for i, f := range live {
+				cmds[i] = cmd(rctx, f)
+			}
+			g.cmd.Exec(rctx, nil, cmds, 0, false)
+			kept := live[:0]
+			for i, f := range live {
+				if keep(f, cmds[i]) {
 					kept = append(kept, f)
 				}
 			}
-			if left = kept; len(left) == 0 {
-				return
-			}
-			select {
-			case <-t.C:
-			case <-gctx.Done():
-				return
-			}
+			live = kept
 		}
 	}()
+	return true
 }
