@@ -29,9 +29,10 @@ const (
 	// breaker must have opened (five failed commands, as the process's own
 	// traffic sends them: those in flight at the stall's start end after 1s,
 	// twice the 500ms command timeout, later ones after 500ms; 1.5-3.2s
-	// measured, in steps of 500ms), and breakerCloses how long after Redis
-	// answers again it must have closed (a probe every 250ms cooldown).
-	breakerOpens  = 3500 * time.Millisecond
+	// measured, in steps of 500ms, so 4s leaves one step), and breakerCloses
+	// how long after Redis answers again it must have closed (a probe every
+	// 250ms cooldown).
+	breakerOpens  = 4 * time.Second
 	breakerCloses = time.Second
 )
 
