@@ -301,7 +301,7 @@ func TestTargetsReadTargetRows(t *testing.T) {
 	}
 }
 
-// A row no target reads runs fewReps repetitions (a slow one slowReps), a
+// A row no target reads runs fewReps repetitions (a slow one its cap), a
 // target row all of them, interleaved; -reps runs every row that many.
 func TestSeriesRepsPerRow(t *testing.T) {
 	for _, tc := range []struct {
@@ -321,7 +321,7 @@ func TestSeriesRepsPerRow(t *testing.T) {
 		for _, s := range order {
 			n[s]++
 		}
-		slow := min(tc.reps, max(slowReps, tc.flag))
+		slow := min(tc.reps, max(slowRows["stampede"].reps, tc.flag))
 		if n[systems.Guard] != tc.reps || n[systems.Naive] != min(tc.reps, max(tc.other, tc.flag)) || n[systems.LockRedsync] != slow {
 			t.Errorf("reps %d, -reps %d: ran %v", tc.reps, tc.flag, order)
 		}
@@ -334,7 +334,7 @@ func TestSeriesRepsPerRow(t *testing.T) {
 // No row a target reads is capped as slow.
 func TestSlowRowsAreNotTargetRows(t *testing.T) {
 	for id, rows := range slowRows {
-		for _, s := range rows {
+		for _, s := range rows.systems {
 			if targetRow(id, s) {
 				t.Errorf("%s / %s is both a target row and a slow one", id, s)
 			}

@@ -88,9 +88,9 @@ func (e *env) stampede(ctx context.Context) error {
 			"the loader (the \"database\") takes %v and counts its calls. Latency is per request, pooled over all "+
 			"processes. Lock-based peers: GET, on a miss take the lock, GET again, load and SET on a second miss; "+
 			"redsync and bsm/redislock poll every %v (the loader's time: sooner is wasted work), rueidislock waits for "+
-			"its invalidation; their runs take seconds, and they run at most %d repetitions. Serve-stale: the key "+
+			"its invalidation; their runs take seconds, and they run at most %d repetition(s). Serve-stale: the key "+
 			"holds a value past its TTL but inside its stale window. Requests are commands sent to Redis per request.",
-			s.stampProcs, s.stampG, s.load, s.stampRetry, slowReps),
+			s.stampProcs, s.stampG, s.load, s.stampRetry, slowRows["stampede"].reps),
 		Metrics: []Metric{
 			{"loads", "loads", "%.0f"},
 			{"p50", "p50 ms", "%.1f"},

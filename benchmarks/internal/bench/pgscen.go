@@ -145,7 +145,7 @@ func (e *env) pgStampede(ctx context.Context) error {
 			"time of every PostgreSQL process from GO until the run's last query ended (the kernel counts it in "+
 			"10 ms ticks per process). Naive cache-aside, per-process singleflight and the go-redis/cache rows "+
 			"run at most %d repetitions.",
-			s.stampProcs, s.stampG, s.pgDeadline, db.Alone.Round(100*time.Microsecond), s.pgPool, slowReps),
+			s.stampProcs, s.stampG, s.pgDeadline, db.Alone.Round(100*time.Microsecond), s.pgPool, slowRows["pg-stampede"].reps),
 		Metrics: []Metric{
 			{"loads", "queries sent", "%.0f"},
 			{"answered", "answered", "%.0f"},
@@ -232,7 +232,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			"in its own goroutine, whether or not earlier ones returned, with a %v deadline), ramping up linearly over "+
 			"the first %v; keys are drawn from a Zipf distribution (s=1.1) over %d keys whose entries expire %v after "+
 			"each fill; the loader runs the aggregate query (%s alone, %d rows scanned) through a pool of %d "+
-			"connections per process; %v per run, %d repetitions (the go-redis/cache rows at most %d). Figures "+
+			"connections per process; %v per run, %d repetitions (the go-redis/cache and near-cache rows at most %d). Figures "+
 			"cover the requests sent after the ramp "+
 			"(the last %v, about %.0f requests a repetition): "+
 			"*completed/s* those that succeeded; *failed* those that returned an error, *pool* of them for want of a "+
@@ -241,7 +241,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			"served: how long before the request returned the query that produced it had returned (a value served "+
 			"from a cache that honours the TTL is at most about %v old).",
 			s.pgMixProcs, s.pgMixRate, s.pgDeadline, s.pgMixWarm, s.pgMixKeys, s.pgMixTTL,
-			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool, s.pgMixDur, reps, slowReps,
+			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool, s.pgMixDur, reps, slowRows["pg-mix"].reps,
 			s.pgMixDur-s.pgMixWarm, s.pgMixRate*(s.pgMixDur-s.pgMixWarm).Seconds(), s.pgMixTTL),
 		Metrics: []Metric{
 			{"rps", "completed/s", "%.0f"},
