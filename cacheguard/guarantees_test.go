@@ -619,7 +619,8 @@ func (h *boundedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // commandsBounded: every command the Guard sends — reads of hits and misses,
 // the get-or-lease script, the store, the lease's renewals during a slow load,
 // Invalidate, InvalidateTags — carries a deadline within rcmd.Patience
-// command timeouts (the bound while Redis answers; once it is quiet, the
+// command timeouts and rcmd.Slack (the bound while Redis answers, and how much
+// later a deadline commands share may be; once it is quiet, the
 // command timeout itself: internal/rcmd's tests), so that a stalled Redis
 // fails it, and a breaker counts it, within that time, whatever the caller's
 // context and budget.
@@ -628,7 +629,7 @@ func commandsBounded(t *testing.T, w world, p path) {
 	const timeout = 2 * time.Second // Patience (2) times it is apart from every other bound (budget and load timeout 10s)
 	rdb := w.client()
 	t.Cleanup(func() { rdb.Close() })
-	h := &boundedHook{within: rcmd.Patience * timeout, seen: map[string]int{}}
+	h := &boundedHook{within: rcmd.Patience*timeout + rcmd.Slack(timeout), seen: map[string]int{}}
 	rdb.AddHook(h)
 	g := cacheguard.New(rdb, append(p.options(), cacheguard.CommandTimeout(timeout))...)
 	t.Cleanup(func() { g.Close() })

@@ -88,6 +88,8 @@ type Runner struct {
 	// srtt and rttvar (ns) estimate how long Redis takes to answer r's
 	// commands, from the answers that came (see sample); 0 before any.
 	srtt, rttvar atomic.Int64
+
+	tick atomic.Pointer[tick] // the deadline that commands under contexts that cannot be cancelled share now (see Bound)
 }
 
 // New returns a Runner on rdb with the given command timeout (DefaultTimeout
@@ -183,14 +185,92 @@ func noCancel() {}
 // Bound returns ctx bounded by the command timeout plus extra (for a command
 // that waits on the server by design, such as WAIT n timeout: extra is that
 // timeout), with ErrTimeout as the cause when that bound ends it; ctx itself
-// when its own deadline comes first (nothing is allocated then). Every
-// command of r runs under such a context; call cancel when done.
+// when its own deadline comes first. Every command of r runs under such a
+// context; call cancel when done.
+//
+// Under a ctx that can be cancelled, the bound is a context of the command's
+// own (context.WithDeadlineCause: a timer and a channel per command). Under
+// one that cannot (context.Background, context.WithoutCancel's: the Guard's
+// background work, callers with no request to follow), the commands sent
+// within Slack of one another share one deadline, the latest of theirs, and
+// its context: a hit then costs no timer of its own, and on
+// context.Background no allocation.
 func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
 	d := time.Now().Add(r.Timeout() + extra)
-	if dl, ok := ctx.Deadline(); ok && !dl.After(d) {
-		return ctx, noCancel
+	if dl, ok := ctx.Deadline(); ok && (!dl.After(d) || extra == 0 && shared(ctx)) {
+		return ctx, noCancel // a shared deadline is at most Slack later
 	}
-	return context.WithDeadlineCause(ctx, d, ErrTimeout)
+	if extra > 0 || ctx.Done() != nil {
+		return context.WithDeadlineCause(ctx, d, ErrTimeout)
+	}
+	t, slack := r.tick.Load(), Slack(r.timeout)
+	if dl, _ := t.Deadline(); t == nil || dl.Before(d) || dl.Sub(d) > slack {
+		t = newTick(d.Add(slack))
+		r.tick.Store(t)
+	}
+	if ctx == context.Background() {
+		return t, noCancel
+	}
+	return &tickCtx{Context: ctx, t: t}, noCancel
+}
+
+// Slack is how much later than its own a command's deadline may be when it
+// shares one (see Bound): a 32nd of the command timeout.
+func Slack(timeout time.Duration) time.Duration { return timeout / 32 }
+
+// A tick is a deadline that the commands a Runner sends within Slack of one
+// another under contexts that cannot be cancelled share (see Bound): a context
+// of context.Background that ends then, with ErrTimeout as its cause. It is
+// never cancelled before: its timer ends at the deadline, at most Patience
+// command timeouts and Slack after the last command that used it was sent.
+type tick struct {
+	context.Context
+	cancel context.CancelFunc // never called: the deadline ends it
+}
+
+func newTick(at time.Time) *tick {
+	ctx, cancel := context.WithDeadlineCause(context.Background(), at, ErrTimeout)
+	return &tick{Context: ctx, cancel: cancel}
+}
+
+// Deadline is that of t's context; a nil tick (none made yet) has none.
+func (t *tick) Deadline() (time.Time, bool) {
+	if t == nil {
+		return time.Time{}, false
+	}
+	return t.Context.Deadline()
+}
+
+// tickCtx is a command's context under a parent that cannot be cancelled and
+// is not context.Background: the tick's deadline, channel and cause, the
+// parent's values.
+type tickCtx struct {
+	context.Context
+	t *tick
+}
+
+func (c *tickCtx) Deadline() (time.Time, bool) { return c.t.Deadline() }
+func (c *tickCtx) Done() <-chan struct{}       { return c.t.Done() }
+func (c *tickCtx) Err() error                  { return c.t.Err() }
+
+// Value is the parent's value for key, but for the key under which the
+// context package finds a context's cause (context.Cause) and its cancel
+// state, where the tick's context answers: it has no other values (its
+// parent is context.Background), so anything it answers is that.
+func (c *tickCtx) Value(key any) any {
+	if v := c.t.Value(key); v != nil {
+		return v
+	}
+	return c.Context.Value(key)
+}
+
+// shared reports whether ctx is a command's context under a shared deadline.
+func shared(ctx context.Context) bool {
+	switch ctx.(type) {
+	case *tick, *tickCtx:
+		return true
+	}
+	return false
 }
 
 // TimedOut reports whether ctx, a context returned by Bound, was ended by its

@@ -193,10 +193,14 @@ func TestTimeoutOnStall(t *testing.T) {
 	}
 }
 
-// TestBoundKeepsEarlierDeadline: a caller's deadline earlier than the
-// command timeout is the command's; no context is derived.
-func TestBoundKeepsEarlierDeadline(t *testing.T) {
-	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), time.Second)
+// TestBound: a caller's deadline earlier than the command timeout is the
+// command's (no context is derived); under a context that cannot be
+// cancelled, the commands sent within Slack of one another share one
+// deadline and its context, which keeps the caller's values and ends with
+// ErrTimeout as its cause; under one that can, each command gets its own.
+func TestBound(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), timeout)
 	defer r.Client().Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
@@ -204,14 +208,49 @@ func TestBoundKeepsEarlierDeadline(t *testing.T) {
 		stop()
 		t.Fatal("Bound derived a context from one with an earlier deadline")
 	}
-	b, stop := r.Bound(context.Background(), 0)
-	defer stop()
-	if dl, ok := b.Deadline(); !ok || time.Until(dl) > rcmd.Patience*time.Second {
-		t.Fatalf("bound deadline %v %v, want within Patience command timeouts", dl, ok)
+
+	type key struct{}
+	bg := context.Background()
+	vctx := context.WithoutCancel(context.WithValue(ctx, key{}, "v"))
+	start := time.Now()
+	b1, stop1 := r.Bound(bg, 0)
+	defer stop1()
+	b2, stop2 := r.Bound(vctx, 0)
+	defer stop2()
+	dl, ok := b1.Deadline()
+	if !ok || dl.Before(start.Add(rcmd.Patience*timeout)) || dl.After(time.Now().Add(rcmd.Patience*timeout+rcmd.Slack(timeout))) {
+		t.Fatalf("bound deadline %v after the call, want Patience command timeouts and at most Slack more", dl.Sub(start))
 	}
-	<-b.Done()
-	if !rcmd.TimedOut(b) {
-		t.Fatalf("cause %v, want ErrTimeout", context.Cause(b))
+	if dl2, _ := b2.Deadline(); !dl2.Equal(dl) || b1.Done() != b2.Done() {
+		t.Fatalf("two commands under uncancellable contexts a moment apart: deadlines %v and %v, want one shared", dl, dl2)
+	}
+	if v := b2.Value(key{}); v != "v" {
+		t.Fatalf("the bound context lost the caller's value: %v", v)
+	}
+	cctx, ccancel := context.WithCancel(bg)
+	defer ccancel()
+	b3, stop3 := r.Bound(cctx, 0)
+	defer stop3()
+	if b3.Done() == b1.Done() {
+		t.Fatal("a command under a cancellable context shares another's deadline")
+	}
+	for _, b := range []context.Context{b1, b2, b3} {
+		<-b.Done()
+		if !rcmd.TimedOut(b) || context.Cause(b) != rcmd.ErrTimeout || !errors.Is(b.Err(), context.DeadlineExceeded) {
+			t.Fatalf("ended with %v, cause %v: want DeadlineExceeded and ErrTimeout", b.Err(), context.Cause(b))
+		}
+	}
+	if vctx.Err() != nil || cctx.Err() != nil {
+		t.Fatal("a command's bound ended its caller's context")
+	}
+	// A context derived from a shared one ends with it, with its cause.
+	b4, stop4 := r.Bound(bg, 0)
+	defer stop4()
+	d4, cancel4 := context.WithCancel(b4)
+	defer cancel4()
+	<-d4.Done()
+	if !rcmd.TimedOut(d4) {
+		t.Fatalf("derived context ended with cause %v, want ErrTimeout", context.Cause(d4))
 	}
 }
 
