@@ -341,3 +341,24 @@ func TestSlowRowsAreNotTargetRows(t *testing.T) {
 		}
 	}
 }
+
+// microMedian reads go test -bench output: the median over the runs of one
+// benchmark, whatever its -GOMAXPROCS suffix, and no other's.
+func TestMicroMedian(t *testing.T) {
+	out := `BenchmarkWarmGetMany/small/many-2    	     500	    400000 ns/op	   85712 B/op	     634 allocs/op
+BenchmarkWarmGetMany/small/many-2    	     500	    300000 ns/op	   85712 B/op	     634 allocs/op
+BenchmarkWarmGetMany/small/many-2    	     500	    900000 ns/op	   85712 B/op	     634 allocs/op
+BenchmarkWarmGetMany/repo/many-2     	     500	      1000 ns/op
+BenchmarkWarmGetMany/small/sequential-8	      50	   7000000 ns/op
+BenchmarkWarmGetMany/small/sequential-8	      50	   8000000 ns/op
+PASS`
+	if v, ok := microMedian(out, "BenchmarkWarmGetMany/small/many"); !ok || v != 400000 {
+		t.Errorf("many: %v %v, want 400000", v, ok)
+	}
+	if v, ok := microMedian(out, "BenchmarkWarmGetMany/small/sequential"); !ok || v != 7500000 {
+		t.Errorf("sequential: %v %v, want 7500000", v, ok)
+	}
+	if _, ok := microMedian(out, "BenchmarkWarmGetMany/small"); ok {
+		t.Error("a parent's name matched its sub-benchmarks")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -178,6 +179,15 @@ func (r *Results) Targets() []Target {
 		add("warm hit ("+strings.TrimPrefix(id, "warm-")+" keys), client without ContextTimeoutEnabled (hand-off): cacheguard.Get vs raw GET + decode", "≥ 0.9×", h/w, worst(s14, s9), h/w >= 0.9, "%.2f×")
 	}
 
+	// GetMany against as many Gets in a row (the micro-benchmarks).
+	many, okM := microMedian(r.Micro, "BenchmarkWarmGetMany/small/many")
+	seq, okS := microMedian(r.Micro, "BenchmarkWarmGetMany/small/sequential")
+	st := ""
+	if !okM || !okS {
+		st = "n/a"
+	}
+	add("GetMany of 100 warm keys vs 100 Gets in a row (micro-benchmark, small record)", "≥ 20×", seq/many, st, seq/many >= 20, "%.1f×")
+
 	// Near-cache propagation.
 	for _, row := range []string{nearIdle, nearLoaded} {
 		v, ok := r.nearMedian(row, "p99")
@@ -290,10 +300,37 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 	}
 	if r.Micro != "" {
 		fmt.Fprintf(&b, "## 7. Go micro-benchmarks\n\n`go test -bench` in benchmarks/micro, %d runs of each, each a fixed "+
-			"number of iterations (-benchtime %s; %s for BenchmarkWarmGetMany, 100 keys an iteration) "+
-			"(benchstat-friendly; saved as results/micro.txt):\n\n```\n", r.s.microCount, r.s.microIters, r.s.microIterMany)
+			"number of iterations (-benchtime %s; for BenchmarkWarmGetMany, 100 keys an iteration, %s of its GetMany "+
+			"and %s of its 100 Gets in a row) (benchstat-friendly; saved as results/micro.txt):\n\n```\n",
+			r.s.microCount, r.s.microIters, r.s.microIterBatch, r.s.microIterMany)
 		b.WriteString(r.Micro)
 		b.WriteString("\n```\n")
 	}
 	return b.String()
+}
+
+// microMedian returns the median ns/op of the micro-benchmark name (without
+// its -GOMAXPROCS suffix) over the runs in out, go test -bench output.
+func microMedian(out, name string) (float64, bool) {
+	var ns []float64
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "ns/op" {
+			continue
+		}
+		if n, _, ok := strings.Cut(f[0], "-"); !ok || n != name {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[2], 64); err == nil {
+			ns = append(ns, v)
+		}
+	}
+	if len(ns) == 0 {
+		return math.NaN(), false
+	}
+	slices.Sort(ns)
+	if len(ns)%2 == 1 {
+		return ns[len(ns)/2], true
+	}
+	return (ns[len(ns)/2-1] + ns[len(ns)/2]) / 2, true
 }

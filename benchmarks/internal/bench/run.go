@@ -64,34 +64,35 @@ func (c Config) logf(format string, args ...any) {
 
 // sizes are the knobs of every scenario.
 type sizes struct {
-	cycleG        int
-	cycleDur      time.Duration
-	contProcs     int
-	contG         int
-	hold          time.Duration
-	contDur       time.Duration
-	pollRetry     time.Duration
-	stampProcs    int
-	stampG        int
-	load          time.Duration
-	stampRetry    time.Duration
-	warmG         int
-	warmDur       time.Duration
-	warmKeys      int
-	scaleProcs    []int // sweep A: processes, with scaleG goroutines each
-	scaleG        int
-	scaleTotals   []int // sweep B: total concurrent requests over scaleFixedP processes
-	scaleFixedP   int
-	mixProcs      int
-	mixG          int
-	mixInterval   time.Duration
-	mixKeys       int
-	mixTTL        time.Duration
-	mixDur        time.Duration
-	mixReps       int // at most this many repetitions of the mix (all with Long)
-	microCount    int
-	microIters    string // -benchtime of the micro-benchmarks: a fixed number of iterations
-	microIterMany string // the same for BenchmarkWarmGetMany, whose iteration reads 100 keys
+	cycleG         int
+	cycleDur       time.Duration
+	contProcs      int
+	contG          int
+	hold           time.Duration
+	contDur        time.Duration
+	pollRetry      time.Duration
+	stampProcs     int
+	stampG         int
+	load           time.Duration
+	stampRetry     time.Duration
+	warmG          int
+	warmDur        time.Duration
+	warmKeys       int
+	scaleProcs     []int // sweep A: processes, with scaleG goroutines each
+	scaleG         int
+	scaleTotals    []int // sweep B: total concurrent requests over scaleFixedP processes
+	scaleFixedP    int
+	mixProcs       int
+	mixG           int
+	mixInterval    time.Duration
+	mixKeys        int
+	mixTTL         time.Duration
+	mixDur         time.Duration
+	mixReps        int // at most this many repetitions of the mix (all with Long)
+	microCount     int
+	microIters     string // -benchtime of the micro-benchmarks: a fixed number of iterations
+	microIterMany  string // the same for BenchmarkWarmGetMany's 100 Gets in a row
+	microIterBatch string // and for its GetMany of the same 100 keys, ~15 times cheaper
 
 	// The real database.
 	pgRows     int           // table size: the loader's query scans every row
@@ -121,7 +122,7 @@ func (c Config) sizes() sizes {
 		warmG: 16, warmDur: time.Second, warmKeys: 1000,
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 3 * time.Second, mixReps: 2,
-		microCount: 5, microIters: "1000x", microIterMany: "50x",
+		microCount: 5, microIters: "1000x", microIterMany: "50x", microIterBatch: "500x",
 		pgRows: 500_000, pgPool: 10, pgDeadline: time.Second,
 		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
 		pgMixDur: 6 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
@@ -138,7 +139,7 @@ func (c Config) sizes() sizes {
 		s.warmG, s.warmDur, s.warmKeys = 4, 150*time.Millisecond, 20
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
-		s.microCount, s.microIters, s.microIterMany = 1, "20x", "5x"
+		s.microCount, s.microIters, s.microIterMany, s.microIterBatch = 1, "20x", "5x", "20x"
 		s.pgRows, s.pgMixReps = 20_000, 1
 		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.pgMixWarm, s.pgMixDur = 2, 100, 20, 300*time.Millisecond, 300*time.Millisecond, 1200*time.Millisecond
 		s.nearDur = 400 * time.Millisecond
