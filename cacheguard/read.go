@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -166,16 +165,21 @@ func versions(cmds []*redis.Cmd) ([]uint64, error) {
 // cutValue takes the first value off s, readmany.lua's reply: its bytes (nil
 // when absent) and the rest of s.
 func cutValue(s string) (b []byte, rest string, ok bool) {
-	if strings.HasPrefix(s, "-") {
-		return nil, s[1:], true
-	}
-	n, after, _ := strings.Cut(s, ":")
-	l, err := strconv.Atoi(n)
-	if err != nil || l < 0 || l > len(after) {
+	if len(s) < 4 {
 		return nil, "", false
 	}
-	return bytesOf(after[:l]), after[l:], true
+	l := uint32(s[0])<<24 | uint32(s[1])<<16 | uint32(s[2])<<8 | uint32(s[3])
+	switch s = s[4:]; {
+	case l == absentLen:
+		return nil, s, true
+	case uint64(l) > uint64(len(s)):
+		return nil, "", false
+	}
+	return bytesOf(s[:l]), s[l:], true
 }
+
+// absentLen is the length readmany.lua gives an absent value.
+const absentLen = 1<<32 - 1
 
 // entry names an entry in a process: its values hash and field.
 type entry struct{ values, field string }

@@ -3,6 +3,7 @@ package cacheguard
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -300,5 +302,50 @@ func TestQueuedReadTimedFromItsSend(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReadManyReply: readmany.lua's reply, as a real server builds it, reads
+// back as each key's bytes, absent ones as nil, an empty value as empty, and
+// a reply cut short or with a length past its end is refused.
+func TestReadManyReply(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client()
+	p := "readmany"
+	big := strings.Repeat("\xff", 70_000) // a length whose bytes are not all small
+	vals := map[string]string{p + ":a": "one", p + ":c": "", p + ":d": big}
+	for k, v := range vals {
+		if err := rdb.HSet(ctx, k, "f", v).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys := []string{p + ":a", p + ":b", p + ":c", p + ":d"}
+	kv := make([]any, len(keys))
+	for i := range keys {
+		kv[i] = keys[i]
+	}
+	cmd := readManyScript.Cmd(ctx, kv, "f")
+	rcmd.New(rdb, 0).Exec(ctx, nil, []redis.Cmder{cmd}, 0, false)
+	s, err := cmd.Text()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		var b []byte
+		var ok bool
+		if b, s, ok = cutValue(s); !ok {
+			t.Fatalf("%s: reply refused", k)
+		}
+		if want, found := vals[k]; found != (b != nil) || string(b) != want {
+			t.Fatalf("%s: %d bytes (nil %v), want %d (present %v)", k, len(b), b == nil, len(want), found)
+		}
+	}
+	if s != "" {
+		t.Fatalf("%d bytes left over", len(s))
+	}
+	for _, bad := range []string{"\x00\x00", "\x00\x00\x00\x05abc"} {
+		if _, _, ok := cutValue(bad); ok {
+			t.Errorf("cutValue(%q) accepted", bad)
+		}
 	}
 }
