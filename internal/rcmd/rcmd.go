@@ -196,14 +196,14 @@ func noCancel() {}
 // its context: a hit then costs no timer of its own, and on
 // context.Background no allocation.
 func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
-	d := time.Now().Add(r.Timeout() + extra)
-	if dl, ok := ctx.Deadline(); ok && (!dl.After(d) || extra == 0 && shared(ctx)) {
-		return ctx, noCancel // a shared deadline is at most Slack later
+	d, slack := time.Now().Add(r.Timeout()+extra), Slack(r.timeout)
+	if dl, ok := ctx.Deadline(); ok && (!dl.After(d) || extra == 0 && shared(ctx) && !dl.After(d.Add(slack))) {
+		return ctx, noCancel // a shared deadline may be up to Slack later
 	}
 	if extra > 0 || ctx.Done() != nil {
 		return context.WithDeadlineCause(ctx, d, ErrTimeout)
 	}
-	t, slack := r.tick.Load(), Slack(r.timeout)
+	t := r.tick.Load()
 	if dl, _ := t.Deadline(); t == nil || dl.Before(d) || dl.Sub(d) > slack {
 		t = newTick(d.Add(slack))
 		r.tick.Store(t)

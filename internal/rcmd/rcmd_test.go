@@ -243,6 +243,15 @@ func TestBound(t *testing.T) {
 	if vctx.Err() != nil || cctx.Err() != nil {
 		t.Fatal("a command's bound ended its caller's context")
 	}
+	// Another Runner's shared deadline, later than this one's, is not kept.
+	long := rcmd.New(r.Client(), 10*timeout)
+	b5, stop5 := long.Bound(bg, 0)
+	defer stop5()
+	b6, stop6 := r.Bound(b5, 0)
+	defer stop6()
+	if dl, _ := b6.Deadline(); dl.After(time.Now().Add(rcmd.Patience*timeout + rcmd.Slack(timeout))) {
+		t.Fatalf("bound under a longer shared deadline ends %v from now, want this Runner's", time.Until(dl))
+	}
 	// A context derived from a shared one ends with it, with its cause.
 	b4, stop4 := r.Bound(bg, 0)
 	defer stop4()
