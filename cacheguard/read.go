@@ -1,6 +1,7 @@
 package cacheguard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,10 +106,10 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 		fail(err)
 		return
 	}
-	var found string
+	var found []any
 	if many != nil {
-		if found, err = many.Text(); err != nil {
-			fail(err)
+		if found, err = many.Slice(); err != nil || len(found) != len(values) {
+			fail(cmp.Or(err, fmt.Errorf("cacheguard: bad reply to the read of %d keys", len(values))))
 			return
 		}
 	}
@@ -116,10 +117,8 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 		s := &out[i]
 		s.tagVers = vers
 		if many != nil {
-			var ok bool
-			if s.b, found, ok = cutValue(found); !ok {
-				fail(fmt.Errorf("cacheguard: bad reply to the read of %d keys", len(values)))
-				return
+			if v, ok := found[i].(string); ok {
+				s.b = bytesOf(v)
 			}
 		} else {
 			switch v, err := hv[i].Result(); {
@@ -161,25 +160,6 @@ func versions(cmds []*redis.Cmd) ([]uint64, error) {
 	}
 	return vers, nil
 }
-
-// cutValue takes the first value off s, readmany.lua's reply: its bytes (nil
-// when absent) and the rest of s.
-func cutValue(s string) (b []byte, rest string, ok bool) {
-	if len(s) < 4 {
-		return nil, "", false
-	}
-	l := uint32(s[0])<<24 | uint32(s[1])<<16 | uint32(s[2])<<8 | uint32(s[3])
-	switch s = s[4:]; {
-	case l == absentLen:
-		return nil, s, true
-	case uint64(l) > uint64(len(s)):
-		return nil, "", false
-	}
-	return bytesOf(s[:l]), s[l:], true
-}
-
-// absentLen is the length readmany.lua gives an absent value.
-const absentLen = 1<<32 - 1
 
 // entry names an entry in a process: its values hash and field.
 type entry struct{ values, field string }
