@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/stats"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
@@ -325,12 +326,5 @@ func microMedian(out, name string) (float64, bool) {
 			ns = append(ns, v)
 		}
 	}
-	if len(ns) == 0 {
-		return math.NaN(), false
-	}
-	slices.Sort(ns)
-	if len(ns)%2 == 1 {
-		return ns[len(ns)/2], true
-	}
-	return (ns[len(ns)/2-1] + ns[len(ns)/2]) / 2, true
+	return stats.Summarise(ns).Median, len(ns) > 0
 }
