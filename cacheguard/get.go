@@ -212,46 +212,11 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result, error) {
 	g := c.g
 	start := time.Now()
+	deadline := start.Add(c.cfg.wait)
 	out := make(map[string]T, len(keys))
 	var worst Result
-	sls := make([]*part[T], 0, len(keys))
-	all := make([]part[T], len(keys))
-	for i, k := range keys {
-		if g.near != nil {
-			if v, res, ok := nearHit(ctx, g, &c.cfg, k, nil, c.load, start); ok {
-				out[k], worst = v, worse(worst, res)
-				continue
-			}
-		}
-		sl := &all[i]
-		sl.key = k
-		if g.near != nil {
-			sl.near = g.near.ticket(k)
-		}
-		sls = append(sls, sl)
-	}
-	var missed []*part[T]
-	if len(sls) > 0 {
-		ks := make([]string, len(sls))
-		for i, sl := range sls {
-			ks[i] = sl.key
-		}
-		values := g.valuesKeys(ks)
-		found := make([]stored, len(sls))
-		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), start.Add(c.cfg.wait), found)
-		for i, sl := range sls {
-			if sl.s = found[i]; err != nil {
-				c.readFailed(ctx, sl, err, start.Add(c.cfg.wait))
-			} else if !c.serve(ctx, sl, start.UnixMilli()) {
-				missed = append(missed, sl)
-			}
-		}
-	}
-	if len(missed) > 0 {
-		c.miss(ctx, start, missed)
-	}
 	var errs KeyErrors
-	for _, sl := range sls {
+	done := func(sl *part[T]) {
 		worst = worse(worst, sl.res)
 		switch {
 		case sl.err == nil:
@@ -261,6 +226,47 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 				errs = KeyErrors{}
 			}
 			errs[sl.key] = sl.err
+		}
+	}
+	ks, tickets := keys, []nearTicket(nil)
+	if g.near != nil {
+		ks = make([]string, 0, len(keys))
+		for _, k := range keys {
+			if v, res, ok := nearHit(ctx, g, &c.cfg, k, nil, c.load, start); ok {
+				out[k], worst = v, worse(worst, res)
+				continue
+			}
+			ks, tickets = append(ks, k), append(tickets, g.near.ticket(k))
+		}
+	}
+	// A key is a part on the stack while it is served, on the heap only when
+	// it misses: a warm batch allocates no part.
+	var missed []*part[T]
+	if len(ks) > 0 {
+		found := make([]stored, len(ks))
+		err := g.fetch(ctx, g.valuesKeys(ks), c.rep, c.cfg.tags.list(), deadline, found)
+		for i, k := range ks {
+			sl := part[T]{key: k, s: found[i]}
+			if tickets != nil {
+				sl.near = tickets[i]
+			}
+			switch {
+			case err != nil:
+				p := sl
+				c.readFailed(ctx, &p, err, deadline)
+				sl = p
+			case !c.serve(ctx, &sl, start.UnixMilli()):
+				p := sl
+				missed = append(missed, &p)
+				continue
+			}
+			done(&sl)
+		}
+	}
+	if len(missed) > 0 {
+		c.miss(ctx, start, missed)
+		for _, sl := range missed {
+			done(sl)
 		}
 	}
 	if len(errs) > 0 {
