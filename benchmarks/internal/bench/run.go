@@ -226,6 +226,9 @@ func (e *env) key(prefix string) string {
 	return prefix + ":" + strconv.FormatInt(e.res.Started.UnixNano(), 36) + ":" + strconv.Itoa(e.seq)
 }
 
+// pgSteps are the scenarios that run on the real database.
+var pgSteps = []string{"pg-stampede", "pg-mix", "near-prop"}
+
 // Run runs the selected scenarios and returns their results.
 func Run(ctx context.Context, cfg Config) (*Results, error) {
 	res := newResults(cfg)
@@ -266,7 +269,19 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		{"mix", e.mix},
 		{"micro", e.micro},
 	}
-	for _, st := range steps {
+	// The real database runs from the first scenario that needs it to the
+	// last (pgSteps), not beside the Redis scenarios after them.
+	lastPG := -1
+	for i, st := range steps {
+		if cfg.want(st.name) && slices.Contains(pgSteps, st.name) {
+			lastPG = i
+		}
+	}
+	for i, st := range steps {
+		if i > lastPG && e.pg != nil {
+			e.pg.Close()
+			e.pg = nil
+		}
 		if !cfg.want(st.name) {
 			continue
 		}
