@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // lateCtx is a context whose deadline has passed but that has not ended yet:
@@ -52,5 +53,45 @@ func TestPassedDeadlineIsNotARedisFailure(t *testing.T) {
 			t.Errorf("%s: %d loads, %d fail-open loads, %d Redis errors, want none", key, n,
 				st.FailOpenLoads-base.FailOpenLoads, st.RedisErrors-base.RedisErrors)
 		}
+	}
+}
+
+// TestShortDeadlineKeepsConnection (issue 33, the real-database mix's
+// collapse: connection churn on a starved host): a call whose deadline ends
+// while its read is out returns with the deadline's error, and the read is
+// not cut: go-redis closes the connection of a command its context cut, and
+// the redials (each a handshake, under contexts as short) fed the overload.
+// The read goes on, bounded by the command timeout, and its connection
+// returns to the pool.
+func TestShortDeadlineKeepsConnection(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	t.Cleanup(func() { g.Close() })
+	key := testKey(t)
+	c := &counter{name: "v"}
+	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+		t.Fatal(err)
+	}
+	base := rdb.PoolStats()
+	srv.Pause()
+	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err := cacheguard.Get(sctx, g, key, c.load)
+	cancel()
+	srv.Resume()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the deadline's error", err)
+	}
+	eventually(t, 5*time.Second, "no connection busy", func() bool {
+		st := rdb.PoolStats()
+		return st.IdleConns == st.TotalConns
+	})
+	if st := rdb.PoolStats(); st.TotalConns != base.TotalConns || st.Misses != base.Misses {
+		t.Fatalf("%d connections (%d before), %d dialled since: the read was cut with its caller",
+			st.TotalConns, base.TotalConns, st.Misses-base.Misses)
+	}
+	if v, err := cacheguard.Get(ctx, g, key, c.load); err != nil || v.ID != 1 {
+		t.Fatalf("after: %+v, %v", v, err)
 	}
 }

@@ -314,17 +314,25 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // budget (at deadline, none when zero: errBudget) and the command timeout
 // (then each entry's error matches rcmd.ErrTimeout), whichever ends first.
 //
-// Unless the client bounds its socket calls by the context's deadline
-// (ContextTimeoutEnabled), the read runs on a worker of the Guard's, and the
-// caller waits for it only until those bounds: a Redis that does not answer
-// (black-holed, paused) then holds no caller beyond them whatever the
-// client's own timeouts (go-redis bounds a read by ReadTimeout and its
-// retries then, not by the context). With it, the read runs on the caller's
-// goroutine: a hit then costs what a plain HGET does.
+// The read runs on the caller's goroutine when the client bounds its socket
+// calls by the context's deadline (ContextTimeoutEnabled) and neither ctx nor
+// the budget ends before the command timeout: a hit then costs what a plain
+// HGET does. Else it runs on a worker of the Guard's, and the caller waits
+// for it only until those bounds: a Redis that does not answer (black-holed,
+// paused) then holds no caller beyond them whatever the client's own timeouts
+// (go-redis bounds a read by ReadTimeout and its retries then, not by the
+// context); and with ContextTimeoutEnabled the read is detached from the
+// caller, bounded by the command timeout alone, since go-redis closes the
+// connection of a command its context cuts: on a starved host, callers near
+// their deadlines would otherwise cost a connection each, and the redials
+// feed the overload.
 func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
+	if passed(ctx) {
+		return deadlineErr(ctx)
+	}
 	rctx, cancel, budget := g.bound(ctx, deadline)
 	defer cancel()
-	if g.ctxDeadlines {
+	if g.ctxDeadlines && !budget && !endsWithin(ctx, g.cmd.Timeout()) {
 		g.read(rctx, values, field, tags, out)
 	} else {
 		j, _ := g.jobs.Get().(*readJob)
@@ -332,6 +340,9 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 			j = &readJob{g: g, done: make(chan struct{}, 1)}
 		}
 		j.ctx, j.field, j.tags = rctx, field, tags
+		if g.ctxDeadlines {
+			j.ctx = context.WithoutCancel(ctx) // read bounds it by the command timeout
+		}
 		j.values = append(j.values[:0], values...)
 		j.out = slices.Grow(j.out[:0], len(out))[:len(out)]
 		g.work.run(j)
@@ -356,6 +367,12 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		out[i] = s
 	}
 	return err
+}
+
+// endsWithin reports whether ctx's deadline comes within d.
+func endsWithin(ctx context.Context, d time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return ok && time.Until(dl) < d
 }
 
 // readJob is a read that fetch hands to a worker; the Guard pools them.
