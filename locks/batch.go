@@ -34,6 +34,10 @@ const maxDirect = 2
 // A call whose caller gave up may still run: the caller then names a
 // clean-up call (cleanup), which the sender sends once the reply shows that
 // the call ran (an acquisition granted too late is released that way).
+// A call whose caller's deadline ends before the command timeout is queued
+// even when a slot is free (a sender takes it): go-redis closes the
+// connection of a command its context cuts, and on a starved host the late
+// callers would cost a connection each, and their redials feed the overload.
 type batcher struct {
 	rdb  redis.UniversalClient
 	run  *rcmd.Runner
@@ -98,8 +102,9 @@ func newBatcher(run *rcmd.Runner) *batcher {
 // this one, sent if this one runs after all. (It is called, never kept, so a
 // closure passed here costs no allocation.)
 func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
+	short := endsWithin(ctx, b.run.Timeout())
 	b.mu.Lock()
-	if b.busy < maxDirect || b.closed {
+	if b.closed || b.busy < maxDirect && !short {
 		b.busy++
 		b.mu.Unlock()
 		cmd := b.run.Do(ctx, args...)
@@ -108,6 +113,9 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *red
 	}
 	p := getPending(args, waiting)
 	b.queue = append(b.queue, p)
+	if b.busy < maxDirect {
+		b.startSender() // a call whose caller's deadline would cut it: see batcher
+	}
 	b.mu.Unlock()
 	select {
 	case <-p.done:
@@ -237,6 +245,12 @@ func (s *sender) exec(b *batcher, q []*pending) {
 		}
 		putPending(p)
 	}
+}
+
+// endsWithin reports whether ctx's deadline comes within d.
+func endsWithin(ctx context.Context, d time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return ok && time.Until(dl) < d
 }
 
 // undelivered reports an error that may mean the call never ran: not a
