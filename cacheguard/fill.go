@@ -41,10 +41,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// timeout): a loader that ignores its context then loses them within a
 	// lease, so that another process can load.
 	stop := g.renew(ctx, fs, c.cfg.lease, start.Add(c.cfg.loadTimeout))
-	names := make([]string, len(fs))
-	for i, f := range fs {
-		names[i] = f.key
-	}
+	names := keysOf(fs)
 	if kind == fillEarly {
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
@@ -53,6 +50,10 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
 	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
+	jitter := 0.0 // only a miss's TTL is jittered (see Jitter)
+	if kind == fillMiss {
+		jitter = c.cfg.jitter
+	}
 	// Store or release even when Close cancelled the load: a lease left
 	// behind would keep other processes waiting for its expiry.
 	ctx = context.WithoutCancel(ctx)
@@ -76,10 +77,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				msg = "e" + o.err.Error()
 				break
 			}
-			fresh := c.cfg.ttl
-			if kind == fillMiss {
-				fresh = jittered(fresh, c.cfg.jitter)
-			}
+			fresh := jittered(c.cfg.ttl, jitter)
 			o.val, ttl = v, c.cfg.keep(fresh)
 			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(), delta: took, payload: payload}
 		case err == nil || errors.Is(err, ErrNotFound):
@@ -87,10 +85,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				o.err = notFound(f.key)
 			}
 			if msg = "n"; c.cfg.negTTL > 0 {
-				ttl = c.cfg.negTTL
-				if kind == fillMiss {
-					ttl = jittered(ttl, c.cfg.jitter)
-				}
+				ttl = jittered(c.cfg.negTTL, jitter)
 				env = &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
 			}
 		default:
@@ -245,17 +240,13 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 	return outs
 }
 
-// failOpen ends flights whose Redis calls failed with cause: see loadUnleased.
-func (c *call[T]) failOpen(ctx context.Context, fs []*flight, cause error) {
+// keysOf returns the keys of fs.
+func keysOf(fs []*flight) []string {
 	keys := make([]string, len(fs))
 	for i, f := range fs {
 		keys[i] = f.key
 	}
-	deadline := time.Now().Add(c.cfg.wait)
-	for i, o := range c.loadUnleased(ctx, keys, fs[0].id, deadline, cause) {
-		o.leader = fs[i].id
-		c.g.flights.finish(fs[i], o)
-	}
+	return keys
 }
 
 // renew keeps the fill leases of fs alive every third of the lease, in one
@@ -290,12 +281,12 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 // for a miss under FailFast — unless a flight of the entry runs in this
 // process already, which will do. The lease is taken only when the stored
 // value is not fresh until later than after (0: now), so a refresh that
-// another process finished meanwhile is not repeated. s is what the call's
-// read found.
-func (c *call[T]) refresh(ctx context.Context, key string, s *stored, force bool, kind fillKind, after int64, fallback *envelope) {
+// another process finished meanwhile is not repeated. gen is the generation
+// the call's read found.
+func (c *call[T]) refresh(ctx context.Context, key string, gen int64, force bool, kind fillKind, after int64, fallback *envelope) {
 	g := c.g
 	n := g.names(key, c.rep)
-	t, leader, _ := g.flights.join(entry{n.values, n.field}, c.typ, s.gen, func(t *task[entry, *outcome]) admission {
+	t, leader, _ := g.flights.join(entry{n.values, n.field}, c.typ, gen, func(t *task[entry, *outcome]) admission {
 		if t.typ == c.typ && !t.shut.Load() {
 			return take
 		}
@@ -304,10 +295,7 @@ func (c *call[T]) refresh(ctx context.Context, key string, s *stored, force bool
 	if !leader {
 		return
 	}
-	f := &flight{t: t, key: key, n: n, id: g.callIDs.Add(1), force: force, after: after, fallback: fallback}
-	if g.near != nil {
-		f.near = g.near.ticket(key)
-	}
+	f := &flight{t: t, key: key, n: n, id: g.callIDs.Add(1), force: force, after: after, fallback: fallback, near: g.near.ticket(key)}
 	c.fly(ctx, []*flight{f}, time.Now().Add(c.cfg.wait), kind)
 }
 

@@ -147,58 +147,53 @@ type flight struct {
 // them, one load of the keys whose leases it got, and for the others a wait
 // for their holders' pushes.
 func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kind fillKind) {
-	tctx, done, ok := c.g.track(context.WithoutCancel(ctx))
+	g := c.g
+	ctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
 		for _, f := range fs {
-			c.g.flights.finish(f, &outcome{leader: f.id, err: ErrClosed})
+			g.flights.finish(f, &outcome{leader: f.id, err: ErrClosed})
 		}
 		return
 	}
 	go func() {
 		defer done()
-		c.run(tctx, fs, deadline, kind)
-	}()
-}
-
-// run is fly's goroutine.
-func (c *call[T]) run(ctx context.Context, fs []*flight, deadline time.Time, kind fillKind) {
-	g := c.g
-	var wg sync.WaitGroup // the flights that wait for another process's fill
-	defer c.unfinished(fs)
-	defer wg.Wait() // first: unfinished may end only flights nobody follows
-	wctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	tok := rid.New()
-	rs, tagVers, err := g.lease(wctx, fs, tok, &c.cfg)
-	for i, f := range fs {
-		if err == nil {
-			f.t.saw(rs[i].gen)
+		var wg sync.WaitGroup // the flights that wait for another process's fill
+		defer c.unfinished(fs)
+		defer wg.Wait() // first: unfinished may end only flights nobody follows
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
+		tok := rid.New()
+		rs, tagVers, err := g.lease(wctx, fs, tok, &c.cfg)
+		for i, f := range fs {
+			if err == nil {
+				f.t.saw(rs[i].gen)
+			}
+			f.t.answered()
 		}
-		f.t.answered()
-	}
-	if err != nil {
-		c.leaseFailed(ctx, wctx, fs, tok, err)
-		return
-	}
-	var mine []*flight
-	for i, f := range fs {
-		switch r := rs[i]; {
-		case r.granted:
-			f.lease = lease{gen: r.gen, token: tok}
-			mine = append(mine, f)
-		case r.fresh && c.remote(ctx, f, r.value, tagVers):
-		case len(fs) == 1:
-			c.follow(ctx, wctx, f, tok, kind)
-		default:
-			wg.Go(func() {
-				defer c.unfinished([]*flight{f})
+		if err != nil {
+			c.leaseFailed(ctx, wctx, fs, tok, err)
+			return
+		}
+		var mine []*flight
+		for i, f := range fs {
+			switch r := rs[i]; {
+			case r.granted:
+				f.lease = lease{gen: r.gen, token: tok}
+				mine = append(mine, f)
+			case r.fresh && c.remote(ctx, f, r.value, tagVers):
+			case len(fs) == 1:
 				c.follow(ctx, wctx, f, tok, kind)
-			})
+			default:
+				wg.Go(func() {
+					defer c.unfinished([]*flight{f})
+					c.follow(ctx, wctx, f, tok, kind)
+				})
+			}
 		}
-	}
-	if len(mine) > 0 {
-		c.fill(ctx, mine, tagVers, kind)
-	}
+		if len(mine) > 0 {
+			c.fill(ctx, mine, tagVers, kind)
+		}
+	}()
 }
 
 // unfinished ends the flights of fs that have no outcome yet, when a codec
@@ -232,7 +227,10 @@ func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, tok strin
 		err = errFlightExpired
 	default:
 		c.g.note(ctx, EventRedisError, fs[0].key, 0, err)
-		c.failOpen(ctx, fs, err)
+		for i, o := range c.loadUnleased(ctx, keysOf(fs), fs[0].id, time.Now().Add(c.cfg.wait), err) {
+			o.leader = fs[i].id
+			c.g.flights.finish(fs[i], o)
+		}
 		return
 	}
 	for _, f := range fs {

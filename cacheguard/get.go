@@ -190,12 +190,9 @@ func (c *call[T]) detach() *call[T] {
 func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	g := c.g
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
-	sl := part[T]{key: key}
-	if g.near != nil {
-		sl.near = g.near.ticket(key)
-	}
+	sl := part[T]{key: key, near: g.near.ticket(key)}
 	var err error
-	if sl.s, err = g.readOne(ctx, entry{g.valuesKey(key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
+	if sl.s, err = g.readOne(ctx, entry{g.name("v:", key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
 		s := &part[T]{key: key}
 		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
@@ -288,23 +285,19 @@ func worse(a, b Result) Result {
 // nothing), starting an early refresh when XFetch says so.
 func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one func(context.Context) (T, error),
 	load func(context.Context, []string) (map[string]T, error), now time.Time) (v T, res Result, ok bool) {
-	typ := reflect.TypeFor[T]()
+	typ, ms := reflect.TypeFor[T](), now.UnixMilli()
 	e, epoch := g.near.get(key, nearIDOf(typ, cfg), now)
-	if e == nil {
-		return v, 0, false
-	}
-	ms := now.UnixMilli()
-	if cfg.judge(&e.env, &view{now: ms, epoch: epoch}) != fresh {
+	if e == nil || cfg.judge(&e.env, &view{now: ms, epoch: epoch}) != fresh {
 		return v, 0, false
 	}
 	if v, ok = e.val.(T); !ok {
 		return v, 0, false
 	}
-	g.noteNearHit(ctx, key)
+	g.note(ctx, EventNearHit, key, 0, nil)
 	if cfg.xfetch(ms, &e.env) {
 		c := &call[T]{g: g, cfg: *cfg, typ: typ, one: one, load: load}
 		c.rep = representation(typ, cfg.variant, cfg.tags)
-		c.refresh(ctx, key, &stored{gen: e.env.gen}, false, fillEarly, e.env.freshUntil, nil)
+		c.refresh(ctx, key, e.env.gen, false, fillEarly, e.env.freshUntil, nil)
 	}
 	return v, NearHit, true
 }
@@ -365,11 +358,11 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 	case stale:
 		g.note(ctx, EventStale, sl.key, 0, nil)
 		fb := env
-		c.detach().refresh(ctx, sl.key, s, false, fillStale, 0, &fb)
+		c.detach().refresh(ctx, sl.key, s.gen, false, fillStale, 0, &fb)
 		sl.res = Stale
 	default:
 		if c.cfg.xfetch(now, &env) {
-			c.detach().refresh(ctx, sl.key, s, false, fillEarly, env.freshUntil, nil)
+			c.detach().refresh(ctx, sl.key, s.gen, false, fillEarly, env.freshUntil, nil)
 		}
 		if g.near != nil {
 			g.near.put(sl.near, sl.key, c.nearID(), c.cfg.tags.list(), sl.v, &env, false)
@@ -413,7 +406,7 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 				continue
 			}
 			g.note(ctx, EventMiss, sl.key, 0, nil)
-			c.refresh(ctx, sl.key, &sl.s, sl.force, fillMiss, 0, sl.fallback)
+			c.refresh(ctx, sl.key, sl.s.gen, sl.force, fillMiss, 0, sl.fallback)
 			sl.res, sl.err = Miss, fmt.Errorf("%w: %q", ErrMiss, sl.key)
 		}
 		if slots = rest; len(slots) == 0 {
@@ -445,7 +438,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
 		}
-		if sl.s.err != nil && errors.Is(sl.s.err, rcmd.ErrTimeout) && c.cfg.policy != policyFailFast {
+		if errors.Is(sl.s.err, rcmd.ErrTimeout) && c.cfg.policy != policyFailFast {
 			// Redis did not answer the read in time: slow, stalled, or this
 			// process too busy to read the answer. That is no proof that
 			// Redis is away, and failing open costs a load: the flight's
@@ -467,11 +460,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(adm, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader {
-			f := &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback}
-			if g.near != nil {
-				f.near = g.near.ticket(sl.key)
-			}
-			fs = append(fs, f)
+			fs = append(fs, &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
 		}
 	}
 	if len(fs) > 0 {
@@ -492,15 +481,16 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 	var keys []string
 	for _, sl := range sls {
 		key, id := sl.key, sl.id
-		t, leader, _ := g.unleased.join(entry{g.valuesKey(key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
+		t, leader, _ := g.unleased.join(entry{g.name("v:", key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
 			t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, id, deadline, cause)[0] }
 		})
 		switch sl.u = t; {
 		case leader: // its own load: a task nobody else joins
-			sl.u = &task[entry, *outcome]{key: entry{g.valuesKey(key), c.rep}, done: make(chan struct{}), started: true}
+			sl.u = &task[entry, *outcome]{key: entry{g.name("v:", key), c.rep}, done: make(chan struct{}), started: true}
 			lead, keys = append(lead, sl), append(keys, key)
-		case t == nil:
-			sl.u = closedTask()
+		case t == nil: // closed
+			sl.u = &task[entry, *outcome]{done: make(chan struct{}), res: &outcome{err: ErrClosed}}
+			close(sl.u.done)
 		}
 	}
 	if len(lead) > 0 {
@@ -526,29 +516,23 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 		if sl.u != nil {
 			t, leave = sl.u, func() { g.unleased.leave(sl.u) }
 		}
-		if sl.pending {
-			// A flight that has not heard from Redis yet may turn out to be
-			// one this call can join: see what its script answers.
-			select {
-			case <-t.asked:
-				c.join(ctx, []*part[T]{sl}, deadline)
-				continue
-			case <-ctx.Done():
-				sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
-				return
-			case <-budget:
-				c.timedOut(ctx, sl, deadline)
-				return
+		// A flight that has not heard from Redis yet (pending) may turn out
+		// to be one this call can join: see what its script answers.
+		asked, done, softC := t.asked, (<-chan struct{})(nil), (<-chan time.Time)(nil)
+		if !sl.pending {
+			asked, done, softC = nil, t.done, soft
+			if !sl.missed {
+				// Counted once the call has joined a flight, so a miss in
+				// Stats (or an observer's EventMiss) is a call already
+				// waiting for it.
+				sl.missed = true
+				g.note(ctx, EventMiss, sl.key, 0, nil)
 			}
 		}
-		if !sl.missed {
-			// Counted once the call has joined a flight, so a miss in Stats
-			// (or an observer's EventMiss) is a call already waiting for it.
-			sl.missed = true
-			g.note(ctx, EventMiss, sl.key, 0, nil)
-		}
 		select {
-		case <-t.done:
+		case <-asked:
+			c.join(ctx, []*part[T]{sl}, deadline)
+		case <-done:
 			o := t.res
 			if errors.Is(o.err, errFlightExpired) {
 				if ctx.Err() != nil {
@@ -585,7 +569,7 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			leave()
 			c.timedOut(ctx, sl, deadline)
 			return
-		case <-soft:
+		case <-softC:
 			if sl.fallback != nil {
 				if v, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
 					leave()
@@ -639,13 +623,6 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss
 	c.wait(ctx, sl, deadline, nil, nil)
-}
-
-// closedTask is a task ended with ErrClosed.
-func closedTask() *task[entry, *outcome] {
-	t := &task[entry, *outcome]{done: make(chan struct{}), res: &outcome{err: ErrClosed}}
-	close(t.done)
-	return t
 }
 
 func ctxErr(key string, ctx context.Context) error {

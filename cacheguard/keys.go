@@ -46,13 +46,14 @@ func representation(t reflect.Type, variant string, tags *tagSet) string {
 	return rep
 }
 
-// valuesKey returns the name of key's values hash: what a hit reads.
-func (g *Guard) valuesKey(key string) string {
+// name returns the Redis name of kind ("v:" a values hash, "t:" a tag's
+// version) for key, under key's hash tag.
+func (g *Guard) name(kind, key string) string {
 	tag, rest := slot.Tag(key)
-	return g.cfg.prefix + "v:{" + tag + "}" + rest
+	return g.cfg.prefix + kind + "{" + tag + "}" + rest
 }
 
-// valuesKeys returns the names of the values hashes of keys (see valuesKey),
+// valuesKeys returns the names of the values hashes of keys (see name),
 // built in one buffer rather than one allocation each.
 func (g *Guard) valuesKeys(keys []string) []string {
 	p := g.cfg.prefix

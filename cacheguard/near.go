@@ -11,22 +11,13 @@ import (
 	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
-// The near cache (see NearCache) keeps decoded values in the process, in
-// front of Redis. Its entries are dropped in every process through one
-// pub/sub channel per prefix (prefix+"nc"), on which every fill, Invalidate
-// and InvalidateTags of every Guard publishes — whether it has a near cache or
-// not — "<origin> f<key>", "<origin> i<key>" or "<origin> t<tag>".
-//
-// An entry is served only while its process can trust that it heard every
-// message: the Guard's wake-up hub watches the channel (wake.Hub.Watch),
-// PINGing its connection when it is silent for nearProbe, and proves each
-// time that every message published before then was heard (Live); a proof
-// older than nearTrust (the connection lost, black-holed, reconnecting) makes
-// the near cache bypassed until the next — and a new subscription flushes it,
-// since messages may have been lost meanwhile (the epoch moves: judge refuses
-// every entry taken in before). A value enters only under a ticket taken before
-// the Redis command that produced it was sent, and only if nothing was heard
-// about its key (or any tag, for a tagged value) since.
+// The near cache (see NearCache, and DESIGN.md, Near cache) hears on
+// prefix+"nc" what every fill, Invalidate and InvalidateTags of every Guard
+// publishes: "<origin> f<key>", "<origin> i<key>" or "<origin> t<tag>". It is
+// trusted for nearTrust after each proof (Live) that the subscription heard
+// every message; a new subscription moves the epoch (judge refuses every
+// entry taken in before) and flushes it. A value enters only under a ticket
+// taken before the command that produced it was sent.
 
 const (
 	nearProbe = 250 * time.Millisecond // the subscription is PINGed when silent this long
@@ -162,8 +153,12 @@ func (n *nearCache) get(key string, id nearID, now time.Time) (*nearEntry, uint6
 	return nil, 0
 }
 
-// ticket remembers the state before a command that reads key is sent.
+// ticket remembers the state before a command that reads key is sent (none
+// without a near cache).
 func (n *nearCache) ticket(key string) nearTicket {
+	if n == nil {
+		return nearTicket{}
+	}
 	epoch, until := unpackState(n.state.Load())
 	t := nearTicket{ok: n.mono(time.Now()) < until, epoch: epoch, slot: n.slot(key), tags: n.tagChanges.Load()}
 	t.changes = n.changes[t.slot].Load()

@@ -117,40 +117,25 @@ func (c *counters) get(kind EventKind) uint64 {
 	return n
 }
 
-func (c *counters) snapshot() Stats {
-	near := c.get(EventNearHit)
-	return Stats{
-		Hits:            c.get(EventHit) + near,
-		Misses:          c.get(EventMiss),
-		Loads:           c.get(EventLoad),
-		CoalescedLocal:  c.get(EventCoalescedLocal),
-		CoalescedRemote: c.get(EventCoalescedRemote),
-		StaleServed:     c.get(EventStale),
-		EarlyRefreshes:  c.get(EventEarlyRefresh),
-		NegativeHits:    c.get(EventNegativeHit),
-		WaitTimeouts:    c.get(EventWaitTimeout),
-		FailOpenLoads:   c.get(EventFailOpen),
-		DecodeErrors:    c.get(EventDecodeError),
-		RedisErrors:     c.get(EventRedisError),
-		NearHits:        near,
-		FailSafe:        c.get(EventFailSafe),
+func (c *counters) snapshot() (s Stats) {
+	for k, p := range [numKinds]*uint64{nil, &s.Hits, &s.Misses, &s.Loads, &s.CoalescedLocal, &s.CoalescedRemote, &s.StaleServed,
+		&s.EarlyRefreshes, &s.NegativeHits, &s.WaitTimeouts, &s.FailOpenLoads, &s.DecodeErrors, &s.RedisErrors, &s.NearHits, &s.FailSafe} {
+		if p != nil {
+			*p = c.get(EventKind(k))
+		}
 	}
+	s.Hits += s.NearHits
+	return s
 }
 
-// noteNearHit counts a near-cache hit (a hit, in Stats.Hits too) and tells
-// the observer (EventHit, then EventNearHit).
-func (g *Guard) noteNearHit(ctx context.Context, key string) {
-	g.stats.add(EventNearHit)
-	if g.cfg.observer != nil {
-		g.cfg.observer(ctx, Event{Kind: EventHit, Key: key})
-		g.cfg.observer(ctx, Event{Kind: EventNearHit, Key: key})
-	}
-}
-
-// note counts an outcome, tells the observer, and logs the warnings.
+// note counts an outcome, tells the observer (a near-cache hit as EventHit,
+// then EventNearHit), and logs the warnings.
 func (g *Guard) note(ctx context.Context, kind EventKind, key string, d time.Duration, err error) {
 	g.stats.add(kind)
 	if g.cfg.observer != nil {
+		if kind == EventNearHit {
+			g.cfg.observer(ctx, Event{Kind: EventHit, Key: key})
+		}
 		g.cfg.observer(ctx, Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}
 	switch kind {

@@ -29,17 +29,11 @@ type stored struct {
 	err     error    // Redis failed
 }
 
-// A hit is one HGET of the representation's field in the key's values hash.
-// An Invalidate deletes that hash in the script that moves the generation, so
-// a value present in Redis is always of the current generation and a hit
-// does not read the generation. The miss path needs it only to decide which
-// flight of the process a call may join, and reads it — in the same round
-// trip — only when such a flight is running.
-
 // read sends one read of an entry per key of values (each a values hash, field
 // the entry's representation in it), with the generation of the keys whose
-// entry has a flight running in this process and the versions of tags, in
-// one round trip: an HGET, or a pipeline (on a cluster one per node).
+// entry has a flight running in this process (which flight a call may join
+// depends on it: see admit) and the versions of tags, in one round trip: an
+// HGET, or a pipeline (on a cluster one per node).
 func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
@@ -92,7 +86,7 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 	}
 	tv := make([]*redis.Cmd, len(tags))
 	for i, t := range tags {
-		tv[i] = redis.NewCmd(ctx, "get", g.tagKey(t))
+		tv[i] = redis.NewCmd(ctx, "get", g.name("t:", t))
 		cmds = append(cmds, tv[i])
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
@@ -221,33 +215,6 @@ func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
 	}
 }
 
-// bound returns ctx bounded by the earlier of the wait budget's deadline
-// (none when zero) and the command timeout (see rcmd), and whether the budget
-// is the earlier.
-func (g *Guard) bound(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc, bool) {
-	if d, ok := ctx.Deadline(); deadline.IsZero() || ok && !d.After(deadline) || time.Until(deadline) >= g.cmd.Timeout() {
-		rctx, cancel := g.cmd.Bound(ctx, 0)
-		return rctx, cancel, false
-	}
-	rctx, cancel := context.WithDeadline(ctx, deadline)
-	return rctx, cancel, true
-}
-
-// ended tells what ended a read that failed under rctx (see bound): the
-// caller's ctx (its error), the wait budget (errBudget), or Redis (s, its
-// error; the command timeout's included). Call it before cancelling rctx.
-func (g *Guard) ended(ctx, rctx context.Context, budget bool, s stored) (stored, error) {
-	switch {
-	case passed(ctx):
-		return stored{}, deadlineErr(ctx)
-	case budget && passed(rctx):
-		return stored{}, errBudget
-	case passed(rctx):
-		return stored{err: rcmd.ErrTimeout}, nil
-	}
-	return s, nil
-}
-
 // passed reports whether ctx has ended or its deadline has passed. A
 // context's timer can run late on a starved CPU, while a client that bounds
 // its socket calls by the deadline (ContextTimeoutEnabled) fails them with a
@@ -313,26 +280,30 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // one round trip (see read) into out, bounded by ctx (its error), the wait
 // budget (at deadline, none when zero: errBudget) and the command timeout
 // (then each entry's error matches rcmd.ErrTimeout), whichever ends first.
-//
-// The read runs on the caller's goroutine when the client bounds its socket
-// calls by the context's deadline (ContextTimeoutEnabled) and neither ctx nor
-// the budget ends before the command timeout: a hit then costs what a plain
-// HGET does. Else it runs on a worker of the Guard's, and the caller waits
-// for it only until those bounds: a Redis that does not answer (black-holed,
-// paused) then holds no caller beyond them whatever the client's own timeouts
-// (go-redis bounds a read by ReadTimeout and its retries then, not by the
-// context); and with ContextTimeoutEnabled the read is detached from the
-// caller, bounded by the command timeout alone, since go-redis closes the
-// connection of a command its context cuts: on a starved host, callers near
-// their deadlines would otherwise cost a connection each, and the redials
-// feed the overload.
+// The read runs on the caller's goroutine when the client honours deadlines
+// (ContextTimeoutEnabled) and neither ctx nor the budget ends before the
+// command timeout: a hit then costs what a plain HGET does. Else it runs on a
+// worker, and the caller waits only until those bounds; with
+// ContextTimeoutEnabled, detached from the caller and bounded by the command
+// timeout alone, since go-redis closes the connection of a command its
+// context cuts (DESIGN.md, the read hand-off).
 func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
 	if passed(ctx) {
 		return deadlineErr(ctx)
 	}
-	rctx, cancel, budget := g.bound(ctx, deadline)
+	// rctx: ctx bounded by the earlier of the budget's deadline and the
+	// command timeout (see rcmd).
+	d, ok := ctx.Deadline()
+	budget := !deadline.IsZero() && (!ok || d.After(deadline)) && time.Until(deadline) < g.cmd.Timeout()
+	var rctx context.Context
+	var cancel context.CancelFunc
+	if budget {
+		rctx, cancel = context.WithDeadline(ctx, deadline)
+	} else {
+		rctx, cancel = g.cmd.Bound(ctx, 0)
+	}
 	defer cancel()
-	if g.ctxDeadlines && !budget && !endsWithin(ctx, g.cmd.Timeout()) {
+	if g.ctxDeadlines && !budget && !(ok && time.Until(d) < g.cmd.Timeout()) {
 		g.read(rctx, values, field, tags, out)
 	} else {
 		j, _ := g.jobs.Get().(*readJob)
@@ -362,17 +333,19 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	if !passed(rctx) || !slices.ContainsFunc(out, func(s stored) bool { return s.err != nil }) {
 		return nil
 	}
-	s, err := g.ended(ctx, rctx, budget, stored{err: rcmd.ErrTimeout})
+	// Failed once rctx passed: for the caller's ctx, the budget, or the
+	// command timeout (see passed).
+	s, err := stored{err: rcmd.ErrTimeout}, error(nil)
+	switch {
+	case passed(ctx):
+		s, err = stored{}, deadlineErr(ctx)
+	case budget:
+		s, err = stored{}, errBudget
+	}
 	for i := range out {
 		out[i] = s
 	}
 	return err
-}
-
-// endsWithin reports whether ctx's deadline comes within d.
-func endsWithin(ctx context.Context, d time.Duration) bool {
-	dl, ok := ctx.Deadline()
-	return ok && time.Until(dl) < d
 }
 
 // readJob is a read that fetch hands to a worker; the Guard pools them.

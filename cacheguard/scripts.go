@@ -145,7 +145,7 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 	tags := cfg.tags.list()
 	tv := make([]*redis.Cmd, len(tags))
 	for i, t := range tags {
-		tv[i] = tagReadScript.Cmd(ctx, keys(g.tagKey(t)), max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
+		tv[i] = tagReadScript.Cmd(ctx, keys(g.name("t:", t)), max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
 		cmds = append(cmds, tv[i])
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
@@ -172,33 +172,33 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 	return rs, vers, nil
 }
 
-// parseLeaseReply reads one key's reply of the get-or-lease script.
-func parseLeaseReply(v []any) (leaseReply, error) {
-	var r leaseReply
+// parseLeaseReply reads one key's reply of the get-or-lease script: its
+// status, what goes with it, and the key's generation last.
+func parseLeaseReply(v []any) (r leaseReply, err error) {
 	var status int64 = -1
-	if len(v) > 0 {
+	if len(v) >= 2 {
 		status, _ = v[0].(int64)
-	}
-	var err error
-	gen := func(x any) bool {
-		s, _ := x.(string)
-		r.gen, err = strconv.ParseInt(s, 10, 64)
-		return err == nil && r.gen > 0
+		s, _ := v[len(v)-1].(string)
+		if r.gen, err = strconv.ParseInt(s, 10, 64); err != nil {
+			r.gen = 0
+		}
 	}
 	switch {
-	case status == 0 && len(v) == 3 && gen(v[2]):
+	case r.gen <= 0:
+	case status == 0 && len(v) == 3:
 		s, _ := v[1].(string)
 		r.fresh, r.value = true, []byte(s)
-	case status == 1 && len(v) == 2 && gen(v[1]):
+		return r, nil
+	case status == 1 && len(v) == 2:
 		r.granted = true
-	case status == 2 && len(v) == 4 && gen(v[3]):
+		return r, nil
+	case status == 2 && len(v) == 4:
 		pttl, _ := v[1].(int64)
 		r.pttl = time.Duration(pttl) * time.Millisecond
 		r.holder, _ = v[2].(string)
-	default:
-		return leaseReply{}, fmt.Errorf("cacheguard: unexpected get-or-lease reply %v", v)
+		return r, nil
 	}
-	return r, nil
+	return leaseReply{}, fmt.Errorf("cacheguard: unexpected get-or-lease reply %v", v)
 }
 
 // store returns the write of env, an envelope of f's entry loaded under f's

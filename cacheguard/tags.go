@@ -9,19 +9,12 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
-// Tags are invalidated without knowing the keys that carry them: each tag has
-// a version in Redis (prefix+"t:{tag}", one small key per tag, in the tag's
-// own slot), which a fill reads as it takes its lease (so before its load
-// begins) and stores in the envelope, and which InvalidateTags moves forward.
-// A call reads its tags' versions with the value (in the same round trip),
-// and judge refuses a value whose recorded versions are older. The tag set
-// is part of the entry's representation: values of one key stored with
-// other tags, or none, are other entries. No tag→key set is kept, so nothing
-// grows with the number of keys, and no command spans two slots.
+// Each tag has a version in Redis (prefix+"t:{tag}"), read by a fill before
+// its load and recorded in the envelope, moved forward by InvalidateTags, and
+// read with the value by a tagged call: judge refuses older recorded
+// versions (DESIGN.md, Tags).
 
 // maxTags bounds the tags of one call.
 const maxTags = 16
@@ -63,9 +56,16 @@ func (ts *tagSet) validate() error {
 		return invalid("%d tags, more than %d", len(ts.names), maxTags)
 	}
 	for _, t := range ts.names {
-		if err := validKey(t); err != nil {
-			return fmt.Errorf("tag: %w", err)
+		if err := validTag(t); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+func validTag(t string) error {
+	if err := validKey(t); err != nil {
+		return fmt.Errorf("tag: %w", err)
 	}
 	return nil
 }
@@ -94,12 +94,6 @@ func (ts *tagSet) current(e *envelope, cur []uint64) bool {
 	return true
 }
 
-// tagKey is the Redis name of a tag's version.
-func (g *Guard) tagKey(tag string) string {
-	t, rest := slot.Tag(tag)
-	return g.cfg.prefix + "t:{" + t + "}" + rest
-}
-
 // InvalidateTags voids every value stored with any of tags (see Tags), of
 // every key, in every process: the tags' versions move forward in Redis, so
 // that a call that begins after InvalidateTags returned — in any process —
@@ -108,12 +102,7 @@ func (g *Guard) tagKey(tag string) string {
 // in each tag's own slot; one round trip per node) and nothing per key. When
 // Redis cannot be reached it returns an error matching ErrUnavailable.
 func (g *Guard) InvalidateTags(ctx context.Context, tags ...string) error {
-	return g.invalidate(ctx, "invalidate tags", tags, func(t string) error {
-		if err := validKey(t); err != nil {
-			return fmt.Errorf("tag: %w", err)
-		}
-		return nil
-	}, func(t string) redis.Cmder {
-		return tagBumpScript.Cmd(ctx, keys(g.tagKey(t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
+	return g.invalidate(ctx, "invalidate tags", tags, validTag, func(t string) redis.Cmder {
+		return tagBumpScript.Cmd(ctx, keys(g.name("t:", t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
 	}, func(ts []string) { g.near.dropTags(ts) })
 }
