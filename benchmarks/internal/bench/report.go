@@ -302,7 +302,7 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 	if r.Micro != "" {
 		fmt.Fprintf(&b, "## 7. Go micro-benchmarks\n\n`go test -bench` in benchmarks/micro, %d runs of each, each a fixed "+
 			"number of iterations (-benchtime %s; for BenchmarkWarmGetMany, 100 keys an iteration, %s of its GetMany "+
-			"and %s of its 100 Gets in a row) (benchstat-friendly; saved as results/micro.txt):\n\n```\n",
+			"and %s of its 100 Gets in a row, one run of each in turn) (benchstat-friendly; saved as results/micro.txt):\n\n```\n",
 			r.s.microCount, r.s.microIters, r.s.microIterBatch, r.s.microIterMany)
 		b.WriteString(r.Micro)
 		b.WriteString("\n```\n")
