@@ -65,8 +65,3 @@ func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)
 	return err
 }
-
-// remoteError is the failure of a load in another process, as its message.
-func remoteError(key, msg string) error {
-	return fmt.Errorf("%w: %q: %s", ErrRemoteLoad, key, msg)
-}

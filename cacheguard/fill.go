@@ -22,18 +22,14 @@ const (
 )
 
 // fill loads the keys of fs, whose fill leases this call holds, with one
-// call of the loader while renewing the leases, stores what it loaded (or the
-// absence) with each lease's compare-and-set and wakes the waiters, in one
-// pipeline, and ends each flight with its outcome. A key whose load failed
-// has its lease released and its waiters told why — or, with FailSafe, an
-// older value of the key stored again in its place, when judge lets it
-// stand in (never one from before an invalidation or a tag invalidation the
-// fill has seen). A load that Close (or Shutdown's deadline) cancelled, or
-// whose loader returned an error matching ErrClosed, is handed over: the
-// lease is released with a message that makes a waiter elsewhere take the
-// fill over at once, and this process's callers get ErrClosed — never an
-// error for others. A flight whose lease turns out lost takes no new callers:
-// what it loaded may be older than what another fill stored.
+// loader call while renewing the leases; then, in one pipeline, stores each
+// value (or the absence) under its lease's compare-and-set, waking the
+// waiters, or releases the lease telling them why — with FailSafe, storing
+// instead an older value judge lets stand in. A load that Close cancelled, or
+// that declined (ErrClosed), is handed over ('h': a waiter elsewhere takes
+// the fill over at once; callers here get ErrClosed). A flight whose lease
+// turns out lost takes no new callers: what it loaded may be older than what
+// another fill stored.
 func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind fillKind) {
 	g := c.g
 	start := time.Now()
@@ -249,15 +245,12 @@ func keysOf(fs []*flight) []string {
 	return keys
 }
 
-// renew keeps the fill leases of fs alive every third of the lease, in one
-// round trip for them all (see every), until the returned stop function is
-// called, the deadline passes or the Guard closes. stop does not wait for a
-// renewal on its way: the store's compare-and-set needs none (one that
-// reaches Redis after the store finds the lease gone and changes nothing),
-// and on a starved host its answer can take hundreds of ms that every waiter
-// in the fleet would wait too. A lease found gone (expired, taken over, or
-// its generation invalidated) shuts its flight, which takes no new callers,
-// and is renewed no more (the store's compare-and-set will fail too).
+// renew renews the fill leases of fs every third of the lease, in one round
+// trip (see every), until stop is called, the deadline passes or the Guard
+// closes. stop does not wait for a renewal on its way: the store's
+// compare-and-set needs none, and on a starved host that wait cost every
+// waiter in the fleet hundreds of ms. A lease found gone shuts its flight
+// (it takes no new callers) and is renewed no more.
 func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) (stop func()) {
 	quit := make(chan struct{})
 	renewal := func(ctx context.Context, f *flight) redis.Cmder {

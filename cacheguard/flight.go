@@ -3,6 +3,7 @@ package cacheguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -302,13 +303,11 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uint64) bool {
 	g := c.g
 	env, v, verdict := c.decode(ctx, f.key, b, &view{now: time.Now().UnixMilli(), tags: tagVers})
-	switch verdict {
-	case fresh, failSafe:
-	case refused:
+	if verdict == refused {
 		f.force = true
-		return false
-	default:
-		return false // already old: ask Redis
+	}
+	if verdict != fresh && verdict != failSafe {
+		return false // else already old: ask Redis
 	}
 	o := &outcome{leader: f.id, env: &env, stored: !env.failSafe}
 	g.note(ctx, EventCoalescedRemote, f.key, 0, nil)
@@ -347,7 +346,7 @@ func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tag
 	case 'v':
 		return len(body) >= envHeaderLen && c.remote(ctx, f, []byte(body), tagVers)
 	case 'e':
-		c.g.flights.finish(f, &outcome{leader: f.id, err: remoteError(f.key, body)})
+		c.g.flights.finish(f, &outcome{leader: f.id, err: fmt.Errorf("%w: %q: %s", ErrRemoteLoad, f.key, body)})
 		return true
 	case 'n':
 		c.g.flights.finish(f, &outcome{leader: f.id, err: notFound(f.key)})

@@ -46,13 +46,6 @@ import (
 // oversize key, nil loader, invalid option) is an ErrInvalid before any Redis
 // call.
 func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Context) (T, error), opts ...CallOption) (T, error) {
-	if g != nil && g.near != nil && len(opts) == 0 && load != nil && validKey(key) == nil && !g.isClosed() {
-		// The near cache's hit path, before the call's configuration is
-		// copied: it allocates nothing.
-		if v, _, ok := nearHit(ctx, g, &g.cfg, key, load, nil, time.Now()); ok {
-			return v, nil
-		}
-	}
 	cfg, err := g.callConfig(opts, load != nil)
 	if err == nil {
 		err = validKey(key)
@@ -63,11 +56,11 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 	}
 	var v T
 	var res Result
-	if g.near != nil && len(opts) > 0 {
-		v, res, _ = nearHit(ctx, g, &cfg, key, load, nil, time.Now())
+	if g.near != nil {
+		v, res, _ = nearHit(ctx, g, cfg, key, load, nil, time.Now()) // allocates nothing
 	}
 	if res == 0 {
-		c := call[T]{g: g, cfg: cfg, typ: reflect.TypeFor[T](), one: load} // on the stack
+		c := call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), one: load} // on the stack
 		c.rep = representation(c.typ, cfg.variant, cfg.tags)
 		v, res, err = c.get(ctx, key)
 	}
@@ -115,7 +108,7 @@ func GetMany[T any](ctx context.Context, g *Guard, keys []string, load func(ctx 
 	if err != nil {
 		return nil, err
 	}
-	c := &call[T]{g: g, cfg: cfg, typ: reflect.TypeFor[T](), load: load}
+	c := &call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), load: load}
 	c.rep = representation(c.typ, cfg.variant, cfg.tags)
 	keys = slices.Clone(keys)
 	slices.Sort(keys)
@@ -480,6 +473,9 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 	var lead []*part[T]
 	var keys []string
 	for _, sl := range sls {
+		if sl.id == 0 {
+			sl.id = g.callIDs.Add(1)
+		}
 		key, id := sl.key, sl.id
 		t, leader, _ := g.unleased.join(entry{g.name("v:", key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
 			t.run = func() *outcome { return c.loadUnleased(ctx, []string{key}, id, deadline, cause)[0] }
@@ -610,15 +606,11 @@ func (c *call[T]) deliver(ctx context.Context, sl *part[T], o *outcome) {
 // only with the callers of this process that arrived before it started.
 // Nothing is stored.
 func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time) {
-	g := c.g
-	g.note(ctx, EventWaitTimeout, sl.key, 0, nil)
+	c.g.note(ctx, EventWaitTimeout, sl.key, 0, nil)
 	sl.res = Miss
 	if c.cfg.onTimeout != TimeoutLoad {
 		sl.err = fmt.Errorf("%w: %q after %v", ErrWaitTimeout, sl.key, c.cfg.wait)
 		return
-	}
-	if sl.id == 0 {
-		sl.id = g.callIDs.Add(1)
 	}
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss

@@ -21,7 +21,6 @@ import (
 // Sentinel-managed master or a Redis Cluster), shared by every Get. It is safe
 // for concurrent use. Close stops its background work.
 type Guard struct {
-	rdb redis.UniversalClient
 	cmd *rcmd.Runner // every command and script goes through it
 	cfg config
 	hub *wake.Hub // the shared subscription for fill wake-ups
@@ -32,8 +31,8 @@ type Guard struct {
 	near              *nearCache // nil unless NearCache
 	log               *ratelog.Logger
 	sem               chan struct{}
-	// ctxDeadlines: rdb bounds its socket calls by the context's deadline, so
-	// a caller may read on its own goroutine (see fetch).
+	// ctxDeadlines: the client bounds its socket calls by the context's
+	// deadline, so a caller may read on its own goroutine (see fetch).
 	ctxDeadlines bool
 	jobs         sync.Pool // of *readJob
 
@@ -54,9 +53,8 @@ type Guard struct {
 	root context.Context
 	stop context.CancelCauseFunc
 
-	mu     sync.Mutex // guards closed
-	closed bool
-	isShut atomic.Bool    // closed, read without mu by every call
+	mu     sync.Mutex     // orders closed's setting with track
+	closed atomic.Bool    // set under mu, read without it by every call
 	wg     sync.WaitGroup // the tasks
 }
 
@@ -78,7 +76,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 		panic(err.Error())
 	}
 	g := &Guard{
-		rdb: rdb, cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
+		cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
 		work: newWorkers(),
 	}
 	g.root, g.stop = context.WithCancelCause(context.Background())
@@ -127,9 +125,7 @@ func (g *Guard) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	g.mu.Lock()
-	first := !g.closed
-	g.closed = true
-	g.isShut.Store(true)
+	first := !g.closed.Swap(true)
 	g.mu.Unlock()
 
 	cancel := context.AfterFunc(ctx, func() { g.stop(ErrClosed) }) // when ctx ends first
@@ -191,7 +187,7 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 			return err
 		}
 	}
-	if g.isClosed() {
+	if g.closed.Load() {
 		return ErrClosed
 	}
 	if len(names) == 0 {
@@ -219,35 +215,33 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 	return nil
 }
 
-func (g *Guard) isClosed() bool { return g.isShut.Load() }
-
 // callConfig checks a call's Guard, loader and options, and returns its
-// configuration.
-func (g *Guard) callConfig(opts []CallOption, hasLoad bool) (config, error) {
+// configuration: the Guard's own without options (nothing to copy).
+func (g *Guard) callConfig(opts []CallOption, hasLoad bool) (*config, error) {
 	if g == nil {
-		return config{}, invalid("nil Guard")
+		return nil, invalid("nil Guard")
 	}
 	if !hasLoad {
-		return config{}, invalid("nil loader")
+		return nil, invalid("nil loader")
 	}
-	if g.isClosed() {
-		return config{}, ErrClosed
+	if g.closed.Load() {
+		return nil, ErrClosed
 	}
 	if len(opts) == 0 {
-		return g.cfg, nil
+		return &g.cfg, nil
 	}
 	cfg := new(config) // options see a pointer: it escapes, so only calls with options pay for it
 	*cfg = g.cfg
 	for _, o := range opts {
 		if o == nil {
-			return config{}, invalid("nil CallOption")
+			return nil, invalid("nil CallOption")
 		}
 		o.applyCall(cfg)
 	}
 	if err := cfg.validate(); err != nil {
-		return config{}, err
+		return nil, err
 	}
-	return *cfg, nil
+	return cfg, nil
 }
 
 // track registers a task (a flight, a load or a background refresh) that
@@ -256,7 +250,7 @@ func (g *Guard) callConfig(opts []CallOption, hasLoad bool) (config, error) {
 func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed {
+	if g.closed.Load() {
 		return nil, nil, false
 	}
 	ctx, cancel := context.WithCancelCause(parent)

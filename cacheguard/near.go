@@ -3,12 +3,11 @@ package cacheguard
 import (
 	"hash/maphash"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/cacheguard/cacheguard/internal/wake"
 )
 
 // The near cache (see NearCache, and DESIGN.md, Near cache) hears on
@@ -51,8 +50,6 @@ type nearCache struct {
 	// session is the subscription's session trusted last, down the last
 	// one that ended (see Live).
 	session, down uint64
-
-	sub *wake.Sub
 }
 
 // The state word: the epoch (bits 40 up), which every loss of trust moves so
@@ -118,7 +115,7 @@ func newNearCache(g *Guard, max int, ttl time.Duration) *nearCache {
 		g: g, ttl: ttl, base: time.Now(), seed: maphash.MakeSeed(),
 		ring: make([]*nearEntry, max), tags: map[string]map[*nearEntry]struct{}{},
 	}
-	n.sub, _ = g.hub.Watch(g.ncChannel, n, nearProbe) // a new hub is not closed
+	_, _ = g.hub.Watch(g.ncChannel, n, nearProbe) // a new hub is not closed; it keeps the watch
 	return n
 }
 
@@ -134,20 +131,13 @@ func (n *nearCache) get(key string, id nearID, now time.Time) (*nearEntry, uint6
 	if mono >= until {
 		return nil, 0
 	}
-	x, found := n.m.Load(key)
-	if !found {
-		return nil, 0
-	}
-	reps := x.(*nearNode).reps.Load()
-	if reps == nil {
-		return nil, 0
-	}
-	for _, e := range *reps {
-		if e.id == id {
-			if mono >= e.until {
-				return nil, 0
+	if x, found := n.m.Load(key); found {
+		if reps := x.(*nearNode).reps.Load(); reps != nil {
+			for _, e := range *reps {
+				if e.id == id && mono < e.until {
+					return e, epoch
+				}
 			}
-			return e, epoch
 		}
 	}
 	return nil, 0
@@ -192,8 +182,7 @@ func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val 
 		node.mu.Unlock()
 		return
 	}
-	var reps []*nearEntry
-	var gone []*nearEntry
+	var reps, gone []*nearEntry
 	if old := node.reps.Load(); old != nil {
 		for _, o := range *old {
 			if o.id == id || replace {
@@ -253,12 +242,7 @@ func (n *nearCache) remove(e *nearEntry) {
 		node := x.(*nearNode)
 		node.mu.Lock()
 		if old := node.reps.Load(); old != nil {
-			reps := make([]*nearEntry, 0, len(*old))
-			for _, o := range *old {
-				if o != e {
-					reps = append(reps, o)
-				}
-			}
+			reps := slices.DeleteFunc(slices.Clone(*old), func(o *nearEntry) bool { return o == e })
 			if len(reps) == 0 {
 				n.m.CompareAndDelete(e.key, node)
 				node.reps.Store(nil)
@@ -345,12 +329,9 @@ func (n *nearCache) Live(session uint64) {
 	case session == 0:
 		n.down = n.session
 		n.setTrust(0, true)
-	case session <= n.down:
-	case session != n.session:
+	case session > n.down:
+		n.setTrust(n.mono(time.Now().Add(nearTrust)), session != n.session)
 		n.session = session
-		n.setTrust(n.mono(time.Now())+int64(nearTrust/time.Millisecond), true)
-	default:
-		n.setTrust(n.mono(time.Now())+int64(nearTrust/time.Millisecond), false)
 	}
 }
 

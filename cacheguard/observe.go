@@ -106,23 +106,16 @@ func (c *counters) add(kind EventKind) {
 	c.c[kind].Add(1)
 }
 
-func (c *counters) get(kind EventKind) uint64 {
-	if kind != EventNearHit {
-		return c.c[kind].Load()
-	}
-	var n uint64
-	for i := range c.near {
-		n += c.near[i].n.Load()
-	}
-	return n
-}
-
+// snapshot returns the counters as Stats, a near hit counted as a hit too.
 func (c *counters) snapshot() (s Stats) {
 	for k, p := range [numKinds]*uint64{nil, &s.Hits, &s.Misses, &s.Loads, &s.CoalescedLocal, &s.CoalescedRemote, &s.StaleServed,
 		&s.EarlyRefreshes, &s.NegativeHits, &s.WaitTimeouts, &s.FailOpenLoads, &s.DecodeErrors, &s.RedisErrors, &s.NearHits, &s.FailSafe} {
 		if p != nil {
-			*p = c.get(EventKind(k))
+			*p = c.c[k].Load()
 		}
+	}
+	for i := range c.near {
+		s.NearHits += c.near[i].n.Load()
 	}
 	s.Hits += s.NearHits
 	return s

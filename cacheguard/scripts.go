@@ -2,7 +2,7 @@ package cacheguard
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
 	"strconv"
 	"time"
@@ -13,32 +13,27 @@ import (
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
-var (
-	//go:embed lease.lua
-	leaseLua string
-	//go:embed fill.lua
-	fillLua string
-	//go:embed release.lua
-	releaseLua string
-	//go:embed renew.lua
-	renewLua string
-	//go:embed invalidate.lua
-	invalidateLua string
-	//go:embed tagread.lua
-	tagReadLua string
-	//go:embed tagbump.lua
-	tagBumpLua string
-	//go:embed readmany.lua
-	readManyLua string
+//go:embed *.lua
+var lua embed.FS
 
-	leaseScript      = rcmd.NewScript(leaseLua)
-	fillScript       = rcmd.NewScript(fillLua)
-	releaseScript    = rcmd.NewScript(releaseLua)
-	renewScript      = rcmd.NewScript(renewLua)
-	invalidateScript = rcmd.NewScript(invalidateLua)
-	tagReadScript    = rcmd.NewScript(tagReadLua)
-	tagBumpScript    = rcmd.NewScript(tagBumpLua)
-	readManyScript   = rcmd.NewScript(readManyLua)
+// script reads an embedded .lua file into a Script.
+func script(name string) *rcmd.Script {
+	src, err := lua.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return rcmd.NewScript(string(src))
+}
+
+var (
+	leaseScript      = script("lease.lua")
+	fillScript       = script("fill.lua")
+	releaseScript    = script("release.lua")
+	renewScript      = script("renew.lua")
+	invalidateScript = script("invalidate.lua")
+	tagReadScript    = script("tagread.lua")
+	tagBumpScript    = script("tagbump.lua")
+	readManyScript   = script("readmany.lua")
 )
 
 // Every Redis command goes through the Guard's rcmd.Runner (g.cmd): bounded
@@ -91,13 +86,10 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // trip — one script call per hash slot (one in all on a single server) — and
 // reads, in the same round trip, the versions of the call's tags as a fill
 // records them (creating the absent ones): read before any load the replies
-// grant begins. A round trip that the command timeout ended while this
-// process, not Redis, was slow (rcmd.Busy: Redis answered other commands
-// meanwhile, or the timeout was seen late) is no sign of a stall, and failing
-// open would cost a load the lease is there to spare: it is sent again, under
-// the stretched timeout and with the same token (the script grants a lease
-// this token holds again), until it is answered, it times out with Redis
-// silent, or ctx ends.
+// grant begins. A round trip the command timeout ended while this process,
+// not Redis, was slow (rcmd.Busy) is sent again with the same token (the
+// script grants a lease this token holds again) until it is answered, times
+// out with Redis silent, or ctx ends: failing open would cost a load.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
 	for {
 		rs, vers, err := g.leaseOnce(ctx, fs, tok, cfg)
@@ -222,11 +214,9 @@ func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
 const giveBackEvery = 100 * time.Millisecond
 
 // giveBack releases, on a task of its own (see every), the fill leases of fs
-// that token tok may hold though its caller never learnt it: the
-// get-or-lease round trip that asked for them ended unanswered, and Redis may
-// have run it (or run it when it resumes). A lease left so would keep every
-// process's waiters of those keys waiting until it expired; released, its
-// waiters are told to take the fill over at once ('h'). It asks every
+// that tok may hold unbeknown to its caller (the get-or-lease round trip
+// ended unanswered, but Redis may run it), telling their waiters to take the
+// fill over at once ('h') rather than wait for the lease's expiry: every
 // giveBackEvery until Redis answers, the leases would have expired (until),
 // or Close.
 func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
