@@ -113,7 +113,7 @@ func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
 func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task[entry, *outcome]) admission) (t *task[entry, *outcome], leader, pending bool) {
 	return fs.group.join(e, admit, func(t *task[entry, *outcome]) {
 		fs.running.Add(1)
-		t.typ, t.serial = typ, fs.serial.Add(1)
+		t.typ, t.serial, t.born, t.asked = typ, fs.serial.Add(1), time.Now(), make(chan struct{})
 		t.floor.Store(floor)
 	})
 }

@@ -66,14 +66,13 @@ const (
 
 // join returns the task whose result the caller shares: one that admit
 // takes (a queued one counts the caller as waiting: see leave), or a new one,
-// which mk (when not nil) completes before anyone else sees it. The caller
-// leads (leader) when fewer than limit pieces of work run: in a group
-// without a limit it gets a new task to run and end, in one with a limit no
-// task (nobody shares a running piece of work there: it runs its own and
-// calls end with a nil task). Else the new task is queued, and started when
-// one of them ends (see end). With pending, a task admit holds is returned:
-// wait for its asked channel and join again. After close, join returns nil
-// and false.
+// which mk completes before anyone else sees it. The caller leads (leader)
+// when fewer than limit pieces of work run: in a group without a limit it
+// gets a new task to run and end, in one with a limit no task (nobody shares
+// a running piece of work there: it runs its own and calls end with a nil
+// task). Else the new task is queued, and started when one of them ends (see
+// end). With pending, a task admit holds is returned: wait for its asked
+// channel and join again. After close, join returns nil and false.
 func (q *group[K, T]) join(key K, admit func(*task[K, T]) admission, mk func(*task[K, T])) (t *task[K, T], leader, pending bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -119,12 +118,7 @@ func (q *group[K, T]) join(key K, admit func(*task[K, T]) admission, mk func(*ta
 
 func (q *group[K, T]) newTask(key K, mk func(*task[K, T])) *task[K, T] {
 	t := &task[K, T]{key: key, done: make(chan struct{})}
-	if q.limit == 0 {
-		t.asked, t.born = make(chan struct{}), time.Now()
-	}
-	if mk != nil {
-		mk(t)
-	}
+	mk(t)
 	return t
 }
 
@@ -230,8 +224,6 @@ type workers struct {
 
 // workerIdle is how long an idle worker waits for work before it exits.
 const workerIdle = 10 * time.Second
-
-func newWorkers() *workers { return &workers{jobs: make(chan job), quit: make(chan struct{})} }
 
 // job is a piece of work for the workers: a task (with nothing to allocate
 // on a hit), or a func.

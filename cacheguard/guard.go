@@ -77,7 +77,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g := &Guard{
 		cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
-		work: newWorkers(),
+		work: &workers{jobs: make(chan job), quit: make(chan struct{})},
 	}
 	g.root, g.stop = context.WithCancelCause(context.Background())
 	if g.hub.Sharded() {
