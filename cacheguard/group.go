@@ -132,9 +132,7 @@ func (q *group[K, T]) end(key K, t *task[K, T], res T) (next *task[K, T]) {
 	l := q.m[key]
 	if t != nil {
 		t.finish(res)
-		if i := slices.Index(l.running, t); i >= 0 {
-			l.running = slices.Delete(l.running, i, i+1)
-		}
+		l.running = slices.DeleteFunc(l.running, func(r *task[K, T]) bool { return r == t })
 	}
 	l.out--
 	if n := l.next; n != nil {

@@ -2,6 +2,7 @@ package cacheguard
 
 import (
 	"hash/maphash"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -226,11 +227,9 @@ func (n *nearCache) admit(e *nearEntry, gone []*nearEntry) {
 func (n *nearCache) unindex(es ...*nearEntry) {
 	for _, e := range es {
 		for _, t := range e.tags {
-			if set := n.tags[t]; set != nil {
-				delete(set, e)
-				if len(set) == 0 {
-					delete(n.tags, t)
-				}
+			delete(n.tags[t], e)
+			if len(n.tags[t]) == 0 {
+				delete(n.tags, t)
 			}
 		}
 	}
@@ -280,9 +279,7 @@ func (n *nearCache) dropTags(tags []string) {
 	var es []*nearEntry
 	n.mu.Lock()
 	for _, t := range tags {
-		for e := range n.tags[t] {
-			es = append(es, e)
-		}
+		es = slices.AppendSeq(es, maps.Keys(n.tags[t]))
 	}
 	n.mu.Unlock()
 	for _, e := range es {
@@ -293,10 +290,7 @@ func (n *nearCache) dropTags(tags []string) {
 // flush forgets everything (the epoch has moved: nothing older is served;
 // n.mu held).
 func (n *nearCache) flush() {
-	n.m.Range(func(k, _ any) bool {
-		n.m.Delete(k)
-		return true
-	})
+	n.m.Clear()
 	clear(n.ring)
 	n.head = 0
 	clear(n.tags)
