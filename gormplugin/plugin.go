@@ -3,7 +3,6 @@ package gormplugin
 import (
 	"context"
 	"log/slog"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"gorm.io/gorm/clause"
 	"gorm.io/gorm/schema"
 
+	"github.com/cacheguard/cacheguard/internal/isnil"
 	"github.com/cacheguard/cacheguard/internal/ratelog"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -75,7 +75,7 @@ func New(l locks.Locker, opts ...Option) *Plugin {
 	switch {
 	case p.cfg.err != nil:
 		panic(p.cfg.err.Error())
-	case l == nil || isNilPointer(l):
+	case l == nil || isnil.Pointer(l):
 		panic("gormplugin: New called with a nil Locker")
 	case !p.cfg.noFence && isRedlock(l):
 		panic("gormplugin: a locks.Redlock issues no fence tokens: fencing would not be safe; use a locks.Client, or the NoFencing option")
@@ -211,12 +211,6 @@ func (p *Plugin) fenceOf(s *schema.Schema) *schema.Field {
 // warn logs a warning through the Logger, at most once a second per key.
 func (p *Plugin) warn(ctx context.Context, key, msg string, attrs ...slog.Attr) {
 	p.cfg.log.Warn(ctx, key, msg, attrs...)
-}
-
-// isNilPointer reports whether l is a typed nil pointer.
-func isNilPointer(l locks.Locker) bool {
-	v := reflect.ValueOf(l)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // isRedlock reports whether l is a locks.Redlock, whose locks carry no fence

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -680,12 +679,6 @@ func await(wctx context.Context, handed <-chan uint64, timer *time.Timer) (fence
 func mayHaveRun(err error) bool {
 	var re redis.Error
 	return !errors.As(err, &re) && !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, redis.ErrPoolTimeout)
-}
-
-// isTimeout reports a network timeout: the command may have run on the server.
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // granted makes the Lock of a grant; first is its current lease (see

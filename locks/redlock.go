@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/isnil"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/rid"
 	"github.com/cacheguard/cacheguard/internal/slot"
@@ -122,7 +122,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) *Redlock {
 	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
 	seen := map[string]int{}
 	for i, c := range clients {
-		if c == nil || isNilPointer(c) {
+		if c == nil || isnil.Pointer(c) {
 			panic(fmt.Sprintf("locks: Redlock client %d is nil", i))
 		}
 		name, id := nodeIdentity(i, c)
@@ -135,11 +135,6 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) *Redlock {
 	r.ren = newRenewer(r.renewBatch)
 	r.life.init()
 	return r
-}
-
-func isNilPointer(v any) bool {
-	rv := reflect.ValueOf(v)
-	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 func redlockValidate(cfg *config) error {

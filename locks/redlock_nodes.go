@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -86,7 +87,7 @@ func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 			v, err := call(cctx, &r.nodes[i])
 			// With ContextTimeoutEnabled the deadline reaches the socket, whose
 			// i/o timeout can fire a moment before cctx counts as expired.
-			if err != nil && ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || isTimeout(err)) {
+			if err != nil && ctx.Err() == nil && (errors.Is(cctx.Err(), context.DeadlineExceeded) || rcmd.IsTimeout(err)) {
 				err = tooLate
 			}
 			res := nodeResult[T]{v: v, err: err, done: true}

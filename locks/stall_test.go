@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/faultproxy"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -387,7 +388,7 @@ func TestAttemptLostWithItsConnectionIsGivenBack(t *testing.T) {
 	px.Set(faultproxy.Reset) // the connection breaks before the reply comes
 	err = returnsWithin(t, got, 5*time.Second, "TryLock")
 	t.Logf("TryLock: %v", err)
-	if err == nil || isTimeout(err) {
+	if err == nil || rcmd.IsTimeout(err) {
 		t.Fatalf("TryLock: %v, want a connection error that is no timeout", err)
 	}
 	px.Set(faultproxy.Pass)

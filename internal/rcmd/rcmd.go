@@ -388,7 +388,7 @@ func copyCmd(dst redis.Cmder, src *redis.Cmd) {
 // ended. It reports whether it did.
 func settle(ctx, bctx context.Context, cmd redis.Cmder) bool {
 	err := cmd.Err()
-	if err == nil || bctx == ctx || ctx.Err() != nil || !isTimeout(err) {
+	if err == nil || bctx == ctx || ctx.Err() != nil || !IsTimeout(err) {
 		return false
 	}
 	if dl, ok := bctx.Deadline(); TimedOut(bctx) || ok && !time.Now().Before(dl) {
@@ -442,8 +442,10 @@ func (e timeoutError) Is(target error) bool { return target == ErrTimeout }
 func (timeoutError) Timeout() bool          { return true }
 func (timeoutError) Temporary() bool        { return true }
 
-// isTimeout reports an error that a deadline passing produces.
-func isTimeout(err error) bool {
+// IsTimeout reports an error that a deadline passing produces (the context's,
+// a socket's, or the command timeout's): the command may have run on the
+// server.
+func IsTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
