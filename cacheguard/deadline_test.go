@@ -95,3 +95,44 @@ func TestShortDeadlineKeepsConnection(t *testing.T) {
 		t.Fatalf("after: %+v, %v", v, err)
 	}
 }
+
+// TestShortDeadlineInvalidateKeepsConnection: the same for Invalidate. The
+// caller returns at its deadline with its error; the invalidation is not
+// cut: it lands once Redis answers (the key's values are gone, the next Get
+// loads again), and its connection stays in the pool.
+func TestShortDeadlineInvalidateKeepsConnection(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	admin := srv.Client()
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	t.Cleanup(func() { g.Close() })
+	key := testKey(t)
+	c := &counter{name: "v"}
+	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+		t.Fatal(err)
+	}
+	base := rdb.PoolStats()
+	srv.Pause()
+	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err := g.Invalidate(sctx, key)
+	cancel()
+	srv.Resume()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the deadline's error", err)
+	}
+	eventually(t, 5*time.Second, "the invalidation landed", func() bool {
+		return len(admin.Keys(ctx, "cg:v:*").Val()) == 0
+	})
+	eventually(t, 5*time.Second, "no connection busy", func() bool {
+		st := rdb.PoolStats()
+		return st.IdleConns == st.TotalConns
+	})
+	if st := rdb.PoolStats(); st.TotalConns != base.TotalConns || st.Misses != base.Misses {
+		t.Fatalf("%d connections (%d before), %d dialled since: the invalidation was cut with its caller",
+			st.TotalConns, base.TotalConns, st.Misses-base.Misses)
+	}
+	if v, err := cacheguard.Get(ctx, g, key, c.load); err != nil || v.ID != 2 {
+		t.Fatalf("after: %+v, %v; want the value of a second load", v, err)
+	}
+}

@@ -161,7 +161,9 @@ func (g *Guard) Stats() Stats {
 // a new lease and load again. A Get that begins after Invalidate returned, in
 // any process, returns only a value loaded after it: calls join only flights
 // of the generation they read (see the package documentation). When Redis
-// cannot be reached it returns an error matching ErrUnavailable.
+// cannot be reached it returns an error matching ErrUnavailable; when ctx
+// ends first, ctx's error, and the invalidation may still land (it is not
+// cut with ctx).
 func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
 	return g.invalidate(ctx, "invalidate", keys, validKey, func(k string) redis.Cmder {
 		n := g.names(k, "")
@@ -193,15 +195,37 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 	if len(names) == 0 {
 		return nil
 	}
-	if g.near != nil {
-		drop(names)
-		defer drop(names)
-	}
 	cmds := make([]redis.Cmder, len(names))
 	for i, n := range names {
 		cmds[i] = cmd(n)
 	}
-	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	send := func(ctx context.Context) {
+		g.cmd.Exec(ctx, nil, cmds, 0, false)
+		if g.near != nil {
+			drop(names)
+		}
+	}
+	if g.near != nil {
+		drop(names)
+	}
+	if !g.cutShort(ctx) {
+		send(ctx)
+	} else {
+		// Detached from the caller, as a read (see fetch): the scripts run
+		// to the end, bounded by the command timeout, and their connection
+		// stays; the caller returns at its deadline, not knowing whether
+		// they ran.
+		done := make(chan struct{})
+		g.work.run(funcJob(func() {
+			send(context.WithoutCancel(ctx))
+			close(done)
+		}))
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("cacheguard: %s: %w", what, ctx.Err())
+		}
+	}
 	var errs []error
 	for i, c := range cmds {
 		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {

@@ -100,7 +100,8 @@ func (ts *tagSet) current(e *envelope, cur []uint64) bool {
 // never gets a value whose load began before it, and every near cache drops
 // the values carrying them. It costs one small script per tag (on a cluster,
 // in each tag's own slot; one round trip per node) and nothing per key. When
-// Redis cannot be reached it returns an error matching ErrUnavailable.
+// Redis cannot be reached it returns an error matching ErrUnavailable; when
+// ctx ends first, ctx's error (see Invalidate).
 func (g *Guard) InvalidateTags(ctx context.Context, tags ...string) error {
 	return g.invalidate(ctx, "invalidate tags", tags, validTag, func(t string) redis.Cmder {
 		return tagBumpScript.Cmd(ctx, keys(g.name("t:", t)), genTTL.Milliseconds(), g.ncChannel, g.origin+" t"+t)
