@@ -58,81 +58,62 @@ func TestPassedDeadlineIsNotARedisFailure(t *testing.T) {
 
 // TestShortDeadlineKeepsConnection (issue 33, the real-database mix's
 // collapse: connection churn on a starved host): a call whose deadline ends
-// while its read is out returns with the deadline's error, and the read is
-// not cut: go-redis closes the connection of a command its context cut, and
-// the redials (each a handshake, under contexts as short) fed the overload.
-// The read goes on, bounded by the command timeout, and its connection
-// returns to the pool.
+// while its command is out — a Get's read, an Invalidate's scripts — returns
+// with the deadline's error, and the command is not cut: go-redis closes the
+// connection of a command its context cut, and the redials (each a
+// handshake, under contexts as short) fed the overload. The command goes on,
+// bounded by the command timeout, lands once Redis answers, and its
+// connection returns to the pool.
 func TestShortDeadlineKeepsConnection(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
-	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
-	t.Cleanup(func() { g.Close() })
-	key := testKey(t)
-	c := &counter{name: "v"}
-	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
-		t.Fatal(err)
-	}
-	base := rdb.PoolStats()
-	srv.Pause()
-	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err := cacheguard.Get(sctx, g, key, c.load)
-	cancel()
-	srv.Resume()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v, want the deadline's error", err)
-	}
-	eventually(t, 5*time.Second, "no connection busy", func() bool {
-		st := rdb.PoolStats()
-		return st.IdleConns == st.TotalConns
-	})
-	if st := rdb.PoolStats(); st.TotalConns != base.TotalConns || st.Misses != base.Misses {
-		t.Fatalf("%d connections (%d before), %d dialled since: the read was cut with its caller",
-			st.TotalConns, base.TotalConns, st.Misses-base.Misses)
-	}
-	if v, err := cacheguard.Get(ctx, g, key, c.load); err != nil || v.ID != 1 {
-		t.Fatalf("after: %+v, %v", v, err)
-	}
-}
-
-// TestShortDeadlineInvalidateKeepsConnection: the same for Invalidate. The
-// caller returns at its deadline with its error; the invalidation is not
-// cut: it lands once Redis answers (the key's values are gone, the next Get
-// loads again), and its connection stays in the pool.
-func TestShortDeadlineInvalidateKeepsConnection(t *testing.T) {
-	ctx := context.Background()
-	srv := redistest.Start(t)
-	rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
-	admin := srv.Client()
-	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
-	t.Cleanup(func() { g.Close() })
-	key := testKey(t)
-	c := &counter{name: "v"}
-	if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
-		t.Fatal(err)
-	}
-	base := rdb.PoolStats()
-	srv.Pause()
-	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	err := g.Invalidate(sctx, key)
-	cancel()
-	srv.Resume()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v, want the deadline's error", err)
-	}
-	eventually(t, 5*time.Second, "the invalidation landed", func() bool {
-		return len(admin.Keys(ctx, "cg:v:*").Val()) == 0
-	})
-	eventually(t, 5*time.Second, "no connection busy", func() bool {
-		st := rdb.PoolStats()
-		return st.IdleConns == st.TotalConns
-	})
-	if st := rdb.PoolStats(); st.TotalConns != base.TotalConns || st.Misses != base.Misses {
-		t.Fatalf("%d connections (%d before), %d dialled since: the invalidation was cut with its caller",
-			st.TotalConns, base.TotalConns, st.Misses-base.Misses)
-	}
-	if v, err := cacheguard.Get(ctx, g, key, c.load); err != nil || v.ID != 2 {
-		t.Fatalf("after: %+v, %v; want the value of a second load", v, err)
+	for _, tc := range []struct {
+		name   string
+		call   func(context.Context, *cacheguard.Guard, string, *counter) error
+		landed func(context.Context, *redis.Client) bool // what the command did, seen in Redis
+		after  int                                       // the ID the next Get returns
+	}{
+		{"Get", func(ctx context.Context, g *cacheguard.Guard, key string, c *counter) error {
+			_, err := cacheguard.Get(ctx, g, key, c.load)
+			return err
+		}, func(context.Context, *redis.Client) bool { return true }, 1},
+		// A fresh server answers the invalidation's first EVALSHA with
+		// NOSCRIPT, and its EVAL follows: wait for its effect.
+		{"Invalidate", func(ctx context.Context, g *cacheguard.Guard, key string, _ *counter) error {
+			return g.Invalidate(ctx, key)
+		}, func(ctx context.Context, admin *redis.Client) bool { return len(admin.Keys(ctx, "cg:v:*").Val()) == 0 }, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			srv := redistest.Start(t)
+			rdb := srv.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+			admin := srv.Client()
+			g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+			t.Cleanup(func() { g.Close() })
+			key := testKey(t)
+			c := &counter{name: "v"}
+			if _, err := cacheguard.Get(ctx, g, key, c.load); err != nil {
+				t.Fatal(err)
+			}
+			base := rdb.PoolStats()
+			srv.Pause()
+			sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			err := tc.call(sctx, g, key, c)
+			cancel()
+			srv.Resume()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("got %v, want the deadline's error", err)
+			}
+			eventually(t, 5*time.Second, "the command landed", func() bool { return tc.landed(ctx, admin) })
+			eventually(t, 5*time.Second, "no connection busy", func() bool {
+				st := rdb.PoolStats()
+				return st.IdleConns == st.TotalConns
+			})
+			if st := rdb.PoolStats(); st.TotalConns != base.TotalConns || st.Misses != base.Misses {
+				t.Fatalf("%d connections (%d before), %d dialled since: the command was cut with its caller",
+					st.TotalConns, base.TotalConns, st.Misses-base.Misses)
+			}
+			if v, err := cacheguard.Get(ctx, g, key, c.load); err != nil || v.ID != tc.after {
+				t.Fatalf("after: %+v, %v; want ID %d", v, err, tc.after)
+			}
+		})
 	}
 }
