@@ -208,13 +208,13 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 	if g.near != nil {
 		drop(names)
 	}
-	if !g.cutShort(ctx) {
+	if !g.ctxDeadlines || !g.cmd.Cuts(ctx) {
 		send(ctx)
 	} else {
-		// Detached from the caller, as a read (see fetch): the scripts run
-		// to the end, bounded by the command timeout, and their connection
-		// stays; the caller returns at its deadline, not knowing whether
-		// they ran.
+		// ctx would cut the scripts, and with them the connection: they run
+		// detached from the caller, as a read does (see fetch), to the end,
+		// bounded by the command timeout; the caller returns at its
+		// deadline, not knowing whether they ran.
 		done := make(chan struct{})
 		g.work.run(funcJob(func() {
 			send(context.WithoutCancel(ctx))

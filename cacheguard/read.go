@@ -304,7 +304,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		rctx, cancel = g.cmd.Bound(ctx, 0)
 	}
 	defer cancel()
-	if !budget && !g.cutShort(ctx) && g.ctxDeadlines {
+	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx) {
 		g.read(rctx, values, field, tags, out)
 	} else {
 		j, _ := g.jobs.Get().(*readJob)
@@ -347,16 +347,6 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		out[i] = s
 	}
 	return err
-}
-
-// cutShort reports whether ctx would cut a command sent now before the
-// command timeout would: the client bounds its socket calls by the context's
-// deadline (ContextTimeoutEnabled) and that deadline comes first. go-redis
-// closes the connection of a command its context cut, so such commands run
-// detached from their caller (see fetch, invalidate).
-func (g *Guard) cutShort(ctx context.Context) bool {
-	d, ok := ctx.Deadline()
-	return ok && g.ctxDeadlines && time.Until(d) < g.cmd.Timeout()
 }
 
 // readJob is a read that fetch hands to a worker; the Guard pools them.

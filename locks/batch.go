@@ -102,7 +102,7 @@ func newBatcher(run *rcmd.Runner) *batcher {
 // this one, sent if this one runs after all. (It is called, never kept, so a
 // closure passed here costs no allocation.)
 func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
-	short := endsWithin(ctx, b.run.Timeout())
+	short := b.run.Cuts(ctx)
 	b.mu.Lock()
 	if b.closed || b.busy < maxDirect && !short {
 		b.busy++
@@ -245,12 +245,6 @@ func (s *sender) exec(b *batcher, q []*pending) {
 		}
 		putPending(p)
 	}
-}
-
-// endsWithin reports whether ctx's deadline comes within d.
-func endsWithin(ctx context.Context, d time.Duration) bool {
-	dl, ok := ctx.Deadline()
-	return ok && time.Until(dl) < d
 }
 
 // undelivered reports an error that may mean the call never ran: not a

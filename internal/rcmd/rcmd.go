@@ -214,6 +214,18 @@ func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Contex
 	return &tickCtx{Context: ctx, t: t}, noCancel
 }
 
+// Cuts reports whether ctx's deadline comes before the bound of a command
+// sent now (see Timeout): ctx, not the command timeout, would end it. On a
+// client that bounds its socket calls by the context's deadline
+// (ContextTimeoutEnabled) go-redis then closes the command's connection, so
+// the callers of this module send such a command detached from ctx (a
+// cacheguard worker, a locks batcher's pipeline) and stop waiting at ctx's
+// deadline.
+func (r *Runner) Cuts(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && time.Until(d) < r.Timeout()
+}
+
 // Slack is how much later than its own a command's deadline may be when it
 // shares one (see Bound): a 32nd of the command timeout.
 func Slack(timeout time.Duration) time.Duration { return timeout / 32 }

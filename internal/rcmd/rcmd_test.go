@@ -198,6 +198,26 @@ func TestTimeoutOnStall(t *testing.T) {
 // cancelled, the commands sent within Slack of one another share one
 // deadline and its context, which keeps the caller's values and ends with
 // ErrTimeout as its cause; under one that can, each command gets its own.
+// TestCuts: a context cuts a command sent now when its deadline comes before
+// the command's bound; none does without a deadline.
+func TestCuts(t *testing.T) {
+	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), 100*time.Millisecond)
+	defer r.Client().Close()
+	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	long, cancel2 := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel2()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want bool
+	}{{"no deadline", context.Background(), false}, {"an hour", long, false}, {"10ms", short, true}} {
+		if got := r.Cuts(c.ctx); got != c.want {
+			t.Errorf("%s: Cuts = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 func TestBound(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), timeout)
