@@ -175,6 +175,11 @@ func ChildMain() int {
 		return 1
 	}
 	os.Stdout.Write(append(append([]byte("RESULT "), b...), '\n'))
+	// Close only once every worker has reported (the coordinator then
+	// closes stdin): a worker that finished first and tore its system down
+	// at once (its pools' database backends exiting with it) would take
+	// the CPU from the workers still measuring.
+	_, _ = io.Copy(io.Discard, in)
 	return 0
 }
 

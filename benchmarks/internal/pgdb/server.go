@@ -160,7 +160,7 @@ func (c Counters) Sub(o Counters) Counters {
 func (s *Server) Snapshot(ctx context.Context) (Counters, error) {
 	var c Counters
 	var err error
-	if c.CPU, err = GroupCPU(s.srv.Pid()); err != nil {
+	if c.CPU, err = serverCPU(s.srv.Pid()); err != nil {
 		return c, err
 	}
 	var ms float64
@@ -202,12 +202,12 @@ WHERE state <> 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client bac
 // Linux architecture Go supports).
 const clockTicks = 100
 
-// GroupCPU returns the user+system CPU time of every live process in the
-// process group pgid (pgserver starts the postmaster as a group leader and
-// every backend it forks inherits the group), plus the time of the children
-// the postmaster has reaped (its cutime and cstime), so that a backend counts
-// whether or not its connection has closed.
-func GroupCPU(pgid int) (time.Duration, error) {
+// serverCPU returns the user+system CPU time of the postmaster pm and of
+// every live process it forked (a backend's parent is the postmaster; its
+// process group is not: each backend calls setsid), plus the time of the
+// children the postmaster has reaped (its cutime and cstime), so that a
+// backend counts whether or not its connection has closed.
+func serverCPU(pm int) (time.Duration, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, fmt.Errorf("pgdb: cpu: %w", err)
@@ -224,13 +224,13 @@ func GroupCPU(pgid int) (time.Duration, error) {
 			continue // exited meanwhile
 		}
 		// f[0] is field 3 (state): field n is f[n-3].
-		if g, _ := strconv.Atoi(f[2]); g != pgid {
+		if ppid, _ := strconv.Atoi(f[1]); ppid != pm && pid != pm {
 			continue
 		}
 		ut, _ := strconv.ParseInt(f[11], 10, 64)
 		st, _ := strconv.ParseInt(f[12], 10, 64)
 		ticks += ut + st
-		if pid == pgid {
+		if pid == pm {
 			found = true
 			cut, _ := strconv.ParseInt(f[13], 10, 64)
 			cst, _ := strconv.ParseInt(f[14], 10, 64)
@@ -238,7 +238,7 @@ func GroupCPU(pgid int) (time.Duration, error) {
 		}
 	}
 	if !found {
-		return 0, fmt.Errorf("pgdb: cpu: no process %d", pgid)
+		return 0, fmt.Errorf("pgdb: cpu: no process %d", pm)
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
