@@ -92,13 +92,26 @@ INSERT INTO events SELECT g, g %% %d, (g::bigint * 7919) %% 1000, (g::bigint * 1
 	if err := s.srv.PSQL(ctx, database, ddl); err != nil {
 		return err
 	}
-	// Set every hint bit now, so that no measured scan writes them.
+	// Mark every page all-visible now, so that a measured scan checks no
+	// tuple's visibility and writes no hint bit. The CHECKPOINT first: with
+	// synchronous_commit off, the insert's commit is not flushed yet, no
+	// hint bit can be set, and VACUUM leaves every page not all-visible.
+	if err := s.srv.PSQL(ctx, database, "CHECKPOINT"); err != nil {
+		return err
+	}
 	if err := s.srv.PSQL(ctx, database, "VACUUM (FREEZE, ANALYZE) events"); err != nil {
 		return err
 	}
 	var err error
 	if s.admin, err = pgx.Connect(ctx, s.DSN()); err != nil {
 		return fmt.Errorf("pgdb: connect: %w", err)
+	}
+	var pages, visible int64
+	if err := s.admin.QueryRow(ctx, "SELECT relpages, relallvisible FROM pg_class WHERE relname = 'events'").Scan(&pages, &visible); err != nil {
+		return fmt.Errorf("pgdb: visibility: %w", err)
+	}
+	if visible < pages {
+		return fmt.Errorf("pgdb: %d of %d pages all-visible after VACUUM", visible, pages)
 	}
 	if err := s.admin.QueryRow(ctx, "SELECT version()").Scan(&s.Version); err != nil {
 		return fmt.Errorf("pgdb: version: %w", err)
