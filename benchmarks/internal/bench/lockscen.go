@@ -158,11 +158,19 @@ func (e *env) handoff(ctx context.Context) error {
 			t.Metrics = append(t.Metrics, Metric{fmt.Sprintf("%s-%d", key, n), fmt.Sprintf("%s, N=%d", head, n), "%.0f"})
 		}
 	}
+	// The targets read the ratio of the largest N to the smallest within
+	// each repetition (their runs are seconds apart), not the ratio of two
+	// medians taken over repetitions minutes apart on a shared host.
+	lo, hi := s.handWaiters[0], s.handWaiters[len(s.handWaiters)-1]
+	for _, q := range []string{"50", "99"} {
+		t.Metrics = append(t.Metrics, Metric{"r" + q, fmt.Sprintf("p%s, N=%d ÷ N=%d (same repetition)", q, hi, lo), "%.2f"})
+	}
 	e.res.Tables = append(e.res.Tables, t)
 	return e.seriesN(ctx, e.capped(s.newReps), t, []string{systems.Locks, systems.LocksFair}, func(ctx context.Context, r *Row, rep int) error {
 		ns := slices.Clone(s.handWaiters)
 		k := rep % len(ns)
 		ns = slices.Concat(ns[k:], ns[:k])
+		hand := map[int]stats.Dist{}
 		for _, n := range ns {
 			reps, _, _, err := e.measured(ctx, []Job{{Kind: "contended", System: r.System, Addrs: []string{e.addr},
 				Goroutines: n + 1, Duration: s.contDur, Hold: s.hold, Retry: s.pollRetry, Key: e.key("handoff"), Cutoff: true}})
@@ -176,12 +184,17 @@ func (e *env) handoff(ctx context.Context) error {
 			if c.overlaps > 0 {
 				return fmt.Errorf("N=%d: %d overlapping grants", n, c.overlaps)
 			}
+			hand[n] = c.hand
 			r.add(fmt.Sprintf("h50-%d", n), float64(c.hand.P50)/1e3)
 			r.add(fmt.Sprintf("h99-%d", n), float64(c.hand.P99)/1e3)
 			r.add(fmt.Sprintf("acqs-%d", n), c.acqs)
 			if err := firstErr(reps); err != nil {
 				return fmt.Errorf("N=%d: %w", n, err)
 			}
+		}
+		if a, b := hand[hi], hand[lo]; b.P50 > 0 && b.P99 > 0 {
+			r.add("r50", float64(a.P50)/float64(b.P50))
+			r.add("r99", float64(a.P99)/float64(b.P99))
 		}
 		return nil
 	})
