@@ -208,7 +208,7 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 	if g.near != nil {
 		drop(names)
 	}
-	if !g.ctxDeadlines || !g.cmd.Cuts(ctx) {
+	if !g.ctxDeadlines || !g.cmd.Cuts(ctx, 0) {
 		send(ctx)
 	} else {
 		// ctx would cut the scripts, and with them the connection: they run

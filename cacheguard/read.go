@@ -304,7 +304,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		rctx, cancel = g.cmd.Bound(ctx, 0)
 	}
 	defer cancel()
-	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx) {
+	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx, 0) {
 		g.read(rctx, values, field, tags, out)
 	} else {
 		j, _ := g.jobs.Get().(*readJob)

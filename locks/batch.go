@@ -102,7 +102,7 @@ func newBatcher(run *rcmd.Runner) *batcher {
 // this one, sent if this one runs after all. (It is called, never kept, so a
 // closure passed here costs no allocation.)
 func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
-	short := b.run.Cuts(ctx)
+	short := b.run.Cuts(ctx, 0)
 	b.mu.Lock()
 	if b.closed || b.busy < maxDirect && !short {
 		b.busy++

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,8 +65,9 @@ type Client struct {
 	id   string // names this client's wake channels (see channel)
 	idV  any    // id, boxed once
 
-	life   life   // Close and Shutdown
-	scopes scopes // owners' holdings in this process (WithOwner)
+	life   life           // Close and Shutdown
+	late   sync.WaitGroup // grants detached from their callers' deadlines (see detach)
+	scopes scopes         // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
 	gates map[string]*gate // per lock key: one waiting caller per process in default mode
@@ -172,6 +174,7 @@ func (c *Client) Close() error {
 // ErrStillHeld and ctx's error) names them. Close cuts a Shutdown short.
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.life.shutdown(ctx, c.ren.waitEmpty, c.b.drain, func() {
+		c.late.Wait() // bounded by the command and WAIT timeouts
 		c.ren.close()
 		c.hub.Close()
 		c.b.close()
@@ -292,7 +295,10 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 		packed = cfg.argsWaitV
 	}
 	if cfg.replicas > 0 {
-		return c.attemptWait(ctx, ks, kv, []any{owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV}, owner.(string), cfg)
+		args := []any{owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV}
+		return c.detach(ctx, cfg, func(ctx context.Context) (attemptResult, error) {
+			return c.attemptWait(ctx, ks, kv, args, owner.(string), cfg)
+		}, func(ctx context.Context) { c.giveBack(ctx, kv, owner, acq, cfg, member, false) })
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
@@ -361,16 +367,60 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 // then have the hand-off too. When too few acknowledge, the lock is given
 // back (handed on).
 func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg config) error {
-	cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds()}), cfg)
-	n, err := cmd.Int64()
-	switch {
-	case err != nil:
-		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
-		return err
-	case n != 1:
-		return ErrNotHeld // lost before it was confirmed
+	undo := func(ctx context.Context) { c.giveBack(ctx, kv, owner, acq, cfg, "", false) }
+	_, err := c.detach(ctx, cfg, func(ctx context.Context) (attemptResult, error) {
+		cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds()}), cfg)
+		n, err := cmd.Int64()
+		switch {
+		case err != nil:
+			undo(ctx)
+			return attemptResult{}, err
+		case n != 1:
+			return attemptResult{}, ErrNotHeld // lost before it was confirmed
+		}
+		return attemptResult{}, c.acked(ctx, kv, owner, acq, cfg, acks, werr)
+	}, undo)
+	return err
+}
+
+// detach runs f — a grant's script and its WAIT, sent on one connection (see
+// withWait) — under ctx, unless ctx's deadline would cut them: go-redis
+// closes the connection of a command its context cut, and on a starved host
+// the redials feed the overload. Then f runs on a goroutine of the client's
+// (Close waits for it) under ctx without its deadline, bounded by the command
+// and WAIT timeouts, and the caller returns at its deadline with ctx's error;
+// once f has returned, undo gives back whatever it was granted or queued for
+// (giving back what is not held changes nothing). This is the batcher's rule
+// for every other script call (see batcher.do).
+func (c *Client) detach(ctx context.Context, cfg config, f func(context.Context) (attemptResult, error), undo func(context.Context)) (attemptResult, error) {
+	if !c.run.Cuts(ctx, cfg.replicaTimeout) {
+		return f(ctx)
 	}
-	return c.acked(ctx, kv, owner, acq, cfg, acks, werr)
+	type result struct {
+		res attemptResult
+		err error
+	}
+	done := make(chan result, 1)
+	var state atomic.Int32 // waiting, answered or abandoned, as a batcher's pending call
+	dctx := context.WithoutCancel(ctx)
+	c.late.Go(func() {
+		res, err := f(dctx)
+		if state.CompareAndSwap(waiting, answered) {
+			done <- result{res, err}
+			return
+		}
+		undo(dctx)
+	})
+	select {
+	case r := <-done:
+		return r.res, r.err
+	case <-ctx.Done():
+		if state.CompareAndSwap(waiting, abandoned) {
+			return attemptResult{}, ctx.Err()
+		}
+		r := <-done // answered meanwhile: the reply is the truth
+		return r.res, r.err
+	}
 }
 
 // acked checks a WAIT's reply; with too few acknowledgements the grant is

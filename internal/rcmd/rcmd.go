@@ -215,15 +215,15 @@ func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Contex
 }
 
 // Cuts reports whether ctx's deadline comes before the bound of a command
-// sent now (see Timeout): ctx, not the command timeout, would end it. On a
+// sent now with extra (see Bound): ctx, not the bound, would end it. On a
 // client that bounds its socket calls by the context's deadline
 // (ContextTimeoutEnabled) go-redis then closes the command's connection, so
 // the callers of this module send such a command detached from ctx (a
-// cacheguard worker, a locks batcher's pipeline) and stop waiting at ctx's
-// deadline.
-func (r *Runner) Cuts(ctx context.Context) bool {
+// cacheguard worker, a locks batcher's pipeline, a locks grant that WAITs
+// for replicas) and stop waiting at ctx's deadline.
+func (r *Runner) Cuts(ctx context.Context, extra time.Duration) bool {
 	d, ok := ctx.Deadline()
-	return ok && time.Until(d) < r.Timeout()
+	return ok && time.Until(d) < r.Timeout()+extra
 }
 
 // Slack is how much later than its own a command's deadline may be when it

@@ -193,31 +193,40 @@ func TestTimeoutOnStall(t *testing.T) {
 	}
 }
 
-// TestBound: a caller's deadline earlier than the command timeout is the
-// command's (no context is derived); under a context that cannot be
-// cancelled, the commands sent within Slack of one another share one
-// deadline and its context, which keeps the caller's values and ends with
-// ErrTimeout as its cause; under one that can, each command gets its own.
 // TestCuts: a context cuts a command sent now when its deadline comes before
-// the command's bound; none does without a deadline.
+// the command's bound, extra included; none does without a deadline.
 func TestCuts(t *testing.T) {
 	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), 100*time.Millisecond)
 	defer r.Client().Close()
 	short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
+	mid, cancel1 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel1()
 	long, cancel2 := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel2()
 	for _, c := range []struct {
-		name string
-		ctx  context.Context
-		want bool
-	}{{"no deadline", context.Background(), false}, {"an hour", long, false}, {"10ms", short, true}} {
-		if got := r.Cuts(c.ctx); got != c.want {
+		name  string
+		ctx   context.Context
+		extra time.Duration
+		want  bool
+	}{
+		{"no deadline", context.Background(), 0, false},
+		{"an hour", long, 0, false},
+		{"10ms", short, 0, true},
+		{"5s", mid, 0, false},
+		{"5s, a WAIT of 10s", mid, 10 * time.Second, true},
+	} {
+		if got := r.Cuts(c.ctx, c.extra); got != c.want {
 			t.Errorf("%s: Cuts = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
 
+// TestBound: a caller's deadline earlier than the command timeout is the
+// command's (no context is derived); under a context that cannot be
+// cancelled, the commands sent within Slack of one another share one
+// deadline and its context, which keeps the caller's values and ends with
+// ErrTimeout as its cause; under one that can, each command gets its own.
 func TestBound(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), timeout)
