@@ -107,7 +107,7 @@ func (r *Results) pgLead() string {
 	var b strings.Builder
 	b.WriteString("## Real database: does PostgreSQL stay standing?\n\n")
 	fmt.Fprintf(&b, "%s, started by the harness on loopback; one table of %d rows; the loader's query, an "+
-		"aggregate over an unindexed column, takes %v alone; %d connections per process; every request has a %v "+
+		"aggregate over an unindexed column, takes %v alone; %d connections per process, each of which has run it once; every request has a %v "+
 		"deadline. Hot-key mix (R2): %d processes offer %.0f requests/s, open loop, Zipf keys (%d) expiring %v after "+
 		"each fill. Stampede (R1): %d processes × %d requests on one cold key. Medians over repetitions; *failed* is "+
 		"the worst repetition.\n\n",

@@ -136,7 +136,8 @@ func (e *env) pgStampede(ctx context.Context) error {
 	t := &Table{ID: "pg-stampede", Title: "R1. Stampede on a cold key, real PostgreSQL",
 		Intro: fmt.Sprintf("Scenario 4 on the real database: %d OS processes × %d concurrent requests for one cold key, "+
 			"released together, each request with a %v deadline; the loader runs the aggregate query (%s alone) through "+
-			"a pool of %d connections per process. *Queries sent* and *answered* are counted by the loaders, "+
+			"a pool of %d connections per process, each of which has run the query once (as in a service that has "+
+			"been up: a backend's first scan costs more). *Queries sent* and *answered* are counted by the loaders, "+
 			"*completed* by PostgreSQL (pg_stat_statements counts a query that ran to its end, also when its client "+
 			"had given up: at the deadline pgx closes the connection and the server runs the query on; a query the "+
 			"server cut short on finding its client gone is not counted); *failed* are "+
@@ -232,7 +233,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			"in its own goroutine, whether or not earlier ones returned, with a %v deadline), ramping up linearly over "+
 			"the first %v; keys are drawn from a Zipf distribution (s=1.1) over %d keys whose entries expire %v after "+
 			"each fill; the loader runs the aggregate query (%s alone, %d rows scanned) through a pool of %d "+
-			"connections per process; %v per run, %d repetitions (the go-redis/cache and near-cache rows at most %d). Figures "+
+			"connections per process, each warmed as in R1; %v per run, %d repetitions (the go-redis/cache and near-cache rows at most %d). Figures "+
 			"cover the requests sent after the ramp "+
 			"(the last %v, about %.0f requests a repetition): "+
 			"*completed/s* those that succeeded; *failed* those that returned an error, *pool* of them for want of a "+
