@@ -391,9 +391,12 @@ func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg c
 // and WAIT timeouts, and the caller returns at its deadline with ctx's error;
 // once f has returned, undo gives back whatever it was granted or queued for
 // (giving back what is not held changes nothing). This is the batcher's rule
-// for every other script call (see batcher.do).
+// for every other script call (see batcher.do). Once closing has begun, f
+// runs under ctx: Close's wait for these goroutines must not race a new one
+// (an acquisition that began before cannot be past closing's barrier, and
+// one that begins after sees closed).
 func (c *Client) detach(ctx context.Context, cfg config, f func(context.Context) (attemptResult, error), undo func(context.Context)) (attemptResult, error) {
-	if !c.run.Cuts(ctx, cfg.replicaTimeout) {
+	if c.life.closed.Load() || !c.run.Cuts(ctx, cfg.replicaTimeout) {
 		return f(ctx)
 	}
 	type result struct {
