@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,7 @@ func testEnv(t *testing.T) *env {
 	t.Cleanup(func() { admin.Close() })
 	e := &env{cfg: cfg, s: res.s, reps: 1, addr: srv.Addr(), admin: admin, res: res}
 	t.Cleanup(func() {
+		e.spares.close()
 		if e.pg != nil {
 			e.pg.Close()
 		}
@@ -152,6 +154,50 @@ func TestStampedeCountsLoads(t *testing.T) {
 	}
 	if b.loads < 1 || b.loads > procs {
 		t.Errorf("singleflight: %d loads, want 1..%d", b.loads, procs)
+	}
+}
+
+// A worker process serves run after run: the second burst runs in the
+// processes of the first, whose systems were closed in between, and each
+// run's report is its own. Closing the spares ends the processes.
+func TestWorkersServeRunAfterRun(t *testing.T) {
+	e := testEnv(t)
+	ctx := context.Background()
+	const procs, g = 2, 8
+	pids := func() []int {
+		e.spares.mu.Lock()
+		defer e.spares.mu.Unlock()
+		var p []int
+		for _, c := range e.spares.idle {
+			p = append(p, c.cmd.Process.Pid)
+		}
+		slices.Sort(p)
+		return p
+	}
+	var first []int
+	for run := range 2 {
+		b, err := e.burst(ctx, systems.Singleflight, procs, g, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.failures != nil || len(b.lat) != procs*g || b.loads < 1 || b.loads > procs {
+			t.Fatalf("run %d: %v, %d latencies, %d loads", run+1, b.failures, len(b.lat), b.loads)
+		}
+		if run == 0 {
+			first = pids()
+			if len(first) != procs {
+				t.Fatalf("after the first run, %d idle workers, want %d", len(first), procs)
+			}
+		} else if got := pids(); !slices.Equal(got, first) {
+			t.Errorf("the second run's workers %v, want the first's %v", got, first)
+		}
+	}
+	idle := e.spares.idle
+	e.spares.close()
+	for _, c := range idle {
+		if c.cmd.ProcessState == nil || !c.cmd.ProcessState.Success() {
+			t.Errorf("worker %d: %v after close", c.cmd.Process.Pid, c.cmd.ProcessState)
+		}
 	}
 }
 

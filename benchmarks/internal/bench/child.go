@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -141,46 +143,89 @@ type worker interface {
 	Close()
 }
 
-// ChildMain runs one job: it reads the Job from stdin, prepares it, prints
-// READY, waits for GO on stdin, runs it and prints RESULT <json>. It returns
-// the exit code.
+// ChildMain runs jobs one after another until stdin ends. For each, it reads
+// the Job from stdin, prepares it, prints READY, waits for GO, runs it and
+// prints RESULT <json>; then it waits for NEXT (the coordinator sends it once
+// every worker of the run has reported), closes the job's system and prints
+// IDLE, ready for the next job. It returns the exit code.
 func ChildMain() int {
 	in := bufio.NewReader(os.Stdin)
-	line, err := in.ReadString('\n')
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cgbench child: read job:", err)
-		return 2
-	}
-	var j Job
-	if err := json.Unmarshal([]byte(line), &j); err != nil {
-		fmt.Fprintln(os.Stderr, "cgbench child: decode job:", err)
-		return 2
-	}
+	var pools pgdb.Pools
+	defer pools.Close()
 	ctx := context.Background()
-	w, err := prepare(ctx, j)
+	for {
+		line, err := in.ReadString('\n')
+		if err == io.EOF && line == "" {
+			return 0 // the coordinator is done with this worker
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "cgbench child: read job:", err)
+			return 2
+		}
+		var j Job
+		if err := json.Unmarshal([]byte(line), &j); err != nil {
+			fmt.Fprintln(os.Stderr, "cgbench child: decode job:", err)
+			return 2
+		}
+		var db *pgdb.Loader
+		if j.DSN != "" {
+			if db, err = pools.Loader(ctx, j.DSN, j.Pool); err != nil {
+				fmt.Fprintln(os.Stderr, "cgbench child: prepare:", err)
+				return 1
+			}
+		}
+		before := runtime.NumGoroutine() // the pools' own are running by now
+		code, next := runJob(ctx, in, j, db)
+		if !next || !settled(before) {
+			return code
+		}
+		fmt.Println("IDLE")
+	}
+}
+
+// runJob runs one job on db (the real database's loader, for the jobs that
+// query it) and closes its system. next reports whether the coordinator
+// asked for another job.
+func runJob(ctx context.Context, in *bufio.Reader, j Job, db *pgdb.Loader) (code int, next bool) {
+	w, err := prepare(ctx, j, db)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cgbench child: prepare:", err)
-		return 1
+		return 1, false
 	}
 	defer w.Close()
 	fmt.Println("READY")
-	if line, err = in.ReadString('\n'); err != nil || strings.TrimSpace(line) != "GO" {
+	if line, err := in.ReadString('\n'); err != nil || strings.TrimSpace(line) != "GO" {
 		fmt.Fprintln(os.Stderr, "cgbench child: no GO:", line, err)
-		return 2
+		return 2, false
 	}
 	r := w.Run(ctx)
 	b, err := json.Marshal(r)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "cgbench child: encode:", err)
-		return 1
+		return 1, false
 	}
 	os.Stdout.Write(append(append([]byte("RESULT "), b...), '\n'))
-	// Close only once every worker has reported (the coordinator then
-	// closes stdin): a worker that finished first and tore its system down
-	// at once (its pools' database backends exiting with it) would take
-	// the CPU from the workers still measuring.
-	_, _ = io.Copy(io.Discard, in)
-	return 0
+	// Close only once every worker has reported: a worker that finished
+	// first and tore its system down at once would take the CPU from the
+	// workers still measuring.
+	line, err := in.ReadString('\n')
+	return 0, err == nil && strings.TrimSpace(line) == "NEXT"
+}
+
+// settled reports whether the goroutines are back to n within a moment of
+// a system's Close (a closed connection's reader may take that long), after
+// a collection, so that the next job starts on a heap of live data only.
+func settled(n int) bool {
+	runtime.GC()
+	for range 200 {
+		if runtime.NumGoroutine() <= n {
+			return true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Fprintf(os.Stderr, "cgbench child: %d goroutines left after Close, %d before the job: exiting instead of running another\n",
+		runtime.NumGoroutine(), n)
+	return false
 }
 
 // child is one running worker process.
@@ -189,6 +234,7 @@ type child struct {
 	stdin  io.WriteCloser
 	stdout *bufio.Reader
 	stderr *capBuf
+	pools  map[string]bool // the database pools it keeps open (see poolOf)
 }
 
 // capBuf keeps the first 8 KiB written to it (a worker's stderr).
@@ -212,12 +258,13 @@ func (c *capBuf) String() string {
 	return strings.TrimSpace(c.b.String())
 }
 
-func startChild(ctx context.Context, j Job) (*child, error) {
+// startChild starts a worker process on job j.
+func startChild(j Job) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self)
+	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), ChildEnv+"=1")
 	// A worker dies with the coordinator.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -234,12 +281,36 @@ func startChild(ctx context.Context, j Job) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	b, _ := json.Marshal(j)
-	if _, err := c.stdin.Write(append(b, '\n')); err != nil {
+	if err := c.send(j); err != nil {
 		c.kill()
 		return nil, err
 	}
 	return c, nil
+}
+
+// send gives the worker its next job.
+func (c *child) send(j Job) error {
+	b, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	if p := poolOf(j); p != "" {
+		if c.pools == nil {
+			c.pools = map[string]bool{}
+		}
+		c.pools[p] = true
+	}
+	_, err = c.stdin.Write(append(b, '\n'))
+	return err
+}
+
+// poolOf names the database pool job j uses, which its worker then keeps
+// open ("" for none).
+func poolOf(j Job) string {
+	if j.DSN == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s %d", j.DSN, j.Pool)
 }
 
 // expect reads stdout lines until one starts with prefix and returns the rest.
@@ -269,24 +340,99 @@ type Hooks struct {
 	AfterRun func() // after every worker reported
 }
 
-// runWorkers starts one worker process per job, releases them together once
-// all are ready (the barrier), and returns their reports in job order.
-func runWorkers(ctx context.Context, jobs []Job, h Hooks) ([]Report, error) {
+// spares keeps worker processes between runs, idle, and gives each run's
+// jobs to them before it starts new ones (see ChildMain). A service's
+// processes are up long before a burst of its requests; a fresh process
+// spends the first tens of milliseconds of a run faulting in its heap and
+// growing its stacks (about 120 ms of CPU across a stampede's 8 processes at
+// GO on the EPYC host), and its database pools would be fresh as well. The
+// zero spares is ready to use; close ends its workers.
+type spares struct {
+	mu   sync.Mutex // guards idle
+	idle []*child
+}
+
+// start gives job j to an idle worker — preferably one that keeps the
+// job's database pool open, or none when the job needs none — or to a new
+// process.
+func (s *spares) start(j Job) (*child, error) {
+	s.mu.Lock()
+	want, best := poolOf(j), -1
+	for i, c := range s.idle {
+		if best < 0 || (want != "" && c.pools[want]) || (want == "" && len(c.pools) == 0) {
+			best = i
+		}
+	}
+	var c *child
+	if best >= 0 {
+		c = s.idle[best]
+		s.idle = slices.Delete(s.idle, best, best+1)
+	}
+	s.mu.Unlock()
+	if c != nil {
+		if err := c.send(j); err == nil {
+			return c, nil
+		}
+		c.kill()
+	}
+	return startChild(j)
+}
+
+// close ends the idle workers: each closes its pools and exits; one that
+// has not within exitGrace is killed.
+func (s *spares) close() {
+	s.mu.Lock()
+	idle := s.idle
+	s.idle = nil
+	s.mu.Unlock()
+	for _, c := range idle {
+		c.stdin.Close()
+	}
+	grace := time.NewTimer(exitGrace)
+	defer grace.Stop()
+	for _, c := range idle {
+		exited := make(chan struct{})
+		go func() {
+			_ = c.cmd.Wait()
+			close(exited)
+		}()
+		select {
+		case <-exited:
+		case <-grace.C:
+			_ = c.cmd.Process.Kill()
+			<-exited
+		}
+	}
+}
+
+// run gives one job to each worker process, releases them together once all
+// are ready (the barrier), and returns their reports in job order. The
+// workers then close their systems and go back to s.
+func (s *spares) run(ctx context.Context, jobs []Job, h Hooks) ([]Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	children := make([]*child, 0, len(jobs))
-	defer func() {
+	defer func() { // those not back in s
 		for _, c := range children {
 			c.kill()
 		}
 	}()
 	for _, j := range jobs {
-		c, err := startChild(ctx, j)
+		c, err := s.start(j)
 		if err != nil {
 			return nil, err
 		}
 		children = append(children, c)
 	}
+	// A run that outlives ctx is stopped: its workers are killed, which
+	// ends the reads below.
+	all := slices.Clone(children)
+	stop := context.AfterFunc(ctx, func() {
+		for _, c := range all {
+			_ = c.cmd.Process.Kill()
+		}
+	})
+	defer stop()
 	for _, c := range children {
 		if _, err := c.expect("READY"); err != nil {
 			return nil, err
@@ -319,42 +465,54 @@ func runWorkers(ctx context.Context, jobs []Job, h Hooks) ([]Report, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	// Every report is in: the workers close their systems and exit. One
-	// still closing after exitGrace (a database pool waiting out the cancel
-	// requests of queries whose deadline passed takes seconds) is killed:
-	// waiting for it would measure nothing.
-	exited := make([]chan error, len(children))
-	for i, c := range children {
-		c.stdin.Close()
-		exited[i] = make(chan error, 1)
-		go func() { exited[i] <- c.cmd.Wait() }()
+	if !stop() {
+		return nil, ctx.Err()
 	}
-	grace := time.NewTimer(exitGrace)
-	defer grace.Stop()
-	var werr error
+	// Every report is in: the workers close their systems and come back
+	// idle. One still closing after exitGrace is killed: waiting for it
+	// would measure nothing. One that exits instead (its system left
+	// goroutines behind) is not reused.
+	for _, c := range children {
+		_, _ = io.WriteString(c.stdin, "NEXT\n")
+	}
+	idle := make([]chan bool, len(children))
 	for i, c := range children {
+		idle[i] = make(chan bool, 1)
+		go func() {
+			_, err := c.expect("IDLE")
+			idle[i] <- err == nil
+		}()
+	}
+	deadline := time.Now().Add(idleGrace)
+	var back []*child
+	for i, c := range children {
+		t := time.NewTimer(time.Until(deadline))
 		select {
-		case err := <-exited[i]:
-			if err != nil && werr == nil {
-				werr = fmt.Errorf("worker: %v: %s", err, c.stderr.String())
+		case ok := <-idle[i]:
+			t.Stop()
+			if ok {
+				back = append(back, c)
+			} else if st := c.cmd.ProcessState; st != nil && !st.Success() {
+				return nil, fmt.Errorf("worker: %v: %s", st, c.stderr.String())
 			}
-			continue
-		case <-grace.C:
-		}
-		for _, c := range children[i:] {
+		case <-t.C:
 			_ = c.cmd.Process.Kill()
+			<-idle[i]
 		}
-		for _, ch := range exited[i:] {
-			<-ch
-		}
-		break
 	}
 	children = nil
-	if werr != nil {
-		return nil, werr
-	}
+	s.mu.Lock()
+	s.idle = append(s.idle, back...)
+	s.mu.Unlock()
 	return reports, nil
 }
 
-// exitGrace is how long a worker may take to exit after its report.
-const exitGrace = 250 * time.Millisecond
+// idleGrace is how long a worker may take to close its system after its
+// report and come back idle: a run's database queries whose deadline passed
+// leave their connections closing for a while (pgx cancels each on the
+// server). A worker killed instead costs the next run a new process.
+const idleGrace = 5 * time.Second
+
+// exitGrace is how long an idle worker may take to close its database pools
+// and exit.
+const exitGrace = time.Second

@@ -272,7 +272,7 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 				DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline})
 		}
 	}
-	reps, err := runWorkers(ctx, jobs, Hooks{})
+	reps, err := e.spares.run(ctx, jobs, Hooks{})
 	if err != nil {
 		return err
 	}

@@ -82,7 +82,7 @@ func (e *env) measuredPG(ctx context.Context, db *pgdb.Server, jobs []Job) (pgRu
 	}
 	var c0, c1 pgdb.Counters
 	var e0, e1 error
-	reps, err := runWorkers(ctx, jobs, Hooks{
+	reps, err := e.spares.run(ctx, jobs, Hooks{
 		BeforeGo: func() { c0, e0 = db.Snapshot(ctx) },
 		AfterRun: func() {
 			_, e1 = db.WaitIdle(ctx, 15*time.Second)
@@ -136,8 +136,9 @@ func (e *env) pgStampede(ctx context.Context) error {
 	t := &Table{ID: "pg-stampede", Title: "R1. Stampede on a cold key, real PostgreSQL",
 		Intro: fmt.Sprintf("Scenario 4 on the real database: %d OS processes × %d concurrent requests for one cold key, "+
 			"released together, each request with a %v deadline; the loader runs the aggregate query (%s alone) through "+
-			"a pool of %d connections per process, each of which has run the query once (as in a service that has "+
-			"been up: a backend's first scan costs more). *Queries sent* and *answered* are counted by the loaders, "+
+			"a pool of %d connections per process, each of which has run the query before the run (as in a service "+
+			"that has been up: a backend's first scan costs more; worker processes and their pools serve run after "+
+			"run, and a connection a run closed is replaced and warmed before the next). *Queries sent* and *answered* are counted by the loaders, "+
 			"*completed* by PostgreSQL (pg_stat_statements counts a query that ran to its end, also when its client "+
 			"had given up: at the deadline pgx closes the connection and the server runs the query on; a query the "+
 			"server cut short on finding its client gone is not counted); *failed* are "+

@@ -26,8 +26,8 @@ type pgWorker struct {
 	all *pushLog // every message of the run (with Trace)
 }
 
-func preparePG(ctx context.Context, j Job) (worker, error) {
-	if j.DSN == "" || j.Pool <= 0 || j.Deadline <= 0 {
+func preparePG(ctx context.Context, j Job, db *pgdb.Loader) (worker, error) {
+	if db == nil || j.Deadline <= 0 {
 		return nil, fmt.Errorf("job %s: needs a DSN, a pool size and a deadline", j.Kind)
 	}
 	cnt := &systems.Counter{}
@@ -46,13 +46,6 @@ func preparePG(ctx context.Context, j Job) (worker, error) {
 	}
 	c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], TTL: j.TTL, Counter: cnt, Marks: fm.cacheMarks(), Trace: tr})
 	if err != nil {
-		fm.Close()
-		all.Close()
-		return nil, err
-	}
-	db, err := pgdb.Open(ctx, j.DSN, j.Pool)
-	if err != nil {
-		c.Close()
 		fm.Close()
 		all.Close()
 		return nil, err
@@ -80,7 +73,6 @@ func preparePG(ctx context.Context, j Job) (worker, error) {
 
 func (w *pgWorker) Close() {
 	w.c.Close()
-	w.db.Close()
 	w.fm.Close()
 	w.all.Close()
 }

@@ -219,6 +219,9 @@ type env struct {
 	seq   int          // makes keys unique within a run
 	pg    *pgdb.Server // started by the first real-database scenario
 	pgErr error        // why it could not start
+	// spares are the worker processes idle between runs; they keep their
+	// database pools open, so they end before the database does.
+	spares spares
 }
 
 func (e *env) key(prefix string) string {
@@ -244,6 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	e.admin = redis.NewClient(&redis.Options{Addr: e.addr})
 	defer e.admin.Close()
 	defer func() {
+		e.spares.close()
 		if e.pg != nil {
 			e.pg.Close()
 		}
@@ -279,6 +283,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	for i, st := range steps {
 		if i > lastPG && e.pg != nil {
+			e.spares.close()
 			e.pg.Close()
 			e.pg = nil
 		}
@@ -455,7 +460,7 @@ func (e *env) serverCounters(ctx context.Context) (cpu time.Duration, subs int64
 func (e *env) measured(ctx context.Context, jobs []Job) (reps []Report, cpu time.Duration, subs int64, err error) {
 	var cpu0, cpu1 time.Duration
 	var s0, s1 int64
-	reps, err = runWorkers(ctx, jobs, Hooks{
+	reps, err = e.spares.run(ctx, jobs, Hooks{
 		BeforeGo: func() { cpu0, s0 = e.serverCounters(ctx) },
 		AfterRun: func() { cpu1, s1 = e.serverCounters(ctx) },
 	})

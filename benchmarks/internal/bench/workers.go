@@ -11,17 +11,20 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/stats"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
-func prepare(ctx context.Context, j Job) (worker, error) {
+// prepare makes job j's worker; db is the loader of a job on the real
+// database (nil for the others).
+func prepare(ctx context.Context, j Job, db *pgdb.Loader) (worker, error) {
 	if len(j.Addrs) == 0 {
 		return nil, fmt.Errorf("job %s: no Redis address", j.Kind)
 	}
 	switch j.Kind {
 	case "pgstampede", "pgmix":
-		return preparePG(ctx, j)
+		return preparePG(ctx, j, db)
 	case "nearwatch", "nearwrite":
 		return prepareNear(ctx, j)
 	}

@@ -27,8 +27,8 @@ type Row struct {
 	Events, Stars, MaxSize int64
 }
 
-// Loader runs the loader's query on a pool of fixed size and counts what it
-// does. It is safe for concurrent use.
+// Loader runs the loader's query on a pool that Pools keeps and counts what
+// it does, for one run. It is safe for concurrent use; it needs no closing.
 type Loader struct {
 	pool *pgxpool.Pool
 
@@ -49,56 +49,110 @@ type Span struct {
 	End   int64 `json:"e"`
 }
 
-// Open connects a pool of conns connections to dsn and opens all of them, each
-// warmed by one run of the loader's query, so that a run measures neither
-// dialling nor a fresh backend's first scan: a backend maps the shared
-// buffers it touches page by page, and its first scan of the table cost
-// about 45 ms more than the next ones (60 against 17 ms alone on the EPYC
-// host) — in a run whose pools were fresh, most queries were a backend's
-// first, and PostgreSQL spent twice the CPU a service that has been up
-// would. Like most services, the pool uses
-// pgx's defaults otherwise: a query whose context ends closes its connection
-// (the server runs the query to its end regardless) and the next caller dials
-// a new one.
-func Open(ctx context.Context, dsn string, conns int) (*Loader, error) {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("pgdb: %w", err)
+// Pools keeps a worker process's connection pools open from one run to the
+// next, as a service's pool outlives any one burst of its requests. Every
+// connection is warmed by one run of the loader's query before a run uses
+// it, so that a run measures neither dialling nor a fresh backend's first
+// scan: a backend maps the shared buffers it touches page by page, and its
+// first scan of the table cost about 45 ms more than the next ones (60
+// against 17 ms alone on the EPYC host) — in a run whose pools were fresh,
+// most queries were a backend's first, and PostgreSQL spent twice the CPU a
+// service that has been up would. Like most services, a pool uses pgx's
+// defaults otherwise: a query whose context ends closes its connection (the
+// server runs the query to its end regardless) and the next caller dials a
+// new one; the next run's Loader warms it. The zero Pools is ready to use.
+type Pools struct {
+	mu sync.Mutex // guards m
+	m  map[poolKey]*kept
+}
+
+type poolKey struct {
+	dsn   string
+	conns int
+}
+
+// kept is an open pool and the backends it has warmed.
+type kept struct {
+	pool   *pgxpool.Pool
+	warmed map[uint32]bool // by backend pid
+}
+
+// Loader returns a loader with counts of its own on the pool of conns
+// connections to dsn, opening the pool on first use, once each of the pool's
+// conns connections is open and warm.
+func (ps *Pools) Loader(ctx context.Context, dsn string, conns int) (*Loader, error) {
+	if conns <= 0 {
+		return nil, fmt.Errorf("pgdb: a pool of %d connections", conns)
 	}
-	cfg.MaxConns = int32(conns)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("pgdb: %w", err)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	k := poolKey{dsn, conns}
+	p := ps.m[k]
+	if p == nil {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: %w", err)
+		}
+		cfg.MaxConns = int32(conns)
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: %w", err)
+		}
+		p = &kept{pool: pool, warmed: map[uint32]bool{}}
+		if ps.m == nil {
+			ps.m = map[poolKey]*kept{}
+		}
+		ps.m[k] = p
 	}
-	// Dial them all at once: one after another, they cost a round trip and a
-	// backend start each.
+	if err := p.warm(ctx, conns); err != nil {
+		return nil, err
+	}
+	return &Loader{pool: p.pool}, nil
+}
+
+// warm holds all conns connections of the pool at once (dialling those that
+// are missing, all together: one after another, they cost a round trip and a
+// backend start each) and runs the loader's query on each one not warmed yet.
+func (p *kept) warm(ctx context.Context, conns int) error {
 	held := make([]*pgxpool.Conn, conns)
 	errs := make([]error, conns)
 	var wg sync.WaitGroup
 	for i := range held {
 		wg.Go(func() {
-			c, err := pool.Acquire(ctx)
+			c, err := p.pool.Acquire(ctx)
 			if err != nil {
 				errs[i] = fmt.Errorf("pgdb: open the pool: %w", err)
 				return
 			}
 			held[i] = c
+			if p.warmed[c.Conn().PgConn().PID()] { // read only while the goroutines run
+				return
+			}
 			if _, err := c.Exec(ctx, Query, -1); err != nil { // no such repo: the whole scan, no row
 				errs[i] = fmt.Errorf("pgdb: warm-up query: %w", err)
 			}
 		})
 	}
 	wg.Wait()
-	for _, h := range held {
+	for i, h := range held {
 		if h != nil {
+			if errs[i] == nil {
+				p.warmed[h.Conn().PgConn().PID()] = true
+			}
 			h.Release()
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		pool.Close()
-		return nil, err
+	return errors.Join(errs...)
+}
+
+// Close closes every pool.
+func (ps *Pools) Close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for k, p := range ps.m {
+		p.pool.Close()
+		delete(ps.m, k)
 	}
-	return &Loader{pool: pool}, nil
 }
 
 // Load runs the query for repo under ctx.
@@ -145,6 +199,3 @@ func (l *Loader) Stats() Stats {
 	return Stats{Sent: l.sent.Load(), OK: l.ok.Load(), PoolFails: l.poolFails.Load(), QueryErrs: l.queryErrs.Load(),
 		At: at, Spans: spans}
 }
-
-// Close closes the pool.
-func (l *Loader) Close() { l.pool.Close() }
