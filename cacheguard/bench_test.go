@@ -235,8 +235,13 @@ func BenchmarkGetNearHit(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			if st := g.Stats(); st.NearHits < uint64(b.N) {
-				b.Fatalf("%d near hits for %d reads", st.NearHits, b.N)
+			// On a starved host the near cache's proof of its subscription
+			// can come late, and reads go to Redis until it does: the share
+			// says how much of the figure is near hits.
+			share := float64(g.Stats().NearHits) / float64(b.N)
+			b.ReportMetric(share, "near-hits/read")
+			if share < 0.9 {
+				b.Fatalf("%.2f near hits per read: the figure is not the near cache's", share)
 			}
 		})
 	}

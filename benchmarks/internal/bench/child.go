@@ -388,20 +388,21 @@ func (s *spares) close() {
 	for _, c := range idle {
 		c.stdin.Close()
 	}
-	grace := time.NewTimer(exitGrace)
-	defer grace.Stop()
+	deadline := time.Now().Add(exitGrace)
 	for _, c := range idle {
 		exited := make(chan struct{})
 		go func() {
 			_ = c.cmd.Wait()
 			close(exited)
 		}()
+		t := time.NewTimer(time.Until(deadline))
 		select {
 		case <-exited:
-		case <-grace.C:
+		case <-t.C:
 			_ = c.cmd.Process.Kill()
 			<-exited
 		}
+		t.Stop()
 	}
 }
 
