@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -198,6 +199,30 @@ func TestWorkersServeRunAfterRun(t *testing.T) {
 		if c.cmd.ProcessState == nil || !c.cmd.ProcessState.Success() {
 			t.Errorf("worker %d: %v after close", c.cmd.Process.Pid, c.cmd.ProcessState)
 		}
+	}
+}
+
+// A worker serves another job only once the goroutines of the last one's
+// system are gone: settled waits for one that is ending, and gives up on
+// one that stays.
+func TestSettledWaitsForGoroutines(t *testing.T) {
+	n := runtime.NumGoroutine()
+	ending := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		<-ending
+		close(done)
+	}()
+	time.AfterFunc(20*time.Millisecond, func() { close(ending) })
+	if !settled(n) {
+		t.Error("not settled although the goroutine ended")
+	}
+	<-done
+	stay := make(chan struct{})
+	defer close(stay)
+	go func() { <-stay }()
+	if settled(n) {
+		t.Error("settled although a goroutine stays")
 	}
 }
 

@@ -484,27 +484,33 @@ func (s *spares) run(ctx context.Context, jobs []Job, h Hooks) ([]Report, error)
 			idle[i] <- err == nil
 		}()
 	}
+	// Every child is waited for here, by its expect (which reaps a worker
+	// that exits): none is left to the deferred kill.
 	deadline := time.Now().Add(idleGrace)
 	var back []*child
+	var werr error
 	for i, c := range children {
 		t := time.NewTimer(time.Until(deadline))
 		select {
 		case ok := <-idle[i]:
-			t.Stop()
 			if ok {
 				back = append(back, c)
-			} else if st := c.cmd.ProcessState; st != nil && !st.Success() {
-				return nil, fmt.Errorf("worker: %v: %s", st, c.stderr.String())
+			} else if st := c.cmd.ProcessState; werr == nil && st != nil && !st.Success() {
+				werr = fmt.Errorf("worker: %v: %s", st, c.stderr.String())
 			}
 		case <-t.C:
 			_ = c.cmd.Process.Kill()
 			<-idle[i]
 		}
+		t.Stop()
 	}
 	children = nil
 	s.mu.Lock()
 	s.idle = append(s.idle, back...)
 	s.mu.Unlock()
+	if werr != nil {
+		return nil, werr
+	}
 	return reports, nil
 }
 
