@@ -265,7 +265,10 @@ func startChild(j Job) (*child, error) {
 		return nil, err
 	}
 	cmd := exec.Command(self)
-	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	// A race-detector build sleeps a second before exiting while other
+	// goroutines run (GORACE atexit_sleep_ms, default 1000), which would
+	// outlast exitGrace: a worker has nothing left to race with then.
+	cmd.Env = append(os.Environ(), ChildEnv+"=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	// A worker dies with the coordinator.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c := &child{cmd: cmd, stderr: &capBuf{}}
