@@ -252,6 +252,11 @@ func (r *Results) Markdown(m Machine, command string, charts []string, outDir st
 		fmt.Fprintf(&b, "- Scenarios took: %s\n", strings.Join(steps, ", "))
 	}
 	fmt.Fprintf(&b, "- Machine: %d CPUs, %s; %s; load average at start %s\n", m.CPUs, m.CPUModel, m.Kernel, m.LoadAvg)
+	when := "at the start"
+	if m.Busy {
+		when = "at the start, before the busy loop below"
+	}
+	fmt.Fprintf(&b, "- Host costs, measured %s: %s\n", when, m.Costs)
 	if m.Busy {
 		b.WriteString("- **Beside a busy loop**: one CPU was kept busy by a spinning thread for the whole run (`cgbench -busy`), " +
 			"as on a loaded machine.\n")
