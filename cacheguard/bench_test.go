@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
@@ -294,5 +296,84 @@ func benchMany(b *testing.B, batch bool) {
 	b.StopTimer()
 	if st := g.Stats(); st.Loads != 1 {
 		b.Fatalf("%d loads", st.Loads)
+	}
+}
+
+// BenchmarkColdBurst is the cold-key stampede within one process: 128
+// goroutines, started before the burst as a server's connection goroutines
+// are, ask for one cold key at once; one loads it (in 5 ms), the others wait
+// for it. cpu-ns/op is the process's CPU per burst; compare with
+// BenchmarkColdBurstSingleflight, which coordinates nothing across
+// processes.
+func BenchmarkColdBurst(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	load := func(context.Context) (Repo, error) { return burstLoad(), nil }
+	prefix := testKey(b)
+	burst(b, func(ctx context.Context, i int) error {
+		_, err := cacheguard.Get(ctx, g, prefix+strconv.Itoa(i), load)
+		return err
+	})
+}
+
+// BenchmarkColdBurstSingleflight is BenchmarkColdBurst with a
+// golang.org/x/sync/singleflight group and no Redis.
+func BenchmarkColdBurstSingleflight(b *testing.B) {
+	var sf singleflight.Group
+	burst(b, func(ctx context.Context, i int) error {
+		_, err, _ := sf.Do(strconv.Itoa(i), func() (any, error) { return burstLoad(), nil })
+		return err
+	})
+}
+
+// burstLoad is the load of a burst: 5 ms, so that every call of the burst
+// arrives while it runs.
+func burstLoad() Repo {
+	time.Sleep(5 * time.Millisecond)
+	return Repo{ID: 42, Name: "cacheguard"}
+}
+
+// burst runs b.N bursts of 128 concurrent calls of get(ctx, burst number)
+// on goroutines that live across bursts.
+func burst(b *testing.B, get func(ctx context.Context, i int) error) {
+	const n = 128
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	starts := make([]chan int, n)
+	var done sync.WaitGroup
+	var failed atomic.Int64
+	var stopped sync.WaitGroup
+	for w := range starts {
+		starts[w] = make(chan int)
+		stopped.Go(func() {
+			for i := range starts[w] {
+				if err := get(ctx, i); err != nil {
+					failed.Add(1)
+				}
+				done.Done()
+			}
+		})
+	}
+	defer func() {
+		for _, c := range starts {
+			close(c)
+		}
+		stopped.Wait()
+	}()
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	b.ResetTimer()
+	for i := range b.N {
+		done.Add(n)
+		for _, c := range starts {
+			c <- i
+		}
+		done.Wait()
+	}
+	b.StopTimer()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d calls failed", f)
 	}
 }

@@ -153,6 +153,7 @@ type call[T any] struct {
 // part is one key of a call: what its read found, and how it is served.
 type part[T any] struct {
 	key      string
+	values   string     // the name of its values hash (see Guard.name); "" until join needs it
 	id       uint64     // the call's part in the flights it joins
 	near     nearTicket // taken before the read was sent
 	s        stored
@@ -183,9 +184,9 @@ func (c *call[T]) detach() *call[T] {
 func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	g := c.g
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
-	sl := part[T]{key: key, near: g.near.ticket(key)}
+	sl := part[T]{key: key, values: g.name("v:", key), near: g.near.ticket(key)}
 	var err error
-	if sl.s, err = g.readOne(ctx, entry{g.name("v:", key), c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
+	if sl.s, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
 		s := &part[T]{key: key}
 		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
@@ -193,9 +194,18 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	if c.serve(ctx, &sl, start.UnixMilli()) {
 		return sl.v, sl.res, sl.err
 	}
-	s := sl // the miss path: on the heap
-	c.detach().miss(ctx, start, []*part[T]{&s})
-	return s.v, s.res, s.err
+	// The miss path: the call and the part on the heap, in one allocation.
+	m := &missCall[T]{c: *c, sl: sl}
+	m.slots[0] = &m.sl
+	m.c.miss(ctx, start, m.slots[:])
+	return m.sl.v, m.sl.res, m.sl.err
+}
+
+// missCall is a Get's call on its miss path (see get).
+type missCall[T any] struct {
+	c     call[T]
+	sl    part[T]
+	slots [1]*part[T]
 }
 
 // many is a GetMany's call.
@@ -234,9 +244,10 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	var missed []*part[T]
 	if len(ks) > 0 {
 		found := make([]stored, len(ks))
-		err := g.fetch(ctx, g.valuesKeys(ks), c.rep, c.cfg.tags.list(), deadline, found)
+		values := g.valuesKeys(ks)
+		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), deadline, found)
 		for i, k := range ks {
-			sl := part[T]{key: k, s: found[i]}
+			sl := part[T]{key: k, values: values[i], s: found[i]}
 			if tickets != nil {
 				sl.near = tickets[i]
 			}
@@ -445,15 +456,17 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 			open = append(open, sl)
 			continue
 		}
-		n := g.names(sl.key, c.rep)
+		if sl.values == "" {
+			sl.values = g.name("v:", sl.key)
+		}
 		adm := &sl.s
 		if sl.unread {
 			adm = &stored{mark: sl.s.mark, gen: math.MaxInt64} // an older flight only if created after the call (see admit)
 		}
-		t, leader, pending := g.flights.join(entry{n.values, n.field}, c.typ, sl.s.gen, admit(adm, c.typ))
+		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(adm, c.typ))
 		sl.t, sl.pending = t, pending
-		if leader {
-			fs = append(fs, &flight{t: t, key: sl.key, n: n, id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
+		if leader { // only a flight needs the key's other names
+			fs = append(fs, &flight{t: t, key: sl.key, n: g.names(sl.key, c.rep), id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
 		}
 	}
 	if len(fs) > 0 {
