@@ -6,7 +6,7 @@ export CGO_ENABLED := 1
 SOAK         ?= 10m
 SOAK_TIMEOUT ?= 3h
 
-.PHONY: test deps vet lint soak bench bench-quick bench-long
+.PHONY: test deps vet lint soak gen-long bench bench-quick bench-long
 
 ## test: install what is missing, vet, lint, and run every test with -race against real redis-server processes.
 test: deps vet lint
@@ -19,6 +19,10 @@ test: deps vet lint
 ## printed; FLEET_SEED=n replays it, FLEET_DB=postgres runs it on PostgreSQL), then its table.
 soak: deps
 	FLEET_SOAK=$(SOAK) $(GO) test -race -count=1 -v -run '^TestFleetSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/fleet/
+
+## gen-long: every randomized state-machine test (internal/testing/gen) with 20× its make-test budget.
+gen-long: deps
+	CACHEGUARD_GEN_SCALE=$${CACHEGUARD_GEN_SCALE:-20} $(GO) test -race -count=1 -run 'Gen' -timeout 3h ./...
 
 deps:
 	@./internal/tools/deps.sh
