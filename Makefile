@@ -37,3 +37,10 @@ lint:
 	@./internal/tools/lint.sh
 
 -include benchmarks/Makefile.inc
+
+## cachetests: the HTTP caching conformance suite (github.com/http-tests/cache-tests) run through
+## ginmw.Cache; CACHE_TESTS is the path of its checkout, with `npm i --omit=dev` run in it. Not run by CI.
+.PHONY: cachetests
+cachetests:
+	@test -n "$(CACHE_TESTS)" || { echo 'set CACHE_TESTS=/path/to/cache-tests (git clone https://github.com/http-tests/cache-tests; npm i --omit=dev)'; exit 2; }
+	CACHE_TESTS=$(abspath $(CACHE_TESTS)) $(GO) test -count=1 -v -timeout 15m -run '^TestConformance$$' ./internal/testing/cachetests/

@@ -24,7 +24,8 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // sense: when an entry is missing or expired, one request across every process
 // sharing the Redis runs the handler while the others wait for its response
 // (or are served the stale one, under cacheguard.ServeStale). Other methods
-// pass through.
+// pass through; a successful unsafe one (POST, PUT, DELETE, PATCH...) drops
+// the entry of its target first. A request no route matched passes through.
 //
 // The response carries X-Cache: HIT (from Redis or the Guard's near cache),
 // MISS (this request ran the handler),
@@ -34,9 +35,11 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // the response's own headers (see the package documentation, Cache): never a
 // response marked no-store, private or no-cache, setting a cookie, varying on
 // a header Cache does not key by, or answering a request with Authorization
-// without public, s-maxage or must-revalidate; never longer than its own
-// s-maxage, max-age or Expires when shorter than ttl. Responses that are not
-// 2xx (or are 206), or whose body exceeds MaxBody, are shared with the
+// without public, s-maxage or must-revalidate; never longer than what is left
+// of its own s-maxage, max-age or Expires (CDN-Cache-Control's when present)
+// after its Age, when shorter than ttl; a hit carries Age. Responses that
+// are not 2xx (or are 206, or a 2xx but 200, 203 and 204 without explicit
+// freshness), or whose body exceeds MaxBody, are shared with the
 // requests of the process that waited for them, and not stored. Range
 // requests and requests with Cache-Control: no-store bypass Cache.
 // Conditional requests are answered from the stored response (304 on a
@@ -100,8 +103,14 @@ const maxHops = 4
 
 func (m *cacheMW) serve(c *gin.Context) {
 	r := c.Request
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+	if c.FullPath() == "" {
+		// No route matched (Cache used with Engine.Use): Gin answers 404 or
+		// 405, and nothing of it is stored.
 		c.Next()
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		m.passUnsafe(c)
 		return
 	}
 	if slot, ok := r.Context().Value(refreshKey{}).(*refreshSlot); ok {
@@ -154,6 +163,30 @@ func (m *cacheMW) serve(c *gin.Context) {
 			return
 		}
 	}
+}
+
+// passUnsafe runs the chain for a request of another method than GET and
+// HEAD. After an unsafe one (any but OPTIONS and TRACE) that succeeded, the
+// entry of its target — its key, for every method, host and varied header —
+// is dropped before the response reaches the client, as RFC 9111 §4.4 has a
+// cache do; a failure is recorded with c.Error.
+func (m *cacheMW) passUnsafe(c *gin.Context) {
+	if c.Request.Method == http.MethodOptions || c.Request.Method == http.MethodTrace {
+		c.Next()
+		return
+	}
+	key, _, err := m.cacheKey(c)
+	if err != nil { // a CacheKey this request does not have: no entry of it
+		c.Next()
+		return
+	}
+	afterWrite(c, func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), releaseTimeout)
+		defer cancel()
+		if err := m.g.Invalidate(ctx, key); err != nil {
+			c.Error(err) //nolint:errcheck // recorded for loggers
+		}
+	})
 }
 
 // got is what one entry's read gave a request.
@@ -283,8 +316,10 @@ func (m *cacheMW) loaded(req *http.Request, r *response, ttl time.Duration) load
 		return loadReply{err: &uncacheableError{resp: r, v: v}}
 	}
 	r.strict = v.strict
+	now := time.Now()
+	r.born = now.Add(-v.age).UnixMilli()
 	if v.ttl > 0 && v.ttl < ttl {
-		r.lifetime, r.expires = v.ttl, time.Now().Add(v.ttl).UnixMilli()
+		r.lifetime, r.expires = v.ttl, now.Add(v.ttl).UnixMilli()
 	}
 	return loadReply{resp: r}
 }

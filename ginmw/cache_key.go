@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"net/url"
-	"path"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -13,20 +12,36 @@ import (
 )
 
 // PathKey is the key Cache stores a GET of path with query under by default:
-// "http:" + the cleaned path + "?" + the query with its parameters sorted by
-// name (no "?" without a query). Pass it to Invalidate.
+// "http:" + the path as the request target spells it (escaped, as
+// url.URL.EscapedPath returns it, never cleaned: "/a/../b" is not "/b") +
+// "?" + the query with its parameters sorted by name (no "?" without a
+// query). An escaped path holds no raw "?", so no path and query share a
+// key. Pass it to Invalidate.
 func PathKey(p string, query url.Values) string {
 	if !strings.HasPrefix(p, "/") {
 		p = "/" + p
 	}
-	clean := path.Clean(p)
-	if strings.HasSuffix(p, "/") && clean != "/" {
-		clean += "/"
-	}
 	if len(query) == 0 {
-		return "http:" + clean
+		return "http:" + p
 	}
-	return "http:" + clean + "?" + query.Encode()
+	return "http:" + p + "?" + query.Encode()
+}
+
+// requestKey is PathKey of the request's target: its escaped path — the
+// path Gin routed, whichever of URL.Path and URL.RawPath the engine matched,
+// since the one names the other — and its query. A query that does not parse
+// cleanly (a ";", a bad escape) is kept verbatim after "?!", which no
+// encoded query starts with: a handler reading RawQuery sees what the key
+// says.
+func requestKey(u *url.URL) string {
+	if u.RawQuery == "" {
+		return PathKey(u.EscapedPath(), nil)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil || len(q) == 0 {
+		return PathKey(u.EscapedPath(), nil) + "?!" + u.RawQuery
+	}
+	return PathKey(u.EscapedPath(), q)
 }
 
 // cacheKey returns the name of the request's entry (the resource name given
@@ -49,11 +64,7 @@ func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 		}
 		k = name
 	} else {
-		var q url.Values
-		if r.URL.RawQuery != "" {
-			q = r.URL.Query()
-		}
-		k = PathKey(r.URL.Path, q)
+		k = requestKey(r.URL)
 	}
 	variant = r.Method
 	if !m.cfg.ignoreHost {

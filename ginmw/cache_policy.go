@@ -45,7 +45,8 @@ type verdict struct {
 	// same load and, when stored, every later one.
 	share bool
 	store bool          // share, and Cache stores it
-	ttl   time.Duration // its lifetime (s-maxage, max-age or Expires), 0 when it has none
+	ttl   time.Duration // what is left of its explicit lifetime, whole seconds; 0 when it has none
+	age   time.Duration // its age when received (RFC 9111 §4.2.3)
 	// strict: it must not be served once its lifetime or the TTL ends
 	// (must-revalidate, proxy-revalidate, s-maxage), even under ServeStale or
 	// FailSafe.
@@ -54,24 +55,29 @@ type verdict struct {
 }
 
 // decide is the one place that says what may be done with a response r that
-// the handler produced for req (the request as it reached Cache):
+// the handler produced for req (the request as it reached Cache), read from
+// CDN-Cache-Control when it is valid, else Cache-Control and Expires:
 //
 //   - never shared nor stored: a response that may not answer another user —
 //     no-store, private, no-cache (RFC 9111 §5.2.2.2-5.2.2.7: qualified forms
 //     included), Set-Cookie, Vary: * or a Vary on a header Cache does not key
 //     by (VaryByHeader), an answer to a request with Authorization without
 //     public, s-maxage or must-revalidate (§3.5) unless Authorization is a
-//     VaryByHeader header, a lifetime of zero (max-age=0, an Expires not
-//     after Date), a 206 or 304, a streamed or hijacked response;
+//     VaryByHeader header, one stale on arrival (its Age or Date past its
+//     explicit lifetime, max-age=0, an invalid Expires), a 206 or 304, a
+//     streamed or hijacked response;
 //   - shared with the requests that waited for it but not stored: any other
-//     status than 2xx, and a body larger than MaxBody;
-//   - stored otherwise, for the TTL or its own lifetime if that is shorter.
+//     status than 2xx, a 2xx other than 200, 203 and 204 without explicit
+//     freshness or public (§4.2.2: no heuristic lifetime for it), and a body
+//     larger than MaxBody;
+//   - stored otherwise, for the TTL or what is left of its own lifetime if
+//     that is shorter.
 func (m *cacheMW) decide(req *http.Request, r *response) verdict {
 	if r == nil {
 		return verdict{why: "streamed"}
 	}
 	h := r.header
-	d := parseCacheControl(h["Cache-Control"])
+	d, targeted := responseDirectives(h)
 	switch {
 	case r.status == http.StatusPartialContent || r.status == http.StatusNotModified:
 		return verdict{why: "status " + strconv.Itoa(r.status)}
@@ -91,26 +97,20 @@ func (m *cacheMW) decide(req *http.Request, r *response) verdict {
 		!slices.Contains(m.cfg.vary, "Authorization") {
 		return verdict{why: "Authorization without public, s-maxage or must-revalidate"}
 	}
-	v := verdict{share: true, strict: d.mustRevalidate || d.proxyRevalidate || d.sMaxAge >= 0}
-	switch {
-	case d.sMaxAge >= 0:
-		v.ttl = time.Duration(d.sMaxAge) * time.Second
-	case d.maxAge >= 0:
-		v.ttl = time.Duration(d.maxAge) * time.Second
-	case len(h["Expires"]) > 0:
-		v.ttl = expiresIn(h)
-	default:
-		v.ttl = -1
-	}
-	switch {
-	case v.ttl == 0:
-		return verdict{why: "lifetime 0"}
-	case v.ttl < 0:
-		v.ttl = 0
+	now := time.Now()
+	v := verdict{share: true, strict: d.mustRevalidate || d.proxyRevalidate || d.sMaxAge >= 0, age: initialAge(h, now)}
+	lifetime, explicit := freshnessLifetime(d, targeted, h, now)
+	if explicit {
+		v.ttl = (lifetime - v.age).Truncate(time.Second)
+		if v.ttl <= 0 {
+			return verdict{why: "stale on arrival"}
+		}
 	}
 	switch {
 	case r.status < 200 || r.status > 299:
 		v.why = "status " + strconv.Itoa(r.status)
+	case !explicit && !d.public && r.status != http.StatusOK && r.status != http.StatusNonAuthoritativeInfo && r.status != http.StatusNoContent:
+		v.why = "status " + strconv.Itoa(r.status) + " without explicit freshness"
 	case r.oversize:
 		v.why = fmt.Sprintf("body over MaxBody (%d bytes)", m.cfg.maxBody)
 	default:
@@ -134,21 +134,6 @@ func (m *cacheMW) unkeyedVary(h http.Header) string {
 		}
 	}
 	return ""
-}
-
-// expiresIn is the lifetime Expires gives (RFC 9111 §4.2.1): Expires minus
-// Date, or minus now without a valid Date; an invalid Expires is in the past.
-// It is at least 0.
-func expiresIn(h http.Header) time.Duration {
-	exp, err := http.ParseTime(h.Get("Expires"))
-	if err != nil {
-		return 0
-	}
-	date, err := http.ParseTime(h.Get("Date"))
-	if err != nil {
-		date = time.Now()
-	}
-	return max(exp.Sub(date), 0)
 }
 
 // cacheControl holds the Cache-Control directives Cache acts on. maxAge and

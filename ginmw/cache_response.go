@@ -27,6 +27,7 @@ type response struct {
 	strict   bool          // never served stale (see verdict)
 	lifetime time.Duration // its own lifetime, when shorter than the TTL it was stored for; else 0
 	expires  int64         // when that lifetime ends, in Unix milliseconds; 0 without one
+	born     int64         // when its age was 0 (RFC 9111 §4.2.3), in Unix milliseconds; 0 when not known
 
 	oversize bool // the body outgrew MaxBody (not kept)
 }
@@ -82,6 +83,9 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 		h[k] = vs[:len(vs):len(vs)] // an append by later middleware copies instead of writing into the shared array
 	}
 	h["X-Cache"] = xcacheValue(xcache)
+	if r.born != 0 { // RFC 9111 §5.1: a response from a cache carries its age
+		h["Age"] = []string{strconv.FormatInt(max(time.Now().UnixMilli()-r.born, 0)/1000, 10)}
+	}
 	if r.status == http.StatusOK && notModified(c.Request, r.header) {
 		for _, k := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
 			delete(h, k)
@@ -179,10 +183,12 @@ func unconditional(h http.Header) http.Header {
 //	status               uint16 big-endian
 //	flags                1 byte: bit 0 strict
 //	lifetime, expires    uvarint milliseconds each (0: none)
+//	born                 uvarint Unix milliseconds (0: not known)
 //	header count         uvarint, then per header: name, value count, values (each uvarint length + bytes)
 //	body                 the rest
 //
-// Version 1 (earlier releases) had no flags, lifetime or expires; it is still read.
+// Version 1 (earlier releases) had no flags, lifetime or expires, version 2
+// no born; they are still read.
 type respCodec struct{}
 
 func (respCodec) Marshal(v any) ([]byte, error) {
@@ -198,7 +204,7 @@ func (respCodec) Marshal(v any) ([]byte, error) {
 		}
 	}
 	b := make([]byte, 0, n)
-	b = append(b, 'g', 'r', 2)
+	b = append(b, 'g', 'r', 3)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.status))
 	var flags byte
 	if r.strict {
@@ -207,6 +213,7 @@ func (respCodec) Marshal(v any) ([]byte, error) {
 	b = append(b, flags)
 	b = binary.AppendUvarint(b, uint64(r.lifetime.Milliseconds()))
 	b = binary.AppendUvarint(b, uint64(r.expires))
+	b = binary.AppendUvarint(b, uint64(r.born))
 	b = binary.AppendUvarint(b, uint64(len(r.header)))
 	for k, vs := range r.header {
 		b = appendString(b, k)
@@ -229,7 +236,7 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return fmt.Errorf("ginmw: codec: cannot decode into %T", v)
 	}
-	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || (data[2] != 1 && data[2] != 2) {
+	if len(data) < 5 || data[0] != 'g' || data[1] != 'r' || data[2] < 1 || data[2] > 3 {
 		return errBadPayload
 	}
 	status := int(binary.BigEndian.Uint16(data[3:]))
@@ -238,7 +245,7 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 	}
 	r := &response{status: status}
 	d := data[5:]
-	if data[2] == 2 {
+	if data[2] >= 2 {
 		if len(d) < 1 {
 			return errBadPayload
 		}
@@ -255,6 +262,14 @@ func (respCodec) Unmarshal(data []byte, v any) error {
 		}
 		d = d[n:]
 		r.lifetime, r.expires = time.Duration(lifetime)*time.Millisecond, int64(expires)
+	}
+	if data[2] >= 3 {
+		born, n := binary.Uvarint(d)
+		if n <= 0 || born > math.MaxInt64 {
+			return errBadPayload
+		}
+		d = d[n:]
+		r.born = int64(born)
 	}
 	// First pass: check the header block and count its values; second pass:
 	// cut every name and value out of one string and one slice.

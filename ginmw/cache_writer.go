@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"net"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 
@@ -33,7 +34,9 @@ type captureWriter struct {
 var _ gin.ResponseWriter = (*captureWriter)(nil)
 
 func newCaptureWriter(real gin.ResponseWriter, max, shareMax int) *captureWriter {
-	return &captureWriter{real: real, header: http.Header{}, status: http.StatusOK, size: -1, max: max, shareMax: shareMax}
+	// The status starts at the one the engine set before the chain ran (Gin
+	// presets 404 and 405 for NoRoute and NoMethod handlers).
+	return &captureWriter{real: real, header: http.Header{}, status: real.Status(), size: -1, max: max, shareMax: shareMax}
 }
 
 func (w *captureWriter) Header() http.Header {
@@ -44,12 +47,44 @@ func (w *captureWriter) Header() http.Header {
 }
 
 func (w *captureWriter) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		w.interim(code)
+		return
+	}
 	if w.through {
 		w.real.WriteHeader(code)
 		return
 	}
 	if code > 0 && w.size < 0 {
 		w.status = code
+	}
+}
+
+// interim sends an informational response (103 Early Hints) to the client
+// at once, with the fields set for it: it is not the response's status, and
+// is never stored (RFC 9110 §15.2). Gin's writer would take it for the
+// status, so it goes to the server's writer underneath.
+func (w *captureWriter) interim(code int) {
+	var under http.ResponseWriter = w.real
+	for {
+		u, ok := under.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		under = u.Unwrap()
+	}
+	if under == http.ResponseWriter(w.real) || w.Size() >= 0 {
+		return // no writer that can send it, or too late
+	}
+	uh, set := under.Header(), w.Header()
+	saved := uh.Clone()
+	for k, vs := range set {
+		uh[k] = vs
+	}
+	under.WriteHeader(code)
+	clear(uh)
+	for k, vs := range saved {
+		uh[k] = vs
 	}
 }
 
@@ -172,7 +207,7 @@ func (w *captureWriter) captured(vary []string, head bool) *response {
 	if w.through && !w.kept {
 		return nil
 	}
-	h := w.header
+	h := canonical(w.header)
 	cl := h["Content-Length"]
 	for _, k := range hopHeaders {
 		delete(h, k)
@@ -189,6 +224,21 @@ func (w *captureWriter) captured(vary []string, head bool) *response {
 		}
 	}
 	return &response{status: w.status, header: h, body: w.body.Bytes(), oversize: w.through}
+}
+
+// canonical merges the fields of h whose names a handler wrote into the map
+// without canonicalising them ("cache-control") into their canonical names,
+// in place: field names are case-insensitive (RFC 9110 §5.1), and net/http
+// sends each map entry as written, so every lookup after this one sees every
+// line of a field.
+func canonical(h http.Header) http.Header {
+	for k, vs := range h {
+		if ck := textproto.CanonicalMIMEHeaderKey(k); ck != k {
+			delete(h, k)
+			h[ck] = append(h[ck], vs...)
+		}
+	}
+	return h
 }
 
 func headerHasToken(h http.Header, key, token string) bool {

@@ -86,14 +86,23 @@
 //	Authorization (request)        looked up; the response is stored and shared only with §3.5
 //	                               public, s-maxage, must-revalidate, or when VaryByHeader
 //	                               names Authorization
-//	s-maxage, max-age, Expires     the first present (Expires minus Date) caps the TTL;   §4.2.1, §5.3
-//	(response)                     served past it only as ServeStale or FailSafe serve
-//	                               past the TTL; 0 or invalid: not stored, not shared
-//	must-revalidate, proxy-        never served stale (no ServeStale, FailSafe,           §4.2.4, §5.2.2.2,
-//	revalidate, s-maxage           SoftTimeout): the request waits for a fresh one        §5.2.2.8
+//	s-maxage, max-age, Expires     the first present (Expires minus Date), minus the      §4.2.1, §4.2.3,
+//	(response), Age                response's age on arrival (its Age, or now minus its   §5.1, §5.3
+//	                               Date, the larger), caps the TTL; a hit carries Age;
+//	                               served past it only as ServeStale or FailSafe serve
+//	                               past the TTL; stale on arrival, 0, an invalid or
+//	                               repeated Expires (exact HTTP-date only): not stored,
+//	                               not shared
+//	CDN-Cache-Control (response)   when a valid Structured Field dictionary, replaces     RFC 9213
+//	                               Cache-Control and Expires (private, no-store, no-cache
+//	                               in it included); invalid: ignored
+//	no freshness information       200, 203, 204: stored for the route's TTL (Cache's     §4.2.2
+//	                               choice: a heuristic lifetime); any other 2xx only
+//	                               with explicit freshness or public
 //	public (response)              consent for Authorization; no other effect             §5.2.2.9
 //	status                         2xx but 206 stored; others shared with the requests    §3
-//	                               waiting for the load, not stored; 206, 304 not shared
+//	                               waiting for the load, not stored; 206, 304 not
+//	                               shared; 1xx (103) sent on at once, never stored
 //	body over MaxBody              streamed, shared with the waiters (up to               (size)
 //	                               MaxSharedBody), not stored
 //	no-store (request)             bypassed: the handler runs for it alone, not stored    §5.2.1.5
@@ -102,15 +111,23 @@
 //	Range (request)                bypassed                                               §3.3
 //	If-None-Match,                 answered 304 from the stored or shared response; the   §4.3.2
 //	If-Modified-Since (request)    handler always sees an unconditional request
+//	POST, PUT, DELETE, PATCH, any  after a status below 400, the entry of the target      §4.4
+//	unsafe method (request)        (its key, every method, host and variant) is dropped,
+//	                               before the response reaches the client
+//	no route matched (request)     passed through: Gin's 404 or 405, never stored
 //	Host (request)                 its name, without the port, is part of the key         §4
 //	                               (IgnoreHost leaves it out)
 //	other directives               ignored: max-stale, min-fresh, only-if-cached,
 //	                               stale-while-revalidate, stale-if-error, immutable
+//	stale must-revalidate          reloaded whole: Cache never revalidates with a         §4.3.1
+//	                               conditional request (the suite's one required
+//	                               failure)
 //
 // Besides:
 //
-//   - The key is the cleaned path with its query sorted (PathKey), or a
-//     resource name (CacheKey), kept apart from what cacheguard.Get stores
+//   - The key is the path as the request target spells it (escaped, never
+//     cleaned: "/a/../b" is not "/b"'s entry) with its query sorted (PathKey),
+//     or a resource name (CacheKey), kept apart from what cacheguard.Get stores
 //     under it; Guard.Invalidate of that name (gormplugin after a commit, or
 //     InvalidateAfter) drops every stored response of it, for every method,
 //     host and varied header, in every process, with cacheguard's

@@ -1,7 +1,9 @@
 package ginmw
 
 import (
+	"bufio"
 	"context"
+	"net"
 	"slices"
 
 	"github.com/gin-gonic/gin"
@@ -20,9 +22,10 @@ import (
 // the list pages that show such resources. A key that cannot be extracted
 // refuses the request with 400
 // before the chain runs. The invalidation runs before the handler's return
-// reaches the client unless the handler flushed its response (or it outgrew the
-// server's write buffer); a handler that must guarantee it calls g.Invalidate
-// before writing. A failure is recorded with c.Error.
+// reaches the client: it runs when the response's status is committed (the
+// handler's first write), or when the chain returns having written nothing.
+// A handler that writes its answer before its write is done calls
+// g.Invalidate itself. A failure is recorded with c.Error.
 func InvalidateAfter(g *cacheguard.Guard, keys ...Key) gin.HandlerFunc {
 	if g == nil {
 		panic("ginmw: InvalidateAfter called with a nil *cacheguard.Guard")
@@ -48,19 +51,63 @@ func InvalidateAfter(g *cacheguard.Guard, keys ...Key) gin.HandlerFunc {
 			}
 			names = append(names, name)
 		}
-		c.Next()
-		if c.Writer.Status() >= 400 {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), releaseTimeout)
-		defer cancel()
-		if err := g.Invalidate(ctx, names...); err != nil {
-			c.Error(err) //nolint:errcheck // recorded for loggers
-		}
-		if len(kinds) > 0 {
-			if err := g.InvalidateTags(ctx, kinds...); err != nil {
+		afterWrite(c, func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request.Context()), releaseTimeout)
+			defer cancel()
+			if err := g.Invalidate(ctx, names...); err != nil {
 				c.Error(err) //nolint:errcheck // recorded for loggers
 			}
+			if len(kinds) > 0 {
+				if err := g.InvalidateTags(ctx, kinds...); err != nil {
+					c.Error(err) //nolint:errcheck // recorded for loggers
+				}
+			}
+		})
+	}
+}
+
+// afterWrite runs the rest of the chain and then drop, once, if the response
+// succeeded (a status below 400): when the status is committed — before any
+// byte of the response can reach the client, even through a flush — or when
+// the chain returns without having written. It is how every write route
+// invalidates: InvalidateAfter, and Cache after an unsafe method.
+func afterWrite(c *gin.Context, drop func()) {
+	orig := c.Writer
+	w := &committingWriter{ResponseWriter: orig, drop: drop}
+	c.Writer = w
+	defer func() { c.Writer = orig }()
+	c.Next()
+	w.commit()
+}
+
+// committingWriter runs drop before the response is committed.
+type committingWriter struct {
+	gin.ResponseWriter
+	drop func()
+	done bool
+}
+
+func (w *committingWriter) commit() {
+	if !w.done {
+		w.done = true
+		if w.ResponseWriter.Status() < 400 {
+			w.drop()
 		}
 	}
+}
+
+func (w *committingWriter) WriteHeaderNow() { w.commit(); w.ResponseWriter.WriteHeaderNow() }
+
+func (w *committingWriter) Write(b []byte) (int, error) { w.commit(); return w.ResponseWriter.Write(b) }
+
+func (w *committingWriter) WriteString(s string) (int, error) {
+	w.commit()
+	return w.ResponseWriter.WriteString(s)
+}
+
+func (w *committingWriter) Flush() { w.commit(); w.ResponseWriter.Flush() }
+
+func (w *committingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.done = true // a switch of protocols is no write to invalidate for
+	return w.ResponseWriter.Hijack()
 }

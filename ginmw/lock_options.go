@@ -70,12 +70,17 @@ func LockOptions(opts ...locks.CallOption) LockOption {
 }
 
 // ErrorHandler sets what Lock does with a request it refuses (bad key,
-// contention, lock service unavailable). The handler must write the answer
-// and abort the chain (the handler after Lock does not run either way). When
-// it is called for ErrLocked, the Retry-After header is already set. The
-// default answers as Abort does.
+// contention, lock service unavailable): h writes the answer, and Lock aborts
+// the chain after it, whatever h does, so the handler after Lock never runs
+// unlocked. When it is called for ErrLocked, the Retry-After header is
+// already set. The default answers as Abort does.
 func ErrorHandler(h func(c *gin.Context, err *Error)) LockOption {
-	return func(c *lockConfig) { c.onError = h }
+	return func(c *lockConfig) {
+		c.onError = nil
+		if h != nil {
+			c.onError = func(ctx *gin.Context, err *Error) { h(ctx, err); ctx.Abort() }
+		}
+	}
 }
 
 func (c *lockConfig) validate() error {

@@ -581,3 +581,28 @@ func TestLockConstructionPanics(t *testing.T) {
 		}()
 	}
 }
+
+// Issue 45 item 5: an ErrorHandler that answers without aborting does not let
+// the handler run unlocked — for contention, a bad key and an outage alike.
+func TestLockErrorHandlerWithoutAbortStillAborts(t *testing.T) {
+	l, _, s := newLocker(t)
+	hold(t, l, "repos:12")
+	var ran atomic.Int64
+	answer := ginmw.ErrorHandler(func(c *gin.Context, e *ginmw.Error) {
+		c.String(e.Status, "refused") // no Abort
+	})
+	r := newEngine()
+	r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(0)), answer), func(c *gin.Context) { ran.Add(1) })
+	r.PUT("/bad/:id", ginmw.Lock(l, ginmw.Resource("repos", ginmw.Int(ginmw.Param("id"))), answer), func(c *gin.Context) { ran.Add(1) })
+	if w := serve(r, http.MethodPut, "/repos/12"); w.Code != http.StatusConflict {
+		t.Errorf("contention: status %d", w.Code)
+	}
+	if w := serve(r, http.MethodPut, "/bad/x"); w.Code != http.StatusNotFound {
+		t.Errorf("bad key: status %d", w.Code)
+	}
+	s.Kill()
+	if w := serve(r, http.MethodPut, "/repos/13"); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("outage: status %d", w.Code)
+	}
+	wantCalls(t, &ran, 0)
+}

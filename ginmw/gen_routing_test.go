@@ -1,0 +1,177 @@
+package ginmw_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"pgregory.net/rapid"
+
+	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/internal/testing/gen"
+)
+
+// routingEngine is a router with several routes, catch-alls and NoRoute,
+// whose handlers echo which of them ran, with the parameters and query Gin
+// gave them and the Vary'd header: what a response must match to be served
+// for a request. cache, when not nil, is used on the whole engine.
+func routingEngine(cfg routingConfig, cache gin.HandlerFunc) *gin.Engine {
+	r := gin.New()
+	r.UseRawPath, r.UnescapePathValues = cfg.rawPath, cfg.unescape
+	r.RemoveExtraSlash, r.RedirectTrailingSlash, r.RedirectFixedPath = cfg.removeSlash, cfg.trailing, cfg.fixed
+	r.HandleMethodNotAllowed = cfg.notAllowed
+	if cache != nil {
+		r.Use(cache)
+	}
+	echo := func(id string) gin.HandlerFunc {
+		return func(c *gin.Context) {
+			status := http.StatusOK
+			if c.Param("slug") == "missing" {
+				status = http.StatusNotFound
+			}
+			c.String(status, "%s params=%v query=%s lang=%q", id, c.Params, c.Request.URL.Query().Encode(), c.GetHeader("Accept-Language"))
+		}
+	}
+	r.GET("/api/data", echo("data"))
+	r.GET("/api/data/", echo("data/"))
+	r.GET("/p/:slug", echo("p"))
+	r.GET("/p/:slug/edit", echo("edit"))
+	r.GET("/app/*any", echo("app"))
+	r.GET("/files/:dir/*rest", echo("files"))
+	r.GET("/A/b", echo("Ab"))
+	r.POST("/only-post", echo("post"))
+	r.NoRoute(echo("noroute"))
+	return r
+}
+
+type routingConfig struct {
+	rawPath, unescape, removeSlash, trailing, fixed, notAllowed bool
+}
+
+var (
+	genSegments = []string{"api", "data", "p", "app", "files", "edit", "A", "a", "b", "B", "x", "only-post",
+		"..", ".", "", "%2F", "%3F", "%23", "%25", "%2e%2e", "%2E", "%41", "a%3Fb=c", "a%2Fb", "a%20b", "a+b", "missing", "%"}
+	genQuery = []string{"a=1", "a=2", "b=c", "b=", "a", "a=1;b=2", "a=%3F", "x=%2F", "%3D=1", "a=1%26b=2", "?", "#", "q=a+b", "q=a%20b", "b=1", "=", "&", "%zz"}
+	genLangs = []string{"", "", "en", "fr"}
+)
+
+// genTarget draws a request target: mostly one shaped like a route (a
+// parameter or a catch-all filled with random segments), sometimes any path;
+// maybe behind dot segments, maybe with a trailing slash, maybe with a query
+// of repeated or reordered parameters.
+func genTarget(rt *rapid.T) string {
+	seg := rapid.SampledFrom(genSegments)
+	var target string
+	switch rapid.IntRange(0, 6).Draw(rt, "shape") {
+	case 0:
+		target = "/api/data"
+	case 1:
+		target = "/p/" + seg.Draw(rt, "slug")
+	case 2:
+		target = "/p/" + seg.Draw(rt, "slug") + "/edit"
+	case 3:
+		target = "/app/" + strings.Join(rapid.SliceOfN(seg, 0, 3).Draw(rt, "any"), "/")
+	case 4:
+		target = "/files/" + seg.Draw(rt, "dir") + "/" + strings.Join(rapid.SliceOfN(seg, 0, 2).Draw(rt, "rest"), "/")
+	case 5:
+		target = "/" + rapid.SampledFrom([]string{"A/b", "a/b", "A/B", "A//b", "A/./b", "A%2Fb"}).Draw(rt, "case")
+	default:
+		target = "/" + strings.Join(rapid.SliceOfN(seg, 1, 4).Draw(rt, "segments"), "/")
+	}
+	if rapid.IntRange(0, 3).Draw(rt, "dot prefix") == 0 {
+		target = rapid.SampledFrom([]string{"/x/..", "/app/..", "/p/a/..", "/.", "/", "/%2e%2e", "/api/data/.."}).Draw(rt, "prefix") + target
+	}
+	if rapid.IntRange(0, 3).Draw(rt, "trailing slash") == 0 {
+		target += "/"
+	}
+	if rapid.IntRange(0, 2).Draw(rt, "with query") > 0 {
+		target += "?" + strings.Join(rapid.SliceOfN(rapid.SampledFrom(genQuery), 0, 3).Draw(rt, "query"), "&")
+	}
+	return target
+}
+
+// parseTarget reads a request for target the way the server does, or nil
+// when the server would refuse it.
+func parseTarget(method, target, host, lang string) *http.Request {
+	raw := method + " " + target + " HTTP/1.1\r\nHost: " + host + "\r\n"
+	if lang != "" {
+		raw += "Accept-Language: " + lang + "\r\n"
+	}
+	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw + "\r\n")))
+	if err != nil {
+		return nil
+	}
+	return req
+}
+
+// TestGenRouting sends random request targets to an engine with Cache on
+// every route and to its twin without Cache, over a real redis-server:
+// whatever Cache serves, a HIT included, must be what the twin — Gin alone —
+// answers the same request with, so a response is only ever served to a
+// request Gin routes to the same handler with the same parameters, query and
+// Vary'd header. POSTs (which invalidate their target) are mixed in. Faults:
+// the stored entries flushed between requests.
+func TestGenRouting(t *testing.T) {
+	s := redistest.Start(t)
+	g, rdb := newGuard(t, s)
+	var checks, steps, hits, flushes int
+	gen.Check(t, 400, func(rt *rapid.T) {
+		checks++
+		cfg := routingConfig{
+			rawPath: rapid.Bool().Draw(rt, "UseRawPath"), unescape: rapid.Bool().Draw(rt, "UnescapePathValues"),
+			removeSlash: rapid.Bool().Draw(rt, "RemoveExtraSlash"), trailing: rapid.Bool().Draw(rt, "RedirectTrailingSlash"),
+			fixed: rapid.Bool().Draw(rt, "RedirectFixedPath"), notAllowed: rapid.Bool().Draw(rt, "HandleMethodNotAllowed"),
+		}
+		cached := routingEngine(cfg, ginmw.Cache(g, time.Minute, ginmw.VaryByHeader("Accept-Language")))
+		twin := routingEngine(cfg, nil)
+		host := fmt.Sprintf("check%d.test", checks) // this check's entries only
+		var sent []string
+		send := func(rt *rapid.T, target string) {
+			steps++
+			method := rapid.SampledFrom([]string{http.MethodGet, http.MethodGet, http.MethodGet, http.MethodHead, http.MethodPost}).Draw(rt, "method")
+			lang := rapid.SampledFrom(genLangs).Draw(rt, "Accept-Language")
+			a, b := parseTarget(method, target, host, lang), parseTarget(method, target, host, lang)
+			if a == nil {
+				return
+			}
+			sent = append(sent, target)
+			wa, wb := httptest.NewRecorder(), httptest.NewRecorder()
+			cached.ServeHTTP(wa, a)
+			twin.ServeHTTP(wb, b)
+			if wa.Header().Get("X-Cache") == "HIT" {
+				hits++
+			}
+			if wa.Code != wb.Code || wa.Body.String() != wb.Body.String() || wa.Header().Get("Location") != wb.Header().Get("Location") {
+				rt.Fatalf("%s %s (Accept-Language %q): Cache answered %d %q (X-Cache %q, Location %q); Gin alone %d %q (Location %q)",
+					method, target, lang, wa.Code, wa.Body, wa.Header().Get("X-Cache"), wa.Header().Get("Location"),
+					wb.Code, wb.Body, wb.Header().Get("Location"))
+			}
+		}
+		rt.Repeat(map[string]func(*rapid.T){
+			"request": func(rt *rapid.T) { send(rt, genTarget(rt)) },
+			"again": func(rt *rapid.T) {
+				if len(sent) == 0 {
+					rt.Skip("nothing sent yet")
+				}
+				send(rt, rapid.SampledFrom(sent).Draw(rt, "earlier target"))
+			},
+			"flush": func(rt *rapid.T) {
+				if rapid.IntRange(0, 9).Draw(rt, "flush now") != 0 {
+					rt.Skip("flushes are rare")
+				}
+				flushes++
+				if err := rdb.FlushDB(context.Background()).Err(); err != nil {
+					rt.Fatal(err)
+				}
+			},
+		})
+	})
+	t.Logf("gen: %d checks, %d requests (%d served as HIT), %d flushes", checks, steps, hits, flushes)
+}
