@@ -43,8 +43,9 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // requests of the process that waited for them, and not stored. Range
 // requests and requests with Cache-Control: no-store bypass Cache.
 // Conditional requests are answered from the stored response (304 on a
-// matching ETag or Last-Modified); the handler itself always sees an
-// unconditional request.
+// matching ETag or Last-Modified); the handler never sees the client's
+// validators, only those of a stored response it revalidates once its
+// lifetime is over (a 304 then refreshes the stored response).
 //
 // The handler runs on its request's goroutine, under a context that keeps the
 // request's values but is detached from its cancellation (other requests may
@@ -93,6 +94,9 @@ type entry struct {
 	// entry is read again under the Wait policy, without FailSafe or
 	// SoftTimeout.
 	strict bool
+	// prior: the stored response found stale on the way here, which a load
+	// revalidates (RFC 9111 §4.3.1) when it has a validator.
+	prior *response
 }
 
 // maxHops bounds how many entries one request reads: a stored response whose
@@ -143,9 +147,9 @@ func (m *cacheMW) serve(c *gin.Context) {
 		case err == nil && resp.expired(time.Now().UnixMilli()):
 			// Its own lifetime, shorter than the TTL it was stored for, is
 			// over: the response for now is in the entry kept for that lifetime.
-			e = entry{variant: variant + " lifetime:" + resp.lifetime.String(), ttl: resp.lifetime}
+			e = entry{variant: variant + " lifetime:" + resp.lifetime.String(), ttl: resp.lifetime, prior: resp}
 		case err == nil && g.res == cacheguard.Stale && resp.strict && !e.strict:
-			e.strict = true // must-revalidate and the like: wait for a fresh one
+			e.strict, e.prior = true, resp // must-revalidate and the like: wait for a fresh one
 		case err == nil:
 			writeResponse(c, resp, g.res.String())
 			return
@@ -301,7 +305,7 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 			a.reply <- loadReply{err: errHandlerPanicked}
 		}
 	}()
-	resp := p.m.run(c, a.ctx)
+	resp := p.m.run(c, a.ctx, p.e.prior)
 	a.reply <- p.m.loaded(p.req, resp, p.e.ttl)
 	replied = true
 	return resp
@@ -326,10 +330,12 @@ func (m *cacheMW) loaded(req *http.Request, r *response, ttl time.Duration) load
 
 // run runs the rest of the chain with its output captured, under a context
 // that keeps the request's values but follows the load's cancellation, with
-// the validators removed from the request. It returns nil when the response
+// the client's validators removed from the request — and prior's in their
+// place when it has any: a 304 then answers with prior, its fields updated
+// from the 304 (RFC 9111 §4.3.4). It returns nil when the response
 // passed through and was not kept (flushed, hijacked, larger than
 // MaxSharedBody).
-func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
+func (m *cacheMW) run(c *gin.Context, lctx context.Context, prior *response) *response {
 	origReq, origW := c.Request, c.Writer
 	base := context.WithoutCancel(origReq.Context())
 	var hctx context.Context
@@ -342,6 +348,17 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 	stop := context.AfterFunc(lctx, cancel)
 	req := origReq.WithContext(hctx)
 	req.Header = unconditional(origReq.Header)
+	if etag, lm := prior.validators(); etag != "" || lm != "" {
+		req.Header = req.Header.Clone()
+		if etag != "" {
+			req.Header["If-None-Match"] = []string{etag}
+		}
+		if lm != "" {
+			req.Header["If-Modified-Since"] = []string{lm}
+		}
+	} else {
+		prior = nil
+	}
 	w := newCaptureWriter(origW, m.cfg.maxBody, m.cfg.maxSharedBody)
 	c.Request, c.Writer = req, w
 	defer func() {
@@ -350,7 +367,11 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context) *response {
 		c.Request, c.Writer = origReq, origW
 	}()
 	c.Next()
-	return w.captured(m.cfg.vary, origReq.Method == http.MethodHead)
+	r := w.captured(m.cfg.vary, origReq.Method == http.MethodHead)
+	if r != nil && r.status == http.StatusNotModified && prior != nil {
+		r = prior.updated(r)
+	}
+	return r
 }
 
 // finish answers a request whose Get failed without running its handler.

@@ -2,6 +2,7 @@ package ginmw_test
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -118,5 +119,38 @@ func TestCacheInvalidatesAfterUnsafeMethod(t *testing.T) {
 		if w := serve(r, http.MethodGet, target); w.Header().Get("X-Cache") == "HIT" {
 			t.Errorf("after a successful %s: X-Cache HIT %q", method, w.Body)
 		}
+	}
+}
+
+// A stored response whose own lifetime ended is revalidated with its ETag:
+// the handler's 304 refreshes it, and the client still gets the whole
+// response (RFC 9111 §4.3.1, §4.3.4).
+func TestCacheRevalidatesStaleResponse(t *testing.T) {
+	g, _ := startGuard(t)
+	var full, notModified atomic.Int64
+	r := newEngine()
+	r.GET("/doc", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		c.Header("Cache-Control", "max-age=1, must-revalidate")
+		c.Header("ETag", `"v1"`)
+		if c.GetHeader("If-None-Match") == `"v1"` {
+			notModified.Add(1)
+			c.Header("X-Revalidated", "yes")
+			c.Status(http.StatusNotModified)
+			return
+		}
+		full.Add(1)
+		c.String(http.StatusOK, "document")
+	})
+	serve(r, http.MethodGet, "/doc")
+	var w *httptest.ResponseRecorder
+	eventually(t, 10*time.Second, "a revalidation", func() bool {
+		w = serve(r, http.MethodGet, "/doc")
+		return notModified.Load() > 0
+	})
+	if w.Code != http.StatusOK || w.Body.String() != "document" || w.Header().Get("X-Revalidated") != "yes" {
+		t.Fatalf("revalidated: %d %q %v", w.Code, w.Body, w.Header())
+	}
+	if full.Load() != 1 {
+		t.Fatalf("the handler answered in full %d times, want 1", full.Load())
 	}
 }

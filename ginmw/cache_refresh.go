@@ -43,7 +43,7 @@ func (m *cacheMW) serveRefresh(c *gin.Context, slot *refreshSlot) {
 		return
 	}
 	slot.served = true
-	slot.resp = m.run(c, c.Request.Context())
+	slot.resp = m.run(c, c.Request.Context(), nil)
 	c.Abort()
 }
 

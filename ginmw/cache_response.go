@@ -35,6 +35,30 @@ type response struct {
 // expired reports whether r's own lifetime has ended at now (Unix ms).
 func (r *response) expired(now int64) bool { return r.expires != 0 && now >= r.expires }
 
+// validators returns r's ETag and Last-Modified ("" each when absent or r
+// is nil).
+func (r *response) validators() (etag, lastModified string) {
+	if r == nil {
+		return "", ""
+	}
+	return r.header.Get("Etag"), r.header.Get("Last-Modified")
+}
+
+// updated is r freshened by a 304 answering its revalidation: r's status
+// and body, its fields replaced by those the 304 carries (RFC 9111 §4.3.4).
+func (r *response) updated(notModified *response) *response {
+	h := r.header.Clone()
+	for k, vs := range notModified.header {
+		if k != "Content-Length" {
+			h[k] = vs
+		}
+	}
+	if cl := r.header["Content-Length"]; cl != nil {
+		h["Content-Length"] = cl
+	}
+	return &response{status: r.status, header: h, body: r.body}
+}
+
 // hopHeaders are not stored as the handler set them: they describe one
 // connection, are Cache's own, or (Content-Length) are computed by Cache.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding",

@@ -110,7 +110,7 @@
 //	Pragma: no-cache               HonorRequestNoCache
 //	Range (request)                bypassed                                               §3.3
 //	If-None-Match,                 answered 304 from the stored or shared response; the   §4.3.2
-//	If-Modified-Since (request)    handler always sees an unconditional request
+//	If-Modified-Since (request)    handler never sees the client's validators
 //	POST, PUT, DELETE, PATCH, any  after a status below 400, the entry of the target      §4.4
 //	unsafe method (request)        (its key, every method, host and variant) is dropped,
 //	                               before the response reaches the client
@@ -119,9 +119,10 @@
 //	                               (IgnoreHost leaves it out)
 //	other directives               ignored: max-stale, min-fresh, only-if-cached,
 //	                               stale-while-revalidate, stale-if-error, immutable
-//	stale must-revalidate          reloaded whole: Cache never revalidates with a         §4.3.1
-//	                               conditional request (the suite's one required
-//	                               failure)
+//	ETag, Last-Modified (stored    once its own lifetime is over, the load sends them to  §4.3.1,
+//	response)                      the handler (If-None-Match, If-Modified-Since); a 304  §4.3.4
+//	                               refreshes the stored response's fields and keeps its
+//	                               body. Past the TTL an entry is gone: reloaded whole
 //
 // Besides:
 //
