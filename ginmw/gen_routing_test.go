@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -36,12 +37,15 @@ func routingEngine(cfg routingConfig, cache gin.HandlerFunc) *gin.Engine {
 			if c.Param("slug") == "missing" {
 				status = http.StatusNotFound
 			}
-			c.String(status, "%s params=%v query=%s lang=%q", id, c.Params, c.Request.URL.Query().Encode(), c.GetHeader("Accept-Language"))
+			echo := fmt.Sprintf("%s params=%v query=%s lang=%q", id, c.Params, c.Request.URL.Query().Encode(), c.GetHeader("Accept-Language"))
+			c.Header("X-Echo", strconv.Quote(echo)) // a HEAD answer shows it too
+			c.String(status, "%s", echo)
 		}
 	}
 	r.GET("/api/data", echo("data"))
 	r.GET("/api/data/", echo("data/"))
 	r.GET("/p/:slug", echo("p"))
+	r.HEAD("/p/:slug", echo("p (HEAD)"))
 	r.GET("/p/:slug/edit", echo("edit"))
 	r.GET("/app/*any", echo("app"))
 	r.GET("/files/:dir/*rest", echo("files"))
@@ -122,7 +126,7 @@ func TestGenRouting(t *testing.T) {
 	s := redistest.Start(t)
 	g, rdb := newGuard(t, s)
 	var checks, steps, hits, flushes int
-	gen.Check(t, 400, func(rt *rapid.T) {
+	gen.Check(t, 1500, func(rt *rapid.T) {
 		checks++
 		cfg := routingConfig{
 			rawPath: rapid.Bool().Draw(rt, "UseRawPath"), unescape: rapid.Bool().Draw(rt, "UnescapePathValues"),
@@ -148,20 +152,27 @@ func TestGenRouting(t *testing.T) {
 			if wa.Header().Get("X-Cache") == "HIT" {
 				hits++
 			}
-			if wa.Code != wb.Code || wa.Body.String() != wb.Body.String() || wa.Header().Get("Location") != wb.Header().Get("Location") {
-				rt.Fatalf("%s %s (Accept-Language %q): Cache answered %d %q (X-Cache %q, Location %q); Gin alone %d %q (Location %q)",
-					method, target, lang, wa.Code, wa.Body, wa.Header().Get("X-Cache"), wa.Header().Get("Location"),
-					wb.Code, wb.Body, wb.Header().Get("Location"))
+			bodyA, bodyB := wa.Body.String(), wb.Body.String()
+			if method == http.MethodHead { // Cache writes no body for HEAD; the server would drop Gin's
+				bodyA, bodyB = "", ""
 			}
+			if wa.Code != wb.Code || bodyA != bodyB || wa.Header().Get("X-Echo") != wb.Header().Get("X-Echo") ||
+				wa.Header().Get("Location") != wb.Header().Get("Location") {
+				rt.Fatalf("%s %s (Accept-Language %q): Cache answered %d %q (X-Cache %q, X-Echo %s, Location %q); Gin alone %d %q (X-Echo %s, Location %q)",
+					method, target, lang, wa.Code, wa.Body, wa.Header().Get("X-Cache"), wa.Header().Get("X-Echo"), wa.Header().Get("Location"),
+					wb.Code, wb.Body, wb.Header().Get("X-Echo"), wb.Header().Get("Location"))
+			}
+		}
+		again := func(rt *rapid.T) {
+			if len(sent) == 0 {
+				rt.Skip("nothing sent yet")
+			}
+			send(rt, rapid.SampledFrom(sent).Draw(rt, "earlier target"))
 		}
 		rt.Repeat(map[string]func(*rapid.T){
 			"request": func(rt *rapid.T) { send(rt, genTarget(rt)) },
-			"again": func(rt *rapid.T) {
-				if len(sent) == 0 {
-					rt.Skip("nothing sent yet")
-				}
-				send(rt, rapid.SampledFrom(sent).Draw(rt, "earlier target"))
-			},
+			"again":   again,
+			"repeat":  again, // twice as likely: hits are what may be served wrongly
 			"flush": func(rt *rapid.T) {
 				if rapid.IntRange(0, 9).Draw(rt, "flush now") != 0 {
 					rt.Skip("flushes are rare")
