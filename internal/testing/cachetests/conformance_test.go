@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -44,6 +46,7 @@ func TestConformance(t *testing.T) {
 	g := cacheguard.New(s.Client())
 	t.Cleanup(func() { g.Close() })
 	proxy := httputil.NewSingleHostReverseProxy(origin)
+	proxy.ErrorLog = log.New(io.Discard, "", 0) // some tests close the origin's connection on purpose
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Any("/*path", ginmw.Cache(g, time.Minute), func(c *gin.Context) { proxy.ServeHTTP(c.Writer, c.Request) })
@@ -154,4 +157,3 @@ func startOrigin(t *testing.T, node, suite string) *url.URL {
 		time.Sleep(50 * time.Millisecond) // polling a child process's port: no event to wait on
 	}
 }
-
