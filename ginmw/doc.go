@@ -78,8 +78,8 @@
 // request whose handler produced it.
 //
 //	Header (side)                  What Cache does                                        RFC 9111
-//	no-store, private[="f"],       not stored, not shared (Cache does not revalidate,     §3, §4, §5.2.2.4,
-//	no-cache[="f"] (response)      so it never reuses a no-cache response)                §5.2.2.5, §5.2.2.7
+//	no-store, private[="f"],       not stored, not shared (so a no-cache response is      §3, §4, §5.2.2.4,
+//	no-cache[="f"] (response)      never reused, revalidated or not)                      §5.2.2.5, §5.2.2.7
 //	Set-Cookie (response), Vary: * not stored, not shared                                 §4.1 (nginx, Varnish)
 //	Vary: <header>                 keyed by it when a VaryByHeader header; else not       §4.1
 //	                               stored, not shared
