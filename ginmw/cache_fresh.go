@@ -95,14 +95,35 @@ var httpDateLayouts = []string{http.TimeFormat, "Monday, 02-Jan-06 15:04:05 GMT"
 
 // parseHTTPDate parses an HTTP-date exactly: time.Parse is lenient about
 // case, digit counts and spacing, so the date must also format back to the
-// same text.
+// same text — but for the day of the week, which may disagree with the date
+// as long as it is a day's name.
 func parseHTTPDate(s string) (time.Time, bool) {
 	for _, layout := range httpDateLayouts {
-		if t, err := time.Parse(layout, s); err == nil && t.Format(layout) == s {
+		t, err := time.Parse(layout, s)
+		if err != nil {
+			continue
+		}
+		f := t.Format(layout)
+		i, j := strings.IndexAny(s, ", "), strings.IndexAny(f, ", ")
+		if i > 0 && j > 0 && s[i:] == f[j:] && titleCase(s[:i]) {
 			return t, true
 		}
 	}
 	return time.Time{}, false
+}
+
+// titleCase reports whether w is an upper-case letter followed by lower-case
+// ones (time.Parse checked it is a day's name, in any case).
+func titleCase(w string) bool {
+	if w[0] < 'A' || w[0] > 'Z' {
+		return false
+	}
+	for i := 1; i < len(w); i++ {
+		if w[i] < 'a' || w[i] > 'z' {
+			return false
+		}
+	}
+	return true
 }
 
 // parseTargeted parses a CDN-Cache-Control field value: a Structured Field
