@@ -157,3 +157,23 @@ func TestCacheRevalidatesStaleResponse(t *testing.T) {
 		t.Fatalf("the handler answered in full %d times, want 1", full.Load())
 	}
 }
+
+// A client's If-Modified-Since is compared with the stored response's Date
+// when it has no Last-Modified (RFC 9111 §4.3.2).
+func TestCacheIfModifiedSinceAgainstDate(t *testing.T) {
+	g, _ := startGuard(t)
+	generated := date(-60)
+	r := newEngine()
+	r.GET("/doc", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		c.Header("Date", generated)
+		c.Header("Cache-Control", "max-age=600")
+		c.String(http.StatusOK, "document")
+	})
+	serve(r, http.MethodGet, "/doc")
+	if w := serve(r, http.MethodGet, "/doc", "If-Modified-Since", date(0)); w.Code != http.StatusNotModified {
+		t.Errorf("If-Modified-Since after Date: %d, want 304", w.Code)
+	}
+	if w := serve(r, http.MethodGet, "/doc", "If-Modified-Since", date(-3600)); w.Code != http.StatusOK {
+		t.Errorf("If-Modified-Since before Date: %d, want 200", w.Code)
+	}
+}

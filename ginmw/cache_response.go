@@ -161,8 +161,9 @@ func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
-// notModified evaluates If-None-Match (or, without it, If-Modified-Since)
-// against a stored 200 response, as RFC 9110 §13.1 has a cache do.
+// notModified evaluates If-None-Match (or, without it, If-Modified-Since
+// against Last-Modified or else Date) against a stored 200 response, as RFC
+// 9110 §13.1 and RFC 9111 §4.3.2 have a cache do.
 func notModified(req *http.Request, h http.Header) bool {
 	if inm := req.Header.Get("If-None-Match"); inm != "" {
 		etag := h.Get("Etag")
@@ -178,6 +179,9 @@ func notModified(req *http.Request, h http.Header) bool {
 		return false
 	}
 	ims, lm := req.Header.Get("If-Modified-Since"), h.Get("Last-Modified")
+	if lm == "" {
+		lm = h.Get("Date") // RFC 9111 §4.3.2: the Date, without Last-Modified
+	}
 	if ims == "" || lm == "" {
 		return false
 	}
