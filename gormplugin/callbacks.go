@@ -142,7 +142,8 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 			}
 			g.rows, g.resolved = rows, true
 		}
-		if kind == writeUpsert && lock && (g.resolved || len(g.rows) > 0) && !slices.Contains(upsertDialects, db.Dialector.Name()) {
+		upsertWhere := slices.Contains(upsertDialects, db.Dialector.Name())
+		if kind == writeUpsert && lock && (g.resolved || g.fence != nil && len(g.rows) > 0) && !upsertWhere {
 			db.AddError(invalid("an upsert on %q needs ON CONFLICT DO UPDATE ... WHERE to be fenced or restricted to the rows locked, which the %s dialect does not have", table, db.Dialector.Name()))
 			return
 		}
@@ -189,7 +190,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		}
 		// The database itself never changes a row the statement did not
 		// lock: its WHERE (an upsert's DO UPDATE) is restricted to them.
-		g.restricted = !g.tableLock && (g.resolved || len(g.rows) > 0)
+		g.restricted = !g.tableLock && (g.resolved || len(g.rows) > 0) && (kind != writeUpsert || upsertWhere)
 		if g.restricted && kind != writeUpsert {
 			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction(false)}})
 		}

@@ -310,3 +310,38 @@ func testInsertedAndRekeyedRowsInvalidated(t *testing.T, e *env) {
 		}
 	})
 }
+
+// TestGenWritesFindings replays what TestGenWrites found on f89a0c4 (issue
+// 44 items 2 and 8 in other forms): Updates of a struct through a model
+// whose composite key has a zero part changed a held row; an Or on a model
+// without a key, with Not, deleted 0 rows where GORM deletes 3.
+func TestGenWritesFindings(t *testing.T) {
+	forDBs(t, testGenWritesFindings)
+}
+
+func testGenWritesFindings(t *testing.T, e *env) {
+	plain := e.plain(t)
+	if err := plain.AutoMigrate(&Badge{}); err != nil {
+		t.Fatal(err)
+	}
+	db := e.guarded(t, gormplugin.LockOptions(locks.WaitBudget(300*time.Millisecond)))
+	if err := plain.Create(&[]Pair{{A: 0, B: "x", V: 1}, {A: 1, B: "x", V: 1}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	e.holdAs(t, "pairs:0:x")
+	err := db.Model(&Pair{A: 0, B: "x"}).Updates(&Pair{A: 0, B: "", V: 5}).Error
+	if !errors.Is(err, gormplugin.ErrUnnamedRows) {
+		t.Errorf("Updates through Model(&Pair{A: 0, B: \"x\"}): %v, want ErrUnnamedRows", err)
+	}
+	if !unchanged(plain, &Pair{}, "v", 1, "a = ? AND b = ?", 0, "x")(t, plain) {
+		t.Errorf("the held row was changed")
+	}
+
+	if err := plain.Create(&[]Badge{{ID: 1, Code: "a"}, {ID: 2, Code: "b"}, {ID: 3, Code: "c"}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	res := db.Model(&Badge{}).Or("id = ?", 1).Not("code = ?", "a").Delete(&Badge{})
+	if res.Error != nil || res.RowsAffected != 3 {
+		t.Errorf("Or and Not on a model without a key: %d rows deleted, %v; plain GORM deletes 3", res.RowsAffected, res.Error)
+	}
+}

@@ -478,116 +478,136 @@ func drawOnConflict(rt *rapid.T, table, col string) (*clause.OnConflict, string)
 // and had its keys invalidated after COMMIT; and it changed no fewer rows
 // than plain GORM did on the twin.
 func TestGenWrites(t *testing.T) {
-	for _, dialect := range []string{onSQLite, onPostgres} {
-		t.Run(dialect, func(t *testing.T) { testGenWrites(t, dialect) })
+	rigs := []*writeRig{newWriteRig(t, onSQLite), newWriteRig(t, onPostgres)}
+	gen.Check(t, 1000, func(rt *rapid.T) {
+		r := rapid.SampledFrom(rigs).Draw(rt, "database")
+		for range rapid.IntRange(1, 3).Draw(rt, "statements") {
+			r.step(rt)
+		}
+	})
+	for _, r := range rigs {
+		t.Logf("gen: %s: %d statements, %d refused, %d written; %d row locks held by another owner meanwhile", r.dialect, r.steps, r.refused, r.written, r.held)
 	}
 }
 
-func testGenWrites(t *testing.T, dialect string) {
-	e := newEnv(t, dialect, byClient)
+// writeRig is one database of TestGenWrites: with the plugin, and its twin
+// without.
+type writeRig struct {
+	dialect         string
+	e               *env
+	db              *gorm.DB // with the plugin
+	plainDB, twinDB *gorm.DB // the same database without the plugin, and the twin
+	inv             *auditInvalidator
+	other           context.Context // the other owner
+	mu              sync.Mutex
+	lockedNow       map[string]bool // guarded by mu: the locks held whenever a statement was sent
+	steps, refused  int
+	written, held   int
+}
+
+func newWriteRig(t *testing.T, dialect string) *writeRig {
+	r := &writeRig{dialect: dialect, e: newEnv(t, dialect, byClient), other: locks.WithOwner(context.Background(), locks.NewOwnerID())}
 	twin := &env{db: dialect}
 	if dialect == onPostgres {
 		twin.dsn = pgtest.DSN(t)
 	} else {
 		twin.dsn = filepath.Join(t.TempDir(), "twin.db")
 	}
-	plainDB, twinDB := e.plain(t), twin.plain(t)
-	for _, db := range []*gorm.DB{plainDB, twinDB} {
+	r.plainDB, r.twinDB = r.e.plain(t), twin.plain(t)
+	for _, db := range []*gorm.DB{r.plainDB, r.twinDB} {
 		if err := db.AutoMigrate(&Repo{}, &Slug{}, &Pair{}, &Badge{}, &Memo{}); err != nil {
 			t.Fatal(err)
 		}
 		installAudit(t, db, dialect)
 	}
-	inv := &auditInvalidator{db: plainDB}
-	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.LockOptions(locks.WaitBudget(20*time.Millisecond)))
-	var mu sync.Mutex
-	var lockedNow map[string]bool // the locks held whenever a statement was sent
-	see := func(tx *gorm.DB) {
-		keys := e.lockKeys(t)
-		mu.Lock()
+	r.inv = &auditInvalidator{db: r.plainDB}
+	r.db = r.e.guarded(t, gormplugin.Invalidate(r.inv, cacheKeys), gormplugin.LockOptions(locks.WaitBudget(20*time.Millisecond)))
+	observeWrites(t, r.db, func(tx *gorm.DB) {
+		keys := r.e.lockKeys(t)
+		r.mu.Lock()
 		for _, k := range keys {
-			lockedNow[strings.TrimSuffix(strings.TrimPrefix(k, "cg:lock:{"), "}")] = true
+			r.lockedNow[strings.TrimSuffix(strings.TrimPrefix(k, "cg:lock:{"), "}")] = true
 		}
-		mu.Unlock()
-	}
-	observeWrites(t, db, see)
-	other := locks.WithOwner(context.Background(), locks.NewOwnerID())
-	var steps, refused, written, held int
-	gen.Check(t, 150, func(rt *rapid.T) {
-		for range rapid.IntRange(1, 3).Draw(rt, "statements") {
-			s, declared := drawStmt(rt)
-			way := rapid.SampledFrom([]string{"", "db.Transaction", "gormplugin.Transaction"}).Draw(rt, "transaction")
-			if way != "" {
-				s.text = way + "(" + s.text + ")"
-			}
-			var holds []string
-			mask := rapid.Uint32().Draw(rt, "holds") & rapid.Uint32().Draw(rt, "holds too")
-			for i, k := range auditKeys {
-				if mask&(1<<i) != 0 {
-					holds = append(holds, k)
-				}
-			}
-			rt.Logf("statement: %s; held by another owner: %v", s.text, holds)
-			for _, d := range []*gorm.DB{plainDB, twinDB} {
-				if err := seed(d); err != nil {
-					rt.Fatal(err)
-				}
-			}
-			var lks []*locks.Lock
-			for _, k := range holds {
-				lk, err := e.c.TryLock(other, k)
-				if err != nil {
-					rt.Fatal(err)
-				}
-				lks = append(lks, lk)
-			}
-			inv.take()
-			mu.Lock()
-			lockedNow = map[string]bool{}
-			mu.Unlock()
-			ctx := context.Background()
-			run := func(d *gorm.DB, guarded bool) error {
-				switch {
-				case way == "db.Transaction" || way == "gormplugin.Transaction" && !guarded:
-					return d.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return s.run(ctx, tx) })
-				case way == "gormplugin.Transaction":
-					return gormplugin.Transaction(ctx, d, func(tx *gorm.DB) error { return s.run(ctx, tx) }, declared...)
-				}
-				return s.run(ctx, d)
-			}
-			err := run(db, true)
-			twinErr := run(twinDB, false)
-			for _, lk := range lks {
-				_ = lk.Unlock(context.Background())
-			}
-			got, want := changes(rt, plainDB), changes(rt, twinDB)
-			invs := inv.take()
-			steps++
-			held += len(holds)
-			rt.Logf("plugin: %v, %d rows changed; plain GORM: %v, %d rows changed", err, len(got), twinErr, len(want))
-			if err != nil {
-				refused++
-				if len(got) > 0 {
-					rt.Fatalf("refused (%v), yet %d rows changed: %+v", err, len(got), got)
-				}
-				continue
-			}
-			written++
-			if len(got) < len(want) {
-				rt.Fatalf("wrote %d rows, plain GORM %d: silently narrowed", len(got), len(want))
-			}
-			before := map[string]int64{} // each row's fence before the statement
-			for _, c := range got {
-				if c.OldKey != nil && c.OldFence != nil {
-					if _, ok := before[c.Tbl+":"+*c.OldKey]; !ok {
-						before[c.Tbl+":"+*c.OldKey] = *c.OldFence
-					}
-				}
-				checkChange(rt, c, holds, lockedNow, invs, before, !strings.HasPrefix(s.text, "Table(") && !strings.Contains(s.text, "(Table("))
-			}
-		}
+		r.mu.Unlock()
 	})
-	t.Logf("gen: %s: %d statements, %d refused, %d written, %d rows held by another owner", dialect, steps, refused, written, held)
+	return r
+}
+
+// step draws a statement and the rows another owner holds, runs it with the
+// plugin and on the twin, and checks the audit rows.
+func (r *writeRig) step(rt *rapid.T) {
+	s, declared := drawStmt(rt)
+	way := rapid.SampledFrom([]string{"", "db.Transaction", "gormplugin.Transaction"}).Draw(rt, "transaction")
+	if way != "" {
+		s.text = way + "(" + s.text + ")"
+	}
+	var holds []string
+	mask := rapid.Uint32().Draw(rt, "holds") & rapid.Uint32().Draw(rt, "holds too")
+	for i, k := range auditKeys {
+		if mask&(1<<i) != 0 {
+			holds = append(holds, k)
+		}
+	}
+	rt.Logf("%s: %s; held by another owner: %v", r.dialect, s.text, holds)
+	for _, d := range []*gorm.DB{r.plainDB, r.twinDB} {
+		if err := seed(d); err != nil {
+			rt.Fatal(err)
+		}
+	}
+	var lks []*locks.Lock
+	for _, k := range holds {
+		lk, err := r.e.c.TryLock(r.other, k)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		lks = append(lks, lk)
+	}
+	r.inv.take()
+	r.mu.Lock()
+	r.lockedNow = map[string]bool{}
+	r.mu.Unlock()
+	ctx := context.Background()
+	run := func(d *gorm.DB, guarded bool) error {
+		switch {
+		case way == "db.Transaction" || way == "gormplugin.Transaction" && !guarded:
+			return d.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return s.run(ctx, tx) })
+		case way == "gormplugin.Transaction":
+			return gormplugin.Transaction(ctx, d, func(tx *gorm.DB) error { return s.run(ctx, tx) }, declared...)
+		}
+		return s.run(ctx, d)
+	}
+	err := run(r.db, true)
+	twinErr := run(r.twinDB, false)
+	for _, lk := range lks {
+		_ = lk.Unlock(context.Background())
+	}
+	got, want := changes(rt, r.plainDB), changes(rt, r.twinDB)
+	invs := r.inv.take()
+	r.steps++
+	r.held += len(holds)
+	rt.Logf("plugin: %v, %d rows changed; plain GORM: %v, %d rows changed", err, len(got), twinErr, len(want))
+	if err != nil {
+		r.refused++
+		if len(got) > 0 {
+			rt.Fatalf("refused (%v), yet %d rows changed: %+v", err, len(got), got)
+		}
+		return
+	}
+	r.written++
+	if len(got) < len(want) {
+		rt.Fatalf("wrote %d rows, plain GORM %d: silently narrowed", len(got), len(want))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	before := map[string]int64{} // each row's fence before the statement
+	for _, c := range got {
+		if c.OldKey != nil && c.OldFence != nil {
+			if _, ok := before[c.Tbl+":"+*c.OldKey]; !ok {
+				before[c.Tbl+":"+*c.OldKey] = *c.OldFence
+			}
+		}
+		checkChange(rt, c, holds, r.lockedNow, invs, before, !strings.HasPrefix(s.text, "Table(") && !strings.Contains(s.text, "(Table("))
+	}
 }
 
 // checkChange checks one row change of a statement the plugin let through.

@@ -242,8 +242,8 @@ var upsertDialects = []string{"sqlite", "postgres"}
 
 // guardConflict adds the guard to an upsert's ON CONFLICT DO UPDATE: the
 // token written into the fence column (whatever the assignments), the fence
-// condition and the version of each row, and, for rows found by reading,
-// the restriction to them. A row the DO UPDATE leaves alone is neither
+// condition and the version of each row, and the restriction to the rows
+// locked. A row the DO UPDATE leaves alone is neither
 // updated nor inserted.
 func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 	if oc.DoNothing {
