@@ -256,6 +256,25 @@ func testTransactionStaleStructRefused(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatalf("Save of a current struct inside Transaction: %v", err)
 	}
+	// A row first stamped by a write of the transaction: the stamp does not
+	// vouch for a struct read before another writer's commit either.
+	var stale Repo
+	if err := db.First(&stale, 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Model(&Repo{ID: 1}).Update("stars", 6).Error; err != nil { // another writer commits
+		t.Fatal(err)
+	}
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Model(&Repo{ID: 1}).Update("name", "first").Error; err != nil {
+			return err
+		}
+		stale.Name = "stale"
+		return tx.Save(&stale).Error
+	})
+	if !errors.Is(err, gormplugin.ErrStaleWrite) {
+		t.Errorf("Save of a stale struct after a write in db.Transaction: %v, want ErrStaleWrite", err)
+	}
 }
 
 // Every row a committed write inserted or re-keyed has its keys invalidated

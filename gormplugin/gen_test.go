@@ -2,6 +2,7 @@ package gormplugin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -47,6 +48,7 @@ var audited = []struct {
 	{"pairs", "CAST(%[1]s.a AS TEXT) || ':' || %[1]s.b", "CAST(%[1]s.a AS TEXT) || ':' || %[1]s.b || '|' || CAST(%[1]s.v AS TEXT)"},
 	{"badges", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || %[1]s.code || '|' || %[1]s.label"},
 	{"memos", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || %[1]s.text || '|' || COALESCE(CAST(%[1]s.deleted_at AS TEXT), '')"},
+	{"items", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || COALESCE(CAST(%[1]s.shelf_id AS TEXT), '') || '|' || %[1]s.name"},
 }
 
 // installAudit creates the audit table and triggers on db.
@@ -107,8 +109,8 @@ func eqp[T comparable](a, b *T) bool { return a == nil && b == nil || a != nil &
 // seed puts every audited table back to the same rows, and empties the audit.
 func seed(db *gorm.DB) error {
 	return db.Transaction(func(tx *gorm.DB) error {
-		for _, a := range audited {
-			if err := tx.Exec("DELETE FROM " + a.table).Error; err != nil {
+		for _, table := range []string{"repos", "slugs", "pairs", "badges", "memos", "items", "shelves"} {
+			if err := tx.Exec("DELETE FROM " + table).Error; err != nil {
 				return err
 			}
 		}
@@ -118,6 +120,8 @@ func seed(db *gorm.DB) error {
 			&[]Pair{{A: 0, B: "x", V: 1}, {A: 1, B: "x", V: 1}, {A: 0, B: "y", V: 2}, {A: 2, B: "y", V: 2}},
 			&[]Badge{{ID: 1, Code: "a", Label: "l"}, {ID: 2, Code: "b", Label: "l"}, {ID: 3, Code: "c", Label: "m"}},
 			&[]Memo{{ID: 1, Text: "a"}, {ID: 2, Text: "a"}, {ID: 3, Text: "b"}},
+			&[]Shelf{{ID: 1}, {ID: 2}},
+			&[]Item{{ID: 1, ShelfID: ptr(uint(1)), Name: "a"}, {ID: 2, ShelfID: ptr(uint(1)), Name: "b"}, {ID: 3, ShelfID: ptr(uint(2)), Name: "c"}},
 		} {
 			if err := tx.Create(v).Error; err != nil {
 				return err
@@ -125,7 +129,7 @@ func seed(db *gorm.DB) error {
 		}
 		// New keys start at 100 on both databases, whatever they inserted
 		// before.
-		for _, table := range []string{"repos", "badges", "memos"} {
+		for _, table := range []string{"repos", "badges", "memos", "items"} {
 			q := "UPDATE sqlite_sequence SET seq = 99 WHERE name = '" + table + "'"
 			if tx.Dialector.Name() == "postgres" {
 				q = "SELECT setval(pg_get_serial_sequence('" + table + "', 'id'), 100, false)"
@@ -141,7 +145,8 @@ func seed(db *gorm.DB) error {
 // auditKeys lists the generator's possible row names, for the other owner
 // to hold.
 var auditKeys = []string{"repos:1", "repos:2", "repos:3", "repos:10", "repos:7", "slugs:1", "slugs:01", "slugs:b",
-	"pairs:0:x", "pairs:1:x", "pairs:0:y", "pairs:2:y", "badges:1", "badges:2", "badges:3", "badges:7", "memos:1", "memos:2", "memos:3"}
+	"pairs:0:x", "pairs:1:x", "pairs:0:y", "pairs:2:y", "badges:1", "badges:2", "badges:3", "badges:7", "memos:1", "memos:2", "memos:3",
+	"items:1", "items:2", "items:3", "shelves:1"}
 
 // invalidation is one call of the generator's Invalidator: its keys, and
 // the last audit row committed when it was made.
@@ -193,7 +198,9 @@ func drawModel(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB, []an
 	switch table {
 	case "repos":
 		id := rapid.SampledFrom([]uint{0, 1, 2, 3, 7}).Draw(rt, "model id")
-		switch rapid.IntRange(0, 4).Draw(rt, "repo model") {
+		switch rapid.IntRange(0, 5).Draw(rt, "repo model") {
+		case 5:
+			return `Table("(SELECT * FROM repos) AS r")`, func(db *gorm.DB) *gorm.DB { return db.Table("(SELECT * FROM repos) AS r") }, nil
 		case 0:
 			return fmt.Sprintf("Model(&Repo{ID: %d})", id), func(db *gorm.DB) *gorm.DB { return db.Model(&Repo{ID: id}) }, declare(id != 0, &Repo{ID: id})
 		case 1:
@@ -252,7 +259,10 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 		default:
 			col, v = "id", rapid.SampledFrom([]any{1, 2, "3"}).Draw(rt, "note id v")
 		}
-		switch op := rapid.IntRange(0, 4).Draw(rt, fmt.Sprintf("op%d", i)); op {
+		switch op := rapid.IntRange(0, 5).Draw(rt, fmt.Sprintf("op%d", i)); op {
+		case 5: // an OR GORM does not put in parentheses
+			text = fmt.Sprintf("Where(%q, %#v, %#v)", col+" = ? OR\t"+col+" = ?", v, v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = ? OR\t"+col+" = ?", v, v) }
 		case 0, 1:
 			text = fmt.Sprintf("Where(%q, %#v)", col+" = ?", v)
 			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = ?", v) }
@@ -281,7 +291,10 @@ var valueCol = map[string]string{"repos": "stars", "slugs": "v", "pairs": "v", "
 
 // drawStmt draws one write statement.
 func drawStmt(rt *rapid.T) (genStmt, []any) {
-	table := rapid.SampledFrom([]string{"repos", "repos", "slugs", "pairs", "badges", "memos"}).Draw(rt, "table")
+	table := rapid.SampledFrom([]string{"repos", "repos", "slugs", "pairs", "badges", "memos", "items"}).Draw(rt, "table")
+	if table == "items" {
+		return drawAssociation(rt), nil
+	}
 	col := valueCol[table]
 	var val any = 42
 	if table == "badges" || table == "memos" {
@@ -469,8 +482,8 @@ func drawOnConflict(rt *rapid.T, table, col string) (*clause.OnConflict, string)
 }
 
 // TestGenWrites builds GORM write statements from a grammar (model forms ×
-// key shapes × Where/Or/Not × Select/Omit × every write verb × inside or
-// outside a transaction) and runs each on a database with the plugin, while
+// key shapes × Where/Or/Not × Select/Omit × every write verb, association
+// writes included × inside or outside a transaction) and runs each on a database with the plugin, while
 // another owner holds random rows' locks, and on a twin database without it.
 // The oracle is the databases' audit triggers: a statement either was
 // refused and changed nothing, or every row it changed was unlocked by the
@@ -486,7 +499,7 @@ func TestGenWrites(t *testing.T) {
 		}
 	})
 	for _, r := range rigs {
-		t.Logf("gen: %s: %d statements, %d refused, %d written; %d row locks held by another owner meanwhile", r.dialect, r.steps, r.refused, r.written, r.held)
+		t.Logf("gen: %s: %d statements, %d refused (%d ErrUnnamedRows), %d written; %d row locks held by another owner meanwhile", r.dialect, r.steps, r.refused, r.unnamed, r.written, r.held)
 	}
 }
 
@@ -503,6 +516,7 @@ type writeRig struct {
 	lockedNow       map[string]bool // guarded by mu: the locks held whenever a statement was sent
 	steps, refused  int
 	written, held   int
+	unnamed         int // refused with ErrUnnamedRows
 }
 
 func newWriteRig(t *testing.T, dialect string) *writeRig {
@@ -515,7 +529,7 @@ func newWriteRig(t *testing.T, dialect string) *writeRig {
 	}
 	r.plainDB, r.twinDB = r.e.plain(t), twin.plain(t)
 	for _, db := range []*gorm.DB{r.plainDB, r.twinDB} {
-		if err := db.AutoMigrate(&Repo{}, &Slug{}, &Pair{}, &Badge{}, &Memo{}); err != nil {
+		if err := db.AutoMigrate(&Repo{}, &Slug{}, &Pair{}, &Badge{}, &Memo{}, &Shelf{}, &Item{}); err != nil {
 			t.Fatal(err)
 		}
 		installAudit(t, db, dialect)
@@ -588,6 +602,9 @@ func (r *writeRig) step(rt *rapid.T) {
 	rt.Logf("plugin: %v, %d rows changed; plain GORM: %v, %d rows changed", err, len(got), twinErr, len(want))
 	if err != nil {
 		r.refused++
+		if errors.Is(err, gormplugin.ErrUnnamedRows) {
+			r.unnamed++
+		}
 		if len(got) > 0 {
 			rt.Fatalf("refused (%v), yet %d rows changed: %+v", err, len(got), got)
 		}
@@ -648,4 +665,30 @@ func deref(p *int64) any {
 		return nil
 	}
 	return *p
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// drawAssociation draws a write of GORM's association API on a shelf's items.
+func drawAssociation(rt *rapid.T) genStmt {
+	shelf := rapid.SampledFrom([]uint{1, 2}).Draw(rt, "shelf")
+	id := rapid.SampledFrom([]uint{0, 1, 3}).Draw(rt, "item")
+	op := rapid.SampledFrom([]string{"Append", "Replace", "Delete", "Clear"}).Draw(rt, "association")
+	text := fmt.Sprintf("Model(&Shelf{ID: %d}).Association(\"Items\").%s(&Item{ID: %d, Name: \"n\"})", shelf, op, id)
+	if op == "Clear" {
+		text = fmt.Sprintf("Model(&Shelf{ID: %d}).Association(\"Items\").Clear()", shelf)
+	}
+	return genStmt{text, func(ctx context.Context, db *gorm.DB) error {
+		a := db.WithContext(ctx).Model(&Shelf{ID: shelf}).Association("Items")
+		item := &Item{ID: id, Name: "n"}
+		switch op {
+		case "Append":
+			return a.Append(item)
+		case "Replace":
+			return a.Replace(item)
+		case "Delete":
+			return a.Delete(item)
+		}
+		return a.Clear()
+	}}
 }
