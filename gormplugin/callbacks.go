@@ -40,20 +40,23 @@ func unguarded(ctx context.Context) bool {
 // the statement may change, whose locks it takes, how it is fenced and
 // which cache keys are invalidated after its COMMIT.
 type guard struct {
-	table     string
-	kind      writeKind
-	pkCols    []string
-	rows      []row         // the existing rows written, sorted by name (empty when unknown)
-	fromModel bool          // rows are the statement's model (a struct or slice of them)
-	resolved  bool          // rows were read from the database (LockMatched)
-	tableLock bool          // LockMatched on a table without a primary key: "<table>:*" is locked
-	locked    []row         // the locks taken (the rows, or none)
-	fence     *schema.Field // the fence column, or nil
-	fencing   bool          // the statement carries the fence condition
-	unstamp   func()        // puts back the structs' fences stamped by a write that then rolled back
-	tx        *txLocks      // non-nil: the locks belong to the surrounding transaction
-	own       *txLocks      // the transaction GORM opened for this statement, if any
-	keys      []string      // cache keys to invalidate after COMMIT
+	table      string
+	kind       writeKind
+	pkCols     []string
+	rows       []row         // the existing rows written, sorted by name (empty when unknown)
+	fromModel  bool          // rows are named by the statement's model or values (rowsOf)
+	from       string        // what a read of the table's rows selects FROM (the table, or "table AS alias")
+	resolved   bool          // rows were read from the database (LockMatched)
+	restricted bool          // the statement is restricted to the rows locked
+	tableLock  bool          // LockMatched on a table without a primary key: "<table>:*" is locked
+	locked     []row         // the locks taken (the rows, or none)
+	fence      *schema.Field // the fence column, or nil
+	fencing    bool          // the statement carries the fence condition
+	unstamp    func()        // puts back the structs' fences stamped by a write that then rolled back
+	tx         *txLocks      // non-nil: the locks belong to the surrounding transaction
+	own        *txLocks      // the transaction GORM opened for this statement, if any
+	keys       []string      // cache keys to invalidate after COMMIT
+	set        clause.Set    // an UPDATE's assignments, as built
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -65,8 +68,8 @@ func guardOf(db *gorm.DB) *guard {
 	return g
 }
 
-// lockStep names the statement's rows (from its model or its WHERE, or else
-// by reading the rows its WHERE, or an upsert's conflict target, matches),
+// lockStep names the statement's rows (rowsOf, or else by reading the rows
+// its WHERE, or an upsert's conflict target, matches), restricts it to them,
 // computes their cache keys and takes their locks: held to the end of the
 // statement (and of the transaction GORM opens for it), or, inside a
 // transaction, to its COMMIT or ROLLBACK. An insert of new rows takes no
@@ -80,10 +83,8 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		if db.Error != nil || db.DryRun {
 			return
 		}
-		table := stmt.Table
-		if table == "" && stmt.Schema != nil {
-			table = stmt.Schema.Table
-		}
+		t := tableOf(stmt)
+		table := t.table
 		if table == "" {
 			return
 		}
@@ -92,40 +93,32 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				return // new rows only, and nothing to invalidate
 			}
 		}
-		g := &guard{table: table, kind: kind}
-		named := true
+		g := &guard{table: table, from: t.from, kind: kind}
 		if s := stmt.Schema; s != nil && len(s.PrimaryFields) > 0 {
 			g.pkCols = s.PrimaryFieldDBNames
 			g.fence = p.fenceOf(s)
-			switch kind {
-			case writeInsert:
-			case writeUpsert:
-				g.rows, named = upsertRows(stmt, table)
-				g.fromModel = named
-			default:
-				if g.rows = sortRows(modelRows(stmt, s, table, stmt.Model)); len(g.rows) > 0 {
-					g.fromModel = true
-				} else {
-					g.rows = sortRows(whereRows(stmt, s, table))
-				}
-				named = len(g.rows) > 0
+		}
+		named, lock := true, !unguarded(stmt.Context) && kind != writeInsert
+		if kind != writeInsert {
+			var err error
+			if g.rows, named, err = rowsOf(stmt, kind, t); err != nil && lock && p.cfg.unkeyed != PassThrough {
+				db.AddError(err)
+				return
 			}
-		} else if kind != writeInsert {
-			named = false
+			g.rows, g.fromModel = sortRows(g.rows), named
 		}
 		tx := txOf(stmt.ConnPool)
 		if tx != nil {
 			g.tx = tx.locks
 		}
 
-		lock := !unguarded(stmt.Context) && kind != writeInsert
 		if lock && !named {
 			if _, where := stmt.Clauses["WHERE"]; kind != writeUpsert && !where && !db.AllowGlobalUpdate {
 				return // GORM refuses it with gorm.ErrMissingWhereClause
 			}
 			switch p.cfg.unkeyed {
 			case Refuse:
-				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by primary key (set the model's primary key, choose gormplugin.Unkeyed(LockMatched or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, kind, table))
+				db.AddError(fmt.Errorf("%w: this %s on table %q does not name its rows by its model's primary key (set the model's primary key, choose gormplugin.Unkeyed(LockMatched or PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnkeyed, kind, table))
 				return
 			case PassThrough:
 				lock = false
@@ -149,7 +142,8 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 			}
 			g.rows, g.resolved = rows, true
 		}
-		if kind == writeUpsert && lock && (g.resolved || g.fence != nil && len(g.rows) > 0) && !slices.Contains(upsertDialects, db.Dialector.Name()) {
+		upsertWhere := slices.Contains(upsertDialects, db.Dialector.Name())
+		if kind == writeUpsert && lock && (g.resolved || g.fence != nil && len(g.rows) > 0) && !upsertWhere {
 			db.AddError(invalid("an upsert on %q needs ON CONFLICT DO UPDATE ... WHERE to be fenced or restricted to the rows locked, which the %s dialect does not have", table, db.Dialector.Name()))
 			return
 		}
@@ -194,7 +188,10 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				return
 			}
 		}
-		if g.resolved && !g.tableLock && kind != writeUpsert {
+		// The database itself never changes a row the statement did not
+		// lock: its WHERE (an upsert's DO UPDATE) is restricted to them.
+		g.restricted = !g.tableLock && (g.resolved || len(g.rows) > 0) && (kind != writeUpsert || upsertWhere)
+		if g.restricted && kind != writeUpsert {
 			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction(false)}})
 		}
 	}
@@ -265,7 +262,13 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 				g.rows[0].versioned = v != 0 || g.kind == writeUpdate && samePointer(stmt.Dest, stmt.Model)
 			}
 		}
-		g.addFenceCondition(stmt)
+		stmt.AddClause(clause.Where{Exprs: g.fenceConds(false)})
+	}
+	if g.tx != nil {
+		if err := g.tx.checkVersions(g.rows); err != nil {
+			db.AddError(err)
+			return
+		}
 	}
 	g.fencing = true
 }
@@ -321,9 +324,38 @@ func (p *Plugin) checkStep(db *gorm.DB) {
 	if g.fencing {
 		g.checkFence(db, want)
 	}
-	if db.Error == nil && (g.kind == writeInsert || g.kind == writeUpsert) {
+	switch {
+	case db.Error != nil:
+	case g.kind == writeInsert || g.kind == writeUpsert:
 		p.nameWritten(db, g)
+	case g.kind == writeUpdate && p.cfg.keys != nil:
+		g.keys = append(g.keys, p.rekeyed(db.Statement, g)...)
 	}
+}
+
+// rekeyed lists the cache keys of the new key of each row an UPDATE moved
+// (SET id = ...): the row now answers there, where a "not found" may be
+// cached. A new key that is not a plain value of the key's kind (an
+// expression, "07" for an integer key) is unknown rows.
+func (p *Plugin) rekeyed(stmt *gorm.Statement, g *guard) []string {
+	var keys []string
+	for _, a := range g.set {
+		i := slices.Index(g.pkCols, a.Column.Name)
+		if i < 0 {
+			continue
+		}
+		v := a.Value
+		ok := literal(v) && stmt.Schema != nil && sameKind(reflect.TypeOf(v), stmt.Schema.PrimaryFields[i].FieldType)
+		if !ok || len(g.rows) == 0 {
+			return p.cfg.keys(g.table, nil)
+		}
+		for _, r := range g.rows {
+			vals := slices.Clone(r.vals)
+			vals[i] = v
+			keys = append(keys, p.cfg.keys(g.table, row{vals: vals}.pk())...)
+		}
+	}
+	return keys
 }
 
 // nameWritten lists the cache keys of the rows an insert or upsert wrote:
@@ -365,6 +397,9 @@ func (p *Plugin) releaseStep(db *gorm.DB) {
 	}
 	if g.tx != nil {
 		if db.Error == nil {
+			if g.fencing {
+				g.tx.wrote(g.rows)
+			}
 			g.tx.addKeys(g.keys)
 			g.tx.addUnstamp(g.unstamp)
 		} else if g.unstamp != nil {
@@ -381,4 +416,15 @@ func (p *Plugin) releaseStep(db *gorm.DB) {
 		p.invalidate(ctx, g.keys)
 	}
 	p.unlockAll(ctx, g.locked)
+}
+
+// sameKind reports whether values of type a are written like those of key
+// type b in a lock name and a cache key: both integers, or both strings, or
+// the same type.
+func sameKind(a, b reflect.Type) bool {
+	for b.Kind() == reflect.Pointer {
+		b = b.Elem()
+	}
+	integer := func(t reflect.Type) bool { return t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 }
+	return a == b || integer(a) && integer(b) || a.Kind() == reflect.String && b.Kind() == reflect.String
 }

@@ -97,7 +97,7 @@ func testPrimaryKeyForms(t *testing.T, e *env) {
 		{`Where("id IN (?)")`, func() error { return db.Model(&Repo{}).Where("id IN (?)", []int{2, 3}).Update("name", "c").Error }, []string{"repos:2", "repos:3"}},
 		{`Where("id", id)`, func() error { return db.Model(&Repo{}).Where("id", 3).Update("name", "d").Error }, []string{"repos:3"}},
 		{`Where("id = ? AND name = ?")`, func() error {
-			return db.Model(&Repo{}).Where("id = ? AND name = ?", 1, "a").Update("stars", 1).Error
+			return db.Model(&Repo{}).Where("id = ? AND name = ?", 1, "b").Update("stars", 1).Error
 		}, []string{"repos:1"}},
 		{`inline Delete(&Repo{}, "id = ?")`, func() error { return db.Delete(&Repo{}, "id = ?", 404).Error }, nil},
 		{`gorm.G[Repo].Where("id = ?").Update`, func() error {

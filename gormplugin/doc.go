@@ -21,23 +21,29 @@
 // COMMIT or ROLLBACK, so two writes to one row through GORM never interleave:
 // Update, Updates, UpdateColumn(s), Save (its UPDATE, and its insert when the
 // row is missing), Save of a slice, Create with ON CONFLICT DO UPDATE (an
-// upsert), Delete, and GORM's association writes. Rows are named by the
-// model's primary key, or a WHERE pinning it with = or IN among AND-ed
-// conditions (Where("id IN ?", ids), db.Delete(&Repo{}, 42)); an upsert's by
-// their primary key when it is the conflict target (GORM's default).
-// A Create of new rows (or ON CONFLICT DO NOTHING) takes no lock; its rows'
+// upsert), Delete, and GORM's association writes. It denies by default: a
+// statement runs only when every row it can change is named the way the
+// database will match it, and is restricted to the rows locked. Rows are
+// named by the key GORM itself puts in the WHERE: the model's, a Delete's
+// value, a slice's elements (zero parts of a composite key included), an
+// upsert's values when the primary key is its conflict target. A write whose
+// model carries no key (Model(&Repo{}).Where(...), db.Delete(&Repo{}, 42),
+// db.Table("t"), AllowGlobalUpdate, association writes by foreign key) and
+// an upsert on another unique key (or OnConstraint) have their rows read
+// from the database, as stored (Unkeyed, default LockMatched): locked, and
+// the write restricted to them; a row that starts to match after that read
+// is left out, as if the write ran first; beyond MaxMatchedRows (1000),
+// ErrUnkeyed. A table without a primary key has one lock, "<table>:*". A
+// Create of new rows (or ON CONFLICT DO NOTHING) takes no lock; its rows'
 // cache keys (generated keys too) are invalidated after its COMMIT.
 //
-// Other writes — a condition on other columns, db.Table without a model, a
-// global write with AllowGlobalUpdate, association writes by foreign key, an
-// upsert on another unique key (or OnConstraint) — are guarded by the locks
-// of the rows they match (Unkeyed, default LockMatched): the plugin reads
-// their primary keys with the write's conditions, locks those rows and
-// restricts the write to them; a row that starts to match after that read is
-// left out, as if the write ran first. A write matching more than
-// MaxMatchedRows (1000) fails with ErrUnkeyed before anything is written. A
-// table without a primary key has one lock, "<table>:*". (A global write
-// without AllowGlobalUpdate is GORM's to refuse.)
+// Anything else is refused before the database with ErrUnnamedRows, whose
+// message says what to write instead: an Or joined with a model's key, SQL
+// text with an OR GORM does not parenthesize, Update(s) of a struct whose
+// composite key has a zero part (GORM leaves it out of its WHERE), a slice
+// with an element without a key, a table expression other than "t [AS] a",
+// an upsert with DoUpdates and no conflict target. Never a write run
+// unguarded, never one silently narrowed.
 //
 // A row's lock name is "<table>:<primary key>" (RowName; a composite key's
 // parts joined by ":"), the name ginmw.Resource gives, so a request holding
@@ -59,7 +65,12 @@
 // writes, not reads: for a read-modify-write, Transaction(ctx, db, fn,
 // rows...) locks the rows before BEGIN until after COMMIT and claims each row
 // first, so fn reads what a previous holder (even one stopped before its
-// COMMIT) committed; fn's writes re-enter the locks. Declare every row it
+// COMMIT) committed; fn's writes re-enter the locks. The claim's stamp never
+// vouches for a struct: fn may write one carrying the row's fence from
+// before the transaction or the transaction's token, and a struct read
+// before another writer's commit is refused with ErrStaleWrite, as outside
+// Transaction. The cache keys of every declared row are invalidated after
+// COMMIT, a row fn inserts with Exec included. Declare every row it
 // writes: a row needed later that sorts before a lock held is only tried, and
 // if busy fails with ErrLockOrder. A panic in fn rolls back, returned as a
 // *PanicError. The context bounds the transaction until COMMIT (an ended
@@ -101,8 +112,10 @@
 //
 // # Invalidation
 //
-// With Invalidate(inv, keys) (a *cacheguard.Guard is an Invalidator), each
-// written row's cache keys are invalidated after its transaction's COMMIT,
+// With Invalidate(inv, keys) (a *cacheguard.Guard is an Invalidator), the
+// cache keys of each row a write inserted, updated or deleted, and the new
+// key of a row an update moved (SET id = ...), are invalidated after its
+// transaction's COMMIT,
 // before its locks are released; never after a ROLLBACK, and also after a
 // COMMIT that returned an error (it may have committed). A committed write
 // returns nil even when its invalidation fails: RetryInvalidation retries it in
@@ -119,7 +132,8 @@
 // matching locks.ErrNotObtained and locks.ErrUnavailable); FailOpen sends it
 // unguarded instead (a warning, EventWroteUnguarded); contention is never
 // failed open. So, where plain GORM would write, the defaults refuse with
-// ErrUnkeyed, ErrForeignTx, ErrLock, ErrStaleWrite or ErrLockOrder, as above.
+// ErrUnnamedRows, ErrUnkeyed, ErrForeignTx, ErrLock, ErrStaleWrite or
+// ErrLockOrder, as above.
 // GORM's own test suite passes with the plugin (SQLite, PostgreSQL).
 //
 // Shut down in this order: the HTTP server's Shutdown, plugin.Shutdown(ctx)

@@ -27,6 +27,10 @@ var (
 	// ErrUnkeyed means a write whose rows cannot be named by primary key (a
 	// batch Update or Delete with a Where condition) was refused: see Unkeyed.
 	ErrUnkeyed = errors.New("gormplugin: write without a primary key refused")
+	// ErrUnnamedRows means a write was refused before the database: the
+	// plugin cannot name every row it can change the way the database will
+	// match them (see the package doc). The message says what to write instead.
+	ErrUnnamedRows = errors.New("gormplugin: rows not named, write refused")
 	// ErrLockOrder means a transaction needed a row lock that sorts before one
 	// it already holds while another writer held it. Waiting could deadlock, so
 	// the statement fails instead; declare the rows up front with Transaction.

@@ -183,25 +183,6 @@ func (g *guard) fenceConds(qualify bool) []clause.Expression {
 	return conds
 }
 
-// addFenceCondition adds the fence conditions to an UPDATE's or DELETE's
-// WHERE.
-func (g *guard) addFenceCondition(stmt *gorm.Statement) {
-	if c, ok := stmt.Clauses["WHERE"]; ok {
-		if where, ok := c.Expression.(clause.Where); ok {
-			for _, e := range where.Exprs {
-				if _, ok := e.(clause.OrConditions); ok {
-					// "a OR b AND fence" would let a bypass the fence.
-					where.Exprs = []clause.Expression{clause.And(where.Exprs...)}
-					c.Expression = where
-					stmt.Clauses["WHERE"] = c
-					break
-				}
-			}
-		}
-	}
-	stmt.AddClause(clause.Where{Exprs: g.fenceConds(false)})
-}
-
 // setBuilder wraps the SET clause builder so that a fenced statement also
 // writes its token into the fence column, whatever Select, Omit, map or
 // struct the update was given (an assignment of the fence by the caller is
@@ -209,6 +190,11 @@ func (g *guard) addFenceCondition(stmt *gorm.Statement) {
 func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 	return func(c clause.Clause, b clause.Builder) {
 		if stmt, ok := b.(*gorm.Statement); ok {
+			if g := guardOf(stmt.DB); g != nil {
+				if set, ok := c.Expression.(clause.Set); ok {
+					g.set = set
+				}
+			}
 			if g := guardOf(stmt.DB); g != nil && g.fencing {
 				if set, ok := c.Expression.(clause.Set); ok {
 					out := make(clause.Set, 0, len(set)+1)

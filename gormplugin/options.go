@@ -25,9 +25,10 @@ func (f InvalidatorFunc) Invalidate(ctx context.Context, keys ...string) error {
 // Option configures a Plugin.
 type Option func(*config)
 
-// UnkeyedPolicy says what a guarded Update or Delete does when its rows are
-// not named by primary key up front: a batch write with a condition on other
-// columns (Where("name = ?")), a db.Table(...) write, a global write with
+// UnkeyedPolicy says what a guarded Update or Delete does when its model
+// carries no primary key, so that its rows are those its WHERE matches: a
+// write with conditions (Where("id = ?", id), Where("name = ?"),
+// db.Delete(&Repo{}, 42)), a db.Table(...) write, a global write with
 // AllowGlobalUpdate, and the writes GORM's association API makes by foreign
 // key.
 type UnkeyedPolicy int

@@ -55,7 +55,7 @@ func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, fro
 	if stmt.Schema != nil {
 		q = q.Model(reflect.New(stmt.Schema.ModelType).Interface())
 	}
-	q = q.Table(g.table)
+	q = q.Table(g.from)
 	if unscoped {
 		q = q.Unscoped()
 	}

@@ -3,6 +3,7 @@ package gormplugin
 import (
 	"fmt"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -62,121 +63,253 @@ func (r row) pk() any {
 	return r.vals
 }
 
-// modelRows reads the primary keys of value, a struct or a slice of structs
-// of schema s; an element with a zero key part is skipped.
-func modelRows(stmt *gorm.Statement, s *schema.Schema, table string, value any) []row {
+// rowsOf is the one place that decides which existing rows a statement can
+// change, for every write verb. named: rows are every row it can change, by
+// the keys GORM puts in its WHERE (an upsert's values on a primary-key
+// target). Not named: its rows are those its WHERE (or an upsert's other
+// target) matches alone, for the Unkeyed policy to read, refuse or pass. Any
+// other statement is refused with ErrUnnamedRows (see the package doc).
+func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, named bool, err error) {
+	s := stmt.Schema
+	refuse := func(why, instead string) ([]row, bool, error) {
+		return nil, false, fmt.Errorf("%w: this %s on table %q %s: %s (or choose gormplugin.Unkeyed(PassThrough), or send it with a gormplugin.Unguarded context)", ErrUnnamedRows, kind, t.table, why, instead)
+	}
+	if t.err != "" {
+		return refuse(t.err, `name the table with Table("name") or Table("name AS alias")`)
+	}
+	if s == nil || len(s.PrimaryFields) == 0 {
+		return nil, false, nil
+	}
+	if kind == writeUpsert {
+		oc, _ := onConflictOf(stmt)
+		switch {
+		case oc.OnConstraint != "" || len(oc.TargetWhere.Exprs) > 0:
+			return nil, false, nil
+		case len(oc.Columns) == 0 && !oc.UpdateAll:
+			return refuse("has no conflict target, so it may update the row of whichever unique key conflicts", "give clause.OnConflict the Columns of the key it conflicts on")
+		case len(oc.Columns) > 0 && !samePK(oc.Columns, s):
+			return nil, false, nil
+		}
+		var sets [][]any
+		for _, e := range elements(stmt) {
+			if vals, ok := e.key(stmt, s); ok {
+				sets = append(sets, vals)
+			}
+		}
+		return namesFor(t.table, sets), true, nil
+	}
+	or := orOf(stmt)
+	orInstead := `write the alternatives as one Where("a = ? OR b = ?", ...), which GORM keeps in parentheses, or as Where("id IN ?", ids)`
+	// The structs GORM turns into key conditions: an update's model; a
+	// delete's value, and its model when that is another struct.
+	srcs := []any{stmt.Model}
+	wholeParts := kind == writeDelete
+	if kind == writeDelete {
+		srcs[0] = stmt.Dest
+		if rv := reflect.ValueOf(stmt.Dest); rv.Kind() == reflect.Pointer && stmt.Dest != stmt.Model && stmt.Model != nil {
+			srcs = append(srcs, stmt.Model)
+		}
+	}
+	partial := false
+	for _, src := range srcs {
+		sets, p := structKeys(stmt, s, src, wholeParts)
+		if p != pinNone && or != "" {
+			return refuse(or+", and GORM adds its model's key to it", orInstead)
+		}
+		switch p {
+		case pinRows:
+			return namesFor(t.table, sets), true, nil
+		case pinPartial:
+			partial = true
+		}
+	}
+	if partial {
+		return refuse("names its model's rows by a key GORM only partly writes into its WHERE (a zero part of a composite key, or a slice with elements without a key)",
+			`name the rows in the WHERE of a model without a key: Model(&Pair{}).Where("a = ? AND b = ?", 0, "x"), or Where("id IN ?", ids)`)
+	}
+	// Nothing but the fence, soft delete and the plugin's restriction is
+	// added to the WHERE of a model without a key: in one group, an Or keeps
+	// its meaning, and the rows it matches are read.
+	if or != "" && !groupOr(stmt) {
+		return refuse(or, orInstead)
+	}
+	return nil, false, nil
+}
+
+// pin is what a model's structs contribute to GORM's WHERE.
+type pin uint8
+
+const (
+	pinNone    pin = iota // no key condition: no struct carries a key
+	pinRows               // the key of each struct, whole
+	pinPartial            // a condition on some key parts only, or none while some struct carries a key
+)
+
+// structKeys reads the keys that GORM writes into its WHERE from value (a
+// struct or a slice of structs of schema s): a struct whose key is all zero
+// carries none; a slice carries the key tuples of its elements (a zero part
+// included) unless one has no key (GORM then drops the condition when it is
+// the last, and the row is unnamed whichever it is); a single struct with a
+// zero key part carries the whole tuple for a delete (wholeParts), and only
+// its other parts for an update.
+func structKeys(stmt *gorm.Statement, s *schema.Schema, value any, wholeParts bool) ([][]any, pin) {
 	rv := reflect.ValueOf(value)
 	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
 		if rv.IsNil() {
-			return nil
+			return nil, pinNone
 		}
 		rv = rv.Elem()
 	}
-	var rows []row
-	add := func(v reflect.Value) {
+	key := func(v reflect.Value) (vals []any, zeros int, ok bool) {
 		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
 			if v.IsNil() {
-				return
+				return nil, len(s.PrimaryFields), true
 			}
 			v = v.Elem()
 		}
 		if v.Kind() != reflect.Struct || v.Type() != s.ModelType {
-			return
+			return nil, 0, false
 		}
-		vals := make([]any, len(s.PrimaryFields))
+		vals = make([]any, len(s.PrimaryFields))
 		for i, f := range s.PrimaryFields {
 			x, zero := f.ValueOf(stmt.Context, v)
 			if zero {
-				return
+				zeros++
 			}
 			vals[i] = x
 		}
-		rows = append(rows, row{name: RowName(table, vals...), vals: vals})
+		return vals, zeros, true
 	}
+	n := len(s.PrimaryFields)
 	switch rv.Kind() {
 	case reflect.Struct:
-		add(rv)
-	case reflect.Slice, reflect.Array:
-		for i := range rv.Len() {
-			add(rv.Index(i))
+		vals, zeros, ok := key(rv)
+		switch {
+		case !ok || zeros == n:
+			return nil, pinNone
+		case zeros > 0 && !wholeParts:
+			return nil, pinPartial
 		}
+		return [][]any{vals}, pinRows
+	case reflect.Slice, reflect.Array:
+		var sets [][]any
+		keyless := 0
+		for i := range rv.Len() {
+			vals, zeros, ok := key(rv.Index(i))
+			switch {
+			case !ok:
+				return nil, pinPartial
+			case zeros == n:
+				keyless++
+			default:
+				sets = append(sets, vals)
+			}
+		}
+		switch {
+		case len(sets) == 0:
+			return nil, pinNone
+		case keyless > 0:
+			return nil, pinPartial
+		}
+		return sets, pinRows
 	}
-	return rows
+	return nil, pinNone
 }
 
-// whereRows reads the rows pinned by the statement's WHERE: an = or IN on the
-// primary key (on every part of a composite key) among conditions joined by
-// AND, as clauses (Where(&Repo{ID: 1}), Where("id", 1), db.Delete(&Repo{}, 1))
-// or as SQL text (Where("id = ?", 1), Where("repos.id IN ?", ids)). Further
-// conditions only narrow the rows, so locking these is enough; an OR anywhere
-// at the top level makes the rows unknown.
-func whereRows(stmt *gorm.Statement, s *schema.Schema, table string) []row {
+// orOf says why the statement's WHERE has an OR whose meaning depends on
+// the conditions added to it after this point (GORM's key conditions, soft
+// delete, the plugin's fence and restriction), or "" when it has none: an Or
+// clause at the top level, or SQL text with an OR GORM will not put in
+// parentheses (it does when the text holds " OR ").
+func orOf(stmt *gorm.Statement) string {
+	_, why := orClause(stmt)
+	return why
+}
+
+// groupOr puts the conditions of a WHERE with an Or clause in one group,
+// which later conditions are ANDed with; false when its OR is in text.
+func groupOr(stmt *gorm.Statement) bool {
+	clauseOr, _ := orClause(stmt)
+	if !clauseOr {
+		return false
+	}
+	c := stmt.Clauses["WHERE"]
+	where := c.Expression.(clause.Where)
+	where.Exprs = []clause.Expression{clause.And(where.Exprs...)}
+	c.Expression = where
+	stmt.Clauses["WHERE"] = c
+	return true
+}
+
+func orClause(stmt *gorm.Statement) (clauseOr bool, why string) {
 	c, ok := stmt.Clauses["WHERE"]
 	if !ok {
-		return nil
+		return false, ""
 	}
-	where, ok := c.Expression.(clause.Where)
-	if !ok {
-		return nil
-	}
-	exprs := flattenAnd(where.Exprs)
-	pkIndex := map[string]int{}
-	for i, f := range s.PrimaryFields {
-		pkIndex[f.DBName] = i
-	}
-	single := len(s.PrimaryFields) == 1
-	var eqs []any
-	if !single {
-		eqs = make([]any, len(s.PrimaryFields))
-	}
-	found := 0
-	for _, e := range exprs {
-		if _, ok := e.(clause.OrConditions); ok {
-			return nil
-		}
-	}
-	for _, e := range exprs {
+	where, _ := c.Expression.(clause.Where)
+	for _, e := range flattenAnd(where.Exprs) {
 		switch e := e.(type) {
+		case clause.OrConditions:
+			clauseOr, why = true, "has an Or condition, which GORM joins with the conditions it adds in an order the plugin cannot prove"
 		case clause.Expr:
-			if rows, ok := exprRows(e, s, table, pkIndex); ok {
-				return rows
-			}
-		case clause.Eq:
-			i, ok := pkColumn(e.Column, s, table, pkIndex)
-			if !ok || !literal(e.Value) {
-				continue
-			}
-			vals, isList := listOf(e.Value)
-			if single {
-				if !isList {
-					return namesFor(table, [][]any{{e.Value}})
-				}
-				if allLiteral(vals) {
-					return namesFor(table, singles(vals))
-				}
-				continue
-			}
-			if isList || eqs[i] != nil {
-				continue
-			}
-			eqs[i] = e.Value
-			found++
-			if found == len(eqs) {
-				return namesFor(table, [][]any{eqs})
-			}
-		case clause.IN:
-			if single {
-				if _, ok := pkColumn(e.Column, s, table, pkIndex); ok && allLiteral(e.Values) {
-					return namesFor(table, singles(e.Values))
-				}
-				continue
-			}
-			if rows, ok := compositeIN(e, s, table, pkIndex); ok {
-				return rows
+			if orWord.MatchString(e.SQL) && !strings.Contains(strings.ToUpper(e.SQL), " OR ") {
+				return false, fmt.Sprintf("has a condition %q with an OR GORM does not put in parentheses", e.SQL)
 			}
 		}
 	}
-	return nil
+	return clauseOr, why
+}
+
+var orWord = regexp.MustCompile(`(?i)\bOR\b`)
+
+// samePK reports whether cols are the primary key of s.
+func samePK(cols []clause.Column, s *schema.Schema) bool {
+	names := make([]string, 0, len(cols))
+	for _, c := range cols {
+		names = append(names, c.Name)
+	}
+	slices.Sort(names)
+	pk := slices.Clone(s.PrimaryFieldDBNames)
+	slices.Sort(pk)
+	return slices.Equal(slices.Compact(names), pk)
+}
+
+// tableName is the table a statement writes: the real table behind an
+// alias (Table("repos AS r")).
+type tableName struct {
+	table string // the real table: lock names, cache keys, catalogue reads
+	from  string // what a read of its rows selects FROM (with the alias)
+	err   string // why the table expression is not a table
+}
+
+// tableOf reads the statement's table. GORM takes the alias of
+// Table("repos AS r") for the statement's table; the rows are the real
+// table's. A table expression other than a name with an optional alias (a
+// subquery, a join, bound values) names no table.
+func tableOf(stmt *gorm.Statement) tableName {
+	t := tableName{table: stmt.Table}
+	if t.table == "" && stmt.Schema != nil {
+		t.table = stmt.Schema.Table
+	}
+	t.from = t.table
+	if stmt.TableExpr == nil {
+		return t
+	}
+	f := strings.Fields(stmt.TableExpr.SQL)
+	if len(f) == 3 && strings.EqualFold(f[1], "AS") {
+		f = []string{f[0], f[2]}
+	}
+	switch {
+	case len(stmt.TableExpr.Vars) > 0 || len(f) > 2 || len(f) == 0 || strings.ContainsAny(stmt.TableExpr.SQL, "(),"):
+		t.err = fmt.Sprintf("is written to the table expression %q", stmt.TableExpr.SQL)
+	case len(f) == 2:
+		name := f[0]
+		if i := strings.LastIndexByte(name, '.'); i >= 0 {
+			name = name[i+1:]
+		}
+		t.table, t.from = strings.Trim(name, "`\"[]"), stmt.TableExpr.SQL
+	}
+	return t
 }
 
 func flattenAnd(exprs []clause.Expression) []clause.Expression {
@@ -187,75 +320,6 @@ func flattenAnd(exprs []clause.Expression) []clause.Expression {
 			continue
 		}
 		out = append(out, e)
-	}
-	return out
-}
-
-// pkColumn reports whether col names a primary key column of table, and which.
-func pkColumn(col any, s *schema.Schema, table string, pkIndex map[string]int) (int, bool) {
-	var tbl, name string
-	switch c := col.(type) {
-	case string:
-		name = c
-		if i := strings.LastIndexByte(c, '.'); i >= 0 {
-			tbl, name = c[:i], c[i+1:]
-		}
-		tbl, name = strings.Trim(tbl, "`\"[]"), strings.Trim(name, "`\"[]")
-	case clause.Column:
-		if c.Raw {
-			return 0, false
-		}
-		tbl, name = c.Table, c.Name
-	default:
-		return 0, false
-	}
-	if tbl != "" && tbl != clause.CurrentTable && tbl != table {
-		return 0, false
-	}
-	if name == clause.PrimaryKey {
-		if s.PrioritizedPrimaryField == nil {
-			return 0, false
-		}
-		name = s.PrioritizedPrimaryField.DBName
-	}
-	i, ok := pkIndex[name]
-	return i, ok
-}
-
-// compositeIN reads IN ((a, b), ...) on every part of a composite key.
-func compositeIN(e clause.IN, s *schema.Schema, table string, pkIndex map[string]int) ([]row, bool) {
-	cols, ok := e.Column.([]clause.Column)
-	if !ok || len(cols) != len(s.PrimaryFields) {
-		return nil, false
-	}
-	pos := make([]int, len(cols))
-	seen := map[int]bool{}
-	for j, c := range cols {
-		i, ok := pkColumn(c, s, table, pkIndex)
-		if !ok || seen[i] {
-			return nil, false
-		}
-		seen[i], pos[j] = true, i
-	}
-	var sets [][]any
-	for _, v := range e.Values {
-		tuple, ok := v.([]any)
-		if !ok || len(tuple) != len(cols) || !allLiteral(tuple) {
-			return nil, false
-		}
-		vals := make([]any, len(cols))
-		for j, x := range tuple {
-			vals[pos[j]] = x
-		}
-		sets = append(sets, vals)
-	}
-	return namesFor(table, sets), true
-}
-
-func singles(vals []any) [][]any {
-	out := make([][]any, len(vals))
-	for i, v := range vals {
-		out[i] = []any{v}
 	}
 	return out
 }
@@ -284,137 +348,4 @@ func literal(v any) bool {
 	}
 	rv := reflect.ValueOf(v)
 	return !(rv.Kind() == reflect.Pointer && rv.IsNil())
-}
-
-func allLiteral(vs []any) bool {
-	if len(vs) == 0 {
-		return false
-	}
-	for _, v := range vs {
-		if !literal(v) {
-			return false
-		}
-	}
-	return true
-}
-
-// listOf returns the elements of v when it is a slice (other than []byte),
-// which clause.Eq builds as IN.
-func listOf(v any) ([]any, bool) {
-	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Slice || rv.Type().Elem().Kind() == reflect.Uint8 {
-		return nil, false
-	}
-	out := make([]any, rv.Len())
-	for i := range out {
-		out[i] = rv.Index(i).Interface()
-	}
-	return out, true
-}
-
-// exprRows reads the rows pinned by a condition written as SQL text: a
-// conjunction ("a = ? AND b IN ?") of simple comparisons, one of which is an
-// = or IN on the primary key (every part of a composite key) with a plain
-// value. Anything else (OR, NOT, parentheses other than "(?)", a function, a
-// named or numbered parameter, a quote) makes it unknown: the text is only
-// trusted where its meaning is certain.
-func exprRows(e clause.Expr, s *schema.Schema, table string, pkIndex map[string]int) ([]row, bool) {
-	sql := e.SQL
-	if strings.ContainsAny(sql, "'@$:;") || strings.Count(sql, "?") != len(e.Vars) {
-		return nil, false
-	}
-	parts := splitAnd(sql)
-	if parts == nil {
-		return nil, false
-	}
-	single := len(s.PrimaryFields) == 1
-	eqs := make([]any, len(s.PrimaryFields))
-	found := 0
-	var list []any
-	v := 0 // index of the first var of the current part
-	for _, part := range parts {
-		n := strings.Count(part, "?")
-		col, op, ok := simpleCond(part)
-		if ok {
-			i, isPK := pkColumn(col, s, table, pkIndex)
-			val := e.Vars[v]
-			if isPK && literal(val) {
-				vals, isList := listOf(val)
-				switch {
-				case op == "=" && !isList && eqs[i] == nil:
-					eqs[i] = val
-					found++
-				case op == "IN" && isList && single && allLiteral(vals):
-					list = vals
-				}
-			}
-		}
-		v += n
-	}
-	switch {
-	case list != nil:
-		return namesFor(table, singles(list)), true
-	case found == len(eqs):
-		return namesFor(table, [][]any{eqs}), true
-	}
-	return nil, false
-}
-
-// splitAnd splits SQL text at its top-level ANDs; nil when the text holds
-// anything but plain comparisons joined by AND.
-func splitAnd(sql string) []string {
-	fields := strings.Fields(sql)
-	var parts []string
-	var cur []string
-	for _, f := range fields {
-		switch strings.ToUpper(f) {
-		case "AND":
-			if len(cur) == 0 {
-				return nil
-			}
-			parts = append(parts, strings.Join(cur, " "))
-			cur = nil
-			continue
-		case "OR", "NOT", "BETWEEN", "CASE", "EXISTS", "SELECT":
-			return nil
-		}
-		cur = append(cur, f)
-	}
-	if len(cur) == 0 {
-		return nil
-	}
-	parts = append(parts, strings.Join(cur, " "))
-	for _, p := range parts {
-		if strings.ContainsAny(strings.ReplaceAll(p, "(?)", ""), "()") {
-			return nil
-		}
-	}
-	return parts
-}
-
-// simpleCond parses "<column> = ?", "<column> IN ?" and "<column> IN (?)"
-// (the column optionally qualified and quoted); ok is false for anything
-// else.
-func simpleCond(part string) (col, op string, ok bool) {
-	p := strings.TrimSpace(part)
-	var rest string
-	if i := strings.Index(p, "="); i > 0 {
-		col, op, rest = strings.TrimSpace(p[:i]), "=", strings.TrimSpace(p[i+1:])
-		if strings.ContainsAny(col, "<>!") {
-			return "", "", false
-		}
-	} else {
-		f := strings.Fields(p)
-		if len(f) != 3 || !strings.EqualFold(f[1], "IN") {
-			return "", "", false
-		}
-		col, op, rest = f[0], "IN", f[2]
-	}
-	if rest != "?" && !(op == "IN" && rest == "(?)") {
-		return "", "", false
-	}
-	if col == "" || strings.ContainsAny(col, " \t+-*/%|&^~") {
-		return "", "", false
-	}
-	return col, op, true
 }

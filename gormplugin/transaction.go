@@ -93,20 +93,20 @@ type declared struct {
 	fence  string // the fence column, or ""
 }
 
-// claim is a transaction's first statements: one UPDATE per declared row,
-// in name order, that takes the database's lock on the row before fn reads
-// it. On a fenced row it stamps the row's lock token:
-//
-//	UPDATE t SET fence = <token> WHERE pk = ? AND COALESCE(fence, 0) <= <token>
-//
-// (on another, SET pk = pk). A previous holder paused after its UPDATE and
-// before its COMMIT still holds that row lock, so the claim waits for its
-// COMMIT or ROLLBACK, and fn then reads what it committed; a fence above the
-// token means a newer holder has written the row, and the claim fails with a
-// *StaleWriteError. A row that does not exist is not claimed. A claimed row
-// is one fn writes (with GORM's methods, or with Exec), and a fenced claim
-// changes the row's fence, so the row's cache keys are invalidated after
-// COMMIT like those of a write.
+// claim is a transaction's first statements, for each declared row in name
+// order: an UPDATE that sets a column to itself, which takes the database's
+// lock on the row before fn reads it (a previous holder paused after its
+// UPDATE and before its COMMIT still holds that row lock, so the claim
+// waits for its COMMIT or ROLLBACK, and fn then reads what it committed);
+// on a fenced row, a read of its fence, now stable, and an UPDATE that
+// stamps the row's lock token. A fence above the token means a newer holder
+// has written the row: the claim fails with a *StaleWriteError. The fence
+// read is the row's version before the transaction, which with the token is
+// all a struct written in fn may carry (see txLocks.checkVersions): the stamp
+// must not vouch for a struct read before another writer's commit. A row
+// that does not exist is not claimed; the cache keys of every declared row
+// are invalidated after COMMIT, since fn may write it (with GORM's methods,
+// or with Exec, an INSERT included).
 func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
 	reg := txOf(tx.Statement.ConnPool)
 	for _, r := range rows {
@@ -114,50 +114,47 @@ func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
 		if d == nil {
 			continue
 		}
-		set := []any{clause.Table{Name: d.table}}
-		sql := "UPDATE ? SET ? = "
-		if d.fence != "" {
-			sql += "?"
-			set = append(set, clause.Column{Name: d.fence}, int64(r.fence))
-		} else {
-			sql += "?"
-			set = append(set, clause.Column{Name: d.pkCols[0]}, clause.Column{Name: d.pkCols[0]})
+		if reg != nil && p.cfg.keys != nil {
+			// The rows declared are the rows fn writes, also with Exec: an
+			// INSERT of one that did not exist too.
+			reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
 		}
-		sql += " WHERE"
+		where := ""
+		var key []any
 		for i, col := range d.pkCols {
 			if i > 0 {
-				sql += " AND"
+				where += " AND"
 			}
-			sql += " ? = ?"
-			set = append(set, clause.Column{Name: col}, r.vals[i])
+			where += " ? = ?"
+			key = append(key, clause.Column{Name: col}, r.vals[i])
 		}
+		col := d.pkCols[0]
 		if d.fence != "" {
-			sql += " AND COALESCE(?, 0) <= ?"
-			set = append(set, clause.Column{Name: d.fence}, int64(r.fence))
+			col = d.fence
 		}
-		res := tx.Session(&gorm.Session{NewDB: true}).Exec(sql, set...)
+		// The database's row lock first: it waits for a previous holder's
+		// COMMIT or ROLLBACK, after which the row's fence is stable.
+		q := tx.Session(&gorm.Session{NewDB: true})
+		res := q.Exec("UPDATE ? SET ? = ? WHERE"+where, append([]any{clause.Table{Name: d.table}, clause.Column{Name: col}, clause.Column{Name: col}}, key...)...)
 		if res.Error != nil {
 			return fmt.Errorf("gormplugin: claiming %q: %w", r.name, res.Error)
 		}
-		if d.fence == "" {
-			if reg != nil && p.cfg.keys != nil && res.RowsAffected > 0 {
-				// The rows declared are the rows fn writes, also with Exec.
-				reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
-			}
+		if d.fence == "" || res.RowsAffected == 0 {
 			continue
 		}
-		if res.RowsAffected == 0 {
-			stored, found, err := readFence(tx.Session(&gorm.Session{NewDB: true}), d.table, d.fence, d.pkCols, r.vals)
-			switch {
-			case err != nil:
-				return fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err)
-			case found && stored > r.fence:
-				return &StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored}
-			}
-			continue
+		stored, _, err := readFence(q, d.table, d.fence, d.pkCols, r.vals)
+		switch {
+		case err != nil:
+			return fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err)
+		case stored > r.fence:
+			return &StaleWriteError{Name: r.name, Fence: r.fence, Stored: stored}
 		}
-		if reg != nil && p.cfg.keys != nil {
-			reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
+		if reg != nil {
+			reg.locks.setBase(r.name, stored)
+		}
+		res = q.Exec("UPDATE ? SET ? = ? WHERE"+where, append([]any{clause.Table{Name: d.table}, clause.Column{Name: d.fence}, int64(r.fence)}, key...)...)
+		if res.Error != nil {
+			return fmt.Errorf("gormplugin: claiming %q: %w", r.name, res.Error)
 		}
 	}
 	return nil
@@ -175,10 +172,11 @@ func (p *Plugin) modelRows(db *gorm.DB, models []any) ([]row, error) {
 		if len(stmt.Schema.PrimaryFields) == 0 {
 			return nil, invalid("row %T: the model has no primary key", m)
 		}
-		rows := modelRows(stmt, stmt.Schema, stmt.Table, m)
-		if len(rows) == 0 {
-			return nil, invalid("row %T: no primary key value set", m)
+		sets, pin := structKeys(stmt, stmt.Schema, m, true)
+		if pin != pinRows {
+			return nil, invalid("row %T: no primary key value set (on some element)", m)
 		}
+		rows := namesFor(stmt.Table, sets)
 		d := &declared{table: stmt.Table, pkCols: stmt.Schema.PrimaryFieldDBNames}
 		if f := p.fenceOf(stmt.Schema); f != nil {
 			d.fence = f.DBName

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,7 @@ type txLocks struct {
 	unstamp []func()               // to run after ROLLBACK (see stamp)
 	marks   []savepoint            // the savepoints open, oldest first
 	seen    map[string]bool        // keys already listed
+	base    map[string]uint64      // by name: the fence a row had before this transaction first stamped it (noBase: not known)
 	adopted bool                   // a transaction has taken these locks over
 	done    bool                   // committed or rolled back
 	commit  bool                   // ended by COMMIT
@@ -39,7 +41,50 @@ func (p *Plugin) newTxLocks(ctx context.Context) *txLocks {
 		owner = locks.NewOwnerID()
 	}
 	p.begin() // ended by finish
-	return &txLocks{p: p, owner: owner, held: map[string]*locks.Lock{}, seen: map[string]bool{}}
+	return &txLocks{p: p, owner: owner, held: map[string]*locks.Lock{}, seen: map[string]bool{}, base: map[string]uint64{}}
+}
+
+// noBase marks a row the transaction stamped without knowing its fence
+// before (a write of a struct that carried no version).
+const noBase = math.MaxUint64
+
+// setBase records the fence row name had before the transaction first
+// stamped it; an earlier record stands (a nested transaction re-claims).
+func (r *txLocks) setBase(name string, fence uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.base[name]; !ok {
+		r.base[name] = fence
+	}
+}
+
+// wrote records the rows a fenced statement of the transaction stamped.
+func (r *txLocks) wrote(rows []row) {
+	for _, w := range rows {
+		if w.versioned {
+			r.setBase(w.name, w.version)
+		} else {
+			r.setBase(w.name, noBase)
+		}
+	}
+}
+
+// checkVersions refuses a write of a struct whose version is neither the
+// fence its row had before the transaction stamped it nor the
+// transaction's own token: once stamped, the row carries the token, which
+// the fence condition accepts, so it must not vouch for a struct read
+// before another writer's commit.
+func (r *txLocks) checkVersions(rows []row) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range rows {
+		base, ok := r.base[w.name]
+		if !w.versioned || !ok || w.version == w.fence || w.version == base && base != noBase {
+			continue
+		}
+		return &StaleWriteError{Name: w.name, Fence: w.fence, Stored: w.fence, Read: w.version}
+	}
+	return nil
 }
 
 // adopt hands the registry to the first transaction that begins with it on

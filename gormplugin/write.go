@@ -87,7 +87,8 @@ func elements(stmt *gorm.Statement) []element {
 }
 
 // value returns the element's value of field f, and false when it has none
-// (a zero field of a struct, a key missing from a map).
+// (a zero field of a struct the database fills in or stores as NULL, a key
+// missing from a map).
 func (e element) value(stmt *gorm.Statement, f *schema.Field) (any, bool) {
 	if e.m != nil {
 		for _, k := range []string{f.DBName, f.Name} {
@@ -97,8 +98,13 @@ func (e element) value(stmt *gorm.Statement, f *schema.Field) (any, bool) {
 		}
 		return nil, false
 	}
+	// A zero value is inserted as it is, unless the database fills it in
+	// (an auto-increment key, a default) or it is NULL.
 	v, zero := f.ValueOf(stmt.Context, e.rv)
-	return v, !zero
+	if zero && (f.AutoIncrement || f.HasDefaultValue || v == nil || reflect.ValueOf(v).Kind() == reflect.Pointer) {
+		return nil, false
+	}
+	return v, true
 }
 
 // key returns the element's primary key values, or false when a part is
@@ -129,37 +135,6 @@ func createdRows(stmt *gorm.Statement, table string) []row {
 		}
 	}
 	return sortRows(rows)
-}
-
-// upsertRows names the existing rows an upsert may update. When its conflict
-// target is the primary key (GORM's default), they are the rows of the
-// values whose key is set (a value without one is inserted); otherwise they
-// are unknown (named is false) and found by reading the rows the target's
-// values match (see resolveConflict).
-func upsertRows(stmt *gorm.Statement, table string) (rows []row, named bool) {
-	s := stmt.Schema
-	oc, _ := onConflictOf(stmt)
-	if s == nil || len(s.PrimaryFields) == 0 || oc.OnConstraint != "" || len(oc.TargetWhere.Exprs) > 0 {
-		return nil, false
-	}
-	if len(oc.Columns) > 0 {
-		var cols []string
-		for _, c := range oc.Columns {
-			cols = append(cols, c.Name)
-		}
-		slices.Sort(cols)
-		pk := slices.Clone(s.PrimaryFieldDBNames)
-		slices.Sort(pk)
-		if !slices.Equal(slices.Compact(cols), pk) {
-			return nil, false
-		}
-	}
-	for _, e := range elements(stmt) {
-		if vals, ok := e.key(stmt, s); ok {
-			rows = append(rows, row{name: RowName(table, vals...), vals: vals})
-		}
-	}
-	return sortRows(rows), true
 }
 
 // resolveConflict reads the primary keys of the existing rows an upsert
@@ -267,8 +242,8 @@ var upsertDialects = []string{"sqlite", "postgres"}
 
 // guardConflict adds the guard to an upsert's ON CONFLICT DO UPDATE: the
 // token written into the fence column (whatever the assignments), the fence
-// condition and the version of each row, and, for rows found by reading,
-// the restriction to them. A row the DO UPDATE leaves alone is neither
+// condition and the version of each row, and the restriction to the rows
+// locked. A row the DO UPDATE leaves alone is neither
 // updated nor inserted.
 func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 	if oc.DoNothing {
@@ -285,7 +260,7 @@ func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 		oc.DoUpdates = append(set, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token(true)})
 		oc.Where.Exprs = append(oc.Where.Exprs, g.fenceConds(true)...)
 	}
-	if g.resolved {
+	if g.restricted {
 		oc.Where.Exprs = append(oc.Where.Exprs, g.restriction(true))
 	}
 	return oc
@@ -296,7 +271,7 @@ func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 func (p *Plugin) conflictBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 	return func(c clause.Clause, b clause.Builder) {
 		if stmt, ok := b.(*gorm.Statement); ok {
-			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpsert && (g.fencing || g.resolved) {
+			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpsert && (g.fencing || g.restricted) {
 				if oc, ok := c.Expression.(clause.OnConflict); ok {
 					c.Expression = g.guardConflict(oc)
 				}
