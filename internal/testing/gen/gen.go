@@ -24,7 +24,14 @@ import (
 	"pgregory.net/rapid"
 )
 
-var mu sync.Mutex // serialises the rapid.checks flag between generators
+var (
+	mu sync.Mutex // serialises the rapid.checks flag between generators
+
+	// chosen records, once and before Check first sets the flag itself,
+	// whether the command line or RAPID_CHECKS chose the number of checks
+	// (flag.Visit cannot tell a flag set there from one Check set).
+	chosen = sync.OnceValue(explicit)
+)
 
 // Check runs prop for n checks (scaled by CACHEGUARD_GEN_SCALE) unless the
 // command line or RAPID_CHECKS chose a number, and logs what it ran.
@@ -32,7 +39,7 @@ func Check(t *testing.T, n int, prop func(*rapid.T)) {
 	t.Helper()
 	mu.Lock()
 	defer mu.Unlock()
-	if !explicit() {
+	if !chosen() {
 		f := flag.Lookup("rapid.checks")
 		old := f.Value.String()
 		if err := flag.Set("rapid.checks", strconv.Itoa(n*Scale())); err != nil {
