@@ -524,11 +524,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		ks = keys(cfg.prefix, name)
 		kv = boxKeys(ks)
 	}
-	fail := func(pttl time.Duration, err error) (*Lock, error) {
-		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
-		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Wait: e.Waited, Err: err})
-		return nil, e
-	}
+	a := &acquisition{c: c, name: name, cfg: cfg, start: start, ks: ks, kv: kv, owner: owner, ov: ov, acq: acq, scoped: reentrant}
+	fail := func(pttl time.Duration, err error) (*Lock, error) { return a.fail(ctx, pttl, err) }
 	if closing && !reentrant {
 		return fail(0, ErrClosed)
 	}
@@ -548,39 +545,11 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, ErrClosed) // only a nested acquisition goes on while closing
 		}
 	}
-	granted := func(res attemptResult, g grant) (*Lock, error) {
-		lk, err := c.granted(ctx, reentrant, name, ks, kv, ov, acq, res, cfg, g, start)
-		if err != nil {
-			return fail(0, err)
-		}
-		return lk, nil
-	}
-	// once makes one attempt without queueing: a grant, a refusal (ok false,
-	// with the holder's lease left), or a failure.
-	once := func(ctx context.Context) (lk *Lock, pttl time.Duration, err error) {
-		sent := time.Now()
-		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
-		switch {
-		case err != nil:
-			c.reload(ctx)
-			if mayHaveRun(err) {
-				// The script may have run although its reply never came.
-				c.giveBack(ctx, kv, ov, acq, cfg, "", true)
-			}
-			_, err = fail(0, err)
-			return nil, 0, err
-		case res.ok:
-			lk, err := granted(res, grant{sent, cfg.lease})
-			return lk, 0, err
-		}
-		return nil, res.pttl, nil
-	}
-
 	// Fast path: one attempt, unless another caller of this process is already
 	// waiting for the name (then the attempt would only fail) or fair mode
 	// (where the first attempt must also queue).
 	if !wait || sc != nil || (!cfg.fair && (reentrant || !c.waiting(ks[0]))) {
-		lk, pttl, err := once(ctx)
+		lk, pttl, err := a.once(ctx, ctx)
 		if lk != nil || err != nil {
 			return lk, err
 		}
@@ -594,7 +563,70 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		}
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
+	return a.wait(ctx)
+}
+
+// acquisition is one Lock or TryLock call of a Client.
+type acquisition struct {
+	c      *Client
+	name   string
+	cfg    config
+	start  time.Time
+	ks     []string // the lock's keys (see keys)
+	kv     []any    // ks, boxed
+	owner  string   // WithOwner's id, or a fresh one
+	ov     any      // owner, boxed
+	acq    any      // the acquisition id (the owner itself when fresh)
+	scoped bool     // under WithOwner
+}
+
+// fail ends the call without the lock: the error (a *NotObtainedError) and
+// its event.
+func (a *acquisition) fail(ctx context.Context, pttl time.Duration, err error) (*Lock, error) {
+	e := &NotObtainedError{Name: a.name, RetryAfter: pttl, Waited: time.Since(a.start), Err: err}
+	a.cfg.emit(ctx, Event{Kind: EventNotObtained, Name: a.name, Wait: e.Waited, Err: err})
+	return nil, e
+}
+
+// granted makes the caller's Lock of a grant g (see Client.granted).
+func (a *acquisition) granted(ctx context.Context, res attemptResult, g grant) (*Lock, error) {
+	lk, err := a.c.granted(ctx, a.scoped, a.name, a.ks, a.kv, a.ov, a.acq, res, a.cfg, g, a.start)
+	if err != nil {
+		return a.fail(ctx, 0, err)
+	}
+	return lk, nil
+}
+
+// once makes one attempt without queueing, under actx: a grant, a refusal
+// (no Lock, no error, the holder's lease left), or a failure.
+func (a *acquisition) once(ctx, actx context.Context) (lk *Lock, pttl time.Duration, err error) {
+	c := a.c
+	sent := time.Now()
+	res, err := c.attempt(actx, a.ks, a.kv, a.ov, a.acq, a.cfg, "")
+	switch {
+	case err != nil:
+		c.reload(actx)
+		if mayHaveRun(err) {
+			// The script may have run although its reply never came.
+			c.giveBack(actx, a.kv, a.ov, a.acq, a.cfg, "", true)
+		}
+		_, err = a.fail(ctx, 0, err)
+		return nil, 0, err
+	case res.ok:
+		lk, err := a.granted(ctx, res, grant{sent, a.cfg.lease})
+		return lk, 0, err
+	}
+	return nil, res.pttl, nil
+}
+
+// wait waits for the lock, within the wait budget and ctx: at the
+// process's gate for the name (default mode), then in the lock's queue in
+// Redis, woken by a hand-off or a timer.
+func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
+	c, cfg, ks, kv, ov, acq, owner := a.c, a.cfg, a.ks, a.kv, a.ov, a.acq, a.owner
+	fail := func(pttl time.Duration, err error) (*Lock, error) { return a.fail(ctx, pttl, err) }
+	granted := func(res attemptResult, g grant) (*Lock, error) { return a.granted(ctx, res, g) }
+	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(a.start))
 	defer cancel()
 	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
 	defer stop()
@@ -619,14 +651,14 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	if !cfg.fair {
 		c.ref(g) // the turn's, kept by a grant or passed on
 		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg.argsReleaseV, member)}
-		if reentrant {
+		if a.scoped {
 			w.owner = owner
 		}
 		for {
 			o, owned, err := g.enter(wctx, w)
 			if o.reenter && err == nil {
 				// This owner was granted the lock while w waited: re-enter.
-				lk, _, err := once(wctx)
+				lk, _, err := a.once(ctx, wctx)
 				if lk != nil || err != nil {
 					c.ungate(ks[0], g) // the turn's reference: w has no turn
 					return lk, err
