@@ -39,14 +39,14 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // answered, and not the caller's context ending) it opens: every command and pipeline fails
 // at once with ErrCircuitOpen, without touching the network. After Cooldown
 // it sends a probe PING (half-open), on a goroutine of its own, while
-// callers keep failing at once; if Redis answers within a Cooldown, the
-// breaker closes, if not, it probes again after another Cooldown. A caller
-// therefore learns that Redis is away in microseconds instead of after
-// go-redis's dial retries and timeouts, never waits for a probe, and the
-// breaker closes within two Cooldowns plus a round trip of Redis answering
-// again (a probe lost in a black hole just before it healed is given up
-// after a Cooldown), with or without traffic; the probe's bound reaches the
-// socket on a client with ContextTimeoutEnabled. Only the outcomes of
+// callers keep failing at once, and another every Cooldown while none has
+// answered (each may take four Cooldowns, re-dialling included); the first
+// answer closes the breaker. A caller therefore learns that Redis is away
+// in microseconds instead of after go-redis's dial retries and timeouts,
+// never waits for a probe, and the breaker closes within two Cooldowns plus
+// a round trip of Redis answering again (a fresh connection's: dial,
+// handshake and PING, up to four Cooldowns), with or without traffic; the
+// probe's bound reaches the socket on a client with ContextTimeoutEnabled. Only the outcomes of
 // commands admitted since the last change of state count: commands sent
 // into a stall before the breaker opened, which fail after a probe closed
 // it, cannot reopen it on a Redis that answers. Only an answer from Redis
@@ -118,32 +118,56 @@ func (b *Breaker) admit() bool { return b.state.Load() == breakerClosed }
 // loop, and so does the client being closed (redis.ErrClosed), so the client
 // owns the goroutine. Callers never wait for a probe, and a process that
 // gets no traffic still learns when Redis is back.
+//
+// A probe is given maxProbes cooldowns to answer, not one: on a slow link a
+// fresh connection (dial and handshake, then the PING) takes several round
+// trips, and a probe cut sooner would never succeed. Probes therefore
+// overlap — a new one every cooldown, at most maxProbes on the wire — so one
+// sent into a black hole just before it healed delays nothing: the next,
+// sent a cooldown later, answers within its round trip. The breaker thus
+// closes within two cooldowns plus a fresh connection's round trip of Redis
+// answering again (up to maxProbes cooldowns).
 func (b *Breaker) probeLoop(next redis.ProcessHook) {
-	t := time.NewTimer(b.cooldown)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), probeKey{}, b))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // the probes still on the wire end with the loop
+	t := time.NewTicker(b.cooldown)
 	defer t.Stop()
+	answers := make(chan error, maxProbes)
+	inFlight := 0
 	for {
-		<-t.C
-		// A probe gets a cooldown to answer: one sent into a black hole just
-		// before it healed must not delay the next by long (a healthy Redis
-		// answers a PING in microseconds). The breaker thus closes within
-		// about two cooldowns of Redis answering again.
-		ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), b.cooldown)
-		err := next(ctx, redis.NewStatusCmd(ctx, "ping"))
-		cancel()
-		switch {
-		case err == nil:
-			b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
-			b.failures.Store(0)
-			if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
-				b.emit(context.Background(), Event{Kind: EventBreakerClosed})
+		select {
+		case <-t.C:
+			if inFlight == maxProbes {
+				continue
 			}
-			return
-		case errors.Is(err, redis.ErrClosed):
-			return
+			inFlight++
+			wg.Go(func() {
+				pctx, cancel := context.WithTimeout(ctx, maxProbes*b.cooldown)
+				defer cancel()
+				answers <- next(pctx, redis.NewStatusCmd(pctx, "ping"))
+			})
+		case err := <-answers:
+			inFlight--
+			switch {
+			case err == nil:
+				b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
+				b.failures.Store(0)
+				if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
+					b.emit(context.Background(), Event{Kind: EventBreakerClosed})
+				}
+				return
+			case errors.Is(err, redis.ErrClosed):
+				return
+			}
 		}
-		t.Reset(b.cooldown)
 	}
 }
+
+// maxProbes is how many probes a Breaker keeps on the wire at most, and how
+// many cooldowns each may take to answer.
+const maxProbes = 4
 
 // probeKey marks a probe's context: the commands go-redis sends for it (the
 // PING, and a new connection's handshake) pass the breaker.

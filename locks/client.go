@@ -369,7 +369,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg config) error {
 	undo := func(ctx context.Context) { c.giveBack(ctx, kv, owner, acq, cfg, "", false) }
 	_, err := c.detach(ctx, cfg, func(ctx context.Context) (attemptResult, error) {
-		cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds()}), cfg)
+		cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds(), acq, int64(1)}), cfg)
 		n, err := cmd.Int64()
 		switch {
 		case err != nil:
@@ -503,7 +503,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
-	entered := c.life.enter(reentrant)
+	entered := c.life.enter(ctx, reentrant)
 	if entered {
 		defer c.life.leave()
 	}
@@ -524,11 +524,8 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 		ks = keys(cfg.prefix, name)
 		kv = boxKeys(ks)
 	}
-	fail := func(pttl time.Duration, err error) (*Lock, error) {
-		e := &NotObtainedError{Name: name, RetryAfter: pttl, Waited: time.Since(start), Err: err}
-		cfg.emit(ctx, Event{Kind: EventNotObtained, Name: name, Wait: e.Waited, Err: err})
-		return nil, e
-	}
+	a := &acquisition{c: c, name: name, cfg: cfg, start: start, ks: ks, kv: kv, owner: owner, ov: ov, acq: acq, scoped: reentrant}
+	fail := func(pttl time.Duration, err error) (*Lock, error) { return a.fail(ctx, pttl, err) }
 	if closing && !reentrant {
 		return fail(0, ErrClosed)
 	}
@@ -548,30 +545,13 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, ErrClosed) // only a nested acquisition goes on while closing
 		}
 	}
-	granted := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
-		lk, err := c.granted(ctx, reentrant, name, ks, kv, ov, acq, res, cfg, sent, start, first)
-		if err != nil {
-			return fail(0, err)
-		}
-		return lk, nil
-	}
-
 	// Fast path: one attempt, unless another caller of this process is already
 	// waiting for the name (then the attempt would only fail) or fair mode
 	// (where the first attempt must also queue).
 	if !wait || sc != nil || (!cfg.fair && (reentrant || !c.waiting(ks[0]))) {
-		sent := time.Now()
-		res, err := c.attempt(ctx, ks, kv, ov, acq, cfg, "")
-		if err != nil {
-			c.reload(ctx)
-			if mayHaveRun(err) {
-				// The script may have run although its reply never came.
-				c.giveBack(ctx, kv, ov, acq, cfg, "", true)
-			}
-			return fail(0, err)
-		}
-		if res.ok {
-			return granted(res, sent, cfg.lease)
+		lk, pttl, err := a.once(ctx, ctx)
+		if lk != nil || err != nil {
+			return lk, err
 		}
 		if sc != nil && c.scopes.current(sc) {
 			// Another owner holds what this owner's scope should hold.
@@ -579,11 +559,74 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			return fail(0, ErrLost)
 		}
 		if !wait {
-			return fail(res.pttl, nil)
+			return fail(pttl, nil)
 		}
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(start))
+	return a.wait(ctx)
+}
+
+// acquisition is one Lock or TryLock call of a Client.
+type acquisition struct {
+	c      *Client
+	name   string
+	cfg    config
+	start  time.Time
+	ks     []string // the lock's keys (see keys)
+	kv     []any    // ks, boxed
+	owner  string   // WithOwner's id, or a fresh one
+	ov     any      // owner, boxed
+	acq    any      // the acquisition id (the owner itself when fresh)
+	scoped bool     // under WithOwner
+}
+
+// fail ends the call without the lock: the error (a *NotObtainedError) and
+// its event.
+func (a *acquisition) fail(ctx context.Context, pttl time.Duration, err error) (*Lock, error) {
+	e := &NotObtainedError{Name: a.name, RetryAfter: pttl, Waited: time.Since(a.start), Err: err}
+	a.cfg.emit(ctx, Event{Kind: EventNotObtained, Name: a.name, Wait: e.Waited, Err: err})
+	return nil, e
+}
+
+// granted makes the caller's Lock of a grant g (see Client.granted).
+func (a *acquisition) granted(ctx context.Context, res attemptResult, g grant) (*Lock, error) {
+	lk, err := a.c.granted(ctx, a.scoped, a.name, a.ks, a.kv, a.ov, a.acq, res, a.cfg, g, a.start)
+	if err != nil {
+		return a.fail(ctx, 0, err)
+	}
+	return lk, nil
+}
+
+// once makes one attempt without queueing, under actx: a grant, a refusal
+// (no Lock, no error, the holder's lease left), or a failure.
+func (a *acquisition) once(ctx, actx context.Context) (lk *Lock, pttl time.Duration, err error) {
+	c := a.c
+	sent := time.Now()
+	res, err := c.attempt(actx, a.ks, a.kv, a.ov, a.acq, a.cfg, "")
+	switch {
+	case err != nil:
+		c.reload(actx)
+		if mayHaveRun(err) {
+			// The script may have run although its reply never came.
+			c.giveBack(actx, a.kv, a.ov, a.acq, a.cfg, "", true)
+		}
+		_, err = a.fail(ctx, 0, err)
+		return nil, 0, err
+	case res.ok:
+		lk, err := a.granted(ctx, res, grant{sent, a.cfg.lease})
+		return lk, 0, err
+	}
+	return nil, res.pttl, nil
+}
+
+// wait waits for the lock, within the wait budget and ctx: at the
+// process's gate for the name (default mode), then in the lock's queue in
+// Redis, woken by a hand-off or a timer.
+func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
+	c, cfg, ks, kv, ov, acq, owner := a.c, a.cfg, a.ks, a.kv, a.ov, a.acq, a.owner
+	fail := func(pttl time.Duration, err error) (*Lock, error) { return a.fail(ctx, pttl, err) }
+	granted := func(res attemptResult, g grant) (*Lock, error) { return a.granted(ctx, res, g) }
+	wctx, cancel := context.WithTimeout(ctx, cfg.wait-time.Since(a.start))
 	defer cancel()
 	wctx, stop := c.life.waitFor(wctx) // Close and Shutdown end the wait
 	defer stop()
@@ -608,27 +651,42 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	if !cfg.fair {
 		c.ref(g) // the turn's, kept by a grant or passed on
 		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg.argsReleaseV, member)}
-		o, owned, err := g.enter(wctx, w)
-		if !owned {
-			c.ungate(ks[0], g)
-			return fail(0, c.life.cause(ctx))
+		if a.scoped {
+			w.owner = owner
 		}
-		keeper = &turnKeeper{c: c, key: ks[0], g: g}
-		defer func() {
-			if keeper != nil { // not kept by a grant
-				keeper.pass(nil, turnOutcome{})
+		for {
+			o, owned, err := g.enter(wctx, w)
+			if o.reenter && err == nil {
+				// This owner was granted the lock while w waited: re-enter.
+				lk, _, err := a.once(ctx, wctx)
+				if lk != nil || err != nil {
+					c.ungate(ks[0], g) // the turn's reference: w has no turn
+					return lk, err
+				}
+				continue // the holding ended meanwhile: wait again
 			}
-		}()
-		if err != nil {
-			if o.queued || o.granted || o.unknown {
-				c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+			if !owned {
+				c.ungate(ks[0], g)
+				return fail(0, c.life.cause(ctx))
 			}
-			return fail(0, c.life.cause(ctx))
+			keeper = &turnKeeper{c: c, key: ks[0], g: g}
+			defer func() {
+				if keeper != nil { // not kept by a grant
+					keeper.pass(nil, turnOutcome{})
+				}
+			}()
+			if err != nil {
+				if o.queued || o.granted || o.unknown {
+					c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+				}
+				return fail(0, c.life.cause(ctx))
+			}
+			pre = o
+			break
 		}
-		pre = o
 	}
-	grantedKeep := func(res attemptResult, sent time.Time, first time.Duration) (*Lock, error) {
-		lk, err := granted(res, sent, first)
+	grantedKeep := func(res attemptResult, gr grant) (*Lock, error) {
+		lk, err := granted(res, gr)
 		if err == nil && keeper != nil {
 			lk.h.keepTurn(keeper)
 			keeper = nil
@@ -640,12 +698,18 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 	defer timer.Stop()
 	var pttl time.Duration
 	queued := pre.queued // queued by the previous turn's holder: no attempt needed to wait
+	// A hand-off comes with a short claim lease, set by a release that ran
+	// after this caller's last command that found it not holding (sent at
+	// notBefore; see grant). The renewer restores the full lease at its
+	// first turn (a fixed lease, or one that replicas must acknowledge, is
+	// set at once).
+	claim := min(cfg.lease, placeTTL)
+	notBefore := pre.sent
 	for {
-		sent := time.Now()
 		var fence uint64
 		var fenceV any
 		if pre.granted {
-			fence, fenceV, sent = pre.fence, pre.fenceV, pre.sent
+			fence, fenceV = pre.fence, pre.fenceV
 			pre.granted = false
 		} else {
 			var d time.Duration
@@ -653,6 +717,11 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 				queued = false
 				d = placeTTL / 2 // the holder's lease is not known: refresh the place in time
 			} else {
+				select {
+				case <-handed: // a hand-off this attempt will see for itself
+				default:
+				}
+				sent := time.Now()
 				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 				if err != nil {
 					c.reload(ctx)
@@ -663,9 +732,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 					return fail(pttl, err)
 				}
 				if res.ok {
-					return grantedKeep(res, sent, cfg.lease)
+					return grantedKeep(res, grant{sent, cfg.lease})
 				}
-				pttl = res.pttl
+				notBefore, pttl = sent, res.pttl
 				// Sleep until a wake-up, or a little past the holder's lease (it may
 				// expire without a release), or until the queue place needs refreshing.
 				d = min(pttl+time.Millisecond, placeTTL/2)
@@ -682,18 +751,17 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			}
 			fence = f
 		}
-		// A hand-off comes with a short claim lease; the renewer restores the
-		// full lease at its first turn (a fixed lease, or one that replicas
-		// must acknowledge, is set at once).
-		claim := min(cfg.lease, placeTTL)
+		gr := grant{notBefore, claim}
 		switch {
 		case cfg.replicas > 0:
+			sent := time.Now()
 			if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
 				return fail(0, err)
 			}
-			claim = cfg.lease
+			gr = grant{sent, cfg.lease}
 		case !cfg.renew && claim < cfg.lease:
-			ok, err := c.extendKey(wctx, kv, ov, cfg.lease)
+			sent := time.Now()
+			ok, err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1)
 			if err != nil {
 				c.giveBack(wctx, kv, ov, acq, cfg, member, false)
 				if wctx.Err() != nil {
@@ -704,9 +772,9 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 			if !ok {
 				continue // the claim ran out before the lease was set: the hand-off is gone
 			}
-			claim = cfg.lease
+			gr = grant{sent, cfg.lease}
 		}
-		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV, holds: 1}, sent, claim)
+		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV, holds: 1}, gr)
 	}
 }
 
@@ -734,12 +802,11 @@ func mayHaveRun(err error) bool {
 	return !errors.As(err, &re) && !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, redis.ErrPoolTimeout)
 }
 
-// granted makes the Lock of a grant; first is its current lease (see
-// newHeld). A grant to an owner (WithOwner) joins the owner's scope of the
+// granted makes the Lock of a grant g (see grant). A grant to an owner (WithOwner) joins the owner's scope of the
 // name; when that scope's holding turns out to be gone, the grant is given
 // back and granted fails with ErrLost.
-func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, sent, start time.Time, first time.Duration) (*Lock, error) {
-	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, sent, first)
+func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, g grant, start time.Time) (*Lock, error) {
+	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, g)
 	h.keyv, h.ownerv, h.acqv, h.fenceV = kv, owner, acq, res.fenceV
 	giveBack := func(err error) (*Lock, error) {
 		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
@@ -763,8 +830,23 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 	if res.holds > 1 {
 		kind = EventReentered
 	}
+	if scoped {
+		c.ownerGranted(ks[0], h.owner) // its callers waiting at the gate re-enter
+	}
 	cfg.emit(ctx, Event{Kind: kind, Name: name, Wait: time.Since(start), Fence: h.publicFence()})
 	return &Lock{h: h, parent: ctx}, nil
+}
+
+// ownerGranted makes this process's callers of owner waiting at the gate of
+// the lock key re-enter the holding just granted to owner, instead of
+// waiting for it to end.
+func (c *Client) ownerGranted(key, owner string) {
+	c.mu.Lock()
+	g := c.gates[key]
+	c.mu.Unlock()
+	if g != nil {
+		g.ownerGranted(owner)
+	}
 }
 
 // testHookClaimed runs after a release claimed the next waiter at the gate
@@ -822,13 +904,24 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 	return n, err
 }
 
-func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	return c.extendKey(ctx, h.keyv, h.ownerv, lease)
+func (c *Client) abandon(h *held) {
+	c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}), time.Now().Add(h.cfg.lease))
 }
 
-// extendKey sets the lease of the lock (keys kv) held by owner.
-func (c *Client) extendKey(ctx context.Context, kv []any, owner any, lease time.Duration) (bool, error) {
-	n, err := extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds()).Int64()
+func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
+	h.mu.Lock()
+	seq := h.seq
+	h.mu.Unlock()
+	return c.extendKey(ctx, h.keyv, h.ownerv, h.acqv, lease, seq)
+}
+
+// extendKey sets the lease of the lock (keys kv) held by owner, for its hold
+// acq's command number seq (see extend.lua).
+func (c *Client) extendKey(ctx context.Context, kv []any, owner, acq any, lease time.Duration, seq int64) (bool, error) {
+	n, err := extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds(), acq, seq).Int64()
+	if err == nil && n == 2 {
+		err = errOvertaken
+	}
 	return n == 1, err
 }
 
@@ -857,24 +950,27 @@ func (c *Client) renewBatch(ctx context.Context, hs []*held, report func(*held, 
 }
 
 func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, error)) {
-	shortest := time.Duration(0)
-	leases := make([]int64, len(hs))
+	var first time.Time // the earliest local deadline
+	cmds := make([]*redis.Cmd, len(hs))
+	args := make([][3]any, len(hs))
 	for i, h := range hs {
 		h.mu.Lock()
-		if l := h.lease; shortest == 0 || l < shortest {
-			shortest = l
+		if first.IsZero() || h.deadline.Before(first) {
+			first = h.deadline
 		}
-		leases[i] = h.lease.Milliseconds()
+		args[i] = [3]any{h.wireLease.Milliseconds(), h.acqv, h.seq} // see takeWire
 		h.mu.Unlock()
 	}
-	// The bound (and the command timeout, if shorter) reaches the socket
-	// only with ContextTimeoutEnabled; without it the renewer's deadlines
-	// still end the locks on time.
-	ctx, cancel := context.WithTimeout(ctx, max(shortest/3, 10*time.Millisecond))
+	// A renewal is bounded by the command timeout (the runner's) and by the
+	// earliest local deadline, past which its reply could not save the lock:
+	// on a link slower than a third of the lease, renewals that Redis
+	// answers still arrive in time. The bound reaches the socket only with
+	// ContextTimeoutEnabled; without it the renewer's deadlines still end
+	// the locks on time.
+	ctx, cancel := context.WithDeadline(ctx, maxTime(first, time.Now().Add(10*time.Millisecond)))
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
-		cmds[i] = extendS.cmd(ctx, h.keyv[:1], h.ownerv, leases[i])
+		cmds[i] = extendS.cmd(ctx, h.keyv[:1], h.ownerv, args[i][0], args[i][1], args[i][2])
 	}
 	exec(ctx, c.run, nil, cmds, 0, false)
 	failed := false
@@ -883,6 +979,8 @@ func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, 
 		switch {
 		case err != nil:
 			failed = true
+		case n == 2:
+			err = errOvertaken
 		case n != 1:
 			err = errNotOwner
 		}
@@ -891,6 +989,13 @@ func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, 
 	if failed {
 		c.reload(ctx)
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // reload refreshes a cluster client's slot map after a failure. go-redis

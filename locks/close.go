@@ -34,6 +34,7 @@ type life struct {
 	hurry       context.Context // cancelled by Close: ends a Shutdown's grace period
 	hurryUp     context.CancelFunc
 	shut        chan struct{} // closed when closing has finished
+	passed      chan struct{} // closed when closing's barrier has passed
 }
 
 func (l *life) init() {
@@ -41,6 +42,7 @@ func (l *life) init() {
 		l.closing, l.stopWaiting = context.WithCancel(context.Background())
 		l.hurry, l.hurryUp = context.WithCancel(context.Background())
 		l.shut = make(chan struct{})
+		l.passed = make(chan struct{})
 	})
 }
 
@@ -50,12 +52,18 @@ func (l *life) init() {
 // progress (its barrier), a new one that could not go on anyway (owned
 // reports whether it acquires for an owner, which may nest) is refused at
 // once — enter reports false — instead of waiting behind the barrier for as
-// long as they take.
-func (l *life) enter(owned bool) bool {
+// long as they take; one that may nest waits for the barrier to pass, or
+// for ctx to end (false).
+func (l *life) enter(ctx context.Context, owned bool) bool {
 	if l.calls.TryRLock() {
 		return true
 	}
 	if !owned && l.closed.Load() { // a writer waits or holds: the barrier
+		return false
+	}
+	select {
+	case <-l.passed:
+	case <-ctx.Done():
 		return false
 	}
 	l.calls.RLock()
@@ -108,6 +116,7 @@ func (l *life) shutdown(ctx context.Context, waitHeld func(context.Context) []st
 	l.calls.Lock() // a barrier: it returns once every acquisition in progress has returned
 	//lint:ignore SA2001 the empty critical section is the barrier
 	l.calls.Unlock()
+	close(l.passed)
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stop := context.AfterFunc(l.hurry, cancel)

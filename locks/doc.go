@@ -50,13 +50,18 @@
 //     one hold back. Once the owner's scope of a name is lost, nested
 //     acquisitions fail with ErrLost and take nothing until every Lock of
 //     that scope is Unlocked: a lost scope is never re-acquired behind the
-//     caller's back.
+//     caller's back. An owner's callers waiting for a name re-enter as soon
+//     as the owner is granted it.
 //   - Unlock is idempotent per handle: it returns ErrNotHeld the first time
 //     after the lock was lost, never gives a hold back twice, and answers nil
 //     when the lease ran out unnoticed but nobody took the lock since (so
 //     ErrNotHeld means another holder may have had it meanwhile).
-//   - Deadlines are measured on the local monotonic clock from before each
-//     request was sent; no wall-clock time is sent to Redis.
+//   - A holder never believes it holds a lock Redis may have given away: its
+//     local deadline (TTL, Lost) counts, on the monotonic clock, the lease
+//     carried by the command that set the lock's expiry in Redis, from before
+//     that command ran — on every grant path (attempt, hand-off, fair queue,
+//     re-entry, renewal, Extend, Redlock). No wall-clock time is sent to Redis.
+//   - Every acquisition ends in exactly one EventReleased or EventLost.
 //   - Every call ends within its context and wait budget, every command
 //     within 2 CommandTimeouts (500ms; one once Redis is quiet): a stalled
 //     Redis turns a Lock, TryLock or Unlock into an error matching ErrUnavailable.

@@ -39,6 +39,7 @@ type gate struct {
 
 // gateWaiter is a caller waiting at a gate.
 type gateWaiter struct {
+	owner  string           // its owner, under WithOwner ("" otherwise)
 	member string           // its place in the lock's queue in Redis (see acquire.lua)
 	turn   chan turnOutcome // receives the turn, once (buffered; sent under the gate's mu)
 	back   []any            // the release.lua call that gives back what may be done for it (see Client.giveBackCall)
@@ -49,11 +50,14 @@ type gateWaiter struct {
 // Redis: nothing (the next caller makes its own attempt), queued it, or
 // handed it the lock (with the fence). unknown: the release's reply was lost,
 // so the next caller must find out with an attempt of its own.
+//
+// reenter is no turn: the waiter's owner was granted the lock, and the
+// waiter leaves the queue to re-enter that holding (see ownerGranted).
 type turnOutcome struct {
-	queued, granted, unknown bool
-	fence                    uint64
-	fenceV                   any
-	sent                     time.Time // when the release that granted it was sent: its claim lease runs from then
+	queued, granted, unknown, reenter bool
+	fence                             uint64
+	fenceV                            any
+	sent                              time.Time // when the release that granted it was sent: its claim lease runs from then
 }
 
 // openGate returns the gate of the lock key with a reference to it (give it
@@ -190,7 +194,7 @@ func (g *gate) enter(ctx context.Context, w *gateWaiter) (o turnOutcome, owned b
 	g.mu.Unlock()
 	select {
 	case o = <-w.turn:
-		return o, true, nil
+		return o, !o.reenter, nil
 	case <-ctx.Done():
 		g.mu.Lock()
 		defer g.mu.Unlock()
@@ -202,12 +206,30 @@ func (g *gate) enter(ctx context.Context, w *gateWaiter) (o turnOutcome, owned b
 		}
 		select {
 		case o = <-w.turn: // passed meanwhile
-			return o, true, ctx.Err()
+			return o, !o.reenter, ctx.Err()
 		default:
 			w.gaveUp = true // claimed: its passer takes care of it
 			return turnOutcome{}, false, ctx.Err()
 		}
 	}
+}
+
+// ownerGranted takes the waiters of owner out of the queue and tells them
+// to re-enter the holding just granted to owner (an owner's callers never
+// wait for one another).
+func (g *gate) ownerGranted(owner string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	q := g.queue[:0]
+	for _, w := range g.queue {
+		if w.owner == owner {
+			w.turn <- turnOutcome{reenter: true}
+			continue
+		}
+		q = append(q, w)
+	}
+	clear(g.queue[len(q):])
+	g.queue = q
 }
 
 // claim takes the next waiter out of the queue, for the turn's holder to act

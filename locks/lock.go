@@ -50,9 +50,11 @@ func (l *Lock) Context() context.Context {
 	return l.ctx
 }
 
-// TTL returns how long the lock is certainly still held, from the local
-// monotonic clock (the lease measured from before the last successful
-// acquire or renewal was sent). Zero once lost or released.
+// TTL returns how long the lock is certainly still held, on the local
+// monotonic clock: the lease carried by the last command that set the lock's
+// expiry in Redis (an acquisition, hand-off, renewal or Extend), counted from
+// before that command ran, so it never exceeds what Redis keeps. Zero once
+// lost or released.
 func (l *Lock) TTL() time.Duration {
 	l.h.mu.Lock()
 	defer l.h.mu.Unlock()
@@ -111,16 +113,23 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	if err := h.lostErr(); err != nil {
 		return ErrNotHeld
 	}
-	sent := time.Now()
-	ok, err := h.ops.extend(ctx, h, d)
+	sent, err := h.takeWire(ctx, d) // a renewal on the wire answers first
 	if err != nil {
 		return err
 	}
-	if !ok {
+	ok, err := h.ops.extend(ctx, h, d)
+	if err != nil || !ok {
+		h.leaveWire(nil)
+		if err != nil {
+			return err
+		}
 		h.loseHolding(ErrNotHeld)
 		return ErrNotHeld
 	}
-	h.extended(sent, d)
+	h.mu.Lock()
+	h.lease = d // what renewals carry from now on
+	h.mu.Unlock()
+	h.leaveWire(&grant{sent, d})
 	return nil
 }
 
@@ -129,6 +138,7 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 type ops interface {
 	release(ctx context.Context, h *held) (remaining int64, err error)
 	extend(ctx context.Context, h *held, lease time.Duration) (bool, error)
+	abandon(h *held) // releases h's hold in Redis without waiting, after h ended
 	renewer() *renewer
 }
 
@@ -151,43 +161,27 @@ type held struct {
 	lost      chan struct{}             // made on first use: most callers never ask
 	cancels   []context.CancelCauseFunc // of its Locks' Contexts (onEnd)
 	turn      *turnKeeper               // its process's gate turn for the name, kept after waiting (Client only)
-	lease     time.Duration
-	deadline  time.Time // the lease's end on the local monotonic clock
+	lease     time.Duration             // the lease renewals carry
+	deadline  time.Time                 // the lease's end on the local monotonic clock (see grant)
 	nextRenew time.Time
-	renewing  bool  // a renewal is on the wire
-	releasing bool  // its Unlock's release is on the wire: the release's reply, not renewals or the deadline, decides how it ends
-	lastErr   error // the last renewal's error, while none succeeded since
-	ended     bool  // released or lost
-	err       error // why it was lost
+	wire      bool          // a renewal or Extend is on the wire (see takeWire)
+	wireFree  chan struct{} // closed when wire clears (made by a waiting Extend)
+	wireLease time.Duration // the lease the command on the wire carries
+	seq       int64         // the sequence number of h's last renewal or Extend (see extend.lua)
+	releasing bool          // its Unlock's release is on the wire: the release's reply, not renewals or the deadline, decides how it ends
+	lastErr   error         // the last renewal's error, while none succeeded since
+	ended     bool          // released or lost
+	err       error         // why it was lost
 }
 
-// newHeld returns the holding of a lock acquired with the request sent at
-// sent, whose current lease is first (a hand-off's claim lease is shorter
-// than the configured one: the first renewal comes at a third of first and
-// restores the full lease). The caller registers it with the renewer.
-func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, sent time.Time, first time.Duration) *held {
-	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, since: time.Now()}
-	h.setDeadline(sent, min(first, cfg.lease))
-	h.lease = cfg.lease
+// newHeld returns the holding of a lock granted by g (a hand-off's claim
+// lease may be shorter than the configured one: the first renewal comes at a
+// third of it and restores the full lease). The caller registers it with the
+// renewer.
+func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, g grant) *held {
+	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, since: time.Now(), lease: cfg.lease}
+	h.apply(g)
 	return h
-}
-
-func (h *held) setDeadline(sent time.Time, lease time.Duration) {
-	h.lease = lease
-	h.deadline = sent.Add(lease)
-	if h.cfg.renew {
-		h.nextRenew = sent.Add(lease / 3)
-	} else {
-		h.nextRenew = h.deadline // checked for expiry only
-	}
-}
-
-func (h *held) extended(sent time.Time, lease time.Duration) {
-	h.mu.Lock()
-	if !h.ended {
-		h.setDeadline(sent, lease)
-	}
-	h.mu.Unlock()
 }
 
 func (h *held) lostChan() <-chan struct{} {
@@ -309,9 +303,8 @@ func (h *held) lose(err error) {
 func (h *held) loseHolding(err error) {
 	if h.sc != nil {
 		h.sc.reg.lose(h.sc, err)
-		return
 	}
-	h.lose(err)
+	h.lose(err) // h itself, when its Unlock took it out of the scope already
 }
 
 // retire ends h after its Unlock: renewal stops, and the Released event

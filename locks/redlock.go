@@ -243,7 +243,7 @@ func redlockKey(prefix, name string) string {
 func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
-	entered := r.life.enter(owner != "")
+	entered := r.life.enter(ctx, owner != "")
 	if entered {
 		defer r.life.leave()
 	}
@@ -439,7 +439,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			close(decided)
 			hcfg := cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
-			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, start, span), count(res, 2) >= r.quorum, nil
+			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, grant{start, span}), count(res, 2) >= r.quorum, nil
 		}
 		noValidity = ErrNoValidity
 	} else if nested {

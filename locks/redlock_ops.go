@@ -84,7 +84,7 @@ func (r *Redlock) renewBatch(ctx context.Context, hs []*held, report func(*held,
 	leases := make([]time.Duration, len(hs))
 	for i, h := range hs {
 		h.mu.Lock()
-		leases[i] = h.lease
+		leases[i] = h.wireLease // see takeWire
 		h.mu.Unlock()
 	}
 	for i, err := range r.extendAll(ctx, hs, leases) {
@@ -181,6 +181,8 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 	}
 	return errs
 }
+
+func (r *Redlock) abandon(h *held) { r.releaseInBackground(h) }
 
 // releaseInBackground gives back h's acquisition on every node without
 // waiting; Close waits for it.

@@ -11,6 +11,9 @@ import (
 var (
 	// errNotOwner is what a renewal reports for a lock no longer held by its owner.
 	errNotOwner = errors.New("locks: not owner")
+	// errOvertaken is what a renewal or Extend reports that reached Redis
+	// after a newer command of its holder (see extend.lua): it set nothing.
+	errOvertaken = errors.New("locks: overtaken by a newer renewal")
 	// errExpired is why a lock with a fixed lease (NoRenewal) is lost.
 	errExpired = errors.New("locks: lease expired without renewal")
 	// errNoRenewal is why a renewed lock is lost when no renewal was confirmed
@@ -213,10 +216,10 @@ func (r *renewer) scan(now time.Time) (due, expired []*held, next time.Time) {
 		case h.releasing: // its release decides (see beginRelease)
 		case !now.Before(h.deadline):
 			expired = append(expired, h)
-		case !h.cfg.renew || h.renewing:
+		case !h.cfg.renew || h.wire:
 			soonest(h.deadline)
 		case !h.nextRenew.Add(-h.deadline.Sub(h.nextRenew) / 8).After(now):
-			h.renewing = true
+			h.onWire(now, h.lease) // sent after now
 			due = append(due, h)
 			soonest(h.deadline)
 		default:
@@ -233,31 +236,36 @@ func (r *renewer) renew(hs []*held) {
 	defer r.sends.Done()
 	sent := time.Now()
 	r.send(r.ctx, hs, func(h *held, err error) {
+		var g *grant
 		if r.ctx.Err() == nil {
-			h.renewed(sent, err)
+			g = h.renewed(sent, err)
 		}
-		h.mu.Lock()
-		h.renewing = false
-		h.mu.Unlock()
+		h.leaveWire(g)
 		r.poke()
 	})
 }
 
-// renewed applies the outcome of h's renewal sent at sent; once h is being
-// released, its release decides instead (see beginRelease).
-func (h *held) renewed(sent time.Time, err error) {
+// renewed handles the outcome of h's renewal sent at sent: the grant it
+// makes when it succeeded. Once h is being released, its release decides
+// instead (see beginRelease).
+func (h *held) renewed(sent time.Time, err error) *grant {
 	h.mu.Lock()
-	releasing := h.releasing
-	h.mu.Unlock()
-	switch {
-	case releasing:
-	case err == nil:
-		h.mu.Lock()
-		if !h.ended {
-			h.lastErr = nil
-			h.setDeadline(sent, h.lease)
-		}
+	over := h.releasing || h.ended
+	if !over && err == nil {
+		h.lastErr = nil
+		g := &grant{sent, h.wireLease}
 		h.mu.Unlock()
+		return g
+	}
+	lostMeanwhile := err == nil && h.ended && h.err != nil
+	h.mu.Unlock()
+	if lostMeanwhile {
+		// Lost at its local deadline while this renewal was on the wire, which
+		// then kept the key a lease more in Redis: nobody holds it, release it.
+		h.ops.abandon(h)
+	}
+	switch {
+	case over, err == nil:
 	case errors.Is(err, errNotOwner):
 		h.loseHolding(ErrNotHeld)
 	default:
@@ -271,6 +279,7 @@ func (h *held) renewed(sent time.Time, err error) {
 		h.nextRenew = now.Add(min(max(h.deadline.Sub(now)/4, 5*time.Millisecond), h.lease/6))
 		h.mu.Unlock()
 	}
+	return nil
 }
 
 // expiry is why h is lost when its local deadline passed.

@@ -1,0 +1,691 @@
+package locks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/internal/testing/gen"
+)
+
+// TestGenLocks explores interleavings of the public API of several Clients
+// (each with its own connection pool: processes) on a few lock names, with
+// faults at reply granularity — a go-redis hook that delays, drops or
+// duplicates the replies of a given script, Redis stalled by SIGSTOP — and
+// checks them against Redis's own state, read by an independent client:
+//
+//   - at no instant does an acquisition (its Unlock not begun) report a
+//     positive TTL while Redis says the lock is free or another holding's
+//     (its fence differs);
+//   - the fence Redis holds for a name never decreases, and fresh grants of
+//     a name never share a fence;
+//   - every acquisition ends in exactly one EventReleased or EventLost;
+//   - every call returns within its context (plus a slack for a loaded
+//     host).
+func TestGenLocks(t *testing.T) {
+	s := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	single := genDeployment{
+		name:    "single",
+		servers: []*redistest.Server{s},
+		client: func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: s.Addr(), ContextTimeoutEnabled: true})
+		},
+	}
+	cluster := genDeployment{
+		name:    "cluster",
+		servers: cl.Masters(), // a stall pauses one master
+		client: func() redis.UniversalClient {
+			return cl.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
+		},
+	}
+	st := &genStats{}
+	// One generator (one budget): two runs in three on the single server,
+	// one on the 3-master cluster.
+	gen.Check(t, 40, func(rt *rapid.T) {
+		d := single
+		if rapid.IntRange(0, 2).Draw(rt, "deployment") == 2 {
+			d = cluster
+		}
+		st.add(&st.deployments, d.name)
+		genLocksRun(rt, d, st)
+	})
+	t.Logf("gen: %s", st)
+}
+
+// genDeployment is where a generator's processes take their locks.
+type genDeployment struct {
+	name    string
+	servers []*redistest.Server          // what a stall may pause
+	client  func() redis.UniversalClient // a process's own client (connection pools)
+}
+
+// genCommandTimeout is the processes' command timeout.
+const genCommandTimeout = 250 * time.Millisecond
+
+// genSlack is how late past its context a call may return on a loaded host.
+const genSlack = 400 * time.Millisecond
+
+// genStats counts what the generator explored, across checks.
+type genStats struct {
+	mu          sync.Mutex
+	checks      int
+	deployments map[string]int
+	actions     map[string]int
+	faults      map[string]int
+	samples     int64
+	worst       time.Duration // the latest a call returned past its context
+	worstOf     string
+}
+
+func (st *genStats) add(m *map[string]int, k string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if *m == nil {
+		*m = map[string]int{}
+	}
+	(*m)[k]++
+}
+
+func (st *genStats) String() string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	count := func(m map[string]int) string {
+		var ks []string
+		n := 0
+		for k, v := range m {
+			ks = append(ks, k+"="+strconv.Itoa(v))
+			n += v
+		}
+		sort.Strings(ks)
+		return strconv.Itoa(n) + " (" + strings.Join(ks, " ") + ")"
+	}
+	return fmt.Sprintf("%d checks %s, steps %s, faults %s, %d oracle samples, latest return past a context %v (%s)",
+		st.checks, count(st.deployments), count(st.actions), count(st.faults), st.samples, st.worst.Round(time.Millisecond), st.worstOf)
+}
+
+// genRule is one fault of a genFault hook: the next left commands running
+// script get mode.
+type genRule struct {
+	script *script
+	mode   string // "delay", "drop", "dup", "late"
+	d      time.Duration
+	left   int
+}
+
+// genFault is a go-redis hook that applies its rules to matching commands
+// (alone or in a pipeline): late holds the request (see late), delay holds the reply (as a slow link: the
+// command's context still cuts it), drop loses it (the command ran; its
+// caller hears nothing until its context ends), dup sends the command twice
+// (as go-redis retrying a command whose reply was lost).
+type genFault struct {
+	mu    sync.Mutex
+	rules []*genRule
+	wg    sync.WaitGroup // late requests
+}
+
+func (f *genFault) set(r *genRule) {
+	f.mu.Lock()
+	f.rules = append(f.rules, r)
+	f.mu.Unlock()
+}
+
+func (f *genFault) clear() {
+	f.mu.Lock()
+	f.rules = nil
+	f.mu.Unlock()
+}
+
+func (f *genFault) match(cmds []redis.Cmder) *genRule {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, cmd := range cmds {
+		sc, _ := scriptCall(cmd)
+		for _, r := range f.rules {
+			if r.left > 0 && r.script == sc {
+				r.left--
+				return r
+			}
+		}
+	}
+	return nil
+}
+
+func (f *genFault) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *genFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return f.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
+	}
+}
+func (f *genFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return f.around(ctx, cmds, next)
+	}
+}
+
+func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
+	r := f.match(cmds)
+	if r == nil {
+		return send(ctx, cmds)
+	}
+	switch r.mode {
+	case "dup":
+		_ = send(ctx, cmds)
+		return send(ctx, cmds)
+	case "late":
+		return f.late(ctx, cmds, r.d, send)
+	}
+	err := send(ctx, cmds)
+	var wait <-chan time.Time
+	switch r.mode {
+	case "delay":
+		wait = time.After(r.d)
+	case "drop":
+		wait = time.After(5 * time.Second) // until the command's context ends: every command of ours has a bound
+	}
+	select {
+	case <-wait:
+		if r.mode == "delay" {
+			return err
+		}
+		err = errors.New("gen: reply dropped")
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+	return err
+}
+
+// late holds the request for d before it reaches Redis; it reaches Redis
+// then even when its caller has given up meanwhile (a request stuck on the
+// wire), on a copy, whose reply the caller gets if it still waits.
+func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, d time.Duration, send func(context.Context, []redis.Cmder) error) error {
+	copies := make([]redis.Cmder, len(cmds))
+	for i, c := range cmds {
+		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
+	}
+	done := make(chan error, 1)
+	f.wg.Go(func() {
+		time.Sleep(d) // the fault: the request is slow to arrive
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		done <- send(sctx, copies)
+	})
+	select {
+	case err := <-done:
+		for i, c := range cmds {
+			if x, ok := c.(*redis.Cmd); ok {
+				v, e := copies[i].(*redis.Cmd).Result()
+				if len(cmds) == 1 {
+					e = err // go-redis sets it only once the hooks returned
+				}
+				x.SetVal(v)
+				x.SetErr(e)
+			}
+		}
+		return err
+	case <-ctx.Done():
+		for _, c := range cmds {
+			c.SetErr(ctx.Err())
+		}
+		return ctx.Err()
+	}
+}
+
+// genProc is one process: a Client with its own connection pool and fault hook.
+type genProc struct {
+	c     *Client
+	fault *genFault
+	ev    *endEvents
+	owner string
+}
+
+// genHold is an acquisition the run holds.
+type genHold struct {
+	lk        *Lock
+	name      string
+	proc      int
+	unlocking atomic.Bool // its Unlock began: its release decides
+	deleted   atomic.Bool // its key was deleted (a fault no lock survives): not checked
+	start     time.Time   // when its Lock call began
+}
+
+type genWorld struct {
+	rt    *rapid.T
+	d     genDeployment
+	st    *genStats
+	mon   redis.UniversalClient
+	names []string
+	procs []*genProc
+	old   []*genProc // closed, replaced
+	calls sync.WaitGroup
+
+	start      time.Time
+	mu         sync.Mutex // guards the fields below
+	log        []string   // what happened, for a failure's report
+	holds      []*genHold
+	violations []string
+	fences     map[string]uint64    // the last fence Redis held, per name
+	deletedAt  map[string]time.Time // the last DEL of each name's key
+	granted    map[string]map[uint64]bool
+	stalled    bool
+}
+
+// note adds a line to the run's log.
+func (w *genWorld) note(format string, args ...any) {
+	line := fmt.Sprintf("%7.1fms ", float64(time.Since(w.start).Microseconds())/1000) + fmt.Sprintf(format, args...)
+	w.mu.Lock()
+	w.log = append(w.log, line)
+	w.mu.Unlock()
+}
+
+func (w *genWorld) violate(format string, args ...any) {
+	w.note("VIOLATION: "+format, args...)
+	w.mu.Lock()
+	w.violations = append(w.violations, fmt.Sprintf(format, args...))
+	w.mu.Unlock()
+}
+
+var genRunID atomic.Int64
+
+func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
+	st.mu.Lock()
+	st.checks++
+	st.mu.Unlock()
+	run := genRunID.Add(1)
+	w := &genWorld{rt: rt, d: d, st: st, start: time.Now(), mon: d.client(), fences: map[string]uint64{}, deletedAt: map[string]time.Time{}, granted: map[string]map[uint64]bool{}}
+	defer w.mon.Close()
+	for i := range 2 {
+		w.names = append(w.names, fmt.Sprintf("gen%d-%d", run, i))
+	}
+	for range 3 {
+		w.procs = append(w.procs, w.newProc())
+	}
+	stop := make(chan struct{})
+	monDone := make(chan struct{})
+	go func() {
+		defer close(monDone)
+		w.monitor(stop)
+	}()
+	defer func() {
+		w.calls.Wait()
+		close(stop)
+		<-monDone
+	}()
+
+	actions := map[string]func(*rapid.T){
+		"a-lock": func(rt *rapid.T) {
+			w.step("lock")
+			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
+			name := rapid.SampledFrom(w.names).Draw(rt, "name")
+			try := rapid.Bool().Draw(rt, "try")
+			owned := rapid.Bool().Draw(rt, "owned")
+			var opts []CallOption
+			lease := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, 600 * time.Millisecond, 2 * time.Second}).Draw(rt, "lease")
+			opts = append(opts, Lease(lease), WaitBudget(rapid.SampledFrom([]time.Duration{300 * time.Millisecond, time.Second}).Draw(rt, "budget")))
+			if rapid.IntRange(0, 3).Draw(rt, "fair") == 0 {
+				opts = append(opts, Fair())
+			}
+			if rapid.IntRange(0, 5).Draw(rt, "fixed") == 0 {
+				opts = append(opts, NoRenewal())
+			}
+			timeout := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}).Draw(rt, "ctx")
+			cancelAfter := time.Duration(-1)
+			if rapid.IntRange(0, 4).Draw(rt, "cancel") == 0 {
+				cancelAfter = time.Duration(rapid.IntRange(0, 100).Draw(rt, "cancelAfter")) * time.Millisecond
+			}
+			w.lock(p, name, try, owned, timeout, cancelAfter, opts)
+		},
+		"b-unlock": func(rt *rapid.T) {
+			h := w.pick(rt)
+			if h == nil {
+				rt.Skip("nothing held")
+			}
+			w.step("unlock")
+			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
+			h.unlocking.Store(true)
+			w.note("p%d Unlock(%s) fence %d begins", h.proc, h.name, h.lk.h.fence)
+			w.call("Unlock", timeout, func(ctx context.Context) {
+				err := h.lk.Unlock(ctx)
+				w.note("p%d Unlock(%s) fence %d: %v", h.proc, h.name, h.lk.h.fence, err)
+				w.drop(h)
+			})
+		},
+		"c-extend": func(rt *rapid.T) {
+			h := w.pick(rt)
+			if h == nil {
+				rt.Skip("nothing held")
+			}
+			w.step("extend")
+			d := rapid.SampledFrom([]time.Duration{150 * time.Millisecond, 700 * time.Millisecond, 3 * time.Second}).Draw(rt, "lease")
+			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
+			w.note("p%d Extend(%s, %v) fence %d begins", h.proc, h.name, d, h.lk.h.fence)
+			w.call("Extend", timeout, func(ctx context.Context) {
+				err := h.lk.Extend(ctx, d)
+				w.note("p%d Extend(%s, %v) fence %d: %v, ttl %v", h.proc, h.name, d, h.lk.h.fence, err, h.lk.TTL())
+			})
+		},
+		"e-fault": func(rt *rapid.T) {
+			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
+			sc := rapid.SampledFrom([]*script{&acquireS, &releaseS, &extendS}).Draw(rt, "script")
+			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup"}).Draw(rt, "mode")
+			d := time.Duration(rapid.IntRange(20, 600).Draw(rt, "delay")) * time.Millisecond
+			n := rapid.IntRange(1, 3).Draw(rt, "count")
+			w.step("fault")
+			w.st.add(&w.st.faults, mode+":"+map[*script]string{&acquireS: "acquire", &releaseS: "release", &extendS: "extend"}[sc])
+			w.note("p%d fault %s %v x%d on %s", p, mode, d, n, map[*script]string{&acquireS: "acquire", &releaseS: "release", &extendS: "extend"}[sc])
+			w.procs[p].fault.set(&genRule{script: sc, mode: mode, d: d, left: n})
+		},
+		"f-stall": func(rt *rapid.T) {
+			if rapid.IntRange(0, 2).Draw(rt, "stall?") != 0 {
+				w.wait(rt)
+				return
+			}
+			d := time.Duration(rapid.IntRange(50, 700).Draw(rt, "stall")) * time.Millisecond
+			w.mu.Lock()
+			busy := w.stalled
+			w.stalled = true
+			w.mu.Unlock()
+			if busy {
+				rt.Skip("stalled already")
+			}
+			w.step("stall")
+			w.st.add(&w.st.faults, "redis-sigstop")
+			srv := rapid.IntRange(0, len(w.d.servers)-1).Draw(rt, "server")
+			w.note("redis %d stalled for %v", srv, d)
+			w.d.servers[srv].Pause()
+			w.calls.Go(func() {
+				time.Sleep(d) // the fault's length
+				w.d.servers[srv].Resume()
+				w.note("redis resumed")
+				w.mu.Lock()
+				w.stalled = false
+				w.mu.Unlock()
+			})
+		},
+		"h-del": func(rt *rapid.T) {
+			if rapid.IntRange(0, 3).Draw(rt, "del?") != 0 {
+				w.wait(rt)
+				return
+			}
+			name := rapid.SampledFrom(w.names).Draw(rt, "name")
+			w.step("del")
+			w.st.add(&w.st.faults, "del-key")
+			w.note("DEL %s", name)
+			exempt := func() {
+				w.mu.Lock()
+				for _, h := range w.holds {
+					if h.name == name {
+						h.deleted.Store(true)
+					}
+				}
+				w.deletedAt[name] = time.Now() // and those begun before, still on their way
+				w.mu.Unlock()
+			}
+			exempt()
+			w.mon.Del(context.Background(), "cg:lock:{"+name+"}")
+			exempt()
+		},
+		"g-close": func(rt *rapid.T) {
+			if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
+				w.wait(rt)
+				return
+			}
+			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
+			graceful := rapid.Bool().Draw(rt, "shutdown")
+			w.step("close")
+			old := w.procs[p]
+			w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
+			w.old = append(w.old, old)
+			w.procs[p] = w.newProc()
+			if graceful {
+				// Shutdown's barrier waits for the acquisitions in progress, each
+				// bounded by its command's: twice the command timeout.
+				w.callBound("Shutdown", 300*time.Millisecond, 2*genCommandTimeout, func(ctx context.Context) { _ = old.c.Shutdown(ctx) })
+			} else {
+				w.calls.Go(func() { _ = old.c.Close() })
+			}
+		},
+		"d-wait": w.wait,
+		"":       func(rt *rapid.T) { w.check(rt) },
+	}
+	// Stalls, DELs and closing a process act on a third or a quarter of
+	// their draws (a wait otherwise): they end what the calls build.
+	rt.Repeat(actions)
+
+	// Wind down: no more faults, every call returned, every acquisition
+	// ended (Close drops what is held), then the oracle's last word.
+	for _, p := range w.procs {
+		p.fault.clear()
+	}
+	w.calls.Wait()
+	for _, p := range append(w.procs, w.old...) {
+		p.fault.clear()
+		_ = p.c.Close()
+		p.fault.wg.Wait()
+	}
+	w.check(rt)
+	for i, p := range append(w.procs, w.old...) {
+		if begun, ends := p.ev.counts(); begun != ends {
+			rt.Fatalf("process %d: %d acquisitions, %d end events", i, begun, ends)
+		}
+	}
+}
+
+func (w *genWorld) step(name string) { w.st.add(&w.st.actions, name) }
+
+// wait lets time pass (leases run out, renewals happen, faults end).
+func (w *genWorld) wait(rt *rapid.T) {
+	w.step("wait")
+	time.Sleep(time.Duration(rapid.IntRange(5, 250).Draw(rt, "ms")) * time.Millisecond) // time passing is the subject
+}
+
+func (w *genWorld) newProc() *genProc {
+	f := &genFault{}
+	rdb := w.d.client()
+	rdb.AddHook(f)
+	ev := &endEvents{}
+	pn := len(w.procs) + len(w.old)
+	c := New(rdb, CommandTimeout(genCommandTimeout), Observer(func(ctx context.Context, e Event) {
+		ev.observe(ctx, e)
+		w.note("p%d event %v %s fence=%d err=%v", pn, e.Kind, e.Name, e.Fence, e.Err)
+		if e.Kind == EventAcquired && e.Fence != 0 {
+			w.mu.Lock()
+			m := w.granted[e.Name]
+			if m == nil {
+				m = map[uint64]bool{}
+				w.granted[e.Name] = m
+			}
+			dup := m[e.Fence]
+			m[e.Fence] = true
+			w.mu.Unlock()
+			if dup {
+				w.violate("%s: fence %d granted twice", e.Name, e.Fence)
+			}
+		}
+	}))
+	go func() { <-c.life.shut; _ = rdb.Close() }()
+	return &genProc{c: c, fault: f, ev: ev, owner: NewOwnerID()}
+}
+
+// call runs f on a goroutine under a context of timeout and checks that it
+// returns within it (plus genSlack).
+func (w *genWorld) call(what string, timeout time.Duration, f func(ctx context.Context)) {
+	w.callBound(what, timeout, 0, f)
+}
+
+// callBound is call for a call that may take extra past its context.
+func (w *genWorld) callBound(what string, timeout, extra time.Duration, f func(ctx context.Context)) {
+	w.calls.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		start := time.Now()
+		f(ctx)
+		w.late(what, time.Since(start)-timeout-extra)
+	})
+}
+
+func (w *genWorld) late(what string, over time.Duration) {
+	w.st.mu.Lock()
+	if over > w.st.worst {
+		w.st.worst, w.st.worstOf = over, what
+	}
+	w.st.mu.Unlock()
+	if over > genSlack {
+		w.violate("%s returned %v past its context", what, over)
+	}
+}
+
+func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption) {
+	proc := w.procs[p]
+	w.calls.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if owned {
+			ctx = WithOwner(ctx, proc.owner)
+		}
+		if cancelAfter >= 0 {
+			stop := time.AfterFunc(cancelAfter, cancel)
+			defer stop.Stop()
+		}
+		start := time.Now()
+		var lk *Lock
+		var err error
+		if try {
+			lk, err = proc.c.TryLock(ctx, name, opts...)
+		} else {
+			lk, err = proc.c.Lock(ctx, name, opts...)
+		}
+		w.late("Lock", time.Since(start)-timeout)
+		if err == nil {
+			w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: fence %d ttl %v", p, map[bool]string{true: "TryLock", false: "Lock"}[try], name, owned, timeout, len(opts), lk.h.fence, lk.TTL())
+		} else {
+			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, map[bool]string{true: "TryLock", false: "Lock"}[try], name, owned, timeout, err)
+		}
+		if err == nil {
+			w.mu.Lock()
+			h := &genHold{lk: lk, name: name, proc: p, start: start}
+			if start.Before(w.deletedAt[name]) {
+				h.deleted.Store(true)
+			}
+			w.holds = append(w.holds, h)
+			w.mu.Unlock()
+		}
+	})
+}
+
+func (w *genWorld) pick(rt *rapid.T) *genHold {
+	w.mu.Lock()
+	var open []*genHold
+	for _, h := range w.holds {
+		if !h.unlocking.Load() {
+			open = append(open, h)
+		}
+	}
+	w.mu.Unlock()
+	if len(open) == 0 {
+		return nil
+	}
+	return open[rapid.IntRange(0, len(open)-1).Draw(rt, "hold")]
+}
+
+func (w *genWorld) drop(h *genHold) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, x := range w.holds {
+		if x == h {
+			w.holds = append(w.holds[:i], w.holds[i+1:]...)
+			return
+		}
+	}
+}
+
+// monitor samples, until stop, each held acquisition's belief (its TTL)
+// and then Redis's state of its lock, and records every instant at which an
+// acquisition believed it held a lock that Redis had free or another's.
+func (w *genWorld) monitor(stop <-chan struct{}) {
+	ctx := context.Background()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		type belief struct {
+			h     *genHold
+			until time.Time
+		}
+		w.mu.Lock()
+		var bs []belief
+		for _, h := range w.holds {
+			if !h.unlocking.Load() && !h.deleted.Load() {
+				now := time.Now()
+				if ttl := h.lk.TTL(); ttl > 0 {
+					bs = append(bs, belief{h, now.Add(ttl)})
+				}
+			}
+		}
+		w.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		pipe := w.mon.Pipeline()
+		cmds := make([]*redis.SliceCmd, len(w.names))
+		for i, n := range w.names {
+			cmds[i] = pipe.HMGet(rctx, "cg:lock:{"+n+"}", "f")
+		}
+		_, err := pipe.Exec(rctx)
+		cancel()
+		read := time.Now()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			continue // Redis stalled: nothing to compare with
+		}
+		atomic.AddInt64(&w.st.samples, 1)
+		fences := map[string]uint64{}
+		for i, n := range w.names {
+			v := cmds[i].Val()
+			if len(v) == 1 && v[0] != nil {
+				f, _ := strconv.ParseUint(v[0].(string), 10, 64)
+				fences[n] = f
+				w.mu.Lock()
+				last := w.fences[n]
+				w.fences[n] = max(last, f)
+				w.mu.Unlock()
+				if f < last {
+					w.violate("%s: Redis's fence went from %d back to %d", n, last, f)
+				}
+			}
+		}
+		for _, b := range bs {
+			if b.until.After(read.Add(2*time.Millisecond)) && !b.h.unlocking.Load() && !b.h.deleted.Load() && fences[b.h.name] != b.h.lk.h.fence {
+				w.violate("%s: process %d's acquisition (fence %d) held %v more while Redis had fence %d",
+					b.h.name, b.h.proc, b.h.lk.h.fence, b.until.Sub(read).Round(time.Millisecond), fences[b.h.name])
+			}
+		}
+		time.Sleep(2 * time.Millisecond) // the sampling period
+	}
+}
+
+func (w *genWorld) check(rt *rapid.T) {
+	w.mu.Lock()
+	v := w.violations
+	w.violations = nil
+	w.mu.Unlock()
+	if len(v) > 0 {
+		w.mu.Lock()
+		log := strings.Join(w.log, "\n")
+		w.mu.Unlock()
+		rt.Fatalf("%d violations, first: %s\nlog:\n%s", len(v), strings.Join(v[:min(len(v), 5)], "; "), log)
+	}
+}

@@ -1,0 +1,560 @@
+package locks
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+)
+
+// wireHook is a go-redis hook that sees every command of a client, sent on
+// its own or in a pipeline: before runs before the command is sent (it may
+// hold it), after once its reply came (it may hold the reply back from the
+// caller). Either may be nil.
+type wireHook struct {
+	before func(cmd redis.Cmder)
+	after  func(cmd redis.Cmder)
+}
+
+func (w *wireHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (w *wireHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return w.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+func (w *wireHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return w.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+func (w *wireHook) around(cmds []redis.Cmder, send func() error) error {
+	if w.before != nil {
+		for _, c := range cmds {
+			w.before(c)
+		}
+	}
+	err := send()
+	if len(cmds) == 1 && err != nil && cmds[0].Err() == nil {
+		cmds[0].SetErr(err) // go-redis sets it only once the hooks returned
+	}
+	if w.after != nil {
+		for _, c := range cmds {
+			w.after(c)
+		}
+	}
+	return err
+}
+
+// scriptCall reports which of the package's scripts cmd runs (nil for
+// another command) and its first key.
+func scriptCall(cmd redis.Cmder) (s *script, key string) {
+	args := cmd.Args()
+	if len(args) < 4 {
+		return nil, ""
+	}
+	key, _ = args[3].(string)
+	for _, sc := range []*script{&acquireS, &releaseS, &extendS} {
+		if args[1] == sc.sha || args[1] == sc.Script.Source() {
+			return sc, key
+		}
+	}
+	return nil, ""
+}
+
+// checkTTL fails when l's TTL exceeds what Redis has left of the lock key
+// (beyond the round trip that read it): the holder would believe it holds a
+// lock Redis may give away.
+func checkTTL(t *testing.T, rdb *redis.Client, l *Lock, key, when string) {
+	t.Helper()
+	start := time.Now()
+	ttl := l.TTL()
+	pttl := rdb.PTTL(context.Background(), key).Val()
+	rtt := time.Since(start)
+	if ttl > pttl+rtt+2*time.Millisecond {
+		t.Errorf("%s: TTL() %v while Redis keeps the key %v more (read in %v)", when, ttl, pttl, rtt)
+	}
+}
+
+// TestHandOffCountsFromQueueing (issue 46, item 1): a waiter queued in Redis
+// by its process's release, and handed the lock by another process's release
+// before that first release's reply came, counts its claim from no later
+// than its queueing: its TTL never exceeds Redis's.
+func TestHandOffCountsFromQueueing(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "handoff-late"
+	lockKey := "cg:lock:{" + name + "}"
+	var slow atomic.Bool
+	prdb := s.Client()
+	prdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &releaseS && key == lockKey && slow.Load() {
+			time.Sleep(700 * time.Millisecond) // the fault: the release's reply is slow
+		}
+	}})
+	p, x, w := New(prdb), New(s.Client()), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	defer w.Close()
+	rdb := s.Client()
+
+	hx, err := x.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aDone := make(chan *Lock, 1)
+	go func() {
+		lk, err := p.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		aDone <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "the awaited state", func() bool { return rdb.ZCard(ctx, "cg:q:{"+name+"}").Val() == 1 })
+	wDone := make(chan *Lock, 1)
+	go func() {
+		lk, err := w.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		wDone <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "the awaited state", func() bool { return rdb.ZCard(ctx, "cg:q:{"+name+"}").Val() == 2 })
+	if err := hx.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-aDone
+	if a == nil {
+		t.FailNow()
+	}
+	bDone := make(chan *Lock, 1)
+	go func() {
+		lk, err := p.Lock(ctx, name)
+		if err != nil {
+			t.Error(err)
+		}
+		bDone <- lk
+	}()
+	redistest.Eventually(t, 5*time.Second, "the awaited state", func() bool { return gateLen(p, lockKey) == 1 })
+	slow.Store(true)
+	go func() { _ = a.Unlock(ctx) }() // queues B behind W, hands the lock to W; its reply is slow
+	wl := <-wDone
+	if wl == nil {
+		t.FailNow()
+	}
+	slow.Store(false)                      // B's own commands are not delayed
+	if err := wl.Unlock(ctx); err != nil { // hands the lock to B before A's reply came
+		t.Fatal(err)
+	}
+	b := <-bDone
+	if b == nil {
+		t.FailNow()
+	}
+	defer b.Unlock(ctx)
+	checkTTL(t, rdb, b, lockKey, "B handed the lock")
+}
+
+// TestExtendWithRenewalOnTheWire (issue 46, item 2): a background renewal
+// carrying the old lease that reaches Redis after Extend never leaves the
+// holder counting the extended lease while Redis keeps the old one.
+func TestExtendWithRenewalOnTheWire(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "extend-renew"
+	lockKey := "cg:lock:{" + name + "}"
+	renewalHeld := make(chan struct{})
+	extended := make(chan struct{})
+	var once sync.Once
+	crdb := s.Client()
+	var extendedOnce sync.Once
+	crdb.AddHook(&wireHook{before: func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if sc, key := scriptCall(cmd); sc == &extendS && key == lockKey && len(args) > 5 && args[5] == int64(600) {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(renewalHeld)
+				select { // the fault: the renewal reaches Redis after Extend's command, if Extend does not wait for it
+				case <-extended:
+				case <-time.After(150 * time.Millisecond):
+				}
+			}
+		}
+	}, after: func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if sc, key := scriptCall(cmd); sc == &extendS && key == lockKey && len(args) > 5 && args[5] == int64(6000) {
+			extendedOnce.Do(func() { close(extended) })
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	rdb := s.Client()
+	lk, err := c.TryLock(ctx, name, Lease(600*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	select {
+	case <-renewalHeld:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal sent")
+	}
+	if err := lk.Extend(ctx, 6*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		checkTTL(t, rdb, lk, lockKey, "after Extend and a renewal")
+		if t.Failed() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // sampling TTL against PTTL, not synchronisation
+	}
+}
+
+// TestSameOwnerWaiterReenters (issue 46, item 3): two callers of one owner
+// wait for a name another process holds; once the first is granted, the
+// second re-enters the owner's holding instead of waiting for itself.
+func TestSameOwnerWaiterReenters(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "same-owner"
+	lockKey := "cg:lock:{" + name + "}"
+	p, x := New(s.Client()), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	hx, err := x.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx := WithOwner(ctx, "owner-46")
+	got := make(chan error, 2)
+	var mu sync.Mutex
+	var lks []*Lock
+	for range 2 {
+		go func() {
+			lk, err := p.Lock(octx, name, WaitBudget(2*time.Second))
+			if err == nil {
+				mu.Lock()
+				lks = append(lks, lk)
+				mu.Unlock()
+			}
+			got <- err
+		}()
+	}
+	redistest.Eventually(t, 5*time.Second, "the awaited state", func() bool { return gateLen(p, lockKey) == 1 })
+	if err := hx.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-got; err != nil {
+			t.Errorf("a caller of the owner that holds the lock: %v", err)
+		}
+	}
+	for _, lk := range lks {
+		if err := lk.Unlock(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestBreakerClosesOnSlowLink (issue 46, item 5): after a black hole trips
+// the breaker, a link that heals slow (a fresh connection taking longer than
+// a Cooldown to dial and greet) still closes it within two Cooldowns plus a
+// round trip of a fresh connection.
+func TestBreakerClosesOnSlowLink(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 5 * time.Second})
+	defer rdb.Close()
+	b := &Breaker{}
+	rdb.AddHook(b)
+	c := New(rdb)
+	defer c.Close()
+	ctx := context.Background()
+	if lk, err := c.TryLock(ctx, "slow-link"); err != nil {
+		t.Fatal(err)
+	} else {
+		_ = lk.Unlock(ctx)
+	}
+	px.Set(faultproxy.BlackHole)
+	for i := 0; i < 50 && !b.Open(); i++ {
+		_, _ = c.TryLock(ctx, "slow-link")
+	}
+	if !b.Open() {
+		t.Fatal("breaker not open in a black hole")
+	}
+	px.SetLatency(80 * time.Millisecond) // a 160ms round trip; a fresh connection takes several
+	px.Set(faultproxy.Latency)
+	healed := time.Now()
+	redistest.Eventually(t, 5*time.Second, "the awaited state", func() bool { return !b.Open() })
+	t.Logf("breaker closed %v after the link healed", time.Since(healed).Round(time.Millisecond))
+}
+
+// TestNestedCallDuringCloseHonoursContext (issue 46, item 6): while Close
+// waits for an acquisition stuck on a stalled Redis, a nested acquisition
+// under WithOwner returns when its context ends.
+func TestNestedCallDuringCloseHonoursContext(t *testing.T) {
+	s := redistest.Start(t)
+	sent := make(chan struct{}, 1)
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{before: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &acquireS && key == "cg:lock:{stuck-on-stall}" {
+			sent <- struct{}{}
+		}
+	}})
+	c := New(crdb, CommandTimeout(2*time.Second))
+	ctx := context.Background()
+	octx := WithOwner(ctx, "owner-close")
+	outer, err := c.TryLock(octx, "nested-close")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = outer
+	s.Pause()
+	defer s.Resume()
+	stuck := make(chan struct{})
+	go func() {
+		defer close(stuck)
+		_, _ = c.TryLock(ctx, "stuck-on-stall")
+	}()
+	closed := make(chan struct{})
+	<-sent
+	go func() {
+		defer close(closed)
+		_ = c.Close()
+	}()
+	redistest.Eventually(t, 5*time.Second, "the awaited state", c.Closing)
+	nctx, cancel := context.WithTimeout(octx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = c.TryLock(nctx, "nested-close")
+	took := time.Since(start)
+	if took > 600*time.Millisecond {
+		t.Errorf("a nested TryLock with a 200ms context returned after %v (%v)", took, err)
+	}
+	s.Resume()
+	<-stuck
+	<-closed
+}
+
+// endEvents counts acquisitions begun (Acquired, Reentered) and ended
+// (Released, Lost), as an observer sees them.
+type endEvents struct {
+	mu          sync.Mutex
+	begun, ends int
+}
+
+func (e *endEvents) observe(_ context.Context, ev Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch ev.Kind {
+	case EventAcquired, EventReentered:
+		e.begun++
+	case EventReleased, EventLost:
+		e.ends++
+	}
+}
+
+func (e *endEvents) counts() (int, int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.begun, e.ends
+}
+
+// TestScopedUnlockOfGoneLockEnds (issue 46, item 7): a Lock under WithOwner
+// whose key was deleted and taken by another process ends, when Unlock finds
+// it gone, with one end event (Client and Redlock alike).
+func TestScopedUnlockOfGoneLockEnds(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	for _, kind := range []string{"client", "redlock"} {
+		t.Run(kind, func(t *testing.T) {
+			ev := &endEvents{}
+			var l, other Locker
+			var held func() int
+			var key string
+			name := "scoped-gone-" + kind
+			switch kind {
+			case "client":
+				c := New(s.Client(), Observer(ev.observe))
+				defer c.Close()
+				o := New(s.Client())
+				defer o.Close()
+				l, other, held, key = c, o, c.Held, "cg:lock:{"+name+"}"
+			default:
+				r := NewRedlock([]redis.UniversalClient{s.Client()}, Observer(ev.observe))
+				defer r.Close()
+				o := NewRedlock([]redis.UniversalClient{s.Client()})
+				defer o.Close()
+				l, other, held, key = r, o, r.ren.len, redlockKey("cg:", name)
+			}
+			lk, err := l.Lock(WithOwner(ctx, "owner-gone"), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rdb.Del(ctx, key)
+			if _, err := other.TryLock(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			if err := lk.Unlock(ctx); !errors.Is(err, ErrNotHeld) {
+				t.Fatalf("Unlock: %v, want ErrNotHeld", err)
+			}
+			if begun, ends := ev.counts(); begun != 1 || ends != 1 {
+				t.Errorf("%d acquisitions, %d end events", begun, ends)
+			}
+			if n := held(); n != 0 {
+				t.Errorf("Held() = %d after Unlock", n)
+			}
+			select {
+			case <-lk.Lost():
+			default:
+				t.Error("Lost() open after Unlock found the lock gone")
+			}
+		})
+	}
+}
+
+// TestShorterExtendCountsFromItsSend (found by TestGenLocks): an Extend to
+// a shorter lease than is left applies in Redis before its reply comes
+// back (or when it never comes): from its send on, the holder counts no more
+// than the lease it carries.
+func TestShorterExtendCountsFromItsSend(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "extend-shorter"
+	lockKey := "cg:lock:{" + name + "}"
+	applied := make(chan struct{})
+	resume := make(chan struct{})
+	var once sync.Once
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if sc, key := scriptCall(cmd); sc == &extendS && key == lockKey && len(args) > 5 && args[5] == int64(300) && cmd.Err() == nil {
+			once.Do(func() {
+				close(applied)
+				<-resume // the fault: the reply is slow
+			})
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	rdb := s.Client()
+	lk, err := c.TryLock(ctx, name, Lease(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- lk.Extend(ctx, 300*time.Millisecond) }()
+	<-applied
+	checkTTL(t, rdb, lk, lockKey, "Extend(300ms) applied, its reply on the way")
+	close(resume)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Unlock(ctx)
+}
+
+// TestStaleRenewalSparesOwnersNextHolding (found by TestGenLocks on a
+// cluster): a renewal of an owner's holding that reaches Redis after that
+// holding was released and the owner took the lock afresh never touches the
+// new holding's lease.
+func TestStaleRenewalSparesOwnersNextHolding(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "stale-renewal"
+	lockKey := "cg:lock:{" + name + "}"
+	renewalHeld := make(chan struct{})
+	retaken := make(chan struct{})
+	renewed := make(chan struct{})
+	var once, after sync.Once
+	crdb := s.Client()
+	isRenewal := func(cmd redis.Cmder) bool {
+		args := cmd.Args()
+		sc, key := scriptCall(cmd)
+		return sc == &extendS && key == lockKey && len(args) > 5 && args[5] == int64(200)
+	}
+	crdb.AddHook(&wireHook{before: func(cmd redis.Cmder) {
+		if isRenewal(cmd) {
+			once.Do(func() {
+				close(renewalHeld)
+				select { // the fault: the renewal reaches Redis late
+				case <-retaken:
+				case <-time.After(2 * time.Second):
+				}
+			})
+		}
+	}, after: func(cmd redis.Cmder) {
+		if isRenewal(cmd) {
+			after.Do(func() { close(renewed) })
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	rdb := s.Client()
+	octx := WithOwner(ctx, "owner-stale")
+	a, err := c.TryLock(octx, name, Lease(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-renewalHeld
+	if err := a.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.TryLock(octx, name, Lease(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Unlock(ctx)
+	close(retaken)
+	<-renewed
+	checkTTL(t, rdb, b, lockKey, "after the earlier holding's renewal landed")
+}
+
+// TestRenewalAfterLostIsReleased: a renewal whose reply comes after the lock
+// was lost at its local deadline has kept the key a lease more in Redis; it
+// is released then, not left to block the name for that lease.
+func TestRenewalAfterLostIsReleased(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "renewal-after-lost"
+	lockKey := "cg:lock:{" + name + "}"
+	var lost <-chan struct{}
+	var ready = make(chan struct{})
+	var once sync.Once
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &extendS && key == lockKey && cmd.Err() == nil {
+			once.Do(func() {
+				<-ready
+				select { // the fault: the reply comes after the local deadline
+				case <-lost:
+				case <-time.After(5 * time.Second):
+				}
+			})
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	rdb := s.Client()
+	lk, err := c.TryLock(ctx, name, Lease(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost = lk.Lost()
+	close(ready)
+	<-lost
+	redistest.Eventually(t, 500*time.Millisecond, "the key released after the late renewal", func() bool {
+		return rdb.Exists(ctx, lockKey).Val() == 0
+	})
+}
