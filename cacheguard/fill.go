@@ -76,7 +76,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			fresh := jittered(c.cfg.ttl, jitter)
 			o.val, ttl = v, c.cfg.keep(fresh)
 			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(), delta: took, payload: payload}
-		case err == nil || errors.Is(err, ErrNotFound):
+		case err == nil || absent(err):
 			if o.err = err; err == nil {
 				o.err = notFound(f.key)
 			}
@@ -92,7 +92,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			cmds = append(cmds, g.release(ctx, f, msg))
 			continue
 		}
-		env.gen = f.lease.gen
+		env.gen, env.keepUntil = f.lease.gen, now+ttl.Milliseconds() // kept as long as the hash's expiry says
 		if env.tagVers == nil && tagVers != nil {
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
@@ -234,6 +234,14 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 		outs[i] = o
 	}
 	return outs
+}
+
+// absent reports whether err says the thing loaded does not exist: it wraps
+// ErrNotFound, and is no panic (a PanicError whose value wraps it is a
+// failure, never cached as an absence).
+func absent(err error) bool {
+	var pe *PanicError
+	return errors.Is(err, ErrNotFound) && !errors.As(err, &pe)
 }
 
 // keysOf returns the keys of fs.

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
@@ -164,9 +164,6 @@ type part[T any] struct {
 	t       *task[entry, *outcome] // the flight it waits for, or
 	u       *task[entry, *outcome] // the load without the lease it waits for
 	pending bool                   // t is held (see admit)
-	// unread: the command timeout ended its read, so the generation is
-	// unknown: it joins only flights created after that (see join).
-	unread bool
 
 	v   T
 	res Result
@@ -221,7 +218,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 		switch {
 		case sl.err == nil:
 			out[sl.key] = sl.v
-		case !errors.Is(sl.err, ErrNotFound):
+		case !absent(sl.err):
 			if errs == nil {
 				errs = KeyErrors{}
 			}
@@ -417,20 +414,35 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 			return
 		}
 	}
+	// One timer each for the budget and SoftTimeout, shared by the slots: a
+	// timer fires once, so a slot waited for after it fired finds its time
+	// passed (see wait).
 	deadline := start.Add(c.cfg.wait)
 	budget := getTimer(time.Until(deadline))
 	defer putTimer(budget)
-	var soft <-chan time.Time // SoftTimeout: then the fallback, while the load goes on
+	tm := bounds{deadline: deadline, budget: budget.C}
 	if c.cfg.softTimeout > 0 && slices.ContainsFunc(slots, func(sl *part[T]) bool { return sl.fallback != nil }) {
-		t := time.NewTimer(time.Until(start.Add(c.cfg.softTimeout)))
+		tm.softAt = start.Add(c.cfg.softTimeout)
+		t := time.NewTimer(time.Until(tm.softAt))
 		defer t.Stop()
-		soft = t.C
+		tm.soft = t.C // SoftTimeout: then the fallback, while the load goes on
 	}
 	c.join(ctx, slots, deadline)
 	for _, sl := range slots {
-		c.wait(ctx, sl, deadline, budget.C, soft)
+		c.wait(ctx, sl, tm)
 	}
 }
+
+// bounds are the bounds of a call's waits: the wait budget (deadline, its
+// timer's channel budget) and SoftTimeout (softAt, soft), nil when none.
+type bounds struct {
+	deadline, softAt time.Time
+	budget, soft     <-chan time.Time
+}
+
+// fired is a channel that is always ready: a timer that fired for another
+// slot (see wait).
+var fired = func() chan time.Time { c := make(chan time.Time); close(c); return c }()
 
 // join makes each of slots join a flight (or, with Redis unreachable, a load
 // without the lease), and starts the new ones together.
@@ -450,7 +462,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 			// asks again, and only when it fails too does the call fail open.
 			// Nothing is known of the generation: a flight created from now
 			// on sends its scripts after this call began, and is joined.
-			sl.s, sl.unread = stored{mark: g.flights.serial.Load()}, true
+			sl.s = unknown(g)
 		}
 		if sl.s.err != nil {
 			open = append(open, sl)
@@ -459,11 +471,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		if sl.values == "" {
 			sl.values = g.name("v:", sl.key)
 		}
-		adm := &sl.s
-		if sl.unread {
-			adm = &stored{mark: sl.s.mark, gen: math.MaxInt64} // an older flight only if created after the call (see admit)
-		}
-		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(adm, c.typ))
+		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader { // only a flight needs the key's other names
 			fs = append(fs, &flight{t: t, key: sl.key, n: g.names(sl.key, c.rep), id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
@@ -488,6 +496,11 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 	for _, sl := range sls {
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
+		}
+		if cause != nil && c.cfg.failClosed { // its own choice, never a shared load's
+			sl.u = &task[entry, *outcome]{done: make(chan struct{}), res: c.loadUnleased(ctx, []string{sl.key}, sl.id, deadline, cause)[0]}
+			close(sl.u.done)
+			continue
 		}
 		key, id := sl.key, sl.id
 		t, leader, _ := g.unleased.join(entry{g.name("v:", key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
@@ -517,10 +530,20 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 
 // wait waits for sl's flight (or load without the lease) within ctx and the
 // wait budget, and serves its outcome, joining a new flight when that one
-// cannot serve it.
-func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, budget, soft <-chan time.Time) {
+// cannot serve it. A timer of tm that fired while another slot waited
+// counts as fired for this one too: each slot's waits are bounded on their
+// own.
+func (c *call[T]) wait(ctx context.Context, sl *part[T], tm bounds) {
 	g := c.g
+	deadline, budget, soft := tm.deadline, tm.budget, tm.soft
 	for {
+		now := time.Now()
+		if budget != nil && !now.Before(deadline) {
+			budget = fired
+		}
+		if soft != nil && !now.Before(tm.softAt) {
+			soft = fired
+		}
 		t, leave := sl.t, func() {}
 		if sl.u != nil {
 			t, leave = sl.u, func() { g.unleased.leave(sl.u) }
@@ -561,10 +584,15 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			if o.leader != sl.id {
 				g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 			}
-			if o.env != nil && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
-				// Loaded before a tag invalidation that this call's read
-				// saw: load again (replacing the stored value).
-				sl.force = true
+			if o.env != nil && t.serial <= sl.s.mark && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
+				// A flight older than the read, which loaded before a (tag)
+				// invalidation that the read saw, or under a counter the read
+				// found absent: join a flight created from now on (one created
+				// after the read loads under counters no older than it read).
+				// Its get-or-lease judges what Redis holds by the counters it
+				// reads (see remote): a value stored meanwhile under a version
+				// created after this read is served, not loaded again.
+				sl.s = unknown(g)
 				c.join(ctx, []*part[T]{sl}, deadline)
 				continue
 			}
@@ -579,8 +607,9 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			c.timedOut(ctx, sl, deadline)
 			return
 		case <-softC:
-			if sl.fallback != nil {
-				if v, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
+			// The fallback is judged again now, when it would be served.
+			if fb := sl.fallback; fb != nil && c.standsIn(fb, sl) {
+				if v, err := decodeValue[T](c.cfg.codec, fb); err == nil {
 					leave()
 					g.note(ctx, EventFailSafe, sl.key, 0, nil)
 					sl.v, sl.res = v, Stale
@@ -590,6 +619,19 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			soft = nil
 		}
 	}
+}
+
+// unknown is what a part knows when nothing is known of its counters: it
+// joins only flights created from now on (see admit).
+func unknown(g *Guard) stored {
+	return stored{mark: g.flights.serial.Load(), gen: counter.Unknown}
+}
+
+// standsIn reports whether fb, sl's older value, may stand in for its load
+// now (see SoftTimeout).
+func (c *call[T]) standsIn(fb *envelope, sl *part[T]) bool {
+	v := c.cfg.judge(fb, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers})
+	return v == expired || v == stale
 }
 
 // deliver serves sl with its flight's outcome.
@@ -627,7 +669,7 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 	}
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss
-	c.wait(ctx, sl, deadline, nil, nil)
+	c.wait(ctx, sl, bounds{deadline: deadline})
 }
 
 func ctxErr(key string, ctx context.Context) error {

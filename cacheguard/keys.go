@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/cacheguard/cacheguard/internal/slot"
@@ -21,15 +22,47 @@ type names struct {
 // maxTypeName bounds the type name inside a key; a longer one is hashed.
 const maxTypeName = 64
 
-// typeName names a value type inside Redis names: its Go name (reflect's
-// String, e.g. "main.Repo" or "[]model.Repo"), or a hash of it when long.
+// typeName names a value type inside Redis names: its Go name with the
+// package path of every named type in it (e.g. "example.com/app/model.Repo",
+// "[]example.com/app/model.Repo"), or a hash of it when long. (Two types of
+// one name declared in different functions of one package still share it.)
 func typeName(t reflect.Type) string {
-	s := t.String()
+	s := typeString(t)
 	if len(s) <= maxTypeName {
 		return s
 	}
 	sum := sha256.Sum256([]byte(s))
 	return "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
+}
+
+// typeString is reflect's String of t with package paths in place of
+// package names.
+func typeString(t reflect.Type) string {
+	if t.Name() != "" {
+		if t.PkgPath() == "" {
+			return t.Name() // predeclared
+		}
+		return t.PkgPath() + "." + t.Name()
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return "*" + typeString(t.Elem())
+	case reflect.Slice:
+		return "[]" + typeString(t.Elem())
+	case reflect.Array:
+		return "[" + strconv.Itoa(t.Len()) + "]" + typeString(t.Elem())
+	case reflect.Map:
+		return "map[" + typeString(t.Key()) + "]" + typeString(t.Elem())
+	case reflect.Struct:
+		var b strings.Builder
+		b.WriteString("struct {")
+		for i := range t.NumField() {
+			f := t.Field(i)
+			b.WriteString(" " + f.Name + " " + typeString(f.Type) + " " + strconv.Quote(string(f.Tag)) + ";")
+		}
+		return b.String() + " }"
+	}
+	return t.String()
 }
 
 // representation names the form a value is stored in under a key: its type,
