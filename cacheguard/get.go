@@ -414,34 +414,23 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 			return
 		}
 	}
-	// One timer each for the budget and SoftTimeout, shared by the slots: a
-	// timer fires once, so a slot waited for after it fired finds its time
-	// passed (see wait).
 	deadline := start.Add(c.cfg.wait)
 	budget := getTimer(time.Until(deadline))
 	defer putTimer(budget)
-	tm := bounds{deadline: deadline, budget: budget.C}
+	var soft <-chan time.Time // SoftTimeout: then the fallback, while the load goes on
+	softAt := start.Add(c.cfg.softTimeout)
 	if c.cfg.softTimeout > 0 && slices.ContainsFunc(slots, func(sl *part[T]) bool { return sl.fallback != nil }) {
-		tm.softAt = start.Add(c.cfg.softTimeout)
-		t := time.NewTimer(time.Until(tm.softAt))
+		t := time.NewTimer(time.Until(softAt))
 		defer t.Stop()
-		tm.soft = t.C // SoftTimeout: then the fallback, while the load goes on
+		soft = t.C
 	}
 	c.join(ctx, slots, deadline)
 	for _, sl := range slots {
-		c.wait(ctx, sl, tm)
+		c.wait(ctx, sl, deadline, softAt, budget.C, soft)
 	}
 }
 
-// bounds are the bounds of a call's waits: the wait budget (deadline, its
-// timer's channel budget) and SoftTimeout (softAt, soft), nil when none.
-type bounds struct {
-	deadline, softAt time.Time
-	budget, soft     <-chan time.Time
-}
-
-// fired is a channel that is always ready: a timer that fired for another
-// slot (see wait).
+// fired is always ready: a timer that fired while another slot waited.
 var fired = func() chan time.Time { c := make(chan time.Time); close(c); return c }()
 
 // join makes each of slots join a flight (or, with Redis unreachable, a load
@@ -530,18 +519,14 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 
 // wait waits for sl's flight (or load without the lease) within ctx and the
 // wait budget, and serves its outcome, joining a new flight when that one
-// cannot serve it. A timer of tm that fired while another slot waited
-// counts as fired for this one too: each slot's waits are bounded on their
-// own.
-func (c *call[T]) wait(ctx context.Context, sl *part[T], tm bounds) {
+// cannot serve it. The budget and soft timers are the call's, shared by its
+// slots: one past its time counts as fired (a timer fires once).
+func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.Time, budget, soft <-chan time.Time) {
 	g := c.g
-	deadline, budget, soft := tm.deadline, tm.budget, tm.soft
 	for {
-		now := time.Now()
-		if budget != nil && !now.Before(deadline) {
+		if now := time.Now(); budget != nil && !now.Before(deadline) {
 			budget = fired
-		}
-		if soft != nil && !now.Before(tm.softAt) {
+		} else if soft != nil && !now.Before(softAt) {
 			soft = fired
 		}
 		t, leave := sl.t, func() {}
@@ -585,13 +570,8 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], tm bounds) {
 				g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 			}
 			if o.env != nil && t.serial <= sl.s.mark && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
-				// A flight older than the read, which loaded before a (tag)
-				// invalidation that the read saw, or under a counter the read
-				// found absent: join a flight created from now on (one created
-				// after the read loads under counters no older than it read).
-				// Its get-or-lease judges what Redis holds by the counters it
-				// reads (see remote): a value stored meanwhile under a version
-				// created after this read is served, not loaded again.
+				// A flight older than the read loaded under counters older than
+				// it read (or found absent): join one created from now on.
 				sl.s = unknown(g)
 				c.join(ctx, []*part[T]{sl}, deadline)
 				continue
@@ -669,7 +649,7 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 	}
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss
-	c.wait(ctx, sl, bounds{deadline: deadline})
+	c.wait(ctx, sl, deadline, deadline, nil, nil)
 }
 
 func ctxErr(key string, ctx context.Context) error {

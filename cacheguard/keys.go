@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"reflect"
-	"strconv"
 	"strings"
 
 	"github.com/cacheguard/cacheguard/internal/slot"
@@ -35,34 +34,20 @@ func typeName(t reflect.Type) string {
 	return "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
 }
 
-// typeString is reflect's String of t with package paths in place of
-// package names.
+// typeString is reflect's String of t with package paths for the names of
+// named types, its elements' included (struct, func and chan literals as
+// String has them).
 func typeString(t reflect.Type) string {
-	if t.Name() != "" {
-		if t.PkgPath() == "" {
-			return t.Name() // predeclared
-		}
+	switch s := t.String(); {
+	case t.Name() != "" && t.PkgPath() != "":
 		return t.PkgPath() + "." + t.Name()
-	}
-	switch t.Kind() {
-	case reflect.Pointer:
-		return "*" + typeString(t.Elem())
-	case reflect.Slice:
-		return "[]" + typeString(t.Elem())
-	case reflect.Array:
-		return "[" + strconv.Itoa(t.Len()) + "]" + typeString(t.Elem())
-	case reflect.Map:
+	case t.Name() == "" && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		return s[:len(s)-len(t.Elem().String())] + typeString(t.Elem())
+	case t.Name() == "" && t.Kind() == reflect.Map:
 		return "map[" + typeString(t.Key()) + "]" + typeString(t.Elem())
-	case reflect.Struct:
-		var b strings.Builder
-		b.WriteString("struct {")
-		for i := range t.NumField() {
-			f := t.Field(i)
-			b.WriteString(" " + f.Name + " " + typeString(f.Type) + " " + strconv.Quote(string(f.Tag)) + ";")
-		}
-		return b.String() + " }"
+	default:
+		return s
 	}
-	return t.String()
 }
 
 // representation names the form a value is stored in under a key: its type,
