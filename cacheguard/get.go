@@ -61,7 +61,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 	}
 	if res == 0 {
 		c := call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), one: load} // on the stack
-		c.rep = representation(c.typ, cfg.variant, cfg.tags)
+		c.rep = g.representation(c.typ, cfg.variant, cfg.tags)
 		v, res, err = c.get(ctx, key)
 	}
 	if cfg.report != nil {
@@ -109,7 +109,7 @@ func GetMany[T any](ctx context.Context, g *Guard, keys []string, load func(ctx 
 		return nil, err
 	}
 	c := &call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), load: load}
-	c.rep = representation(c.typ, cfg.variant, cfg.tags)
+	c.rep = g.representation(c.typ, cfg.variant, cfg.tags)
 	keys = slices.Clone(keys)
 	slices.Sort(keys)
 	out, res, err := c.many(ctx, slices.Compact(keys))
@@ -297,7 +297,7 @@ func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one 
 	g.note(ctx, EventNearHit, key, 0, nil)
 	if cfg.xfetch(ms, &e.env) {
 		c := &call[T]{g: g, cfg: *cfg, typ: typ, one: one, load: load}
-		c.rep = representation(typ, cfg.variant, cfg.tags)
+		c.rep = g.representation(typ, cfg.variant, cfg.tags)
 		c.refresh(ctx, key, e.env.gen, false, fillEarly, e.env.freshUntil, nil)
 	}
 	return v, NearHit, true

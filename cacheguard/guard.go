@@ -35,6 +35,7 @@ type Guard struct {
 	// deadline, so a caller may read on its own goroutine (see fetch).
 	ctxDeadlines bool
 	jobs         sync.Pool // of *readJob
+	typeNames    sync.Map  // reflect.Type → its name in Redis (see typeName)
 
 	// The coalescer (see group), per entry: the reads of hits (a caller
 	// shares a read sent after it arrived), the flights of misses (one to

@@ -25,13 +25,18 @@ const maxTypeName = 64
 // package path of every named type in it (e.g. "example.com/app/model.Repo",
 // "[]example.com/app/model.Repo"), or a hash of it when long. (Two types of
 // one name declared in different functions of one package still share it.)
-func typeName(t reflect.Type) string {
-	s := typeString(t)
-	if len(s) <= maxTypeName {
-		return s
+// Built once per type and Guard (building it allocates; the hit path must not).
+func (g *Guard) typeName(t reflect.Type) string {
+	if s, ok := g.typeNames.Load(t); ok {
+		return s.(string)
 	}
-	sum := sha256.Sum256([]byte(s))
-	return "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
+	s := typeString(t)
+	if len(s) > maxTypeName {
+		sum := sha256.Sum256([]byte(s))
+		s = "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
+	}
+	g.typeNames.Store(t, s)
+	return s
 }
 
 // typeString is reflect's String of t with package paths for the names of
@@ -53,8 +58,8 @@ func typeString(t reflect.Type) string {
 // representation names the form a value is stored in under a key: its type,
 // the call's Variant and its tag set (see Tags), so that values of different
 // types, variants or tags never share an entry, a fill or a near-cache slot.
-func representation(t reflect.Type, variant string, tags *tagSet) string {
-	rep := typeName(t)
+func (g *Guard) representation(t reflect.Type, variant string, tags *tagSet) string {
+	rep := g.typeName(t)
 	if variant != "" {
 		rep += "|" + variant
 	}

@@ -309,3 +309,32 @@ func TestPanicNotFoundNotCached(t *testing.T) {
 		t.Fatalf("after a panic: %v, %v, %d loads; want a load", v, err, c.n.Load())
 	}
 }
+
+// Found by TestGenCache on f89a0c4 (seed 638017693251837843, 100 steps): a
+// GetMany (a tagged Get too) whose read came after InvalidateTags and after
+// the tag's version was deleted was served the value loaded before
+// InvalidateTags: the absent version read as 0. It reads as newer now.
+func TestGenLostTagVersionGetMany(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	key, tag := testKey(t), testKey(t, "tag")
+	opts := []cacheguard.CallOption{cacheguard.Tags(tag), cacheguard.FailSafe(time.Minute, time.Second)}
+	load := func(name string) func(context.Context, []string) (map[string]item, error) {
+		return func(context.Context, []string) (map[string]item, error) {
+			return map[string]item{key: {Name: name}}, nil
+		}
+	}
+	if _, err := cacheguard.GetMany(ctx, g, []string{key}, load("before"), opts...); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.InvalidateTags(ctx, tag); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, "cg:t:{"+tag+"}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cacheguard.GetMany(ctx, g, []string{key}, load("after"), opts...)
+	if err != nil || got[key].Name != "after" {
+		t.Fatalf("GetMany after InvalidateTags and a lost version: %v, %v; want a new load", got, err)
+	}
+}
