@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	mrand "math/rand"
 	rand2 "math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -336,5 +338,99 @@ func TestGenLostTagVersionGetMany(t *testing.T) {
 	got, err := cacheguard.GetMany(ctx, g, []string{key}, load("after"), opts...)
 	if err != nil || got[key].Name != "after" {
 		t.Fatalf("GetMany after InvalidateTags and a lost version: %v, %v; want a new load", got, err)
+	}
+}
+
+// A value over Redis's pub/sub output buffer limit (32 MB by default) is not
+// pushed on the wake-up channel: pushed, it cut the shared subscription of
+// every waiting process. The waiter reads it from Redis instead (issue 47,
+// also noticed).
+func TestHugeValueKeepsSubscription(t *testing.T) {
+	ctx := context.Background()
+	a, rdb := newGuard(t)
+	b, rb := newGuard(t)
+	key := testKey(t)
+	subscribers := func() map[string]bool { // the pub/sub connections' ids
+		list, err := rdb.ClientList(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " flags=P ") {
+				ids[strings.Fields(line)[0]] = true
+			}
+		}
+		return ids
+	}
+	huge := strings.Repeat("x", 33<<20)
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, a, key, func(context.Context) (item, error) {
+			close(entered)
+			<-release
+			return item{Name: huge}, nil
+		})
+		errc <- err
+	}()
+	<-entered
+	waiting := watchWaiting(rb)
+	got := make(chan item, 1)
+	go func() { v, _ := cacheguard.Get(ctx, b, key, (&counter{}).load); got <- v }()
+	<-waiting // subscribed
+	before := subscribers()
+	close(release)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; len(v.Name) != len(huge) {
+		t.Fatalf("the waiter got %d bytes", len(v.Name))
+	}
+	after := subscribers()
+	for id := range before {
+		if !after[id] {
+			t.Fatalf("pub/sub connection %s cut (%d before, %d after)", id, len(before), len(after))
+		}
+	}
+}
+
+// A FailClosed caller never decides for the fail-open callers that share a
+// load queued behind a running one (issue 47, also noticed): on main the
+// queued load took its creator's FailClosed, and a fail-open caller that
+// joined it got ErrUnavailable.
+func TestFailClosedNotInherited(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 200 * time.Millisecond })
+	g := cacheguard.New(rdb, cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	key := testKey(t)
+	s.Kill()
+	first := newGated("first")
+	go func() { _, _ = cacheguard.Get(ctx, g, key, first.load) }()
+	<-first.entered
+	closed := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, key, (&counter{}).load, cacheguard.FailClosed())
+		closed <- err
+	}()
+	eventually(t, 10*time.Second, "the FailClosed call missed", func() bool { return g.Stats().Misses >= 2 })
+	open := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load)
+		if err == nil && v.Name != "open" {
+			err = fmt.Errorf("got %v", v)
+		}
+		open <- err
+	}()
+	eventually(t, 10*time.Second, "the fail-open call missed", func() bool { return g.Stats().Misses >= 3 })
+	close(first.release)
+	if err := <-open; err != nil {
+		t.Fatalf("fail-open call behind a FailClosed one: %v", err)
+	}
+	if err := <-closed; !errors.Is(err, cacheguard.ErrUnavailable) {
+		t.Fatalf("FailClosed: %v", err)
 	}
 }
