@@ -38,6 +38,12 @@
 // panic is a *PanicError for all. A loader's ErrNotFound is cached as an
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
 //
+// A hot key does not expire under its readers: a hit refreshes it in the
+// background before expiry, from how long its last load took, and when that
+// refresh is late the value is served marked Stale for at most a quarter of
+// its TTL past it (see EarlyRefresh; EarlyRefresh(0) makes every call after
+// expiry wait). An invalidated value is never served.
+//
 // # Consistency
 //
 // For a key whose writers invalidate it after they commit:

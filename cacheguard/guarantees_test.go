@@ -68,7 +68,7 @@ func (p path) options() []cacheguard.Option {
 	}
 	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.Lease(lease)}
 	if p.Early {
-		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last twentieth refreshes
+		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last quarter refreshes
 	}
 	if p.Stale {
 		opts = append(opts, cacheguard.ServeStale(time.Minute))
