@@ -38,6 +38,12 @@
 // panic is a *PanicError for all. A loader's ErrNotFound is cached as an
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
 //
+// A hot key does not expire under its readers: a hit refreshes it in the
+// background before expiry, from how long its last load took, and when that
+// refresh is late the value is served marked Stale for at most a quarter of
+// its TTL past it (see EarlyRefresh; EarlyRefresh(0) makes every call after
+// expiry wait). An invalidated value is never served.
+//
 // # Consistency
 //
 // For a key whose writers invalidate it after they commit:
@@ -64,7 +70,12 @@
 // invalidation overtook) may be newer than a cached one served after it within
 // that window. An Invalidate that a failed-over master acknowledged but did not
 // replicate is lost like any other write to it; a value lost or evicted in
-// Redis is a miss, never a hit of an invalidated value.
+// Redis is a miss, never a hit of an invalidated value. A generation or a tag
+// version lost in Redis (evicted, flushed, its node restarted without
+// persistence, on a cluster on another master than the value) never makes an
+// older value or load servable: an absent one is unknown, newer than every
+// value cached or in flight (a miss), and comes back later than every value
+// it had.
 //
 // # Near cache
 //
@@ -137,6 +148,10 @@
 //   - Cached bytes that are not a current envelope or do not decode are a miss,
 //     counted in Stats.DecodeErrors, never a panic. Readers must use the codec
 //     the writers used.
+//   - A value's type is named in Redis by its package path and name (e.g.
+//     "example.com/app/model.Repo"): types of one name in two packages never
+//     share an entry; two types of one name declared in different functions
+//     of one package do.
 //   - A key leaves its values in Redis until the longest-lived one expires (TTL
 //     plus the stale window or FailSafe's max age), and a small generation key
 //     as long, and at least a minute after a fill or an invalidation.

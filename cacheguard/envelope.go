@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The stored envelope, version 2 (getlease.lua reads the header too):
+// The stored envelope, version 3 (lease.lua and fill.lua read the header too):
 //
 //	0  'c' 'g'            magic
 //	2  version            2
@@ -18,13 +18,17 @@ import (
 //	12 stale-until        unix ms, uint64 big-endian (≥ fresh-until)
 //	20 last load          µs, uint32 big-endian (Δ of early refresh)
 //	24 generation         uint64 big-endian: the key's generation the load started under
-//	32 tags               when flag bit 1 is set: count (1 byte), the hash of the
+//	32 keep-until         unix ms, uint64 big-endian (≥ stale-until): how long the value
+//	                      is kept in Redis — its stale window or FailSafe's max age past
+//	                      fresh-until — the one number of its retention: the values
+//	                      hash's expiry and a sibling's fill (fill.lua) both obey it
+//	40 tags               when flag bit 1 is set: count (1 byte), the hash of the
 //	                      tag set (uint64), and each tag's version when the load
 //	                      began (count × uint64), tags sorted by name
 //	   payload            the codec's bytes
 const (
-	envVersion   = 2
-	envHeaderLen = 32
+	envVersion   = 3
+	envHeaderLen = 40
 	flagNegative = 1 << 0
 	flagTags     = 1 << 1
 	flagFailSafe = 1 << 2
@@ -37,6 +41,7 @@ const (
 type envelope struct {
 	freshUntil int64 // unix ms
 	staleUntil int64 // unix ms
+	keepUntil  int64 // unix ms
 	delta      time.Duration
 	gen        int64 // the key's generation when the fill lease was granted
 	negative   bool
@@ -75,12 +80,13 @@ func (e *envelope) encode() []byte {
 	binary.BigEndian.PutUint64(b[12:], uint64(e.staleUntil))
 	binary.BigEndian.PutUint32(b[20:], uint32(min(e.delta.Microseconds(), math.MaxUint32)))
 	binary.BigEndian.PutUint64(b[24:], uint64(e.gen))
+	binary.BigEndian.PutUint64(b[32:], uint64(max(e.keepUntil, e.staleUntil)))
 	copy(b[envHeaderLen+tl:], e.payload)
 	return b
 }
 
 // decodeEnvelope parses b; the payload aliases b. Any bytes that are not a
-// version-2 envelope are an error wrapping ErrDecode.
+// version-3 envelope are an error wrapping ErrDecode.
 func decodeEnvelope(b []byte) (envelope, error) {
 	switch {
 	case len(b) < envHeaderLen:
@@ -95,8 +101,9 @@ func decodeEnvelope(b []byte) (envelope, error) {
 	fresh := binary.BigEndian.Uint64(b[4:])
 	stale := binary.BigEndian.Uint64(b[12:])
 	gen := binary.BigEndian.Uint64(b[24:])
-	if stale > maxTime || stale < fresh {
-		return envelope{}, fmt.Errorf("%w: bad times %d, %d", ErrDecode, fresh, stale)
+	keep := binary.BigEndian.Uint64(b[32:])
+	if keep > maxTime || stale < fresh || keep < stale {
+		return envelope{}, fmt.Errorf("%w: bad times %d, %d, %d", ErrDecode, fresh, stale, keep)
 	}
 	if gen == 0 || gen > maxTime {
 		return envelope{}, fmt.Errorf("%w: bad generation %d", ErrDecode, gen)
@@ -104,6 +111,7 @@ func decodeEnvelope(b []byte) (envelope, error) {
 	e := envelope{
 		freshUntil: int64(fresh),
 		staleUntil: int64(stale),
+		keepUntil:  int64(keep),
 		delta:      time.Duration(binary.BigEndian.Uint32(b[20:])) * time.Microsecond,
 		gen:        int64(gen),
 		negative:   b[3]&flagNegative != 0,

@@ -63,17 +63,23 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	})
 }
 
-// An early refresh never starts more than a twentieth of the TTL before
-// expiry, however slow the last load or large β.
-func TestXFetchWithinTheLastTwentieth(t *testing.T) {
+// TestEarlyRefreshWindow: an early refresh starts at least twice the last
+// load's duration before expiry, and never more than a quarter of the TTL.
+func TestEarlyRefreshWindow(t *testing.T) {
 	e := envelope{freshUntil: 100_000, delta: time.Hour}
-	c := config{beta: 1e9, ttl: 60 * time.Second} // a twentieth: 3s
+	c := config{beta: 1e9, ttl: 60 * time.Second} // a quarter: 15s
 	for range 1000 {
-		if c.xfetch(e.freshUntil-3_001, &e) {
-			t.Fatal("refreshed 3.001s before expiry with a 60s TTL")
+		if c.xfetch(e.freshUntil-15_001, &e) {
+			t.Fatal("refreshed 15.001s before expiry with a 60s TTL")
 		}
 	}
-	if !c.xfetch(e.freshUntil-2_999, &e) {
-		t.Fatal("no refresh 2.999s before expiry with a huge β")
+	if !c.xfetch(e.freshUntil-14_999, &e) {
+		t.Fatal("no refresh 14.999s before expiry with a huge β")
+	}
+	e.delta, c.beta = 100*time.Millisecond, 1
+	for range 1000 {
+		if !c.xfetch(e.freshUntil-199, &e) {
+			t.Fatal("no refresh 199ms before expiry of a value whose load took 100ms")
+		}
 	}
 }

@@ -20,13 +20,14 @@ import (
 // corruptGen is the generation the corrupt-bytes test stores with its key.
 const corruptGen = 12345
 
-// header builds a version-2 envelope header of generation corruptGen by hand.
+// header builds a version-3 envelope header of generation corruptGen by hand.
 func header(version, flags byte, fresh, stale time.Time) []byte {
-	b := make([]byte, 32)
+	b := make([]byte, 40)
 	b[0], b[1], b[2], b[3] = 'c', 'g', version, flags
 	binary.BigEndian.PutUint64(b[4:], uint64(fresh.UnixMilli()))
 	binary.BigEndian.PutUint64(b[12:], uint64(stale.UnixMilli()))
 	binary.BigEndian.PutUint64(b[24:], corruptGen)
+	binary.BigEndian.PutUint64(b[32:], uint64(stale.UnixMilli()))
 	return b
 }
 
@@ -37,12 +38,12 @@ func TestCorruptBytesAreAMiss(t *testing.T) {
 		"foreign":               []byte(`{"id":1}`),
 		"empty":                 {},
 		"short header":          []byte("cg\x02\x00abc"),
-		"old version":           header(1, 0, later, later),
-		"future version":        header(3, 0, later, later),
-		"unknown flag":          header(2, 0x80, later, later),
-		"bad times":             header(2, 0, later, later.Add(-time.Minute)),
-		"fresh, bad payload":    append(header(2, 0, later, later), "{not json"...),
-		"negative with payload": append(header(2, 1, later, later), "x"...),
+		"old version":           header(2, 0, later, later),
+		"future version":        header(4, 0, later, later),
+		"unknown flag":          header(3, 0x80, later, later),
+		"bad times":             header(3, 0, later, later.Add(-time.Minute)),
+		"fresh, bad payload":    append(header(3, 0, later, later), "{not json"...),
+		"negative with payload": append(header(3, 1, later, later), "x"...),
 	}
 	for name, raw := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -198,7 +199,7 @@ func TestInvalidateDuringFillIsNotOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	var v item
-	if err := (cacheguard.JSON{}).Unmarshal(raw[32:], &v); err != nil || v.Name != "after" {
+	if err := (cacheguard.JSON{}).Unmarshal(raw[envHead:], &v); err != nil || v.Name != "after" {
 		t.Fatalf("stored %v (%v), want the post-invalidation value", v, err)
 	}
 

@@ -11,8 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// fillKind says why a flight runs: it decides whether the stored TTL is
-// jittered (see Jitter).
+// fillKind says why a flight runs (an early refresh is reported as one).
 type fillKind uint8
 
 const (
@@ -46,10 +45,6 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
 	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
-	jitter := 0.0 // only a miss's TTL is jittered (see Jitter)
-	if kind == fillMiss {
-		jitter = c.cfg.jitter
-	}
 	// Store or release even when Close cancelled the load: a lease left
 	// behind would keep other processes waiting for its expiry.
 	ctx = context.WithoutCancel(ctx)
@@ -73,15 +68,15 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				msg = "e" + o.err.Error()
 				break
 			}
-			fresh := jittered(c.cfg.ttl, jitter)
+			fresh := jittered(c.cfg.ttl, c.cfg.jitter)
 			o.val, ttl = v, c.cfg.keep(fresh)
-			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleWindow).Milliseconds(), delta: took, payload: payload}
-		case err == nil || errors.Is(err, ErrNotFound):
+			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleFor()).Milliseconds(), delta: took, payload: payload}
+		case err == nil || absent(err):
 			if o.err = err; err == nil {
 				o.err = notFound(f.key)
 			}
 			if msg = "n"; c.cfg.negTTL > 0 {
-				ttl = jittered(c.cfg.negTTL, jitter)
+				ttl = jittered(c.cfg.negTTL, c.cfg.jitter)
 				env = &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
 			}
 		default:
@@ -92,7 +87,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			cmds = append(cmds, g.release(ctx, f, msg))
 			continue
 		}
-		env.gen = f.lease.gen
+		env.gen, env.keepUntil = f.lease.gen, now+ttl.Milliseconds() // kept as long as the hash's expiry says
 		if env.tagVers == nil && tagVers != nil {
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
@@ -234,6 +229,14 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 		outs[i] = o
 	}
 	return outs
+}
+
+// absent reports whether err says the thing loaded does not exist: it wraps
+// ErrNotFound, and is no panic (a PanicError whose value wraps it is a
+// failure, never cached as an absence).
+func absent(err error) bool {
+	var pe *PanicError
+	return errors.Is(err, ErrNotFound) && !errors.As(err, &pe)
 }
 
 // keysOf returns the keys of fs.

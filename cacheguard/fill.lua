@@ -21,19 +21,21 @@ if redis.call('GET', KEYS[3]) ~= ARGV[7] then
   return 0
 end
 -- The hash lives as long as its longest-lived value. Other representations
--- past their stale-until (bytes 13-20 of the envelope) are dropped here, so
--- a representation no longer asked for does not live on with the others.
+-- past their keep-until (bytes 33-40 of a version-3 envelope: the one number
+-- of a value's retention, the stale window or FailSafe's max age, that its own
+-- fill wrote) are dropped here, so a representation no longer asked for does
+-- not live on with the others; bytes of another version are no value.
 local n = redis.call('HLEN', KEYS[1])
 if n > 1 or (n == 1 and redis.call('HEXISTS', KEYS[1], ARGV[8]) == 0) then
   local all = redis.call('HGETALL', KEYS[1])
   local now = tonumber(ARGV[9])
   for i = 1, #all, 2 do
     if all[i] ~= ARGV[8] then
-      local e, stale = all[i + 1], 0
-      if string.len(e) >= 32 then
-        for j = 13, 20 do stale = stale * 256 + string.byte(e, j) end
+      local e, keep = all[i + 1], 0
+      if string.len(e) >= 40 and string.byte(e, 3) == 3 then
+        for j = 33, 40 do keep = keep * 256 + string.byte(e, j) end
       end
-      if stale <= now then
+      if keep <= now then
         redis.call('HDEL', KEYS[1], all[i])
       end
     end
@@ -52,6 +54,11 @@ local gt = redis.call('PTTL', KEYS[3])
 if gt >= 0 and gt < ht then
   redis.call('PEXPIRE', KEYS[3], ht)
 end
-redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[6] .. ' ' .. ARGV[2])
+-- A value over 1 MiB is not pushed (the waiters read it from Redis): pub/sub
+-- output buffers are limited (32 MB by default) and one over it would cut
+-- every waiting process's shared subscription.
+local push = ARGV[2]
+if #push > 1048576 then push = '' end
+redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[6] .. ' ' .. push)
 redis.call('PUBLISH', ARGV[10], ARGV[11])
 return 1

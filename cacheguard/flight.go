@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/rid"
 )
@@ -30,12 +31,6 @@ const subscribeTimeout = time.Second
 // fails open — within this and a command timeout of the stall's start, not
 // at the end of the holder's lease.
 const followCheck = time.Second
-
-// maxJoinAge bounds the age of a flight a call may join by its generation:
-// half of the generation's shortest life, so that a generation that was lost
-// and reads as absent (0) cannot lead a call into a flight older than the
-// invalidation that came between.
-const maxJoinAge = genTTL / 2
 
 // outcome is what a flight gives every caller sharing it.
 type outcome struct {
@@ -80,8 +75,8 @@ func (fs *flights) mark(e entry) (serial uint64, busy bool) {
 // sends its scripts after it, so all it can return was loaded under the
 // generation the call would have read, or a later one; a flight created
 // before the read was sent was running then, so the read fetched the
-// generation (s.gen, 0 when absent), and the call takes such a flight only if
-// its floor is at least that. A flight that has not heard from Redis yet
+// generation (s.gen; counter.Unknown when absent, which no floor reaches),
+// and the call takes such a flight only if its floor is at least that. A flight that has not heard from Redis yet
 // (its floor below s.gen) is held: the caller waits for its first answer
 // (the flight may then have seen s.gen, typically the one its own script
 // created) and asks again — so that callers that miss together share one
@@ -93,8 +88,6 @@ func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
 			return skip
 		case t.serial > s.mark:
 			return take
-		case time.Since(t.born) >= maxJoinAge:
-			return skip
 		case t.floor.Load() >= s.gen:
 			return take
 		}
@@ -108,12 +101,15 @@ func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
 }
 
 // join returns a flight of e that admit takes, or a new one (leader) of
-// type typ and floor (the generation its starter read) that the caller must
-// run and end with finish; see group.join.
+// type typ and floor (the generation its starter read; an unknown one is no
+// floor) that the caller must run and end with finish; see group.join.
 func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task[entry, *outcome]) admission) (t *task[entry, *outcome], leader, pending bool) {
+	if floor == counter.Unknown {
+		floor = 0
+	}
 	return fs.group.join(e, admit, func(t *task[entry, *outcome]) {
 		fs.running.Add(1)
-		t.typ, t.serial, t.born, t.asked = typ, fs.serial.Add(1), time.Now(), make(chan struct{})
+		t.typ, t.serial, t.asked = typ, fs.serial.Add(1), make(chan struct{})
 		t.floor.Store(floor)
 	})
 }

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
@@ -61,7 +61,7 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 	}
 	if res == 0 {
 		c := call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), one: load} // on the stack
-		c.rep = representation(c.typ, cfg.variant, cfg.tags)
+		c.rep = g.representation(c.typ, cfg.variant, cfg.tags)
 		v, res, err = c.get(ctx, key)
 	}
 	if cfg.report != nil {
@@ -109,7 +109,7 @@ func GetMany[T any](ctx context.Context, g *Guard, keys []string, load func(ctx 
 		return nil, err
 	}
 	c := &call[T]{g: g, cfg: *cfg, typ: reflect.TypeFor[T](), load: load}
-	c.rep = representation(c.typ, cfg.variant, cfg.tags)
+	c.rep = g.representation(c.typ, cfg.variant, cfg.tags)
 	keys = slices.Clone(keys)
 	slices.Sort(keys)
 	out, res, err := c.many(ctx, slices.Compact(keys))
@@ -164,9 +164,6 @@ type part[T any] struct {
 	t       *task[entry, *outcome] // the flight it waits for, or
 	u       *task[entry, *outcome] // the load without the lease it waits for
 	pending bool                   // t is held (see admit)
-	// unread: the command timeout ended its read, so the generation is
-	// unknown: it joins only flights created after that (see join).
-	unread bool
 
 	v   T
 	res Result
@@ -221,7 +218,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 		switch {
 		case sl.err == nil:
 			out[sl.key] = sl.v
-		case !errors.Is(sl.err, ErrNotFound):
+		case !absent(sl.err):
 			if errs == nil {
 				errs = KeyErrors{}
 			}
@@ -300,7 +297,7 @@ func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one 
 	g.note(ctx, EventNearHit, key, 0, nil)
 	if cfg.xfetch(ms, &e.env) {
 		c := &call[T]{g: g, cfg: *cfg, typ: typ, one: one, load: load}
-		c.rep = representation(typ, cfg.variant, cfg.tags)
+		c.rep = g.representation(typ, cfg.variant, cfg.tags)
 		c.refresh(ctx, key, e.env.gen, false, fillEarly, e.env.freshUntil, nil)
 	}
 	return v, NearHit, true
@@ -421,16 +418,20 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 	budget := getTimer(time.Until(deadline))
 	defer putTimer(budget)
 	var soft <-chan time.Time // SoftTimeout: then the fallback, while the load goes on
+	softAt := start.Add(c.cfg.softTimeout)
 	if c.cfg.softTimeout > 0 && slices.ContainsFunc(slots, func(sl *part[T]) bool { return sl.fallback != nil }) {
-		t := time.NewTimer(time.Until(start.Add(c.cfg.softTimeout)))
+		t := time.NewTimer(time.Until(softAt))
 		defer t.Stop()
 		soft = t.C
 	}
 	c.join(ctx, slots, deadline)
 	for _, sl := range slots {
-		c.wait(ctx, sl, deadline, budget.C, soft)
+		c.wait(ctx, sl, deadline, softAt, budget.C, soft)
 	}
 }
+
+// fired is always ready: a timer that fired while another slot waited.
+var fired = func() chan time.Time { c := make(chan time.Time); close(c); return c }()
 
 // join makes each of slots join a flight (or, with Redis unreachable, a load
 // without the lease), and starts the new ones together.
@@ -450,7 +451,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 			// asks again, and only when it fails too does the call fail open.
 			// Nothing is known of the generation: a flight created from now
 			// on sends its scripts after this call began, and is joined.
-			sl.s, sl.unread = stored{mark: g.flights.serial.Load()}, true
+			sl.s = unknown(g)
 		}
 		if sl.s.err != nil {
 			open = append(open, sl)
@@ -459,11 +460,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		if sl.values == "" {
 			sl.values = g.name("v:", sl.key)
 		}
-		adm := &sl.s
-		if sl.unread {
-			adm = &stored{mark: sl.s.mark, gen: math.MaxInt64} // an older flight only if created after the call (see admit)
-		}
-		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(adm, c.typ))
+		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
 		sl.t, sl.pending = t, pending
 		if leader { // only a flight needs the key's other names
 			fs = append(fs, &flight{t: t, key: sl.key, n: g.names(sl.key, c.rep), id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
@@ -488,6 +485,11 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 	for _, sl := range sls {
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
+		}
+		if cause != nil && c.cfg.failClosed { // its own choice, never a shared load's
+			sl.u = &task[entry, *outcome]{done: make(chan struct{}), res: c.loadUnleased(ctx, []string{sl.key}, sl.id, deadline, cause)[0]}
+			close(sl.u.done)
+			continue
 		}
 		key, id := sl.key, sl.id
 		t, leader, _ := g.unleased.join(entry{g.name("v:", key), c.rep}, notStarted, func(t *task[entry, *outcome]) {
@@ -517,10 +519,16 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 
 // wait waits for sl's flight (or load without the lease) within ctx and the
 // wait budget, and serves its outcome, joining a new flight when that one
-// cannot serve it.
-func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, budget, soft <-chan time.Time) {
+// cannot serve it. The budget and soft timers are the call's, shared by its
+// slots: one past its time counts as fired (a timer fires once).
+func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.Time, budget, soft <-chan time.Time) {
 	g := c.g
 	for {
+		if now := time.Now(); budget != nil && !now.Before(deadline) {
+			budget = fired
+		} else if soft != nil && !now.Before(softAt) {
+			soft = fired
+		}
 		t, leave := sl.t, func() {}
 		if sl.u != nil {
 			t, leave = sl.u, func() { g.unleased.leave(sl.u) }
@@ -561,10 +569,10 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			if o.leader != sl.id {
 				g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 			}
-			if o.env != nil && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
-				// Loaded before a tag invalidation that this call's read
-				// saw: load again (replacing the stored value).
-				sl.force = true
+			if o.env != nil && t.serial <= sl.s.mark && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
+				// A flight older than the read loaded under counters older than
+				// it read (or found absent): join one created from now on.
+				sl.s = unknown(g)
 				c.join(ctx, []*part[T]{sl}, deadline)
 				continue
 			}
@@ -579,8 +587,9 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			c.timedOut(ctx, sl, deadline)
 			return
 		case <-softC:
-			if sl.fallback != nil {
-				if v, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
+			// The fallback is judged again now, when it would be served.
+			if fb := sl.fallback; fb != nil && c.standsIn(fb, sl) {
+				if v, err := decodeValue[T](c.cfg.codec, fb); err == nil {
 					leave()
 					g.note(ctx, EventFailSafe, sl.key, 0, nil)
 					sl.v, sl.res = v, Stale
@@ -590,6 +599,19 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline time.Time, bud
 			soft = nil
 		}
 	}
+}
+
+// unknown is what a part knows when nothing is known of its counters: it
+// joins only flights created from now on (see admit).
+func unknown(g *Guard) stored {
+	return stored{mark: g.flights.serial.Load(), gen: counter.Unknown}
+}
+
+// standsIn reports whether fb, sl's older value, may stand in for its load
+// now (see SoftTimeout).
+func (c *call[T]) standsIn(fb *envelope, sl *part[T]) bool {
+	v := c.cfg.judge(fb, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers})
+	return v == expired || v == stale
 }
 
 // deliver serves sl with its flight's outcome.
@@ -627,7 +649,7 @@ func (c *call[T]) timedOut(ctx context.Context, sl *part[T], deadline time.Time)
 	}
 	c.joinUnleased(ctx, []*part[T]{sl}, deadline, nil)
 	sl.pending, sl.missed = false, true // counted as a wait timeout, not a miss
-	c.wait(ctx, sl, deadline, nil, nil)
+	c.wait(ctx, sl, deadline, deadline, nil, nil)
 }
 
 func ctxErr(key string, ctx context.Context) error {

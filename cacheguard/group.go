@@ -43,11 +43,10 @@ type task[K comparable, T any] struct {
 	waiting int  // callers waiting for it while it is queued
 	started bool // set under the group's mu
 
-	// For flights (see flights.admit): when it began, its serial, the
-	// lowest generation of anything it may return, and whether its first
-	// get-or-lease script answered.
+	// For flights (see flights.admit): its serial, the lowest generation of
+	// anything it may return, and whether its first get-or-lease script
+	// answered.
 	typ     reflect.Type
-	born    time.Time
 	serial  uint64
 	floor   atomic.Int64
 	asked   chan struct{}

@@ -68,7 +68,7 @@ func (p path) options() []cacheguard.Option {
 	}
 	opts := []cacheguard.Option{cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(0), cacheguard.Lease(lease)}
 	if p.Early {
-		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last twentieth refreshes
+		opts = append(opts, cacheguard.EarlyRefresh(1e9)) // every hit in the TTL's last quarter refreshes
 	}
 	if p.Stale {
 		opts = append(opts, cacheguard.ServeStale(time.Minute))
@@ -417,9 +417,9 @@ func overwriteAny(t *testing.T, rdb redis.UniversalClient, key string, id int) {
 	}
 	payload, _ := json.Marshal(item{ID: id, Name: "raw"})
 	for field, b := range vals {
-		head := 32
+		head := envHead
 		if b[3]&2 != 0 { // tags: count, hash, versions
-			head += 9 + 8*int(b[32])
+			head += 9 + 8*int(b[envHead])
 		}
 		if err := rdb.HSet(ctx, valueKey(key), field, b[:head]+string(payload)).Err(); err != nil {
 			t.Fatal(err)

@@ -35,6 +35,7 @@ type Guard struct {
 	// deadline, so a caller may read on its own goroutine (see fetch).
 	ctxDeadlines bool
 	jobs         sync.Pool // of *readJob
+	typeNames    sync.Map  // reflect.Type → its name in Redis (see typeName)
 
 	// The coalescer (see group), per entry: the reads of hits (a caller
 	// shares a read sent after it arrived), the flights of misses (one to
@@ -268,21 +269,27 @@ func (g *Guard) callConfig(opts []CallOption, hasLoad bool) (*config, error) {
 	return cfg, nil
 }
 
-// track registers a task (a flight, a load or a background refresh) that
-// Close must cancel (with cause ErrClosed) and wait for. It returns false
-// after Close.
+// track registers a task (a flight, a load, a background refresh, a lease's
+// renewals) that Close must cancel (with cause ErrClosed) and wait for. It
+// returns false after Close — unless parent is a task's context: work that
+// a running task starts (renewing the lease of a fill it took over, giving
+// leases back, loading without the lease) is part of the work Shutdown lets
+// run, and is waited for and cancelled with it.
 func (g *Guard) track(parent context.Context) (context.Context, func(), bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.closed.Load() {
+	if g.closed.Load() && parent.Value(taskKey{}) == nil {
 		return nil, nil, false
 	}
-	ctx, cancel := context.WithCancelCause(parent)
+	ctx, cancel := context.WithCancelCause(context.WithValue(parent, taskKey{}, true))
 	unhook := context.AfterFunc(g.root, func() { cancel(context.Cause(g.root)) })
-	g.wg.Add(1)
+	g.wg.Add(1) // while closing, only beside a running task's: Shutdown's Wait allows it
 	return ctx, func() {
 		unhook()
 		cancel(nil)
 		g.wg.Done()
 	}, true
 }
+
+// taskKey marks the context of a tracked task (see track).
+type taskKey struct{}

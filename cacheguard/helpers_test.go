@@ -116,9 +116,12 @@ func (h *waitingHook) seeReply(cmd redis.Cmder) {
 // The Redis names of a test key's values hash, the field of its item value in
 // it, and its item fill lease (see cacheguard/DESIGN.md, "Keys").
 func valueKey(key string) string { return "cg:v:{" + key + "}" }
-func leaseKey(key string) string { return "cg:fl:{" + key + "}|cacheguard_test.item" }
+func leaseKey(key string) string { return "cg:fl:{" + key + "}|" + itemField }
 
-const itemField = "cacheguard_test.item"
+// envHead is the length of an envelope's header (cacheguard/envelope.go).
+const envHead = 40
+
+const itemField = "github.com/cacheguard/cacheguard/cacheguard_test.item"
 
 // storeRaw writes raw bytes as a test key's item value.
 func storeRaw(ctx context.Context, rdb redis.UniversalClient, key string, raw []byte) error {

@@ -51,7 +51,7 @@ func (c *config) judge(e *envelope, v *view) verdict {
 		return fresh
 	case e.negative:
 		return gone
-	case v.now < e.staleUntil && c.policy != policyWait:
+	case v.now < e.staleUntil && (c.policy != policyWait || v.now < e.freshUntil+c.grace().Milliseconds()):
 		return stale
 	case v.now < e.staleUntil:
 		return expired
@@ -61,24 +61,42 @@ func (c *config) judge(e *envelope, v *view) verdict {
 	return gone
 }
 
-// earlyRefreshShare is the share of the TTL, at its end, within which an
-// early refresh may start (see EarlyRefresh).
-const earlyRefreshShare = 20 // the last 1/20
+// earlyRefreshCap is the share of the TTL, at its end, within which an
+// early refresh may start, and past its end within which a value is served
+// while its refresh runs (see EarlyRefresh).
+const earlyRefreshCap = 4 // a quarter
 
-// xfetch decides a probabilistic early refresh of a fresh value at now (unix
-// ms): now − Δ·β·ln(rand) ≥ fresh-until, the gap Δ·β·ln(rand) capped at
-// ttl/earlyRefreshShare.
+// xfetch decides an early refresh of a fresh value at now (unix ms):
+// now + gap ≥ fresh-until, the gap Δ·β·(2 − ln rand) — at least twice the
+// value's last load, Δ·β·3 on average, so that the refresh, begun by the
+// first hit within it, ends before expiry even when the load is slower than
+// the last — capped at a quarter of the TTL.
 func (c *config) xfetch(now int64, e *envelope) bool {
 	if c.beta <= 0 || e.delta <= 0 || e.failSafe || e.negative {
 		return false
 	}
-	gap := -float64(e.delta.Microseconds()) / 1000 * c.beta * math.Log(rand.Float64())
-	gap = min(gap, float64(c.ttl.Milliseconds())/earlyRefreshShare)
+	gap := float64(e.delta.Microseconds()) / 1000 * c.beta * (2 - math.Log(rand.Float64()))
+	gap = min(gap, float64(c.ttl.Milliseconds())/earlyRefreshCap)
 	return float64(now)+gap >= float64(e.freshUntil)
 }
+
+// grace is how long past fresh-until a value is served, marked Stale, while
+// its refresh runs, whatever the policy (see EarlyRefresh): a hot key whose
+// refresh is late does not make its readers wait. Zero with early refresh
+// off.
+func (c *config) grace() time.Duration {
+	if c.beta <= 0 {
+		return 0
+	}
+	return c.ttl / earlyRefreshCap
+}
+
+// staleFor is the stale window stored with a value: ServeStale's window, or
+// the refresh grace, whichever is longer.
+func (c *config) staleFor() time.Duration { return max(c.staleWindow, c.grace()) }
 
 // keep is how long a value fresh for fresh is kept in Redis: its stale
 // window, or FailSafe's max age, past fresh-until.
 func (c *config) keep(fresh time.Duration) time.Duration {
-	return fresh + max(c.staleWindow, c.failSafeAge)
+	return fresh + max(c.staleFor(), c.failSafeAge)
 }

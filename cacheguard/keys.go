@@ -21,22 +21,45 @@ type names struct {
 // maxTypeName bounds the type name inside a key; a longer one is hashed.
 const maxTypeName = 64
 
-// typeName names a value type inside Redis names: its Go name (reflect's
-// String, e.g. "main.Repo" or "[]model.Repo"), or a hash of it when long.
-func typeName(t reflect.Type) string {
-	s := t.String()
-	if len(s) <= maxTypeName {
+// typeName names a value type inside Redis names: its Go name with the
+// package path of every named type in it (e.g. "example.com/app/model.Repo",
+// "[]example.com/app/model.Repo"), or a hash of it when long. (Two types of
+// one name declared in different functions of one package still share it.)
+// Built once per type and Guard (building it allocates; the hit path must not).
+func (g *Guard) typeName(t reflect.Type) string {
+	if s, ok := g.typeNames.Load(t); ok {
+		return s.(string)
+	}
+	s := typeString(t)
+	if len(s) > maxTypeName {
+		sum := sha256.Sum256([]byte(s))
+		s = "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
+	}
+	g.typeNames.Store(t, s)
+	return s
+}
+
+// typeString is reflect's String of t with package paths for the names of
+// named types, its elements' included (struct, func and chan literals as
+// String has them).
+func typeString(t reflect.Type) string {
+	switch s := t.String(); {
+	case t.Name() != "" && t.PkgPath() != "":
+		return t.PkgPath() + "." + t.Name()
+	case t.Name() == "" && (t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
+		return s[:len(s)-len(t.Elem().String())] + typeString(t.Elem())
+	case t.Name() == "" && t.Kind() == reflect.Map:
+		return "map[" + typeString(t.Key()) + "]" + typeString(t.Elem())
+	default:
 		return s
 	}
-	sum := sha256.Sum256([]byte(s))
-	return "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
 }
 
 // representation names the form a value is stored in under a key: its type,
 // the call's Variant and its tag set (see Tags), so that values of different
 // types, variants or tags never share an entry, a fill or a near-cache slot.
-func representation(t reflect.Type, variant string, tags *tagSet) string {
-	rep := typeName(t)
+func (g *Guard) representation(t reflect.Type, variant string, tags *tagSet) string {
+	rep := g.typeName(t)
 	if variant != "" {
 		rep += "|" + variant
 	}

@@ -21,18 +21,11 @@ local out = {}
 for i = 1, #KEYS / 3 do
   local kv, kl, kg = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local field, after = ARGV[2 * i + 2], tonumber(ARGV[2 * i + 3])
-  local g = redis.call('GET', kg)
-  if not g then
-    -- A generation never seen before for this key (µs of the server's
-    -- clock; invalidate.lua only ever moves it forward).
-    local t = redis.call('TIME')
-    g = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
-    redis.call('SET', kg, g, 'PX', ARGV[3])
-  end
-  -- Envelope header: 'c' 'g' version(2) flags, fresh-until ms (8 bytes,
-  -- big-endian) at 5, ..., generation (8 bytes, big-endian) at 25.
+  local g = counterRead(kg, ARGV[3]) -- created from the clock when absent
+  -- Envelope header: 'c' 'g' version(3) flags, fresh-until ms (8 bytes,
+  -- big-endian) at 5, ..., generation (8 bytes, big-endian) at 25, ...
   local v = redis.call('HGET', kv, field)
-  if v and string.len(v) >= 32 and string.sub(v, 1, 2) == 'cg' and string.byte(v, 3) == 2 then
+  if v and string.len(v) >= 40 and string.sub(v, 1, 2) == 'cg' and string.byte(v, 3) == 3 then
     local fresh, vg = 0, 0
     for j = 5, 12 do fresh = fresh * 256 + string.byte(v, j) end
     for j = 25, 32 do vg = vg * 256 + string.byte(v, j) end

@@ -116,7 +116,7 @@ func overwrite(t *testing.T, rdb *redis.Client, key string, id int) {
 		t.Fatal(err)
 	}
 	payload, _ := json.Marshal(item{ID: id, Name: "raw"})
-	if err := rdb.HSet(ctx, valueKey(key), itemField, append(b[:32:32], payload...)).Err(); err != nil {
+	if err := rdb.HSet(ctx, valueKey(key), itemField, append(b[:envHead:envHead], payload...)).Err(); err != nil {
 		t.Fatal(err)
 	}
 }

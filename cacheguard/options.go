@@ -134,8 +134,10 @@ func ServeStale(window time.Duration) Setting {
 
 // Wait selects the wait policy, the default: a miss waits for the one load
 // across the fleet, within the wait budget (see WaitBudget), and returns its
-// value within milliseconds of it being stored. Passed to Get, it overrides
-// a Guard whose default policy is ServeStale or FailFast.
+// value within milliseconds of it being stored; a hot key is refreshed before
+// it expires, and served for at most a quarter TTL past it while a late
+// refresh runs (see EarlyRefresh). Passed to Get, it overrides a Guard whose
+// default policy is ServeStale or FailFast.
 func Wait() Setting { return func(c *config) { c.policy = policyWait } }
 
 // WaitBudget sets how long a call may wait for a value, whatever the policy:
@@ -160,24 +162,28 @@ func OnWaitTimeout(a TimeoutAction) Setting { return func(c *config) { c.onTimeo
 // cached as absent. The default is 5s; 0 turns negative caching off.
 func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = d } }
 
-// EarlyRefresh sets β of probabilistic early refresh (XFetch): a hit refreshes
-// the value in the background when now − Δ·β·ln(rand) ≥ fresh-until, Δ being
-// the stored duration of its last load, so a hot key is usually refreshed
-// before it expires, by one caller. Larger β refreshes earlier, but never
-// more than a twentieth of the TTL before expiry: the refreshed value is
-// stored fresh for a full TTL from the end of its load, so a key read without
-// pause costs at most about 5% more loads than one refreshed exactly at
-// expiry (a refresh that cannot finish within that twentieth — a load slower
-// than TTL/20 — makes the calls after expiry wait for it, or under
-// ServeStale serves them the stale value). The default is 1; 0 turns it off.
+// EarlyRefresh sets β of early refresh, which keeps a key being read from
+// expiring under its readers. A hit refreshes the value in the background,
+// under the fill lease (one load across every process), once now + gap ≥
+// fresh-until, where gap = Δ·β·(2 − ln rand): at least twice Δ, the measured
+// duration of the value's last load, three times on average, and never more
+// than a quarter of the TTL. A refresh that is late all the same — its load
+// slower than that — does not make the calls after expiry wait: for a quarter
+// of the TTL past fresh-until a value is served marked Stale while its
+// refresh runs, whatever the policy (the first such call starts the refresh if
+// no hit did). That is the staleness it costs: a value served at most TTL/4
+// past its TTL, so at most 1.25 × TTL after its load ended. An invalidated
+// value is never served (Invalidate voids it at once), and a key no call
+// reads expires at its TTL. Loads: a key read without pause is loaded about
+// once per TTL − 2Δ. The default is 1; 0 turns off both the early refresh and
+// the quarter-TTL grace (every call after expiry then waits for the reload).
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
-// Jitter shortens the TTL of a value loaded after a miss by a random fraction
-// in [0, frac), so that keys loaded together (at a cold start, or after an
-// invalidation of many keys) do not expire together. A refresh — early, or of
-// a stale value — stores a full TTL: its moment already comes from the
-// requests that triggered it, and a shorter TTL would only cost loads. The
-// default is 0.1; 0 turns it off; it must be below 1.
+// Jitter shortens the TTL of every value stored by a random fraction in
+// [0, frac), so that keys loaded together (at a cold start, or after an
+// invalidation of many keys) do not expire together, and drift further apart
+// with every refresh. It costs about frac/2 more loads. The default is 0.1; 0
+// turns it off; it must be below 1.
 func Jitter(frac float64) Setting { return func(c *config) { c.jitter = frac } }
 
 // LoadTimeout bounds the context a loader runs under. That context is detached

@@ -205,14 +205,13 @@ func TestNegativeCaching(t *testing.T) {
 }
 
 // TestEarlyRefresh: a hit close to expiry refreshes the value in the
-// background — no earlier than the last twentieth of the TTL, whatever β —
-// and the refreshed value is stored for a full TTL (no jitter), while a value
-// loaded after a miss has its TTL jittered.
+// background — no earlier than the last quarter of the TTL, whatever β — and
+// the refreshed value is stored for a full TTL (jitter off here).
 func TestEarlyRefresh(t *testing.T) {
 	ctx := context.Background()
 	const ttl = 2 * time.Second
-	// β so large that every hit within the last twentieth (100ms) refreshes.
-	g, rdb := newGuard(t, cacheguard.EarlyRefresh(1e9), cacheguard.TTL(ttl), cacheguard.Jitter(0.9))
+	// β so large that every hit within the last quarter (500ms) refreshes.
+	g, rdb := newGuard(t, cacheguard.EarlyRefresh(1e9), cacheguard.TTL(ttl), cacheguard.Jitter(0))
 	key := testKey(t)
 	c := &counter{delay: time.Millisecond, name: "e"}
 	freshUntil := func() time.Time {
@@ -231,10 +230,10 @@ func TestEarlyRefresh(t *testing.T) {
 	if err != nil || v.ID != 1 || res != cacheguard.Hit {
 		t.Fatalf("hit = %v, %v, %v", v, err, res)
 	}
-	if time.Until(first) > ttl/20 && g.Stats().EarlyRefreshes != 0 {
-		t.Fatalf("an early refresh %v before expiry, more than a twentieth of the TTL", time.Until(first))
+	if time.Until(first) > ttl/4 && g.Stats().EarlyRefreshes != 0 {
+		t.Fatalf("an early refresh %v before expiry, more than a quarter of the TTL", time.Until(first))
 	}
-	// Read until a hit falls within the last twentieth and refreshes (in the
+	// Read until a hit falls within the last quarter and refreshes (in the
 	// background: seen once this hit or the one before it has returned).
 	var start, before time.Time
 	eventually(t, 5*time.Second, "refreshed in the background", func() bool {
@@ -247,7 +246,7 @@ func TestEarlyRefresh(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, "the refresh stored", func() bool { return c.n.Load() == 2 && !freshUntil().Equal(first) })
 	if fu := freshUntil(); fu.Before(start.Add(ttl)) {
-		t.Fatalf("refreshed value fresh until %v after the refreshing hit, want the full TTL %v (no jitter)", fu.Sub(start), ttl)
+		t.Fatalf("refreshed value fresh until %v after the refreshing hit, want the full TTL %v (jitter off)", fu.Sub(start), ttl)
 	}
 	if st := g.Stats(); st.Misses != 1 || st.Loads != 2 {
 		t.Fatalf("stats %+v, want one miss and one early refresh (the refresh ends before expiry)", st)

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
@@ -21,12 +21,15 @@ type stored struct {
 	b []byte // the envelope; nil when absent
 	// gen is the key's generation, read with the envelope only when a
 	// flight of the entry was running in this process as the read was sent
-	// (see flights.admit); 0 when not read or absent.
+	// (see flights.admit): when absent, the server's clock at the read
+	// (genpeek.lua: later than every generation it had, earlier than every
+	// one it will have); 0 when not read; counter.Unknown when unknown (then
+	// only a flight created after the read is joined).
 	gen int64
 	// mark is the serial of the last flight created before the read was
 	// sent: a flight created after it sent its first script after the read.
 	mark    uint64
-	tagVers []uint64 // the versions of the call's tags, read with the value (0: absent)
+	tagVers []uint64 // the versions of the call's tags, read with the value (counter.Unknown: absent)
 	err     error    // Redis failed
 }
 
@@ -73,15 +76,16 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			cmds = append(cmds, hv[i])
 		}
 	}
-	var gv []*redis.StringCmd
+	var gv []*redis.Cmd
 	p := g.cfg.prefix
 	for i, v := range values {
 		var busy bool
 		if out[i].mark, busy = g.flights.mark(entry{v, field}); busy {
 			if gv == nil {
-				gv = make([]*redis.StringCmd, len(values))
+				gv = make([]*redis.Cmd, len(values))
 			}
-			gv[i] = redis.NewStringCmd(ctx, "get", p+"g:"+v[len(p)+len("v:"):]) // the generation's name: the values hash's, with "g:" for "v:"
+			// The generation's name: the values hash's, with "g:" for "v:".
+			gv[i] = genPeekScript.Cmd(ctx, keys(p+"g:"+v[len(p)+len("v:"):]))
 			cmds = append(cmds, gv[i])
 		}
 	}
@@ -127,31 +131,25 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 		if gv == nil || gv[i] == nil {
 			continue
 		}
-		switch v, err := gv[i].Result(); {
-		case err == nil:
-			s.gen, _ = strconv.ParseInt(v, 10, 64)
-		case !errors.Is(err, redis.Nil):
+		if s.gen, err = counter.Parse(gv[i].Text()); err != nil {
 			*s = stored{err: err}
 		}
 	}
 }
 
 // versions reads the tags' versions from their commands' replies (an absent
-// one is 0).
+// one is counter.Unknown: newer than any recorded).
 func versions(cmds []*redis.Cmd) ([]uint64, error) {
 	if len(cmds) == 0 {
 		return nil, nil
 	}
 	vers := make([]uint64, len(cmds))
 	for i, c := range cmds {
-		switch s, err := c.Text(); {
-		case err == nil:
-			if vers[i], err = strconv.ParseUint(s, 10, 64); err != nil {
-				return nil, fmt.Errorf("cacheguard: tag version %q: %w", s, err)
-			}
-		case !errors.Is(err, redis.Nil):
-			return nil, err
+		v, err := counter.Parse(c.Text())
+		if err != nil {
+			return nil, fmt.Errorf("cacheguard: tag version: %w", err)
 		}
+		vers[i] = uint64(v)
 	}
 	return vers, nil
 }

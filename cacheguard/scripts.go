@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
@@ -16,24 +17,29 @@ import (
 //go:embed *.lua
 var lua embed.FS
 
-// script reads an embedded .lua file into a Script.
-func script(name string) *rcmd.Script {
+// script reads an embedded .lua file into a Script; with counters, after the
+// counter functions (see internal/counter).
+func script(name string, counters bool) *rcmd.Script {
 	src, err := lua.ReadFile(name)
 	if err != nil {
 		panic(err)
+	}
+	if counters {
+		return rcmd.NewScript(counter.Script(string(src)))
 	}
 	return rcmd.NewScript(string(src))
 }
 
 var (
-	leaseScript      = script("lease.lua")
-	fillScript       = script("fill.lua")
-	releaseScript    = script("release.lua")
-	renewScript      = script("renew.lua")
-	invalidateScript = script("invalidate.lua")
-	tagReadScript    = script("tagread.lua")
-	tagBumpScript    = script("tagbump.lua")
-	readManyScript   = script("readmany.lua")
+	leaseScript      = script("lease.lua", true)
+	fillScript       = script("fill.lua", false)
+	releaseScript    = script("release.lua", false)
+	renewScript      = script("renew.lua", false)
+	invalidateScript = script("invalidate.lua", true)
+	tagReadScript    = script("tagread.lua", true)
+	tagBumpScript    = script("tagbump.lua", true)
+	readManyScript   = script("readmany.lua", false)
+	genPeekScript    = script("genpeek.lua", true)
 )
 
 // Every Redis command goes through the Guard's rcmd.Runner (g.cmd): bounded
@@ -51,11 +57,10 @@ func keys(names ...string) []any {
 
 // genTTL is the shortest life of a key's generation in Redis: a generation
 // created by a miss or an invalidation lives at least this long, and as long
-// as every lease granted and value stored under it. A flight is joined only
-// while younger than this (see maxJoinAge), so a generation that expired and
-// is read as absent again can never lead a call into a flight that began
-// before an invalidation. It costs one small key per cache key invalidated or
-// filled, for at most this long past its last value.
+// as every lease granted and value stored under it. One that expired or was
+// lost reads as unknown (internal/counter) and comes back later than every
+// value it had. It costs one small key per cache key invalidated or filled,
+// for at most this long past its last value.
 const genTTL = time.Minute
 
 // never is the "after" of a get-or-lease for a value that cannot be used:
@@ -233,7 +238,8 @@ func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until ti
 // which keep(f, its command) holds, until none is left, the deadline passes,
 // stop is closed, or the Guard closes. A tick that comes as stop is closed
 // sends nothing. It reports false, starting nothing, when the Guard is
-// closing. It is the one loop of the fill leases' renewals and give-backs.
+// closed and ctx is no task's (see track). It is the one loop of the fill
+// leases' renewals and give-backs.
 func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, now bool, deadline time.Time, stop <-chan struct{},
 	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) bool {
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 staticcheck=honnef.co/go/tools/cmd/staticcheck@v0.8.2
 errcheck=github.com/kisielk/errcheck@v1.9.0
-library=(./locks/... ./cacheguard/... ./ginmw/... ./gormplugin/... ./internal/wake/... ./internal/rcmd/... ./internal/ratelog/... ./internal/slot/...)
+library=(./locks/... ./cacheguard/... ./ginmw/... ./gormplugin/... ./internal/wake/... ./internal/rcmd/... ./internal/ratelog/... ./internal/slot/... ./internal/counter/...)
 status=0
 go run "$staticcheck" ./... || status=1
 (cd cgotel && go run "$staticcheck" ./...) || status=1

@@ -1,0 +1,707 @@
+package cacheguard_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/internal/testing/gen"
+)
+
+// TestGenCache is the package's state machine: three Guards (each on a
+// client of its own, as processes are) on one server or on a 3-master
+// cluster run Get and GetMany with random settings, variants and tags, slow
+// and failing loaders and caller deadlines, in the background, while
+// Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
+// FLUSHDB, one internal key deleted (a generation, a values hash, a tag's
+// version, a fill lease), a node restarted without persistence, a reply
+// dropped or delayed (a go-redis hook), a process paused (every command of a
+// client held).
+//
+// The oracle is a model of the documented guarantees, kept from what the
+// loaders and the calls saw, never from the Guard:
+//   - read-your-writes: a call that began after an Invalidate of its key (or
+//     an InvalidateTags of one of its tags) returned never gets a value
+//     whose load began before that invalidation began (a near-cache hit of
+//     another process: once the message had a second to arrive);
+//   - one load per expiry: two loads of one entry never overlap, unless an
+//     invalidation of the key or a fault came between (which void leases or
+//     make a call fail open, as documented);
+//   - every call ends within its wait budget and context (plus a slack for
+//     a starved -race host), every Shutdown within its grace;
+//   - an older value served as Stale is within its stale window or FailSafe's
+//     max age of its load;
+//   - the near cache holds at most its entries.
+func TestGenCache(t *testing.T) {
+	single := redistest.Start(t)
+	cl := redistest.StartCluster(t)
+	var tot genTotals
+	// Long runs: the sequences that break a guarantee take a read, an
+	// invalidation, a lost counter and a read again of one entry.
+	if !flagSet("rapid.steps") {
+		old := flag.Lookup("rapid.steps").Value.String()
+		_ = flag.Set("rapid.steps", "100")
+		defer func() { _ = flag.Set("rapid.steps", old) }()
+	}
+	gen.Check(t, 6, func(rt *rapid.T) {
+		m := newGenModel(t, rt, single, cl, &tot)
+		defer m.close()
+		rt.Repeat(map[string]func(*rapid.T){
+			"":               m.check,
+			"Get":            m.get,
+			"Get2":           m.get, // calls weigh more than faults
+			"Get3":           m.get,
+			"Get4":           m.get,
+			"GetMany":        m.getMany,
+			"GetMany2":       m.getMany,
+			"Invalidate":     m.invalidate,
+			"Invalidate2":    m.invalidate,
+			"InvalidateTags": m.invalidateTags,
+			"Settle":         func(rt *rapid.T) { m.settle() },
+			"Shutdown":       m.shutdown,
+			"Fault":          m.fault,
+			"Fault2":         m.fault,
+		})
+		m.settle()
+		m.check(rt)
+		m.checkOverlaps(rt)
+	})
+	t.Logf("gen: %d runs, %d steps, %d calls, %d invalidations, %d faults %v, %d shutdowns",
+		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load())
+}
+
+func flagSet(name string) (set bool) {
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+type genTotals struct {
+	runs, steps, calls, invs, faults, shutdowns atomic.Int64
+	mu                                          sync.Mutex
+	byKind                                      map[string]int
+}
+
+func (t *genTotals) fault(kind string) {
+	t.faults.Add(1)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byKind == nil {
+		t.byKind = map[string]int{}
+	}
+	t.byKind[kind]++
+}
+
+func (t *genTotals) kinds() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps(t.byKind)
+}
+
+func maps(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// genVal is what a loader returns: the serial of its load's start, and when
+// it ended.
+type genVal struct {
+	Seq int64 `json:"s"`
+	End int64 `json:"e"` // unix ns
+}
+
+const (
+	genLease   = 400 * time.Millisecond
+	genCmd     = 300 * time.Millisecond
+	genNear    = 8
+	genSlack   = 1500 * time.Millisecond // a starved -race host, 2 cores shared by 5 suites
+	genSlow    = 600 * time.Millisecond
+	genStale   = 500 * time.Millisecond
+	genMaxAge  = time.Second
+	genBackoff = 200 * time.Millisecond
+)
+
+var (
+	genKeys = []string{"k0", "k1"}
+	genTags = []string{"t0"}
+)
+
+// genProc is a Guard as a process: its own client, with a fault hook.
+type genProc struct {
+	g    *cacheguard.Guard
+	rdb  redis.UniversalClient
+	hook *faultHook
+	near bool
+}
+
+type genInv struct {
+	name        string // a key, or "#"+tag
+	seq         int64  // the load serial when it began
+	began, done time.Time
+	ok          bool
+}
+
+type genLoad struct {
+	key, entry string
+	start, end time.Time
+}
+
+type genModel struct {
+	t       *testing.T
+	tot     *genTotals
+	single  *redistest.Server
+	cl      *redistest.Cluster
+	cluster bool
+	prefix  string
+	procs   []*genProc
+	old     []*genProc // closed, kept until the run ends
+	last    *genCall   // the last Get's settings, and its key
+	lastKey string
+
+	seq atomic.Int64
+	wg  sync.WaitGroup // the calls in the background
+
+	mu      sync.Mutex // guards what follows
+	invs    []genInv
+	loads   []genLoad
+	faultsW [][2]time.Time // fault windows: loads overlapping them may overlap each other
+	bad     []string
+}
+
+var genRun atomic.Int64
+
+func newGenModel(t *testing.T, rt *rapid.T, single *redistest.Server, cl *redistest.Cluster, tot *genTotals) *genModel {
+	m := &genModel{t: t, tot: tot, single: single, cl: cl, cluster: rapid.Bool().Draw(rt, "cluster"),
+		prefix: "gen" + strconv.FormatInt(genRun.Add(1), 10) + rand8() + ":"}
+	tot.runs.Add(1)
+	for i := range 3 {
+		m.procs = append(m.procs, m.newProc(i == 0))
+	}
+	return m
+}
+
+func rand8() string { return strconv.FormatInt(time.Now().UnixNano()%1e8, 36) }
+
+func (m *genModel) client() redis.UniversalClient {
+	if m.cluster {
+		return m.cl.Client()
+	}
+	return m.single.Client()
+}
+
+func (m *genModel) newProc(near bool) *genProc {
+	rdb := m.client()
+	h := &faultHook{}
+	rdb.AddHook(h)
+	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
+		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	if near {
+		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
+	}
+	return &genProc{g: cacheguard.New(rdb, opts...), rdb: rdb, hook: h, near: near}
+}
+
+func (m *genModel) close() {
+	m.settle()
+	for _, p := range append(m.procs, m.old...) {
+		p.g.Close()
+		p.rdb.Close()
+	}
+}
+
+// settle waits for the calls in the background.
+func (m *genModel) settle() {
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		m.violation("calls still running 30s after they were started")
+		<-done
+	}
+}
+
+func (m *genModel) violation(format string, args ...any) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.bad = append(m.bad, fmt.Sprintf(format, args...))
+}
+
+// check fails the run with the violations seen so far, and checks the near
+// cache's bound.
+func (m *genModel) check(rt *rapid.T) {
+	m.tot.steps.Add(1)
+	for _, p := range m.procs {
+		if p.near {
+			if n := cacheguard.NearLen(p.g); n > genNear {
+				rt.Fatalf("near cache holds %d entries, more than %d", n, genNear)
+			}
+		}
+	}
+	m.mu.Lock()
+	bad := slices.Clone(m.bad)
+	m.mu.Unlock()
+	if len(bad) > 0 {
+		rt.Fatalf("%d violations, first: %s", len(bad), bad[0])
+	}
+}
+
+// settings draws a call's settings.
+type genCall struct {
+	opts    []cacheguard.CallOption
+	tags    []string
+	variant string
+	budget  time.Duration
+	ctxTime time.Duration // 0: none
+	policy  string
+	ttl     time.Duration
+	loader  string
+}
+
+func (m *genModel) drawCall(rt *rapid.T) genCall {
+	c := genCall{
+		ttl:     rapid.SampledFrom([]time.Duration{300 * time.Millisecond, 2 * time.Second, 2 * time.Second}).Draw(rt, "ttl"),
+		budget:  rapid.SampledFrom([]time.Duration{300 * time.Millisecond, time.Second}).Draw(rt, "budget"),
+		ctxTime: rapid.SampledFrom([]time.Duration{0, 0, 100 * time.Millisecond}).Draw(rt, "ctx"),
+		policy:  rapid.SampledFrom([]string{"wait", "stale", "failsafe", "soft"}).Draw(rt, "policy"),
+		variant: rapid.SampledFrom([]string{"", "", "", "HEAD"}).Draw(rt, "variant"),
+		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "fail"}).Draw(rt, "loader"),
+	}
+	c.tags = rapid.SampledFrom([][]string{nil, {"t0"}}).Draw(rt, "tags")
+	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
+	switch c.policy {
+	case "stale":
+		c.opts = append(c.opts, cacheguard.ServeStale(genStale))
+	case "failsafe":
+		c.opts = append(c.opts, cacheguard.FailSafe(genMaxAge, genBackoff))
+	case "soft":
+		c.opts = append(c.opts, cacheguard.FailSafe(genMaxAge, genBackoff), cacheguard.SoftTimeout(100*time.Millisecond))
+	}
+	if c.variant != "" {
+		c.opts = append(c.opts, cacheguard.Variant(c.variant))
+	}
+	if c.tags != nil {
+		c.opts = append(c.opts, cacheguard.Tags(c.tags...))
+	}
+	return c
+}
+
+func (c genCall) String() string {
+	return fmt.Sprintf("{ttl %v budget %v ctx %v %s variant %q tags %v loader %s}", c.ttl, c.budget, c.ctxTime, c.policy, c.variant, c.tags, c.loader)
+}
+
+func (c genCall) entry(key string) string {
+	return key + "|" + c.variant + "|" + fmt.Sprint(c.tags)
+}
+
+// load runs a loader of kind for keys, recording its interval per entry.
+func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[string]genVal, error) {
+	seq := m.seq.Add(1)
+	start := time.Now()
+	var err error
+	switch c.loader {
+	case "slow":
+		select {
+		case <-time.After(genSlow):
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	case "fail":
+		err = errors.New("database down")
+	}
+	end := time.Now()
+	m.mu.Lock()
+	for _, k := range keys {
+		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end})
+	}
+	m.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]genVal, len(keys))
+	for _, k := range keys {
+		out[k] = genVal{Seq: seq, End: end.UnixNano()}
+	}
+	return out, nil
+}
+
+func (m *genModel) get(rt *rapid.T) {
+	p := rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")
+	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	c := m.drawCall(rt)
+	if m.last != nil && rapid.Bool().Draw(rt, "same entry as the last call") {
+		// Entries read again, invalidated, their counters lost: the
+		// sequences that reviews find.
+		key, c.ttl, c.variant, c.tags, c.opts = m.lastKey, m.last.ttl, m.last.variant, m.last.tags, m.last.opts
+	}
+	m.last, m.lastKey = &c, key
+	n := rapid.IntRange(1, 3).Draw(rt, "callers")
+	var wg sync.WaitGroup
+	for range n {
+		m.call(m.procs[p], c, []string{key}, false, &wg)
+	}
+	m.await(rt, &wg)
+}
+
+// await waits for the calls of a step, unless it runs them in the
+// background (then they overlap the next steps).
+func (m *genModel) await(rt *rapid.T, wg *sync.WaitGroup) {
+	if rapid.IntRange(0, 2).Draw(rt, "background") == 0 {
+		return
+	}
+	wg.Wait() // each call ends within its budget, or its check says so
+}
+
+func (m *genModel) getMany(rt *rapid.T) {
+	p := rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")
+	keys := rapid.SliceOfNDistinct(rapid.SampledFrom(genKeys), 1, 3, rapid.ID[string]).Draw(rt, "keys")
+	var wg sync.WaitGroup
+	m.call(m.procs[p], m.drawCall(rt), keys, true, &wg)
+	m.await(rt, &wg)
+}
+
+// call runs one Get (or GetMany) in the background and checks what it
+// returned against the model.
+func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *sync.WaitGroup) {
+	m.tot.calls.Add(1)
+	m.wg.Add(1)
+	step.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer step.Done()
+		ctx := context.Background()
+		if c.ctxTime > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.ctxTime)
+			defer cancel()
+		}
+		var res cacheguard.Result
+		opts := append(slices.Clone(c.opts), cacheguard.ReportTo(&res))
+		began := time.Now()
+		got := map[string]genVal{}
+		var err error
+		if many {
+			got, err = cacheguard.GetMany(ctx, p.g, keys, func(ctx context.Context, ks []string) (map[string]genVal, error) {
+				return m.load(ctx, c, ks)
+			}, opts...)
+		} else {
+			var v genVal
+			v, err = cacheguard.Get(ctx, p.g, keys[0], func(ctx context.Context) (genVal, error) {
+				vals, err := m.load(ctx, c, keys)
+				return vals[keys[0]], err
+			}, opts...)
+			if err == nil {
+				got[keys[0]] = v
+			}
+		}
+		took := time.Since(began)
+		bound := c.budget
+		if c.ctxTime > 0 {
+			bound = min(bound, c.ctxTime)
+		}
+		if took > bound+genSlack && !errors.Is(err, cacheguard.ErrClosed) {
+			m.violation("%s of %v took %v, bound %v (%v, %v)", c, keys, took, bound, res, err)
+		}
+		for k, v := range got {
+			m.checkValue(c, k, v, res, began, p)
+		}
+	}()
+}
+
+// checkValue checks a value a call that began at began got for key.
+func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Result, began time.Time, p *genProc) {
+	if v.Seq == 0 {
+		m.violation("%s: a zero value served (%v)", key, res)
+		return
+	}
+	names := []string{key}
+	for _, tg := range c.tags {
+		names = append(names, "#"+tg)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, inv := range m.invs {
+		if !inv.ok || !slices.Contains(names, inv.name) {
+			continue
+		}
+		after := inv.done
+		if res == cacheguard.NearHit {
+			after = after.Add(time.Second) // the message's latency, on a starved host
+		}
+		if began.After(after) && v.Seq <= inv.seq {
+			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then)",
+				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq))
+		}
+	}
+	if res == cacheguard.Stale {
+		// The longest TTL any call stores with, and the longer of the
+		// stale window and the max age.
+		limit := time.Unix(0, v.End).Add(2*time.Second + max(genStale, genMaxAge) + 50*time.Millisecond)
+		if began.After(limit) {
+			m.bad = append(m.bad, fmt.Sprintf("%s served Stale %v past its max age (load %d)", key, began.Sub(limit), v.Seq))
+		}
+	}
+}
+
+func (m *genModel) invalidate(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	keys := rapid.SliceOfNDistinct(rapid.SampledFrom(genKeys), 1, 2, rapid.ID[string]).Draw(rt, "keys")
+	if m.last != nil && rapid.Bool().Draw(rt, "the last call's key") {
+		keys = []string{m.lastKey}
+	}
+	m.invalidateWith(keys, func(ctx context.Context) error { return p.g.Invalidate(ctx, keys...) })
+}
+
+func (m *genModel) invalidateTags(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	tags := rapid.SliceOfNDistinct(rapid.SampledFrom(genTags), 1, 2, rapid.ID[string]).Draw(rt, "tags")
+	names := make([]string, len(tags))
+	for i, tg := range tags {
+		names[i] = "#" + tg
+	}
+	m.invalidateWith(names, func(ctx context.Context) error { return p.g.InvalidateTags(ctx, tags...) })
+}
+
+func (m *genModel) invalidateWith(names []string, do func(context.Context) error) {
+	m.tot.invs.Add(1)
+	seq, began := m.seq.Load(), time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := do(ctx)
+	done := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range names {
+		m.invs = append(m.invs, genInv{name: n, seq: seq, began: began, done: done, ok: err == nil})
+	}
+}
+
+// shutdown closes a process (gracefully or not) and starts another in its
+// place.
+func (m *genModel) shutdown(rt *rapid.T) {
+	i := rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")
+	grace := rapid.SampledFrom([]time.Duration{0, 300 * time.Millisecond, time.Second}).Draw(rt, "grace")
+	p := m.procs[i]
+	m.tot.shutdowns.Add(1)
+	start := time.Now()
+	if grace == 0 {
+		p.g.Close()
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), grace)
+		_ = p.g.Shutdown(ctx)
+		cancel()
+	}
+	if took := time.Since(start); took > grace+genSlack {
+		m.violation("Shutdown with a grace of %v took %v", grace, took)
+	}
+	m.old = append(m.old, p)
+	m.procs[i] = m.newProc(p.near)
+}
+
+// fault injects one fault, a deleted internal key twice as often as each of
+// the others.
+func (m *genModel) fault(rt *rapid.T) {
+	map[string]func(*rapid.T){
+		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
+		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause,
+	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause"}).Draw(rt, "fault")](rt)
+}
+
+// window marks a fault window from now until do returns, plus what a fault
+// may leave behind (a lease granted unseen, a call failing open).
+func (m *genModel) window(kind string, do func()) {
+	m.tot.fault(kind)
+	start := time.Now()
+	do()
+	m.mu.Lock()
+	m.faultsW = append(m.faultsW, [2]time.Time{start, time.Now().Add(genLease + 2*genCmd + genSlack)})
+	m.mu.Unlock()
+}
+
+func (m *genModel) masters() []*redistest.Server {
+	if m.cluster {
+		return m.cl.Masters()
+	}
+	return []*redistest.Server{m.single}
+}
+
+func (m *genModel) flush(rt *rapid.T) {
+	m.window("flushdb", func() {
+		for _, s := range m.masters() {
+			if _, err := s.Do(context.Background(), "flushall"); err != nil {
+				rt.Fatalf("flushall: %v", err)
+			}
+		}
+	})
+}
+
+func (m *genModel) delKey(rt *rapid.T) {
+	kind := rapid.SampledFrom([]string{"g:", "v:", "t:", "fl:"}).Draw(rt, "internal key")
+	name := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	if m.last != nil && rapid.Bool().Draw(rt, "the last call's key") {
+		name = m.lastKey
+	}
+	if kind == "t:" {
+		name = rapid.SampledFrom(genTags).Draw(rt, "tag")
+	}
+	m.window("del "+kind, func() {
+		ctx := context.Background()
+		rdb := m.procs[0].rdb
+		if kind != "fl:" {
+			_ = rdb.Del(ctx, m.prefix+kind+"{"+name+"}").Err()
+			return
+		}
+		// Every fill lease of the key (one per representation).
+		for _, s := range m.masters() {
+			ks, _ := s.Do(ctx, "keys", m.prefix+"fl:{"+name+"}*")
+			list, _ := ks.([]any)
+			for _, k := range list {
+				_, _ = s.Do(ctx, "del", k)
+			}
+		}
+	})
+}
+
+func (m *genModel) restart(rt *rapid.T) {
+	ms := m.masters()
+	s := ms[rapid.IntRange(0, len(ms)-1).Draw(rt, "node")]
+	m.window("restart", func() {
+		if err := s.Restart(); err != nil {
+			rt.Fatalf("restart: %v", err)
+		}
+		if m.cluster {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := m.cl.WaitStable(ctx); err != nil {
+				rt.Fatalf("cluster after a restart: %v", err)
+			}
+		}
+	})
+}
+
+func (m *genModel) dropReply(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	n := rapid.IntRange(1, 3).Draw(rt, "replies")
+	m.window("drop", func() { p.hook.drop.Add(int64(n)) })
+}
+
+func (m *genModel) delayReply(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	d := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 500 * time.Millisecond}).Draw(rt, "delay")
+	m.window("delay", func() {
+		p.hook.delay.Store(int64(d))
+		p.hook.delays.Add(1)
+	})
+}
+
+func (m *genModel) pause(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "pause")
+	m.window("pause", func() { p.hook.pausedUntil.Store(time.Now().Add(d).UnixNano()) })
+}
+
+// checkOverlaps checks that no two loads of one entry overlapped, unless an
+// invalidation of its key or a fault came between.
+func (m *genModel) checkOverlaps(rt *rapid.T) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	inFault := func(l genLoad) bool {
+		for _, w := range m.faultsW {
+			if l.start.Before(w[1]) && l.end.After(w[0]) {
+				return true
+			}
+		}
+		return false
+	}
+	invalidated := func(a, b genLoad) bool {
+		for _, inv := range m.invs {
+			if inv.name == a.key && !inv.began.After(b.start) && !inv.done.Before(a.start) {
+				return true
+			}
+		}
+		return false
+	}
+	for i, a := range m.loads {
+		for _, b := range m.loads[i+1:] {
+			if a.entry != b.entry || inFault(a) || inFault(b) {
+				continue
+			}
+			first, second := a, b
+			if second.start.Before(first.start) {
+				first, second = second, first
+			}
+			if second.start.Before(first.end) && !invalidated(first, second) {
+				rt.Fatalf("two loads of %s overlapped: %v–%v and %v–%v", a.entry,
+					first.start.Format("05.000"), first.end.Format("05.000"), second.start.Format("05.000"), second.end.Format("05.000"))
+			}
+		}
+	}
+}
+
+// faultHook holds, delays or drops replies of one client.
+type faultHook struct {
+	drop        atomic.Int64 // replies to drop (the command ran)
+	delays      atomic.Int64 // replies to delay by delay
+	delay       atomic.Int64
+	pausedUntil atomic.Int64 // unix ns: every command waits until then
+}
+
+var errDropped = errors.New("gen: reply dropped")
+
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.before()
+		err := next(ctx, cmd)
+		if h.after() {
+			cmd.SetErr(errDropped)
+			return errDropped
+		}
+		return err
+	}
+}
+
+func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.before()
+		err := next(ctx, cmds)
+		if h.after() {
+			for _, c := range cmds {
+				c.SetErr(errDropped)
+			}
+			return errDropped
+		}
+		return err
+	}
+}
+
+func (h *faultHook) before() {
+	if d := time.Until(time.Unix(0, h.pausedUntil.Load())); d > 0 {
+		time.Sleep(d) // the process is paused: the fault, not a synchronisation
+	}
+}
+
+// after delays the reply when a delay is due, and reports whether to drop it.
+func (h *faultHook) after() bool {
+	if h.delays.Load() > 0 && h.delays.Add(-1) >= 0 {
+		time.Sleep(time.Duration(h.delay.Load()))
+	}
+	return h.drop.Load() > 0 && h.drop.Add(-1) >= 0
+}
