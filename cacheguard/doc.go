@@ -38,11 +38,9 @@
 // panic is a *PanicError for all. A loader's ErrNotFound is cached as an
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
 //
-// A hot key does not expire under its readers: a hit refreshes it in the
-// background before expiry, from how long its last load took, and when that
-// refresh is late the value is served marked Stale for at most a quarter of
-// its TTL past it (see EarlyRefresh; EarlyRefresh(0) makes every call after
-// expiry wait). An invalidated value is never served.
+// A hot key does not expire under its readers: a hit refreshes it before
+// expiry, timed by its last load, and a late refresh has the value served
+// Stale for at most TTL/4 past expiry (EarlyRefresh; 0 turns both off).
 //
 // # Consistency
 //
@@ -69,51 +67,37 @@
 // stored (fail-open, TimeoutLoad, a fill whose lease was lost or that an
 // invalidation overtook) may be newer than a cached one served after it within
 // that window. An Invalidate that a failed-over master acknowledged but did not
-// replicate is lost like any other write to it; a value lost or evicted in
-// Redis is a miss, never a hit of an invalidated value. A generation or a tag
-// version lost in Redis (evicted, flushed, its node restarted without
-// persistence, on a cluster on another master than the value) never makes an
-// older value or load servable: an absent one is unknown, newer than every
-// value cached or in flight (a miss), and comes back later than every value
-// it had.
+// replicate is lost like any other write to it. A value, generation or tag
+// version lost in Redis (evicted, flushed, its node restarted) never makes an
+// older value or load servable: an absent counter is newer than any (a miss).
 //
 // # Near cache
 //
 // NearCache(entries, ttl) keeps decoded values in the process: a hit costs no
-// round trip and allocates nothing (about 100ns against 7µs from Redis;
-// BenchmarkGetNearHit). Only fresh, stored values enter it. Every fill and
-// invalidation drops the key's (or tag's) entries in every other process
-// within a message's latency (about a millisecond on loopback): until then a
-// Get may still be served the near-cached value. While its subscription is not
-// proven to hear every message (for a second, or the connection failed) it is
-// bypassed, and flushed when the subscription is back; its ttl bounds how long
-// a value whose message was lost unseen is served. It holds at most entries
-// values (first in, first out). On a Redis Cluster each fill and invalidation
-// costs one message per node: measure it for write-heavy keys.
+// round trip and allocates nothing. Only fresh, stored values enter it. Every
+// fill and invalidation drops the key's (or tag's) entries in every other
+// process within a message's latency (about a millisecond on loopback). While
+// its subscription is not proven to hear every message it is bypassed, and
+// flushed when it is back; ttl bounds how long a value whose message was lost
+// is served. It holds at most entries values (first in, first out).
 //
 // # Redis unavailable
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
-// its context, whatever the client's timeouts, and each Redis command within
-// twice CommandTimeout of being sent, once CommandTimeout when Redis is quiet
-// (a locks.Breaker on the client counts the timeouts): a call fails open
-// within about three command timeouts of a stall's start, at once with the
-// breaker open. Set ContextTimeoutEnabled on the client; without it each
-// read is handed to another goroutine (a few µs per hit). When Redis fails,
-// Get fails open by default: the loader runs, shared by the process's callers
-// (at most two loads per key at once, one running, one queued;
-// MaxConcurrentLoads bounds them all), its result is returned and not cached
-// (Stats.FailOpenLoads). FailClosed returns ErrUnavailable instead.
+// its context, and each Redis command within twice CommandTimeout of being
+// sent (once when Redis is quiet; a locks.Breaker on the client counts the
+// timeouts). Set ContextTimeoutEnabled on the client. When Redis fails, Get
+// fails open by default: the loader runs, shared by the process's callers (at
+// most two loads per key at once; MaxConcurrentLoads bounds them all), its
+// result returned and not cached. FailClosed returns ErrUnavailable instead.
 //
 // # When the database fails
 //
 // With FailSafe(maxAge, backoff), a load that fails (other than ErrNotFound or
-// ErrUncached), or runs out of its LoadTimeout, does not fail its callers when
-// the key has a value that stopped being fresh less than maxAge ago: that
-// value is returned marked Stale (EventFailSafe, Stats.FailSafe) and served so
-// for backoff across the fleet (one load attempt per back-off, not one per
-// request); never past maxAge, and never a value from before an invalidation.
-// Values are kept in Redis maxAge past their TTL for it. With SoftTimeout(d), a
+// ErrUncached), or runs out of its LoadTimeout, returns instead a value that
+// stopped being fresh less than maxAge ago, marked Stale, and serves it so for
+// backoff across the fleet (one load attempt per back-off); never past maxAge,
+// never from before an invalidation. With SoftTimeout(d), a
 // call that has such a value (or one within its stale window) waits at most d
 // for a slow load, then returns it while the load goes on. LoadTimeout is the
 // hard timeout: it frees the fill even when the loader ignores its context.
@@ -153,8 +137,9 @@
 //     share an entry; two types of one name declared in different functions
 //     of one package do.
 //   - A key leaves its values in Redis until the longest-lived one expires (TTL
-//     plus the stale window or FailSafe's max age), and a small generation key
-//     as long, and at least a minute after a fill or an invalidation.
+//     plus the stale window, TTL/4 or FailSafe's max age), and a small
+//     generation key as long, and at least a minute after a fill or an
+//     invalidation.
 //
 // # Lifetimes
 //

@@ -42,25 +42,19 @@
 //     lock is lost mid-handler; a handler that then answers nothing is answered
 //     409, never a default 200. Lock never touches *gin.Context from another
 //     goroutine.
-//   - The release runs after the chain returns, under a context the client's
-//     disconnect cannot cancel (bounded by 5s).
+//   - The release runs after the chain returns (bounded by 5s).
 //
-// Keys run before any Redis call: Param, Header, Query or Func take a value;
-// Int, UUID and Check make it canonical ("/repos/01" and "/repos/1" are both
-// "repos:1"); Resource scopes it to a kind. Options: LockOptions, FailOpen,
+// Keys (Param, Header, Query, Func; canonical with Int, UUID, Check; scoped by
+// Resource) run before any Redis call. Options: LockOptions, FailOpen,
 // ConflictStatus, ErrorHandler, Methods.
 //
 // # Errors
 //
 // Abort(c, err) turns what a handler gets from locks, cacheguard, gormplugin
-// and ginmw into a documented status, a JSON body {"error", "resource",
-// "retry_after"} and Retry-After (ErrorFor has the table): bad key 400/404;
-// contention 409 with the holder's remaining lease; lock lost or a write
-// fenced out (locks.ErrNotHeld, which gormplugin.ErrStaleWrite matches) 409;
-// not found 404; the cache's policy refused or a remote load failed 503;
-// Redis or the lock service unavailable 503; anything else 500 without its
-// details. An *Error in the chain, or an HTTPError, extends the table. Lock's
-// refusals and Cache's 503s use the same body.
+// and ginmw into a status, a JSON body {"error", "resource", "retry_after"}
+// and Retry-After, by ErrorFor's table (bad key 400/404, contention or a write
+// fenced out 409, not found 404, unavailable 503, else 500 without details);
+// an *Error or HTTPError in the chain extends it. Lock and Cache use the same.
 //
 // # Cache
 //
@@ -128,40 +122,29 @@
 //
 //   - The key is the path as the request target spells it (escaped, never
 //     cleaned: "/a/../b" is not "/b"'s entry) with its query sorted (PathKey),
-//     or a resource name (CacheKey), kept apart from what cacheguard.Get stores
-//     under it; Guard.Invalidate of that name (gormplugin after a commit, or
-//     InvalidateAfter) drops every stored response of it, for every method,
-//     host and varied header, in every process, with cacheguard's
-//     read-your-writes guarantee (a BYPASS response was not stored).
+//     or a resource name (CacheKey); Guard.Invalidate of that name (gormplugin
+//     after a commit, or InvalidateAfter) drops every stored response of it in
+//     every process, with cacheguard's read-your-writes guarantee.
 //   - X-Cache says what happened: HIT, STALE, MISS (this request's handler ran
 //     for the load), COALESCED (it got a response another request loaded), or
 //     BYPASS (its handler ran for it alone). The request that ran the handler
-//     answers once the response is stored, so the next one is a HIT. A response
-//     not stored is reported to the Guard's observer as a load that answered
-//     cacheguard.ErrUncached (not a failure); a 5xx is a failed load.
+//     answers once the response is stored, so the next one is a HIT.
 //   - The handler runs on its request's goroutine, under a context with the
-//     request's values but not its cancellation, bounded by cacheguard's load
-//     timeout. In another process, or when it panicked or streamed, a response
-//     that was not stored is not shared: each waiter runs its own handler.
-//   - Policy refusals (FailFast with nothing servable, the wait budget ended,
-//     Redis down under cacheguard.FailClosed) answer 503 with Retry-After: 1;
-//     Redis down otherwise: the handler runs uncached.
+//     request's values but not its cancellation (cacheguard's load timeout).
+//     A response not stored is not shared with other processes.
+//   - Policy refusals (FailFast, the wait budget, FailClosed) answer 503 with
+//     Retry-After: 1; Redis down otherwise: the handler runs uncached.
 //   - Refreshes with no request waiting (ServeStale, FailFast, early refresh)
-//     need BackgroundRefresh(engine); without it early refresh is off, a stale
-//     entry is reloaded in the foreground once its stale window ends, and a
-//     FailFast miss is served directly.
+//     need BackgroundRefresh(engine); without it early refresh is off and a
+//     stale entry is reloaded in the foreground.
 //
 // Options: CacheKey, VaryByHeader, IgnoreHost, MaxBody, MaxSharedBody,
 // HonorRequestNoCache, BackgroundRefresh, CacheTags, CacheOptions.
 //
 // # Graceful shutdown
 //
-//	if err := srv.Shutdown(ctx); err != nil { // requests in flight finish: locks released, invalidations run
-//		srv.Close() // grace over: cancel the requests still running; their locks are released all the same
-//	}
-//	g.Shutdown(ctx) // loads still running finish, or hand their fill over to another process
-//	l.Close()       // the lock client last
-//
-// A process killed outright leaves its locks and fill leases to their leases.
-// How the pieces work and why: ginmw/DESIGN.md in the repository.
+// srv.Shutdown(ctx) (then srv.Close() if it fails: locks are released all the
+// same), then g.Shutdown(ctx) (loads finish or hand their fill over), then
+// l.Close(). A process killed outright leaves its locks and fill leases to
+// their leases. How the pieces work and why: ginmw/DESIGN.md.
 package ginmw

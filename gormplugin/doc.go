@@ -53,8 +53,7 @@
 // wait budget (LockOptions(locks.WaitBudget(d)); past it, ErrLock). A lost
 // lock is never re-acquired behind the caller's back: a write under an owner
 // whose Lock of the row was lost, or under a lock known lost when the
-// statement is sent, fails with a *StaleWriteError (ErrStaleWrite, also
-// matching locks.ErrNotHeld) and writes nothing.
+// statement is sent, fails with ErrStaleWrite and writes nothing.
 //
 // # Transactions
 //
@@ -101,28 +100,21 @@
 //     versioned (write the struct back, or use Transaction).
 //
 // After a single-row update or upsert the struct's fence holds the token
-// written; a rollback (of the statement, the transaction, or to a savepoint
-// before the write) puts back the one it had. Compute a write from another
-// type or several rows inside Transaction. A missing row is not an error (Save
-// then inserts) unless the struct carries a version (StaleWriteError.Missing);
-// Save's insert is a guarded upsert, never overwriting a row inserted meanwhile
-// with a struct lacking its fence. Fenced upserts need PostgreSQL or SQLite
-// (else ErrInvalid). New refuses a Redlock (no tokens) unless NoFencing; a
-// write whose lock has Fence 0 fails with ErrInvalid.
+// written (a rollback puts back the one it had). A missing row is not an error
+// (Save then inserts) unless the struct carries a version
+// (StaleWriteError.Missing). Fenced upserts need PostgreSQL or SQLite (else
+// ErrInvalid). New refuses a Redlock (no tokens) unless NoFencing.
 //
 // # Invalidation
 //
 // With Invalidate(inv, keys) (a *cacheguard.Guard is an Invalidator), the
 // cache keys of each row a write inserted, updated or deleted, and the new
 // key of a row an update moved (SET id = ...), are invalidated after its
-// transaction's COMMIT,
-// before its locks are released; never after a ROLLBACK, and also after a
-// COMMIT that returned an error (it may have committed). A committed write
-// returns nil even when its invalidation fails: RetryInvalidation retries it in
-// the background (8 attempts from 100ms, doubling, at most 5s apart; at most
-// 10000 keys pending), reporting to the Observer and the Logger.
-// InvalidateAgain repeats each after a delay, for caches filled from lagging
-// replicas.
+// transaction's COMMIT, before its locks are released; never after a ROLLBACK,
+// and also after a COMMIT that returned an error (it may have committed). A
+// committed write returns nil even when its invalidation fails:
+// RetryInvalidation retries it in the background (8 attempts, at most 10000
+// keys pending). InvalidateAgain repeats each after a delay (lagging replicas).
 //
 // # Redis unavailable, refusals, shutdown
 //
@@ -131,10 +123,7 @@
 // (locks.ErrUnavailable) the write is not sent and fails with ErrLock (also
 // matching locks.ErrNotObtained and locks.ErrUnavailable); FailOpen sends it
 // unguarded instead (a warning, EventWroteUnguarded); contention is never
-// failed open. So, where plain GORM would write, the defaults refuse with
-// ErrUnnamedRows, ErrUnkeyed, ErrForeignTx, ErrLock, ErrStaleWrite or
-// ErrLockOrder, as above.
-// GORM's own test suite passes with the plugin (SQLite, PostgreSQL).
+// failed open. GORM's own test suite passes with the plugin (SQLite, PostgreSQL).
 //
 // Shut down in this order: the HTTP server's Shutdown, plugin.Shutdown(ctx)
 // (waits for guarded statements in flight, runs delayed repeats, retries every
@@ -155,9 +144,7 @@
 //     row lock stays held, renewed, until the Locker is closed (Shutdown waits
 //     for the statement until ctx ends). Recover in hooks, or use Transaction.
 //   - Outside a transaction, Save of a missing row releases the lock between
-//     its UPDATE and its insert: a row another writer inserts in between is
-//     refused, or, when its fence is still the struct's, overwritten as a Save
-//     made after that writer's would.
+//     its UPDATE and its insert (a row inserted in between may be refused).
 //
 // The SQL it adds, how it follows transactions, and why: gormplugin/DESIGN.md.
 package gormplugin

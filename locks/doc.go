@@ -52,10 +52,9 @@
 //     that scope is Unlocked: a lost scope is never re-acquired behind the
 //     caller's back. An owner's callers waiting for a name re-enter as soon
 //     as the owner is granted it.
-//   - Unlock is idempotent per handle: it returns ErrNotHeld the first time
-//     after the lock was lost, never gives a hold back twice, and answers nil
-//     when the lease ran out unnoticed but nobody took the lock since (so
-//     ErrNotHeld means another holder may have had it meanwhile).
+//   - Unlock is idempotent per handle: ErrNotHeld the first time after the
+//     lock was lost (another holder may have had it), nil when the lease ran
+//     out unnoticed but nobody took the lock since; never a hold back twice.
 //   - A holder never believes it holds a lock Redis may have given away: its
 //     local deadline (TTL, Lost) counts, on the monotonic clock, the lease
 //     carried by the command that set the lock's expiry in Redis, from before
@@ -98,9 +97,8 @@
 //     go-redis hooks see them in ProcessPipelineHook, not ProcessHook.
 //   - A name leaves a fence counter (about 70 bytes) in Redis for
 //     FenceRetention after it was last taken (none under NoFencing).
-//   - While a fleet mixes this version with older ones on the same names, a
-//     waiter may miss a hand-off and wait out the holder's lease: slower, never
-//     unsafe.
+//   - Mixing this version with older ones on the same names may make a waiter
+//     miss a hand-off and wait out a lease: slower, never unsafe.
 //
 // # Options
 //
@@ -138,10 +136,8 @@
 // command fails at once with ErrCircuitOpen, matching ErrUnavailable — a lock
 // attempt fails closed in microseconds, ginmw answers 503, gormplugin refuses
 // the write unless FailOpen, a cacheguard Get fails open unless FailClosed —
-// until a background probe sees Redis answer; callers never wait for it.
-// Measured (TestStallFailsFast, Redis SIGSTOPped and black-holed): an attempt
-// fails after 0.50s, the breaker opens 1.0s into the stall, calls then fail in
-// under 2ms, and it closes 0.26s after Redis answers again.
+// until a background probe sees Redis answer; callers never wait for it
+// (figures: locks/DESIGN.md, "Measured").
 //
 // # Optimistic transactions
 //
@@ -150,6 +146,5 @@
 // its only option), for counters and small read-modify-writes where a lock
 // would be overkill. On a Redis Cluster its keys must share a hash slot.
 //
-// How the guarantees are kept (keys, scripts, hand-off, renewal) and why:
-// locks/DESIGN.md in the repository.
+// How the guarantees are kept, and why: locks/DESIGN.md in the repository.
 package locks
