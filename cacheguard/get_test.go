@@ -62,6 +62,7 @@ func TestBadInputBeforeRedis(t *testing.T) {
 		{"negative TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(-time.Second)}},
 		{"zero TTL", g, "k", load, []cacheguard.CallOption{cacheguard.TTL(0)}},
 		{"negative stale window", g, "k", load, []cacheguard.CallOption{cacheguard.ServeStale(-time.Second)}},
+		{"negative stale grace", g, "k", load, []cacheguard.CallOption{cacheguard.StaleGrace(-time.Second)}},
 		{"negative negative TTL", g, "k", load, []cacheguard.CallOption{cacheguard.NegativeTTL(-time.Second)}},
 		{"negative wait", g, "k", load, []cacheguard.CallOption{cacheguard.WaitBudget(-time.Second)}},
 		{"jitter 1", g, "k", load, []cacheguard.CallOption{cacheguard.Jitter(1)}},

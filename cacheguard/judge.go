@@ -82,10 +82,13 @@ func (c *config) xfetch(now int64, e *envelope) bool {
 
 // grace is how long past fresh-until a value is served, marked Stale, while
 // its refresh runs, whatever the policy (see EarlyRefresh): a hot key whose
-// refresh is late does not make its readers wait. Zero with early refresh
-// off.
+// refresh is late does not make its readers wait (StaleGrace, or TTL/4 with
+// early refresh on).
 func (c *config) grace() time.Duration {
-	if c.beta <= 0 {
+	switch {
+	case c.graceSet:
+		return c.graceD
+	case c.beta <= 0:
 		return 0
 	}
 	return c.ttl / earlyRefreshCap

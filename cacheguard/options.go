@@ -79,6 +79,8 @@ type config struct {
 	loadTimeout time.Duration
 	lease       time.Duration
 	beta        float64
+	graceD      time.Duration // StaleGrace, when graceSet
+	graceSet    bool
 	jitter      float64
 	policy      policy
 	onTimeout   TimeoutAction
@@ -176,8 +178,16 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 // value is never served (Invalidate voids it at once), and a key no call
 // reads expires at its TTL. Loads: a key read without pause is loaded about
 // once per TTL − 2Δ. The default is 1; 0 turns off both the early refresh and
-// the quarter-TTL grace (every call after expiry then waits for the reload).
+// the quarter-TTL grace (every call after expiry then waits for the reload);
+// StaleGrace sets the grace on its own.
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
+
+// StaleGrace sets how long past its TTL a value is served, marked Stale, while
+// its refresh runs (see EarlyRefresh). The default is a quarter of the TTL
+// with early refresh on, 0 with it off; 0 makes every call after expiry wait
+// for the reload (ginmw.Cache sets 0: an HTTP response is never served past
+// its freshness unless ServeStale says so).
+func StaleGrace(d time.Duration) Setting { return func(c *config) { c.graceD, c.graceSet = d, true } }
 
 // Jitter shortens the TTL of every value stored by a random fraction in
 // [0, frac), so that keys loaded together (at a cold start, or after an
@@ -314,6 +324,8 @@ func (c *config) validate() error {
 		return invalid("TTL %v must be positive", c.ttl)
 	case c.staleWindow < 0:
 		return invalid("negative stale window %v", c.staleWindow)
+	case c.graceD < 0:
+		return invalid("negative StaleGrace %v", c.graceD)
 	case c.wait < 0:
 		return invalid("negative wait budget %v", c.wait)
 	case c.negTTL < 0:

@@ -68,7 +68,9 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 	}
 	cfg.maxSharedBody = max(cfg.maxSharedBody, cfg.maxBody)
 	m := &cacheMW{g: g, cfg: cfg, ttl: ttl}
-	m.guardOpts = append(append([]cacheguard.CallOption(nil), cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
+	// StaleGrace(0) first: a response is served past its freshness only when
+	// the route's CacheOptions say so (ServeStale, FailSafe, StaleGrace).
+	m.guardOpts = append(append([]cacheguard.CallOption{cacheguard.StaleGrace(0)}, cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
 	if cfg.engine == nil {
 		m.guardOpts = append(m.guardOpts, cacheguard.EarlyRefresh(0))
 	}

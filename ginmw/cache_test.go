@@ -662,3 +662,28 @@ func TestCacheFailSafeServesStale(t *testing.T) {
 		return w.Code == http.StatusOK && w.Header().Get("X-Cache") == "STALE" && w.Body.String() == "status 200"
 	})
 }
+
+// With BackgroundRefresh (early refresh on), a response is never served past
+// its freshness — here the route's TTL, for a response without freshness
+// information — by cacheguard's stale grace (RFC 9111 §4.2.4: no stale
+// response without permission): past the TTL a GET is a MISS or a COALESCED
+// wait, never a STALE of the old body.
+func TestCacheNoStaleGraceWithBackgroundRefresh(t *testing.T) {
+	g, _ := startGuard(t)
+	var version atomic.Int64
+	r := newEngine()
+	const ttl = 400 * time.Millisecond
+	r.GET("/g", ginmw.Cache(g, ttl, ginmw.BackgroundRefresh(r), ginmw.CacheOptions(cacheguard.Jitter(0))), func(c *gin.Context) {
+		c.String(http.StatusOK, fmt.Sprint("v", version.Add(1)))
+	})
+	if w := serve(r, http.MethodGet, "/g"); w.Body.String() != "v1" {
+		t.Fatalf("first: %q", w.Body)
+	}
+	eventually(t, 10*time.Second, "a new version after the TTL", func() bool {
+		w := serve(r, http.MethodGet, "/g")
+		if w.Header().Get("X-Cache") == "STALE" {
+			t.Fatalf("served %q STALE past its freshness", w.Body)
+		}
+		return w.Body.String() != "v1"
+	})
+}
