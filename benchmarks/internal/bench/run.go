@@ -120,7 +120,7 @@ func (c Config) sizes() sizes {
 		cycleG: 16, cycleDur: 1500 * time.Millisecond,
 		contProcs: 4, contG: 4, hold: time.Millisecond, contDur: 1500 * time.Millisecond, pollRetry: time.Millisecond,
 		stampProcs: 8, stampG: 128, load: 50 * time.Millisecond, stampRetry: 50 * time.Millisecond,
-		warmG: 16, warmDur: time.Second, warmKeys: 1000, loneDur: 600 * time.Millisecond,
+		warmG: 16, warmDur: time.Second, warmKeys: 1000, loneDur: 400 * time.Millisecond,
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 3 * time.Second, mixReps: 2,
 		microCount: 5, microIters: "1000x", microIterMany: "50x", microIterBatch: "500x",
