@@ -54,6 +54,8 @@ type renewer struct {
 	running bool
 	closed  bool
 	next    time.Time     // when the loop plans to wake; zero when idle
+	added   bool          // a lock was added since the loop's last scan
+	period  time.Duration // how far ahead the last lock added was due for renewal
 	emptied chan struct{} // closed when items becomes empty (made by waitEmpty)
 }
 
@@ -79,8 +81,11 @@ func (r *renewer) add(h *held) bool {
 	h.mu.Lock()
 	t := h.nextRenew
 	h.mu.Unlock()
+	r.added, r.period = true, time.Until(t)
 	if r.next.IsZero() || t.Before(r.next) {
-		// Only a lock due before the loop's next wake-up needs to wake it.
+		// Only a lock due before the loop's next wake-up needs to wake it
+		// (see scan: while locks come and go, the loop keeps a wake-up
+		// planned, so that taking a lock hands nothing to its goroutine).
 		r.next = t
 		r.poke()
 	}
@@ -227,6 +232,14 @@ func (r *renewer) scan(now time.Time) (due, expired []*held, next time.Time) {
 		}
 		h.mu.Unlock()
 	}
+	if next.IsZero() && r.added {
+		// Nothing held now, but locks come and go: wake one renewal
+		// period on anyway, so that the next lock taken, due no sooner,
+		// need not wake the loop. Once a period passes with none taken,
+		// the loop sleeps until one is.
+		next = now.Add(max(r.period, 0))
+	}
+	r.added = false
 	r.next = next
 	return due, expired, next
 }

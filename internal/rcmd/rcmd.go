@@ -26,7 +26,8 @@
 // run, a database beside Redis saturating the cores); once a command has
 // waited a quarter of the command timeout with no answer to any command of
 // the Runner since it was sent, Redis is quiet, and commands sent then get
-// the command timeout. The command timeout is never less than the smoothed
+// the command timeout (a command that ended sooner without an answer, its
+// caller gone or Redis never reached, is no such evidence). The command timeout is never less than the smoothed
 // reply time plus four times its variation (RFC 6298's retransmission
 // timeout), up to Patience times the one set. On a stalled Redis, calls sent
 // in the first quarter timeout of the stall wait up to Patience command
@@ -103,8 +104,8 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 
 // note records cmds' answers, if any came from Redis, and, when timed (a
 // call sent at sent, since base; a WAIT's is not, it waits by design), how
-// long it took.
-func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) {
+// long it took; it reports whether any came.
+func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) bool {
 	for _, c := range cmds {
 		if err := c.Err(); err == nil || answered(err) {
 			now := time.Since(r.base)
@@ -112,8 +113,20 @@ func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) {
 			if timed {
 				r.sample(now - sent)
 			}
-			return
+			return true
 		}
+	}
+	return false
+}
+
+// forget withdraws the waiting mark of a call sent at sent (since base) that
+// got no answer and did not meet its command timeout — its caller gave up,
+// or it never reached Redis — within a quarter timeout: it is no evidence
+// that Redis is quiet. Calls sent after it and still waiting lose their mark
+// with it; the next call sent marks the wait again.
+func (r *Runner) forget(sent time.Duration) {
+	if time.Since(r.base)-sent < r.limit()/4 {
+		r.waiting.CompareAndSwap(int64(sent)+1, 0)
 	}
 }
 
@@ -159,14 +172,21 @@ func (r *Runner) Base() time.Duration { return r.timeout }
 
 // timeoutAt returns how long a command sent at now (since base) may wait.
 func (r *Runner) timeoutAt(now time.Duration) time.Duration {
-	t := r.timeout
-	if rto := time.Duration(r.srtt.Load() + 4*r.rttvar.Load()); rto > t {
-		t = min(rto, Patience*r.timeout) // answers come slowly: wait for them
-	}
+	t := r.limit()
 	if w := time.Duration(r.waiting.Load()); w > time.Duration(r.heard.Load()) && now-w > t/4 {
 		return t // quiet: a command has waited a quarter timeout, nothing answered since
 	}
 	return Patience * r.timeout
+}
+
+// limit is the command timeout of a command sent to a quiet Redis: the one
+// set, raised to the reply time's estimate when answers come slowly.
+func (r *Runner) limit() time.Duration {
+	t := r.timeout
+	if rto := time.Duration(r.srtt.Load() + 4*r.rttvar.Load()); rto > t {
+		t = min(rto, Patience*r.timeout) // answers come slowly: wait for them
+	}
+	return t
 }
 
 // send records a command sent now and returns now (since base): the first
@@ -301,9 +321,12 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	if NoScript(cmd.Err()) && ToEval(args) {
 		cmd = r.rdb.Do(bctx, args...)
 	}
-	r.note(sent, true, cmd)
-	if settle(ctx, bctx, cmd) && r.missed(sent, bctx) {
+	heard := r.note(sent, true, cmd)
+	switch timedOut := settle(ctx, bctx, cmd); {
+	case timedOut && r.missed(sent, bctx):
 		markBusy(cmd)
+	case !timedOut && !heard:
+		r.forget(sent)
 	}
 	cancel()
 	return cmd
@@ -373,13 +396,16 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 			copyCmd(orig[i], c.(*redis.Cmd))
 		}
 	}
-	r.note(sent, extra == 0, cmds...)
+	heard := r.note(sent, extra == 0, cmds...)
 	timedOut := false
 	for _, c := range cmds {
 		timedOut = settle(ctx, bctx, c) || timedOut
 	}
-	if timedOut && r.missed(sent, bctx) {
+	switch {
+	case timedOut && r.missed(sent, bctx):
 		markBusy(cmds...)
+	case !timedOut && !heard:
+		r.forget(sent)
 	}
 }
 

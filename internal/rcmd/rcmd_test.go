@@ -349,3 +349,48 @@ func TestNoCutWhileRedisAnswers(t *testing.T) {
 		t.Fatalf("the command in flight when Redis paused: %v, want ErrTimeout, not Busy", err)
 	}
 }
+
+// TestCancelledCommandLeavesNoSilence: a command that its caller cancelled
+// while Redis was healthy is no evidence that Redis is quiet (issue 46, item
+// 4). 200ms after a BLPOP cancelled 20ms into its wait, a command may still
+// wait Patience command timeouts; sent into a 450ms stall under a 300ms
+// command timeout, it gets its answer, as does a control Runner that never
+// saw the cancelled command.
+func TestCancelledCommandLeavesNoSilence(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	const base = 300 * time.Millisecond
+	r, control := rcmd.New(rdb, base), rcmd.New(rdb, base)
+	bg := context.Background()
+	for _, x := range []*rcmd.Runner{r, control} {
+		if err := x.Do(bg, "ping").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	sent := time.Now()
+	err := r.Do(ctx, "blpop", "rcmd:cancelled", "1").Err()
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, rcmd.ErrTimeout) {
+		t.Fatalf("BLPOP under a 20ms context: %v, want the caller's DeadlineExceeded", err)
+	}
+	<-time.After(time.Until(sent.Add(200 * time.Millisecond))) // time is the subject: 200ms after the send
+	if got := r.Timeout(); got != rcmd.Patience*base {
+		t.Errorf("200ms after a command its caller cancelled at 20ms: a command may wait %v, want %v (Redis is not quiet)",
+			got, rcmd.Patience*base)
+	}
+
+	s.Pause()
+	resumed := make(chan struct{})
+	time.AfterFunc(450*time.Millisecond, func() { s.Resume(); close(resumed) })
+	defer func() { <-resumed }()
+	errs := make(chan error, 2)
+	for _, x := range []*rcmd.Runner{r, control} {
+		go func() { errs <- x.Do(bg, "get", "rcmd:k").Err() }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil && !errors.Is(err, redis.Nil) {
+			t.Errorf("a command sent into a 450ms stall under a %v command timeout: %v, want its answer", base, err)
+		}
+	}
+}

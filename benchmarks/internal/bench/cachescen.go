@@ -140,6 +140,9 @@ func (e *env) warm(ctx context.Context) error {
 		{"p99", "p99 µs", "%.0f"},
 		{"allocs", "allocs/read", "%.1f"},
 		{"reqs", "requests/read", "%.2f"},
+		{"csw", "context switches/read", "%.2f"},
+		{"vcsw", "voluntary/read", "%.2f"},
+		{"sys", "read+write syscalls/read", "%.2f"},
 		{"loads", "loads", "%.0f"},
 	}
 	names := []string{systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet, systems.GoRedisLocal}
@@ -157,30 +160,46 @@ func (e *env) warm(ctx context.Context) error {
 		}
 		e.res.Tables = append(e.res.Tables, t)
 		err := e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
-			reps, _, _, err := e.measured(ctx, []Job{{Kind: "warm", System: r.System, Addrs: []string{e.addr},
-				Goroutines: s.warmG, Duration: s.warmDur, Key: e.key("warm"), Keys: keys, Load: s.load}})
-			if err != nil {
-				return err
-			}
-			rep := reps[0]
-			if rep.Dist == nil {
-				return fmt.Errorf("no latencies reported")
-			}
-			d := *rep.Dist
-			ops := float64(max(rep.Ops, 1))
-			r.add("ops", ops/time.Duration(rep.Elapsed).Seconds())
-			r.add("p50", float64(d.P50)/1e3)
-			r.add("p99", float64(d.P99)/1e3)
-			r.add("allocs", float64(rep.Mallocs)/ops)
-			r.add("reqs", float64(rep.Requests)/ops)
-			r.add("loads", float64(rep.Loads))
-			return firstErr(reps)
+			return e.warmRun(ctx, r, s.warmG, keys, s.warmDur)
 		})
 		if err != nil {
 			return err
 		}
 	}
-	return nil
+	lone := &Table{ID: "lone-hit", Title: fmt.Sprintf("5c. Warm hit path, %d keys, one goroutine: what a read asks of the kernel", s.warmKeys),
+		Intro: fmt.Sprintf("Scenario 5 with one goroutine, for %v per run: every read is a round trip of its own. "+
+			"Context switches and read/write system calls per read are the worker process's own, as in table 1c.", s.loneDur),
+		Metrics: metrics}
+	e.res.Tables = append(e.res.Tables, lone)
+	return e.series(ctx, lone, []string{systems.Guard, systems.GuardHandOff, systems.RawGetDecode, systems.GoRedisGet},
+		func(ctx context.Context, r *Row, _ int) error { return e.warmRun(ctx, r, 1, s.warmKeys, s.loneDur) })
+}
+
+// warmRun records one run of g goroutines reading keys warm keys for d.
+func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration) error {
+	reps, _, _, err := e.measured(ctx, []Job{{Kind: "warm", System: r.System, Addrs: []string{e.addr},
+		Goroutines: g, Duration: d, Key: e.key("warm"), Keys: keys, Load: e.s.load}})
+	if err != nil {
+		return err
+	}
+	rep := reps[0]
+	if rep.Dist == nil {
+		return fmt.Errorf("no latencies reported")
+	}
+	dist := *rep.Dist
+	ops := float64(max(rep.Ops, 1))
+	r.add("ops", ops/time.Duration(rep.Elapsed).Seconds())
+	r.add("p50", float64(dist.P50)/1e3)
+	r.add("p99", float64(dist.P99)/1e3)
+	r.add("allocs", float64(rep.Mallocs)/ops)
+	r.add("reqs", float64(rep.Requests)/ops)
+	r.add("csw", float64(rep.CSw)/ops)
+	r.add("vcsw", float64(rep.VCSw)/ops)
+	if rep.Syscalls >= 0 {
+		r.add("sys", float64(rep.Syscalls)/ops)
+	}
+	r.add("loads", float64(rep.Loads))
+	return firstErr(reps)
 }
 
 var scaleSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard}

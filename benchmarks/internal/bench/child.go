@@ -83,6 +83,9 @@ type Report struct {
 	LoadAt   []int64 `json:"loadAt,omitempty"` // mix: wall clock of each load start
 	Requests int64   `json:"requests"`         // commands sent to Redis (client side)
 	Mallocs  uint64  `json:"mallocs"`          // heap allocations during the run
+	CSw      int64   `json:"csw"`              // cycle, warm: the process's context switches during the run (see osCounts)
+	VCSw     int64   `json:"vcsw"`             // cycle, warm: the voluntary ones among them
+	Syscalls int64   `json:"syscalls"`         // cycle, warm: its read/write system calls during the run; -1 when not counted
 	Errors   int64   `json:"errors"`
 	FirstErr string  `json:"firstErr,omitempty"`
 	Start    int64   `json:"start"`   // wall clock (unix ns) at GO

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -18,11 +19,15 @@ var cycleMetrics = []Metric{
 	{"p99", "p99 µs", "%.0f"},
 	{"allocs", "allocs/cycle", "%.1f"},
 	{"reqs", "requests/cycle", "%.2f"},
+	{"csw", "context switches/cycle", "%.2f"},
+	{"vcsw", "voluntary/cycle", "%.2f"},
+	{"sys", "read+write syscalls/cycle", "%.2f"},
 }
 
 // cycles is what one uncontended run measured.
 type cycles struct {
 	ops, p50, p99, allocs, reqs float64 // cycles/s, µs, µs, per cycle, per cycle
+	csw, vcsw, sys              float64 // per cycle (see osCounts); sys NaN when not counted
 }
 
 // cycleMeasure runs one uncontended run of system (lock then unlock, every
@@ -40,8 +45,13 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 	}
 	dist := *rep.Dist
 	ops := float64(rep.Ops)
+	sys := math.NaN()
+	if rep.Syscalls >= 0 {
+		sys = float64(rep.Syscalls) / max(ops, 1)
+	}
 	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
-		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1)}, firstErr(reps)
+		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1),
+		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys}, firstErr(reps)
 }
 
 // cycleRun records one uncontended run (lock then unlock, every goroutine on
@@ -54,6 +64,11 @@ func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d tim
 		r.add("p99", c.p99)
 		r.add("allocs", c.allocs)
 		r.add("reqs", c.reqs)
+		r.add("csw", c.csw)
+		r.add("vcsw", c.vcsw)
+		if !math.IsNaN(c.sys) {
+			r.add("sys", c.sys)
+		}
 	}
 	return err
 }
@@ -210,9 +225,22 @@ func (e *env) uncontended(ctx context.Context) error {
 			"per cycle (runtime.MemStats), background work included; requests are the commands the process sent.",
 			s.cycleG, s.cycleDur),
 		Metrics: cycleMetrics}
-	e.res.Tables = append(e.res.Tables, t)
-	return e.series(ctx, t, append([]string{systems.Locks}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
+	lone := &Table{ID: "lone-cycle", Title: "1c. Uncontended lock cycle, one goroutine: what a call asks of the kernel",
+		Intro: fmt.Sprintf("Scenario 1 with one goroutine, for %v per run: nothing to share a round trip with. "+
+			"Context switches (getrusage) and read/write system calls (/proc/self/io syscr+syscw) are the worker "+
+			"process's own per cycle: they count what a call asks of the kernel — a command handed to another "+
+			"goroutine costs a thread's sleep and wake-up where no thread is awake to take it — whatever the host "+
+			"charges for each; the involuntary switches also count preemption by other work on the host.", s.loneDur),
+		Metrics: cycleMetrics}
+	e.res.Tables = append(e.res.Tables, t, lone)
+	err := e.series(ctx, t, append([]string{systems.Locks}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
 		return e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur)
+	})
+	if err != nil {
+		return err
+	}
+	return e.series(ctx, lone, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, _ int) error {
+		return e.cycleRun(ctx, r, []string{e.addr}, 1, s.loneDur)
 	})
 }
 

@@ -206,6 +206,7 @@ func (e *env) nearProp(ctx context.Context) error {
 			{"max", "lag max ms", "%.2f"},
 			{"rounds", "rounds", "%.0f"},
 			{"missed", "missed", "%.0f"},
+			{"pub", "bare PUBLISH→receive p99 ms", "%.2f"},
 		}}
 	e.res.Tables = append(e.res.Tables, t)
 	variants := []string{nearIdle, nearLoaded}
@@ -272,9 +273,17 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 				DSN: db.DSN(), Pool: s.pgPool, Deadline: s.pgDeadline})
 		}
 	}
+	pctx, stop := context.WithCancel(ctx)
+	pub := make(chan []time.Duration, 1)
+	go func() { pub <- e.pubProbe(pctx, key) }()
 	reps, err := e.spares.run(ctx, jobs, Hooks{})
+	stop()
+	bare := <-pub
 	if err != nil {
 		return err
+	}
+	if len(bare) > 0 {
+		r.add("pub", stats.Ms(stats.Durations(bare).P99))
 	}
 	lags, missed := propagation(reps[0], reps[1:1+nearWatchers])
 	d := stats.Durations(lags)
@@ -290,4 +299,40 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 		return errors.New("no round measured")
 	}
 	return nil
+}
+
+// pubProbe measures the floor of a propagation on this Redis while the run
+// goes on: a bare PUBLISH every nearRound from this process, its lag from
+// the PUBLISH's return (as a round's lag starts at Invalidate's return) to
+// a subscriber's receipt, until ctx ends.
+func (e *env) pubProbe(ctx context.Context, key string) []time.Duration {
+	sub := redis.NewClient(&redis.Options{Addr: e.addr})
+	defer sub.Close()
+	ch := "cgbench:pubprobe:" + key
+	ps := sub.Subscribe(ctx, ch)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		return nil
+	}
+	msgs := ps.Channel()
+	var lags []time.Duration
+	tick := time.NewTicker(nearRound)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return lags
+		case <-tick.C:
+		}
+		if e.admin.Publish(ctx, ch, "x").Err() != nil {
+			continue
+		}
+		sent := time.Now()
+		select {
+		case <-ctx.Done():
+			return lags
+		case <-msgs:
+			lags = append(lags, time.Since(sent))
+		}
+	}
 }

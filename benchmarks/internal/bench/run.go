@@ -78,7 +78,8 @@ type sizes struct {
 	warmG          int
 	warmDur        time.Duration
 	warmKeys       int
-	scaleProcs     []int // sweep A: processes, with scaleG goroutines each
+	loneDur        time.Duration // a one-goroutine run (tables 1c, 5c)
+	scaleProcs     []int         // sweep A: processes, with scaleG goroutines each
 	scaleG         int
 	scaleTotals    []int // sweep B: total concurrent requests over scaleFixedP processes
 	scaleFixedP    int
@@ -119,7 +120,7 @@ func (c Config) sizes() sizes {
 		cycleG: 16, cycleDur: 1500 * time.Millisecond,
 		contProcs: 4, contG: 4, hold: time.Millisecond, contDur: 1500 * time.Millisecond, pollRetry: time.Millisecond,
 		stampProcs: 8, stampG: 128, load: 50 * time.Millisecond, stampRetry: 50 * time.Millisecond,
-		warmG: 16, warmDur: time.Second, warmKeys: 1000,
+		warmG: 16, warmDur: time.Second, warmKeys: 1000, loneDur: 400 * time.Millisecond,
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 3 * time.Second, mixReps: 2,
 		microCount: 5, microIters: "1000x", microIterMany: "50x", microIterBatch: "500x",
@@ -136,7 +137,7 @@ func (c Config) sizes() sizes {
 		s.cycleG, s.cycleDur = 4, 150*time.Millisecond
 		s.contProcs, s.contG, s.contDur = 2, 2, 200*time.Millisecond
 		s.stampProcs, s.stampG = 2, 16
-		s.warmG, s.warmDur, s.warmKeys = 4, 150*time.Millisecond, 20
+		s.warmG, s.warmDur, s.warmKeys, s.loneDur = 4, 150*time.Millisecond, 20, 100*time.Millisecond
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microIters, s.microIterMany, s.microIterBatch = 1, "20x", "5x", "20x"

@@ -173,6 +173,7 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
 	req0 := w.cnt.Load()
+	os0 := readOS()
 	start := time.Now()
 	end := start.Add(w.j.Duration)
 	var wg sync.WaitGroup
@@ -200,6 +201,7 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 	elapsed := time.Since(start)
 	runtime.ReadMemStats(&ms1)
 	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	os0.since(&r)
 	r.Ops, r.Dist = distOf(lats)
 	return r
 }
@@ -387,6 +389,7 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
 	req0 := w.cnt.Load()
+	os0 := readOS()
 	start := time.Now()
 	end := start.Add(w.j.Duration)
 	var wg sync.WaitGroup
@@ -409,6 +412,7 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 	runtime.ReadMemStats(&ms1)
 	r := Report{Loads: d.loads.Load(), Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs,
 		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	os0.since(&r)
 	r.Ops, r.Dist = distOf(lats)
 	return r
 }
