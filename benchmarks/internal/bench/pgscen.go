@@ -280,11 +280,11 @@ func (e *env) pgMix(ctx context.Context) error {
 	e.res.Tables = append(e.res.Tables, t, tdb)
 	e.res.Notes = append(e.res.Notes, "Real-DB loads ÷ ideal: cacheguard never ran two queries for one key at "+
 		"once (R2's *overlapping* column); its loads above the ideal are *early* ones: a hit on a hot key "+
-		"refreshes it early with probability growing as expiry nears (XFetch, β=1: about Δ·ln(r·Δ) before expiry "+
-		"for a key read r times a second whose load takes Δ), but never more than a twentieth of the TTL before "+
-		"it, and the refreshed value is fresh for a full TTL from the end of its load, so a key read without "+
-		"pause costs at most about 5% more loads than the ideal; the TTL jitter (a random 0–10% shorter) applies "+
-		"only to values loaded after a miss, whose moment no request spread. The ideal counts neither.")
+		"refreshes it once now + Δ·β·(2 − ln rand) reaches its expiry (Δ: its last load's duration; at least "+
+		"2Δ, never more than a quarter of the TTL before it), and a refresh late all the same has the value "+
+		"served Stale for at most TTL/4 past it, so a hot key does not expire under its readers; the TTL "+
+		"jitter (a random 0–10% shorter) applies to every fill, so that keys filled together drift apart. "+
+		"The ideal counts neither.")
 	for _, sys := range pgSystems {
 		if e.cfg.keep(sys) {
 			tdb.Row(sys)
