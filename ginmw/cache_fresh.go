@@ -159,18 +159,8 @@ func parseTargeted(s string) (cacheControl, bool) {
 			} else {
 				d.sMaxAge = min(n, 1<<31)
 			}
-		case "no-store":
-			d.noStore = flag
-		case "no-cache":
-			d.noCache = flag
-		case "private":
-			d.private = flag
-		case "public":
-			d.public = flag
-		case "must-revalidate":
-			d.mustRevalidate = flag
-		case "proxy-revalidate":
-			d.proxyRevalidate = flag
+		default:
+			d.flag(key, flag)
 		}
 		s = strings.TrimLeft(s, " \t")
 		if s == "" {

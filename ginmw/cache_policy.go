@@ -153,27 +153,36 @@ func parseCacheControl(lines []string) cacheControl {
 		for len(line) > 0 {
 			var name, arg string
 			name, arg, line = nextDirective(line)
-			switch strings.ToLower(name) {
-			case "no-store":
-				d.noStore = true
-			case "no-cache":
-				d.noCache = true
-			case "private":
-				d.private = true
-			case "public":
-				d.public = true
-			case "must-revalidate":
-				d.mustRevalidate = true
-			case "proxy-revalidate":
-				d.proxyRevalidate = true
+			switch name = strings.ToLower(name); name {
 			case "max-age":
 				d.maxAge = seconds(d.maxAge, arg)
 			case "s-maxage":
 				d.sMaxAge = seconds(d.sMaxAge, arg)
+			default:
+				d.flag(name, true)
 			}
 		}
 	}
 	return d
+}
+
+// flag sets the boolean directive name (lower case) to on; other names are
+// ignored. Cache-Control and CDN-Cache-Control share it.
+func (d *cacheControl) flag(name string, on bool) {
+	switch name {
+	case "no-store":
+		d.noStore = on
+	case "no-cache":
+		d.noCache = on
+	case "private":
+		d.private = on
+	case "public":
+		d.public = on
+	case "must-revalidate":
+		d.mustRevalidate = on
+	case "proxy-revalidate":
+		d.proxyRevalidate = on
+	}
 }
 
 // nextDirective cuts the first directive off s.
