@@ -444,6 +444,17 @@ func TestRedlockLostWhenQuorumGone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// An attempt returns once a quorum granted it; the other nodes'
+		// grants may still be on their way, and one landing after the DEL
+		// below would restore the quorum. Wait for all five first.
+		eventually(t, 5*time.Second, "the lock on every node", func() bool {
+			for _, a := range s.admin {
+				if a.Exists(ctx, rlKey("rl:lost:keys")).Val() != 1 {
+					return false
+				}
+			}
+			return true
+		})
 		for _, i := range []int{2, 3, 4} {
 			s.admin[i].Del(ctx, rlKey("rl:lost:keys"))
 		}
