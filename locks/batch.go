@@ -17,27 +17,34 @@ import (
 // their own at once; calls beyond it queue and travel together.
 const maxDirect = 2
 
-// batcher lets concurrent lock calls share round trips. Up to maxDirect calls
-// go straight to Redis, each with its caller's context, so a lone call adds
-// no delay. Calls that arrive while those are on the wire queue; when one of
-// them returns, a sender goroutine takes over its slot and sends the whole
-// queue as one pipeline, again and again until the queue is empty. Under load
-// many scripts then share one write, one read and one turn of the server's
-// event loop: on loopback those syscalls, not the scripts, bound a lock
-// cycle (rueidis pipelines every command the same way).
+// batcher lets concurrent lock calls share round trips, led by the callers
+// themselves. A call that finds fewer than maxDirect sends on the wire and
+// nothing queued is sent on its own caller's goroutine, with its caller's
+// context: an uncontended call hands nothing to another goroutine. A call
+// that arrives while maxDirect sends are on the wire queues; when a send
+// returns, the first queued caller that can lead is woken (the wake-up it
+// would get for its reply anyway, one round trip early) and sends the whole
+// queue, its own call among it, as one pipeline on its own goroutine, then
+// hands each caller its reply. Under load many scripts then share one write,
+// one read and one turn of the server's event loop: on loopback those
+// syscalls, not the scripts, bound a lock cycle (rueidis pipelines every
+// command the same way) — without a goroutine of ours in between.
 //
 // A queued caller waits for its reply or its context, whichever comes first;
 // the pipeline itself runs to the end (bounded by the command timeout and
-// Close), so a caller that gives up cannot fail the calls it travels with.
+// Close), so a caller that gives up cannot fail the calls it travels with. A
+// caller that leads waits for its pipeline (bounded by the command timeout),
+// its context notwithstanding: the others' calls travel with it.
 // Every call, direct or pipelined, goes through run (internal/rcmd): bounded
 // by the command timeout, NOSCRIPT answered once with EVAL.
 // A call whose caller gave up may still run: the caller then names a
-// clean-up call (cleanup), which the sender sends once the reply shows that
-// the call ran (an acquisition granted too late is released that way).
+// clean-up call (cleanup), which is sent once the reply shows that the call
+// ran (an acquisition granted too late is released that way).
 // A call whose caller's deadline ends before the command timeout is queued
-// even when a slot is free (a sender takes it): go-redis closes the
-// connection of a command its context cuts, and on a starved host the late
-// callers would cost a connection each, and their redials feed the overload.
+// even when a slot is free, and never leads: go-redis closes the connection
+// of a command its context cuts, and on a starved host the late callers would
+// cost a connection each, and their redials feed the overload. What no caller
+// can lead (such calls, clean-ups) a sender goroutine sends.
 type batcher struct {
 	rdb  redis.UniversalClient
 	run  *rcmd.Runner
@@ -45,13 +52,16 @@ type batcher struct {
 	stop context.CancelFunc
 
 	mu      sync.Mutex    // guards the fields below
-	busy    int           // direct calls and senders on the wire
-	queue   []*pending    // calls waiting for a sender
+	busy    int           // direct calls, leaders and senders on the wire
+	queue   []*pending    // calls waiting for a leader or a sender
+	spare   []*pending    // an array a leader has done with, for the next queue
 	closed  bool          // Close: no more senders; every call goes direct
 	drained chan struct{} // closed when nothing is busy or queued (made by drain)
 	retries []*pending    // clean-ups to send again (see later), oldest first
 	retry   *time.Timer   // sends retries again after retryEvery; nil when none is due
 	wg      sync.WaitGroup
+	senders sync.Pool    // of *sender, each with a pipeline of rdb
+	started atomic.Int64 // sender goroutines started (tests)
 }
 
 // retryEvery is how long a clean-up that did not reach Redis (see later)
@@ -64,6 +74,7 @@ const (
 	waiting int32 = iota
 	answered
 	abandoned
+	leading // woken to send the queue it was given (lead)
 )
 
 // pending is one queued call. It is pooled: whoever is last to use it — the
@@ -73,8 +84,10 @@ type pending struct {
 	cmd     *redis.Cmd
 	done    chan struct{} // one send when answered (buffered: the sender never blocks)
 	state   atomic.Int32
-	cleanup []any     // sent by the sender when the caller gave up first and the call ran; may be nil
-	until   time.Time // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
+	cleanup []any      // sent by the sender when the caller gave up first and the call ran; may be nil
+	until   time.Time  // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
+	short   bool       // its caller's deadline ends before the command timeout: it never leads
+	batch   []*pending // what a leader sends (its own call among it)
 }
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
@@ -87,13 +100,15 @@ func getPending(args []any, state int32) *pending {
 }
 
 func putPending(p *pending) {
-	p.args, p.cmd, p.cleanup, p.until = nil, nil, nil, time.Time{}
+	p.args, p.cmd, p.cleanup, p.until, p.short, p.batch = nil, nil, nil, time.Time{}, false, nil
 	pendings.Put(p)
 }
 
 func newBatcher(run *rcmd.Runner) *batcher {
 	ctx, stop := context.WithCancel(context.Background())
-	return &batcher{rdb: run.Client(), run: run, ctx: ctx, stop: stop}
+	b := &batcher{rdb: run.Client(), run: run, ctx: ctx, stop: stop}
+	b.senders.New = func() any { return new(sender) }
+	return b
 }
 
 // do sends args (a script call) and returns its reply, or a command failed
@@ -104,18 +119,30 @@ func newBatcher(run *rcmd.Runner) *batcher {
 func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
 	short := b.run.Cuts(ctx, 0)
 	b.mu.Lock()
-	if b.closed || b.busy < maxDirect && !short {
+	if b.closed || b.busy < maxDirect && !short && len(b.queue) == 0 {
 		b.busy++
 		b.mu.Unlock()
 		cmd := b.run.Do(ctx, args...)
-		b.next()
+		b.next(nil)
 		return cmd
 	}
 	p := getPending(args, waiting)
-	b.queue = append(b.queue, p)
-	if b.busy < maxDirect {
-		b.startSender() // a call whose caller's deadline would cut it: see batcher
+	p.short = short
+	if b.busy < maxDirect && !short {
+		// A slot is free and calls are queued (clean-ups, short callers):
+		// take them along, now.
+		p.batch = append(b.queue, p)
+		b.queue = nil
+		b.busy++
+		p.state.Store(leading)
+		b.mu.Unlock()
+		return b.lead(p)
 	}
+	if b.queue == nil {
+		b.queue, b.spare = b.spare, nil
+	}
+	b.queue = append(b.queue, p)
+	b.handOff() // a short caller with a slot free: a sender takes it (see batcher)
 	b.mu.Unlock()
 	select {
 	case <-p.done:
@@ -128,22 +155,68 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *red
 			cmd.SetErr(ctx.Err())
 			return cmd // p is the sender's now
 		}
-		<-p.done // answered meanwhile: the reply is the truth
+		<-p.done // answered or made leader meanwhile: the reply is the truth
+	}
+	if p.state.Load() == leading {
+		return b.lead(p)
 	}
 	cmd := p.cmd
 	putPending(p)
 	return cmd
 }
 
-// next frees the caller's slot, or hands it to a sender for the queue.
-func (b *batcher) next() {
+// lead sends p.batch, p's own call among it, as one pipeline on the
+// caller's goroutine, hands the others their replies, frees its slot (waking
+// the next leader when more calls queued meanwhile) and returns p's reply.
+func (b *batcher) lead(p *pending) *redis.Cmd {
+	s := b.senders.Get().(*sender)
+	s.exec(b, p.batch, p)
+	b.senders.Put(s)
+	clear(p.batch)
+	if len(p.batch) > 1 {
+		// Let the callers just answered run first: most send their next
+		// call at once (an Unlock after a Lock), and it then joins the next
+		// leader's pipeline instead of waiting a round trip for a slot.
+		runtime.Gosched()
+	}
+	b.next(p.batch[:0]) // the next queue gathers in this batch's array
+	cmd := p.cmd
+	putPending(p)
+	return cmd
+}
+
+// next frees the caller's slot, or hands it to a leader for the queue;
+// spare (may be nil) is an array a sender has done with.
+func (b *batcher) next(spare []*pending) {
 	b.mu.Lock()
 	b.busy--
-	if len(b.queue) > 0 {
-		b.startSender() // takes the slot just freed
+	if b.spare == nil {
+		b.spare = spare
 	}
+	b.handOff()
 	b.idle()
 	b.mu.Unlock()
+}
+
+// handOff gives the queue to a sender while a slot is free (b.mu held): to
+// the first queued caller that can lead, woken for it, or, when none can (see
+// batcher), to a sender goroutine.
+func (b *batcher) handOff() {
+	if len(b.queue) == 0 || b.busy >= maxDirect {
+		return
+	}
+	if !b.closed {
+		for _, p := range b.queue {
+			if !p.short && p.state.CompareAndSwap(waiting, leading) {
+				p.batch = b.queue
+				b.queue = nil
+				b.busy++
+				p.done <- struct{}{}
+				return
+			}
+		}
+	}
+	b.startSender()
 }
 
 // idle tells drain when nothing is on the wire or queued (b.mu held).
@@ -176,46 +249,35 @@ func (b *batcher) drain(ctx context.Context) {
 	}
 }
 
-// startSender takes a slot and starts a sender for the queue (b.mu held).
+// startSender takes a slot and starts a sender goroutine for the queue
+// (b.mu held): it sends it, then hands the slot on as a caller would.
 func (b *batcher) startSender() {
 	q := b.queue
 	b.queue = nil
 	b.busy++
 	b.wg.Add(1)
+	b.started.Add(1)
 	go b.send(q)
 }
 
-// send pipelines q, then each queue that gathered meanwhile, until none is
-// left; then it frees its slot.
 func (b *batcher) send(q []*pending) {
 	defer b.wg.Done()
-	var s sender
-	for {
-		s.exec(b, q)
-		clear(q) // the pendings went back to their callers or the pool
-		// Let the callers just answered run first: most send their next call
-		// at once (an Unlock after a Lock), and it then leaves with this
-		// sender's next pipeline instead of waiting a round trip for a slot.
-		runtime.Gosched()
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.busy--
-			b.idle()
-			b.mu.Unlock()
-			return
-		}
-		q, b.queue = b.queue, q[:0] // the next queue gathers in this one's array
-		b.mu.Unlock()
-	}
+	s := b.senders.Get().(*sender)
+	s.exec(b, q, nil)
+	b.senders.Put(s)
+	clear(q) // the pendings went back to their callers or the pool
+	b.next(q[:0])
 }
 
-// sender is what one send loop reuses from pipeline to pipeline.
+// sender is what a pipeline's sender reuses (pooled).
 type sender struct {
 	pipe redis.Pipeliner
 	cmds []redis.Cmder
 }
 
-func (s *sender) exec(b *batcher, q []*pending) {
+// exec sends q as one pipeline and hands each call its reply; leader, when
+// not nil, is the caller sending it, whose reply it only sets.
+func (s *sender) exec(b *batcher, q []*pending, leader *pending) {
 	// No caller's context: each caller waits on its own, and one giving up
 	// must not cancel the others' calls. The pipeline is bounded by the
 	// command timeout (and close).
@@ -232,6 +294,9 @@ func (s *sender) exec(b *batcher, q []*pending) {
 	}
 	clear(s.cmds)
 	for _, p := range q {
+		if p == leader {
+			continue
+		}
 		if p.state.CompareAndSwap(waiting, answered) {
 			p.done <- struct{}{}
 			continue
@@ -287,9 +352,7 @@ func (b *batcher) resend() {
 	}
 	clear(b.retries)
 	b.retries = b.retries[:0]
-	if len(b.queue) > 0 && b.busy < maxDirect {
-		b.startSender()
-	}
+	b.handOff()
 }
 
 // reusedPipe hands pipeline the sender's Pipeliner (empty after each Exec).
@@ -310,9 +373,7 @@ func (b *batcher) later(args []any, until time.Time) {
 		p := getPending(args, abandoned)
 		p.until = until
 		b.queue = append(b.queue, p)
-		if b.busy < maxDirect {
-			b.startSender()
-		}
+		b.handOff()
 		b.mu.Unlock()
 		return
 	}

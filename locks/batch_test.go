@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -51,6 +52,32 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 func (h *gateHook) pipelines() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.pipes...)
+}
+
+// pipeCounter records the size of every pipeline.
+type pipeCounter struct {
+	mu    sync.Mutex
+	pipes []int
+}
+
+func (h *pipeCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() == "client" {
+			return next(ctx, cmds) // a new connection's set-up
+		}
+		h.mu.Lock()
+		h.pipes = append(h.pipes, len(cmds))
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (h *pipeCounter) pipelines() []int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]int(nil), h.pipes...)
@@ -138,6 +165,41 @@ func TestCallsShareRoundTrips(t *testing.T) {
 	}
 	if p := h.pipelines(); !slices.Contains(p, n) {
 		t.Fatalf("pipelines %v, want one carrying all %d queued calls", p, n)
+	}
+	if s := c.Senders(); s != 0 {
+		t.Fatalf("%d sender goroutines started; want none: a queued caller sends the queue", s)
+	}
+}
+
+// TestUncontendedCallsHandNothingOff: calls made one at a time, or by fewer
+// callers than the direct slots, each go on the wire from their caller's
+// goroutine, alone: no pipeline, no goroutine of the batcher's.
+func TestUncontendedCallsHandNothingOff(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	h := &pipeCounter{}
+	rdb.AddHook(h)
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close(); rdb.Close() })
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for range 50 {
+				lk, err := c.Lock(ctx, "alone-"+strconv.Itoa(g))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := lk.Unlock(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p := h.pipelines(); len(p) != 0 || c.Senders() != 0 {
+		t.Fatalf("pipelines %v, sender goroutines %d; want none", p, c.Senders())
 	}
 }
 

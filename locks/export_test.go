@@ -7,6 +7,9 @@ func (c *Client) Queued() int {
 	return len(c.b.queue)
 }
 
+// Senders reports how many sender goroutines c's batcher has started (tests only).
+func (c *Client) Senders() int64 { return c.b.started.Load() }
+
 // NodeQueue reports, for node i of r, how many script calls wait for a
 // pipeline, how many of those their callers abandoned, and whether the node
 // has nothing on the wire or queued (tests only).

@@ -86,6 +86,7 @@ type Report struct {
 	CSw      int64   `json:"csw"`              // cycle, warm: the process's context switches during the run (see osCounts)
 	VCSw     int64   `json:"vcsw"`             // cycle, warm: the voluntary ones among them
 	Syscalls int64   `json:"syscalls"`         // cycle, warm: its read/write system calls during the run; -1 when not counted
+	CPU      int64   `json:"cpu,omitempty"`    // cycle, warm: the process's CPU time during the run, ns (see osCounts)
 	Errors   int64   `json:"errors"`
 	FirstErr string  `json:"firstErr,omitempty"`
 	Start    int64   `json:"start"`   // wall clock (unix ns) at GO

@@ -22,19 +22,23 @@ var cycleMetrics = []Metric{
 	{"csw", "context switches/cycle", "%.2f"},
 	{"vcsw", "voluntary/cycle", "%.2f"},
 	{"sys", "read+write syscalls/cycle", "%.2f"},
+	{"cpu", "client CPU µs/cycle", "%.1f"},
+	{"rcpu", "Redis CPU µs/cycle", "%.1f"},
+	{"rcmds", "Redis commands/cycle (scripts' own included)", "%.1f"},
 }
 
 // cycles is what one uncontended run measured.
 type cycles struct {
 	ops, p50, p99, allocs, reqs float64 // cycles/s, µs, µs, per cycle, per cycle
 	csw, vcsw, sys              float64 // per cycle (see osCounts); sys NaN when not counted
+	cpu, rcpu, rcmds            float64 // the process's and Redis's CPU µs, Redis's commands, per cycle; rcpu, rcmds NaN on other servers than e.addr
 }
 
 // cycleMeasure runs one uncontended run of system (lock then unlock, every
 // goroutine on its own name, or over names names in all, each goroutine
 // cycling over its share).
 func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration) (cycles, error) {
-	reps, _, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
+	reps, rcpu, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
 		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle")}})
 	if err != nil {
 		return cycles{}, err
@@ -49,9 +53,15 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 	if rep.Syscalls >= 0 {
 		sys = float64(rep.Syscalls) / max(ops, 1)
 	}
+	rc, rcmds := math.NaN(), math.NaN()
+	if len(addrs) == 1 && addrs[0] == e.addr { // the server measured counts
+		rc = float64(rcpu.Microseconds()) / max(ops, 1)
+		rcmds = float64(e.serverCmds) / max(ops, 1)
+	}
 	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
 		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1),
-		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys}, firstErr(reps)
+		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys,
+		cpu: float64(rep.CPU) / 1e3 / max(ops, 1), rcpu: rc, rcmds: rcmds}, firstErr(reps)
 }
 
 // cycleRun records one uncontended run (lock then unlock, every goroutine on
@@ -68,6 +78,11 @@ func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d tim
 		r.add("vcsw", c.vcsw)
 		if !math.IsNaN(c.sys) {
 			r.add("sys", c.sys)
+		}
+		r.add("cpu", c.cpu)
+		if !math.IsNaN(c.rcpu) {
+			r.add("rcpu", c.rcpu)
+			r.add("rcmds", c.rcmds)
 		}
 	}
 	return err

@@ -17,14 +17,16 @@ import (
 // ones, which is how go-redis talks to Redis; futex and epoll_wait are not
 // counted). Neither depends on how fast the host is: they count what the
 // code asks of the kernel per call. sys is -1 where /proc/self/io cannot be
-// read.
-type osCounts struct{ csw, vcsw, sys int64 }
+// read. cpu is the process's CPU time (user+system, ns): unlike the counts
+// it scales with the host's speed, but two systems' in one run compare.
+type osCounts struct{ csw, vcsw, sys, cpu int64 }
 
 func readOS() osCounts {
 	var c osCounts
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		c.csw, c.vcsw = ru.Nvcsw+ru.Nivcsw, ru.Nvcsw
+		c.cpu = ru.Utime.Nano() + ru.Stime.Nano()
 	}
 	c.sys = -1
 	f, err := os.Open("/proc/self/io")
@@ -56,7 +58,7 @@ func readOS() osCounts {
 // since sets rep's OS counts to what the kernel counted after c.
 func (c osCounts) since(rep *Report) {
 	now := readOS()
-	rep.CSw, rep.VCSw = now.csw-c.csw, now.vcsw-c.vcsw
+	rep.CSw, rep.VCSw, rep.CPU = now.csw-c.csw, now.vcsw-c.vcsw, now.cpu-c.cpu
 	rep.Syscalls = -1
 	if c.sys >= 0 && now.sys >= 0 {
 		rep.Syscalls = now.sys - c.sys

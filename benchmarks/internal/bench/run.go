@@ -211,15 +211,16 @@ func (r *Results) Table(id string) *Table {
 
 // env is what scenarios share: the main server and an admin client on it.
 type env struct {
-	cfg   Config
-	s     sizes
-	reps  int
-	addr  string
-	admin *redis.Client
-	res   *Results
-	seq   int          // makes keys unique within a run
-	pg    *pgdb.Server // started by the first real-database scenario
-	pgErr error        // why it could not start
+	serverCmds int64 // commands Redis ran in the last measured run (see serverCounters)
+	cfg        Config
+	s          sizes
+	reps       int
+	addr       string
+	admin      *redis.Client
+	res        *Results
+	seq        int          // makes keys unique within a run
+	pg         *pgdb.Server // started by the first real-database scenario
+	pgErr      error        // why it could not start
 	// spares are the worker processes idle between runs; they keep their
 	// database pools open, so they end before the database does.
 	spares spares
@@ -430,41 +431,48 @@ func oneLine(s string) string {
 	return s
 }
 
-// serverCounters reads the server's CPU time and its count of pub/sub
-// (un)subscribe commands, which go-redis hooks do not see.
-func (e *env) serverCounters(ctx context.Context) (cpu time.Duration, subs int64) {
+// serverCounters reads the server's CPU time, its count of pub/sub
+// (un)subscribe commands, which go-redis hooks do not see, and of every
+// command it ran — those a script ran included, the harness's own (INFO,
+// CONFIG, CLIENT, PING, HELLO) not: a count of the work asked of Redis that does not
+// depend on the host.
+func (e *env) serverCounters(ctx context.Context) (cpu time.Duration, subs, all int64) {
 	cpu, _ = redisproc.CPU(ctx, e.admin)
 	info, err := e.admin.Info(ctx, "commandstats").Result()
 	if err != nil {
-		return cpu, 0
+		return cpu, 0, 0
 	}
 	for line := range strings.SplitSeq(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		// Not PSUBSCRIBE: no system uses it, the stampede's timeline does (see pushWatch).
-		case "cmdstat_subscribe", "cmdstat_unsubscribe", "cmdstat_ssubscribe", "cmdstat_sunsubscribe":
-		default:
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
 		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
 		n, _ := strconv.ParseInt(calls, 10, 64)
-		subs += n
+		switch cmd, _, _ := strings.Cut(strings.TrimPrefix(name, "cmdstat_"), "|"); cmd {
+		// Not PSUBSCRIBE: no system uses it, the stampede's timeline does (see pushWatch).
+		case "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe":
+			subs += n
+			all += n
+		case "info", "config", "client", "ping", "hello", "auth", "select":
+		default:
+			all += n
+		}
 	}
-	return cpu, subs
+	return cpu, subs, all
 }
 
 // measured runs jobs in worker processes and returns their reports with the
 // server CPU and (un)subscribe commands spent between GO and the last report.
+// e.serverCmds is set to the commands it ran meanwhile (see serverCounters).
 func (e *env) measured(ctx context.Context, jobs []Job) (reps []Report, cpu time.Duration, subs int64, err error) {
 	var cpu0, cpu1 time.Duration
-	var s0, s1 int64
+	var s0, s1, a0, a1 int64
 	reps, err = e.spares.run(ctx, jobs, Hooks{
-		BeforeGo: func() { cpu0, s0 = e.serverCounters(ctx) },
-		AfterRun: func() { cpu1, s1 = e.serverCounters(ctx) },
+		BeforeGo: func() { cpu0, s0, a0 = e.serverCounters(ctx) },
+		AfterRun: func() { cpu1, s1, a1 = e.serverCounters(ctx) },
 	})
+	e.serverCmds = a1 - a0
 	return reps, cpu1 - cpu0, s1 - s0, err
 }
 
