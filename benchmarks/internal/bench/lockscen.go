@@ -306,6 +306,7 @@ func (e *env) contended(ctx context.Context) error {
 			{"h99", "hand-off p99 µs", "%.0f"},
 			{"reqs", "requests/acq", "%.2f"},
 			{"cpu", "Redis CPU/acq µs", "%.0f"},
+			{"rcmds", "Redis commands/acq (scripts' own included)", "%.1f"},
 			{"overlap", "overlaps", "%.0f"},
 		}}
 	e.res.Tables = append(e.res.Tables, t)
@@ -340,6 +341,7 @@ func (e *env) contended(ctx context.Context) error {
 		r.add("h99", float64(c.hand.P99)/1e3)
 		r.add("reqs", float64(reqs+subs)/na)
 		r.add("cpu", float64(cpu)/1e3/na)
+		r.add("rcmds", float64(e.serverCmds)/na)
 		r.add("overlap", float64(c.overlaps))
 		e.res.ContendedWait[r.System] = append(e.res.ContendedWait[r.System], c.waitMs...)
 		return firstErr(reps)
