@@ -131,6 +131,7 @@ func (e *env) manyNames(ctx context.Context) error {
 // to the next holder's grant), grants before the previous Unlock call.
 type contention struct {
 	acqs, util  float64
+	hold        float64 // mean µs from Lock's return to the Unlock call: the holder's 1 ms sleep, as late as the host made it
 	waits, hand stats.Dist
 	overlaps    int64
 	waitMs      []float64
@@ -167,6 +168,7 @@ func contend(acqs []Acq, until int64) (contention, error) {
 	window := float64(end - acqs[0].Grant)
 	c.acqs = float64(len(acqs)) / (window / 1e9)
 	c.util = float64(held) / window
+	c.hold = float64(held) / float64(len(acqs)) / 1e3
 	c.waits, c.hand = stats.Durations(waits), stats.Durations(hand)
 	for _, w := range waits {
 		c.waitMs = append(c.waitMs, stats.Ms(w))
@@ -289,17 +291,20 @@ func (e *env) contended(ctx context.Context) error {
 	s := e.s
 	t := &Table{ID: "contended", Title: "2. Contended lock",
 		Intro: fmt.Sprintf("%d OS processes × %d goroutines take one lock name in a loop for %v per run and hold it "+
-			"%v. *Held* is the share of the run during which some caller held the lock; *wait* runs from the Lock call "+
+			"%v. *Held* is the share of the run during which some caller held the lock (from Lock's return to the Unlock "+
+			"call), *hold mean* the mean of one such holding: the %v sleep, made longer by the host's timer latency, "+
+			"which the other work in the holder's process (pollers) lengthens; *wait* runs from the Lock call "+
 			"to its return; *hand-off* from one holder's Unlock call to the next holder's Lock return. Requests are the "+
 			"commands all clients sent (go-redis hooks, a rueidis wrapper, and the server's count of (un)subscribe "+
 			"commands) per acquisition; Redis CPU is INFO cpu (user+sys) per acquisition. Peers that wait by polling "+
 			"(redsync, bsm/redislock, raw) retry every %v, tuned to the hold (their defaults — redsync 50–250 ms, "+
 			"bsm no retry — would do far worse). Fair mode has no counterpart among the peers. *Overlaps* counts "+
 			"grants that came before the previous holder's Unlock call (must be 0).",
-			s.contProcs, s.contG, s.contDur, s.hold, s.pollRetry),
+			s.contProcs, s.contG, s.contDur, s.hold, s.hold, s.pollRetry),
 		Metrics: []Metric{
 			{"acqs", "acq/s", "%.0f"},
 			{"util", "held", "%.3f"},
+			{"hold", "hold mean µs", "%.0f"},
 			{"p50", "wait p50 ms", "%.2f"},
 			{"p99", "wait p99 ms", "%.1f"},
 			{"h50", "hand-off p50 µs", "%.0f"},
@@ -335,6 +340,7 @@ func (e *env) contended(ctx context.Context) error {
 		na := float64(len(acqs))
 		r.add("acqs", c.acqs)
 		r.add("util", c.util)
+		r.add("hold", c.hold)
 		r.add("p50", stats.Ms(c.waits.P50))
 		r.add("p99", stats.Ms(c.waits.P99))
 		r.add("h50", float64(c.hand.P50)/1e3)
