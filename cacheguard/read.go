@@ -159,7 +159,8 @@ type entry struct{ values, field string }
 
 // readOne reads one entry for Get through g.reads: a read sent after this
 // call began, shared with the callers of the entry that overlap it, so that a
-// burst of reads of a hot entry costs limit+1 HGETs, not one per caller. It
+// burst of reads of a hot entry costs limit+1 HGETs, not one per caller (of
+// a cold one, limit: the burst shares a miss, see endRead). It
 // returns when the read answers, ctx ends or the budget ends (at deadline:
 // errBudget), whichever is first; the read itself ends at the command
 // timeout (see fetch).
@@ -179,7 +180,11 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	if leader {
 		var s [1]stored
 		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:])
-		g.endRead(e, nil, s[0])
+		ended := s[0]
+		if err != nil && ended.err == nil {
+			ended.err = err // its caller's context or budget ended it: no answer for the others
+		}
+		g.endRead(e, nil, ended)
 		return s[0], err
 	}
 	if t == nil {
@@ -203,11 +208,17 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 // runs the reads queued behind it, in turn, on a worker — unless the command
 // timeout ended it: Redis did not answer a read sent before their callers
 // arrived, and they end with its error instead of being sent into the same
-// stall.
+// stall; or it found the entry absent: a miss serves nothing, so their
+// callers share it, and join only flights created from now on (unknown),
+// whose scripts are sent after every one of them arrived — a cold burst
+// then costs one read and one flight's round trip, not two reads first.
 func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
 	next := g.reads.end(e, t, s)
 	for next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
 		next = g.reads.end(e, next, s)
+	}
+	for next != nil && s.b == nil && s.err == nil {
+		next = g.reads.end(e, next, unknown(g))
 	}
 	if next != nil {
 		g.work.run(funcJob(func() { g.endRead(e, next, next.run()) }))

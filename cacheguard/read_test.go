@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
@@ -122,6 +123,34 @@ func TestConcurrentReadsShareGets(t *testing.T) {
 	for i, v := range got {
 		if v != "v" {
 			t.Fatalf("reader %d got %q", i, v)
+		}
+	}
+}
+
+// TestBurstSharesAMiss: a burst queued behind a read that finds the entry
+// absent shares that miss — one GET, not two — and may join only flights
+// created from then on (its mark), whose scripts are sent after it arrived.
+func TestBurstSharesAMiss(t *testing.T) {
+	ctx := context.Background()
+	_, g, hook := heldGets(t, "v")
+	const n = 50
+	var wg sync.WaitGroup
+	got := make([]stored, n+1)
+	wg.Go(func() { got[n], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour)) })
+	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
+	for i := range n {
+		wg.Go(func() { got[i], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour)) })
+	}
+	waitFor(t, "burst queued", func() bool { return g.queued("absent") == n })
+	serial := g.flights.serial.Load()
+	hook.open()
+	wg.Wait()
+	if c := hook.n.Load(); c != 1 {
+		t.Fatalf("%d GETs for %d concurrent reads of an absent entry, want 1", c, n+1)
+	}
+	for i, s := range got[:n] {
+		if s.b != nil || s.err != nil || s.mark < serial || s.gen != counter.Unknown {
+			t.Fatalf("reader %d got %+v; want absent, a mark of %d or later and an unknown generation", i, s, serial)
 		}
 	}
 }

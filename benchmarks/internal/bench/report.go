@@ -205,6 +205,10 @@ func (r *Results) Targets() []Target {
 	add("stampede: cacheguard (wait, cold key) p99 minus the load's own time vs per-process singleflight's (table 4b)", "≤ 1.0×",
 		ov/sov, worst(s6, s16), ov <= sov, "%.2f×")
 	out[len(out)-1].Got += fmt.Sprintf(" (%.1f vs %.1f ms)", ov, sov)
+	if gc, _ := med("stampede", systems.Guard, "ccpu"); !math.IsNaN(gc) {
+		sc, _ := med("stampede", systems.Singleflight, "ccpu")
+		out[len(out)-1].Got += fmt.Sprintf("; client CPU/request %.0f vs %.0f µs", gc, sc)
+	}
 	sf, s7 := med("stampede", systems.Singleflight, "p99")
 	sp2, s12 := med("stampede", systems.GuardStale, "p99")
 	add("stampede: cacheguard (serve-stale, expired key) p99 vs per-process singleflight p99", "≤ 0.75×", sp2/sf, worst(s12, s7), sp2/sf <= 0.75, "%.2f×")

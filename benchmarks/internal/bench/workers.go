@@ -346,6 +346,7 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 	t0s := make([]int64, w.j.Goroutines)
 	w.fm.reset()
 	req0 := w.cnt.Load()
+	os0 := readOS()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for g := range w.j.Goroutines {
@@ -371,9 +372,11 @@ func (w *cacheWorker) burst(ctx context.Context) Report {
 	d.mu.Lock()
 	spans := slices.Clone(d.spans)
 	d.mu.Unlock()
-	return Report{Ops: int64(w.j.Goroutines), Lat: lat, Loads: d.loads.Load(), Requests: w.cnt.Load() - req0,
+	r := Report{Ops: int64(w.j.Goroutines), Lat: lat, Loads: d.loads.Load(), Requests: w.cnt.Load() - req0,
 		Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(), Elapsed: int64(time.Since(start)),
 		Fill: w.fm.fill(spans, t0s, lat)}
+	os0.since(&r)
+	return r
 }
 
 // warm: hits on keys filled during preparation, as fast as they go.
