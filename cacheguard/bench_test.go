@@ -85,7 +85,8 @@ func BenchmarkRawGetJSON(b *testing.B) {
 	})
 }
 
-// reportCPU reports the benchmark process's CPU time per operation, which is
+// reportCPU reports the benchmark process's CPU time and context switches
+// (voluntary and not) per operation; CPU time is
 // steadier than wall time on a machine shared with other work (the network
 // round trip dominates wall time and is the same for both benchmarks).
 func reportCPU(b *testing.B) func() {
@@ -96,6 +97,7 @@ func reportCPU(b *testing.B) func() {
 		syscall.Getrusage(syscall.RUSAGE_SELF, &end)
 		cpu := time.Duration(end.Utime.Nano() + end.Stime.Nano() - start.Utime.Nano() - start.Stime.Nano())
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(end.Nvcsw+end.Nivcsw-start.Nvcsw-start.Nivcsw)/float64(b.N), "ctxsw/op")
 	}
 }
 
@@ -110,6 +112,14 @@ func BenchmarkGetHitKeys(b *testing.B) { benchGetHitKeys(b, &redis.Options{Addr:
 // with BenchmarkRawGetJSONKeysBounded.
 func BenchmarkGetHitKeysContextTimeout(b *testing.B) {
 	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+}
+
+// BenchmarkGetHitKeysTimeouts400ms is BenchmarkGetHitKeys on a client
+// without ContextTimeoutEnabled whose ReadTimeout and WriteTimeout (400ms
+// each) fit within the command timeout's bound, so a Get reads on its own
+// goroutine; compare with BenchmarkRawGetJSONKeys.
+func BenchmarkGetHitKeysTimeouts400ms(b *testing.B) {
+	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
 }
 
 func benchGetHitKeys(b *testing.B, opt *redis.Options) {

@@ -257,19 +257,34 @@ func bytesOf(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
-// honoursDeadlines reports whether rdb bounds every socket call by its
-// context's deadline (go-redis's ContextTimeoutEnabled): then a read may run
-// on the caller's goroutine.
-func honoursDeadlines(rdb redis.UniversalClient) bool {
+// clientBounds reports whether rdb bounds every socket call by its
+// context's deadline (go-redis's ContextTimeoutEnabled), and else how long one
+// attempt of a command may take on it at most, whatever its context:
+// WriteTimeout plus ReadTimeout, go-redis's defaults resolved (0 when either
+// is none, or the client is of another kind: unknown).
+func clientBounds(rdb redis.UniversalClient) (ctxDeadlines bool, attempt time.Duration) {
+	var r, w time.Duration
 	switch c := rdb.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+	case *redis.Client: // its options are resolved: 0 is none
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	case *redis.ClusterClient: // resolved too
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	case *redis.Ring: // as set: its shards' clients resolve them (0: the default, 5s)
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+		if r == 0 {
+			r = 5 * time.Second
+		}
+		if w == 0 {
+			w = r
+		}
 	}
-	return false
+	if r <= 0 || w <= 0 {
+		return ctxDeadlines, 0
+	}
+	return ctxDeadlines, r + w
 }
 
 // errBudget means the wait budget ended before Redis answered.
@@ -279,10 +294,9 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // one round trip (see read) into out, bounded by ctx (its error), the wait
 // budget (at deadline, none when zero: errBudget) and the command timeout
 // (then each entry's error matches rcmd.ErrTimeout), whichever ends first.
-// The read runs on the caller's goroutine when the client honours deadlines
-// (ContextTimeoutEnabled) and neither ctx nor the budget ends before the
-// command timeout: a hit then costs what a plain HGET does. Else it runs on a
-// worker, and the caller waits only until those bounds; with
+// The read runs on the caller's goroutine when the client keeps those bounds
+// on its own (see inline): a hit then costs what a plain HGET does. Else it
+// runs on a worker, and the caller waits only until those bounds; with
 // ContextTimeoutEnabled, detached from the caller and bounded by the command
 // timeout alone, since go-redis closes the connection of a command its
 // context cuts (DESIGN.md, the read hand-off).
@@ -302,8 +316,18 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		rctx, cancel = g.cmd.Bound(ctx, 0)
 	}
 	defer cancel()
-	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx, 0) {
-		g.read(rctx, values, field, tags, out)
+	if sctx, scancel, ok := g.inline(ctx, rctx, budget); ok {
+		g.read(sctx, values, field, tags, out)
+		scancel()
+		// Sent under a context that ends one attempt before rctx (without
+		// ContextTimeoutEnabled): a timeout before rctx ended is a command
+		// timeout (the client's own, or go-redis told to try no more in time
+		// for rctx), not the caller's deadline or the budget.
+		if sctx != rctx && !passed(rctx) && slices.ContainsFunc(out, func(s stored) bool { return s.err != nil && rcmd.IsTimeout(s.err) }) {
+			for i := range out {
+				out[i] = stored{err: rcmd.ErrTimeout}
+			}
+		}
 	} else {
 		j, _ := g.jobs.Get().(*readJob)
 		if j == nil {
@@ -346,6 +370,55 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	}
 	return err
 }
+
+// inline decides, in one place, whether a read under rctx (the caller's ctx
+// bounded by the wait budget when budget is set, else by the command
+// timeout) runs on the caller's goroutine, and returns the context to send it
+// under. It does when the client ends it within rctx on its own:
+//
+//   - with ContextTimeoutEnabled, when rctx is the command's bound, not the
+//     caller's deadline or the budget (those would cut the command, and
+//     go-redis closes the connection of a command its context cut: see
+//     rcmd.Runner.Cuts); sent under rctx;
+//   - without it, when one attempt's bound (see clientBounds) fits before
+//     rctx's deadline, the earliest of the caller's, the budget's and the
+//     command's. The socket calls ignore the context then, but go-redis waits
+//     for a pooled connection, dials and sleeps between retries under it, so
+//     the read is sent under a context that ends one attempt before rctx: no
+//     attempt starts after it, and each ends within rctx. With go-redis's
+//     defaults (5s each way) no read qualifies (DESIGN.md, the read hand-off).
+func (g *Guard) inline(ctx, rctx context.Context, budget bool) (context.Context, context.CancelFunc, bool) {
+	if g.ctxDeadlines {
+		return rctx, noCancel, !budget && !g.cmd.Cuts(ctx, 0)
+	}
+	end, _ := rctx.Deadline()
+	if g.attempt == 0 || time.Until(end) < g.attempt {
+		return nil, nil, false
+	}
+	if ctx != context.Background() {
+		sctx, cancel := context.WithDeadline(rctx, end.Add(-g.attempt))
+		return sctx, cancel, true
+	}
+	// rctx is a deadline the Runner shares among the commands it sends
+	// within a moment under uncancellable contexts (see rcmd.Runner.Bound):
+	// so is the one attempt earlier, with no values to keep.
+	if s := g.starts.Load(); s != nil && s.parent == rctx {
+		return s.ctx, noCancel, true
+	}
+	s := &startBy{parent: rctx}
+	s.ctx, s.cancel = context.WithDeadline(rctx, end.Add(-g.attempt))
+	g.starts.Store(s)
+	return s.ctx, noCancel, true
+}
+
+// startBy is the context that the reads under a shared deadline (parent)
+// are sent under on a client without ContextTimeoutEnabled (see inline).
+type startBy struct {
+	parent, ctx context.Context
+	cancel      context.CancelFunc // never called: its deadline, or parent's, ends ctx
+}
+
+func noCancel() {}
 
 // readJob is a read that fetch hands to a worker; the Guard pools them.
 type readJob struct {
