@@ -33,6 +33,11 @@ const (
 	// ContextTimeoutEnabled, on which a hit hands its read to a goroutine of
 	// the Guard's (the others use the client cacheguard's README recommends).
 	GuardHandOff = "cacheguard (wait, client without ContextTimeoutEnabled)"
+	// GuardTimeouts is cacheguard (wait) on a client without
+	// ContextTimeoutEnabled whose ReadTimeout and WriteTimeout (400 ms each)
+	// fit within the command timeout's bound: a hit reads on its caller's
+	// goroutine.
+	GuardTimeouts = "cacheguard (wait, client without ContextTimeoutEnabled, Read/WriteTimeout 400 ms)"
 	// GuardNear is cacheguard (wait) with its in-process near cache: up to
 	// 10,000 values per process, kept at most one TTL.
 	GuardNear      = "cacheguard (near cache)"
@@ -159,6 +164,12 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
 	case GuardHandOff:
 		rdb := NewRedis(cfg.Addr, cfg.Counter)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
+	case GuardTimeouts:
+		rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
+		if cfg.Counter != nil {
+			rdb.AddHook(hook{cfg.Counter})
+		}
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
 	case GuardNear:
 		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
