@@ -41,7 +41,11 @@ type stored struct {
 func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
-			v, err := g.cmd.Do(ctx, "hget", values[0], field).Text()
+			// The command line in one allocation: boxing each name would
+			// cost one more each.
+			h := &hget{name: values[0], field: field}
+			h.args = [3]any{"hget", &h.name, &h.field}
+			v, err := g.cmd.Do(ctx, h.args[:]...).Text()
 			switch {
 			case err == nil:
 				out[0] = stored{b: bytesOf(v), mark: mark}
@@ -135,6 +139,12 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			*s = stored{err: err}
 		}
 	}
+}
+
+// hget is the command line of a single read (see read).
+type hget struct {
+	args        [3]any
+	name, field string
 }
 
 // versions reads the tags' versions from their commands' replies (an absent
