@@ -122,8 +122,20 @@ func BenchmarkGetHitKeysTimeouts400ms(b *testing.B) {
 	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
 }
 
+// BenchmarkGetHitKeysRequestContext is BenchmarkGetHitKeysContextTimeout
+// under a context that can be cancelled, as a request's is (and the
+// benchmarks/ harness's).
+func BenchmarkGetHitKeysRequestContext(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+}
+
 func benchGetHitKeys(b *testing.B, opt *redis.Options) {
-	ctx := context.Background()
+	benchGetHitKeysCtx(context.Background(), b, opt)
+}
+
+func benchGetHitKeysCtx(ctx context.Context, b *testing.B, opt *redis.Options) {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))

@@ -149,3 +149,58 @@ func TestPausedRedisShortDeadlineWithoutContextTimeout(t *testing.T) {
 		})
 	}
 }
+
+// valueSeen records the value of a context key that the read of a value
+// (HGET) was sent under, and whether that context had a deadline.
+type valueSeen struct {
+	v        atomic.Value
+	deadline atomic.Bool
+}
+
+type ctxKey struct{}
+
+func (h *valueSeen) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *valueSeen) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hget" {
+			h.v.Store(ctx.Value(ctxKey{}))
+			_, ok := ctx.Deadline()
+			h.deadline.Store(ok)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *valueSeen) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestInlineReadKeepsValuesAndBound: a read sent on the caller's goroutine
+// under a request's context (one that can be cancelled) carries its values
+// (a tracing hook needs them) and a deadline (the command's bound), on both
+// client kinds.
+func TestInlineReadKeepsValuesAndBound(t *testing.T) {
+	s := redistest.Start(t)
+	for name, opt := range map[string]func(*redis.Options){
+		"ContextTimeoutEnabled": func(o *redis.Options) { o.ContextTimeoutEnabled = true },
+		"timeouts 100ms":        func(o *redis.Options) { o.ReadTimeout, o.WriteTimeout = 100*time.Millisecond, 100*time.Millisecond },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rdb := s.Client(opt)
+			h := &valueSeen{}
+			rdb.AddHook(h)
+			g := New(rdb, EarlyRefresh(0))
+			t.Cleanup(func() { g.Close() })
+			load := func(context.Context) (string, error) { return "v", nil }
+			ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "request"))
+			defer cancel()
+			for range 2 { // a miss, then a hit
+				if _, err := Get(ctx, g, "k", load); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if v := h.v.Load(); v != "request" || !h.deadline.Load() {
+				t.Fatalf("the hit's read saw value %v, deadline %v; want the caller's value and a deadline", v, h.deadline.Load())
+			}
+		})
+	}
+}

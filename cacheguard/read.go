@@ -314,19 +314,14 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	if passed(ctx) {
 		return deadlineErr(ctx)
 	}
-	// rctx: ctx bounded by the earlier of the budget's deadline and the
-	// command timeout (see rcmd).
 	d, ok := ctx.Deadline()
 	budget := !deadline.IsZero() && (!ok || d.After(deadline)) && time.Until(deadline) < g.cmd.Timeout()
-	var rctx context.Context
-	var cancel context.CancelFunc
-	if budget {
-		rctx, cancel = context.WithDeadline(ctx, deadline)
-	} else {
-		rctx, cancel = g.cmd.Bound(ctx, 0)
-	}
+	// rctx: ctx bounded by the earlier of the budget's deadline and the
+	// command timeout (see rcmd); sctx, when not nil, what the read is sent
+	// under on the caller's goroutine.
+	rctx, sctx, cancel, scancel := g.inline(ctx, deadline, budget)
 	defer cancel()
-	if sctx, scancel, ok := g.inline(ctx, rctx, budget); ok {
+	if sctx != nil {
 		g.read(sctx, values, field, tags, out)
 		scancel()
 		// Sent under a context that ends one attempt before rctx (without
@@ -381,15 +376,17 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	return err
 }
 
-// inline decides, in one place, whether a read under rctx (the caller's ctx
-// bounded by the wait budget when budget is set, else by the command
-// timeout) runs on the caller's goroutine, and returns the context to send it
-// under. It does when the client ends it within rctx on its own:
+// inline decides, in one place, whether a read runs on the caller's
+// goroutine, and bounds it: rctx is ctx bounded by the wait budget (at
+// deadline) when budget is set, else by the command timeout; sctx is what the
+// read is sent under on the caller's goroutine, nil when it is handed to a
+// worker. It runs there when the client ends it within rctx on its own:
 //
 //   - with ContextTimeoutEnabled, when rctx is the command's bound, not the
 //     caller's deadline or the budget (those would cut the command, and
 //     go-redis closes the connection of a command its context cut: see
-//     rcmd.Runner.Cuts); sent under rctx;
+//     rcmd.Runner.Cuts); sent under rctx, with no timer of its own (see
+//     readCtx);
 //   - without it, when one attempt's bound (see clientBounds) fits before
 //     rctx's deadline, the earliest of the caller's, the budget's and the
 //     command's. The socket calls ignore the context then, but go-redis waits
@@ -397,29 +394,71 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 //     the read is sent under a context that ends one attempt before rctx: no
 //     attempt starts after it, and each ends within rctx. With go-redis's
 //     defaults (5s each way) no read qualifies (DESIGN.md, the read hand-off).
-func (g *Guard) inline(ctx, rctx context.Context, budget bool) (context.Context, context.CancelFunc, bool) {
-	if g.ctxDeadlines {
-		return rctx, noCancel, !budget && !g.cmd.Cuts(ctx, 0)
+func (g *Guard) inline(ctx context.Context, deadline time.Time, budget bool) (rctx, sctx context.Context, cancel, scancel context.CancelFunc) {
+	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx, 0) {
+		if ctx.Done() == nil { // the Runner's shared deadline has no timer of its own
+			rctx, cancel = g.cmd.Bound(ctx, 0)
+			return rctx, rctx, cancel, noCancel
+		}
+		rctx = g.readCtx(ctx)
+		return rctx, rctx, noCancel, noCancel
+	}
+	if budget {
+		rctx, cancel = context.WithDeadline(ctx, deadline)
+	} else {
+		rctx, cancel = g.cmd.Bound(ctx, 0)
 	}
 	end, _ := rctx.Deadline()
-	if g.attempt == 0 || time.Until(end) < g.attempt {
-		return nil, nil, false
+	if g.ctxDeadlines || g.attempt == 0 || time.Until(end) < g.attempt {
+		return rctx, nil, cancel, noCancel
 	}
 	if ctx != context.Background() {
-		sctx, cancel := context.WithDeadline(rctx, end.Add(-g.attempt))
-		return sctx, cancel, true
+		sctx, scancel = context.WithDeadline(rctx, end.Add(-g.attempt))
+		return rctx, sctx, cancel, scancel
 	}
 	// rctx is a deadline the Runner shares among the commands it sends
 	// within a moment under uncancellable contexts (see rcmd.Runner.Bound):
 	// so is the one attempt earlier, with no values to keep.
 	if s := g.starts.Load(); s != nil && s.parent == rctx {
-		return s.ctx, noCancel, true
+		return rctx, s.ctx, cancel, noCancel
 	}
-	s := &startBy{parent: rctx}
-	s.ctx, s.cancel = context.WithDeadline(rctx, end.Add(-g.attempt))
-	g.starts.Store(s)
-	return s.ctx, noCancel, true
+	st := &startBy{parent: rctx}
+	st.ctx, st.cancel = context.WithDeadline(rctx, end.Add(-g.attempt))
+	g.starts.Store(st)
+	return rctx, st.ctx, cancel, noCancel
 }
+
+func noCancel() {}
+
+// readCtx returns the context of a read on a client with
+// ContextTimeoutEnabled, under ctx (which can be cancelled) whose deadline, if
+// any, is no earlier than the command's bound: ctx's values, the command's
+// bound as its deadline, and as its end the deadline the Runner shares among
+// the commands it sends within a moment (rcmd.Runner.Bound under
+// context.Background, at most rcmd.Slack later) — not a timer per read (a
+// context.WithDeadline of ctx costs three allocations, and a timer set and
+// stopped, per hit). ctx's cancellation is not its own: go-redis's socket
+// calls never see one (they follow the deadline), and its pool wait and
+// retry sleep end at the bound; the caller sees it when the read returns.
+func (g *Guard) readCtx(ctx context.Context) context.Context {
+	tick, _ := g.cmd.Bound(context.Background(), 0) // no cancel: shared
+	d := time.Now().Add(g.cmd.Timeout())
+	if td, _ := tick.Deadline(); td.Before(d) {
+		d = td
+	}
+	return &boundCtx{Context: ctx, end: tick, d: d}
+}
+
+// boundCtx is a read's context (see readCtx).
+type boundCtx struct {
+	context.Context                 // the caller's: its values
+	end             context.Context // the shared deadline: Done, Err
+	d               time.Time
+}
+
+func (c *boundCtx) Deadline() (time.Time, bool) { return c.d, true }
+func (c *boundCtx) Done() <-chan struct{}       { return c.end.Done() }
+func (c *boundCtx) Err() error                  { return c.end.Err() }
 
 // startBy is the context that the reads under a shared deadline (parent)
 // are sent under on a client without ContextTimeoutEnabled (see inline).
@@ -427,8 +466,6 @@ type startBy struct {
 	parent, ctx context.Context
 	cancel      context.CancelFunc // never called: its deadline, or parent's, ends ctx
 }
-
-func noCancel() {}
 
 // readJob is a read that fetch hands to a worker; the Guard pools them.
 type readJob struct {
