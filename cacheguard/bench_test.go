@@ -131,14 +131,21 @@ func BenchmarkGetHitKeysRequestContext(b *testing.B) {
 	benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 }
 
+// BenchmarkGetHitKeysMsgPack is BenchmarkGetHitKeysContextTimeout with the
+// MsgPack codec.
+func BenchmarkGetHitKeysMsgPack(b *testing.B) {
+	benchGetHitKeysCtx(context.Background(), b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true},
+		cacheguard.Encoding(cacheguard.MsgPack{}))
+}
+
 func benchGetHitKeys(b *testing.B, opt *redis.Options) {
 	benchGetHitKeysCtx(context.Background(), b, opt)
 }
 
-func benchGetHitKeysCtx(ctx context.Context, b *testing.B, opt *redis.Options) {
+func benchGetHitKeysCtx(ctx context.Context, b *testing.B, opt *redis.Options, opts ...cacheguard.Option) {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	g := cacheguard.New(rdb, append([]cacheguard.Option{cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0)}, opts...)...)
 	defer g.Close()
 	keys := make([]string, 1000)
 	load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
