@@ -128,7 +128,12 @@ func BenchmarkGetHitKeysTimeouts400ms(b *testing.B) {
 func BenchmarkGetHitKeysRequestContext(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	b.Run("ContextTimeoutEnabled", func(b *testing.B) {
+		benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	})
+	b.Run("Timeouts400ms", func(b *testing.B) {
+		benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
+	})
 }
 
 // BenchmarkGetHitKeysMsgPack is BenchmarkGetHitKeysContextTimeout with the

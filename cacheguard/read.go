@@ -385,8 +385,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 //   - with ContextTimeoutEnabled, when rctx is the command's bound, not the
 //     caller's deadline or the budget (those would cut the command, and
 //     go-redis closes the connection of a command its context cut: see
-//     rcmd.Runner.Cuts); sent under rctx, with no timer of its own (see
-//     readCtx);
+//     rcmd.Runner.Cuts); sent under rctx;
 //   - without it, when one attempt's bound (see clientBounds) fits before
 //     rctx's deadline, the earliest of the caller's, the budget's and the
 //     command's. The socket calls ignore the context then, but go-redis waits
@@ -394,14 +393,25 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 //     the read is sent under a context that ends one attempt before rctx: no
 //     attempt starts after it, and each ends within rctx. With go-redis's
 //     defaults (5s each way) no read qualifies (DESIGN.md, the read hand-off).
+//
+// When the command's bound comes first, both are made from the deadline the
+// Runner shares among the commands it sends within a moment (see shared): no
+// timer per read.
 func (g *Guard) inline(ctx context.Context, deadline time.Time, budget bool) (rctx, sctx context.Context, cancel, scancel context.CancelFunc) {
-	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx, 0) {
-		if ctx.Done() == nil { // the Runner's shared deadline has no timer of its own
-			rctx, cancel = g.cmd.Bound(ctx, 0)
-			return rctx, rctx, cancel, noCancel
+	if !budget && !g.cmd.Cuts(ctx, 0) && (g.ctxDeadlines || g.attempt > 0 && g.attempt <= g.cmd.Timeout()) {
+		tick, _ := g.cmd.Bound(context.Background(), 0) // shared: no cancel
+		rctx = g.shared(ctx, tick)
+		if g.ctxDeadlines {
+			return rctx, rctx, noCancel, noCancel
 		}
-		rctx = g.readCtx(ctx)
-		return rctx, rctx, noCancel, noCancel
+		st := g.starts.Load()
+		if st == nil || st.parent != tick {
+			end, _ := tick.Deadline()
+			st = &startBy{parent: tick}
+			st.ctx, st.cancel = context.WithDeadline(tick, end.Add(-g.attempt))
+			g.starts.Store(st)
+		}
+		return rctx, g.shared(ctx, st.ctx), noCancel, noCancel
 	}
 	if budget {
 		rctx, cancel = context.WithDeadline(ctx, deadline)
@@ -412,44 +422,33 @@ func (g *Guard) inline(ctx context.Context, deadline time.Time, budget bool) (rc
 	if g.ctxDeadlines || g.attempt == 0 || time.Until(end) < g.attempt {
 		return rctx, nil, cancel, noCancel
 	}
-	if ctx != context.Background() {
-		sctx, scancel = context.WithDeadline(rctx, end.Add(-g.attempt))
-		return rctx, sctx, cancel, scancel
-	}
-	// rctx is a deadline the Runner shares among the commands it sends
-	// within a moment under uncancellable contexts (see rcmd.Runner.Bound):
-	// so is the one attempt earlier, with no values to keep.
-	if s := g.starts.Load(); s != nil && s.parent == rctx {
-		return rctx, s.ctx, cancel, noCancel
-	}
-	st := &startBy{parent: rctx}
-	st.ctx, st.cancel = context.WithDeadline(rctx, end.Add(-g.attempt))
-	g.starts.Store(st)
-	return rctx, st.ctx, cancel, noCancel
+	sctx, scancel = context.WithDeadline(rctx, end.Add(-g.attempt))
+	return rctx, sctx, cancel, scancel
 }
 
 func noCancel() {}
 
-// readCtx returns the context of a read on a client with
-// ContextTimeoutEnabled, under ctx (which can be cancelled) whose deadline, if
-// any, is no earlier than the command's bound: ctx's values, the command's
-// bound as its deadline, and as its end the deadline the Runner shares among
-// the commands it sends within a moment (rcmd.Runner.Bound under
-// context.Background, at most rcmd.Slack later) — not a timer per read (a
-// context.WithDeadline of ctx costs three allocations, and a timer set and
-// stopped, per hit). ctx's cancellation is not its own: go-redis's socket
-// calls never see one (they follow the deadline), and its pool wait and
-// retry sleep end at the bound; the caller sees it when the read returns.
-func (g *Guard) readCtx(ctx context.Context) context.Context {
-	tick, _ := g.cmd.Bound(context.Background(), 0) // no cancel: shared
-	d := time.Now().Add(g.cmd.Timeout())
-	if td, _ := tick.Deadline(); td.Before(d) {
-		d = td
+// shared returns a read's context under ctx made from end, a deadline shared
+// by the reads sent within a moment: end itself under context.Background,
+// else ctx's values with end's Done and Err and, as its deadline, the
+// earlier of end's and the command's bound (so that rcmd.Runner.Bound keeps
+// it). It has no timer of its own, where a context.WithDeadline of ctx costs
+// three allocations, and a timer set and stopped, per hit. ctx's
+// cancellation is not its own: go-redis's socket calls never see one (they
+// follow the deadline, or the client's timeouts), its pool wait, dial and
+// retry sleep end at end, and the caller sees it when the read returns.
+func (g *Guard) shared(ctx, end context.Context) context.Context {
+	if ctx == context.Background() {
+		return end
 	}
-	return &boundCtx{Context: ctx, end: tick, d: d}
+	d, _ := end.Deadline()
+	if b := time.Now().Add(g.cmd.Timeout()); b.Before(d) {
+		d = b
+	}
+	return &boundCtx{Context: ctx, end: end, d: d}
 }
 
-// boundCtx is a read's context (see readCtx).
+// boundCtx is a read's context (see shared).
 type boundCtx struct {
 	context.Context                 // the caller's: its values
 	end             context.Context // the shared deadline: Done, Err
@@ -460,8 +459,9 @@ func (c *boundCtx) Deadline() (time.Time, bool) { return c.d, true }
 func (c *boundCtx) Done() <-chan struct{}       { return c.end.Done() }
 func (c *boundCtx) Err() error                  { return c.end.Err() }
 
-// startBy is the context that the reads under a shared deadline (parent)
-// are sent under on a client without ContextTimeoutEnabled (see inline).
+// startBy is the context the reads under a shared deadline (parent) are sent
+// under on a client without ContextTimeoutEnabled: parent's, one attempt
+// earlier (see inline).
 type startBy struct {
 	parent, ctx context.Context
 	cancel      context.CancelFunc // never called: its deadline, or parent's, ends ctx
