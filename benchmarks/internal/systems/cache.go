@@ -38,6 +38,9 @@ const (
 	// fit within the command timeout's bound: a hit reads on its caller's
 	// goroutine.
 	GuardTimeouts = "cacheguard (wait, client without ContextTimeoutEnabled, Read/WriteTimeout 400 ms)"
+	// GuardMsgPack is cacheguard (wait) with its opt-in MsgPack codec, the
+	// codec go-redis/cache uses.
+	GuardMsgPack = "cacheguard (wait, MsgPack codec)"
 	// GuardNear is cacheguard (wait) with its in-process near cache: up to
 	// 10,000 values per process, kept at most one TTL.
 	GuardNear      = "cacheguard (near cache)"
@@ -171,6 +174,9 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 			rdb.AddHook(hook{cfg.Counter})
 		}
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
+	case GuardMsgPack:
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.Encoding(cacheguard.MsgPack{}))...)}, nil
 	case GuardNear:
 		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.NearCache(10000, cfg.TTL))...)}, nil
