@@ -22,9 +22,9 @@
 // Variant, Tags, ReportTo — and every Setting, overriding that default; a
 // misplaced option does not compile. Settings: TTL (1 minute), Jitter (0.1),
 // Lease (the fill lease, 3s), LoadTimeout (10s), NegativeTTL (5s), Encoding
-// (JSON); the miss policy Wait (the default), ServeStale(window) or FailFast,
-// with WaitBudget (10s) and OnWaitTimeout; EarlyRefresh (β = 1); FailSafe and
-// SoftTimeout; FailClosed.
+// (JSON, or MsgPack); the miss policy Wait (the default), ServeStale(window)
+// or FailFast, with WaitBudget (10s) and OnWaitTimeout; EarlyRefresh (β = 1);
+// FailSafe and SoftTimeout; FailClosed.
 //
 // # How a miss is served
 //
