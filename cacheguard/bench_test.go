@@ -3,7 +3,9 @@ package cacheguard_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -410,4 +412,45 @@ func burst(b *testing.B, get func(ctx context.Context, i int) error) {
 	if f := failed.Load(); f > 0 {
 		b.Fatalf("%d calls failed", f)
 	}
+}
+
+// warmRecord is the value of the warm scenario of benchmarks/ (systems.Repo):
+// about 300 bytes as JSON.
+type warmRecord struct {
+	ID          int64    `json:"id" msgpack:"id"`
+	Owner       string   `json:"owner" msgpack:"owner"`
+	Name        string   `json:"name" msgpack:"name"`
+	Description string   `json:"description" msgpack:"description"`
+	Stars       int      `json:"stars" msgpack:"stars"`
+	Forks       int      `json:"forks" msgpack:"forks"`
+	Topics      []string `json:"topics" msgpack:"topics"`
+	UpdatedAt   int64    `json:"updated_at" msgpack:"updated_at"`
+}
+
+// BenchmarkCodecUnmarshal decodes the warm scenario's record and the Repo
+// of these benchmarks with each Codec, as a hit does.
+func BenchmarkCodecUnmarshal(b *testing.B) {
+	rec := warmRecord{ID: 42, Owner: "cacheguard", Name: "cacheguard",
+		Description: "Redis locks and a cache-stampede guard that stay correct under crashes, pauses and failover.",
+		Stars:       4242, Forks: 137, Topics: []string{"redis", "cache", "lock", "go", "stampede"}, UpdatedAt: 1_700_000_000}
+	for _, cd := range []cacheguard.Codec{cacheguard.JSON{}, cacheguard.MsgPack{}} {
+		name := strings.TrimPrefix(fmt.Sprintf("%T", cd), "cacheguard.")
+		b.Run(name+"/record", func(b *testing.B) { benchUnmarshal[warmRecord](b, cd, rec) })
+		b.Run(name+"/Repo", func(b *testing.B) { benchUnmarshal[Repo](b, cd, Repo{ID: 42, Name: "cacheguard"}) })
+	}
+}
+
+func benchUnmarshal[T any](b *testing.B, cd cacheguard.Codec, v T) {
+	data, err := cd.Marshal(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var out T
+		if err := cd.Unmarshal(data, &out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(data)), "bytes")
 }
