@@ -6,6 +6,7 @@ import (
 	"errors"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -202,5 +203,20 @@ func TestInlineReadKeepsValuesAndBound(t *testing.T) {
 				t.Fatalf("the hit's read saw value %v, deadline %v; want the caller's value and a deadline", v, h.deadline.Load())
 			}
 		})
+	}
+}
+
+// TestReadLineName: the values hash's name a Get builds into its read's
+// command line is the name every other path uses, for keys that fit the
+// line's buffer and keys that do not, with and without a hash tag.
+func TestReadLineName(t *testing.T) {
+	s := redistest.Start(t)
+	g := New(s.Client(), Prefix("app:"))
+	t.Cleanup(func() { g.Close() })
+	for _, key := range []string{"k", "user:42", "a{b}c", strings.Repeat("x", 72), strings.Repeat("x", 73), strings.Repeat("y", 300)} {
+		h := g.readLine(key, "rep")
+		if want := g.name("v:", key); h.name != want || h.field != "rep" || h.args[0] != "hget" || *h.args[1].(*string) != want {
+			t.Fatalf("readLine(%q) = %q %q %v, want the name %q", key, h.name, h.field, h.args, want)
+		}
 	}
 }

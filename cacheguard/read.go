@@ -38,14 +38,13 @@ type stored struct {
 // entry has a flight running in this process (which flight a call may join
 // depends on it: see admit) and the versions of tags, in one round trip: an
 // HGET, or a pipeline (on a cluster one per node).
-func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored) {
+func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored, line *hget) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
-			// The command line in one allocation: boxing each name would
-			// cost one more each.
-			h := &hget{name: values[0], field: field}
-			h.args = [3]any{"hget", &h.name, &h.field}
-			v, err := g.cmd.Do(ctx, h.args[:]...).Text()
+			if line == nil || line.name != values[0] || line.field != field {
+				line = newLine(values[0], field)
+			}
+			v, err := g.cmd.Do(ctx, line.args[:]...).Text()
 			switch {
 			case err == nil:
 				out[0] = stored{b: bytesOf(v), mark: mark}
@@ -141,10 +140,26 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 	}
 }
 
-// hget is the command line of a single read (see read).
+// hget is the command line of a single read (see read), in one allocation:
+// boxing each name would cost one more each. A Get builds the name of the
+// values hash into a hitLine's buffer when it fits (see Guard.readLine): its
+// name and its line are then one allocation too.
 type hget struct {
 	args        [3]any
 	name, field string
+}
+
+// hitLine is a hget with the bytes of its name.
+type hitLine struct {
+	hget
+	buf [80]byte
+}
+
+// newLine returns the line of a read of field in the values hash name.
+func newLine(name, field string) *hget {
+	h := &hget{name: name, field: field}
+	h.args = [3]any{"hget", &h.name, &h.field}
+	return h
 }
 
 // versions reads the tags' versions from their commands' replies (an absent
@@ -173,14 +188,14 @@ type entry struct{ values, field string }
 // returns when the read answers, ctx ends or the budget ends (at deadline:
 // errBudget), whichever is first; the read itself ends at the command
 // timeout (see fetch).
-func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time) (stored, error) {
+func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget) (stored, error) {
 	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.
 		rctx := context.WithoutCancel(ctx)
 		t.run = func() stored {
 			var s [1]stored
-			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:]); err != nil {
+			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:], nil); err != nil {
 				s[0] = stored{err: err}
 			}
 			return s[0]
@@ -188,7 +203,7 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	})
 	if leader {
 		var s [1]stored
-		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:])
+		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:], line)
 		g.endRead(e, nil, s[0])
 		return s[0], err
 	}
@@ -309,8 +324,9 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // runs on a worker, and the caller waits only until those bounds; with
 // ContextTimeoutEnabled, detached from the caller and bounded by the command
 // timeout alone, since go-redis closes the connection of a command its
-// context cuts (DESIGN.md, the read hand-off).
-func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
+// context cuts (DESIGN.md, the read hand-off). line, when not nil, is the
+// command line of a single read on the caller's goroutine (see hget).
+func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored, line *hget) error {
 	if passed(ctx) {
 		return deadlineErr(ctx)
 	}
@@ -322,7 +338,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	rctx, sctx, cancel, scancel := g.inline(ctx, deadline, budget)
 	defer cancel()
 	if sctx != nil {
-		g.read(sctx, values, field, tags, out)
+		g.read(sctx, values, field, tags, out, line)
 		scancel()
 		// Sent under a context that ends one attempt before rctx (without
 		// ContextTimeoutEnabled): a timeout before rctx ended is a command
@@ -479,7 +495,7 @@ type readJob struct {
 }
 
 func (j *readJob) do() {
-	j.g.read(j.ctx, j.values, j.field, j.tags, j.out)
+	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, nil)
 	j.done <- struct{}{}
 }
 

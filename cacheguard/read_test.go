@@ -93,7 +93,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour))
+	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil)
 	if err == nil {
 		err = s.err
 	}
@@ -322,7 +322,7 @@ func TestReadManyReply(t *testing.T) {
 	}
 	keys := []string{p + ":a", p + ":b", p + ":c", p + ":d"}
 	out := make([]stored, len(keys))
-	g.read(ctx, keys, "f", nil, out)
+	g.read(ctx, keys, "f", nil, out, nil)
 	for i, k := range keys {
 		if out[i].err != nil {
 			t.Fatalf("%s: %v", k, out[i].err)
