@@ -325,7 +325,7 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // ContextTimeoutEnabled, detached from the caller and bounded by the command
 // timeout alone, since go-redis closes the connection of a command its
 // context cuts (DESIGN.md, the read hand-off). line, when not nil, is the
-// command line of a single read on the caller's goroutine (see hget).
+// command line of a single read (see hget).
 func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored, line *hget) error {
 	if passed(ctx) {
 		return deadlineErr(ctx)
@@ -354,7 +354,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 		if j == nil {
 			j = &readJob{g: g, done: make(chan struct{}, 1)}
 		}
-		j.ctx, j.field, j.tags = rctx, field, tags
+		j.ctx, j.field, j.tags, j.line = rctx, field, tags, line
 		if g.ctxDeadlines {
 			j.ctx = context.WithoutCancel(ctx) // read bounds it by the command timeout
 		}
@@ -366,7 +366,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 			copy(out, j.out)
 			clear(j.out)
 			clear(j.values)
-			j.ctx, j.tags = nil, nil
+			j.ctx, j.tags, j.line = nil, nil, nil
 			g.jobs.Put(j)
 		case <-rctx.Done(): // the worker keeps j: it is not reused
 			for i := range out {
@@ -490,12 +490,13 @@ type readJob struct {
 	values []string
 	field  string
 	tags   []string
+	line   *hget // see hget; nil: read makes one
 	out    []stored
 	done   chan struct{} // buffered: one send per use, the worker never blocks
 }
 
 func (j *readJob) do() {
-	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, nil)
+	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, j.line)
 	j.done <- struct{}{}
 }
 
