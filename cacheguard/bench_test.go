@@ -3,7 +3,9 @@ package cacheguard_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -85,7 +87,8 @@ func BenchmarkRawGetJSON(b *testing.B) {
 	})
 }
 
-// reportCPU reports the benchmark process's CPU time per operation, which is
+// reportCPU reports the benchmark process's CPU time and context switches
+// (voluntary and not) per operation; CPU time is
 // steadier than wall time on a machine shared with other work (the network
 // round trip dominates wall time and is the same for both benchmarks).
 func reportCPU(b *testing.B) func() {
@@ -96,6 +99,7 @@ func reportCPU(b *testing.B) func() {
 		syscall.Getrusage(syscall.RUSAGE_SELF, &end)
 		cpu := time.Duration(end.Utime.Nano() + end.Stime.Nano() - start.Utime.Nano() - start.Stime.Nano())
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(end.Nvcsw+end.Nivcsw-start.Nvcsw-start.Nivcsw)/float64(b.N), "ctxsw/op")
 	}
 }
 
@@ -112,11 +116,43 @@ func BenchmarkGetHitKeysContextTimeout(b *testing.B) {
 	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
 }
 
+// BenchmarkGetHitKeysTimeouts400ms is BenchmarkGetHitKeys on a client
+// without ContextTimeoutEnabled whose ReadTimeout and WriteTimeout (400ms
+// each) fit within the command timeout's bound, so a Get reads on its own
+// goroutine; compare with BenchmarkRawGetJSONKeys.
+func BenchmarkGetHitKeysTimeouts400ms(b *testing.B) {
+	benchGetHitKeys(b, &redis.Options{Addr: redisAddr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
+}
+
+// BenchmarkGetHitKeysRequestContext is BenchmarkGetHitKeysContextTimeout
+// under a context that can be cancelled, as a request's is (and the
+// benchmarks/ harness's).
+func BenchmarkGetHitKeysRequestContext(b *testing.B) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.Run("ContextTimeoutEnabled", func(b *testing.B) {
+		benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	})
+	b.Run("Timeouts400ms", func(b *testing.B) {
+		benchGetHitKeysCtx(ctx, b, &redis.Options{Addr: redisAddr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
+	})
+}
+
+// BenchmarkGetHitKeysMsgPack is BenchmarkGetHitKeysContextTimeout with the
+// MsgPack codec.
+func BenchmarkGetHitKeysMsgPack(b *testing.B) {
+	benchGetHitKeysCtx(context.Background(), b, &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true},
+		cacheguard.Encoding(cacheguard.MsgPack{}))
+}
+
 func benchGetHitKeys(b *testing.B, opt *redis.Options) {
-	ctx := context.Background()
+	benchGetHitKeysCtx(context.Background(), b, opt)
+}
+
+func benchGetHitKeysCtx(ctx context.Context, b *testing.B, opt *redis.Options, opts ...cacheguard.Option) {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	g := cacheguard.New(rdb, append([]cacheguard.Option{cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0)}, opts...)...)
 	defer g.Close()
 	keys := make([]string, 1000)
 	load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
@@ -376,4 +412,45 @@ func burst(b *testing.B, get func(ctx context.Context, i int) error) {
 	if f := failed.Load(); f > 0 {
 		b.Fatalf("%d calls failed", f)
 	}
+}
+
+// warmRecord is the value of the warm scenario of benchmarks/ (systems.Repo):
+// about 300 bytes as JSON.
+type warmRecord struct {
+	ID          int64    `json:"id" msgpack:"id"`
+	Owner       string   `json:"owner" msgpack:"owner"`
+	Name        string   `json:"name" msgpack:"name"`
+	Description string   `json:"description" msgpack:"description"`
+	Stars       int      `json:"stars" msgpack:"stars"`
+	Forks       int      `json:"forks" msgpack:"forks"`
+	Topics      []string `json:"topics" msgpack:"topics"`
+	UpdatedAt   int64    `json:"updated_at" msgpack:"updated_at"`
+}
+
+// BenchmarkCodecUnmarshal decodes the warm scenario's record and the Repo
+// of these benchmarks with each Codec, as a hit does.
+func BenchmarkCodecUnmarshal(b *testing.B) {
+	rec := warmRecord{ID: 42, Owner: "cacheguard", Name: "cacheguard",
+		Description: "Redis locks and a cache-stampede guard that stay correct under crashes, pauses and failover.",
+		Stars:       4242, Forks: 137, Topics: []string{"redis", "cache", "lock", "go", "stampede"}, UpdatedAt: 1_700_000_000}
+	for _, cd := range []cacheguard.Codec{cacheguard.JSON{}, cacheguard.MsgPack{}} {
+		name := strings.TrimPrefix(fmt.Sprintf("%T", cd), "cacheguard.")
+		b.Run(name+"/record", func(b *testing.B) { benchUnmarshal[warmRecord](b, cd, rec) })
+		b.Run(name+"/Repo", func(b *testing.B) { benchUnmarshal[Repo](b, cd, Repo{ID: 42, Name: "cacheguard"}) })
+	}
+}
+
+func benchUnmarshal[T any](b *testing.B, cd cacheguard.Codec, v T) {
+	data, err := cd.Marshal(v)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		var out T
+		if err := cd.Unmarshal(data, &out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(data)), "bytes")
 }

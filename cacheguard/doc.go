@@ -22,9 +22,9 @@
 // Variant, Tags, ReportTo — and every Setting, overriding that default; a
 // misplaced option does not compile. Settings: TTL (1 minute), Jitter (0.1),
 // Lease (the fill lease, 3s), LoadTimeout (10s), NegativeTTL (5s), Encoding
-// (JSON); the miss policy Wait (the default), ServeStale(window) or FailFast,
-// with WaitBudget (10s) and OnWaitTimeout; EarlyRefresh (β = 1); FailSafe and
-// SoftTimeout; FailClosed.
+// (JSON, or MsgPack); the miss policy Wait (the default), ServeStale(window)
+// or FailFast, with WaitBudget (10s) and OnWaitTimeout; EarlyRefresh (β = 1);
+// FailSafe and SoftTimeout; FailClosed.
 //
 // # How a miss is served
 //
@@ -84,12 +84,12 @@
 // # Redis unavailable
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
-// its context, and each Redis command within twice CommandTimeout of being
-// sent (once when Redis is quiet; a locks.Breaker on the client counts the
-// timeouts). Set ContextTimeoutEnabled on the client. When Redis fails, Get
-// fails open by default: the loader runs, shared by the process's callers (at
-// most two loads per key at once; MaxConcurrentLoads bounds them all), its
-// result returned and not cached. FailClosed returns ErrUnavailable instead.
+// its context, each Redis command within twice CommandTimeout of its send
+// (once when Redis is quiet; a locks.Breaker counts the timeouts). Set
+// ContextTimeoutEnabled on the client, or ReadTimeout+WriteTimeout within
+// CommandTimeout, or reads are handed off. When Redis fails, Get fails open
+// (the loader runs uncached, shared by the process's callers: two loads per
+// key at most, MaxConcurrentLoads bounds all) or, FailClosed, ErrUnavailable.
 //
 // # When the database fails
 //

@@ -57,8 +57,10 @@ func FuzzDecodeEnvelope(f *testing.F) {
 			ID   int
 			Name string
 		}
-		if _, err := decodeValue[item](JSON{}, &e); err != nil && !errors.Is(err, ErrDecode) {
-			t.Fatalf("payload error %v does not match ErrDecode", err)
+		for _, cd := range []Codec{JSON{}, MsgPack{}} {
+			if _, err := decodeValue[item](cd, &e); err != nil && !errors.Is(err, ErrDecode) {
+				t.Fatalf("%T: payload error %v does not match ErrDecode", cd, err)
+			}
 		}
 	})
 }

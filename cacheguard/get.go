@@ -181,9 +181,10 @@ func (c *call[T]) detach() *call[T] {
 func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	g := c.g
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
-	sl := part[T]{key: key, values: g.name("v:", key), near: g.near.ticket(key)}
+	line := g.readLine(key, c.rep)
+	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
 	var err error
-	if sl.s, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait)); err != nil {
+	if sl.s, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line); err != nil {
 		s := &part[T]{key: key}
 		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
@@ -242,7 +243,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	if len(ks) > 0 {
 		found := make([]stored, len(ks))
 		values := g.valuesKeys(ks)
-		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), deadline, found)
+		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), deadline, found, nil)
 		for i, k := range ks {
 			sl := part[T]{key: k, values: values[i], s: found[i]}
 			if tickets != nil {

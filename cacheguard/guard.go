@@ -32,10 +32,13 @@ type Guard struct {
 	log               *ratelog.Logger
 	sem               chan struct{}
 	// ctxDeadlines: the client bounds its socket calls by the context's
-	// deadline, so a caller may read on its own goroutine (see fetch).
+	// deadline; else attempt bounds one attempt of a command on it (0: none).
+	// Either lets a caller read on its own goroutine (see fetch).
 	ctxDeadlines bool
-	jobs         sync.Pool // of *readJob
-	typeNames    sync.Map  // reflect.Type → its name in Redis (see typeName)
+	attempt      time.Duration
+	starts       atomic.Pointer[startBy] // see inline
+	jobs         sync.Pool               // of *readJob
+	typeNames    sync.Map                // reflect.Type → its name in Redis (see typeName)
 
 	// The coalescer (see group), per entry: the reads of hits (a caller
 	// shares a read sent after it arrived), the flights of misses (one to
@@ -90,7 +93,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	}
 	g.reads.limit = max(2, runtime.GOMAXPROCS(0))
 	g.unleased.limit = 1
-	g.ctxDeadlines = honoursDeadlines(rdb)
+	g.ctxDeadlines, g.attempt = clientBounds(rdb)
 	if cfg.maxLoads > 0 {
 		g.sem = make(chan struct{}, cfg.maxLoads)
 	}

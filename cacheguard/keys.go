@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"reflect"
 	"strings"
+	"unsafe"
 
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
@@ -74,6 +75,23 @@ func (g *Guard) representation(t reflect.Type, variant string, tags *tagSet) str
 func (g *Guard) name(kind, key string) string {
 	tag, rest := slot.Tag(key)
 	return g.cfg.prefix + kind + "{" + tag + "}" + rest
+}
+
+// readLine returns the command line of a read of key's entry in the
+// representation field (see hget), the name of key's values hash (see name)
+// built into it when it fits: a hit's name and line in one allocation.
+func (g *Guard) readLine(key, field string) *hget {
+	tag, rest := slot.Tag(key)
+	p := g.cfg.prefix
+	var l *hitLine
+	if n := len(p) + len("v:{}") + len(tag) + len(rest); n > len(l.buf) {
+		return newLine(p+"v:{"+tag+"}"+rest, field)
+	}
+	l = new(hitLine)
+	b := append(append(append(append(append(l.buf[:0], p...), "v:{"...), tag...), '}'), rest...)
+	l.name, l.field = unsafe.String(&b[0], len(b)), field // l.buf, written here only
+	l.args = [3]any{"hget", &l.name, &l.field}
+	return &l.hget
 }
 
 // valuesKeys returns the names of the values hashes of keys (see name),

@@ -38,10 +38,13 @@ type stored struct {
 // entry has a flight running in this process (which flight a call may join
 // depends on it: see admit) and the versions of tags, in one round trip: an
 // HGET, or a pipeline (on a cluster one per node).
-func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored) {
+func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored, line *hget) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
-			v, err := g.cmd.Do(ctx, "hget", values[0], field).Text()
+			if line == nil || line.name != values[0] || line.field != field {
+				line = newLine(values[0], field)
+			}
+			v, err := g.cmd.Do(ctx, line.args[:]...).Text()
 			switch {
 			case err == nil:
 				out[0] = stored{b: bytesOf(v), mark: mark}
@@ -137,6 +140,28 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 	}
 }
 
+// hget is the command line of a single read (see read), in one allocation:
+// boxing each name would cost one more each. A Get builds the name of the
+// values hash into a hitLine's buffer when it fits (see Guard.readLine): its
+// name and its line are then one allocation too.
+type hget struct {
+	args        [3]any
+	name, field string
+}
+
+// hitLine is a hget with the bytes of its name.
+type hitLine struct {
+	hget
+	buf [80]byte
+}
+
+// newLine returns the line of a read of field in the values hash name.
+func newLine(name, field string) *hget {
+	h := &hget{name: name, field: field}
+	h.args = [3]any{"hget", &h.name, &h.field}
+	return h
+}
+
 // versions reads the tags' versions from their commands' replies (an absent
 // one is counter.Unknown: newer than any recorded).
 func versions(cmds []*redis.Cmd) ([]uint64, error) {
@@ -164,14 +189,14 @@ type entry struct{ values, field string }
 // returns when the read answers, ctx ends or the budget ends (at deadline:
 // errBudget), whichever is first; the read itself ends at the command
 // timeout (see fetch).
-func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time) (stored, error) {
+func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget) (stored, error) {
 	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.
 		rctx := context.WithoutCancel(ctx)
 		t.run = func() stored {
 			var s [1]stored
-			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:]); err != nil {
+			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:], nil); err != nil {
 				s[0] = stored{err: err}
 			}
 			return s[0]
@@ -179,7 +204,7 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	})
 	if leader {
 		var s [1]stored
-		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:])
+		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:], line)
 		ended := s[0]
 		if err != nil && ended.err == nil {
 			ended.err = err // its caller's context or budget ended it: no answer for the others
@@ -268,19 +293,34 @@ func bytesOf(s string) []byte {
 	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
-// honoursDeadlines reports whether rdb bounds every socket call by its
-// context's deadline (go-redis's ContextTimeoutEnabled): then a read may run
-// on the caller's goroutine.
-func honoursDeadlines(rdb redis.UniversalClient) bool {
+// clientBounds reports whether rdb bounds every socket call by its
+// context's deadline (go-redis's ContextTimeoutEnabled), and else how long one
+// attempt of a command may take on it at most, whatever its context:
+// WriteTimeout plus ReadTimeout, go-redis's defaults resolved (0 when either
+// is none, or the client is of another kind: unknown).
+func clientBounds(rdb redis.UniversalClient) (ctxDeadlines bool, attempt time.Duration) {
+	var r, w time.Duration
 	switch c := rdb.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+	case *redis.Client: // its options are resolved: 0 is none
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	case *redis.ClusterClient: // resolved too
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	case *redis.Ring: // as set: its shards' clients resolve them (0: the default, 5s)
+		o := c.Options()
+		ctxDeadlines, r, w = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+		if r == 0 {
+			r = 5 * time.Second
+		}
+		if w == 0 {
+			w = r
+		}
 	}
-	return false
+	if r <= 0 || w <= 0 {
+		return ctxDeadlines, 0
+	}
+	return ctxDeadlines, r + w
 }
 
 // errBudget means the wait budget ended before Redis answered.
@@ -290,37 +330,42 @@ var errBudget = errors.New("cacheguard: wait budget ended during a read")
 // one round trip (see read) into out, bounded by ctx (its error), the wait
 // budget (at deadline, none when zero: errBudget) and the command timeout
 // (then each entry's error matches rcmd.ErrTimeout), whichever ends first.
-// The read runs on the caller's goroutine when the client honours deadlines
-// (ContextTimeoutEnabled) and neither ctx nor the budget ends before the
-// command timeout: a hit then costs what a plain HGET does. Else it runs on a
-// worker, and the caller waits only until those bounds; with
+// The read runs on the caller's goroutine when the client keeps those bounds
+// on its own (see inline): a hit then costs what a plain HGET does. Else it
+// runs on a worker, and the caller waits only until those bounds; with
 // ContextTimeoutEnabled, detached from the caller and bounded by the command
 // timeout alone, since go-redis closes the connection of a command its
-// context cuts (DESIGN.md, the read hand-off).
-func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored) error {
+// context cuts (DESIGN.md, the read hand-off). line, when not nil, is the
+// command line of a single read (see hget).
+func (g *Guard) fetch(ctx context.Context, values []string, field string, tags []string, deadline time.Time, out []stored, line *hget) error {
 	if passed(ctx) {
 		return deadlineErr(ctx)
 	}
-	// rctx: ctx bounded by the earlier of the budget's deadline and the
-	// command timeout (see rcmd).
 	d, ok := ctx.Deadline()
 	budget := !deadline.IsZero() && (!ok || d.After(deadline)) && time.Until(deadline) < g.cmd.Timeout()
-	var rctx context.Context
-	var cancel context.CancelFunc
-	if budget {
-		rctx, cancel = context.WithDeadline(ctx, deadline)
-	} else {
-		rctx, cancel = g.cmd.Bound(ctx, 0)
-	}
+	// rctx: ctx bounded by the earlier of the budget's deadline and the
+	// command timeout (see rcmd); sctx, when not nil, what the read is sent
+	// under on the caller's goroutine.
+	rctx, sctx, cancel, scancel := g.inline(ctx, deadline, budget)
 	defer cancel()
-	if g.ctxDeadlines && !budget && !g.cmd.Cuts(ctx, 0) {
-		g.read(rctx, values, field, tags, out)
+	if sctx != nil {
+		g.read(sctx, values, field, tags, out, line)
+		scancel()
+		// Sent under a context that ends one attempt before rctx (without
+		// ContextTimeoutEnabled): a timeout before rctx ended is a command
+		// timeout (the client's own, or go-redis told to try no more in time
+		// for rctx), not the caller's deadline or the budget.
+		if sctx != rctx && !passed(rctx) && slices.ContainsFunc(out, func(s stored) bool { return s.err != nil && rcmd.IsTimeout(s.err) }) {
+			for i := range out {
+				out[i] = stored{err: rcmd.ErrTimeout}
+			}
+		}
 	} else {
 		j, _ := g.jobs.Get().(*readJob)
 		if j == nil {
 			j = &readJob{g: g, done: make(chan struct{}, 1)}
 		}
-		j.ctx, j.field, j.tags = rctx, field, tags
+		j.ctx, j.field, j.tags, j.line = rctx, field, tags, line
 		if g.ctxDeadlines {
 			j.ctx = context.WithoutCancel(ctx) // read bounds it by the command timeout
 		}
@@ -332,7 +377,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 			copy(out, j.out)
 			clear(j.out)
 			clear(j.values)
-			j.ctx, j.tags = nil, nil
+			j.ctx, j.tags, j.line = nil, nil, nil
 			g.jobs.Put(j)
 		case <-rctx.Done(): // the worker keeps j: it is not reused
 			for i := range out {
@@ -358,6 +403,97 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	return err
 }
 
+// inline decides, in one place, whether a read runs on the caller's
+// goroutine, and bounds it: rctx is ctx bounded by the wait budget (at
+// deadline) when budget is set, else by the command timeout; sctx is what the
+// read is sent under on the caller's goroutine, nil when it is handed to a
+// worker. It runs there when the client ends it within rctx on its own:
+//
+//   - with ContextTimeoutEnabled, when rctx is the command's bound, not the
+//     caller's deadline or the budget (those would cut the command, and
+//     go-redis closes the connection of a command its context cut: see
+//     rcmd.Runner.Cuts); sent under rctx;
+//   - without it, when one attempt's bound (see clientBounds) fits before
+//     rctx's deadline, the earliest of the caller's, the budget's and the
+//     command's. The socket calls ignore the context then, but go-redis waits
+//     for a pooled connection, dials and sleeps between retries under it, so
+//     the read is sent under a context that ends one attempt before rctx: no
+//     attempt starts after it, and each ends within rctx. With go-redis's
+//     defaults (5s each way) no read qualifies (DESIGN.md, the read hand-off).
+//
+// When the command's bound comes first, both are made from the deadline the
+// Runner shares among the commands it sends within a moment (see shared): no
+// timer per read.
+func (g *Guard) inline(ctx context.Context, deadline time.Time, budget bool) (rctx, sctx context.Context, cancel, scancel context.CancelFunc) {
+	if !budget && !g.cmd.Cuts(ctx, 0) && (g.ctxDeadlines || g.attempt > 0 && g.attempt <= g.cmd.Timeout()) {
+		tick, _ := g.cmd.Bound(context.Background(), 0) // shared: no cancel
+		rctx = g.shared(ctx, tick)
+		if g.ctxDeadlines {
+			return rctx, rctx, noCancel, noCancel
+		}
+		st := g.starts.Load()
+		if st == nil || st.parent != tick {
+			end, _ := tick.Deadline()
+			st = &startBy{parent: tick}
+			st.ctx, st.cancel = context.WithDeadline(tick, end.Add(-g.attempt))
+			g.starts.Store(st)
+		}
+		return rctx, g.shared(ctx, st.ctx), noCancel, noCancel
+	}
+	if budget {
+		rctx, cancel = context.WithDeadline(ctx, deadline)
+	} else {
+		rctx, cancel = g.cmd.Bound(ctx, 0)
+	}
+	end, _ := rctx.Deadline()
+	if g.ctxDeadlines || g.attempt == 0 || time.Until(end) < g.attempt {
+		return rctx, nil, cancel, noCancel
+	}
+	sctx, scancel = context.WithDeadline(rctx, end.Add(-g.attempt))
+	return rctx, sctx, cancel, scancel
+}
+
+func noCancel() {}
+
+// shared returns a read's context under ctx made from end, a deadline shared
+// by the reads sent within a moment: end itself under context.Background,
+// else ctx's values with end's Done and Err and, as its deadline, the
+// earlier of end's and the command's bound (so that rcmd.Runner.Bound keeps
+// it). It has no timer of its own, where a context.WithDeadline of ctx costs
+// three allocations, and a timer set and stopped, per hit. ctx's
+// cancellation is not its own: go-redis's socket calls never see one (they
+// follow the deadline, or the client's timeouts), its pool wait, dial and
+// retry sleep end at end, and the caller sees it when the read returns.
+func (g *Guard) shared(ctx, end context.Context) context.Context {
+	if ctx == context.Background() {
+		return end
+	}
+	d, _ := end.Deadline()
+	if b := time.Now().Add(g.cmd.Timeout()); b.Before(d) {
+		d = b
+	}
+	return &boundCtx{Context: ctx, end: end, d: d}
+}
+
+// boundCtx is a read's context (see shared).
+type boundCtx struct {
+	context.Context                 // the caller's: its values
+	end             context.Context // the shared deadline: Done, Err
+	d               time.Time
+}
+
+func (c *boundCtx) Deadline() (time.Time, bool) { return c.d, true }
+func (c *boundCtx) Done() <-chan struct{}       { return c.end.Done() }
+func (c *boundCtx) Err() error                  { return c.end.Err() }
+
+// startBy is the context the reads under a shared deadline (parent) are sent
+// under on a client without ContextTimeoutEnabled: parent's, one attempt
+// earlier (see inline).
+type startBy struct {
+	parent, ctx context.Context
+	cancel      context.CancelFunc // never called: its deadline, or parent's, ends ctx
+}
+
 // readJob is a read that fetch hands to a worker; the Guard pools them.
 type readJob struct {
 	g      *Guard
@@ -365,12 +501,13 @@ type readJob struct {
 	values []string
 	field  string
 	tags   []string
+	line   *hget // see hget; nil: read makes one
 	out    []stored
 	done   chan struct{} // buffered: one send per use, the worker never blocks
 }
 
 func (j *readJob) do() {
-	j.g.read(j.ctx, j.values, j.field, j.tags, j.out)
+	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, j.line)
 	j.done <- struct{}{}
 }
 

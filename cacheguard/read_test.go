@@ -94,7 +94,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour))
+	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil)
 	if err == nil {
 		err = s.err
 	}
@@ -136,10 +136,10 @@ func TestBurstSharesAMiss(t *testing.T) {
 	const n = 50
 	var wg sync.WaitGroup
 	got := make([]stored, n+1)
-	wg.Go(func() { got[n], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour)) })
+	wg.Go(func() { got[n], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil) })
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
-		wg.Go(func() { got[i], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour)) })
+		wg.Go(func() { got[i], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil) })
 	}
 	waitFor(t, "burst queued", func() bool { return g.queued("absent") == n })
 	serial := g.flights.serial.Load()
@@ -351,7 +351,7 @@ func TestReadManyReply(t *testing.T) {
 	}
 	keys := []string{p + ":a", p + ":b", p + ":c", p + ":d"}
 	out := make([]stored, len(keys))
-	g.read(ctx, keys, "f", nil, out)
+	g.read(ctx, keys, "f", nil, out, nil)
 	for i, k := range keys {
 		if out[i].err != nil {
 			t.Fatalf("%s: %v", k, out[i].err)

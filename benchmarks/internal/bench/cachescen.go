@@ -151,14 +151,16 @@ func (e *env) warm(ctx context.Context) error {
 		{"sys", "read+write syscalls/read", "%.2f"},
 		{"loads", "loads", "%.0f"},
 	}
-	names := []string{systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet, systems.GoRedisLocal}
+	names := []string{systems.Guard, systems.GuardHandOff, systems.GuardTimeouts, systems.GuardMsgPack, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet, systems.GoRedisLocal}
 	for _, keys := range []int{1, s.warmKeys} {
 		t := &Table{ID: "warm-" + strconv.Itoa(keys), Title: fmt.Sprintf("5. Warm hit path, %d key(s)", keys),
 			Intro: fmt.Sprintf("One process, %d goroutines reading %d warm key(s) round-robin for %v per run. "+
 				"Raw GET + decode is GET then encoding/json into the struct; go-redis/cache uses its default msgpack "+
 				"codec, no local cache. cacheguard's client has ContextTimeoutEnabled, as its README asks; without it "+
-				"(the hand-off row) each read goes through a goroutine of the Guard's, so that a Get keeps its wait "+
-				"budget whatever the client's timeouts. The near cache (cacheguard NearCache) and go-redis/cache's "+
+				"and with go-redis's default timeouts (5 s each way: the hand-off row) each read goes through a goroutine "+
+				"of the Guard's, so that a Get keeps its wait budget; with ReadTimeout and WriteTimeout of 400 ms, which fit "+
+				"within the command's bound (1 s), it reads on the caller's goroutine. The MsgPack row is cacheguard with its "+
+				"opt-in MsgPack codec (JSON is its default), the codec go-redis/cache uses. The near cache (cacheguard NearCache) and go-redis/cache's "+
 				"local TinyLFU tier serve from memory. A load here would be a bug.", s.warmG, keys, s.warmDur),
 			Metrics: metrics}
 		if keys == 1 {
@@ -177,7 +179,7 @@ func (e *env) warm(ctx context.Context) error {
 			"Context switches and read/write system calls per read are the worker process's own, as in table 1c.", s.loneDur),
 		Metrics: metrics}
 	e.res.Tables = append(e.res.Tables, lone)
-	return e.series(ctx, lone, []string{systems.Guard, systems.GuardHandOff, systems.RawGetDecode, systems.GoRedisGet},
+	return e.series(ctx, lone, []string{systems.Guard, systems.GuardHandOff, systems.GuardTimeouts, systems.GuardMsgPack, systems.RawGetDecode, systems.GoRedisGet},
 		func(ctx context.Context, r *Row, _ int) error { return e.warmRun(ctx, r, 1, s.warmKeys, s.loneDur) })
 }
 

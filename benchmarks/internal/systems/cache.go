@@ -33,6 +33,14 @@ const (
 	// ContextTimeoutEnabled, on which a hit hands its read to a goroutine of
 	// the Guard's (the others use the client cacheguard's README recommends).
 	GuardHandOff = "cacheguard (wait, client without ContextTimeoutEnabled)"
+	// GuardTimeouts is cacheguard (wait) on a client without
+	// ContextTimeoutEnabled whose ReadTimeout and WriteTimeout (400 ms each)
+	// fit within the command timeout's bound: a hit reads on its caller's
+	// goroutine.
+	GuardTimeouts = "cacheguard (wait, client without ContextTimeoutEnabled, Read/WriteTimeout 400 ms)"
+	// GuardMsgPack is cacheguard (wait) with its opt-in MsgPack codec, the
+	// codec go-redis/cache uses.
+	GuardMsgPack = "cacheguard (wait, MsgPack codec)"
 	// GuardNear is cacheguard (wait) with its in-process near cache: up to
 	// 10,000 values per process, kept at most one TTL.
 	GuardNear      = "cacheguard (near cache)"
@@ -160,6 +168,15 @@ func NewCache(name string, cfg CacheConfig) (Cache, error) {
 	case GuardHandOff:
 		rdb := NewRedis(cfg.Addr, cfg.Counter)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
+	case GuardTimeouts:
+		rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr, ReadTimeout: 400 * time.Millisecond, WriteTimeout: 400 * time.Millisecond})
+		if cfg.Counter != nil {
+			rdb.AddHook(hook{cfg.Counter})
+		}
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg)...)}, nil
+	case GuardMsgPack:
+		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
+		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.Encoding(cacheguard.MsgPack{}))...)}, nil
 	case GuardNear:
 		rdb := newGuardRedis(cfg.Addr, cfg.Counter, cfg.Trace)
 		return &guard{rdb: rdb, g: cacheguard.New(rdb, guardOptions(cfg, cacheguard.NearCache(10000, cfg.TTL))...)}, nil

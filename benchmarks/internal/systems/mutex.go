@@ -311,7 +311,7 @@ func Available(name string) error {
 	switch name {
 	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
 		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
-		GoRedisLocal, Guard, GuardHandOff, GuardStale, GuardSWR, GuardNear:
+		GoRedisLocal, Guard, GuardHandOff, GuardTimeouts, GuardMsgPack, GuardStale, GuardSWR, GuardNear:
 		return nil
 	}
 	return fmt.Errorf("systems: unknown system %q", name)
