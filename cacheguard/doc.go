@@ -76,20 +76,20 @@
 // NearCache(entries, ttl) keeps decoded values in the process: a hit costs no
 // round trip and allocates nothing. Only fresh, stored values enter it. Every
 // fill and invalidation drops the key's (or tag's) entries in every other
-// process within a message's latency (about a millisecond on loopback). While
-// its subscription is not proven to hear every message it is bypassed, and
-// flushed when it is back; ttl bounds how long a value whose message was lost
-// is served. It holds at most entries values (first in, first out).
+// process within a message's latency. Bypassed while its subscription is not
+// proven to hear every message, flushed when it is back; ttl bounds how long
+// a value whose message was lost is served; at most entries values (FIFO).
 //
 // # Redis unavailable
 //
 // Every Get returns within its wait budget (then OnWaitTimeout decides) and
-// its context, each Redis command within twice CommandTimeout of its send
-// (once when Redis is quiet; a locks.Breaker counts the timeouts). Set
-// ContextTimeoutEnabled on the client, or ReadTimeout+WriteTimeout within
-// CommandTimeout, or reads are handed off. When Redis fails, Get fails open
-// (the loader runs uncached, shared by the process's callers: two loads per
-// key at most, MaxConcurrentLoads bounds all) or, FailClosed, ErrUnavailable.
+// its context's deadline (a cancellation during a read is seen when it
+// returns), each command within twice CommandTimeout of its send (once when
+// Redis is quiet; a locks.Breaker counts the timeouts). Set
+// ContextTimeoutEnabled, or ReadTimeout+WriteTimeout within CommandTimeout,
+// or reads are handed off. When Redis fails, Get fails open (the loader runs
+// uncached, shared by the process's callers: two loads per key at most,
+// MaxConcurrentLoads bounds all) or, FailClosed, ErrUnavailable.
 //
 // # When the database fails
 //

@@ -233,17 +233,24 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 // runs the reads queued behind it, in turn, on a worker — unless the command
 // timeout ended it: Redis did not answer a read sent before their callers
 // arrived, and they end with its error instead of being sent into the same
-// stall; or it found the entry absent: a miss serves nothing, so their
-// callers share it, and join only flights created from now on (unknown),
-// whose scripts are sent after every one of them arrived — a cold burst
-// then costs one read and one flight's round trip, not two reads first.
+// stall; or it found the entry absent and no flight of it runs: a miss
+// serves nothing, so their callers share it, and join only flights created
+// from now on (their mark), whose scripts are sent after every one of them
+// arrived — a cold burst then costs one read and one flight's round trip,
+// not two reads first. (With a flight running, a mark of now would make
+// them wait for that flight's first answer and then start another: they
+// read, as before, to learn its generation.)
 func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
 	next := g.reads.end(e, t, s)
 	for next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
 		next = g.reads.end(e, next, s)
 	}
 	for next != nil && s.b == nil && s.err == nil {
-		next = g.reads.end(e, next, unknown(g))
+		mark, busy := g.flights.mark(e)
+		if busy {
+			break // a flight of e runs: whether they may join it is what their read tells
+		}
+		next = g.reads.end(e, next, stored{mark: mark, gen: counter.Unknown})
 	}
 	if next != nil {
 		g.work.run(funcJob(func() { g.endRead(e, next, next.run()) }))
