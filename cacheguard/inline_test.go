@@ -73,19 +73,7 @@ func TestReadInlineWhenClientBoundsIt(t *testing.T) {
 			rdb := s.Client(tc.opt)
 			h := &readSender{}
 			rdb.AddHook(h)
-			g := New(rdb, EarlyRefresh(0))
-			t.Cleanup(func() { g.Close() })
-			key := t.Name()
-			load := func(context.Context) (string, error) { return "v", nil }
-			if _, err := Get(context.Background(), g, key, load); err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
-			if tc.deadline > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
-				defer cancel()
-			}
+			g, key, load, ctx := warmKey(t, rdb, tc.deadline)
 			var opts []CallOption
 			if tc.budget > 0 {
 				opts = append(opts, WaitBudget(tc.budget))
@@ -121,19 +109,7 @@ func TestPausedRedisShortDeadlineWithoutContextTimeout(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := s.Client(tc.opt)
-			g := New(rdb, EarlyRefresh(0))
-			t.Cleanup(func() { g.Close() })
-			key := t.Name()
-			load := func(context.Context) (string, error) { return "v", nil }
-			if _, err := Get(context.Background(), g, key, load); err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
-			if tc.deadline > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, tc.deadline)
-				defer cancel()
-			}
+			g, key, load, ctx := warmKey(t, rdb, tc.deadline)
 			s.Pause()
 			start := time.Now()
 			v, err := Get(ctx, g, key, load)
@@ -149,6 +125,26 @@ func TestPausedRedisShortDeadlineWithoutContextTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// warmKey returns a Guard on rdb with a key already filled with "v", its
+// loader, and a context with the deadline d from now (none when 0).
+func warmKey(t *testing.T, rdb *redis.Client, d time.Duration) (*Guard, string, func(context.Context) (string, error), context.Context) {
+	t.Helper()
+	g := New(rdb, EarlyRefresh(0))
+	t.Cleanup(func() { g.Close() })
+	key := t.Name()
+	load := func(context.Context) (string, error) { return "v", nil }
+	if _, err := Get(context.Background(), g, key, load); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if d > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		t.Cleanup(cancel)
+	}
+	return g, key, load, ctx
 }
 
 // valueSeen records the value of a context key that the read of a value
