@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -40,23 +41,25 @@ func unguarded(ctx context.Context) bool {
 // the statement may change, whose locks it takes, how it is fenced and
 // which cache keys are invalidated after its COMMIT.
 type guard struct {
-	table      string
-	kind       writeKind
-	pkCols     []string
-	rows       []row         // the existing rows written, sorted by name (empty when unknown)
-	fromModel  bool          // rows are named by the statement's model or values (rowsOf)
-	from       string        // what a read of the table's rows selects FROM (the table, or "table AS alias")
-	resolved   bool          // rows were read from the database (LockMatched)
-	restricted bool          // the statement is restricted to the rows locked
-	tableLock  bool          // LockMatched on a table without a primary key: "<table>:*" is locked
-	locked     []row         // the locks taken (the rows, or none)
-	fence      *schema.Field // the fence column, or nil
-	fencing    bool          // the statement carries the fence condition
-	unstamp    func()        // puts back the structs' fences stamped by a write that then rolled back
-	tx         *txLocks      // non-nil: the locks belong to the surrounding transaction
-	own        *txLocks      // the transaction GORM opened for this statement, if any
-	keys       []string      // cache keys to invalidate after COMMIT
-	set        clause.Set    // an UPDATE's assignments, as built
+	table       string
+	kind        writeKind
+	pkCols      []string
+	rows        []row         // the existing rows written, sorted by name (empty when unknown)
+	fromModel   bool          // rows are named by the statement's model or values (rowsOf)
+	from        string        // what a read of the table's rows selects FROM (the table, or "table AS alias")
+	resolved    bool          // rows were read from the database (LockMatched)
+	restricted  bool          // the statement is restricted to the rows locked
+	tableLock   bool          // LockMatched on a table without a primary key: "<table>:*" is locked
+	locked      []row         // the locks taken (the rows, or none)
+	fence       *schema.Field // the fence column, or nil
+	fencing     bool          // the statement carries the fence condition
+	unstamp     func()        // puts back the structs' fences stamped by a write that then rolled back
+	tx          *txLocks      // non-nil: the locks belong to the surrounding transaction
+	own         *txLocks      // the transaction GORM opened for this statement, if any
+	keys        []string      // cache keys to invalidate after COMMIT
+	locking     bool          // the statement's rows are locked (not PassThrough, Unguarded or FailOpen)
+	moved       []row         // the rows an assignment of the primary key moves, at their new names
+	moveUnnamed bool          // a row moves to a key moveRows cannot name
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -157,7 +160,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		if !lock {
 			return
 		}
-		g.locked = g.rows
+		g.locked, g.locking = g.rows, true
 		if g.tableLock {
 			g.locked = []row{{name: RowName(table, "*")}}
 		}
@@ -180,7 +183,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 					p.warn(stmt.Context, "unguarded", "gormplugin: writing without a lock (FailOpen): the lock service is unavailable",
 						slog.String("table", table), slog.Any("cause", err))
 					p.emit(stmt.Context, Event{Kind: EventWroteUnguarded, Table: table, Err: err})
-					g.locked = nil
+					g.locked, g.locking = nil, false
 					g.resolved = false
 					return
 				}
@@ -324,36 +327,27 @@ func (p *Plugin) checkStep(db *gorm.DB) {
 	if g.fencing {
 		g.checkFence(db, want)
 	}
-	switch {
-	case db.Error != nil:
-	case g.kind == writeInsert || g.kind == writeUpsert:
+	if db.Error != nil {
+		return
+	}
+	if g.kind == writeInsert || g.kind == writeUpsert {
 		p.nameWritten(db, g)
-	case g.kind == writeUpdate && p.cfg.keys != nil:
-		g.keys = append(g.keys, p.rekeyed(db.Statement, g)...)
+	}
+	if p.cfg.keys != nil && (g.kind == writeUpdate || g.kind == writeUpsert) {
+		g.keys = append(g.keys, p.rekeyed(g)...)
 	}
 }
 
-// rekeyed lists the cache keys of the new key of each row an UPDATE moved
-// (SET id = ...): the row now answers there, where a "not found" may be
-// cached. A new key that is not a plain value of the key's kind (an
-// expression, "07" for an integer key) is unknown rows.
-func (p *Plugin) rekeyed(stmt *gorm.Statement, g *guard) []string {
+// rekeyed lists the cache keys of the new key of each row an update or
+// upsert moved (SET id = ...): the row now answers there, where a "not found" may be
+// cached. A new key moveRows could not name is unknown rows.
+func (p *Plugin) rekeyed(g *guard) []string {
+	if g.moveUnnamed {
+		return p.cfg.keys(g.table, nil)
+	}
 	var keys []string
-	for _, a := range g.set {
-		i := slices.Index(g.pkCols, a.Column.Name)
-		if i < 0 {
-			continue
-		}
-		v := a.Value
-		ok := literal(v) && stmt.Schema != nil && sameKind(reflect.TypeOf(v), stmt.Schema.PrimaryFields[i].FieldType)
-		if !ok || len(g.rows) == 0 {
-			return p.cfg.keys(g.table, nil)
-		}
-		for _, r := range g.rows {
-			vals := slices.Clone(r.vals)
-			vals[i] = v
-			keys = append(keys, p.cfg.keys(g.table, row{vals: vals}.pk())...)
-		}
+	for _, r := range g.moved {
+		keys = append(keys, p.cfg.keys(g.table, r.pk())...)
 	}
 	return keys
 }
@@ -427,4 +421,97 @@ func sameKind(a, b reflect.Type) bool {
 	}
 	integer := func(t reflect.Type) bool { return t.Kind() >= reflect.Int && t.Kind() <= reflect.Uint64 }
 	return a == b || integer(a) && integer(b) || a.Kind() == reflect.String && b.Kind() == reflect.String
+}
+
+// guardMoves is the one place an assignment of a primary key column passes
+// through (an UPDATE's SET, an upsert's DO UPDATE), when the statement is
+// built and its values are final: a row moved to a new key is written under
+// two names, so a guarded statement locks the new one too (after those it
+// holds, so a busy name that sorts before them fails with ErrLockOrder rather
+// than wait), and is refused with ErrUnnamedRows when a new key cannot be
+// named.
+func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set) error {
+	moved, named := g.moveRows(stmt, set)
+	g.moved, g.moveUnnamed = moved, !named
+	if !g.locking {
+		return nil
+	}
+	if !named {
+		return fmt.Errorf("%w: this %s on table %q sets its primary key to a value the plugin cannot name (an expression, a column, or a value of another kind than the key's): set it to a plain value, or send it with a gormplugin.Unguarded context", ErrUnnamedRows, g.kind, g.table)
+	}
+	var fresh []row
+	for _, r := range moved {
+		if !slices.ContainsFunc(g.locked, func(l row) bool { return l.name == r.name }) {
+			fresh = append(fresh, r)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	var err error
+	if g.tx != nil {
+		err = g.tx.lock(stmt.Context, fresh)
+	} else {
+		err = p.lockAfter(stmt.Context, fresh, g.locked[len(g.locked)-1].name)
+	}
+	if err != nil {
+		return err
+	}
+	g.locked = append(g.locked, fresh...)
+	return nil
+}
+
+// moveRows names, at their new keys, the rows set moves by assigning
+// primary key columns: each row g writes with those parts replaced. named is
+// false when a new part is not a plain value of the key's kind ("07" for an
+// integer key would be matched as 7) or the rows are not known.
+func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set) (moved []row, named bool) {
+	parts := map[int]any{}
+	for _, a := range set {
+		i := slices.IndexFunc(g.pkCols, func(c string) bool { return sameColumn(a.Column, c) })
+		if i < 0 {
+			continue
+		}
+		kind := g.keyType(stmt, i)
+		if !literal(a.Value) || kind == nil || !sameKind(reflect.TypeOf(a.Value), kind) {
+			return nil, false
+		}
+		parts[i] = a.Value
+	}
+	if len(parts) == 0 {
+		return nil, true
+	}
+	if len(g.rows) == 0 && !g.resolved {
+		return nil, false
+	}
+	for _, r := range g.rows {
+		vals := slices.Clone(r.vals)
+		for i, v := range parts {
+			vals[i] = v
+		}
+		moved = append(moved, row{name: RowName(g.table, vals...), vals: vals})
+	}
+	return sortRows(moved), true
+}
+
+// keyType is the type of part i of g's primary key: the model's field, or,
+// for a write without a model, the type its rows were read with.
+func (g *guard) keyType(stmt *gorm.Statement, i int) reflect.Type {
+	if s := stmt.Schema; s != nil && i < len(s.PrimaryFields) {
+		return s.PrimaryFields[i].FieldType
+	}
+	if len(g.rows) > 0 && g.rows[0].vals[i] != nil {
+		return reflect.TypeOf(g.rows[0].vals[i])
+	}
+	return nil
+}
+
+// sameColumn reports whether c names column name: as written, qualified or
+// quoted, in any case (unquoted identifiers are matched without case).
+func sameColumn(c clause.Column, name string) bool {
+	n := c.Name
+	if i := strings.LastIndexByte(n, '.'); i >= 0 {
+		n = n[i+1:]
+	}
+	return strings.EqualFold(strings.Trim(n, "`\"[] "), name)
 }

@@ -35,22 +35,26 @@
 // is left out, as if the write ran first; beyond MaxMatchedRows (1000),
 // ErrUnkeyed. A table without a primary key has one lock, "<table>:*". A
 // Create of new rows (or ON CONFLICT DO NOTHING) takes no lock; its rows'
-// cache keys (generated keys too) are invalidated after its COMMIT.
+// cache keys (generated keys too) are invalidated after its COMMIT. A write
+// that sets the primary key moves a row: both names are locked (the new one
+// as the statement is built).
 //
 // Anything else is refused before the database with ErrUnnamedRows, whose
 // message says what to write instead: an Or joined with a model's key, SQL
 // text with an OR GORM does not parenthesize, Update(s) of a struct whose
 // composite key has a zero part (GORM leaves it out of its WHERE), a slice
 // with an element without a key, a table expression other than "t [AS] a",
-// an upsert with DoUpdates and no conflict target. Never a write run
-// unguarded, never one silently narrowed.
+// an upsert with DoUpdates and no conflict target, a primary key set to an
+// expression (excluded.id, id + 1) or to a value of another kind than the
+// key's. Never a write run unguarded, never one silently narrowed.
 //
 // A row's lock name is "<table>:<primary key>" (RowName; a composite key's
 // parts joined by ":"), the name ginmw.Resource gives, so a request holding
 // "repos:42" through ginmw.Lock re-enters it when it writes that row with the
 // request's context (locks.WithOwner); a statement without an owner gets a new
 // one. Rows are locked in sorted name order, each awaited up to the Locker's
-// wait budget (LockOptions(locks.WaitBudget(d)); past it, ErrLock). A lost
+// wait budget (LockOptions(locks.WaitBudget(d)); past it, ErrLock; one that
+// sorts before a lock held is only tried, and if busy, ErrLockOrder). A lost
 // lock is never re-acquired behind the caller's back: a write under an owner
 // whose Lock of the row was lost, or under a lock known lost when the
 // statement is sent, fails with ErrStaleWrite and writes nothing.
@@ -64,15 +68,12 @@
 // writes, not reads: for a read-modify-write, Transaction(ctx, db, fn,
 // rows...) locks the rows before BEGIN until after COMMIT and claims each row
 // first, so fn reads what a previous holder (even one stopped before its
-// COMMIT) committed; fn's writes re-enter the locks. The claim's stamp never
-// vouches for a struct: fn may write one carrying the row's fence from
-// before the transaction or the transaction's token, and a struct read
-// before another writer's commit is refused with ErrStaleWrite, as outside
-// Transaction. The cache keys of every declared row are invalidated after
-// COMMIT, a row fn inserts with Exec included. Declare every row it
-// writes: a row needed later that sorts before a lock held is only tried, and
-// if busy fails with ErrLockOrder. A panic in fn rolls back, returned as a
-// *PanicError. The context bounds the transaction until COMMIT (an ended
+// COMMIT) committed; fn's writes re-enter the locks. The claim never vouches
+// for a struct read before another writer's commit: ErrStaleWrite, as
+// outside Transaction. The cache keys of every declared row are invalidated
+// after COMMIT, a row fn inserts with Exec included. Declare every row it
+// writes (one needed later may fail with ErrLockOrder). A panic in fn rolls
+// back, returned as a *PanicError. The context bounds the transaction until COMMIT (an ended
 // context rolls back); once sent, COMMIT runs to its answer.
 //
 // # Fencing and versions
@@ -109,7 +110,7 @@
 //
 // With Invalidate(inv, keys) (a *cacheguard.Guard is an Invalidator), the
 // cache keys of each row a write inserted, updated or deleted, and the new
-// key of a row an update moved (SET id = ...), are invalidated after its
+// key of a row a write moved (SET id = ...), are invalidated after its
 // transaction's COMMIT, before its locks are released; never after a ROLLBACK,
 // and also after a COMMIT that returned an error (it may have committed). A
 // committed write returns nil even when its invalidation fails:
@@ -122,8 +123,7 @@
 // whatever the client's timeouts. When the lock service is unavailable
 // (locks.ErrUnavailable) the write is not sent and fails with ErrLock (also
 // matching locks.ErrNotObtained and locks.ErrUnavailable); FailOpen sends it
-// unguarded instead (a warning, EventWroteUnguarded); contention is never
-// failed open. GORM's own test suite passes with the plugin (SQLite, PostgreSQL).
+// unguarded instead (a warning, EventWroteUnguarded), never on contention.
 //
 // Shut down in this order: the HTTP server's Shutdown, plugin.Shutdown(ctx)
 // (waits for guarded statements in flight, runs delayed repeats, retries every

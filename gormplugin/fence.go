@@ -190,9 +190,11 @@ func (g *guard) fenceConds(qualify bool) []clause.Expression {
 func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 	return func(c clause.Clause, b clause.Builder) {
 		if stmt, ok := b.(*gorm.Statement); ok {
-			if g := guardOf(stmt.DB); g != nil {
+			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpdate {
 				if set, ok := c.Expression.(clause.Set); ok {
-					g.set = set
+					if err := p.guardMoves(stmt, g, set); err != nil {
+						_ = stmt.AddError(err) // GORM sends nothing after a build error
+					}
 				}
 			}
 			if g := guardOf(stmt.DB); g != nil && g.fencing {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
 	"github.com/cacheguard/cacheguard/locks"
@@ -24,6 +25,23 @@ func observe(t *testing.T, db *gorm.DB, f func(tx *gorm.DB)) {
 	}
 	if err := db.Callback().Delete().Before("gorm:delete").Register("test:observe", f); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// observeBuilt runs f each time an UPDATE's SET is built, after the
+// plugin's SET builder, which locks the new key of a row the statement moves:
+// what the statement holds then is what it holds when it is sent.
+func observeBuilt(db *gorm.DB, f func(tx *gorm.DB)) {
+	prev := db.ClauseBuilders["SET"]
+	db.ClauseBuilders["SET"] = func(c clause.Clause, b clause.Builder) {
+		if prev != nil {
+			prev(c, b)
+		} else {
+			c.Build(b)
+		}
+		if stmt, ok := b.(*gorm.Statement); ok && !stmt.DB.DryRun {
+			f(stmt.DB)
+		}
 	}
 }
 

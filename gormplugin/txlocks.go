@@ -116,13 +116,8 @@ func (r *txLocks) lock(ctx context.Context, rows []row) error {
 		name := rows[i].name
 		lk := r.held[name]
 		if lk == nil {
-			try := len(r.held) > 0 && name < r.last
 			var err error
-			lk, err = r.p.take(ctx, name, try)
-			if err != nil {
-				if try && busy(err) {
-					return fmt.Errorf("%w: %q sorts before %q, which this transaction holds, and another writer holds it; declare the rows up front with gormplugin.Transaction: %w", ErrLockOrder, name, r.last, err)
-				}
+			if lk, err = r.p.takeAfter(ctx, name, r.last); err != nil {
 				return err
 			}
 			r.held[name] = lk
@@ -339,8 +334,14 @@ func (p *Plugin) attempt(ctx context.Context, name string) (*locks.Lock, error) 
 // lockAll takes the locks of rows (sorted by name) in order, for one
 // statement; on failure it releases those it took.
 func (p *Plugin) lockAll(ctx context.Context, rows []row) error {
+	return p.lockAfter(ctx, rows, "")
+}
+
+// lockAfter is lockAll for a statement that already holds locks up to the
+// name last (see takeAfter); on failure it releases those it took of rows.
+func (p *Plugin) lockAfter(ctx context.Context, rows []row, last string) error {
 	for i := range rows {
-		lk, err := p.take(ctx, rows[i].name, false)
+		lk, err := p.takeAfter(ctx, rows[i].name, last)
 		if err != nil {
 			p.unlockAll(context.WithoutCancel(ctx), rows[:i])
 			for j := range rows[:i] {
@@ -349,8 +350,21 @@ func (p *Plugin) lockAll(ctx context.Context, rows []row) error {
 			return err
 		}
 		rows[i].lock, rows[i].fence = lk, lk.Fence()
+		last = max(last, rows[i].name)
 	}
 	return nil
+}
+
+// takeAfter is the one rule for lock order: locks are awaited in name order,
+// so a name that sorts before last (the greatest one its holder has) is only
+// tried, and if busy fails with ErrLockOrder, since waiting could deadlock.
+func (p *Plugin) takeAfter(ctx context.Context, name, last string) (*locks.Lock, error) {
+	try := name < last
+	lk, err := p.take(ctx, name, try)
+	if try && busy(err) {
+		return nil, fmt.Errorf("%w: %q sorts before %q, which this writer holds, and another writer holds it; declare the rows up front with gormplugin.Transaction: %w", ErrLockOrder, name, last, err)
+	}
+	return lk, err
 }
 
 // unlockAll releases the locks of rows, in reverse order. A lock already lost

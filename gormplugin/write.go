@@ -271,9 +271,14 @@ func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 func (p *Plugin) conflictBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 	return func(c clause.Clause, b clause.Builder) {
 		if stmt, ok := b.(*gorm.Statement); ok {
-			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpsert && (g.fencing || g.restricted) {
-				if oc, ok := c.Expression.(clause.OnConflict); ok {
-					c.Expression = g.guardConflict(oc)
+			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpsert {
+				if oc, ok := c.Expression.(clause.OnConflict); ok && !oc.DoNothing {
+					if err := p.guardMoves(stmt, g, oc.DoUpdates); err != nil {
+						_ = stmt.AddError(err) // GORM sends nothing after a build error
+					}
+					if g.fencing || g.restricted {
+						c.Expression = g.guardConflict(oc)
+					}
 				}
 			}
 		}

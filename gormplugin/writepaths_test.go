@@ -679,3 +679,81 @@ func TestInsertAfterUpsert(t *testing.T) {
 		}
 	})
 }
+
+// An update or upsert that assigns the primary key moves a row: it is
+// written under its old name and its new one, so both are locked (a new
+// name another owner holds makes it wait, then fail with ErrLock) and both
+// invalidated; a new key the plugin cannot name is refused.
+func TestMoveLocksTheNewKey(t *testing.T) {
+	forDBs(t, testMoveLocksTheNewKey)
+}
+
+func testMoveLocksTheNewKey(t *testing.T, e *env) {
+	plain := e.plain(t)
+	if err := plain.AutoMigrate(&Repo{}, &Badge{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Create(&Repo{ID: 1, Name: "a"}).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Create(&Badge{ID: 1, Code: "x", Label: "a"}).Error; err != nil {
+		t.Fatal(err)
+	}
+	inv := newInvalidator(e.rdb)
+	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.LockOptions(locks.WaitBudget(20*time.Millisecond)))
+	other := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	lk, err := e.l.Lock(other, "repos:7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	moves := map[string]func() error{
+		"Updates(struct)": func() error { return db.Model(&Repo{ID: 1}).Updates(&Repo{ID: 7, Name: "moved"}).Error },
+		"Table.Update":    func() error { return db.Table("repos").Where("id = ?", 1).Update("id", 7).Error },
+		"Transaction": func() error {
+			return gormplugin.Transaction(context.Background(), db, func(tx *gorm.DB) error {
+				return tx.Model(&Repo{ID: 1}).Update("id", 7).Error
+			}, &Repo{ID: 1})
+		},
+	}
+	for name, move := range moves {
+		if err := move(); !errors.Is(err, gormplugin.ErrLock) || !errors.Is(err, locks.ErrBusy) {
+			t.Fatalf("%s to a key another owner holds: %v, want ErrLock and locks.ErrBusy", name, err)
+		}
+	}
+	for name, move := range map[string]func() error{
+		"Update(expression)": func() error { return db.Model(&Repo{ID: 1}).Update("id", gorm.Expr("id + 100")).Error },
+		"upsert DoUpdates id": func() error {
+			return db.Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "code"}}, DoUpdates: clause.AssignmentColumns([]string{"id", "label"})}).
+				Create(&Badge{ID: 9, Code: "x", Label: "b"}).Error
+		},
+	} {
+		if err := move(); !errors.Is(err, gormplugin.ErrUnnamedRows) {
+			t.Fatalf("%s: %v, want ErrUnnamedRows", name, err)
+		}
+	}
+	var n int64
+	plain.Model(&Repo{}).Where("id = ? AND name = ?", 1, "a").Count(&n)
+	var b Badge
+	plain.First(&b, 1)
+	if n != 1 || b.Label != "a" {
+		t.Fatalf("refused moves changed rows: repos:1 present %d, badge %+v", n, b)
+	}
+	if err := lk.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	observeBuilt(db, func(tx *gorm.DB) { held = append(held, e.holds(t, "repos:1")+e.holds(t, "repos:7")) })
+	if err := db.Model(&Repo{ID: 1}).Updates(&Repo{ID: 7, Name: "moved"}).Error; err != nil {
+		t.Fatal(err)
+	}
+	var got Repo
+	if err := plain.First(&got, 7).Error; err != nil || got.Name != "moved" || !slices.Equal(held, []string{"11"}) {
+		t.Fatalf("move: %v, row %+v, locks repos:1 and repos:7 during it %q: want the row at 7, both held", err, got, held)
+	}
+	if !invalidated(inv, "cache:repos:7") {
+		t.Fatal("cache:repos:7 not invalidated")
+	}
+	if n := e.rdb.Exists(context.Background(), e.lockKey("repos:7")).Val(); n != 0 {
+		t.Fatal("repos:7 still locked after the move")
+	}
+}
