@@ -425,19 +425,24 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			w.step("del")
 			w.st.add(&w.st.faults, "del-key")
 			w.note("DEL %s", name)
-			exempt := func() {
+			// The holds of the name, and those begun before the DEL returned
+			// (still on their way: their script may run before it), are
+			// exempt from the monitor. While the DEL is in flight every hold
+			// that returns is: the monitor may read the DEL's effect before
+			// the DEL returns here.
+			exempt := func(until time.Time) {
 				w.mu.Lock()
 				for _, h := range w.holds {
 					if h.name == name {
 						h.deleted.Store(true)
 					}
 				}
-				w.deletedAt[name] = time.Now() // and those begun before, still on their way
+				w.deletedAt[name] = until
 				w.mu.Unlock()
 			}
-			exempt()
+			exempt(time.Now().Add(time.Hour))
 			w.mon.Del(context.Background(), "cg:lock:{"+name+"}")
-			exempt()
+			exempt(time.Now())
 		},
 		"g-close": func(rt *rapid.T) {
 			if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
