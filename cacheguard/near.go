@@ -1,6 +1,7 @@
 package cacheguard
 
 import (
+	"context"
 	"hash/maphash"
 	"maps"
 	"reflect"
@@ -305,6 +306,7 @@ func (n *nearCache) Heard(payload string) {
 	switch body[0] {
 	case 'f', 'i':
 		n.drop(body[1:])
+		n.g.note(context.Background(), EventNearInvalidated, body[1:], 0, nil)
 	case 't':
 		n.dropTags([]string{body[1:]})
 	}

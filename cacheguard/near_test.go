@@ -456,3 +456,35 @@ func TestNearCacheBoundedUnderChurn(t *testing.T) {
 		t.Errorf("state kept for %d tags that no entry carries", n)
 	}
 }
+
+// TestNearCacheReportsInvalidations: a key another Guard invalidates is
+// reported as dropped, to the observer (EventNearInvalidated, with the key)
+// and in Stats.
+func TestNearCacheReportsInvalidations(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	key := testKey(t)
+	heard := make(chan string, 10)
+	b := cacheguard.New(rdb, cacheguard.NearCache(100, time.Minute), cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
+		if e.Kind == cacheguard.EventNearInvalidated {
+			heard <- e.Key
+		}
+	}))
+	defer b.Close()
+	eventually(t, 10*time.Second, "the near cache trusted", func() bool { return cacheguard.NearTrusted(b) })
+	a, _ := newGuard(t)
+	if err := a.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case k := <-heard:
+		if k != key {
+			t.Fatalf("EventNearInvalidated for %q, want %q", k, key)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no EventNearInvalidated within 10s")
+	}
+	if n := b.Stats().NearInvalidations; n != 1 {
+		t.Fatalf("Stats().NearInvalidations = %d, want 1", n)
+	}
+}

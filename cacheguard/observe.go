@@ -49,11 +49,12 @@ const (
 	EventRedisError                           // a Redis call failed (Event.Err)
 	EventNearHit                              // a hit served from the near cache (counted as EventHit too)
 	EventFailSafe                             // an older value stood in for a failed or slow load (FailSafe, SoftTimeout)
+	EventNearInvalidated                      // the near cache dropped a key on another process's message (an invalidation, a newer value); not for tags
 	numKinds
 )
 
 var kindNames = [numKinds]string{"", "hit", "miss", "load", "coalesced_local", "coalesced_remote",
-	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit", "fail_safe"}
+	"stale", "early_refresh", "negative_hit", "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit", "fail_safe", "near_invalidated"}
 
 func (k EventKind) String() string {
 	if k > 0 && k < numKinds {
@@ -86,6 +87,9 @@ type Stats struct {
 	RedisErrors     uint64 // failed Redis calls
 	NearHits        uint64 // hits served from the near cache (counted in Hits too)
 	FailSafe        uint64 // calls served an older value for a failed or slow load
+	// NearInvalidations counts the keys the near cache dropped on another
+	// process's message (EventNearInvalidated).
+	NearInvalidations uint64
 }
 
 type counters struct {
@@ -109,7 +113,7 @@ func (c *counters) add(kind EventKind) {
 // snapshot returns the counters as Stats, a near hit counted as a hit too.
 func (c *counters) snapshot() (s Stats) {
 	for k, p := range [numKinds]*uint64{nil, &s.Hits, &s.Misses, &s.Loads, &s.CoalescedLocal, &s.CoalescedRemote, &s.StaleServed,
-		&s.EarlyRefreshes, &s.NegativeHits, &s.WaitTimeouts, &s.FailOpenLoads, &s.DecodeErrors, &s.RedisErrors, &s.NearHits, &s.FailSafe} {
+		&s.EarlyRefreshes, &s.NegativeHits, &s.WaitTimeouts, &s.FailOpenLoads, &s.DecodeErrors, &s.RedisErrors, &s.NearHits, &s.FailSafe, &s.NearInvalidations} {
 		if p != nil {
 			*p = c.c[k].Load()
 		}

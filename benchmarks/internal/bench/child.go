@@ -105,6 +105,12 @@ type Report struct {
 	// Seen: a near-cache watcher's first read of each version, or the
 	// writer's return of each round's Invalidate: {version, unix ns}.
 	Seen [][2]int64 `json:"seen,omitempty"`
+	// Dropped: when a watcher's near cache dropped the key on a message
+	// (unix ns).
+	Dropped []int64 `json:"dropped,omitempty"`
+	// Probes: a watcher's receipt of each bare PUBLISH of the probe
+	// (pubProbe): {probe number, unix ns}.
+	Probes [][2]int64 `json:"probes,omitempty"`
 
 	PG    *PGReport            `json:"pg,omitempty"`    // pgstampede, pgmix
 	Fill  *Fill                `json:"fill,omitempty"`  // stampede, pgstampede with Timeline

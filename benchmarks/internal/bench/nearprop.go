@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -16,10 +18,11 @@ import (
 // The near-cache propagation scenario: a writer process moves a value to a
 // new version in the "database" (a Redis key of its own) and invalidates the
 // cache key; 4 watcher processes read the key through their near caches
-// every 100 µs. The lag of a round is how long after the writer's Invalidate
-// returned the last watcher first read the new version: the message's
-// delivery, the near cache dropping its entry, and the reload (one process
-// loads, the others get its push).
+// every 100 µs. Two lags per round, from the writer's Invalidate returning
+// until the last watcher: dropped the key from its near cache (its
+// observer's EventNearInvalidated: the invalidation's message delivered and
+// applied), and served the new version (the reload too — one process loads,
+// the others get its push).
 
 // Rows of the near-cache propagation table.
 const (
@@ -59,14 +62,25 @@ type nearWorker struct {
 	j   Job
 	c   systems.Cache
 	rdb *redis.Client // the database
+
+	mu      sync.Mutex
+	dropped []int64 // when the near cache dropped the key (unix ns)
 }
 
 func prepareNear(ctx context.Context, j Job) (worker, error) {
-	c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0]})
+	w := &nearWorker{j: j}
+	c, err := systems.NewCache(j.System, systems.CacheConfig{Addr: j.Addrs[0], Dropped: func(key string) {
+		if key == j.Key {
+			at := time.Now().UnixNano()
+			w.mu.Lock()
+			w.dropped = append(w.dropped, at)
+			w.mu.Unlock()
+		}
+	}})
 	if err != nil {
 		return nil, err
 	}
-	w := &nearWorker{j: j, c: c, rdb: redis.NewClient(&redis.Options{Addr: j.Addrs[0]})}
+	w.c, w.rdb = c, redis.NewClient(&redis.Options{Addr: j.Addrs[0]})
 	if j.Kind == "nearwrite" {
 		if _, ok := c.(systems.Invalidator); !ok {
 			w.Close()
@@ -122,6 +136,11 @@ func (w *nearWorker) watch(ctx context.Context) Report {
 	var seen [][2]int64
 	var last int64
 	var ops int64
+	// The floor, in this process: a bare PUBLISH's receipt (see pubProbe).
+	probes := make(chan [][2]int64, 1)
+	pctx, stop := context.WithCancel(ctx)
+	go func() { probes <- receiveProbes(pctx, w.rdb, probeChannel(w.j.Key)) }()
+	defer stop()
 	for time.Now().Before(end) {
 		v, err := w.c.Get(ctx, w.j.Key, load)
 		ops++
@@ -134,8 +153,58 @@ func (w *nearWorker) watch(ctx context.Context) Report {
 		}
 		time.Sleep(nearRead)
 	}
+	stop()
+	w.mu.Lock()
+	dropped := slices.Clone(w.dropped)
+	w.mu.Unlock()
 	return Report{Ops: ops, Errors: e.n.Load(), FirstErr: e.first, Start: start.UnixNano(),
-		Elapsed: int64(time.Since(start)), Seen: seen}
+		Elapsed: int64(time.Since(start)), Seen: seen, Dropped: dropped, Probes: <-probes}
+}
+
+func probeChannel(key string) string { return "cgbench:pubprobe:" + key }
+
+// receiveProbes records the receipt of each probe on ch until ctx ends.
+func receiveProbes(ctx context.Context, rdb *redis.Client, ch string) [][2]int64 {
+	ps := rdb.Subscribe(ctx, ch)
+	defer ps.Close()
+	var got [][2]int64
+	msgs := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return got
+		case m, ok := <-msgs:
+			if !ok {
+				return got
+			}
+			if n, err := strconv.ParseInt(m.Payload, 10, 64); err == nil {
+				got = append(got, [2]int64{n, time.Now().UnixNano()})
+			}
+		}
+	}
+}
+
+// probeLags returns each probe's lag from its PUBLISH returning (sent) until
+// the last of the watchers received it; a probe some watcher did not
+// receive (not subscribed yet, or after it stopped) is left out.
+func probeLags(sent map[int64]int64, watchers []Report) []time.Duration {
+	var lags []time.Duration
+	for n, at := range sent {
+		var lag time.Duration
+		ok := true
+		for _, w := range watchers {
+			i := slices.IndexFunc(w.Probes, func(p [2]int64) bool { return p[0] == n })
+			if i < 0 {
+				ok = false
+				break
+			}
+			lag = max(lag, time.Duration(w.Probes[i][1]-at))
+		}
+		if ok {
+			lags = append(lags, lag)
+		}
+	}
+	return lags
 }
 
 // write runs rounds after Warmup until Duration: a new version in the
@@ -163,29 +232,34 @@ func (w *nearWorker) write(ctx context.Context) Report {
 		Elapsed: int64(time.Since(start)), Seen: done}
 }
 
-// propagation returns each round's lag: from the writer's Invalidate
-// returning until the last watcher first read that version or a later one;
-// missed counts the rounds some watcher never read.
-func propagation(writer Report, watchers []Report) (lags []time.Duration, missed int) {
+// propagation returns each round's lags, from the writer's Invalidate
+// returning until the last watcher served the new version (served: its
+// first read of that version or a later one returned) and until the last
+// one's near cache dropped the key (dropped: its first drop from 5 ms
+// before; the previous round's fill, heard as a drop too, is 15 ms older;
+// never below 0); missed counts the rounds some watcher never read.
+func propagation(writer Report, watchers []Report) (served, dropped []time.Duration, missed int) {
 	for _, round := range writer.Seen {
 		v, returned := round[0], round[1]
-		var lag time.Duration
+		var lag, drop time.Duration
 		ok := true
 		for _, w := range watchers {
 			i := slices.IndexFunc(w.Seen, func(s [2]int64) bool { return s[0] >= v })
-			if i < 0 {
+			j := slices.IndexFunc(w.Dropped, func(at int64) bool { return at >= returned-int64(5*time.Millisecond) })
+			if i < 0 || j < 0 {
 				ok = false
 				break
 			}
 			lag = max(lag, time.Duration(w.Seen[i][1]-returned))
+			drop = max(drop, time.Duration(w.Dropped[j]-returned))
 		}
 		if !ok {
 			missed++
 			continue
 		}
-		lags = append(lags, lag)
+		served, dropped = append(served, lag), append(dropped, drop)
 	}
-	return lags, missed
+	return served, dropped, missed
 }
 
 func (e *env) nearProp(ctx context.Context) error {
@@ -193,20 +267,27 @@ func (e *env) nearProp(ctx context.Context) error {
 	t := &Table{ID: "near-prop", Title: fmt.Sprintf("8. Near-cache invalidation propagation across %d processes", nearWatchers),
 		Intro: fmt.Sprintf("%d OS processes read one key through their near caches (cacheguard NearCache) every %v; "+
 			"a writer process moves the value to a new version in the database and calls Invalidate, in rounds "+
-			"%v apart (%v of rounds per run). The lag of a round runs from the writer's Invalidate returning until "+
-			"the last of the %d processes first read the new version: the invalidation's message, the near caches "+
-			"dropping their entry, and the reload (one process loads, the others get its push). *Idle*: nothing "+
+			"%v apart (%v of rounds per run). Two lags per round, from the writer's Invalidate returning until "+
+			"the last of the %d processes: *dropped the old value* (its near cache dropped the key: the "+
+			"invalidation's message delivered and applied, seen by the process's observer as "+
+			"EventNearInvalidated), and *served the new value* (its first read of it returned: the reload too, "+
+			"one process loading, the others getting its push). *Idle*: nothing "+
 			"else runs; *beside the real-DB mix*: the rounds run while the near-cache system of R2 serves its %d "+
 			"processes' %.0f requests/s on PostgreSQL (after its %v ramp). *Missed*: rounds some process never "+
-			"read (must be 0).", nearWatchers, nearRead, nearRound, s.nearDur, nearWatchers, s.pgMixProcs,
-			s.pgMixRate, s.pgMixWarm),
+			"read (must be 0). *Bare PUBLISH→receive*: a PUBLISH every %v from the benchmark's process, from its "+
+			"return until the last of the %d processes received it (the floor where the invalidations are received), "+
+			"and until an idle process did.", nearWatchers, nearRead, nearRound, s.nearDur, nearWatchers, s.pgMixProcs,
+			s.pgMixRate, s.pgMixWarm, nearRound, nearWatchers),
 		Metrics: []Metric{
-			{"p50", "lag p50 ms", "%.2f"},
-			{"p99", "lag p99 ms", "%.2f"},
-			{"max", "lag max ms", "%.2f"},
+			{"drop50", "dropped the old: p50 ms", "%.2f"},
+			{"drop99", "dropped the old: p99 ms", "%.2f"},
+			{"p50", "served the new: p50 ms", "%.2f"},
+			{"p99", "served the new: p99 ms", "%.2f"},
+			{"max", "served the new: max ms", "%.2f"},
 			{"rounds", "rounds", "%.0f"},
 			{"missed", "missed", "%.0f"},
-			{"pub", "bare PUBLISH→receive p99 ms", "%.2f"},
+			{"floor", "bare PUBLISH→receive by the 4 processes: p99 ms", "%.2f"},
+			{"pub", "bare PUBLISH→receive by an idle process: p99 ms", "%.2f"},
 		}}
 	e.res.Tables = append(e.res.Tables, t)
 	variants := []string{nearIdle, nearLoaded}
@@ -274,18 +355,31 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 		}
 	}
 	pctx, stop := context.WithCancel(ctx)
-	pub := make(chan []time.Duration, 1)
-	go func() { pub <- e.pubProbe(pctx, key) }()
+	type probed struct {
+		lags []time.Duration
+		sent map[int64]int64
+	}
+	pub := make(chan probed, 1)
+	go func() {
+		lags, sent := e.pubProbe(pctx, key)
+		pub <- probed{lags, sent}
+	}()
 	reps, err := e.spares.run(ctx, jobs, Hooks{})
 	stop()
 	bare := <-pub
 	if err != nil {
 		return err
 	}
-	if len(bare) > 0 {
-		r.add("pub", stats.Ms(stats.Durations(bare).P99))
+	if len(bare.lags) > 0 {
+		r.add("pub", stats.Ms(stats.Durations(bare.lags).P99))
 	}
-	lags, missed := propagation(reps[0], reps[1:1+nearWatchers])
+	if fl := probeLags(bare.sent, reps[1:1+nearWatchers]); len(fl) > 0 {
+		r.add("floor", stats.Ms(stats.Durations(fl).P99))
+	}
+	lags, drops, missed := propagation(reps[0], reps[1:1+nearWatchers])
+	dd := stats.Durations(drops)
+	r.add("drop50", stats.Ms(dd.P50))
+	r.add("drop99", stats.Ms(dd.P99))
 	d := stats.Durations(lags)
 	r.add("p50", stats.Ms(d.P50))
 	r.add("p99", stats.Ms(d.P99))
@@ -302,37 +396,42 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 }
 
 // pubProbe measures the floor of a propagation on this Redis while the run
-// goes on: a bare PUBLISH every nearRound from this process, its lag from
-// the PUBLISH's return (as a round's lag starts at Invalidate's return) to
-// a subscriber's receipt, until ctx ends.
-func (e *env) pubProbe(ctx context.Context, key string) []time.Duration {
+// goes on: a bare PUBLISH of a probe number every nearRound from this
+// process. It returns its lag from the PUBLISH's return (as a round's lag
+// starts at Invalidate's return) to the receipt by a subscriber of this
+// process, idle but for it, and when each PUBLISH returned, for the lag to
+// the watchers' receipt (see probeLags): the floor in the processes that
+// receive the invalidations.
+func (e *env) pubProbe(ctx context.Context, key string) ([]time.Duration, map[int64]int64) {
+	sent := map[int64]int64{}
 	sub := redis.NewClient(&redis.Options{Addr: e.addr})
 	defer sub.Close()
-	ch := "cgbench:pubprobe:" + key
+	ch := probeChannel(key)
 	ps := sub.Subscribe(ctx, ch)
 	defer ps.Close()
 	if _, err := ps.Receive(ctx); err != nil {
-		return nil
+		return nil, sent
 	}
 	msgs := ps.Channel()
 	var lags []time.Duration
 	tick := time.NewTicker(nearRound)
 	defer tick.Stop()
-	for {
+	for n := int64(1); ; n++ {
 		select {
 		case <-ctx.Done():
-			return lags
+			return lags, sent
 		case <-tick.C:
 		}
-		if e.admin.Publish(ctx, ch, "x").Err() != nil {
+		if e.admin.Publish(ctx, ch, strconv.FormatInt(n, 10)).Err() != nil {
 			continue
 		}
-		sent := time.Now()
+		at := time.Now()
+		sent[n] = at.UnixNano()
 		select {
 		case <-ctx.Done():
-			return lags
+			return lags, sent
 		case <-msgs:
-			lags = append(lags, time.Since(sent))
+			lags = append(lags, time.Since(at))
 		}
 	}
 }

@@ -90,6 +90,10 @@ type CacheConfig struct {
 	// Trace, when set, records what a cacheguard system did (see Trace);
 	// other systems ignore it.
 	Trace *Trace
+	// Dropped, when set, is told each key cacheguard's near cache dropped on
+	// another process's message (EventNearInvalidated); other systems
+	// ignore it.
+	Dropped func(key string)
 }
 
 // Marks records when a point of a cold-key fill was first reached in this
@@ -103,10 +107,13 @@ type Marks struct {
 // guardOptions are the options every cacheguard system shares.
 func guardOptions(cfg CacheConfig, more ...cacheguard.Option) []cacheguard.Option {
 	opts := append([]cacheguard.Option{cacheguard.TTL(cfg.TTL)}, more...)
-	if m, t := cfg.Marks, cfg.Trace; m != nil || t != nil {
+	if m, t, d := cfg.Marks, cfg.Trace, cfg.Dropped; m != nil || t != nil || d != nil {
 		opts = append(opts, cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
 			if m != nil && e.Kind == cacheguard.EventCoalescedRemote {
 				m.Remote.CompareAndSwap(0, time.Now().UnixNano())
+			}
+			if d != nil && e.Kind == cacheguard.EventNearInvalidated {
+				d(e.Key)
 			}
 			if t != nil {
 				t.observe(e)
