@@ -17,7 +17,7 @@
 //     cacheguard.EventKind ("hit", "miss", "load", "coalesced_local",
 //     "coalesced_remote", "stale", "early_refresh", "negative_hit",
 //     "wait_timeout", "fail_open", "decode_error", "redis_error", "near_hit",
-//     "fail_safe").
+//     "fail_safe", "near_invalidated").
 //   - cacheguard.cache.load.duration{error}: how long each load ran; a load
 //     whose loader answered cacheguard.ErrUncached (a result not to be
 //     stored, not a failure) counts as error=false.
