@@ -430,8 +430,8 @@ func sameKind(a, b reflect.Type) bool {
 // holds, so a busy name that sorts before them fails with ErrLockOrder rather
 // than wait), and is refused with ErrUnnamedRows when a new key cannot be
 // named.
-func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set) error {
-	moved, named := g.moveRows(stmt, set)
+func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set, target []clause.Column) error {
+	moved, named := g.moveRows(stmt, set, target)
 	g.moved, g.moveUnnamed = moved, !named
 	if !g.locking {
 		return nil
@@ -452,7 +452,11 @@ func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set) erro
 	if g.tx != nil {
 		err = g.tx.lock(stmt.Context, fresh)
 	} else {
-		err = p.lockAfter(stmt.Context, fresh, g.locked[len(g.locked)-1].name)
+		last := ""
+		for _, l := range g.locked {
+			last = max(last, l.name)
+		}
+		err = p.lockAfter(stmt.Context, fresh, last)
 	}
 	if err != nil {
 		return err
@@ -464,12 +468,19 @@ func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set) erro
 // moveRows names, at their new keys, the rows set moves by assigning
 // primary key columns: each row g writes with those parts replaced. named is
 // false when a new part is not a plain value of the key's kind ("07" for an
-// integer key would be matched as 7) or the rows are not known.
-func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set) (moved []row, named bool) {
+// integer key would be matched as 7) or the rows are not known. In an
+// upsert's DO UPDATE (target: its conflict columns), c = excluded.c for a
+// key column c of the target moves nothing: the row conflicted on that value
+// (GORM's association and join-table upserts write these).
+func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set, target []clause.Column) (moved []row, named bool) {
 	parts := map[int]any{}
 	for _, a := range set {
 		i := slices.IndexFunc(g.pkCols, func(c string) bool { return sameColumn(a.Column, c) })
 		if i < 0 {
+			continue
+		}
+		if v, ok := a.Value.(clause.Column); ok && strings.EqualFold(v.Table, "excluded") && sameColumn(v, g.pkCols[i]) &&
+			slices.ContainsFunc(target, func(c clause.Column) bool { return sameColumn(c, g.pkCols[i]) }) {
 			continue
 		}
 		kind := g.keyType(stmt, i)

@@ -192,7 +192,7 @@ func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 		if stmt, ok := b.(*gorm.Statement); ok {
 			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpdate {
 				if set, ok := c.Expression.(clause.Set); ok {
-					if err := p.guardMoves(stmt, g, set); err != nil {
+					if err := p.guardMoves(stmt, g, set, nil); err != nil {
 						_ = stmt.AddError(err) // GORM sends nothing after a build error
 					}
 				}

@@ -468,7 +468,12 @@ func drawOnConflict(rt *rapid.T, table, col string) (*clause.OnConflict, string)
 		if table == "badges" { // moves the row that holds the code to the value's key
 			return &clause.OnConflict{Columns: []clause.Column{{Name: "code"}}, DoUpdates: clause.AssignmentColumns([]string{"id", "label"})}, "Clauses(OnConflict{Columns: code, DoUpdates: id, label})"
 		}
-		return nil, "Create"
+		// The key set to itself, as GORM's association upserts do: no move.
+		cols := []string{col}
+		for _, c := range pk {
+			cols = append(cols, c.Name)
+		}
+		return &clause.OnConflict{Columns: pk, DoUpdates: clause.AssignmentColumns(cols)}, "Clauses(OnConflict{Columns: pk, DoUpdates: " + strings.Join(cols, ", ") + "})"
 	case 0:
 		return nil, "Create"
 	case 1:

@@ -273,7 +273,7 @@ func (p *Plugin) conflictBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder
 		if stmt, ok := b.(*gorm.Statement); ok {
 			if g := guardOf(stmt.DB); g != nil && g.kind == writeUpsert {
 				if oc, ok := c.Expression.(clause.OnConflict); ok && !oc.DoNothing {
-					if err := p.guardMoves(stmt, g, oc.DoUpdates); err != nil {
+					if err := p.guardMoves(stmt, g, oc.DoUpdates, oc.Columns); err != nil {
 						_ = stmt.AddError(err) // GORM sends nothing after a build error
 					}
 					if g.fencing || g.restricted {

@@ -731,6 +731,12 @@ func testMoveLocksTheNewKey(t *testing.T, e *env) {
 			t.Fatalf("%s: %v, want ErrUnnamedRows", name, err)
 		}
 	}
+	// GORM's association upserts set the key to itself on a conflict over
+	// it: no move, nothing refused.
+	if err := db.Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "id"}}, DoUpdates: clause.AssignmentColumns([]string{"id", "label"})}).
+		Create(&Badge{ID: 1, Code: "x", Label: "a"}).Error; err != nil {
+		t.Fatalf("upsert setting its conflict key to itself: %v", err)
+	}
 	var n int64
 	plain.Model(&Repo{}).Where("id = ? AND name = ?", 1, "a").Count(&n)
 	var b Badge
