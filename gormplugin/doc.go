@@ -45,8 +45,8 @@
 // composite key has a zero part (GORM leaves it out of its WHERE), a slice
 // with an element without a key, a table expression other than "t [AS] a",
 // an upsert with DoUpdates and no conflict target, a primary key set to an
-// expression (excluded.id, id + 1) or to a value of another kind than the
-// key's. Never a write run unguarded, never one silently narrowed.
+// expression (id + 1, excluded.id unless id is the conflict target) or to a
+// value of another kind. Never a write run unguarded, never one narrowed.
 //
 // A row's lock name is "<table>:<primary key>" (RowName; a composite key's
 // parts joined by ":"), the name ginmw.Resource gives, so a request holding
