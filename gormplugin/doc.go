@@ -44,9 +44,9 @@
 // text with an OR GORM does not parenthesize, Update(s) of a struct whose
 // composite key has a zero part (GORM leaves it out of its WHERE), a slice
 // with an element without a key, a table expression other than "t [AS] a",
-// an upsert with DoUpdates and no conflict target, a primary key set to an
+// an upsert with DoUpdates and no conflict target, a key set to an
 // expression (id + 1, excluded.id unless id is the conflict target) or to a
-// value of another kind. Never a write run unguarded, never one narrowed.
+// value of another kind. Never run unguarded, never silently narrowed.
 //
 // A row's lock name is "<table>:<primary key>" (RowName; a composite key's
 // parts joined by ":"), the name ginmw.Resource gives, so a request holding
