@@ -520,9 +520,5 @@ func (g *guard) keyType(stmt *gorm.Statement, i int) reflect.Type {
 // sameColumn reports whether c names column name: as written, qualified or
 // quoted, in any case (unquoted identifiers are matched without case).
 func sameColumn(c clause.Column, name string) bool {
-	n := c.Name
-	if i := strings.LastIndexByte(n, '.'); i >= 0 {
-		n = n[i+1:]
-	}
-	return strings.EqualFold(strings.Trim(n, "`\"[] "), name)
+	return strings.EqualFold(bareName(c.Name), name)
 }

@@ -303,13 +303,18 @@ func tableOf(stmt *gorm.Statement) tableName {
 	case len(stmt.TableExpr.Vars) > 0 || len(f) > 2 || len(f) == 0 || strings.ContainsAny(stmt.TableExpr.SQL, "(),"):
 		t.err = fmt.Sprintf("is written to the table expression %q", stmt.TableExpr.SQL)
 	case len(f) == 2:
-		name := f[0]
-		if i := strings.LastIndexByte(name, '.'); i >= 0 {
-			name = name[i+1:]
-		}
-		t.table, t.from = strings.Trim(name, "`\"[]"), stmt.TableExpr.SQL
+		t.table, t.from = bareName(f[0]), stmt.TableExpr.SQL
 	}
 	return t
+}
+
+// bareName is an identifier as written in SQL without its qualifier and
+// quotes: "public"."repos" and `repos` are repos.
+func bareName(s string) string {
+	if i := strings.LastIndexByte(s, '.'); i >= 0 {
+		s = s[i+1:]
+	}
+	return strings.Trim(s, "`\"[] ")
 }
 
 func flattenAnd(exprs []clause.Expression) []clause.Expression {
