@@ -385,9 +385,14 @@ func burst(b *testing.B, get func(ctx context.Context, i int) error) {
 		starts[w] = make(chan int)
 		stopped.Go(func() {
 			for i := range starts[w] {
-				if err := get(ctx, i); err != nil {
+				// A context per call, as a server's requests have: no
+				// channel shared by the callers but the ones the library
+				// makes.
+				cctx, ccancel := context.WithCancel(ctx)
+				if err := get(cctx, i); err != nil {
 					failed.Add(1)
 				}
+				ccancel()
 				done.Done()
 			}
 		})

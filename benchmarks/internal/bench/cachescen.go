@@ -160,7 +160,7 @@ func (e *env) warm(ctx context.Context) error {
 				"and with go-redis's default timeouts (5 s each way: the hand-off row) each read goes through a goroutine "+
 				"of the Guard's, so that a Get keeps its wait budget; with ReadTimeout and WriteTimeout of 400 ms, which fit "+
 				"within the command's bound (1 s), it reads on the caller's goroutine. The MsgPack row is cacheguard with its "+
-				"opt-in MsgPack codec (JSON is its default), the codec go-redis/cache uses. The near cache (cacheguard NearCache) and go-redis/cache's "+
+				"opt-in MsgPack codec, the codec go-redis/cache uses; its default JSON codec decodes with segmentio/encoding/json where encoding/json's rules allow (cacheguard.JSON). The near cache (cacheguard NearCache) and go-redis/cache's "+
 				"local TinyLFU tier serve from memory. A load here would be a bug.", s.warmG, keys, s.warmDur),
 			Metrics: metrics}
 		if keys == 1 {
