@@ -1,7 +1,6 @@
 package cacheguard
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,28 +55,22 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			return
 		}
 	}
-	// One round trip: the values (one script call on a single server, an
-	// HGET each on a cluster), the generations, the tags' versions.
+	// One round trip: an HGET of each value, the generations, the tags'
+	// versions. (A script reading every value cost Redis about 1.5 µs per
+	// key in its calls back into Redis, against 0.5 for an HGET in a
+	// pipeline: GetMany of 100 took 8% longer.)
 	var cmds []redis.Cmder
-	var many *redis.Cmd
-	var hv []*redis.StringCmd
-	if len(values) > 1 && !g.hub.Sharded() {
-		// Each name boxed as a pointer into a copy (boxing a string would
-		// allocate once per key; a pointer into values would move the
-		// callers' slices to the heap).
-		names := slices.Clone(values)
-		kv := make([]any, len(names))
-		for i := range names {
-			kv[i] = &names[i]
-		}
-		many = readManyScript.Cmd(ctx, kv, field)
-		cmds = append(cmds, many)
-	} else {
-		hv = make([]*redis.StringCmd, len(values))
-		for i, v := range values {
-			hv[i] = redis.NewStringCmd(ctx, "hget", v, field)
-			cmds = append(cmds, hv[i])
-		}
+	// Each command and its line in one allocation; each name boxed as a
+	// pointer into a copy (boxing a string would allocate once per key; a
+	// pointer into values would move the callers' slices to the heap).
+	names := slices.Clone(values)
+	hv := make([]hgetCmd, len(values))
+	f := any(field)
+	for i := range names {
+		c := &hv[i]
+		c.line = [3]any{"hget", &names[i], f}
+		c.StringCmd = *redis.NewStringCmd(ctx, c.line[:]...)
+		cmds = append(cmds, &c.StringCmd)
 	}
 	var gv []*redis.Cmd
 	p := g.cfg.prefix
@@ -108,28 +101,15 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 		fail(err)
 		return
 	}
-	var found []any
-	if many != nil {
-		if found, err = many.Slice(); err != nil || len(found) != len(values) {
-			fail(cmp.Or(err, fmt.Errorf("cacheguard: bad reply to the read of %d keys", len(values))))
-			return
-		}
-	}
 	for i := range values {
 		s := &out[i]
 		s.tagVers = vers
-		if many != nil {
-			if v, ok := found[i].(string); ok {
-				s.b = bytesOf(v)
-			}
-		} else {
-			switch v, err := hv[i].Result(); {
-			case err == nil:
-				s.b = bytesOf(v)
-			case !errors.Is(err, redis.Nil):
-				*s = stored{err: err}
-				continue
-			}
+		switch v, err := hv[i].Result(); {
+		case err == nil:
+			s.b = bytesOf(v)
+		case !errors.Is(err, redis.Nil):
+			*s = stored{err: err}
+			continue
 		}
 		if gv == nil || gv[i] == nil {
 			continue
@@ -138,6 +118,12 @@ func (g *Guard) read(ctx context.Context, values []string, field string, tags []
 			*s = stored{err: err}
 		}
 	}
+}
+
+// hgetCmd is an HGET of a read of several entries, with its line.
+type hgetCmd struct {
+	redis.StringCmd
+	line [3]any
 }
 
 // hget is the command line of a single read (see read), in one allocation:

@@ -333,8 +333,8 @@ func TestQueuedReadTimedFromItsSend(t *testing.T) {
 	}
 }
 
-// TestReadManyReply: a read of several keys in one call (readmany.lua)
-// gives each key's bytes, nil for an absent one and an empty slice for an
+// TestReadManyReply: a read of several keys in one round trip (a pipeline
+// of HGETs) gives each key's bytes, nil for an absent one and an empty slice for an
 // empty value, whatever the value's bytes.
 func TestReadManyReply(t *testing.T) {
 	ctx := context.Background()

@@ -38,7 +38,6 @@ var (
 	invalidateScript = script("invalidate.lua", true)
 	tagReadScript    = script("tagread.lua", true)
 	tagBumpScript    = script("tagbump.lua", true)
-	readManyScript   = script("readmany.lua", false)
 	genPeekScript    = script("genpeek.lua", true)
 )
 
