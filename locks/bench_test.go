@@ -3,6 +3,7 @@ package locks_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,4 +64,118 @@ func BenchmarkCycleRaw(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkRedisCost is what a lone lock cycle costs Redis itself, from its
+// own accounting (INFO commandstats, reset before the run): the time of the
+// commands a cycle sends (a script's time includes the commands it runs),
+// and how much of a script's time is neither the commands it runs nor the
+// fixed cost of an EVALSHA (a script of `return 1` with as many keys and
+// arguments: fixed-µs/script) — Redis's cost of running a command for a
+// script, per command (µs/call-from-lua). Compare locks with raw, the SET
+// NX PX and compare-and-delete loop.
+func BenchmarkRedisCost(b *testing.B) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	trivial := redis.NewScript("return 1")
+	if err := trivial.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	run := func(b *testing.B, cycle func() error) map[string]cmdStat {
+		if err := cycle(); err != nil { // scripts loaded
+			b.Fatal(err)
+		}
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if err := cycle(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		st := commandStats(b, rdb)
+		var calls float64
+		for name, s := range st {
+			if name != "config|resetstat" {
+				calls += s.calls
+			}
+		}
+		b.ReportMetric(calls/float64(b.N), "commands/cycle")
+		return st
+	}
+	b.Run("locks", func(b *testing.B) {
+		c := locks.New(rdb)
+		defer c.Close()
+		st := run(b, func() error {
+			lk, err := c.TryLock(ctx, "redis-cost")
+			if err != nil {
+				return err
+			}
+			return lk.Unlock(ctx)
+		})
+		scripts := st["evalsha"]
+		var nested, nestedCalls float64
+		for name, s := range st {
+			if name != "evalsha" && name != "config|resetstat" {
+				nested += s.usec
+				nestedCalls += s.calls
+			}
+		}
+		// The fixed cost of a script call with 4 keys and 7 arguments, as ours.
+		keys := []string{"a", "b", "c", "d"}
+		args := []any{"owner-of-32-characters-0123456789", "owner-of-32-characters-0123456789", "10000", "600000", "0,0", "1c400bdce7c17fd5", ""}
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		const n = 2000
+		for range n {
+			if err := trivial.EvalSha(ctx, rdb, keys, args...).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fixed := commandStats(b, rdb)["evalsha"].usec / n
+		b.ReportMetric(scripts.usec/float64(b.N), "redis-µs/cycle")
+		b.ReportMetric(fixed, "fixed-µs/script")
+		b.ReportMetric((scripts.usec-nested-fixed*scripts.calls)/nestedCalls, "µs/call-from-lua")
+	})
+	b.Run("raw", func(b *testing.B) {
+		st := run(b, func() error {
+			if err := rdb.SetNX(ctx, "redis-cost-raw", "tok", 10*time.Second).Err(); err != nil {
+				return err
+			}
+			return rawRelease.Run(ctx, rdb, []string{"redis-cost-raw"}, "tok").Err()
+		})
+		b.ReportMetric((st["set"].usec+st["evalsha"].usec)/float64(b.N), "redis-µs/cycle")
+	})
+}
+
+type cmdStat struct{ calls, usec float64 }
+
+// commandStats reads INFO commandstats: each command's calls and µs.
+func commandStats(b *testing.B, rdb *redis.Client) map[string]cmdStat {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]cmdStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var s cmdStat
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			f, _ := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				s.calls = f
+			case "usec":
+				s.usec = f
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = s
+	}
+	return out
 }
