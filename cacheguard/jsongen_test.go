@@ -23,31 +23,32 @@ import (
 // UnmarshalJSON or UnmarshalText.
 type jsonDoc struct {
 	jsonInner
-	S      string             `json:"s"`
-	I      int                `json:"i,omitempty"`
-	I8     int8               `json:"i8"`
-	U16    uint16             `json:"u16"`
-	F      float64            `json:"f"`
-	F32    float32            `json:"f32"`
-	B      bool               `json:"b"`
-	P      *int               `json:"p"`
-	Sl     []string           `json:"sl"`
-	M      map[string]int     `json:"m"`
-	MI     map[int]string     `json:"mi"`
-	A      [2]int             `json:"a"`
-	Any    any                `json:"any"`
-	Raw    json.RawMessage    `json:"raw"`
-	Num    json.Number        `json:"num"`
-	Ptr    *jsonInner         `json:"ptr"`
-	Bytes  []byte             `json:"bytes"`
-	Quoted int64              `json:"quoted,string"`
-	Skip   int                `json:"-"`
-	Upper  upperString        `json:"upper"`
-	Addr   netip.Addr         `json:"addr"`
-	AddrM  map[netip.Addr]int `json:"addrm"`
-	Nested []map[string]bool  `json:"nested"`
-	NoTag  string
-	hidden int
+	*jsonOther                    // its "name" conflicts with jsonInner's: neither is decoded
+	S          string             `json:"s"`
+	I          int                `json:"i,omitempty"`
+	I8         int8               `json:"i8"`
+	U16        uint16             `json:"u16"`
+	F          float64            `json:"f"`
+	F32        float32            `json:"f32"`
+	B          bool               `json:"b"`
+	P          *int               `json:"p"`
+	Sl         []string           `json:"sl"`
+	M          map[string]int     `json:"m"`
+	MI         map[int]string     `json:"mi"`
+	A          [2]int             `json:"a"`
+	Any        any                `json:"any"`
+	Raw        json.RawMessage    `json:"raw"`
+	Num        json.Number        `json:"num"`
+	Ptr        *jsonInner         `json:"ptr"`
+	Bytes      []byte             `json:"bytes"`
+	Quoted     int64              `json:"quoted,string"`
+	Skip       int                `json:"-"`
+	Upper      upperString        `json:"upper"`
+	Addr       netip.Addr         `json:"addr"`
+	AddrM      map[netip.Addr]int `json:"addrm"`
+	Nested     []map[string]bool  `json:"nested"`
+	NoTag      string
+	hidden     int
 }
 
 // jsonTimed holds times and durations, which JSON decodes with
@@ -72,6 +73,11 @@ func (u *upperString) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+type jsonOther struct {
+	Name  string `json:"name"`
+	Extra int    `json:"extra"`
+}
+
 type jsonInner struct {
 	Name string `json:"name"`
 	N    uint   `json:"n"`
@@ -79,7 +85,7 @@ type jsonInner struct {
 
 // jsonFieldNames are the keys a corruption may rename, drop or repeat.
 var jsonFieldNames = []string{"s", "i", "i8", "u16", "f", "f32", "b", "p", "sl", "m", "mi", "a", "any", "raw",
-	"num", "t", "tp", "ptr", "bytes", "quoted", "dur", "dm", "nested", "NoTag", "name", "n", "upper", "addr", "addrm"}
+	"num", "t", "tp", "ptr", "bytes", "quoted", "dur", "dm", "nested", "NoTag", "name", "n", "upper", "addr", "addrm", "extra"}
 
 func genJSONDoc(t *rapid.T) jsonDoc {
 	str := rapid.OneOf(rapid.String(), rapid.SampledFrom([]string{"", "a\"b\\c", "\u2028<>&", "é漢字", "\x7f\x01"}))
@@ -104,6 +110,9 @@ func genJSONDoc(t *rapid.T) jsonDoc {
 		AddrM:     map[netip.Addr]int{netip.MustParseAddr("192.168.1.1"): rapid.Int().Draw(t, "addrm")},
 		NoTag:     str.Draw(t, "notag"),
 		hidden:    rapid.Int().Draw(t, "hidden"), // never encoded: decoded as zero by both
+	}
+	if rapid.Bool().Draw(t, "hasOther") {
+		d.jsonOther = &jsonOther{Name: str.Draw(t, "oname"), Extra: rapid.Int().Draw(t, "extra")}
 	}
 	if rapid.Bool().Draw(t, "hasP") {
 		p := rapid.Int().Draw(t, "pv")
@@ -166,7 +175,11 @@ func corruptJSON(t *rapid.T, b []byte) []byte {
 		b = b[:rapid.IntRange(0, len(b)).Draw(t, "len")]
 	case 5:
 		k := rapid.SampledFrom(jsonFieldNames).Draw(t, "key")
-		b = bytes.Replace(b, []byte(`"`+k+`":`), []byte(`"`+strings.ToUpper(k)+`":`), 1)
+		// Keys match fields case-insensitively, with Unicode's folding
+		// (ſ is s, the Kelvin sign is k).
+		folded := strings.NewReplacer("s", "ſ", "k", "\u212a").Replace(k)
+		to := rapid.SampledFrom([]string{strings.ToUpper(k), folded}).Draw(t, "renamed")
+		b = bytes.Replace(b, []byte(`"`+k+`":`), []byte(`"`+to+`":`), 1)
 	case 6:
 		k := rapid.SampledFrom(jsonFieldNames).Draw(t, "key")
 		v := rapid.SampledFrom([]string{`null`, `"x"`, `1`, `-0`, `1e400`, `true`, `[]`, `{}`, `"2006-01-02T15:04:05Z"`,
