@@ -66,7 +66,7 @@ type Client struct {
 	idV  any    // id, boxed once
 
 	life   life           // Close and Shutdown
-	late   sync.WaitGroup // grants detached from their callers' deadlines (see detach)
+	late   lateWork       // work detached from its callers' deadlines (see detach, giveBack)
 	scopes scopes         // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
@@ -174,7 +174,7 @@ func (c *Client) Close() error {
 // ErrStillHeld and ctx's error) names them. Close cuts a Shutdown short.
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.life.shutdown(ctx, c.ren.waitEmpty, c.b.drain, func() {
-		c.late.Wait() // bounded by the command and WAIT timeouts
+		c.late.wait() // bounded by the command and WAIT timeouts
 		c.ren.close()
 		c.hub.Close()
 		c.b.close()
@@ -406,14 +406,16 @@ func (c *Client) detach(ctx context.Context, cfg config, f func(context.Context)
 	done := make(chan result, 1)
 	var state atomic.Int32 // waiting, answered or abandoned, as a batcher's pending call
 	dctx := context.WithoutCancel(ctx)
-	c.late.Go(func() {
+	if !c.late.Go(func() {
 		res, err := f(dctx)
 		if state.CompareAndSwap(waiting, answered) {
 			done <- result{res, err}
 			return
 		}
 		undo(dctx)
-	})
+	}) {
+		return f(ctx) // Shutdown has stopped taking late work
+	}
 	select {
 	case r := <-done:
 		return r.res, r.err
@@ -485,10 +487,16 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // next pipeline.
 func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
 	call := c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member)
-	if !async && ctx.Err() != nil && c.life.closed.Load() {
-		ctx = context.WithoutCancel(ctx)
-	}
 	if !async && ctx.Err() == nil && c.b.do(ctx, call, nil).Err() == nil {
+		return
+	}
+	// Past ctx, never on the caller's goroutine: while the client closes
+	// (whose batcher drops the clean-ups it has queued) it is sent as late
+	// work, which Close waits for, so the places of the calls it ended are
+	// given back by the time it returns; else with the next round trip. (A
+	// wait that Close ended gives back under its caller's own context: see
+	// life.backCtx.)
+	if !async && c.life.closed.Load() && c.late.Go(func() { c.b.do(context.Background(), call, nil) }) {
 		return
 	}
 	c.b.later(call, time.Now().Add(cfg.lease)) // what it gives back lasts a lease at most
@@ -677,7 +685,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			}()
 			if err != nil {
 				if o.queued || o.granted || o.unknown {
-					c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+					c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
 				}
 				return fail(0, c.life.cause(ctx))
 			}
@@ -725,7 +733,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 				if err != nil {
 					c.reload(ctx)
-					c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+					c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
 					if wctx.Err() != nil {
 						return fail(pttl, c.life.cause(ctx))
 					}
@@ -743,7 +751,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			timer.Reset(d)
 			f, ok, done := await(wctx, handed, timer)
 			if done {
-				c.giveBack(wctx, kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
+				c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
 				return fail(pttl, c.life.cause(ctx))
 			}
 			if !ok {
@@ -763,7 +771,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			sent := time.Now()
 			ok, err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1)
 			if err != nil {
-				c.giveBack(wctx, kv, ov, acq, cfg, member, false)
+				c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
 				if wctx.Err() != nil {
 					return fail(pttl, c.life.cause(ctx))
 				}

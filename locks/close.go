@@ -83,6 +83,17 @@ func (l *life) waitFor(ctx context.Context) (context.Context, func()) {
 	}
 }
 
+// backCtx is what a wait's clean-up is sent under, wctx being the wait's
+// context (see waitFor) and ctx its caller's: once closing began, the
+// caller's own, so that a wait Close ended withdraws from the lock's queue
+// before its caller returns, within the caller's deadline; else wctx.
+func (l *life) backCtx(ctx, wctx context.Context) context.Context {
+	if l.closed.Load() {
+		return ctx
+	}
+	return wctx
+}
+
 // cause is why a wait under ctx ended: the caller's context, the closing, or
 // (nil) the wait budget.
 func (l *life) cause(ctx context.Context) error {
@@ -129,4 +140,34 @@ func (l *life) shutdown(ctx context.Context, waitHeld func(context.Context) []st
 	}
 	sort.Strings(held)
 	return fmt.Errorf("%w: %q: %w", ErrStillHeld, held, context.Cause(gctx))
+}
+
+// lateWork runs work detached from its callers' deadlines (a grant that must
+// be answered or undone, a give-back past its caller's context) on goroutines
+// the Client owns: Shutdown waits for them before it closes the batcher, and
+// takes no more from then on.
+type lateWork struct {
+	mu   sync.Mutex // guards done, and orders Go before wait's Wait
+	done bool
+	wg   sync.WaitGroup
+}
+
+// Go runs f on a goroutine Shutdown waits for; false, without running it,
+// once Shutdown has begun to wait.
+func (l *lateWork) Go(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done {
+		return false
+	}
+	l.wg.Go(f)
+	return true
+}
+
+// wait takes no more work and waits for what runs.
+func (l *lateWork) wait() {
+	l.mu.Lock()
+	l.done = true
+	l.mu.Unlock()
+	l.wg.Wait()
 }

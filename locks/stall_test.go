@@ -585,3 +585,53 @@ func TestUnlockGivenUpWhileQueued(t *testing.T) {
 			rdb.HGet(ctx, "cg:lock:{queued}", "o").Val(), rdb.PTTL(ctx, "cg:lock:{queued}").Val())
 	}
 }
+
+// TestGiveBackDuringCloseLeavesItsCaller: Close ends a waiting Lock, whose
+// place in the lock's queue is then given back under the caller's context.
+// With Redis paused, that give-back hangs; the Lock must return when its
+// context ends all the same, not when the give-back does (it used to be sent
+// detached from the caller's context, and the Lock returned a command timeout
+// late). What is left is sent off the caller's goroutine, and Close returns
+// once it was: the place is gone then.
+func TestGiveBackDuringCloseLeavesItsCaller(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p, x := New(stallClient(s), CommandTimeout(time.Minute)), New(s.Client())
+	defer x.Close()
+	rdb := s.Client()
+	held, err := x.TryLock(ctx, "giveback")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := p.Lock(lctx, "giveback", WaitBudget(time.Minute))
+		waited <- err
+	}()
+	redistest.Eventually(t, 5*time.Second, "the waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{giveback}").Val() == 1 })
+
+	s.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	err = returnsWithin(t, waited, 10*time.Second, "the waiting Lock after Close and its context, its give-back hanging")
+	if !errors.Is(err, ErrClosed) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock: %v, want ErrClosed or its context's error", err)
+	}
+	s.Resume()
+	resumed = true
+	returnsWithin(t, closed, 10*time.Second, "Close after Redis resumed")
+	if n := rdb.ZCard(ctx, "cg:q:{giveback}").Val(); n != 0 {
+		t.Fatalf("%d places left in the queue after Close returned", n)
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
