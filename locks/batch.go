@@ -366,19 +366,21 @@ func (r reusedPipe) Pipeline() redis.Pipeliner { return r.s.pipe }
 // (Redis stalled, the breaker open) is sent again every retryEvery until it
 // does or until passes (zero: sent once): a release must reach Redis when it
 // answers again, not leave a lock to run out its lease. After close it is
-// sent once, directly, bounded by the command timeout.
+// dropped (what it releases expires with its lease).
 func (b *batcher) later(args []any, until time.Time) {
 	b.mu.Lock()
-	if !b.closed {
-		p := getPending(args, abandoned)
-		p.until = until
-		b.queue = append(b.queue, p)
-		b.handOff()
-		b.mu.Unlock()
+	defer b.mu.Unlock()
+	if b.closed {
+		// Dropped, as close drops the clean-ups queued: it would be sent on
+		// its caller's goroutine, past that caller's context (an Unlock
+		// whose release failed), and what it releases expires with its
+		// lease anyway.
 		return
 	}
-	b.mu.Unlock()
-	b.run.Do(context.Background(), args...) // best effort: what it releases otherwise expires with its lease
+	p := getPending(args, abandoned)
+	p.until = until
+	b.queue = append(b.queue, p)
+	b.handOff()
 }
 
 // close makes every later call go direct, fails what is still queued or on

@@ -65,9 +65,9 @@ type Client struct {
 	id   string // names this client's wake channels (see channel)
 	idV  any    // id, boxed once
 
-	life   life           // Close and Shutdown
-	late   lateWork       // work detached from its callers' deadlines (see detach, giveBack)
-	scopes scopes         // owners' holdings in this process (WithOwner)
+	life   life     // Close and Shutdown
+	late   lateWork // work detached from its callers' deadlines (see detach, giveBack)
+	scopes scopes   // owners' holdings in this process (WithOwner)
 
 	mu    sync.Mutex       // guards gates
 	gates map[string]*gate // per lock key: one waiting caller per process in default mode
@@ -154,8 +154,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // have returned, the renewal loop and the shared subscription stop. Locks
 // still held stop being renewed and count as lost (their Lost channels close
 // with ErrClosed, reported to the observer); they expire in Redis when their
-// lease ends. Clean-ups still queued for a shared round trip are dropped;
-// later calls (an Unlock after Close) go to Redis on their own. Close does
+// lease ends. Clean-ups still queued for a shared round trip are dropped, and
+// so is one that a call makes past its context after Close (an Unlock whose
+// release failed: the lock expires with its lease); later calls (an Unlock
+// after Close) go to Redis on their own, under their contexts. Close does
 // not close rdb, and always returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
 	c.life.hurryUp()

@@ -635,3 +635,42 @@ func TestGiveBackDuringCloseLeavesItsCaller(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnlockDuringCloseKeepsItsContext: an Unlock whose release hangs on a
+// paused Redis while the client closes fails when its context ends, and
+// returns then: the release it would send again is dropped, as Close drops
+// the clean-ups queued (the lock expires with its lease). It used to be sent
+// again on the caller's goroutine, detached from its context, once the client
+// had closed, and the Unlock returned a command timeout late.
+func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	p := New(stallClient(s), CommandTimeout(time.Minute))
+	lk, err := p.TryLock(ctx, "unlock-during-close", Lease(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			s.Resume()
+		}
+	}()
+	unlocked := make(chan error, 1)
+	go func() {
+		uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		unlocked <- lk.Unlock(uctx)
+	}()
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	err = returnsWithin(t, unlocked, 10*time.Second, "an Unlock during Close, its context ended, Redis paused")
+	t.Logf("Unlock: %v", err)
+	returnsWithin(t, closed, 10*time.Second, "Close, Redis paused")
+	s.Resume()
+	resumed = true
+	redistest.Eventually(t, 10*time.Second, "the lock expired with its lease", func() bool {
+		return s.Client().Exists(ctx, "cg:lock:{unlock-during-close}").Val() == 0
+	})
+}
