@@ -656,7 +656,10 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 	defer g.unlisten(acqs)
 
 	member := owner + "|" + cfg.leaseV.(string) + "|" + c.id + "|" + acqs // as acquire.lua builds it
-	var pre turnOutcome                                                   // what the previous turn's holder did for this caller
+	// giveBack withdraws this wait from the lock's queue, and gives back a
+	// hand-off made to it, when it ends without the lock.
+	giveBack := func() { c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false) }
+	var pre turnOutcome // what the previous turn's holder did for this caller
 	var keeper *turnKeeper
 	if !cfg.fair {
 		c.ref(g) // the turn's, kept by a grant or passed on
@@ -687,7 +690,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			}()
 			if err != nil {
 				if o.queued || o.granted || o.unknown {
-					c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
+					giveBack()
 				}
 				return fail(0, c.life.cause(ctx))
 			}
@@ -735,7 +738,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 				if err != nil {
 					c.reload(ctx)
-					c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
+					giveBack()
 					if wctx.Err() != nil {
 						return fail(pttl, c.life.cause(ctx))
 					}
@@ -753,7 +756,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			timer.Reset(d)
 			f, ok, done := await(wctx, handed, timer)
 			if done {
-				c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false) // a hand-off may have come meanwhile
+				giveBack() // a hand-off may have come meanwhile
 				return fail(pttl, c.life.cause(ctx))
 			}
 			if !ok {
@@ -773,7 +776,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			sent := time.Now()
 			ok, err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1)
 			if err != nil {
-				c.giveBack(c.life.backCtx(ctx, wctx), kv, ov, acq, cfg, member, false)
+				giveBack()
 				if wctx.Err() != nil {
 					return fail(pttl, c.life.cause(ctx))
 				}

@@ -27,6 +27,14 @@ func stallClient(s *redistest.Server) *redis.Client {
 	})
 }
 
+// pause stops s (SIGSTOP) until resume is called; resume may be called
+// again (deferred, for a test that ends early) and does nothing then.
+func pause(s *redistest.Server) (resume func()) {
+	s.Pause()
+	var once sync.Once
+	return func() { once.Do(s.Resume) }
+}
+
 // returnsWithin waits up to d for done and fails the test if it does not
 // come: d is far beyond the bound the call must keep, so only a call that
 // waits for the stall to end misses it.
@@ -86,13 +94,8 @@ func TestClaimedWaiterEndsWithItsContext(t *testing.T) {
 		t.FailNow()
 	}
 
-	s.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			s.Resume()
-		}
-	}()
+	resume := pause(s)
+	defer resume()
 	claimed := make(chan struct{})
 	testHookClaimed = func() { close(claimed) }
 	defer func() { testHookClaimed = nil }()
@@ -109,8 +112,7 @@ func TestClaimedWaiterEndsWithItsContext(t *testing.T) {
 		t.Fatalf("B: %v, want context.Canceled", err)
 	}
 
-	s.Resume()
-	resumed = true
+	resume()
 	if err := returnsWithin(t, unlocked, 10*time.Second, "A's Unlock after Redis resumed"); err != nil {
 		t.Logf("A's Unlock: %v", err)
 	}
@@ -612,21 +614,15 @@ func TestGiveBackDuringCloseLeavesItsCaller(t *testing.T) {
 	}()
 	redistest.Eventually(t, 5*time.Second, "the waiter queued", func() bool { return rdb.ZCard(ctx, "cg:q:{giveback}").Val() == 1 })
 
-	s.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			s.Resume()
-		}
-	}()
+	resume := pause(s)
+	defer resume()
 	closed := make(chan error, 1)
 	go func() { closed <- p.Close() }()
 	err = returnsWithin(t, waited, 10*time.Second, "the waiting Lock after Close and its context, its give-back hanging")
 	if !errors.Is(err, ErrClosed) && !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock: %v, want ErrClosed or its context's error", err)
 	}
-	s.Resume()
-	resumed = true
+	resume()
 	returnsWithin(t, closed, 10*time.Second, "Close after Redis resumed")
 	if n := rdb.ZCard(ctx, "cg:q:{giveback}").Val(); n != 0 {
 		t.Fatalf("%d places left in the queue after Close returned", n)
@@ -650,13 +646,8 @@ func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Pause()
-	resumed := false
-	defer func() {
-		if !resumed {
-			s.Resume()
-		}
-	}()
+	resume := pause(s)
+	defer resume()
 	unlocked := make(chan error, 1)
 	go func() {
 		uctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -668,8 +659,7 @@ func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
 	err = returnsWithin(t, unlocked, 10*time.Second, "an Unlock during Close, its context ended, Redis paused")
 	t.Logf("Unlock: %v", err)
 	returnsWithin(t, closed, 10*time.Second, "Close, Redis paused")
-	s.Resume()
-	resumed = true
+	resume()
 	redistest.Eventually(t, 10*time.Second, "the lock expired with its lease", func() bool {
 		return s.Client().Exists(ctx, "cg:lock:{unlock-during-close}").Val() == 0
 	})
