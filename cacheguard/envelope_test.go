@@ -66,18 +66,31 @@ func FuzzDecodeEnvelope(f *testing.F) {
 }
 
 // TestEarlyRefreshWindow: an early refresh starts at least twice the last
-// load's duration before expiry, and never more than a quarter of the TTL.
+// load's duration before expiry, and never more than the value's lead: one
+// point, drawn per value, between an eighth and a quarter of the TTL.
 func TestEarlyRefreshWindow(t *testing.T) {
-	e := envelope{freshUntil: 100_000, delta: time.Hour}
-	c := config{beta: 1e9, ttl: 60 * time.Second} // a quarter: 15s
-	for range 1000 {
-		if c.xfetch(e.freshUntil-15_001, &e) {
-			t.Fatal("refreshed 15.001s before expiry with a 60s TTL")
+	c := config{beta: 1e9, ttl: 60 * time.Second} // a quarter: 15s; an eighth: 7.5s
+	var lo, hi float64 = 15_000, 0
+	for i := range 1000 {
+		e := envelope{freshUntil: 100_000 + int64(i), delta: time.Hour + time.Duration(i)*time.Microsecond}
+		lead := c.lead(&e)
+		if lead < 7_500 || lead > 15_000 {
+			t.Fatalf("lead %vms is outside an eighth to a quarter of a 60s TTL", lead)
+		}
+		lo, hi = min(lo, lead), max(hi, lead)
+		for range 10 {
+			if c.xfetch(e.freshUntil-int64(lead)-1, &e) {
+				t.Fatalf("refreshed %vms before expiry, past the value's lead %vms", int64(lead)+1, lead)
+			}
+		}
+		if !c.xfetch(e.freshUntil-int64(lead)+1, &e) {
+			t.Fatalf("no refresh within the value's lead %vms with a huge β", lead)
 		}
 	}
-	if !c.xfetch(e.freshUntil-14_999, &e) {
-		t.Fatal("no refresh 14.999s before expiry with a huge β")
+	if hi-lo < 7_000 {
+		t.Fatalf("leads of 1000 values span %v to %vms: not spread over the window", lo, hi)
 	}
+	e := envelope{freshUntil: 100_000}
 	e.delta, c.beta = 100*time.Millisecond, 1
 	for range 1000 {
 		if !c.xfetch(e.freshUntil-199, &e) {

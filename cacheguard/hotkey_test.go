@@ -2,6 +2,7 @@ package cacheguard_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -78,5 +79,81 @@ func TestHotKeyNeverWaitsForItsReload(t *testing.T) {
 	// refresh per half TTL, twice what the ideal needs.
 	if n := loads.Load(); n > 1+int64(run/(ttl/2)) {
 		t.Fatalf("%d loads in %v with a %v TTL: more than one per half TTL", n, run, ttl)
+	}
+}
+
+// TestKeysFilledTogetherRefreshApart (issue 48): keys filled at one moment
+// whose early-refresh gap is at its cap (here by a huge β; in production by
+// loads slowed by a busy database) do not refresh at one moment: each value
+// has its own lead, between an eighth and a quarter of the TTL, so the
+// refresh loads of keys filled together are spread over an eighth of the
+// TTL and do not slow each other down cycle after cycle.
+func TestKeysFilledTogetherRefreshApart(t *testing.T) {
+	ctx := context.Background()
+	const ttl, n = 1600 * time.Millisecond, 24
+	g, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.EarlyRefresh(1e6))
+	var mu sync.Mutex
+	refreshed := map[string]time.Time{} // each key's first reload
+	keys := make([]string, n)
+	loader := func(key string) func(context.Context) (item, error) {
+		var loads atomic.Int64
+		return func(context.Context) (item, error) {
+			if loads.Add(1) == 2 {
+				mu.Lock()
+				refreshed[key] = time.Now()
+				mu.Unlock()
+			}
+			return item{ID: 1}, nil
+		}
+	}
+	loads := make([]func(context.Context) (item, error), n)
+	for i := range keys {
+		keys[i] = testKey(t, fmt.Sprint(i))
+		loads[i] = loader(keys[i])
+	}
+	var wg sync.WaitGroup
+	for i := range keys { // filled together
+		wg.Go(func() {
+			if _, err := cacheguard.Get(ctx, g, keys[i], loads[i]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	filled := time.Now()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i = (i + 1) % n { // one steady reader of every key
+		mu.Lock()
+		done := len(refreshed) == n
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Since(filled) > 2*ttl {
+			t.Fatalf("%d of %d keys refreshed within two TTLs", len(refreshed), n)
+		}
+		if _, err := cacheguard.Get(ctx, g, keys[i], loads[i]); err != nil {
+			t.Fatal(err)
+		}
+		<-tick.C
+	}
+	first, last := refreshed[keys[0]], refreshed[keys[0]]
+	for _, at := range refreshed {
+		if at.Before(first) {
+			first = at
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	t.Logf("%d keys filled together refreshed %v to %v after their fill", n,
+		first.Sub(filled).Round(time.Millisecond), last.Sub(filled).Round(time.Millisecond))
+	if spread := last.Sub(first); spread < ttl/16 {
+		t.Fatalf("keys filled together refreshed within %v of each other: less than a sixteenth of the TTL (%v)",
+			spread.Round(time.Millisecond), ttl/16)
+	}
+	if lead := ttl - last.Sub(filled); lead < ttl/8-50*time.Millisecond {
+		t.Fatalf("a refresh began %v before expiry: less than an eighth of the TTL", lead.Round(time.Millisecond))
 	}
 }

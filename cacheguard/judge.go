@@ -70,14 +70,33 @@ const earlyRefreshCap = 4 // a quarter
 // now + gap ≥ fresh-until, the gap Δ·β·(2 − ln rand) — at least twice the
 // value's last load, Δ·β·3 on average, so that the refresh, begun by the
 // first hit within it, ends before expiry even when the load is slower than
-// the last — capped at a quarter of the TTL.
+// the last — capped by the value's lead (see lead).
 func (c *config) xfetch(now int64, e *envelope) bool {
 	if c.beta <= 0 || e.delta <= 0 || e.failSafe || e.negative {
 		return false
 	}
 	gap := float64(e.delta.Microseconds()) / 1000 * c.beta * (2 - math.Log(rand.Float64()))
-	gap = min(gap, float64(c.ttl.Milliseconds())/earlyRefreshCap)
+	gap = min(gap, c.lead(e))
 	return float64(now)+gap >= float64(e.freshUntil)
+}
+
+// lead caps how long before its fresh-until a value's early refresh may
+// start (ms): between an eighth and a quarter of the TTL, at a point drawn
+// once per value — from its fresh-until and last load, so that every hit in
+// every process draws the same — not per hit. A hot key's hits are many, and
+// the largest of their gaps reaches the cap; were the cap one point, keys
+// filled together whose loads are slow (a cold start against a busy
+// database) would refresh together in every cycle after, each wave slowing
+// the loads that keep it going.
+func (c *config) lead(e *envelope) float64 {
+	x := uint64(e.freshUntil)*0x9e3779b97f4a7c15 ^ uint64(e.delta)
+	x ^= x >> 30 // splitmix64's finaliser
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	u := float64(x>>11) / (1 << 53) // [0, 1)
+	return float64(c.ttl.Milliseconds()) / earlyRefreshCap * (1 - u/2)
 }
 
 // grace is how long past fresh-until a value is served, marked Stale, while
