@@ -65,9 +65,10 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	})
 }
 
-// TestEarlyRefreshWindow: an early refresh starts at least twice the last
-// load's duration before expiry, and never more than the value's lead: one
-// point, drawn per value, between an eighth and a quarter of the TTL.
+// TestEarlyRefreshWindow: an early refresh starts at the value's lead
+// before expiry: between twice and four times the last load's duration, and
+// never more than a cap between an eighth and a quarter of the TTL — both
+// drawn per value, so that values spread over the window.
 func TestEarlyRefreshWindow(t *testing.T) {
 	c := config{beta: 1e9, ttl: 60 * time.Second} // a quarter: 15s; an eighth: 7.5s
 	var lo, hi float64 = 15_000, 0
@@ -78,23 +79,40 @@ func TestEarlyRefreshWindow(t *testing.T) {
 			t.Fatalf("lead %vms is outside an eighth to a quarter of a 60s TTL", lead)
 		}
 		lo, hi = min(lo, lead), max(hi, lead)
-		for range 10 {
-			if c.xfetch(e.freshUntil-int64(lead)-1, &e) {
-				t.Fatalf("refreshed %vms before expiry, past the value's lead %vms", int64(lead)+1, lead)
-			}
+		if c.xfetch(e.freshUntil-int64(lead)-1, &e) {
+			t.Fatalf("refreshed %vms before expiry, past the value's lead %vms", int64(lead)+1, lead)
 		}
 		if !c.xfetch(e.freshUntil-int64(lead)+1, &e) {
-			t.Fatalf("no refresh within the value's lead %vms with a huge β", lead)
+			t.Fatalf("no refresh within the value's lead %vms", lead)
 		}
 	}
 	if hi-lo < 7_000 {
-		t.Fatalf("leads of 1000 values span %v to %vms: not spread over the window", lo, hi)
+		t.Fatalf("capped leads of 1000 values span %v to %vms: not spread over the window", lo, hi)
 	}
-	e := envelope{freshUntil: 100_000}
-	e.delta, c.beta = 100*time.Millisecond, 1
-	for range 1000 {
-		if !c.xfetch(e.freshUntil-199, &e) {
-			t.Fatal("no refresh 199ms before expiry of a value whose load took 100ms")
+	c.beta, lo, hi = 1, 1e9, 0
+	for i := range 1000 {
+		e := envelope{freshUntil: 100_000 + int64(i), delta: 100*time.Millisecond + time.Duration(i)*time.Microsecond}
+		lead := c.lead(&e)
+		if d := float64(e.delta.Microseconds()) / 1000; lead < 2*d || lead >= 4*d {
+			t.Fatalf("lead %vms of a value whose load took about 100ms: not between 2Δ and 4Δ", lead)
+		}
+		lo, hi = min(lo, lead), max(hi, lead)
+	}
+	if hi-lo < 150 {
+		t.Fatalf("leads of 1000 values whose load took 100ms span %v to %vms: not spread", lo, hi)
+	}
+}
+
+// TestHotKeyRefreshesNoEarlierForMoreHits: how early a value is refreshed
+// does not grow with how often it is read. XFetch's gap, drawn per hit,
+// reached past 4Δ before expiry for about one hit in twelve, so a hot key was
+// refreshed earlier than it needs, for more loads than the ideal.
+func TestHotKeyRefreshesNoEarlierForMoreHits(t *testing.T) {
+	c := config{beta: 1, ttl: time.Minute}
+	e := envelope{freshUntil: 100_000, delta: 100 * time.Millisecond}
+	for range 10_000 { // ten thousand hits 450ms before expiry
+		if c.xfetch(e.freshUntil-450, &e) {
+			t.Fatal("a hit 450ms before expiry refreshed a value whose load took 100ms (more than 4Δ early)")
 		}
 	}
 }

@@ -17,7 +17,7 @@ type fillKind uint8
 const (
 	fillMiss  fillKind = iota // nothing servable was cached
 	fillStale                 // a stale value was served (ServeStale)
-	fillEarly                 // an early refresh of a fresh value (XFetch)
+	fillEarly                 // an early refresh of a fresh value (see lead)
 )
 
 // fill loads the keys of fs, whose fill leases this call holds, with one
@@ -273,7 +273,7 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 }
 
 // refresh fills key's entry in the background, under the fill lease — after
-// a stale value was served (ServeStale), for an early refresh (XFetch), or
+// a stale value was served (ServeStale), for an early refresh (see lead), or
 // for a miss under FailFast — unless a flight of the entry runs in this
 // process already, which will do. The lease is taken only when the stored
 // value is not fresh until later than after (0: now), so a refresh that

@@ -284,7 +284,7 @@ func worse(a, b Result) Result {
 }
 
 // nearHit serves a key from the near cache when judge lets it (it allocates
-// nothing), starting an early refresh when XFetch says so.
+// nothing), starting an early refresh within the value's lead (see lead).
 func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one func(context.Context) (T, error),
 	load func(context.Context, []string) (map[string]T, error), now time.Time) (v T, res Result, ok bool) {
 	typ, ms := reflect.TypeFor[T](), now.UnixMilli()

@@ -1,8 +1,6 @@
 package cacheguard
 
 import (
-	"math"
-	"math/rand/v2"
 	"time"
 )
 
@@ -66,25 +64,24 @@ func (c *config) judge(e *envelope, v *view) verdict {
 // while its refresh runs (see EarlyRefresh).
 const earlyRefreshCap = 4 // a quarter
 
-// xfetch decides an early refresh of a fresh value at now (unix ms):
-// now + gap ≥ fresh-until, the gap Δ·β·(2 − ln rand) — at least twice the
-// value's last load, Δ·β·3 on average, so that the refresh, begun by the
-// first hit within it, ends before expiry even when the load is slower than
-// the last — capped by the value's lead (see lead).
+// xfetch decides an early refresh of a fresh value at now (unix ms): once
+// now + lead ≥ fresh-until (see lead).
 func (c *config) xfetch(now int64, e *envelope) bool {
 	if c.beta <= 0 || e.delta <= 0 || e.failSafe || e.negative {
 		return false
 	}
-	gap := float64(e.delta.Microseconds()) / 1000 * c.beta * (2 - math.Log(rand.Float64()))
-	gap = min(gap, c.lead(e))
-	return float64(now)+gap >= float64(e.freshUntil)
+	return float64(now)+c.lead(e) >= float64(e.freshUntil)
 }
 
-// lead caps how long before its fresh-until a value's early refresh may
-// start (ms): between an eighth and a quarter of the TTL, at a point drawn
-// once per value — from its fresh-until and last load, so that every hit in
-// every process draws the same — not per hit. A hot key's hits are many, and
-// the largest of their gaps reaches the cap; were the cap one point, keys
+// lead is how long before its fresh-until a value's early refresh starts
+// (ms): Δ·β·(2 + 2u) — at least twice the value's last load, three times on
+// average, so that the refresh ends before expiry even when the load is
+// slower than the last — capped at a point between an eighth and a quarter
+// of the TTL, (1 − v/2)·TTL/4. u and v are drawn once per value, from its
+// fresh-until and last load, so that every hit in every process finds the
+// same lead. XFetch draws a gap per hit instead, and a hot key's refresh
+// then begins at the largest of many draws, the earlier the more the key is
+// read, for loads the ideal does not need; and at the cap, one point, keys
 // filled together whose loads are slow (a cold start against a busy
 // database) would refresh together in every cycle after, each wave slowing
 // the loads that keep it going.
@@ -95,8 +92,10 @@ func (c *config) lead(e *envelope) float64 {
 	x ^= x >> 27
 	x *= 0x94d049bb133111eb
 	x ^= x >> 31
-	u := float64(x>>11) / (1 << 53) // [0, 1)
-	return float64(c.ttl.Milliseconds()) / earlyRefreshCap * (1 - u/2)
+	u := float64(x>>40) / (1 << 24)       // [0, 1), the high 24 bits
+	v := float64(x&(1<<24-1)) / (1 << 24) // [0, 1), the low 24 bits
+	gap := float64(e.delta.Microseconds()) / 1000 * c.beta * (2 + 2*u)
+	return min(gap, float64(c.ttl.Milliseconds())/earlyRefreshCap*(1-v/2))
 }
 
 // grace is how long past fresh-until a value is served, marked Stale, while

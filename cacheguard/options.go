@@ -166,23 +166,25 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 
 // EarlyRefresh sets β of early refresh, which keeps a key being read from
 // expiring under its readers. A hit refreshes the value in the background,
-// under the fill lease (one load across every process), once now + gap ≥
-// fresh-until, where gap = Δ·β·(2 − ln rand): at least twice Δ, the measured
-// duration of the value's last load, three times on average, and never more
-// than the value's lead: a point between an eighth and a quarter of the TTL,
-// drawn once per value (the same in every process), so that keys loaded
-// together — at a cold start, against a database slowed by it — refresh
-// apart instead of in one wave every cycle. A refresh that is late all the
-// same — its load slower than that — does not make the calls after expiry
-// wait: for a quarter of the TTL past fresh-until a value is served marked
-// Stale while its refresh runs, whatever the policy (the first such call
-// starts the refresh if no hit did). That is the staleness it costs: a value
-// served at most TTL/4 past its TTL, so at most 1.25 × TTL after its load
-// ended. An invalidated value is never served (Invalidate voids it at once),
-// and a key no call reads expires at its TTL. Loads: a key read without pause
-// is loaded about once per TTL − min(2Δ, lead). The default is 1; 0 turns off
-// both the early refresh and the quarter-TTL grace (every call after expiry
-// then waits for the reload); StaleGrace sets the grace on its own.
+// under the fill lease (one load across every process), once it is within
+// the value's lead of fresh-until: Δ·β·(2 + 2u), Δ the measured duration of
+// the value's last load — at least twice Δ, three times on average — and
+// never more than a point between an eighth and a quarter of the TTL, u and
+// that point drawn once per value (the same in every process). Keys loaded
+// together — at a cold start, against a database slowed by it — thus refresh
+// apart, and a hot key is refreshed no earlier for being read more (XFetch,
+// which draws per hit, refreshes it at the largest of many draws). A refresh
+// that is late all the same — its load slower than that — does not make the
+// calls after expiry wait: for a quarter of the TTL past fresh-until a value
+// is served marked Stale while its refresh runs, whatever the policy (the
+// first such call starts the refresh if no hit did). That is the staleness
+// it costs: a value served at most TTL/4 past its TTL, so at most 1.25 × TTL
+// after its load ended. An invalidated value is never served (Invalidate
+// voids it at once), and a key no call reads expires at its TTL. Loads: a key
+// read without pause is loaded about once per TTL − lead + Δ. The default is
+// 1; 0 turns off both the early refresh and the quarter-TTL grace (every call
+// after expiry then waits for the reload); StaleGrace sets the grace on its
+// own.
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // StaleGrace sets how long past its TTL a value is served, marked Stale, while

@@ -280,9 +280,9 @@ func (e *env) pgMix(ctx context.Context) error {
 	e.res.Tables = append(e.res.Tables, t, tdb)
 	e.res.Notes = append(e.res.Notes, "Real-DB loads ÷ ideal: cacheguard never ran two queries for one key at "+
 		"once (R2's *overlapping* column); its loads above the ideal are *early* ones: a hit on a hot key "+
-		"refreshes it once now + Δ·β·(2 − ln rand) reaches its expiry (Δ: its last load's duration; at least "+
-		"2Δ, never more than the value's lead before it: a point between TTL/8 and TTL/4 drawn once per value, so "+
-		"that keys filled together refresh apart), and a refresh late all the same has the value "+
+		"refreshes it once within its lead of expiry (Δ·β·(2 + 2u), Δ its last load's duration, u drawn once per "+
+		"value; never more than a point between TTL/8 and TTL/4 drawn the same way, so that keys filled together "+
+		"refresh apart), and a refresh late all the same has the value "+
 		"served Stale for at most TTL/4 past it, so a hot key does not expire under its readers; the TTL "+
 		"jitter (a random 0–10% shorter) applies to every fill, so that keys filled together drift apart. "+
 		"The ideal counts neither.")
