@@ -151,6 +151,7 @@ func (e *env) pgStampede(ctx context.Context) error {
 		Metrics: []Metric{
 			{"loads", "queries sent", "%.0f"},
 			{"answered", "answered", "%.0f"},
+			{"running", "running at the end", "%.0f"},
 			{"pgcalls", "completed (PostgreSQL)", "%.0f"},
 			{"failed", "failed", "%.0f"},
 			{"pool", "pool", "%.0f"},
@@ -260,8 +261,10 @@ func (e *env) pgMix(ctx context.Context) error {
 		Intro: fmt.Sprintf("The same runs. *Peak* is the most queries sent in any 100 ms after the ramp. The rest "+
 			"covers the whole run: queries *sent* and *answered* counted by the loaders, *completed* by PostgreSQL "+
 			"(pg_stat_statements, as in R1); PG CPU (all PostgreSQL processes, until the run's last query ended) and "+
-			"its cost per 1000 completed requests; *loads ÷ ideal*, the ideal being one load per key per %v window "+
-			"actually requested (the fewest loads that serve every request with a value at most %v old); "+
+			"its cost per 1000 completed requests; *running at the end*, queries still running when the run's "+
+			"last request had returned (early refreshes begun in its last moments: no request of the run was "+
+			"served their values); *loads ÷ ideal*, the queries that returned over the ideal, one load per key per "+
+			"%v window actually requested (the fewest loads that serve every request with a value at most %v old); "+
 			"*overlapping*, queries sent for a key while another query for the same key was running (duplicate "+
 			"work no coordination would allow); *early*, queries sent for a key less than %v after its previous "+
 			"query returned (a refresh before the value expired: cacheguard's TTL jitter and early refresh, or a "+
@@ -270,6 +273,7 @@ func (e *env) pgMix(ctx context.Context) error {
 			{"peak", "peak queries/100 ms", "%.0f"},
 			{"loads", "queries sent", "%.0f"},
 			{"answered", "answered", "%.0f"},
+			{"running", "running at the end", "%.0f"},
 			{"pgcalls", "completed (PostgreSQL)", "%.0f"},
 			{"cpu", "PG CPU s", "%.1f"},
 			{"cpuk", "PG CPU ms/1k completed", "%.0f"},
@@ -382,7 +386,11 @@ func (e *env) pgMix(ctx context.Context) error {
 		rdb.add("pgcalls", float64(run.pg.Calls))
 		rdb.add("cpu", run.pg.CPU.Seconds())
 		rdb.add("cpuk", stats.Ms(run.pg.CPU)*1000/float64(max(c.out[outOK], 1)))
-		rdb.add("ideal", float64(c.sent)/float64(max(idealLoads(keys, sent, s.pgMixTTL), 1)))
+		// A query still running when the run ended (an early refresh begun in
+		// its last moments) served no request of it: the ideal counts the
+		// ones that returned.
+		rdb.add("running", float64(max(c.sent-int64(len(spans)), 0)))
+		rdb.add("ideal", float64(len(spans))/float64(max(idealLoads(keys, sent, s.pgMixTTL), 1)))
 		ov, early := overlapping(spans, s.pgMixTTL)
 		rdb.add("overlap", float64(ov))
 		rdb.add("early", float64(early))
