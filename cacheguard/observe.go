@@ -41,7 +41,7 @@ const (
 	EventCoalescedLocal                       // a call shared a flight started by another caller of this process
 	EventCoalescedRemote                      // a flight received a value another process loaded
 	EventStale                                // a call was served a stale value
-	EventEarlyRefresh                         // a probabilistic early refresh took the fill lease
+	EventEarlyRefresh                         // an early refresh (see EarlyRefresh) took the fill lease
 	EventNegativeHit                          // a call found a cached absence
 	EventWaitTimeout                          // a call's wait budget ended
 	EventFailOpen                             // the loader ran because Redis could not be reached (Event.Err: the Redis error)
