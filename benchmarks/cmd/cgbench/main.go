@@ -27,7 +27,7 @@ func main() {
 func run() int {
 	var (
 		quick = flag.Bool("quick", false, "tiny sizes and 2 repetitions: proves the harness works, measures nothing")
-		long  = flag.Bool("long", false, "run the hot-key mix for 30 s per repetition")
+		long  = flag.Bool("long", false, "run the hot-key mixes (6c, and R2 on the real database) for 30 s per repetition")
 		addr  = flag.String("redis", "", "use this redis server (host:port) instead of starting one")
 		out   = flag.String("out", "", "directory for RESULTS.md and results/ (default: the benchmarks module, or out/quick with -quick)")
 		reps  = flag.Int("reps", 0, "repetitions per system (default 5, 2 with -quick; the mixes 3, unless given)")

@@ -25,7 +25,7 @@ var Scenarios = []string{"pg-stampede", "pg-mix", "near-prop", "uncontended", "n
 // Config says what to run and how big.
 type Config struct {
 	Quick bool            // small sizes, for CI: proves the harness runs, not speed
-	Long  bool            // the 30 s hot-key mix
+	Long  bool            // the 30 s hot-key mixes (6c and R2)
 	Reps  int             // repetitions per system (0: 5, or 2 with Quick)
 	Only  map[string]bool // scenarios to run; all when empty
 	// Systems, when set, keeps only the systems whose name contains one of
@@ -132,6 +132,7 @@ func (c Config) sizes() sizes {
 	}
 	if c.Long {
 		s.mixDur, s.mixReps = 30*time.Second, 0
+		s.pgMixDur = 30 * time.Second // R2: ten and more refresh cycles of its 2 s TTL, not three
 	}
 	if c.Quick {
 		s.cycleG, s.cycleDur = 4, 150*time.Millisecond
