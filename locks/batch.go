@@ -122,7 +122,9 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *red
 	if b.closed || b.busy < maxDirect && !short && len(b.queue) == 0 {
 		b.busy++
 		b.mu.Unlock()
-		cmd := b.run.Do(ctx, args...)
+		// The caller waits for the reply on its goroutine: its cancellation
+		// could end only the wait for a connection (see rcmd.Uncancelled).
+		cmd := b.run.Do(rcmd.Uncancelled(ctx), args...)
 		b.next(nil)
 		return cmd
 	}

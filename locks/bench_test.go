@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -178,4 +179,53 @@ func commandStats(b *testing.B, rdb *redis.Client) map[string]cmdStat {
 		out[strings.TrimPrefix(name, "cmdstat_")] = s
 	}
 	return out
+}
+
+// BenchmarkCycleLone is BenchmarkCycle on one goroutine: nothing to share a
+// round trip with (compare BenchmarkCycleRawLone).
+func BenchmarkCycleLone(b *testing.B) {
+	b.Run("background", func(b *testing.B) { benchCycleLone(b, context.Background()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.Run("cancellable", func(b *testing.B) { benchCycleLone(b, ctx) })
+}
+
+func benchCycleLone(b *testing.B, ctx context.Context) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	c := locks.New(rdb)
+	defer c.Close()
+	b.ReportAllocs()
+	var start syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &start)
+	defer func() {
+		var end syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &end)
+		b.ReportMetric(float64(end.Nvcsw+end.Nivcsw-start.Nvcsw-start.Nivcsw)/float64(b.N), "ctxsw/op")
+	}()
+	for i := 0; i < b.N; i++ {
+		lk, err := c.TryLock(ctx, "bench:lone")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCycleRawLone is BenchmarkCycleRaw on one goroutine.
+func BenchmarkCycleRawLone(b *testing.B) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if ok, err := rdb.SetNX(ctx, "raw:lone", "tok", 10*time.Second).Result(); err != nil || !ok {
+			b.Fatal("raw lock not obtained", err)
+		}
+		if err := rawRelease.Run(ctx, rdb, []string{"raw:lone"}, "tok").Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

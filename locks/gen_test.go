@@ -321,7 +321,18 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 		w.monitor(stop)
 	}()
 	defer func() {
+		// A run rapid ends early (a failure, or one it deems invalid: an
+		// action skipped too often, its data used up while shrinking) never
+		// reaches the wind-down below: its processes are closed here, or
+		// their goroutines outlive the test (goleak).
+		for _, p := range append(w.procs, w.old...) {
+			p.fault.clear()
+		}
 		w.calls.Wait()
+		for _, p := range append(w.procs, w.old...) {
+			_ = p.c.Close() // again after the wind-down: Close is idempotent
+			p.fault.wg.Wait()
+		}
 		close(stop)
 		<-monDone
 	}()

@@ -226,7 +226,8 @@ func TestCuts(t *testing.T) {
 // command's (no context is derived); under a context that cannot be
 // cancelled, the commands sent within Slack of one another share one
 // deadline and its context, which keeps the caller's values and ends with
-// ErrTimeout as its cause; under one that can, each command gets its own.
+// ErrTimeout as its cause; under one that can, each command gets its own,
+// unless the caller passes it through Uncancelled.
 func TestBound(t *testing.T) {
 	const timeout = 100 * time.Millisecond
 	r := rcmd.New(redis.NewClient(&redis.Options{Addr: redisAddr}), timeout)
@@ -263,7 +264,23 @@ func TestBound(t *testing.T) {
 	if b3.Done() == b1.Done() {
 		t.Fatal("a command under a cancellable context shares another's deadline")
 	}
-	for _, b := range []context.Context{b1, b2, b3} {
+	// Uncancelled: the caller's values and deadline, the shared deadline's
+	// channel; the caller's cancellation does not reach the command.
+	uctx, ucancel := context.WithDeadline(context.WithValue(bg, key{}, "u"), start.Add(rcmd.Patience*timeout+rcmd.Slack(timeout)/2))
+	defer ucancel()
+	b7, stop7 := r.Bound(rcmd.Uncancelled(uctx), 0)
+	defer stop7()
+	if b7.Done() != b1.Done() || b7.Value(key{}) != "u" {
+		t.Fatal("a command under an Uncancelled context neither shares the deadline nor keeps the caller's values")
+	}
+	if dl7, _ := b7.Deadline(); dl7.After(start.Add(rcmd.Patience*timeout + rcmd.Slack(timeout)/2)) {
+		t.Fatalf("Uncancelled command's deadline %v after the caller's", dl7.Sub(start))
+	}
+	ucancel()
+	if b7.Err() != nil {
+		t.Fatal("the caller's cancellation ended an Uncancelled command's context")
+	}
+	for _, b := range []context.Context{b1, b2, b3, b7} {
 		<-b.Done()
 		if !rcmd.TimedOut(b) || context.Cause(b) != rcmd.ErrTimeout || !errors.Is(b.Err(), context.DeadlineExceeded) {
 			t.Fatalf("ended with %v, cause %v: want DeadlineExceeded and ErrTimeout", b.Err(), context.Cause(b))

@@ -287,7 +287,7 @@ func TestSmokeAllScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"uncontended", "lone-cycle", "names", "handoff", "redlock", "stampede", "stampede-wake", "warm-1", "lone-hit", "scale-procs-loads",
+	ids := []string{"uncontended", "lone-cycle", "lone-cycle-request", "names", "handoff", "redlock", "stampede", "stampede-wake", "warm-1", "lone-hit", "scale-procs-loads",
 		"scale-total-p99", "mix", "near-prop"}
 	wantMD := []string{"## Targets", "1. Uncontended lock cycle", "4. Stampede", "results/stampede-latency.png",
 		"results/scale-processes.png", "results/scale-requests.png"}

@@ -58,6 +58,10 @@ type Job struct {
 	// Trace makes a real-database mix worker of cacheguard record what it
 	// did (Report.Trace), to investigate a run (cgbench -trace).
 	Trace bool `json:"trace,omitempty"`
+	// Request makes a cycle worker call each Lock and Unlock under a context
+	// of its own that can be cancelled (context.WithCancel, as a server's
+	// request has), instead of context.Background.
+	Request bool `json:"request,omitempty"`
 
 	// The real database (pgstampede, pgmix).
 	DSN      string        `json:"dsn,omitempty"`

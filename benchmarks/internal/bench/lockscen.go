@@ -37,9 +37,9 @@ type cycles struct {
 // cycleMeasure runs one uncontended run of system (lock then unlock, every
 // goroutine on its own name, or over names names in all, each goroutine
 // cycling over its share).
-func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration) (cycles, error) {
+func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration, request bool) (cycles, error) {
 	reps, rcpu, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
-		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle")}})
+		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle"), Request: request}})
 	if err != nil {
 		return cycles{}, err
 	}
@@ -65,9 +65,10 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 }
 
 // cycleRun records one uncontended run (lock then unlock, every goroutine on
-// its own name) of one system.
-func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration) error {
-	c, err := e.cycleMeasure(ctx, r.System, addrs, g, g, d)
+// its own name) of one system; with request, each cycle under a cancellable
+// context of its own (see Job.Request).
+func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration, request bool) error {
+	c, err := e.cycleMeasure(ctx, r.System, addrs, g, g, d, request)
 	if c.ops > 0 {
 		r.add("ops", c.ops)
 		r.add("p50", c.p50)
@@ -110,7 +111,7 @@ func (e *env) manyNames(ctx context.Context) error {
 		}
 		got := map[int]cycles{}
 		for _, n := range sizes {
-			c, err := e.cycleMeasure(ctx, r.System, []string{e.addr}, s.cycleG, n, s.cycleDur)
+			c, err := e.cycleMeasure(ctx, r.System, []string{e.addr}, s.cycleG, n, s.cycleDur, false)
 			if err != nil {
 				return err
 			}
@@ -249,16 +250,26 @@ func (e *env) uncontended(ctx context.Context) error {
 			"goroutine costs a thread's sleep and wake-up where no thread is awake to take it — whatever the host "+
 			"charges for each; the involuntary switches also count preemption by other work on the host.", s.loneDur),
 		Metrics: cycleMetrics}
-	e.res.Tables = append(e.res.Tables, t, lone)
+	req := &Table{ID: "lone-cycle-request", Title: "1d. Uncontended lock cycle, one goroutine, under a request's context",
+		Intro: "Table 1c with each Lock and Unlock called under a context of its own that can be cancelled " +
+			"(context.WithCancel, as a server's request has; cancelled after the Unlock), instead of context.Background.",
+		Metrics: cycleMetrics}
+	e.res.Tables = append(e.res.Tables, t, lone, req)
 	err := e.series(ctx, t, append([]string{systems.Locks}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
-		return e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur)
+		return e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur, false)
 	})
 	if err != nil {
 		return err
 	}
-	return e.series(ctx, lone, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, _ int) error {
-		return e.cycleRun(ctx, r, []string{e.addr}, 1, s.loneDur)
-	})
+	for _, tb := range []*Table{lone, req} {
+		err := e.series(ctx, tb, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, _ int) error {
+			return e.cycleRun(ctx, r, []string{e.addr}, 1, s.loneDur, tb == req)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (e *env) redlock(ctx context.Context) error {
@@ -283,7 +294,7 @@ func (e *env) redlock(ctx context.Context) error {
 		addrs[i] = v.Addr()
 	}
 	return e.series(ctx, t, []string{systems.Redlock, systems.Redsync}, func(ctx context.Context, r *Row, _ int) error {
-		return e.cycleRun(ctx, r, addrs, s.cycleG, s.cycleDur)
+		return e.cycleRun(ctx, r, addrs, s.cycleG, s.cycleDur, false)
 	})
 }
 

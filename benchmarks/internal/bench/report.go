@@ -34,21 +34,22 @@ func status(ok bool) string {
 // pgTargets): they run every repetition, the other rows fewer (see
 // env.repsOf). A table of the warm scenario is listed without its key count.
 var targetRows = map[string][]string{
-	"pg-stampede":      {systems.Guard},
-	"pg-stampede-wake": {systems.Guard, systems.Singleflight},
-	"pg-mix":           {systems.Naive, systems.Singleflight, systems.Guard, systems.GuardSWR},
-	"pg-mix-db":        {systems.Naive, systems.Guard, systems.GuardSWR},
-	"near-prop":        {nearIdle, nearLoaded},
-	"uncontended":      {systems.Locks, systems.Redsync, systems.BSM, systems.RawSetNX},
-	"lone-cycle":       {systems.Locks, systems.RawSetNX},
-	"lone-hit":         {systems.Guard, systems.GuardHandOff, systems.RawGetDecode},
-	"names":            {systems.Locks},
-	"handoff":          {systems.Locks},
-	"contended":        {systems.Locks, systems.LocksFair, systems.RawSetNX, systems.Redsync, systems.BSM, systems.Rueidislock},
-	"redlock":          {systems.Redlock, systems.Redsync},
-	"stampede":         {systems.Guard, systems.GuardStale, systems.Singleflight},
-	"stampede-wake":    {systems.Guard, systems.Singleflight},
-	"warm":             {systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet},
+	"pg-stampede":        {systems.Guard},
+	"pg-stampede-wake":   {systems.Guard, systems.Singleflight},
+	"pg-mix":             {systems.Naive, systems.Singleflight, systems.Guard, systems.GuardSWR},
+	"pg-mix-db":          {systems.Naive, systems.Guard, systems.GuardSWR},
+	"near-prop":          {nearIdle, nearLoaded},
+	"uncontended":        {systems.Locks, systems.Redsync, systems.BSM, systems.RawSetNX},
+	"lone-cycle":         {systems.Locks, systems.RawSetNX},
+	"lone-cycle-request": {systems.Locks, systems.RawSetNX},
+	"lone-hit":           {systems.Guard, systems.GuardHandOff, systems.RawGetDecode},
+	"names":              {systems.Locks},
+	"handoff":            {systems.Locks},
+	"contended":          {systems.Locks, systems.LocksFair, systems.RawSetNX, systems.Redsync, systems.BSM, systems.Rueidislock},
+	"redlock":            {systems.Redlock, systems.Redsync},
+	"stampede":           {systems.Guard, systems.GuardStale, systems.Singleflight},
+	"stampede-wake":      {systems.Guard, systems.Singleflight},
+	"warm":               {systems.Guard, systems.GuardHandOff, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet},
 }
 
 // targetRow reports whether a target reads system's row of table id.
@@ -133,6 +134,15 @@ func (r *Results) Targets() []Target {
 			out[len(out)-1].Got += fmt.Sprintf("; Redis commands/cycle %.0f vs %.0f", lm, rm)
 		}
 	}
+
+	// A request's context (cancellable) costs a lock cycle nothing more
+	// than context.Background does (the direct call shares a deadline).
+	lb, sb := med("lone-cycle", systems.Locks, "ops")
+	lq, sq := med("lone-cycle-request", systems.Locks, "ops")
+	rb, _ := med("lone-cycle", systems.RawSetNX, "ops")
+	rq, _ := med("lone-cycle-request", systems.RawSetNX, "ops")
+	add("locks uncontended (one goroutine): cycles/s under a request's context vs under context.Background (table 1d)", "≥ 0.95×", lq/lb, worst(sb, sq), lq/lb >= 0.95, "%.2f×")
+	out[len(out)-1].Got += fmt.Sprintf("; raw loop %.2f×", rq/rb)
 
 	// Many hot names.
 	nr, sn := med("names", systems.Locks, "ratio")

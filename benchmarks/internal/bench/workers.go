@@ -184,13 +184,20 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 			for i := 0; time.Now().Before(end); i++ {
 				name := names[i%len(names)]
 				t0 := time.Now()
-				h, err := w.m.Acquire(ctx, name)
+				rctx, cancel := ctx, context.CancelFunc(nil)
+				if w.j.Request {
+					rctx, cancel = context.WithCancel(ctx)
+				}
+				h, err := w.m.Acquire(rctx, name)
+				if err == nil {
+					err = h.Release(rctx)
+				}
+				if cancel != nil {
+					cancel()
+				}
 				if err != nil {
 					e.add(err)
 					continue
-				}
-				if err := h.Release(ctx); err != nil {
-					e.add(err)
 				}
 				lat = append(lat, int64(time.Since(t0)))
 			}
