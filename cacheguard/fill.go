@@ -68,7 +68,14 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				msg = "e" + o.err.Error()
 				break
 			}
-			fresh := jittered(c.cfg.ttl, c.cfg.jitter)
+			fresh := c.cfg.ttl
+			if kind != fillEarly {
+				// An early refresh began within its value's own lead of
+				// expiry, which differs from its neighbours' (see lead):
+				// shortening its TTL too would spread nothing more and
+				// cost a load in twenty (Jitter's default).
+				fresh = jittered(fresh, c.cfg.jitter)
+			}
 			o.val, ttl = v, c.cfg.keep(fresh)
 			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleFor()).Milliseconds(), delta: took, payload: payload}
 		case err == nil || absent(err):

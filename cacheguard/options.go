@@ -194,11 +194,14 @@ func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta
 // its freshness unless ServeStale says so).
 func StaleGrace(d time.Duration) Setting { return func(c *config) { c.graceD, c.graceSet = d, true } }
 
-// Jitter shortens the TTL of every value stored by a random fraction in
-// [0, frac), so that keys loaded together (at a cold start, or after an
-// invalidation of many keys) do not expire together, and drift further apart
-// with every refresh. It costs about frac/2 more loads. The default is 0.1; 0
-// turns it off; it must be below 1.
+// Jitter shortens the TTL of a value loaded on a miss or served stale by a
+// random fraction in [0, frac), so that keys loaded together (at a cold
+// start, or after an invalidation of many keys) do not expire together. A
+// value refreshed early (see EarlyRefresh) keeps the whole TTL: its refresh
+// began within its own lead of expiry, drawn per value, so keys refreshed
+// early drift apart without it, and a hot key pays no loads for it. Keys
+// loaded on misses cost about frac/2 more loads. The default is 0.1; 0 turns
+// it off; it must be below 1.
 func Jitter(frac float64) Setting { return func(c *config) { c.jitter = frac } }
 
 // LoadTimeout bounds the context a loader runs under. That context is detached

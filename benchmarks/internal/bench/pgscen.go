@@ -288,7 +288,8 @@ func (e *env) pgMix(ctx context.Context) error {
 		"value; never more than a point between TTL/8 and TTL/4 drawn the same way, so that keys filled together "+
 		"refresh apart), and a refresh late all the same has the value "+
 		"served Stale for at most TTL/4 past it, so a hot key does not expire under its readers; the TTL "+
-		"jitter (a random 0–10% shorter) applies to every fill, so that keys filled together drift apart. "+
+		"jitter (a random 0–10% shorter) applies to values loaded on a miss or served stale, so that keys "+
+		"filled together expire apart (an early refresh keeps the whole TTL: its lead spreads it). "+
 		"The ideal counts neither.")
 	for _, sys := range pgSystems {
 		if e.cfg.keep(sys) {
