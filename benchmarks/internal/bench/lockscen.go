@@ -67,7 +67,7 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 // cycleRun records one uncontended run (lock then unlock, every goroutine on
 // its own name) of one system; with request, each cycle under a cancellable
 // context of its own (see Job.Request).
-func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration, request bool) error {
+func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d time.Duration, request bool) (cycles, error) {
 	c, err := e.cycleMeasure(ctx, r.System, addrs, g, g, d, request)
 	if c.ops > 0 {
 		r.add("ops", c.ops)
@@ -86,7 +86,7 @@ func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d tim
 			r.add("rcmds", c.rcmds)
 		}
 	}
-	return err
+	return c, err
 }
 
 func (e *env) manyNames(ctx context.Context) error {
@@ -252,24 +252,37 @@ func (e *env) uncontended(ctx context.Context) error {
 		Metrics: cycleMetrics}
 	req := &Table{ID: "lone-cycle-request", Title: "1d. Uncontended lock cycle, one goroutine, under a request's context",
 		Intro: "Table 1c with each Lock and Unlock called under a context of its own that can be cancelled " +
-			"(context.WithCancel, as a server's request has; cancelled after the Unlock), instead of context.Background.",
-		Metrics: cycleMetrics}
+			"(context.WithCancel, as a server's request has; cancelled after the Unlock), instead of context.Background. " +
+			"Each repetition of table 1c runs this one too, for the same system, in alternating order; *vs Background* " +
+			"is this run's cycles/s over table 1c's of the same repetition.",
+		Metrics: append(slices.Clone(cycleMetrics), Metric{"ratio", "vs Background", "%.3f"})}
 	e.res.Tables = append(e.res.Tables, t, lone, req)
 	err := e.series(ctx, t, append([]string{systems.Locks}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
-		return e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur, false)
+		_, err := e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur, false)
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	for _, tb := range []*Table{lone, req} {
-		err := e.series(ctx, tb, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, _ int) error {
-			return e.cycleRun(ctx, r, []string{e.addr}, 1, s.loneDur, tb == req)
-		})
-		if err != nil {
-			return err
+	return e.series(ctx, lone, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, rep int) error {
+		rq := req.Row(r.System)
+		var bg, in cycles
+		for i := range 2 {
+			var err error
+			if (i+rep)%2 == 0 {
+				bg, err = e.cycleRun(ctx, r, []string{e.addr}, 1, s.loneDur, false)
+			} else {
+				in, err = e.cycleRun(ctx, rq, []string{e.addr}, 1, s.loneDur, true)
+			}
+			if err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		if bg.ops > 0 && in.ops > 0 {
+			rq.add("ratio", in.ops/bg.ops)
+		}
+		return nil
+	})
 }
 
 func (e *env) redlock(ctx context.Context) error {
@@ -294,7 +307,8 @@ func (e *env) redlock(ctx context.Context) error {
 		addrs[i] = v.Addr()
 	}
 	return e.series(ctx, t, []string{systems.Redlock, systems.Redsync}, func(ctx context.Context, r *Row, _ int) error {
-		return e.cycleRun(ctx, r, addrs, s.cycleG, s.cycleDur, false)
+		_, err := e.cycleRun(ctx, r, addrs, s.cycleG, s.cycleDur, false)
+		return err
 	})
 }
 
