@@ -160,6 +160,8 @@ type genInv struct {
 type genLoad struct {
 	key, entry string
 	start, end time.Time
+	seq        int64  // the load's serial
+	loader     string // fast, slow, fail
 }
 
 type genModel struct {
@@ -328,7 +330,7 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 	end := time.Now()
 	m.mu.Lock()
 	for _, k := range keys {
-		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end})
+		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader})
 	}
 	m.mu.Unlock()
 	if err != nil {
@@ -424,6 +426,33 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 	}()
 }
 
+// history is what happened to key up to a call that began at began (m.mu
+// held): its last invalidations and loads, times in seconds of the minute, to
+// read a violation with.
+func (m *genModel) history(key string, began time.Time) string {
+	type ev struct {
+		at   time.Time
+		what string
+	}
+	var evs []ev
+	for _, inv := range m.invs {
+		if inv.name == key {
+			evs = append(evs, ev{inv.began, fmt.Sprintf("invalidated %s–%s (ok %v)", inv.began.Format("05.000000"), inv.done.Format("05.000000"), inv.ok)})
+		}
+	}
+	for _, l := range m.loads {
+		if l.key == key {
+			evs = append(evs, ev{l.start, fmt.Sprintf("load %d (%s, %q) %s–%s", l.seq, l.loader, l.entry, l.start.Format("05.000000"), l.end.Format("05.000000"))})
+		}
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	out := "call began " + began.Format("05.000000") + "; before it:"
+	for _, e := range evs[max(len(evs)-8, 0):] {
+		out += " " + e.what + ";"
+	}
+	return out
+}
+
 // checkValue checks a value a call that began at began got for key.
 func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Result, began time.Time, p *genProc) {
 	if v.Seq == 0 {
@@ -445,8 +474,8 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 			after = after.Add(time.Second) // the message's latency, on a starved host
 		}
 		if began.After(after) && v.Seq <= inv.seq {
-			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then)",
-				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq))
+			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then); process %d, %s",
+				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, slices.Index(m.procs, p), m.history(key, began)))
 		}
 	}
 	if res == cacheguard.Stale {
