@@ -20,13 +20,14 @@ func NearTrusted(g *Guard) bool {
 	return g.near.mono(time.Now()) < until
 }
 
-// NearHeard counts the messages g's near cache heard that concern key (and
-// the keys that share its counter).
+// NearHeard counts the messages g's near cache applied that concern key (and
+// the keys that share its counter): a message counted here no longer
+// serves what it voided.
 func NearHeard(g *Guard, key string) uint64 {
 	if g.near == nil {
 		return 0
 	}
-	return uint64(g.near.changes[g.near.slot(key)].Load())
+	return uint64(g.near.changes[g.near.slot(key)].Load() / 2)
 }
 
 // NearTags is the number of tags g's near cache keeps state for.
@@ -36,10 +37,10 @@ func NearTags(g *Guard) int {
 	return len(g.near.tags)
 }
 
-// NearHeardTags counts the tag messages g's near cache heard.
+// NearHeardTags counts the tag messages g's near cache applied.
 func NearHeardTags(g *Guard) uint64 {
 	if g.near == nil {
 		return 0
 	}
-	return g.near.tagChanges.Load()
+	return g.near.tagChanges.Load() / 2
 }

@@ -212,7 +212,7 @@ func (m *genModel) newProc(near bool) *genProc {
 	h := &faultHook{}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
-		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits)}
 	if near {
 		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
 	}
@@ -387,7 +387,8 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 	go func() {
 		defer m.wg.Done()
 		defer step.Done()
-		ctx := context.Background()
+		rec := &genCallRec{}
+		ctx := context.WithValue(context.Background(), genCallKey{}, rec)
 		if c.ctxTime > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, c.ctxTime)
@@ -421,6 +422,9 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 			m.violation("%s of %v took %v, bound %v (%v, %v)", c, keys, took, bound, res, err)
 		}
 		for k, v := range got {
+			if rec.near(k) {
+				res = cacheguard.NearHit // a GetMany's result is its worst key's
+			}
 			m.checkValue(c, k, v, res, began, p)
 		}
 	}()
@@ -451,6 +455,32 @@ func (m *genModel) history(key string, began time.Time) string {
 		out += " " + e.what + ";"
 	}
 	return out
+}
+
+// genCallRec is what the observer learns of a call (through its context):
+// the keys served from the near cache. A GetMany reports one result, its
+// worst key's, and a near hit may serve a value an invalidation in another
+// process voided until the message arrives.
+type genCallRec struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+type genCallKey struct{}
+
+func (r *genCallRec) near(key string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.keys, key)
+}
+
+// nearHits is every process's observer: it records a call's near hits.
+func nearHits(ctx context.Context, e cacheguard.Event) {
+	if r, ok := ctx.Value(genCallKey{}).(*genCallRec); ok && e.Kind == cacheguard.EventNearHit {
+		r.mu.Lock()
+		r.keys = append(r.keys, e.Key)
+		r.mu.Unlock()
+	}
 }
 
 // checkValue checks a value a call that began at began got for key.

@@ -164,7 +164,9 @@ func (g *Guard) Stats() Stats {
 // as they began before the invalidation), and its waiters are woken to take
 // a new lease and load again. A Get that begins after Invalidate returned, in
 // any process, returns only a value loaded after it: calls join only flights
-// of the generation they read (see the package documentation). When Redis
+// of the generation they read (see the package documentation); another
+// process's near cache drops its values when the invalidation's message
+// arrives, within a message's latency. When Redis
 // cannot be reached it returns an error matching ErrUnavailable; when ctx
 // ends first, ctx's error, and the invalidation may still land (it is not
 // cut with ctx).

@@ -39,7 +39,9 @@ type nearCache struct {
 	state atomic.Uint64
 	// changes counts the messages heard per hash of key (and the local
 	// drops); tagChanges those about any tag. A value enters only if the
-	// counts its ticket took did not move.
+	// counts its ticket took did not move. Each moves twice per drop: as it
+	// begins (voiding the tickets taken before) and once it is done, so that
+	// an even count is one whose drops are all applied (see NearHeard).
 	changes    [nearSlots]atomic.Uint32
 	tagChanges atomic.Uint64
 
@@ -262,7 +264,9 @@ func (n *nearCache) remove(e *nearEntry) {
 // drop forgets every representation of key and makes the reads of key in
 // flight keep what they find out of the near cache.
 func (n *nearCache) drop(key string) {
-	n.changes[n.slot(key)].Add(1)
+	c := &n.changes[n.slot(key)]
+	c.Add(1)
+	defer c.Add(1)
 	if x, ok := n.m.LoadAndDelete(key); ok {
 		node := x.(*nearNode)
 		if reps := node.reps.Swap(nil); reps != nil {
@@ -277,6 +281,7 @@ func (n *nearCache) drop(key string) {
 // a tagged value in flight keep what it finds out of the near cache.
 func (n *nearCache) dropTags(tags []string) {
 	n.tagChanges.Add(1)
+	defer n.tagChanges.Add(1)
 	var es []*nearEntry
 	n.mu.Lock()
 	for _, t := range tags {
