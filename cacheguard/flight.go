@@ -114,6 +114,19 @@ func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task
 	})
 }
 
+// chain makes the callers of r, a read that found the entry absent (see
+// Guard.endRead), wake when flight t ends, with t to serve them: they wait
+// for one wake-up, not one for the read and one for the flight.
+func (fs *flights) chain(t *task[entry, *outcome], r *task[entry, stored]) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if t.settled.Load() { // ended
+		r.settle(t)
+		return
+	}
+	t.then = append(t.then, func() { r.settle(t) })
+}
+
 // finish ends a flight with o.
 func (fs *flights) finish(f *flight, o *outcome) {
 	if !f.ended {

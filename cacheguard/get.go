@@ -164,6 +164,7 @@ type part[T any] struct {
 	t       *task[entry, *outcome] // the flight it waits for, or
 	u       *task[entry, *outcome] // the load without the lease it waits for
 	pending bool                   // t is held (see admit)
+	chain   *task[entry, stored]   // the callers of its read, for the flight it joins (see Guard.readOne)
 
 	v   T
 	res Result
@@ -184,17 +185,37 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
 	var err error
-	if sl.s, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line); err != nil {
+	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.cfg.policy == policyFailFast)
+	if sl.s.counted {
+		g.observe(ctx, EventMiss, key)
+		sl.missed = true
+	}
+	if err != nil {
 		s := &part[T]{key: key}
 		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
 	}
+	if f := sl.s.flight; f != nil && f.typ == c.typ && f.serial > sl.s.mark && !errors.Is(f.res.err, errFlightExpired) {
+		// The read this call shared found the entry absent, and its
+		// leader's flight has ended: the call shares what it returns.
+		g.note(ctx, EventCoalescedLocal, key, 0, nil)
+		c.deliver(ctx, &sl, f.res)
+		return sl.v, sl.res, sl.err
+	}
 	if c.serve(ctx, &sl, start.UnixMilli()) {
 		return sl.v, sl.res, sl.err
 	}
-	// The miss path: the call and the part on the heap, in one allocation.
+	return c.missOne(ctx, start, sl)
+}
+
+// missOne is a Get's miss path: the call and the part on the heap, in one
+// allocation.
+func (c *call[T]) missOne(ctx context.Context, start time.Time, sl part[T]) (T, Result, error) {
 	m := &missCall[T]{c: *c, sl: sl}
 	m.slots[0] = &m.sl
+	// However the call ends, the callers of its read are not left waiting:
+	// not handed to a flight (see join), they join one themselves.
+	defer m.sl.chain.settle(nil)
 	m.c.miss(ctx, start, m.slots[:])
 	return m.sl.v, m.sl.res, m.sl.err
 }
@@ -407,7 +428,9 @@ func (c *call[T]) miss(ctx context.Context, start time.Time, slots []*part[T]) {
 				rest = append(rest, sl)
 				continue
 			}
-			g.note(ctx, EventMiss, sl.key, 0, nil)
+			if !sl.missed {
+				g.note(ctx, EventMiss, sl.key, 0, nil)
+			}
 			c.refresh(ctx, sl.key, sl.s.gen, sl.force, fillMiss, 0, sl.fallback)
 			sl.res, sl.err = Miss, fmt.Errorf("%w: %q", ErrMiss, sl.key)
 		}
@@ -463,6 +486,9 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		}
 		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
 		sl.t, sl.pending = t, pending
+		if sl.chain != nil && !pending {
+			g.flights.chain(t, sl.chain)
+		}
 		if leader { // only a flight needs the key's other names
 			fs = append(fs, &flight{t: t, key: sl.key, n: g.names(sl.key, c.rep), id: sl.id, force: sl.force, fallback: sl.fallback, near: g.near.ticket(sl.key)})
 		}

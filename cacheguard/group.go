@@ -52,6 +52,17 @@ type task[K comparable, T any] struct {
 	asked   chan struct{}
 	askOnce sync.Once
 	shut    atomic.Bool // takes no new callers
+	// then runs as the task ends, under the group's mu: the reads chained
+	// to a flight (see flights.chain).
+	then []func()
+
+	// For a read that found its entry absent (see Guard.endRead): the
+	// flight its callers share, once it ended (a *task[entry, *outcome];
+	// nil: none), set as done closes (see settle); asked closed when the
+	// read answered.
+	flight   any
+	settled  atomic.Bool
+	deferred bool // answered without waking its callers (set before asked closes)
 }
 
 // admission is what a caller makes of a task of its key.
@@ -126,11 +137,27 @@ func (q *group[K, T]) newTask(key K, mk func(*task[K, T])) *task[K, T] {
 // the key's running ones, if any, which is running now: the caller must run
 // it (its run) and end it.
 func (q *group[K, T]) end(key K, t *task[K, T], res T) (next *task[K, T]) {
+	return q.endWith(key, t, res, true)
+}
+
+// answer is end for a task whose callers wait on (see settle): t's result
+// is res, its asked channel closed, its done channel not yet. It returns
+// how many callers wait for t too.
+func (q *group[K, T]) answer(key K, t *task[K, T], res T) (next *task[K, T], waiting int) {
+	return q.endWith(key, t, res, false), t.waiting
+}
+
+func (q *group[K, T]) endWith(key K, t *task[K, T], res T, finish bool) (next *task[K, T]) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	l := q.m[key]
 	if t != nil {
-		t.finish(res)
+		if finish {
+			t.finish(res)
+		} else {
+			t.res, t.deferred = res, true
+			t.answered()
+		}
 		l.running = slices.DeleteFunc(l.running, func(r *task[K, T]) bool { return r == t })
 	}
 	l.out--
@@ -155,8 +182,22 @@ func (q *group[K, T]) end(key K, t *task[K, T], res T) (next *task[K, T]) {
 // finish sets t's result and wakes its callers.
 func (t *task[K, T]) finish(res T) {
 	t.res = res
+	t.settled.Store(true)
 	close(t.done)
 	t.answered()
+	for _, f := range t.then {
+		f()
+	}
+	t.then = nil
+}
+
+// settle wakes the callers of a task answered (see group.answer), telling
+// them the flight they share (nil: none); only its first call counts.
+func (t *task[K, T]) settle(flight any) {
+	if t != nil && t.settled.CompareAndSwap(false, true) {
+		t.flight = flight
+		close(t.done)
+	}
 }
 
 // leave is called by a caller that stops waiting for t before it ended: a

@@ -125,6 +125,13 @@ func (c *counters) snapshot() (s Stats) {
 	return s
 }
 
+// observe tells the observer of an outcome counted already.
+func (g *Guard) observe(ctx context.Context, kind EventKind, key string) {
+	if g.cfg.observer != nil {
+		g.cfg.observer(ctx, Event{Kind: kind, Key: key})
+	}
+}
+
 // note counts an outcome, tells the observer (a near-cache hit as EventHit,
 // then EventNearHit), and logs the warnings.
 func (g *Guard) note(ctx context.Context, kind EventKind, key string, d time.Duration, err error) {

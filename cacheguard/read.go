@@ -30,6 +30,11 @@ type stored struct {
 	mark    uint64
 	tagVers []uint64 // the versions of the call's tags, read with the value (counter.Unknown: absent)
 	err     error    // Redis failed
+	// flight, for a caller of a shared read that found the entry absent:
+	// the flight it shares, ended (see Guard.endRead); counted, that the
+	// caller was counted in Stats as a miss then (its observer not told).
+	flight  *task[entry, *outcome]
+	counted bool
 }
 
 // read sends one read of an entry per key of values (each a values hash, field
@@ -174,12 +179,18 @@ type entry struct{ values, field string }
 // a cold one, limit: the burst shares a miss, see endRead). It
 // returns when the read answers, ctx ends or the budget ends (at deadline:
 // errBudget), whichever is first; the read itself ends at the command
-// timeout (see fetch).
-func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget) (stored, error) {
+// timeout (see fetch). A call that found the entry absent and no flight of
+// it running is given the callers that shared its read (chained): it must
+// hand them to the flight it joins (flights.chain) or settle them. A caller
+// that shared such a read returns once that flight ended (the stored value's
+// flight), or once the read answered when early (FailFast: it does not wait
+// for loads).
+func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, early bool) (s stored, chained *task[entry, stored], err error) {
 	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.
 		rctx := context.WithoutCancel(ctx)
+		t.asked = make(chan struct{})
 		t.run = func() stored {
 			var s [1]stored
 			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:], nil); err != nil {
@@ -195,23 +206,45 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		if err != nil && ended.err == nil {
 			ended.err = err // its caller's context or budget ended it: no answer for the others
 		}
-		g.endRead(e, nil, ended)
-		return s[0], err
+		return s[0], g.endRead(e, nil, ended), err
 	}
 	if t == nil {
-		return stored{}, ErrClosed
+		return stored{}, nil, ErrClosed
+	}
+	var asked <-chan struct{}
+	if early {
+		asked = t.asked
 	}
 	timer := getTimer(time.Until(deadline))
 	defer putTimer(timer)
+	answered := func() (stored, bool) {
+		select {
+		case <-t.asked:
+			s := t.res
+			s.counted = t.deferred
+			return s, true
+		default:
+			return stored{}, false
+		}
+	}
 	select {
 	case <-t.done:
-		return t.res, nil
+		s, _ := answered()
+		s.flight, _ = t.flight.(*task[entry, *outcome])
+		return s, nil, nil
+	case <-asked:
+		s, _ := answered()
+		return s, nil, nil
 	case <-ctx.Done():
 		g.reads.leave(t)
-		return stored{}, deadlineErr(ctx)
+		s, _ := answered()
+		return stored{counted: s.counted}, nil, deadlineErr(ctx)
 	case <-timer.C:
+		if s, ok := answered(); ok { // a miss, whose flight outlasted the budget: the miss path says so
+			return s, nil, nil
+		}
 		g.reads.leave(t)
-		return stored{}, errBudget
+		return stored{}, nil, errBudget
 	}
 }
 
@@ -225,8 +258,11 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 // arrived — a cold burst then costs one read and one flight's round trip,
 // not two reads first. (With a flight running, a mark of now would make
 // them wait for that flight's first answer and then start another: they
-// read, as before, to learn its generation.)
-func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
+// read, as before, to learn its generation.) Ended by a leader (t nil), such
+// a miss is answered without waking its callers: it is returned (chained),
+// for the leader to hand to the flight it joins — so that in a cold burst
+// each caller wakes once, when the load is done, not also to join.
+func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) (chained *task[entry, stored]) {
 	next := g.reads.end(e, t, s)
 	for next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
 		next = g.reads.end(e, next, s)
@@ -236,11 +272,23 @@ func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) {
 		if busy {
 			break // a flight of e runs: whether they may join it is what their read tells
 		}
-		next = g.reads.end(e, next, stored{mark: mark, gen: counter.Unknown})
+		miss := stored{mark: mark, gen: counter.Unknown}
+		if t == nil && chained == nil {
+			var waiting int
+			chained = next
+			next, waiting = g.reads.answer(e, chained, miss)
+			// Its callers wait for a flight from now on: counted as misses
+			// now (a miss in Stats is a call already waiting); each tells
+			// the observer when it wakes.
+			g.stats.c[EventMiss].Add(uint64(waiting))
+			continue
+		}
+		next = g.reads.end(e, next, miss)
 	}
 	if next != nil {
 		g.work.run(funcJob(func() { g.endRead(e, next, next.run()) }))
 	}
+	return chained
 }
 
 // passed reports whether ctx has ended or its deadline has passed. A

@@ -94,7 +94,8 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil)
+	s, chained, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil, false)
+	chained.settle(nil) // no flight here: its callers go on as misses
 	if err == nil {
 		err = s.err
 	}
@@ -136,10 +137,16 @@ func TestBurstSharesAMiss(t *testing.T) {
 	const n = 50
 	var wg sync.WaitGroup
 	got := make([]stored, n+1)
-	wg.Go(func() { got[n], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil) })
+	wg.Go(func() {
+		var chained *task[entry, stored]
+		got[n], chained, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, false)
+		chained.settle(nil)
+	})
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
-		wg.Go(func() { got[i], _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil) })
+		wg.Go(func() {
+			got[i], _, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, false)
+		})
 	}
 	waitFor(t, "burst queued", func() bool { return g.queued("absent") == n })
 	serial := g.flights.serial.Load()
@@ -149,9 +156,75 @@ func TestBurstSharesAMiss(t *testing.T) {
 		t.Fatalf("%d GETs for %d concurrent reads of an absent entry, want 1", c, n+1)
 	}
 	for i, s := range got[:n] {
-		if s.b != nil || s.err != nil || s.mark < serial || s.gen != counter.Unknown {
-			t.Fatalf("reader %d got %+v; want absent, a mark of %d or later and an unknown generation", i, s, serial)
+		if s.b != nil || s.err != nil || s.mark < serial || s.gen != counter.Unknown || !s.counted {
+			t.Fatalf("reader %d got %+v; want absent, a mark of %d or later, an unknown generation, counted as a miss", i, s, serial)
 		}
+	}
+	if m := g.Stats().Misses; m != n {
+		t.Fatalf("%d misses counted for %d callers waiting on a missing entry, want %d", m, n, n)
+	}
+}
+
+// TestColdBurstWakesCallersOnce: callers that shared a read which found the
+// entry absent wait for the flight its leader joined, and wake once, when
+// it ends — not also to join it (on a host of few cores, a cold burst's
+// wake-ups delay the load). Until the load ends only the leader has taken
+// the miss path (the observer heard one miss), yet every caller counts as a
+// miss in Stats: a miss there is a call already waiting.
+func TestColdBurstWakesCallersOnce(t *testing.T) {
+	ctx := context.Background()
+	_, g, hook := heldGets(t, "v")
+	var observed, coalesced atomic.Int64
+	g.cfg.observer = func(_ context.Context, e Event) {
+		switch e.Kind {
+		case EventMiss:
+			observed.Add(1)
+		case EventCoalescedLocal:
+			coalesced.Add(1)
+		}
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the Guard closes (cleanups run last first)
+	load := func(context.Context) (string, error) {
+		<-release
+		return "x", nil
+	}
+	const n = 32
+	var wg sync.WaitGroup
+	got := make([]string, n)
+	errs := make([]error, n)
+	get := func(i int) { got[i], errs[i] = Get(ctx, g, "cold", load) }
+	wg.Go(func() { get(0) })
+	waitFor(t, "the first read out", func() bool { return hook.n.Load() == 1 })
+	for i := 1; i < n; i++ {
+		wg.Go(func() { get(i) })
+	}
+	waitFor(t, "the burst queued behind it", func() bool {
+		g.reads.mu.Lock()
+		defer g.reads.mu.Unlock()
+		for _, l := range g.reads.m {
+			if l.next != nil && l.next.waiting == n-1 {
+				return true
+			}
+		}
+		return false
+	})
+	hook.open()
+	waitFor(t, "every call waiting", func() bool { return g.Stats().Misses == n })
+	if o := observed.Load(); o != 1 {
+		t.Fatalf("while the load ran, %d calls took the miss path; want 1 (the leader's)", o)
+	}
+	free()
+	wg.Wait()
+	for i := range n {
+		if got[i] != "x" || errs[i] != nil {
+			t.Fatalf("call %d: %q, %v", i, got[i], errs[i])
+		}
+	}
+	if st := g.Stats(); st.Loads != 1 || st.Misses != n || st.CoalescedLocal != n-1 || observed.Load() != n || coalesced.Load() != n-1 {
+		t.Fatalf("%+v; observer: %d misses, %d coalesced; want 1 load, %d misses, %d coalesced", st, observed.Load(), coalesced.Load(), n, n-1)
 	}
 }
 
