@@ -86,9 +86,7 @@ func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
 		switch {
 		case t.shut.Load() || t.typ != typ:
 			return skip
-		case t.serial > s.mark:
-			return take
-		case t.floor.Load() >= s.gen:
+		case serves(s, t):
 			return take
 		}
 		select {
@@ -98,6 +96,26 @@ func admit(s *stored, typ reflect.Type) func(*task[entry, *outcome]) admission {
 			return hold
 		}
 	}
+}
+
+// serves reports whether what flight t returns may serve a call whose read
+// found s (see admit): read-your-writes after an invalidation rests on it.
+func serves(s *stored, t *task[entry, *outcome]) bool {
+	return t.serial > s.mark || t.floor.Load() >= s.gen
+}
+
+// taking returns the flight of e running now that a call of type typ whose
+// read found s would take (see admit), if any.
+func (fs *flights) taking(e entry, s *stored, typ reflect.Type) *task[entry, *outcome] {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	ok := admit(s, typ)
+	for _, t := range fs.m[e].running {
+		if ok(t) == take {
+			return t
+		}
+	}
+	return nil
 }
 
 // join returns a flight of e that admit takes, or a new one (leader) of

@@ -185,7 +185,7 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
 	var err error
-	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.cfg.policy == policyFailFast)
+	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.typ, c.cfg.policy == policyFailFast)
 	if sl.s.counted {
 		g.observe(ctx, EventMiss, key)
 		sl.missed = true
@@ -195,9 +195,10 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 		c.detach().readFailed(ctx, s, err, start.Add(c.cfg.wait))
 		return s.v, s.res, s.err
 	}
-	if f := sl.s.flight; f != nil && f.typ == c.typ && f.serial > sl.s.mark && !errors.Is(f.res.err, errFlightExpired) {
-		// The read this call shared found the entry absent, and its
-		// leader's flight has ended: the call shares what it returns.
+	if f := sl.s.flight; f != nil && f.typ == c.typ && serves(&sl.s, f) && !errors.Is(f.res.err, errFlightExpired) {
+		// The read this call shared found the entry absent, and the
+		// flight it was handed to has ended: the call shares what it
+		// returns.
 		g.note(ctx, EventCoalescedLocal, key, 0, nil)
 		c.deliver(ctx, &sl, f.res)
 		return sl.v, sl.res, sl.err

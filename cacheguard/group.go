@@ -183,8 +183,8 @@ func (q *group[K, T]) endWith(key K, t *task[K, T], res T, finish bool) (next *t
 func (t *task[K, T]) finish(res T) {
 	t.res = res
 	t.settled.Store(true)
-	close(t.done)
 	t.answered()
+	close(t.done)
 	for _, f := range t.then {
 		f()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -182,15 +183,16 @@ type entry struct{ values, field string }
 // timeout (see fetch). A call that found the entry absent and no flight of
 // it running is given the callers that shared its read (chained): it must
 // hand them to the flight it joins (flights.chain) or settle them. A caller
-// that shared such a read returns once that flight ended (the stored value's
-// flight), or once the read answered when early (FailFast: it does not wait
-// for loads).
-func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, early bool) (s stored, chained *task[entry, stored], err error) {
+// that shared such a read (or a queued read handed to a running flight: see
+// endRead) returns once that flight ended (the stored value's flight), or
+// once the read answered when early (FailFast: it does not wait for loads);
+// typ is the caller's type, which the flight must have.
+func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, typ reflect.Type, early bool) (s stored, chained *task[entry, stored], err error) {
 	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.
 		rctx := context.WithoutCancel(ctx)
-		t.asked = make(chan struct{})
+		t.asked, t.typ = make(chan struct{}), typ
 		t.run = func() stored {
 			var s [1]stored
 			if err := g.fetch(rctx, []string{e.values}, e.field, tags, time.Time{}, s[:], nil); err != nil {
@@ -229,7 +231,8 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	}
 	select {
 	case <-t.done:
-		s, _ := answered()
+		s := t.res
+		s.counted = t.deferred
 		s.flight, _ = t.flight.(*task[entry, *outcome])
 		return s, nil, nil
 	case <-asked:
@@ -260,10 +263,25 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 // them wait for that flight's first answer and then start another: they
 // read, as before, to learn its generation.) Ended by a leader (t nil), such
 // a miss is answered without waking its callers: it is returned (chained),
-// for the leader to hand to the flight it joins — so that in a cold burst
-// each caller wakes once, when the load is done, not also to join.
+// for the leader to hand to the flight it joins. A queued read (t) that
+// found the entry absent while a flight its callers would take runs is
+// handed to that flight the same way. So in a cold burst each caller wakes
+// once, when the load is done, not also to join it.
 func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) (chained *task[entry, stored]) {
-	next := g.reads.end(e, t, s)
+	var next *task[entry, stored]
+	var f *task[entry, *outcome]
+	if t != nil && s.b == nil && s.err == nil && t.typ != nil {
+		f = g.flights.taking(e, &s, t.typ)
+	}
+	if f != nil {
+		// Its callers would each wake to join f: they wait for it instead.
+		var waiting int
+		next, waiting = g.reads.answer(e, t, s)
+		g.stats.c[EventMiss].Add(uint64(waiting))
+		g.flights.chain(f, t)
+	} else {
+		next = g.reads.end(e, t, s)
+	}
 	for next != nil && errors.Is(s.err, rcmd.ErrTimeout) {
 		next = g.reads.end(e, next, s)
 	}

@@ -3,6 +3,7 @@ package cacheguard
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +16,9 @@ import (
 	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
-// holdReplies counts reads (HGET) and, while armed, holds each one's reply
-// (the command has run on the server) until release is closed.
+// holdReplies counts reads (HGET, alone or in a pipeline) and, while armed,
+// holds each one's reply (the command has run on the server) until release
+// is closed.
 type holdReplies struct {
 	n       atomic.Int64
 	armed   atomic.Bool
@@ -67,7 +69,19 @@ func (h *holdReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *holdReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Name() == "hget" {
+				h.n.Add(1)
+				if h.armed.Load() {
+					<-h.release
+				}
+				break
+			}
+		}
+		return err
+	}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -94,7 +108,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, chained, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil, false)
+	s, chained, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil, nil, false)
 	chained.settle(nil) // no flight here: its callers go on as misses
 	if err == nil {
 		err = s.err
@@ -139,13 +153,13 @@ func TestBurstSharesAMiss(t *testing.T) {
 	got := make([]stored, n+1)
 	wg.Go(func() {
 		var chained *task[entry, stored]
-		got[n], chained, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, false)
+		got[n], chained, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false)
 		chained.settle(nil)
 	})
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
 		wg.Go(func() {
-			got[i], _, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, false)
+			got[i], _, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false)
 		})
 	}
 	waitFor(t, "burst queued", func() bool { return g.queued("absent") == n })
@@ -170,8 +184,16 @@ func TestBurstSharesAMiss(t *testing.T) {
 // it ends — not also to join it (on a host of few cores, a cold burst's
 // wake-ups delay the load). Until the load ends only the leader has taken
 // the miss path (the observer heard one miss), yet every caller counts as a
-// miss in Stats: a miss there is a call already waiting.
+// miss in Stats: a miss there is a call already waiting. With a flight
+// already running, the callers of a read sent after it (which fetches the
+// generation) are handed to it the same way.
 func TestColdBurstWakesCallersOnce(t *testing.T) {
+	for _, running := range []bool{false, true} {
+		t.Run(fmt.Sprint("flight running ", running), func(t *testing.T) { burstWakesOnce(t, running) })
+	}
+}
+
+func burstWakesOnce(t *testing.T, running bool) {
 	ctx := context.Background()
 	_, g, hook := heldGets(t, "v")
 	var observed, coalesced atomic.Int64
@@ -183,11 +205,12 @@ func TestColdBurstWakesCallersOnce(t *testing.T) {
 			coalesced.Add(1)
 		}
 	}
-	release := make(chan struct{})
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
 	var releaseOnce sync.Once
 	free := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(free) // before the Guard closes (cleanups run last first)
 	load := func(context.Context) (string, error) {
+		entered <- struct{}{}
 		<-release
 		return "x", nil
 	}
@@ -196,16 +219,25 @@ func TestColdBurstWakesCallersOnce(t *testing.T) {
 	got := make([]string, n)
 	errs := make([]error, n)
 	get := func(i int) { got[i], errs[i] = Get(ctx, g, "cold", load) }
-	wg.Go(func() { get(0) })
-	waitFor(t, "the first read out", func() bool { return hook.n.Load() == 1 })
-	for i := 1; i < n; i++ {
+	first, leaders := 0, int64(1) // the calls that take the miss path: the reads' leaders
+	if running {
+		hook.armed.Store(false)
+		wg.Go(func() { get(0) })
+		<-entered
+		hook.armed.Store(true)
+		first, leaders = 1, 2
+	}
+	reads := hook.n.Load()
+	wg.Go(func() { get(first) })
+	waitFor(t, "the first read out", func() bool { return hook.n.Load() == reads+1 })
+	for i := first + 1; i < n; i++ {
 		wg.Go(func() { get(i) })
 	}
 	waitFor(t, "the burst queued behind it", func() bool {
 		g.reads.mu.Lock()
 		defer g.reads.mu.Unlock()
 		for _, l := range g.reads.m {
-			if l.next != nil && l.next.waiting == n-1 {
+			if l.next != nil && l.next.waiting == n-first-1 {
 				return true
 			}
 		}
@@ -213,8 +245,8 @@ func TestColdBurstWakesCallersOnce(t *testing.T) {
 	})
 	hook.open()
 	waitFor(t, "every call waiting", func() bool { return g.Stats().Misses == n })
-	if o := observed.Load(); o != 1 {
-		t.Fatalf("while the load ran, %d calls took the miss path; want 1 (the leader's)", o)
+	if o := observed.Load(); o != leaders {
+		t.Fatalf("while the load ran, %d calls took the miss path; want %d (the reads' leaders)", o, leaders)
 	}
 	free()
 	wg.Wait()
