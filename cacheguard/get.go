@@ -569,7 +569,9 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			if !sl.missed {
 				// Counted once the call has joined a flight, so a miss in
 				// Stats (or an observer's EventMiss) is a call already
-				// waiting for it.
+				// waiting for it. (A call handed to a flight with its
+				// read's callers is counted when the read answers, and the
+				// observer hears of it when it wakes: see Guard.endRead.)
 				sl.missed = true
 				g.note(ctx, EventMiss, sl.key, 0, nil)
 			}

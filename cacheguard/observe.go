@@ -36,7 +36,7 @@ type EventKind int
 // Outcomes.
 const (
 	EventHit             EventKind = iota + 1 // a call found a fresh value (a cached absence included)
-	EventMiss                                 // a call found no fresh value it could serve
+	EventMiss                                 // a call found no fresh value it could serve (one handed to a flight with others: reported when it wakes)
 	EventLoad                                 // the loader ran (Event.Duration, Event.Err), unless it declined (ErrClosed)
 	EventCoalescedLocal                       // a call shared a flight started by another caller of this process
 	EventCoalescedRemote                      // a flight received a value another process loaded
