@@ -157,8 +157,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // lease ends. Clean-ups still queued for a shared round trip are dropped, and
 // so is one that a call makes past its context after Close (an Unlock whose
 // release failed: the lock expires with its lease); later calls (an Unlock
-// after Close) go to Redis on their own, under their contexts. Close does
-// not close rdb, and always returns nil; see Shutdown for the graceful close.
+// after Close) go to Redis on their own, under their contexts. A shared
+// round trip already on the wire is waited for: when Redis stalls, until its
+// bound (two CommandTimeouts at most). Close does not close rdb, and always
+// returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
 	c.life.hurryUp()
 	_ = c.Shutdown(context.Background()) // held locks are reported through Lost and the observer

@@ -637,11 +637,14 @@ func TestGiveBackDuringCloseLeavesItsCaller(t *testing.T) {
 // returns then: the release it would send again is dropped, as Close drops
 // the clean-ups queued (the lock expires with its lease). It used to be sent
 // again on the caller's goroutine, detached from its context, once the client
-// had closed, and the Unlock returned a command timeout late.
+// had closed, and the Unlock returned a command timeout late. Close returns
+// within the bound of a round trip already on the wire (the release, when the
+// batch carrying it left before Close began: two command timeouts).
 func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
-	p := New(stallClient(s), CommandTimeout(time.Minute))
+	const timeout = 5 * time.Second // the Unlock's context ends 3s before it
+	p := New(stallClient(s), CommandTimeout(timeout))
 	lk, err := p.TryLock(ctx, "unlock-during-close", Lease(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -656,9 +659,9 @@ func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
 	}()
 	closed := make(chan error, 1)
 	go func() { closed <- p.Close() }()
-	err = returnsWithin(t, unlocked, 10*time.Second, "an Unlock during Close, its context ended, Redis paused")
+	err = returnsWithin(t, unlocked, 4*time.Second, "an Unlock during Close, its context ended, Redis paused")
 	t.Logf("Unlock: %v", err)
-	returnsWithin(t, closed, 10*time.Second, "Close, Redis paused")
+	returnsWithin(t, closed, 2*timeout+2*time.Second, "Close, Redis paused")
 	resume()
 	redistest.Eventually(t, 10*time.Second, "the lock expired with its lease", func() bool {
 		return s.Client().Exists(ctx, "cg:lock:{unlock-during-close}").Val() == 0
