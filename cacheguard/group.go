@@ -184,11 +184,13 @@ func (t *task[K, T]) finish(res T) {
 	t.res = res
 	t.settled.Store(true)
 	t.answered()
-	close(t.done)
+	// Before done: a caller woken by it must find the reads chained to t
+	// settled with t (its leader's own settle, after, changes nothing).
 	for _, f := range t.then {
 		f()
 	}
 	t.then = nil
+	close(t.done)
 }
 
 // settle wakes the callers of a task answered (see group.answer), telling

@@ -219,7 +219,7 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	}
 	timer := getTimer(time.Until(deadline))
 	defer putTimer(timer)
-	answered := func() (stored, bool) {
+	answered := func() (stored, bool) { // asked closes before done, with the result
 		select {
 		case <-t.asked:
 			s := t.res
@@ -231,8 +231,7 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	}
 	select {
 	case <-t.done:
-		s := t.res
-		s.counted = t.deferred
+		s, _ := answered()
 		s.flight, _ = t.flight.(*task[entry, *outcome])
 		return s, nil, nil
 	case <-asked:
@@ -275,9 +274,7 @@ func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) (chained *tas
 	}
 	if f != nil {
 		// Its callers would each wake to join f: they wait for it instead.
-		var waiting int
-		next, waiting = g.reads.answer(e, t, s)
-		g.stats.c[EventMiss].Add(uint64(waiting))
+		next = g.answerMiss(e, t, s)
 		g.flights.chain(f, t)
 	} else {
 		next = g.reads.end(e, t, s)
@@ -292,13 +289,7 @@ func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) (chained *tas
 		}
 		miss := stored{mark: mark, gen: counter.Unknown}
 		if t == nil && chained == nil {
-			var waiting int
-			chained = next
-			next, waiting = g.reads.answer(e, chained, miss)
-			// Its callers wait for a flight from now on: counted as misses
-			// now (a miss in Stats is a call already waiting); each tells
-			// the observer when it wakes.
-			g.stats.c[EventMiss].Add(uint64(waiting))
+			chained, next = next, g.answerMiss(e, next, miss)
 			continue
 		}
 		next = g.reads.end(e, next, miss)
@@ -307,6 +298,16 @@ func (g *Guard) endRead(e entry, t *task[entry, stored], s stored) (chained *tas
 		g.work.run(funcJob(func() { g.endRead(e, next, next.run()) }))
 	}
 	return chained
+}
+
+// answerMiss answers t, a read that found e absent, without waking its
+// callers (see group.answer), and counts them as misses now: they wait for a
+// flight from now on (a miss in Stats is a call already waiting); each tells
+// the observer when it wakes. It returns the read queued behind t.
+func (g *Guard) answerMiss(e entry, t *task[entry, stored], s stored) (next *task[entry, stored]) {
+	next, waiting := g.reads.answer(e, t, s)
+	g.stats.c[EventMiss].Add(uint64(waiting))
+	return next
 }
 
 // passed reports whether ctx has ended or its deadline has passed. A

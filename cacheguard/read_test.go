@@ -186,14 +186,16 @@ func TestBurstSharesAMiss(t *testing.T) {
 // the miss path (the observer heard one miss), yet every caller counts as a
 // miss in Stats: a miss there is a call already waiting. With a flight
 // already running, the callers of a read sent after it (which fetches the
-// generation) are handed to it the same way.
+// generation) are handed to it the same way. When the leader gives up (its
+// context ends) while the load runs, its read's callers wake then, and
+// share that load: still one.
 func TestColdBurstWakesCallersOnce(t *testing.T) {
-	for _, running := range []bool{false, true} {
-		t.Run(fmt.Sprint("flight running ", running), func(t *testing.T) { burstWakesOnce(t, running) })
+	for _, c := range []struct{ running, quits bool }{{false, false}, {true, false}, {false, true}} {
+		t.Run(fmt.Sprintf("flight running %v, leader gives up %v", c.running, c.quits), func(t *testing.T) { burstWakesOnce(t, c.running, c.quits) })
 	}
 }
 
-func burstWakesOnce(t *testing.T, running bool) {
+func burstWakesOnce(t *testing.T, running, quits bool) {
 	ctx := context.Background()
 	_, g, hook := heldGets(t, "v")
 	var observed, coalesced atomic.Int64
@@ -220,6 +222,8 @@ func burstWakesOnce(t *testing.T, running bool) {
 	errs := make([]error, n)
 	get := func(i int) { got[i], errs[i] = Get(ctx, g, "cold", load) }
 	first, leaders := 0, int64(1) // the calls that take the miss path: the reads' leaders
+	lctx, quit := context.WithCancel(ctx)
+	defer quit()
 	if running {
 		hook.armed.Store(false)
 		wg.Go(func() { get(0) })
@@ -228,7 +232,7 @@ func burstWakesOnce(t *testing.T, running bool) {
 		first, leaders = 1, 2
 	}
 	reads := hook.n.Load()
-	wg.Go(func() { get(first) })
+	wg.Go(func() { got[first], errs[first] = Get(lctx, g, "cold", load) })
 	waitFor(t, "the first read out", func() bool { return hook.n.Load() == reads+1 })
 	for i := first + 1; i < n; i++ {
 		wg.Go(func() { get(i) })
@@ -248,9 +252,19 @@ func burstWakesOnce(t *testing.T, running bool) {
 	if o := observed.Load(); o != leaders {
 		t.Fatalf("while the load ran, %d calls took the miss path; want %d (the reads' leaders)", o, leaders)
 	}
+	if quits {
+		quit()
+		waitFor(t, "the leader's callers woken as it left", func() bool { return observed.Load() == n })
+	}
 	free()
 	wg.Wait()
 	for i := range n {
+		if quits && i == first {
+			if !errors.Is(errs[i], context.Canceled) {
+				t.Fatalf("the leader, its context cancelled: %q, %v", got[i], errs[i])
+			}
+			continue
+		}
 		if got[i] != "x" || errs[i] != nil {
 			t.Fatalf("call %d: %q, %v", i, got[i], errs[i])
 		}

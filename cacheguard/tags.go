@@ -98,8 +98,9 @@ func (ts *tagSet) current(e *envelope, cur []uint64) bool {
 // every key, in every process: the tags' versions move forward in Redis, so
 // that a call that begins after InvalidateTags returned — in any process —
 // never gets a value whose load began before it, and every near cache drops
-// the values carrying them (another process's, when the message arrives). It costs one small script per tag (on a cluster,
-// in each tag's own slot; one round trip per node) and nothing per key. When
+// the values carrying them (another process's, when the message arrives).
+// It costs one small script per tag (on a cluster, in each tag's own slot;
+// one round trip per node) and nothing per key. When
 // Redis cannot be reached it returns an error matching ErrUnavailable; when
 // ctx ends first, ctx's error (see Invalidate).
 func (g *Guard) InvalidateTags(ctx context.Context, tags ...string) error {
