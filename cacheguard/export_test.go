@@ -44,3 +44,8 @@ func NearHeardTags(g *Guard) uint64 {
 	}
 	return g.near.tagChanges.Load() / 2
 }
+
+// SetHitsDirect sets how many hit reads of g may be on the wire on their own
+// at once (see hits): the generator's processes allow one, so that the few
+// calls a process runs at once share round trips.
+func SetHitsDirect(g *Guard, n int) { g.hits.direct = n }

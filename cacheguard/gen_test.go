@@ -175,6 +175,7 @@ type genModel struct {
 	old     []*genProc // closed, kept until the run ends
 	last    *genCall   // the last Get's settings, and its key
 	lastKey string
+	made    int // the processes started
 
 	seq atomic.Int64
 	wg  sync.WaitGroup // the calls in the background
@@ -200,15 +201,21 @@ func newGenModel(t *testing.T, rt *rapid.T, single *redistest.Server, cl *redist
 
 func rand8() string { return strconv.FormatInt(time.Now().UnixNano()%1e8, 36) }
 
-func (m *genModel) client() redis.UniversalClient {
+// client returns a client of the model's server or cluster; cte sets
+// ContextTimeoutEnabled (its hits' reads are sent on the callers' goroutines
+// and share round trips: see hits).
+func (m *genModel) client(cte bool) redis.UniversalClient {
 	if m.cluster {
-		return m.cl.Client()
+		return m.cl.Client(func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = cte })
 	}
-	return m.single.Client()
+	return m.single.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = cte })
 }
 
+// newProc starts a process; every second one's client has
+// ContextTimeoutEnabled.
 func (m *genModel) newProc(near bool) *genProc {
-	rdb := m.client()
+	rdb := m.client(m.made%2 == 1)
+	m.made++
 	h := &faultHook{}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
@@ -216,7 +223,9 @@ func (m *genModel) newProc(near bool) *genProc {
 	if near {
 		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
 	}
-	return &genProc{g: cacheguard.New(rdb, opts...), rdb: rdb, hook: h, near: near}
+	g := cacheguard.New(rdb, opts...)
+	cacheguard.SetHitsDirect(g, 1)
+	return &genProc{g: g, rdb: rdb, hook: h, near: near}
 }
 
 func (m *genModel) close() {

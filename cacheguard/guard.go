@@ -38,6 +38,7 @@ type Guard struct {
 	attempt      time.Duration
 	starts       atomic.Pointer[startBy] // see inline
 	jobs         sync.Pool               // of *readJob
+	hits         hits                    // the reads of hits that share round trips
 	typeNames    sync.Map                // reflect.Type → its name in Redis (see typeName)
 
 	// The coalescer (see group), per entry: the reads of hits (a caller
@@ -83,6 +84,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 		cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
 		work: &workers{jobs: make(chan job), quit: make(chan struct{})},
 	}
+	g.hits.cmd, g.hits.direct = g.cmd, 2*runtime.GOMAXPROCS(0)
 	g.root, g.stop = context.WithCancelCause(context.Background())
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"

@@ -42,14 +42,22 @@ type stored struct {
 // the entry's representation in it), with the generation of the keys whose
 // entry has a flight running in this process (which flight a call may join
 // depends on it: see admit) and the versions of tags, in one round trip: an
-// HGET, or a pipeline (on a cluster one per node).
-func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored, line *hget) {
+// HGET, or a pipeline (on a cluster one per node). A lone HGET travels with
+// other callers' (see hits) when share is set: when it is sent by a worker,
+// or on its caller's goroutine under the command's bound alone (see inline).
+func (g *Guard) read(ctx context.Context, values []string, field string, tags []string, out []stored, line *hget, share bool) {
 	if len(values) == 1 && len(tags) == 0 {
 		if mark, busy := g.flights.mark(entry{values[0], field}); !busy {
 			if line == nil || line.name != values[0] || line.field != field {
 				line = newLine(values[0], field)
 			}
-			v, err := g.cmd.Do(ctx, line.args[:]...).Text()
+			var cmd *redis.Cmd
+			if share {
+				cmd = g.hits.do(ctx, line.args[:])
+			} else {
+				cmd = g.cmd.Do(ctx, line.args[:]...)
+			}
+			v, err := cmd.Text()
 			switch {
 			case err == nil:
 				out[0] = stored{b: bytesOf(v), mark: mark}
@@ -409,7 +417,7 @@ func (g *Guard) fetch(ctx context.Context, values []string, field string, tags [
 	rctx, sctx, cancel, scancel := g.inline(ctx, deadline, budget)
 	defer cancel()
 	if sctx != nil {
-		g.read(sctx, values, field, tags, out, line)
+		g.read(sctx, values, field, tags, out, line, sctx == rctx && g.ctxDeadlines)
 		scancel()
 		// Sent under a context that ends one attempt before rctx (without
 		// ContextTimeoutEnabled): a timeout before rctx ended is a command
@@ -567,7 +575,7 @@ type readJob struct {
 }
 
 func (j *readJob) do() {
-	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, j.line)
+	j.g.read(j.ctx, j.values, j.field, j.tags, j.out, j.line, true)
 	j.done <- struct{}{}
 }
 

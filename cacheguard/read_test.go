@@ -470,7 +470,7 @@ func TestReadManyReply(t *testing.T) {
 	}
 	keys := []string{p + ":a", p + ":b", p + ":c", p + ":d"}
 	out := make([]stored, len(keys))
-	g.read(ctx, keys, "f", nil, out, nil)
+	g.read(ctx, keys, "f", nil, out, nil, false)
 	for i, k := range keys {
 		if out[i].err != nil {
 			t.Fatalf("%s: %v", k, out[i].err)
