@@ -198,10 +198,13 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	if f := sl.s.flight; f != nil && f.typ == c.typ && serves(&sl.s, f) && !errors.Is(f.res.err, errFlightExpired) {
 		// The read this call shared found the entry absent, and the
 		// flight it was handed to has ended: the call shares what it
-		// returns.
-		g.note(ctx, EventCoalescedLocal, key, 0, nil)
-		c.deliver(ctx, &sl, f.res)
-		return sl.v, sl.res, sl.err
+		// returns, unless that was loaded under older counters.
+		if c.servedBy(&sl, f) {
+			g.note(ctx, EventCoalescedLocal, key, 0, nil)
+			c.deliver(ctx, &sl, f.res)
+			return sl.v, sl.res, sl.err
+		}
+		sl.s = unknown(g)
 	}
 	if c.serve(ctx, &sl, start.UnixMilli()) {
 		return sl.v, sl.res, sl.err
@@ -599,9 +602,7 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			if o.leader != sl.id {
 				g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 			}
-			if o.env != nil && t.serial <= sl.s.mark && c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) == refused {
-				// A flight older than the read loaded under counters older than
-				// it read (or found absent): join one created from now on.
+			if !c.servedBy(sl, t) {
 				sl.s = unknown(g)
 				c.join(ctx, []*part[T]{sl}, deadline)
 				continue
@@ -629,6 +630,20 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			soft = nil
 		}
 	}
+}
+
+// servedBy reports whether what flight t returned may serve sl, whose read
+// found sl.s. admit let sl take t by the key's generation (see serves); but
+// a flight created before the read may have loaded under tag versions older
+// than the read found (a tag invalidated meanwhile: no generation moves),
+// and then serves no call that read the newer ones: the call joins a flight
+// created from now on (sl.s = unknown). Every path that serves a call from
+// a flight's outcome asks it: read-your-writes after InvalidateTags rests on
+// it.
+func (c *call[T]) servedBy(sl *part[T], t *task[entry, *outcome]) bool {
+	o := t.res
+	return o.env == nil || t.serial > sl.s.mark ||
+		c.cfg.judge(o.env, &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers}) != refused
 }
 
 // unknown is what a part knows when nothing is known of its counters: it

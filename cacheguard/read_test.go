@@ -481,3 +481,67 @@ func TestReadManyReply(t *testing.T) {
 		}
 	}
 }
+
+// TestHandedOverCallsKeepTagInvalidation: the callers of a read sent after
+// InvalidateTags returned, which found the entry absent and were handed to
+// a flight that began loading before it, are not served that flight's value
+// (loaded under the tag's older version): they load again. (TestGenCache
+// found it: the hand-over admitted the flight by the key's generation alone,
+// which a tag's invalidation does not move.)
+func TestHandedOverCallsKeepTagInvalidation(t *testing.T) {
+	ctx := context.Background()
+	_, g, hook := heldGets(t, "v")
+	release, entered := make(chan struct{}), make(chan struct{}, 1)
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	var loads atomic.Int64
+	load := func(context.Context) (string, error) {
+		if loads.Add(1) == 1 {
+			entered <- struct{}{}
+			<-release
+			return "old", nil
+		}
+		return "new", nil
+	}
+	const n = 8
+	var wg sync.WaitGroup
+	got := make([]string, n)
+	errs := make([]error, n)
+	get := func(i int) { got[i], errs[i] = Get(ctx, g, "cold", load, Tags("t")) }
+	hook.armed.Store(false)
+	wg.Go(func() { get(0) })
+	<-entered
+	if err := g.InvalidateTags(ctx, "t"); err != nil {
+		t.Fatal(err)
+	}
+	hook.armed.Store(true)
+	reads := hook.n.Load()
+	wg.Go(func() { get(1) })
+	waitFor(t, "the read out", func() bool { return hook.n.Load() == reads+1 })
+	for i := 2; i < n; i++ {
+		wg.Go(func() { get(i) })
+	}
+	waitFor(t, "callers queued behind it", func() bool {
+		g.reads.mu.Lock()
+		defer g.reads.mu.Unlock()
+		for _, l := range g.reads.m {
+			if l.next != nil && l.next.waiting == n-2 {
+				return true
+			}
+		}
+		return false
+	})
+	hook.open()
+	waitFor(t, "every call waiting", func() bool { return g.Stats().Misses == n })
+	free()
+	wg.Wait()
+	if errs[0] != nil || got[0] != "old" {
+		t.Fatalf("the call that began before the invalidation: %q, %v", got[0], errs[0])
+	}
+	for i := 1; i < n; i++ {
+		if errs[i] != nil || got[i] != "new" {
+			t.Fatalf("call %d, begun after InvalidateTags returned: %q, %v; want the value loaded after it", i, got[i], errs[i])
+		}
+	}
+}
