@@ -12,22 +12,24 @@ import (
 
 // hits lets the concurrent single reads of hits (a Get's HGET, sent by a
 // worker or on its caller's goroutine under the command's bound: see read)
-// share round trips, led by the callers themselves, as locks' batcher does for lock
-// scripts. A read that finds fewer than direct sends on the wire and none
-// queued is sent on its own, on its caller's goroutine: an uncontended hit
-// hands nothing to another goroutine. A read that arrives while direct
-// sends are on the wire queues; when a send returns, the first queued caller
-// is woken (the wake-up its reply would cost it anyway) and sends the whole
-// queue, its own read among it, as one pipeline on its own goroutine, then
-// hands each caller its reply. Under load many reads then share one write
-// and one read system call (on loopback those, not Redis, bound a hit).
+// share round trips, led by the callers themselves, as locks' batcher does
+// for lock scripts. A read that finds fewer than direct sends on the wire and
+// none queued is sent on its own, by the goroutine that asks (its caller's or
+// a worker's): an uncontended hit hands nothing to another goroutine. A read
+// that arrives while direct sends are on the wire queues; when a send
+// returns, the first queued caller is woken (the wake-up its reply would cost
+// it anyway) and sends the whole queue, its own read among it, as one
+// pipeline on its own goroutine, then hands each caller its reply. Under load
+// many reads then share one write and one read system call (on loopback
+// those, not Redis, bound a hit).
 //
 // A queued caller waits for its reply or its context, whichever comes
 // first; the pipeline runs bounded by the command timeout alone, whatever its
 // leader's context (with ContextTimeoutEnabled an earlier deadline would cut
-// it and close its connection, and fail the others' reads). Delaying a read's send is
-// safe for what a read carries (its flight mark, its near-cache ticket): each
-// is taken before the read is sent, and a later send only sees later writes.
+// it and close its connection, and fail the others' reads). Delaying a read's
+// send is safe for what a read carries (its flight mark, its near-cache
+// ticket): each is taken before the read is sent, and a later send only sees
+// later writes.
 type hits struct {
 	cmd *rcmd.Runner
 	// direct is how many sends may be on the wire at once: two per P. With
