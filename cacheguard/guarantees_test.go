@@ -113,11 +113,18 @@ type world struct {
 	cluster []string // or the cluster's addresses
 }
 
+// clients counts the clients made, so that every second one has
+// ContextTimeoutEnabled: a Guard on it reads on its callers' goroutines, and
+// its hits share round trips (see cacheguard's hits), where one without it
+// hands its reads to a worker.
+var clients atomic.Int64
+
 func (w world) client() redis.UniversalClient {
+	cte := clients.Add(1)%2 == 0
 	if w.cluster != nil {
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: w.cluster})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: w.cluster, ContextTimeoutEnabled: cte})
 	}
-	return redis.NewClient(&redis.Options{Addr: w.addr})
+	return redis.NewClient(&redis.Options{Addr: w.addr, ContextTimeoutEnabled: cte})
 }
 
 // guard returns a Guard on p in this process (a Guard with its own client
