@@ -29,7 +29,7 @@ local member = owner .. '|' .. ARGV[3] .. '|' .. ARGV[6] .. '|' .. acq
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local cur = redis.call('HMGET', lk, 'o', 'n', 'f')
+local cur = redis.call('HMGET', lk, 'o', 'n', 'f', 'w')
 if cur[1] == owner then
   -- Held by this owner. A hold under this acquisition id exists already: go-redis
   -- retrying a call whose reply was lost, or a hand-off to this waiter that it has
@@ -44,14 +44,15 @@ if cur[1] == owner then
   return {1, cur[3], n}
 end
 
--- Drop waiters whose place expired (they died or gave up without saying so).
-local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
-if #dead > 0 then
-  redis.call('ZREM', q, unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', qt, '-inf', nowms)
-end
-
 if cur[1] == false then
+  -- Drop waiters whose place expired (they died or gave up without saying so)
+  -- before the head is read. While the lock is held only a hand-off reads the
+  -- head, and release.lua drops them first too.
+  local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
+  if #dead > 0 then
+    redis.call('ZREM', q, unpack(dead))
+    redis.call('ZREMRANGEBYSCORE', qt, '-inf', nowms)
+  end
   local head = nil
   if fair then head = redis.call('ZRANGE', q, 0, 0)[1] end
   if head == nil or head == member then
@@ -72,7 +73,7 @@ if place > 0 then
   local keep = place + lease
   redis.call('PEXPIRE', q, keep)
   redis.call('PEXPIRE', qt, keep)
-  if cur[1] then redis.call('HSET', lk, 'w', '1') end
+  if cur[1] and not cur[4] then redis.call('HSET', lk, 'w', '1') end
   queued = 1
 end
 local pttl = redis.call('PTTL', lk)

@@ -64,14 +64,14 @@ if cur[2] ~= '1' then
   return redis.call('HINCRBY', lk, 'n', -1)
 end
 redis.call('DEL', lk)
-if not cur[4] or redis.call('EXISTS', q) == 0 then return 0 end
+if not cur[4] then return 0 end
 
 local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
 if #dead > 0 then
   redis.call('ZREM', q, unpack(dead))
   redis.call('ZREMRANGEBYSCORE', qt, '-inf', nowms)
 end
-local head = redis.call('ZRANGE', q, 0, 0)[1]
+local head = redis.call('ZPOPMIN', q)[1]
 if head then
   -- owner|lease|client|acquisition id (the owner may itself contain '|'); the
   -- waiter's client alone listens on its channel, so no other process wakes for
@@ -87,7 +87,6 @@ if head then
   end
   local wlease = tonumber(wl)
   local f = nextFence(fk, fencettl, t)
-  redis.call('ZREM', q, head)
   redis.call('ZREM', qt, head)
   -- w: more waiters may be queued (a stale w only costs the next release this check)
   redis.call('HSET', lk, 'o', w, 'n', '1', 'f', f, 'h:' .. wacq, '1', 'p', owner .. '|' .. acq, 'w', '1')
