@@ -63,17 +63,20 @@ type meter struct {
 	breakerOpened, breakerClosed atomic.Int64
 }
 
-func (m *meter) enterEdit() {
+// edit counts an edit inside its critical section until the function it
+// returns is called (a nil meter counts nothing).
+func (m *meter) edit() (leave func()) {
+	if m == nil {
+		return func() {}
+	}
 	n := m.editing.Add(1)
 	for {
 		old := m.maxEdit.Load()
 		if n <= old || m.maxEdit.CompareAndSwap(old, n) {
-			return
+			return func() { m.editing.Add(-1) }
 		}
 	}
 }
-
-func (m *meter) leaveEdit() { m.editing.Add(-1) }
 
 // breaker is the Observer of the instance's Redis breaker.
 func (m *meter) breaker(_ context.Context, e locks.Event) {
@@ -348,19 +351,11 @@ func (s *service) loadRepo(ctx context.Context, id uint) (Repo, error) {
 // the commit invalidates the cached copies.
 func (s *service) updateSettings(c *gin.Context) {
 	ctx := c.Request.Context()
-	id, ok := repoID(c)
+	id, e, ok := editRequest[edit](c)
 	if !ok {
 		return
 	}
-	var e edit
-	if err := c.ShouldBindJSON(&e); err != nil {
-		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
-		return
-	}
-	if m := s.cfg.Meter; m != nil {
-		m.enterEdit()
-		defer m.leaveEdit()
-	}
+	defer s.cfg.Meter.edit()()
 	var repo Repo
 	err := s.transaction(ctx, s.db, func(tx *gorm.DB) error {
 		if err := tx.First(&repo, id).Error; err != nil {
@@ -397,19 +392,11 @@ func (e edit) apply(repo *Repo) {
 // gormplugin.ErrStaleWrite (409) instead of overwriting that commit.
 func (s *service) saveSettings(c *gin.Context) {
 	ctx := c.Request.Context()
-	id, ok := repoID(c)
+	id, e, ok := editRequest[edit](c)
 	if !ok {
 		return
 	}
-	var e edit
-	if err := c.ShouldBindJSON(&e); err != nil {
-		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
-		return
-	}
-	if m := s.cfg.Meter; m != nil {
-		m.enterEdit()
-		defer m.leaveEdit()
-	}
+	defer s.cfg.Meter.edit()()
 	db := s.db.WithContext(ctx)
 	var repo Repo
 	err := db.First(&repo, id).Error
@@ -434,13 +421,8 @@ type rename struct {
 // its token, and the read is exact because the request's lock spans it.
 func (s *service) renameRepo(c *gin.Context) {
 	ctx := c.Request.Context()
-	id, ok := repoID(c)
+	id, r, ok := editRequest[rename](c)
 	if !ok {
-		return
-	}
-	var r rename
-	if err := c.ShouldBindJSON(&r); err != nil {
-		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
 		return
 	}
 	db := s.db.WithContext(ctx)
@@ -513,6 +495,19 @@ func repoID(c *gin.Context) (uint, bool) {
 		return 0, false
 	}
 	return uint(id), true
+}
+
+// editRequest reads an edit's repository id and its JSON body, or answers
+// 400 and reports false.
+func editRequest[B any](c *gin.Context) (id uint, body B, ok bool) {
+	if id, ok = repoID(c); !ok {
+		return 0, body, false
+	}
+	if err := c.ShouldBindJSON(&body); err != nil {
+		c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()})
+		return 0, body, false
+	}
+	return id, body, true
 }
 
 // pause waits for d or until ctx ends.
