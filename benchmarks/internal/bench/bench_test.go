@@ -433,3 +433,18 @@ PASS`
 		t.Error("a parent's name matched its sub-benchmarks")
 	}
 }
+
+// A baseline that loads in every process can serve its p99 in less than its
+// longest load (R1b once read -4.0 ms): the cold-key rows then give no
+// ratio, and the figures decide.
+func TestOverRatioOfNoPositiveBaseline(t *testing.T) {
+	if got := ratioOrDash(overRatio(7.3, -4.0)); got != "–" {
+		t.Errorf("ratio to a negative baseline printed %q, want –", got)
+	}
+	if got := ratioOrDash(overRatio(7.3, 0)); got != "–" {
+		t.Errorf("ratio to a zero baseline printed %q, want –", got)
+	}
+	if got := ratioOrDash(overRatio(6, 3)); got != "2.00×" {
+		t.Errorf("ratio printed %q, want 2.00×", got)
+	}
+}

@@ -79,7 +79,7 @@ func (r *Results) pgTargets() []Target {
 	ov, _, oko := r.summary("pg-stampede-wake", systems.Guard, "over")
 	sov, _, oks := r.summary("pg-stampede-wake", systems.Singleflight, "over")
 	add("real DB stampede: cacheguard (wait, cold key) p99 minus the query's own time vs per-process singleflight's (table R1b)", "≤ 1.0×",
-		fmt.Sprintf("%.2f× (%.1f vs %.1f ms)", ov/sov, ov, sov), ov <= sov, oko && oks)
+		ratioOrDash(overRatio(ov, sov))+fmt.Sprintf(" (%.1f vs %.1f ms)", ov, sov), ov <= sov, oko && oks)
 	_, q, ok1 := r.summary("pg-stampede", systems.Guard, "loads")
 	_, f, ok2 := r.summary("pg-stampede", systems.Guard, "failed")
 	add("real DB stampede: cacheguard (wait) queries and failed requests (worst repetition)", "1 query; 0 failed",
