@@ -248,7 +248,8 @@ func addTimeline(r *Row, tl timeline) {
 const timelineIntro = "What each system adds to the load on a cold key: *p99 − load* is the p99 latency of all " +
 	"requests minus the load's own time (the longest load when there are several). Its floor is 0 for one load per " +
 	"fleet (no request can be served before it ends); where every process loads, a request that arrives while its " +
-	"process's load runs waits less than a load, so the figure can be negative (no ratio to it is given). Where it goes, from the same runs (wall clock, every process on one host): " +
+	"process's load runs waits less than a load, so the figure can be negative (no ratio to it is given). " +
+	"Where it goes, from the same runs (wall clock, every process on one host): " +
 	"*GO → load start*, the reads and the fill lease before the load; in the process that loaded, from the load's end " +
 	"until the p99 of its requests returned; in the slowest of the other processes, from the load's end until the " +
 	"value's push reached the process (heard by a pattern subscription of the harness's own, beside the system's), " +
@@ -256,10 +257,11 @@ const timelineIntro = "What each system adds to the load on a cold key: *p99 −
 	"the p99 of its requests had returned (goroutine wake-ups). Systems that load in every process have no push."
 
 // overRatio is a cold-key target's ratio of cacheguard's p99 − load (ov) to
-// a baseline's (base), NaN (printed "–") when base is not positive: a baseline that loads in every process serves
-// the requests that arrive during its process's load in less than a load, so
-// its p99 can fall below its longest load, and a ratio to that means
-// nothing; the row then compares the two figures.
+// a baseline's (base), NaN (printed "–") when base is not positive: a
+// baseline that loads in every process serves the requests that arrive
+// during its process's load in less than a load, so its p99 can fall below
+// its longest load, and a ratio to that means nothing; the row then compares
+// the two figures.
 func overRatio(ov, base float64) float64 {
 	if base <= 0 {
 		return math.NaN()
