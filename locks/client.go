@@ -740,18 +740,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 				res, err := c.attempt(wctx, ks, kv, ov, acq, cfg, member)
 				if err != nil {
 					c.reload(ctx)
-					if wctx.Err() == nil && silent(err) && !c.life.closed.Load() {
-						// Redis did not answer (or the breaker says it would
-						// not): what this wait may hold travels with the next
-						// round trip, as once's does, instead of holding the
-						// caller, and the callers at the gate behind it, for a
-						// second command bound in the same stall. (While the
-						// client closes, giveBack's own rule keeps it in
-						// Close's work.)
-						c.giveBack(ctx, kv, ov, acq, cfg, member, true)
-					} else {
-						giveBack()
-					}
+					giveBack()
 					if wctx.Err() != nil {
 						return fail(pttl, c.life.cause(ctx))
 					}
@@ -815,13 +804,6 @@ func await(wctx context.Context, handed <-chan uint64, timer *time.Timer) (fence
 	case <-wctx.Done():
 		return 0, false, true
 	}
-}
-
-// silent reports whether a command failed because Redis did not answer it
-// in time, or the breaker refused it as Redis was not answering: another
-// command sent at once would most likely wait out its bound too.
-func silent(err error) bool {
-	return rcmd.IsTimeout(err) || errors.Is(err, rcmd.ErrTimeout) || errors.Is(err, ErrCircuitOpen)
 }
 
 // mayHaveRun reports whether a command that failed with err may still have
