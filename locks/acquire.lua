@@ -1,11 +1,15 @@
 -- Acquire (or re-enter) a lock in one step, and on failure optionally queue as a waiter.
 -- KEYS[1] lock hash {o=owner, n=hold count, f=fence, h:<acquisition id>=1 per hold,
+--   b=the acquisition id whose hold began the holding (granted or handed to it; a
+--   fresh owner, whose acquisition id is the owner, may leave it out),
 --   w=1 when waiters may be queued, p=previous holder after a hand-off}
 -- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms)
 -- ARGV: owner, acquisition id, lease ms, fence ttl ms, "queue-place ttl ms (0 = do not queue),fair (1/0)",
 -- the waiting client's id (its hand-offs are published on KEYS[1]..':w:'..id; see release.lua)
 -- Returns the fence token (a decimal string) for a fresh grant, {1, fence, holds} when
--- re-entered, {0, pttl, queued} when not held.
+-- re-entered, {0, pttl, queued} when not held. A retry (this acquisition id holds already)
+-- answers as the first run did, whatever happened between: the fence alone when its hold
+-- began the holding (b), else {1, fence, holds}.
 --
 -- Invariant kept by every script: while the lock hash exists and its queue is
 -- not empty, the hash has w. A release without w thus skips the queue.
@@ -15,7 +19,11 @@ local owner, acq = ARGV[1], ARGV[2]
 -- Fast path: free and nobody queued (5 commands).
 if redis.call('EXISTS', lk, q) == 0 then
   local f = nextFence(fk, ARGV[4], redis.call('TIME'))
-  redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
+  if acq == owner then
+    redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
+  else
+    redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1', 'b', acq)
+  end
   redis.call('PEXPIRE', lk, ARGV[3])
   return f
 end
@@ -29,18 +37,20 @@ local member = owner .. '|' .. ARGV[3] .. '|' .. ARGV[6] .. '|' .. acq
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local cur = redis.call('HMGET', lk, 'o', 'n', 'f', 'w')
+local cur = redis.call('HMGET', lk, 'o', 'n', 'f', 'w', 'b')
 if cur[1] == owner then
   -- Held by this owner. A hold under this acquisition id exists already: go-redis
   -- retrying a call whose reply was lost, or a hand-off to this waiter that it has
   -- not heard of yet. Otherwise a re-entry, which takes one more hold.
   local n = tonumber(cur[2])
-  if redis.call('HSETNX', lk, 'h:' .. acq, '1') == 1 then
-    n = redis.call('HINCRBY', lk, 'n', '1')
-  end
+  local retry = redis.call('HSETNX', lk, 'h:' .. acq, '1') == 0
+  if not retry then n = redis.call('HINCRBY', lk, 'n', '1') end
   if redis.call('PTTL', lk) < lease then redis.call('PEXPIRE', lk, ARGV[3]) end
   redis.call('ZREM', q, member)
   redis.call('ZREM', qt, member)
+  -- The hold count alone cannot tell a retry of the grant from a re-entry: holds
+  -- of the owner may have been taken or given back between a call and its retry.
+  if retry and (acq == owner or cur[5] == acq) then return cur[3] end
   return {1, cur[3], n}
 end
 
@@ -59,7 +69,7 @@ if cur[1] == false then
     local f = nextFence(fk, ARGV[4], t)
     redis.call('ZREM', q, member)
     redis.call('ZREM', qt, member)
-    redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
+    redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1', 'b', acq)
     if redis.call('EXISTS', q) == 1 then redis.call('HSET', lk, 'w', '1') end
     redis.call('PEXPIRE', lk, ARGV[3])
     return f

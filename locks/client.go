@@ -284,11 +284,11 @@ func keys(prefix, name string) []string {
 func (c *Client) channel(lockKey string) string { return lockKey + ":w:" + c.id }
 
 type attemptResult struct {
-	ok     bool
-	fence  uint64
-	fenceV any // the token as the reply carried it (a string), for release.lua
-	holds  int64
-	pttl   time.Duration
+	ok        bool
+	fence     uint64
+	fenceV    any  // the token as the reply carried it (a string), for release.lua
+	reentered bool // joined a holding of its owner's (acquire.lua decides, also for a retry)
+	pttl      time.Duration
 }
 
 // attempt runs the acquire script once; member is the caller's place in the
@@ -314,16 +314,16 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	return parseAttempt(v)
 }
 
-// parseAttempt reads acquire.lua's reply: a fence token alone for a fresh
-// grant, else {1, fence, holds} or {0, pttl, queued} (a fence is a decimal
-// string).
+// parseAttempt reads acquire.lua's reply: a fence token alone for a grant
+// that began the holding, else {1, fence, holds} for a re-entry or {0, pttl,
+// queued} (a fence is a decimal string).
 func parseAttempt(reply any) (attemptResult, error) {
 	if s, ok := reply.(string); ok {
 		f, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
 			return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %q", s)
 		}
-		return attemptResult{ok: true, fence: f, fenceV: reply, holds: 1}, nil
+		return attemptResult{ok: true, fence: f, fenceV: reply}, nil
 	}
 	v, _ := reply.([]any)
 	if len(v) < 2 {
@@ -336,11 +336,7 @@ func parseAttempt(reply any) (attemptResult, error) {
 		if err != nil {
 			return attemptResult{}, fmt.Errorf("locks: unexpected acquire reply %v", v)
 		}
-		n := int64(1)
-		if len(v) > 2 {
-			n, _ = v[2].(int64)
-		}
-		return attemptResult{ok: true, fence: f, fenceV: v[1], holds: n}, nil
+		return attemptResult{ok: true, fence: f, fenceV: v[1], reentered: true}, nil
 	}
 	b, _ := v[1].(int64)
 	return attemptResult{pttl: time.Duration(b) * time.Millisecond}, nil
@@ -789,7 +785,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			}
 			gr = grant{sent, cfg.lease}
 		}
-		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV, holds: 1}, gr)
+		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV}, gr)
 	}
 }
 
@@ -831,7 +827,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		return giveBack(ErrClosed) // closing: only a nested acquisition goes on
 	}
 	if scoped {
-		if err := c.scopes.join(h, h.owner, res.holds > 1); err != nil {
+		if err := c.scopes.join(h, h.owner, res.reentered); err != nil {
 			return giveBack(err)
 		}
 	}
@@ -842,7 +838,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		return giveBack(ErrClosed)
 	}
 	kind := EventAcquired
-	if res.holds > 1 {
+	if res.reentered {
 		kind = EventReentered
 	}
 	if scoped {

@@ -558,3 +558,94 @@ func TestRenewalAfterLostIsReleased(t *testing.T) {
 		return rdb.Exists(ctx, lockKey).Val() == 0
 	})
 }
+
+// retryHook re-sends the next acquire.lua call of its client after running
+// between (as go-redis retrying a call whose reply was lost, with another
+// command of the same owner reaching Redis in between).
+type retryHook struct {
+	mu      sync.Mutex
+	armed   bool
+	between func()
+}
+
+func (r *retryHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *retryHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return r.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+func (r *retryHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return r.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+func (r *retryHook) around(cmds []redis.Cmder, send func() error) error {
+	r.mu.Lock()
+	fire := false
+	for _, c := range cmds {
+		if sc, _ := scriptCall(c); sc == &acquireS && r.armed {
+			fire, r.armed = true, false
+		}
+	}
+	r.mu.Unlock()
+	if !fire {
+		return send()
+	}
+	_ = send()
+	r.between()
+	return send()
+}
+
+// TestRetriedReentryStaysReentry: a re-entry whose call is retried after
+// the owner's first Lock was Unlocked (its release reached Redis between the
+// call and its retry) is still the re-entry the first call's reply said: the
+// nested Lock gets the holding and its fence as a re-entry, not as a fresh
+// grant of that fence (the hold count it read before was 1, a fresh grant's;
+// TestGenLocks found it as "fence granted twice").
+func TestRetriedReentryStaysReentry(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	hook := &retryHook{}
+	rdb.AddHook(hook)
+	var mu sync.Mutex
+	kinds := map[EventKind]int{}
+	c := New(rdb, Observer(func(_ context.Context, e Event) {
+		mu.Lock()
+		kinds[e.Kind]++
+		mu.Unlock()
+	}))
+	defer c.Close()
+	name := "retried-reentry"
+	octx := WithOwner(ctx, "owner-r")
+	l1, err := c.Lock(octx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlocked := make(chan error, 1)
+	hook.mu.Lock()
+	hook.armed = true
+	hook.between = func() { unlocked <- l1.Unlock(ctx) }
+	hook.mu.Unlock()
+	l2, err := c.Lock(octx, name)
+	if err != nil {
+		t.Fatalf("re-entry whose retry came after the first Lock's Unlock: %v", err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Errorf("the first Lock's Unlock: %v", err)
+	}
+	if l2.Fence() != l1.Fence() {
+		t.Errorf("re-entry's fence %d, want the holding's %d", l2.Fence(), l1.Fence())
+	}
+	mu.Lock()
+	if kinds[EventAcquired] != 1 || kinds[EventReentered] != 1 {
+		t.Errorf("events %v: want one acquisition and one re-entry", kinds)
+	}
+	mu.Unlock()
+	if err := l2.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+	if rdb.Exists(ctx, "cg:lock:{"+name+"}").Val() != 0 {
+		t.Error("lock left after both Unlocks")
+	}
+}

@@ -377,10 +377,12 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	acq := rid.New() // per attempt: a late release of a failed attempt never removes a later grant
 	timeout := rlNodeTimeout(&cfg, px)
 	span := rlSpan(&cfg, px)
-	count := func(res []nodeResult[[]int64], holds int64) int {
+	// count counts the nodes that granted: any grant (least 1), or re-entries
+	// only (least 2); see redlock_acquire.lua.
+	count := func(res []nodeResult[[]int64], least int64) int {
 		n := 0
 		for _, x := range res {
-			if x.done && x.err == nil && len(x.v) == 2 && x.v[0] == 1 && x.v[1] >= holds {
+			if x.done && x.err == nil && len(x.v) == 2 && x.v[0] == 1 && x.v[1] >= least {
 				n++
 			}
 		}

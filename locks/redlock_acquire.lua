@@ -1,9 +1,12 @@
 -- Redlock: take (or re-enter) a lock on one node.
--- KEYS[1] lock hash {o = owner, <acquisition id> = 1 for each hold}
+-- KEYS[1] lock hash {o = owner, <acquisition id> = 1 for the hold that began the
+-- holding on this node, 2 for each re-entry}
 -- ARGV: owner, acquisition id, lease ms
--- Returns {1, holds} when the owner holds it, {0, pttl} when another owner does.
--- Setting the acquisition's field is idempotent, so a client retry whose first
--- reply was lost succeeds again instead of counting a second hold.
+-- Returns {1, 1} when this acquisition began the owner's holding, {1, 2} when it
+-- re-entered it, {0, pttl} when another owner holds the lock.
+-- A client retry whose first reply was lost finds its acquisition's field and
+-- answers as the first call did, instead of counting a second hold or reading
+-- the hold count (holds of the owner may have come and gone in between).
 local k, owner, acq, px = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local cur = redis.call('HGET', k, 'o')
 if cur == false then
@@ -12,9 +15,10 @@ if cur == false then
   return {1, 1}
 end
 if cur == owner then
-  redis.call('HSET', k, acq, 1)
+  local was = redis.call('HGET', k, acq)
+  if not was then redis.call('HSET', k, acq, 2) end
   if redis.call('PTTL', k) < px then redis.call('PEXPIRE', k, px) end
-  return {1, redis.call('HLEN', k) - 1}
+  return {1, tonumber(was or 2)}
 end
 local pttl = redis.call('PTTL', k)
 if pttl < 0 then pttl = 0 end

@@ -15,7 +15,7 @@ import (
 )
 
 // grantSpy counts the pipelined Redlock acquisitions of one key that its node
-// granted (replied {1, holds}).
+// granted (replied {1, 1} or {1, 2}).
 type grantSpy struct {
 	key     string
 	granted atomic.Int32
@@ -165,4 +165,102 @@ func rlOwners(t *testing.T, admin []*redis.Client, name string) []string {
 		out[i] = o
 	}
 	return out
+}
+
+// rlRetryHook re-sends its node's next Redlock acquisition of key (as
+// go-redis retrying a call whose reply was lost), after running between.
+type rlRetryHook struct {
+	key     string
+	armed   atomic.Bool
+	between func()
+}
+
+func (h *rlRetryHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rlRetryHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return h.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+func (h *rlRetryHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return h.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+func (h *rlRetryHook) around(cmds []redis.Cmder, send func() error) error {
+	fire := false
+	for _, c := range cmds {
+		// evalsha|eval, sha|source, 1, key, owner, acquisition, lease ms
+		if a := c.Args(); len(a) == 7 && a[3] == h.key && h.armed.CompareAndSwap(true, false) {
+			fire = true
+		}
+	}
+	if !fire {
+		return send()
+	}
+	_ = send()
+	h.between()
+	return send()
+}
+
+// TestRedlockRetriedReentryStaysReentry: a Redlock re-entry whose call is
+// retried on every node after the owner's first Lock was Unlocked (its
+// release reached the nodes between the call and its retry) is still the
+// re-entry the first call's replies said: the nested Lock succeeds with the
+// holding, instead of failing its scope with ErrLost (the hold count it read
+// before was 1, a fresh grant's).
+func TestRedlockRetriedReentryStaysReentry(t *testing.T) {
+	const name = "rl:retried-reentry"
+	key := rlKey(name)
+	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	servers := redistest.StartN(t, 3)
+	clients := make([]redis.UniversalClient, len(servers))
+	hooks := make([]*rlRetryHook, len(servers))
+	var outer *locks.Lock
+	var sent sync.WaitGroup // every node's first call is in
+	var unlock sync.Once
+	unlocked := make(chan error, 1)
+	sent.Add(len(servers))
+	between := func() { // the first Lock's release reaches every node between the calls and their retries
+		sent.Done()
+		sent.Wait()
+		unlock.Do(func() { unlocked <- outer.Unlock(ctx) })
+	}
+	for i, s := range servers {
+		c := rlNodeClient(s)
+		hooks[i] = &rlRetryHook{key: key, between: between}
+		c.AddHook(hooks[i])
+		clients[i] = c
+	}
+	r := locks.NewRedlock(clients, locks.NodeTimeout(2*time.Second), locks.Lease(5*time.Second))
+	defer r.Close()
+	var err error
+	if outer, err = r.Lock(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, "the first Lock held on every node", func() bool {
+		for _, s := range servers {
+			if s.Client().HLen(context.Background(), key).Val() != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, h := range hooks {
+		h.armed.Store(true)
+	}
+	inner, err := r.TryLock(ctx, name)
+	if err != nil {
+		t.Fatalf("re-entry whose retries came after the first Lock's Unlock: %v", err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Errorf("the first Lock's Unlock: %v", err)
+	}
+	if err := inner.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range servers {
+		if n := s.Client().Exists(context.Background(), key).Val(); n != 0 {
+			t.Errorf("node %d keeps the lock after both Unlocks", i)
+		}
+	}
 }

@@ -89,7 +89,7 @@ if head then
   local f = nextFence(fk, fencettl, t)
   redis.call('ZREM', qt, head)
   -- w: more waiters may be queued (a stale w only costs the next release this check)
-  redis.call('HSET', lk, 'o', w, 'n', '1', 'f', f, 'h:' .. wacq, '1', 'p', owner .. '|' .. acq, 'w', '1')
+  redis.call('HSET', lk, 'o', w, 'n', '1', 'f', f, 'h:' .. wacq, '1', 'b', wacq, 'p', owner .. '|' .. acq, 'w', '1')
   redis.call('PEXPIRE', lk, math.min(wlease, place))
   redis.call(ARGV[5], chan, wacq .. ' ' .. f)
   if head == nextm then return f end
