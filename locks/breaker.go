@@ -36,8 +36,13 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // go-redis's own, or the command timeout with which locks and cacheguard
 // bound each of their commands, so a stalled Redis trips it as a refused
 // connection does; not redis.Nil, not error replies, which prove Redis
-// answered, and not the caller's context ending) it opens: every command and pipeline fails
-// at once with ErrCircuitOpen, without touching the network. After Cooldown
+// answered, and not the caller's context ending) it opens, and so it does
+// on any failure once Redis has been silent for Silence: it answered no
+// command of the client since the first one sent after its last answer,
+// that long ago (a process whose callers wait in line for one lock or one
+// fill sends few commands into a stall, and would otherwise wait for
+// Threshold of them to time out one after another). Open, every command and
+// pipeline fails at once with ErrCircuitOpen, without touching the network. After Cooldown
 // it sends a probe PING (half-open), on a goroutine of its own, while
 // callers keep failing at once, and another every Cooldown while none has
 // answered (each may take four Cooldowns, re-dialling included); the first
@@ -64,6 +69,15 @@ type Breaker struct {
 	// Cooldown is how long the breaker stays open before it lets one probe
 	// through. The default is 250ms.
 	Cooldown time.Duration
+	// Silence is how long Redis may leave the client's commands unanswered
+	// before a single failure opens the breaker. The default is 750ms:
+	// longer than the 500ms that locks and cacheguard let a command sent to a
+	// quiet Redis wait, shorter than the 1s a command sent while Redis
+	// answered may (so the commands in flight when a stall begins open the
+	// breaker as they fail). A negative Silence leaves it to Threshold.
+	// Blocking commands (BLPOP, XREAD, WAIT and the like), which wait by
+	// design, do not start the silence.
+	Silence time.Duration
 	// Observer, if set, is called with EventBreakerOpened (Err: the
 	// failure that opened it) and EventBreakerClosed events, synchronously: it must not block.
 	Observer func(ctx context.Context, e Event)
@@ -75,7 +89,11 @@ type Breaker struct {
 	once      sync.Once
 	threshold int32
 	cooldown  time.Duration
+	silence   time.Duration
 	log       *ratelog.Logger
+	base      time.Time    // the origin of heard and waiting
+	heard     atomic.Int64 // when Redis last answered a command (ns since base)
+	waiting   atomic.Int64 // 1 + when the first command sent after that was sent (ns since base; stale when <= heard)
 
 	failures atomic.Int32                      // consecutive failures while closed
 	state    atomic.Int32                      // breakerClosed or breakerOpen
@@ -100,6 +118,11 @@ func (b *Breaker) init() {
 		if b.cooldown <= 0 {
 			b.cooldown = 250 * time.Millisecond
 		}
+		b.silence = b.Silence
+		if b.silence == 0 {
+			b.silence = 750 * time.Millisecond
+		}
+		b.base = time.Now()
 		b.log = ratelog.New(b.Logger, time.Second)
 	})
 }
@@ -154,6 +177,7 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 			case err == nil:
 				b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
 				b.failures.Store(0)
+				b.heard.Store(int64(time.Since(b.base)) + 1) // the silence is over
 				if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
 					b.emit(context.Background(), Event{Kind: EventBreakerClosed})
 				}
@@ -189,12 +213,60 @@ func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
 	}
 	switch {
 	case b.failure(ctx, err):
-		if b.failures.Add(1) >= b.threshold {
+		if b.failures.Add(1) >= b.threshold || b.silent() {
 			b.trip(ctx, err)
 		}
 	case redisAnswered(err) && b.failures.Load() != 0:
 		b.failures.Store(0)
 	}
+}
+
+// send marks a command sent now: the first sent since Redis last answered
+// starts the silence (a blocking command, which waits by design, does not).
+// It returns the mark it set, or 0.
+func (b *Breaker) send(cmds []redis.Cmder) int64 {
+	w := b.waiting.Load()
+	if b.silence < 0 || w > b.heard.Load() {
+		return 0 // a silence has started already
+	}
+	for _, c := range cmds {
+		if !blocking[c.Name()] {
+			m := int64(time.Since(b.base)) + 1 // never 0
+			if b.waiting.CompareAndSwap(w, m) {
+				return m
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+// ended records how a command marked m (see send) ended: an answer from Redis
+// ends the silence; a command that ended otherwise without failing (its
+// caller gave up) within a quarter Silence of its send is no evidence of
+// silence, and withdraws its mark (as internal/rcmd's quiet Redis).
+func (b *Breaker) ended(ctx context.Context, err error, m int64) {
+	switch {
+	case redisAnswered(err):
+		b.heard.Store(int64(time.Since(b.base)) + 1)
+	case m != 0 && time.Since(b.base)-time.Duration(m-1) < b.silence/4 && !b.failure(ctx, err):
+		b.waiting.CompareAndSwap(m, 0)
+	}
+}
+
+// silent reports whether Redis has answered nothing for b.silence while a
+// command waited.
+func (b *Breaker) silent() bool {
+	w := b.waiting.Load()
+	return b.silence >= 0 && w > b.heard.Load() && time.Since(b.base)-time.Duration(w-1) >= b.silence
+}
+
+// blocking names the commands that wait on the server by design: their wait
+// is no silence.
+var blocking = map[string]bool{
+	"blpop": true, "brpop": true, "brpoplpush": true, "blmove": true, "blmpop": true,
+	"bzpopmin": true, "bzpopmax": true, "bzmpop": true, "xread": true, "xreadgroup": true,
+	"wait": true, "waitaof": true,
 }
 
 // redisAnswered reports whether err (nil included) is an answer from Redis, which
@@ -293,7 +365,10 @@ func (b *Breaker) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			cmd.SetErr(ErrCircuitOpen)
 			return ErrCircuitOpen
 		}
+		one := [1]redis.Cmder{cmd}
+		m := b.send(one[:])
 		err := next(ctx, cmd)
+		b.ended(ctx, err, m)
 		b.done(ctx, err, epoch)
 		return err
 	}
@@ -314,6 +389,7 @@ func (b *Breaker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 			}
 			return ErrCircuitOpen
 		}
+		m := b.send(cmds)
 		err := next(ctx, cmds)
 		if err == nil {
 			// A connection failure fails every command; an error reply only its own.
@@ -324,6 +400,7 @@ func (b *Breaker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 				}
 			}
 		}
+		b.ended(ctx, err, m)
 		b.done(ctx, err, epoch)
 		return err
 	}

@@ -446,3 +446,70 @@ func TestBreakerWarnsToSlogDefault(t *testing.T) {
 		t.Fatalf("warning %q, want the breaker's", m)
 	}
 }
+
+// TestBreakerOpensOnSilence: when Redis has answered nothing for Silence, the
+// next failure opens the breaker, however far below Threshold the failures
+// are (a process whose callers wait in line for a lock sends few commands
+// into a stall: the fleet's stall test saw breakers open 4s into it).
+func TestBreakerOpensOnSilence(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	b := &locks.Breaker{Threshold: 1000, Silence: 300 * time.Millisecond}
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.TryLock(context.Background(), "warm"); err != nil {
+		t.Fatal(err)
+	}
+	px.Set(faultproxy.BlackHole)
+	start := time.Now()
+	n := tryUntilOpen(t, c, b)
+	t.Logf("opened %v into the black hole, after %d failed attempts", time.Since(start), n)
+	px.Set(faultproxy.Pass)
+	redistest.Eventually(t, 10*time.Second, "the breaker closed after the black hole", func() bool {
+		_ = rdb.Ping(context.Background()).Err()
+		return !b.Open()
+	})
+}
+
+// TestBreakerBlockingIsNoSilence: a blocking command (BLPOP) waiting on a
+// healthy Redis starts no silence: a later command that fails alone, on its
+// own short wait, does not open the breaker.
+func TestBreakerBlockingIsNoSilence(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	b := &locks.Breaker{Threshold: 1000, Silence: 200 * time.Millisecond}
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	ctx := context.Background()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	popped := make(chan error, 1)
+	go func() { popped <- rdb.BLPop(ctx, 2*time.Second, "nothing").Err() }()
+	admin := s.Client()
+	redistest.Eventually(t, 5*time.Second, "BLPOP waiting", func() bool {
+		return strings.Contains(admin.ClientList(ctx).Val(), "cmd=blpop")
+	})
+	time.Sleep(300 * time.Millisecond) // the subject: BLPOP has waited longer than Silence
+	px.Set(faultproxy.BlackHole)
+	if err := rdb.Get(ctx, "k").Err(); err == nil || errors.Is(err, redis.Nil) {
+		t.Fatalf("GET into a black hole: %v, want a timeout", err)
+	}
+	if b.Open() {
+		t.Error("one failure opened the breaker: BLPOP's wait was taken for silence")
+	}
+	px.Set(faultproxy.Pass)
+	<-popped
+}

@@ -219,8 +219,8 @@ func Logger(l *slog.Logger) Option {
 // (WaitBudget) and from the caller's context, both of which can only end a
 // call sooner: a stalled Redis (paused, black-holed) turns into an error
 // matching ErrUnavailable within it — and, with a Breaker on the client, into
-// an open breaker once Threshold commands failed so — instead of a call that
-// lasts the stall. The bound reaches the socket only on a client with
+// an open breaker once Threshold commands failed so, or one did after a
+// Silence — instead of a call that lasts the stall. The bound reaches the socket only on a client with
 // ContextTimeoutEnabled (as the README's client sets); without it go-redis
 // bounds each command by its ReadTimeout and WriteTimeout instead (3s by
 // default). The bound is chosen when the command is sent: while Redis

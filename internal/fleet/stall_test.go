@@ -26,12 +26,14 @@ const (
 	// breaker is open (503 for an edit, the loader's value for a read).
 	fastAnswer = 100 * time.Millisecond
 	// breakerOpens bounds how long after the stall's start each process's
-	// breaker must have opened (five failed commands, as the process's own
-	// traffic sends them: those in flight at the stall's start end after 1s,
-	// twice the 500ms command timeout, later ones after 500ms; 1.5-3.2s
-	// measured, in steps of 500ms, so 4s leaves one step), and breakerCloses
-	// how long after Redis answers again it must have closed (a probe every
-	// 250ms cooldown).
+	// breaker must have opened: at the first failure after 750ms of
+	// silence (Breaker.Silence; those in flight at the stall's start end
+	// after 1s, twice the 500ms command timeout, later ones after 500ms), or
+	// at five failures: 0.8-2.2s measured, as the process's first failure
+	// came. Before the silence rule, five failures took 1.5-4.1s, as the
+	// process's own traffic sent them, its callers in line one at a time;
+	// breakerCloses bounds how long after Redis answers again it must
+	// have closed (a probe every 250ms cooldown).
 	breakerOpens  = 4 * time.Second
 	breakerCloses = time.Second
 )
