@@ -472,7 +472,12 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		case len(x.v) != 2:
 			e.Failed = append(e.Failed, NodeError{Addr: r.nodes[i].name, Err: errors.New("locks: unexpected acquire reply")})
 		case x.v[0] == 1:
-			e.Granted = append(e.Granted, r.nodes[i].name)
+			if nested && x.v[1] < 2 {
+				// A fresh grant to a nested attempt: the owner's holding was gone there.
+				e.Refused = append(e.Refused, r.nodes[i].name)
+			} else {
+				e.Granted = append(e.Granted, r.nodes[i].name)
+			}
 			waitFor[i] = true
 			pending++
 		default:

@@ -45,7 +45,7 @@ type RedlockError struct {
 	Nodes    int           // how many nodes the Redlock has
 	Quorum   int           // how many of them had to agree
 	Granted  []string      // nodes that granted the lock (or confirmed the extension or release)
-	Refused  []string      // nodes where another owner holds the lock (or this hold was gone)
+	Refused  []string      // nodes where another owner holds the lock, or this hold (for a nested Lock, the owner's holding) was gone
 	Failed   []NodeError   // nodes that did not answer usefully, each with its cause
 	Attempts int           // "lock": how many attempts were made
 	Waited   time.Duration // "lock": how long the call took

@@ -193,6 +193,12 @@ func TestRedlockLostScopeNotReacquired(t *testing.T) {
 		}
 		lk, err := s.r.TryLock(octx, "rl:repos:2")
 		wantLost(t, "nested TryLock", lk, err)
+		// The nodes that granted afresh did not have the holding: they refused
+		// the re-entry (the error once said "3 of 3 nodes granted").
+		var re *locks.RedlockError
+		if !errors.As(err, &re) || len(re.Granted) != 1 || len(re.Refused) != 2 {
+			t.Errorf("nested TryLock's error: %v, want 1 node granted (the re-entry) and 2 refused", err)
+		}
 		rlWaitClosed(t, outer.Lost(), time.Second, "outer Lost")
 		if owners := s.owners(t, "rl:repos:2", 0, 1); rlCountEmpty(owners) != 2 {
 			t.Fatalf("fresh grants not given back: %v", owners)
