@@ -60,7 +60,7 @@ func scriptCall(cmd redis.Cmder) (s *script, key string) {
 		return nil, ""
 	}
 	key, _ = args[3].(string)
-	for _, sc := range []*script{&acquireS, &releaseS, &extendS} {
+	for _, sc := range []*script{&acquireS, &releaseS, &extendS, &redlockAcquireS, &redlockReleaseS, &redlockExtendS} {
 		if args[1] == sc.sha || args[1] == sc.Script.Source() {
 			return sc, key
 		}
