@@ -130,16 +130,8 @@ func TestBreakerKilledRedis(t *testing.T) {
 // dropped) opens the breaker through read timeouts, and a paused one too;
 // traffic flowing again closes it.
 func TestBreakerBlackHole(t *testing.T) {
-	s := redistest.Start(t)
-	px, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
 	b := &locks.Breaker{Threshold: 2, Cooldown: 100 * time.Millisecond}
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rdb.AddHook(b)
+	s, px, rdb := behindProxy(t, b)
 	c := locks.New(rdb)
 	t.Cleanup(func() { c.Close() })
 	if _, err := c.TryLock(context.Background(), "warm"); err != nil {
@@ -149,7 +141,7 @@ func TestBreakerBlackHole(t *testing.T) {
 	px.Set(faultproxy.BlackHole)
 	tryUntilOpen(t, c, b)
 	start := time.Now()
-	_, err = c.TryLock(context.Background(), "breaker")
+	_, err := c.TryLock(context.Background(), "breaker")
 	if !errors.Is(err, locks.ErrCircuitOpen) || !errors.Is(err, locks.ErrUnavailable) {
 		t.Fatalf("attempt while open: %v, want ErrCircuitOpen matching ErrUnavailable", err)
 	}
@@ -168,6 +160,23 @@ func TestBreakerBlackHole(t *testing.T) {
 		_ = rdb.Ping(context.Background()).Err()
 		return !b.Open()
 	})
+}
+
+// behindProxy starts a server and a fault proxy in front of it, and returns
+// them with a client of the proxy (100ms read and write timeouts, no
+// retries) that has b installed.
+func behindProxy(t *testing.T, b *locks.Breaker) (*redistest.Server, *faultproxy.Proxy, *redis.Client) {
+	t.Helper()
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	return s, px, rdb
 }
 
 // TestBreakerIgnoresAnswers: nil replies, error replies and the caller's own
@@ -452,16 +461,8 @@ func TestBreakerWarnsToSlogDefault(t *testing.T) {
 // are (a process whose callers wait in line for a lock sends few commands
 // into a stall: the fleet's stall test saw breakers open 4s into it).
 func TestBreakerOpensOnSilence(t *testing.T) {
-	s := redistest.Start(t)
-	px, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
 	b := &locks.Breaker{Threshold: 1000, Silence: 300 * time.Millisecond}
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rdb.AddHook(b)
+	_, px, rdb := behindProxy(t, b)
 	c := locks.New(rdb)
 	t.Cleanup(func() { c.Close() })
 	if _, err := c.TryLock(context.Background(), "warm"); err != nil {
@@ -482,16 +483,8 @@ func TestBreakerOpensOnSilence(t *testing.T) {
 // healthy Redis starts no silence: a later command that fails alone, on its
 // own short wait, does not open the breaker.
 func TestBreakerBlockingIsNoSilence(t *testing.T) {
-	s := redistest.Start(t)
-	px, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
 	b := &locks.Breaker{Threshold: 1000, Silence: 200 * time.Millisecond}
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rdb.AddHook(b)
+	s, px, rdb := behindProxy(t, b)
 	ctx := context.Background()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package locks
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -51,69 +50,17 @@ type rlProc struct {
 	owner   string
 }
 
-// rlGenHold is an acquisition the run holds.
-type rlGenHold struct {
-	lk        *Lock
-	name      string
-	proc      int
-	unlocking atomic.Bool // its Unlock began
-	lost      atomic.Bool // a key of its name was deleted on a node: not checked
-}
-
 type rlWorld struct {
-	rt      *rapid.T
+	genBase
 	servers []*redistest.Server
 	mon     []*redis.Client // one per node
-	st      *genStats
 	names   []string
 	procs   []*rlProc
 	old     []*rlProc
-	calls   sync.WaitGroup
-	start   time.Time
-
-	mu         sync.Mutex // guards the fields below
-	log        []string
-	holds      []*rlGenHold
-	violations []string
-	deletedAt  map[string]time.Time
-	stalled    bool
 }
 
-func (w *rlWorld) note(format string, args ...any) {
-	line := fmt.Sprintf("%7.1fms ", float64(time.Since(w.start).Microseconds())/1000) + fmt.Sprintf(format, args...)
-	w.mu.Lock()
-	w.log = append(w.log, line)
-	w.mu.Unlock()
-}
-
-func (w *rlWorld) violate(format string, args ...any) {
-	w.note("VIOLATION: "+format, args...)
-	w.mu.Lock()
-	w.violations = append(w.violations, fmt.Sprintf(format, args...))
-	w.mu.Unlock()
-}
-
-func (w *rlWorld) check(rt *rapid.T) {
-	w.mu.Lock()
-	v, log := w.violations, strings.Join(w.log, "\n")
-	w.violations = nil
-	w.mu.Unlock()
-	if len(v) > 0 {
-		rt.Fatalf("%d violations, first: %s\nlog:\n%s", len(v), strings.Join(v[:min(len(v), 5)], "; "), log)
-	}
-}
-
-// late records a call that returned over past its context.
-func (w *rlWorld) late(what string, over time.Duration) {
-	w.st.mu.Lock()
-	if over > w.st.worst {
-		w.st.worst, w.st.worstOf = over, what
-	}
-	w.st.mu.Unlock()
-	if over > genSlack {
-		w.violate("%s returned %v past its context", what, over)
-	}
-}
+// rlAcq names a Redlock's Lock in a run's log: its acquisition id.
+func rlAcq(lk *Lock) string { return lk.h.keys[1] }
 
 func (w *rlWorld) newProc() *rlProc {
 	pn := len(w.procs) + len(w.old)
@@ -136,8 +83,8 @@ func (w *rlWorld) newProc() *rlProc {
 }
 
 // closeProc closes p's Redlock, then its node clients.
-func closeProc(p *rlProc, shutdown func(*Redlock)) {
-	shutdown(p.r)
+func closeProc(p *rlProc) {
+	_ = p.r.Close()
 	for i, c := range p.clients {
 		p.faults[i].clear()
 		_ = c.Close()
@@ -150,7 +97,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 	st.checks++
 	st.mu.Unlock()
 	run := genRunID.Add(1)
-	w := &rlWorld{rt: rt, servers: servers, st: st, start: time.Now(), deletedAt: map[string]time.Time{}}
+	w := &rlWorld{genBase: genBase{st: st, start: time.Now(), deletedAt: map[string]time.Time{}}, servers: servers}
 	for _, s := range servers {
 		w.mon = append(w.mon, s.Client())
 	}
@@ -165,18 +112,25 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 		defer close(monDone)
 		w.monitor(stop)
 	}()
+	// windDown: no more faults, every call returned, every process closed
+	// (Close drops what is held). A run rapid ends early (see genLocksRun)
+	// winds down in the deferred call.
 	wound := false
+	windDown := func() {
+		for _, p := range append(w.procs, w.old...) {
+			for _, f := range p.faults {
+				f.clear()
+			}
+		}
+		w.calls.Wait()
+		for _, p := range append(w.procs, w.old...) {
+			closeProc(p)
+		}
+		wound = true
+	}
 	defer func() {
-		if !wound { // rapid ended the run early (see genLocksRun)
-			for _, p := range append(w.procs, w.old...) {
-				for _, f := range p.faults {
-					f.clear()
-				}
-			}
-			w.calls.Wait()
-			for _, p := range append(w.procs, w.old...) {
-				closeProc(p, func(r *Redlock) { _ = r.Close() })
-			}
+		if !wound {
+			windDown()
 		}
 		close(stop)
 		<-monDone
@@ -185,7 +139,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 
 	actions := map[string]func(*rapid.T){
 		"a-lock": func(rt *rapid.T) {
-			w.st.add(&w.st.actions, "lock")
+			w.step("lock")
 			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
 			name := rapid.SampledFrom(w.names).Draw(rt, "name")
 			try := rapid.Bool().Draw(rt, "try")
@@ -196,44 +150,11 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 				opts = append(opts, NoRenewal())
 			}
 			timeout := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}).Draw(rt, "ctx")
-			w.lock(p, name, try, owned, timeout, opts)
+			proc := w.procs[p]
+			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, rlAcq)
 		},
-		"b-unlock": func(rt *rapid.T) {
-			h := w.pick(rt)
-			if h == nil {
-				rt.Skip("nothing held")
-			}
-			w.st.add(&w.st.actions, "unlock")
-			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
-			h.unlocking.Store(true)
-			w.note("p%d Unlock(%s) %s begins", h.proc, h.name, h.lk.h.keys[1])
-			w.calls.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				defer cancel()
-				start := time.Now()
-				err := h.lk.Unlock(ctx)
-				w.late("Unlock", time.Since(start)-timeout)
-				w.note("p%d Unlock(%s) %s: %v", h.proc, h.name, h.lk.h.keys[1], err)
-				w.drop(h)
-			})
-		},
-		"c-extend": func(rt *rapid.T) {
-			h := w.pick(rt)
-			if h == nil {
-				rt.Skip("nothing held")
-			}
-			w.st.add(&w.st.actions, "extend")
-			d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, 900 * time.Millisecond, 3 * time.Second}).Draw(rt, "lease")
-			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
-			w.calls.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), timeout)
-				defer cancel()
-				start := time.Now()
-				err := h.lk.Extend(ctx, d)
-				w.late("Extend", time.Since(start)-timeout)
-				w.note("p%d Extend(%s, %v) %s: %v, ttl %v", h.proc, h.name, d, h.lk.h.keys[1], err, h.lk.TTL())
-			})
-		},
+		"b-unlock": w.unlockAction(rlAcq),
+		"c-extend": w.extendAction([]time.Duration{200 * time.Millisecond, 900 * time.Millisecond, 3 * time.Second}, rlAcq),
 		"e-fault": func(rt *rapid.T) {
 			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
 			node := rapid.IntRange(0, len(w.servers)-1).Draw(rt, "node")
@@ -241,7 +162,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup"}).Draw(rt, "mode")
 			d := time.Duration(rapid.IntRange(20, 600).Draw(rt, "delay")) * time.Millisecond
 			n := rapid.IntRange(1, 3).Draw(rt, "count")
-			w.st.add(&w.st.actions, "fault")
+			w.step("fault")
 			w.st.add(&w.st.faults, mode+":"+scripts[sc])
 			w.note("p%d node %d fault %s %v x%d on %s", p, node, mode, d, n, scripts[sc])
 			w.procs[p].faults[node].set(&genRule{script: sc, mode: mode, d: d, left: n})
@@ -251,27 +172,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 				w.wait(rt)
 				return
 			}
-			w.mu.Lock()
-			busy := w.stalled
-			w.stalled = true
-			w.mu.Unlock()
-			if busy {
-				rt.Skip("stalled already")
-			}
-			d := time.Duration(rapid.IntRange(50, 700).Draw(rt, "stall")) * time.Millisecond
-			srv := rapid.IntRange(0, len(w.servers)-1).Draw(rt, "server")
-			w.st.add(&w.st.actions, "stall")
-			w.st.add(&w.st.faults, "redis-sigstop")
-			w.note("node %d stalled for %v", srv, d)
-			w.servers[srv].Pause()
-			w.calls.Go(func() {
-				time.Sleep(d) // the fault's length
-				w.servers[srv].Resume()
-				w.note("node %d resumed", srv)
-				w.mu.Lock()
-				w.stalled = false
-				w.mu.Unlock()
-			})
+			w.stall(rt, w.servers)
 		},
 		"h-del": func(rt *rapid.T) {
 			if rapid.IntRange(0, 3).Draw(rt, "del?") != 0 {
@@ -280,136 +181,29 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			}
 			name := rapid.SampledFrom(w.names).Draw(rt, "name")
 			node := rapid.IntRange(0, len(w.servers)-1).Draw(rt, "node")
-			w.st.add(&w.st.actions, "del")
-			w.st.add(&w.st.faults, "del-key")
 			w.note("DEL %s on node %d", name, node)
-			// As in TestGenLocks: the name's holds, and those begun before
-			// the DEL returned, are exempt from the monitor.
-			exempt := func(until time.Time) {
-				w.mu.Lock()
-				for _, h := range w.holds {
-					if h.name == name {
-						h.lost.Store(true)
-					}
-				}
-				w.deletedAt[name] = until
-				w.mu.Unlock()
-			}
-			exempt(time.Now().Add(time.Hour))
-			dctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			w.mon[node].Del(dctx, "cg:rlock:{"+name+"}")
-			cancel()
-			exempt(time.Now())
-		},
-		"g-close": func(rt *rapid.T) {
-			if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
-				w.wait(rt)
-				return
-			}
-			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
-			graceful := rapid.Bool().Draw(rt, "shutdown")
-			w.st.add(&w.st.actions, "close")
-			old := w.procs[p]
-			w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
-			w.old = append(w.old, old)
-			w.procs[p] = w.newProc()
-			w.calls.Go(func() {
-				if !graceful {
-					_ = old.r.Close()
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			w.lose(name, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
-				start := time.Now()
-				_ = old.r.Shutdown(ctx)
-				w.late("Shutdown", time.Since(start)-300*time.Millisecond-2*genCommandTimeout)
+				w.mon[node].Del(ctx, "cg:rlock:{"+name+"}")
 			})
 		},
+		"g-close": w.closeAction(len(w.procs), func(p int) (func(context.Context) error, func() error) {
+			old := w.procs[p]
+			w.old = append(w.old, old)
+			w.procs[p] = w.newProc()
+			return old.r.Shutdown, old.r.Close
+		}),
 		"d-wait": w.wait,
 		"":       func(rt *rapid.T) { w.check(rt) },
 	}
 	rt.Repeat(actions)
 
-	// Wind down: no more faults, every call returned, every process closed
-	// (Close drops what is held), then the oracle's last word.
-	for _, p := range append(w.procs, w.old...) {
-		for _, f := range p.faults {
-			f.clear()
-		}
-	}
-	w.calls.Wait()
-	for _, p := range append(w.procs, w.old...) {
-		closeProc(p, func(r *Redlock) { _ = r.Close() })
-	}
-	wound = true
-	w.check(rt)
+	windDown()
+	w.check(rt) // the oracle's last word
 	for i, p := range append(w.procs, w.old...) {
 		if begun, ends := p.ev.counts(); begun != ends {
 			rt.Fatalf("process %d: %d acquisitions, %d end events", i, begun, ends)
-		}
-	}
-}
-
-func (w *rlWorld) wait(rt *rapid.T) {
-	w.st.add(&w.st.actions, "wait")
-	time.Sleep(time.Duration(rapid.IntRange(5, 250).Draw(rt, "ms")) * time.Millisecond) // time passing is the subject
-}
-
-func (w *rlWorld) lock(p int, name string, try, owned bool, timeout time.Duration, opts []CallOption) {
-	proc := w.procs[p]
-	w.calls.Go(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if owned {
-			ctx = WithOwner(ctx, proc.owner)
-		}
-		start := time.Now()
-		var lk *Lock
-		var err error
-		if try {
-			lk, err = proc.r.TryLock(ctx, name, opts...)
-		} else {
-			lk, err = proc.r.Lock(ctx, name, opts...)
-		}
-		w.late("Lock", time.Since(start)-timeout)
-		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
-		if err != nil {
-			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, what, name, owned, timeout, err)
-			return
-		}
-		w.note("p%d %s(%s) owned=%v ctx=%v: %s ttl %v", p, what, name, owned, timeout, lk.h.keys[1], lk.TTL())
-		w.mu.Lock()
-		h := &rlGenHold{lk: lk, name: name, proc: p}
-		if start.Before(w.deletedAt[name]) {
-			h.lost.Store(true)
-		}
-		w.holds = append(w.holds, h)
-		w.mu.Unlock()
-	})
-}
-
-func (w *rlWorld) pick(rt *rapid.T) *rlGenHold {
-	w.mu.Lock()
-	var open []*rlGenHold
-	for _, h := range w.holds {
-		if !h.unlocking.Load() {
-			open = append(open, h)
-		}
-	}
-	w.mu.Unlock()
-	if len(open) == 0 {
-		return nil
-	}
-	return open[rapid.IntRange(0, len(open)-1).Draw(rt, "hold")]
-}
-
-func (w *rlWorld) drop(h *rlGenHold) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, x := range w.holds {
-		if x == h {
-			w.holds = append(w.holds[:i], w.holds[i+1:]...)
-			return
 		}
 	}
 }
@@ -426,21 +220,7 @@ func (w *rlWorld) monitor(stop <-chan struct{}) {
 			return
 		default:
 		}
-		type belief struct {
-			h     *rlGenHold
-			until time.Time
-		}
-		w.mu.Lock()
-		var bs []belief
-		for _, h := range w.holds {
-			if !h.unlocking.Load() && !h.lost.Load() {
-				now := time.Now()
-				if ttl := h.lk.TTL(); ttl > 0 {
-					bs = append(bs, belief{h, now.Add(ttl)})
-				}
-			}
-		}
-		w.mu.Unlock()
+		bs := w.beliefs()
 		// state[node][name]: the hash, nil when the node could not be read
 		state := make([]map[string]map[string]string, len(w.mon))
 		var wg sync.WaitGroup
@@ -478,7 +258,7 @@ func (w *rlWorld) monitor(stop <-chan struct{}) {
 					have++
 				}
 			}
-			if have < quorum && b.until.After(read.Add(2*time.Millisecond)) && !b.h.unlocking.Load() && !b.h.lost.Load() {
+			if have < quorum && b.until.After(read.Add(2*time.Millisecond)) && !b.h.unlocking.Load() && !b.h.deleted.Load() {
 				w.violate("%s: process %d's acquisition %s held %v more while %d of %d nodes kept it",
 					b.h.name, b.h.proc, b.h.lk.h.keys[1], b.until.Sub(read).Round(time.Millisecond), have, len(w.mon))
 			}

@@ -263,36 +263,93 @@ type genHold struct {
 	start     time.Time   // when its Lock call began
 }
 
+// genBase is what the locks generators share: a run's log, its
+// violations, the acquisitions it holds, its calls in flight.
+type genBase struct {
+	st    *genStats
+	start time.Time
+	calls sync.WaitGroup
+
+	mu         sync.Mutex // guards the fields below, and those of the world embedding genBase
+	log        []string   // what happened, for a failure's report
+	holds      []*genHold
+	violations []string
+	deletedAt  map[string]time.Time // the last DEL of each name's key
+	stalled    bool                 // a server is paused
+}
+
+// stall pauses one of servers (SIGSTOP) for a drawn time, unless one is
+// paused already.
+func (w *genBase) stall(rt *rapid.T, servers []*redistest.Server) {
+	d := time.Duration(rapid.IntRange(50, 700).Draw(rt, "stall")) * time.Millisecond
+	w.mu.Lock()
+	busy := w.stalled
+	w.stalled = true
+	w.mu.Unlock()
+	if busy {
+		rt.Skip("stalled already")
+	}
+	w.step("stall")
+	w.st.add(&w.st.faults, "redis-sigstop")
+	srv := rapid.IntRange(0, len(servers)-1).Draw(rt, "server")
+	w.note("redis %d stalled for %v", srv, d)
+	servers[srv].Pause()
+	w.calls.Go(func() {
+		time.Sleep(d) // the fault's length
+		servers[srv].Resume()
+		w.note("redis %d resumed", srv)
+		w.mu.Lock()
+		w.stalled = false
+		w.mu.Unlock()
+	})
+}
+
+// lose runs del, which deletes name's lock key (a fault no lock survives).
+// The holds of the name, and those begun before del returned (still on their
+// way: their script may run before it), are exempt from the monitor. While
+// del is in flight every hold that returns is: the monitor may read its
+// effect before it returns here.
+func (w *genBase) lose(name string, del func()) {
+	w.step("del")
+	w.st.add(&w.st.faults, "del-key")
+	exempt := func(until time.Time) {
+		w.mu.Lock()
+		for _, h := range w.holds {
+			if h.name == name {
+				h.deleted.Store(true)
+			}
+		}
+		w.deletedAt[name] = until
+		w.mu.Unlock()
+	}
+	exempt(time.Now().Add(time.Hour))
+	del()
+	exempt(time.Now())
+}
+
 type genWorld struct {
+	genBase
 	rt    *rapid.T
 	d     genDeployment
-	st    *genStats
 	mon   redis.UniversalClient
 	names []string
 	procs []*genProc
 	old   []*genProc // closed, replaced
-	calls sync.WaitGroup
 
-	start      time.Time
-	mu         sync.Mutex // guards the fields below
-	log        []string   // what happened, for a failure's report
-	holds      []*genHold
-	violations []string
-	fences     map[string]uint64    // the last fence Redis held, per name
-	deletedAt  map[string]time.Time // the last DEL of each name's key
-	granted    map[string]map[uint64]bool
-	stalled    bool
+	// guarded by mu
+	fences  map[string]uint64 // the last fence Redis held, per name
+	granted map[string]map[uint64]bool
 }
 
 // note adds a line to the run's log.
-func (w *genWorld) note(format string, args ...any) {
+func (w *genBase) note(format string, args ...any) {
 	line := fmt.Sprintf("%7.1fms ", float64(time.Since(w.start).Microseconds())/1000) + fmt.Sprintf(format, args...)
 	w.mu.Lock()
 	w.log = append(w.log, line)
 	w.mu.Unlock()
 }
 
-func (w *genWorld) violate(format string, args ...any) {
+func (w *genBase) violate(format string, args ...any) {
 	w.note("VIOLATION: "+format, args...)
 	w.mu.Lock()
 	w.violations = append(w.violations, fmt.Sprintf(format, args...))
@@ -306,7 +363,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	st.checks++
 	st.mu.Unlock()
 	run := genRunID.Add(1)
-	w := &genWorld{rt: rt, d: d, st: st, start: time.Now(), mon: d.client(), fences: map[string]uint64{}, deletedAt: map[string]time.Time{}, granted: map[string]map[uint64]bool{}}
+	w := &genWorld{genBase: genBase{st: st, start: time.Now(), deletedAt: map[string]time.Time{}}, rt: rt, d: d, mon: d.client(), fences: map[string]uint64{}, granted: map[string]map[uint64]bool{}}
 	defer w.mon.Close()
 	for i := range 2 {
 		w.names = append(w.names, fmt.Sprintf("gen%d-%d", run, i))
@@ -360,35 +417,8 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			}
 			w.lock(p, name, try, owned, timeout, cancelAfter, opts)
 		},
-		"b-unlock": func(rt *rapid.T) {
-			h := w.pick(rt)
-			if h == nil {
-				rt.Skip("nothing held")
-			}
-			w.step("unlock")
-			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
-			h.unlocking.Store(true)
-			w.note("p%d Unlock(%s) fence %d begins", h.proc, h.name, h.lk.h.fence)
-			w.call("Unlock", timeout, func(ctx context.Context) {
-				err := h.lk.Unlock(ctx)
-				w.note("p%d Unlock(%s) fence %d: %v", h.proc, h.name, h.lk.h.fence, err)
-				w.drop(h)
-			})
-		},
-		"c-extend": func(rt *rapid.T) {
-			h := w.pick(rt)
-			if h == nil {
-				rt.Skip("nothing held")
-			}
-			w.step("extend")
-			d := rapid.SampledFrom([]time.Duration{150 * time.Millisecond, 700 * time.Millisecond, 3 * time.Second}).Draw(rt, "lease")
-			timeout := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx")
-			w.note("p%d Extend(%s, %v) fence %d begins", h.proc, h.name, d, h.lk.h.fence)
-			w.call("Extend", timeout, func(ctx context.Context) {
-				err := h.lk.Extend(ctx, d)
-				w.note("p%d Extend(%s, %v) fence %d: %v, ttl %v", h.proc, h.name, d, h.lk.h.fence, err, h.lk.TTL())
-			})
-		},
+		"b-unlock": w.unlockAction(genFence),
+		"c-extend": w.extendAction([]time.Duration{150 * time.Millisecond, 700 * time.Millisecond, 3 * time.Second}, genFence),
 		"e-fault": func(rt *rapid.T) {
 			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
 			sc := rapid.SampledFrom([]*script{&acquireS, &releaseS, &extendS}).Draw(rt, "script")
@@ -405,27 +435,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 				w.wait(rt)
 				return
 			}
-			d := time.Duration(rapid.IntRange(50, 700).Draw(rt, "stall")) * time.Millisecond
-			w.mu.Lock()
-			busy := w.stalled
-			w.stalled = true
-			w.mu.Unlock()
-			if busy {
-				rt.Skip("stalled already")
-			}
-			w.step("stall")
-			w.st.add(&w.st.faults, "redis-sigstop")
-			srv := rapid.IntRange(0, len(w.d.servers)-1).Draw(rt, "server")
-			w.note("redis %d stalled for %v", srv, d)
-			w.d.servers[srv].Pause()
-			w.calls.Go(func() {
-				time.Sleep(d) // the fault's length
-				w.d.servers[srv].Resume()
-				w.note("redis resumed")
-				w.mu.Lock()
-				w.stalled = false
-				w.mu.Unlock()
-			})
+			w.stall(rt, w.d.servers)
 		},
 		"h-del": func(rt *rapid.T) {
 			if rapid.IntRange(0, 3).Draw(rt, "del?") != 0 {
@@ -433,48 +443,15 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 				return
 			}
 			name := rapid.SampledFrom(w.names).Draw(rt, "name")
-			w.step("del")
-			w.st.add(&w.st.faults, "del-key")
 			w.note("DEL %s", name)
-			// The holds of the name, and those begun before the DEL returned
-			// (still on their way: their script may run before it), are
-			// exempt from the monitor. While the DEL is in flight every hold
-			// that returns is: the monitor may read the DEL's effect before
-			// the DEL returns here.
-			exempt := func(until time.Time) {
-				w.mu.Lock()
-				for _, h := range w.holds {
-					if h.name == name {
-						h.deleted.Store(true)
-					}
-				}
-				w.deletedAt[name] = until
-				w.mu.Unlock()
-			}
-			exempt(time.Now().Add(time.Hour))
-			w.mon.Del(context.Background(), "cg:lock:{"+name+"}")
-			exempt(time.Now())
+			w.lose(name, func() { w.mon.Del(context.Background(), "cg:lock:{"+name+"}") })
 		},
-		"g-close": func(rt *rapid.T) {
-			if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
-				w.wait(rt)
-				return
-			}
-			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
-			graceful := rapid.Bool().Draw(rt, "shutdown")
-			w.step("close")
+		"g-close": w.closeAction(len(w.procs), func(p int) (func(context.Context) error, func() error) {
 			old := w.procs[p]
-			w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
 			w.old = append(w.old, old)
 			w.procs[p] = w.newProc()
-			if graceful {
-				// Shutdown's barrier waits for the acquisitions in progress, each
-				// bounded by its command's: twice the command timeout.
-				w.callBound("Shutdown", 300*time.Millisecond, 2*genCommandTimeout, func(ctx context.Context) { _ = old.c.Shutdown(ctx) })
-			} else {
-				w.calls.Go(func() { _ = old.c.Close() })
-			}
-		},
+			return old.c.Shutdown, old.c.Close
+		}),
 		"d-wait": w.wait,
 		"":       func(rt *rapid.T) { w.check(rt) },
 	}
@@ -501,10 +478,10 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	}
 }
 
-func (w *genWorld) step(name string) { w.st.add(&w.st.actions, name) }
+func (w *genBase) step(name string) { w.st.add(&w.st.actions, name) }
 
 // wait lets time pass (leases run out, renewals happen, faults end).
-func (w *genWorld) wait(rt *rapid.T) {
+func (w *genBase) wait(rt *rapid.T) {
 	w.step("wait")
 	time.Sleep(time.Duration(rapid.IntRange(5, 250).Draw(rt, "ms")) * time.Millisecond) // time passing is the subject
 }
@@ -539,12 +516,12 @@ func (w *genWorld) newProc() *genProc {
 
 // call runs f on a goroutine under a context of timeout and checks that it
 // returns within it (plus genSlack).
-func (w *genWorld) call(what string, timeout time.Duration, f func(ctx context.Context)) {
+func (w *genBase) call(what string, timeout time.Duration, f func(ctx context.Context)) {
 	w.callBound(what, timeout, 0, f)
 }
 
 // callBound is call for a call that may take extra past its context.
-func (w *genWorld) callBound(what string, timeout, extra time.Duration, f func(ctx context.Context)) {
+func (w *genBase) callBound(what string, timeout, extra time.Duration, f func(ctx context.Context)) {
 	w.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -554,7 +531,7 @@ func (w *genWorld) callBound(what string, timeout, extra time.Duration, f func(c
 	})
 }
 
-func (w *genWorld) late(what string, over time.Duration) {
+func (w *genBase) late(what string, over time.Duration) {
 	w.st.mu.Lock()
 	if over > w.st.worst {
 		w.st.worst, w.st.worstOf = over, what
@@ -567,11 +544,92 @@ func (w *genWorld) late(what string, over time.Duration) {
 
 func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption) {
 	proc := w.procs[p]
+	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, genFence)
+}
+
+// genFence names a Client's Lock in a run's log.
+func genFence(lk *Lock) string { return fmt.Sprintf("fence %d", lk.h.fence) }
+
+// closeAction is the action that closes one of n processes, gracefully
+// (Shutdown) or not (Close); replace puts a new process in its place and
+// returns the old one's.
+func (w *genBase) closeAction(n int, replace func(p int) (shutdown func(context.Context) error, close func() error)) func(*rapid.T) {
+	return func(rt *rapid.T) {
+		if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
+			w.wait(rt)
+			return
+		}
+		p := rapid.IntRange(0, n-1).Draw(rt, "proc")
+		graceful := rapid.Bool().Draw(rt, "shutdown")
+		w.step("close")
+		w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
+		shutdown, closeProc := replace(p)
+		if graceful {
+			// Shutdown's barrier waits for the acquisitions in progress, each
+			// bounded by its command's: twice the command timeout.
+			w.callBound("Shutdown", 300*time.Millisecond, 2*genCommandTimeout, func(ctx context.Context) { _ = shutdown(ctx) })
+		} else {
+			w.calls.Go(func() { _ = closeProc() })
+		}
+	}
+}
+
+// unlockAction is the action that Unlocks an acquisition held; describe
+// names it in the log.
+func (w *genBase) unlockAction(describe func(*Lock) string) func(*rapid.T) {
+	return func(rt *rapid.T) {
+		h := w.pick(rt)
+		if h == nil {
+			rt.Skip("nothing held")
+		}
+		w.step("unlock")
+		w.unlock(h, rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx"), describe)
+	}
+}
+
+// extendAction is the action that Extends an acquisition held to one of
+// leases; describe names it in the log.
+func (w *genBase) extendAction(leases []time.Duration, describe func(*Lock) string) func(*rapid.T) {
+	return func(rt *rapid.T) {
+		h := w.pick(rt)
+		if h == nil {
+			rt.Skip("nothing held")
+		}
+		w.step("extend")
+		d := rapid.SampledFrom(leases).Draw(rt, "lease")
+		w.extend(h, d, rapid.SampledFrom([]time.Duration{100 * time.Millisecond, time.Second}).Draw(rt, "ctx"), describe)
+	}
+}
+
+// unlock runs h's Unlock on a goroutine; describe names it in the log.
+func (w *genBase) unlock(h *genHold, timeout time.Duration, describe func(*Lock) string) {
+	h.unlocking.Store(true)
+	w.note("p%d Unlock(%s) %s begins", h.proc, h.name, describe(h.lk))
+	w.call("Unlock", timeout, func(ctx context.Context) {
+		err := h.lk.Unlock(ctx)
+		w.note("p%d Unlock(%s) %s: %v", h.proc, h.name, describe(h.lk), err)
+		w.drop(h)
+	})
+}
+
+// extend runs h's Extend(d) on a goroutine; describe names it in the log.
+func (w *genBase) extend(h *genHold, d, timeout time.Duration, describe func(*Lock) string) {
+	w.note("p%d Extend(%s, %v) %s begins", h.proc, h.name, d, describe(h.lk))
+	w.call("Extend", timeout, func(ctx context.Context) {
+		err := h.lk.Extend(ctx, d)
+		w.note("p%d Extend(%s, %v) %s: %v, ttl %v", h.proc, h.name, d, describe(h.lk), err, h.lk.TTL())
+	})
+}
+
+// lock runs a Lock or TryLock of process p's Locker l (under owner when
+// owned; cancelled after cancelAfter unless negative) on a goroutine, and
+// records what it got; describe names a Lock in the log.
+func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, describe func(*Lock) string) {
 	w.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if owned {
-			ctx = WithOwner(ctx, proc.owner)
+			ctx = WithOwner(ctx, owner)
 		}
 		if cancelAfter >= 0 {
 			stop := time.AfterFunc(cancelAfter, cancel)
@@ -581,29 +639,28 @@ func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfte
 		var lk *Lock
 		var err error
 		if try {
-			lk, err = proc.c.TryLock(ctx, name, opts...)
+			lk, err = l.TryLock(ctx, name, opts...)
 		} else {
-			lk, err = proc.c.Lock(ctx, name, opts...)
+			lk, err = l.Lock(ctx, name, opts...)
 		}
 		w.late("Lock", time.Since(start)-timeout)
-		if err == nil {
-			w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: fence %d ttl %v", p, map[bool]string{true: "TryLock", false: "Lock"}[try], name, owned, timeout, len(opts), lk.h.fence, lk.TTL())
-		} else {
-			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, map[bool]string{true: "TryLock", false: "Lock"}[try], name, owned, timeout, err)
+		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
+		if err != nil {
+			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, what, name, owned, timeout, err)
+			return
 		}
-		if err == nil {
-			w.mu.Lock()
-			h := &genHold{lk: lk, name: name, proc: p, start: start}
-			if start.Before(w.deletedAt[name]) {
-				h.deleted.Store(true)
-			}
-			w.holds = append(w.holds, h)
-			w.mu.Unlock()
+		w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: %s ttl %v", p, what, name, owned, timeout, len(opts), describe(lk), lk.TTL())
+		w.mu.Lock()
+		h := &genHold{lk: lk, name: name, proc: p, start: start}
+		if start.Before(w.deletedAt[name]) {
+			h.deleted.Store(true)
 		}
+		w.holds = append(w.holds, h)
+		w.mu.Unlock()
 	})
 }
 
-func (w *genWorld) pick(rt *rapid.T) *genHold {
+func (w *genBase) pick(rt *rapid.T) *genHold {
 	w.mu.Lock()
 	var open []*genHold
 	for _, h := range w.holds {
@@ -618,7 +675,7 @@ func (w *genWorld) pick(rt *rapid.T) *genHold {
 	return open[rapid.IntRange(0, len(open)-1).Draw(rt, "hold")]
 }
 
-func (w *genWorld) drop(h *genHold) {
+func (w *genBase) drop(h *genHold) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, x := range w.holds {
@@ -627,6 +684,29 @@ func (w *genWorld) drop(h *genHold) {
 			return
 		}
 	}
+}
+
+// genBelief is what an acquisition believes: that it holds its lock until.
+type genBelief struct {
+	h     *genHold
+	until time.Time
+}
+
+// beliefs reads the beliefs of the acquisitions held and checked (Unlock
+// not begun, key not deleted) that believe they hold their lock.
+func (w *genBase) beliefs() []genBelief {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var bs []genBelief
+	for _, h := range w.holds {
+		if !h.unlocking.Load() && !h.deleted.Load() {
+			now := time.Now()
+			if ttl := h.lk.TTL(); ttl > 0 {
+				bs = append(bs, genBelief{h, now.Add(ttl)})
+			}
+		}
+	}
+	return bs
 }
 
 // monitor samples, until stop, each held acquisition's belief (its TTL)
@@ -640,21 +720,7 @@ func (w *genWorld) monitor(stop <-chan struct{}) {
 			return
 		default:
 		}
-		type belief struct {
-			h     *genHold
-			until time.Time
-		}
-		w.mu.Lock()
-		var bs []belief
-		for _, h := range w.holds {
-			if !h.unlocking.Load() && !h.deleted.Load() {
-				now := time.Now()
-				if ttl := h.lk.TTL(); ttl > 0 {
-					bs = append(bs, belief{h, now.Add(ttl)})
-				}
-			}
-		}
-		w.mu.Unlock()
+		bs := w.beliefs()
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		pipe := w.mon.Pipeline()
 		cmds := make([]*redis.SliceCmd, len(w.names))
@@ -693,7 +759,7 @@ func (w *genWorld) monitor(stop <-chan struct{}) {
 	}
 }
 
-func (w *genWorld) check(rt *rapid.T) {
+func (w *genBase) check(rt *rapid.T) {
 	w.mu.Lock()
 	v := w.violations
 	w.violations = nil
