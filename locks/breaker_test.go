@@ -483,19 +483,19 @@ func TestBreakerOpensOnSilence(t *testing.T) {
 // healthy Redis starts no silence: a later command that fails alone, on its
 // own short wait, does not open the breaker.
 func TestBreakerBlockingIsNoSilence(t *testing.T) {
-	b := &locks.Breaker{Threshold: 1000, Silence: 200 * time.Millisecond}
+	b := &locks.Breaker{Threshold: 1000, Silence: 700 * time.Millisecond}
 	s, px, rdb := behindProxy(t, b)
 	ctx := context.Background()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	popped := make(chan error, 1)
-	go func() { popped <- rdb.BLPop(ctx, 2*time.Second, "nothing").Err() }()
+	go func() { popped <- rdb.BLPop(ctx, 3*time.Second, "nothing").Err() }()
 	admin := s.Client()
 	redistest.Eventually(t, 5*time.Second, "BLPOP waiting", func() bool {
 		return strings.Contains(admin.ClientList(ctx).Val(), "cmd=blpop")
 	})
-	time.Sleep(300 * time.Millisecond) // the subject: BLPOP has waited longer than Silence
+	time.Sleep(800 * time.Millisecond) // the subject: BLPOP has waited longer than Silence
 	px.Set(faultproxy.BlackHole)
 	if err := rdb.Get(ctx, "k").Err(); err == nil || errors.Is(err, redis.Nil) {
 		t.Fatalf("GET into a black hole: %v, want a timeout", err)
