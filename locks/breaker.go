@@ -91,9 +91,8 @@ type Breaker struct {
 	cooldown  time.Duration
 	silence   time.Duration
 	log       *ratelog.Logger
-	base      time.Time    // the origin of heard and waiting
-	heard     atomic.Int64 // when Redis last answered a command (ns since base)
-	waiting   atomic.Int64 // 1 + when the first command sent after that was sent (ns since base; stale when <= heard)
+	base      time.Time    // the origin of waiting
+	waiting   atomic.Int64 // 1 + when the first command sent since Redis last answered was sent (ns since base); 0: none
 
 	failures atomic.Int32                      // consecutive failures while closed
 	state    atomic.Int32                      // breakerClosed or breakerOpen
@@ -177,7 +176,7 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 			case err == nil:
 				b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
 				b.failures.Store(0)
-				b.heard.Store(int64(time.Since(b.base)) + 1) // the silence is over
+				b.waiting.Store(0) // the silence is over
 				if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
 					b.emit(context.Background(), Event{Kind: EventBreakerClosed})
 				}
@@ -225,14 +224,13 @@ func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
 // starts the silence (a blocking command, which waits by design, does not).
 // It returns the mark it set, or 0.
 func (b *Breaker) send(cmds []redis.Cmder) int64 {
-	w := b.waiting.Load()
-	if b.silence < 0 || w > b.heard.Load() {
+	if b.silence < 0 || b.waiting.Load() != 0 {
 		return 0 // a silence has started already
 	}
 	for _, c := range cmds {
-		if !blocking[c.Name()] {
+		if !blocks(c.Name()) {
 			m := int64(time.Since(b.base)) + 1 // never 0
-			if b.waiting.CompareAndSwap(w, m) {
+			if b.waiting.CompareAndSwap(0, m) {
 				return m
 			}
 			return 0
@@ -248,7 +246,9 @@ func (b *Breaker) send(cmds []redis.Cmder) int64 {
 func (b *Breaker) ended(ctx context.Context, err error, m int64) {
 	switch {
 	case redisAnswered(err):
-		b.heard.Store(int64(time.Since(b.base)) + 1)
+		if b.waiting.Load() != 0 {
+			b.waiting.Store(0)
+		}
 	case m != 0 && time.Since(b.base)-time.Duration(m-1) < b.silence/4 && !b.failure(ctx, err):
 		b.waiting.CompareAndSwap(m, 0)
 	}
@@ -258,15 +258,22 @@ func (b *Breaker) ended(ctx context.Context, err error, m int64) {
 // command waited.
 func (b *Breaker) silent() bool {
 	w := b.waiting.Load()
-	return b.silence >= 0 && w > b.heard.Load() && time.Since(b.base)-time.Duration(w-1) >= b.silence
+	return b.silence >= 0 && w != 0 && time.Since(b.base)-time.Duration(w-1) >= b.silence
 }
 
-// blocking names the commands that wait on the server by design: their wait
-// is no silence.
-var blocking = map[string]bool{
-	"blpop": true, "brpop": true, "brpoplpush": true, "blmove": true, "blmpop": true,
-	"bzpopmin": true, "bzpopmax": true, "bzmpop": true, "xread": true, "xreadgroup": true,
-	"wait": true, "waitaof": true,
+// blocks reports whether the command named name waits on the server by
+// design (its wait is no silence): BLPOP and the other blocking pops, XREAD
+// and XREADGROUP, WAIT and WAITAOF.
+func blocks(name string) bool {
+	if name == "" || name[0] != 'b' && name[0] != 'x' && name[0] != 'w' {
+		return false
+	}
+	switch name {
+	case "blpop", "brpop", "brpoplpush", "blmove", "blmpop", "bzpopmin", "bzpopmax", "bzmpop",
+		"xread", "xreadgroup", "wait", "waitaof":
+		return true
+	}
+	return false
 }
 
 // redisAnswered reports whether err (nil included) is an answer from Redis, which

@@ -506,3 +506,30 @@ func TestBreakerBlockingIsNoSilence(t *testing.T) {
 	px.Set(faultproxy.Pass)
 	<-popped
 }
+
+// BenchmarkBreakerHook is what a Breaker adds to each command that Redis
+// answers, the command itself left out (its hook calls a next that answers at
+// once), alone and from parallel goroutines.
+func BenchmarkBreakerHook(b *testing.B) {
+	answer := func(ctx context.Context, cmd redis.Cmder) error { return nil }
+	for _, silence := range []time.Duration{-1, 0} {
+		name := map[time.Duration]string{-1: "no-silence", 0: "silence"}[silence]
+		br := &locks.Breaker{Silence: silence}
+		hook := br.ProcessHook(answer)
+		ctx := context.Background()
+		cmd := redis.NewStringCmd(ctx, "get", "k")
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				_ = hook(ctx, cmd)
+			}
+		})
+		b.Run(name+"/parallel", func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				cmd := redis.NewStringCmd(ctx, "get", "k")
+				for pb.Next() {
+					_ = hook(ctx, cmd)
+				}
+			})
+		})
+	}
+}
