@@ -3,11 +3,13 @@
 --   b=the acquisition id whose hold began the holding (granted or handed to it; a
 --   fresh owner, whose acquisition id is the owner, may leave it out),
 --   w=1 when waiters may be queued, p=previous holder after a hand-off}
--- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms)
+-- KEYS[2] fence counter   KEYS[3] waiter queue (zset: arrival µs)   KEYS[4] waiter deadlines (zset: ms),
+--   and tombstones of attempts given back (see release.lua)
 -- ARGV: owner, acquisition id, lease ms, fence ttl ms, "queue-place ttl ms (0 = do not queue),fair (1/0)",
 -- the waiting client's id (its hand-offs are published on KEYS[1]..':w:'..id; see release.lua)
 -- Returns the fence token (a decimal string) for a fresh grant, {1, fence, holds} when
--- re-entered, {0, pttl, queued} when not held. A retry (this acquisition id holds already)
+-- re-entered, {0, pttl, queued} when not held (also when this attempt was given back before
+-- this request arrived: see release.lua). A retry (this acquisition id holds already)
 -- answers as the first run did, whatever happened between: the fence alone when its hold
 -- began the holding (b), else {1, fence, holds}.
 --
@@ -16,8 +18,8 @@
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, acq = ARGV[1], ARGV[2]
 
--- Fast path: free and nobody queued (5 commands).
-if redis.call('EXISTS', lk, q) == 0 then
+-- Fast path: free, nobody queued and no attempt given back (5 commands).
+if redis.call('EXISTS', lk, q, qt) == 0 then
   local f = nextFence(fk, ARGV[4], redis.call('TIME'))
   if acq == owner then
     redis.call('HSET', lk, 'o', owner, 'n', '1', 'f', f, 'h:' .. acq, '1')
@@ -36,6 +38,15 @@ local place, fair = tonumber(places), fairs == '1'
 local member = owner .. '|' .. ARGV[3] .. '|' .. ARGV[6] .. '|' .. acq
 local t = redis.call('TIME')
 local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- This attempt was given back already (see release.lua): it ended without the lock,
+-- so whatever it would take here nobody would hold.
+local gone = redis.call('ZSCORE', qt, '!' .. acq)
+if gone and tonumber(gone) > nowms then
+  local pttl = redis.call('PTTL', lk)
+  if pttl < 0 then pttl = 0 end
+  return {0, pttl, 0}
+end
 
 local cur = redis.call('HMGET', lk, 'o', 'n', 'f', 'w', 'b')
 if cur[1] == owner then

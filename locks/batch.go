@@ -64,6 +64,14 @@ type batcher struct {
 	started atomic.Int64 // sender goroutines started (tests)
 }
 
+// cleanupHorizon is how long a clean-up that Redis has not answered is sent
+// again (see later). It is not a lease: a request of the acquisition it
+// cleans up after, written into a stall, runs whenever Redis resumes and may
+// set a lease from then (an attempt's grant, an Extend), so only Redis
+// answering the clean-up ends what that request did. Past the horizon the
+// client gives up on that Redis.
+const cleanupHorizon = time.Minute
+
 // retryEvery is how long a clean-up that did not reach Redis (see later)
 // waits before it is sent again: a stalled Redis, or a breaker that is open
 // until its probe finds Redis answering, costs it one failed call each time.
@@ -304,7 +312,7 @@ func (s *sender) exec(b *batcher, q []*pending, leader *pending) {
 			continue
 		}
 		if p.cleanup != nil && p.cmd.Err() == nil {
-			b.later(p.cleanup, time.Time{})
+			b.later(p.cleanup)
 		}
 		if !p.until.IsZero() && undelivered(p.cmd.Err()) && time.Now().Before(p.until) {
 			b.again(p)
@@ -366,10 +374,11 @@ func (r reusedPipe) Pipeline() redis.Pipeliner { return r.s.pipe }
 // (starting a sender when a slot is free): for clean-ups that must not delay
 // their caller, or that run on a sender. A clean-up that did not reach Redis
 // (Redis stalled, the breaker open) is sent again every retryEvery until it
-// does or until passes (zero: sent once): a release must reach Redis when it
-// answers again, not leave a lock to run out its lease. After close it is
-// dropped (what it releases expires with its lease).
-func (b *batcher) later(args []any, until time.Time) {
+// does, for up to cleanupHorizon: a release must reach Redis when it answers
+// again, not leave a lock to run out its lease. After close it is dropped
+// (what it releases expires with its lease).
+func (b *batcher) later(args []any) {
+	until := time.Now().Add(cleanupHorizon)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {

@@ -306,7 +306,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
-	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member) }
+	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, &cfg, member) }
 	v, err := acquireS.runVia(ctx, c.b, cleanup, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
 	if err != nil {
 		return attemptResult{}, err
@@ -486,7 +486,7 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // that fails, or without waiting, the release travels with the batcher's
 // next pipeline.
 func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
-	call := c.giveBackCall(kv, owner, acq, cfg.argsReleaseV, member)
+	call := c.giveBackCall(kv, owner, acq, &cfg, member)
 	if !async && ctx.Err() == nil && c.b.do(ctx, call, nil).Err() == nil {
 		return
 	}
@@ -499,12 +499,15 @@ func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg con
 	if !async && c.life.closed.Load() && c.late.Go(func() { c.b.do(context.Background(), call, nil) }) {
 		return
 	}
-	c.b.later(call, time.Now().Add(cfg.lease)) // what it gives back lasts a lease at most
+	c.b.later(call)
 }
 
-// giveBackCall is giveBack's release.lua call.
-func (c *Client) giveBackCall(kv []any, owner, acq, releaseArgs any, member string) []any {
-	return releaseS.call(kv, []any{owner, acq, member, releaseArgs, c.pubV})
+// giveBackCall is giveBack's release.lua call. It ends the acquisition for
+// good: its last argument, the attempt's lease, has the script leave a
+// tombstone that refuses any request of the attempt reaching Redis after it
+// (see release.lua).
+func (c *Client) giveBackCall(kv []any, owner, acq any, cfg *config, member string) []any {
+	return releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV, "", "", cfg.leaseV})
 }
 
 func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
@@ -661,7 +664,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 	var keeper *turnKeeper
 	if !cfg.fair {
 		c.ref(g) // the turn's, kept by a grant or passed on
-		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg.argsReleaseV, member)}
+		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, &cfg, member)}
 		if a.scoped {
 			w.owner = owner
 		}
@@ -904,10 +907,7 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 		// releases has run out, so that Redis answering again frees the
 		// lock. (Without the next waiter: it gets the turn with an unknown
 		// outcome and finds out for itself.)
-		h.mu.Lock()
-		until := h.deadline
-		h.mu.Unlock()
-		c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}), until)
+		c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}))
 	}
 	if t != nil {
 		t.pass(next, o)
@@ -916,7 +916,7 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 }
 
 func (c *Client) abandon(h *held) {
-	c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}), time.Now().Add(h.cfg.lease))
+	c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}))
 }
 
 func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {

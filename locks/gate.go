@@ -279,7 +279,7 @@ type turnKeeper struct {
 // give-back runs after it.
 func (t *turnKeeper) pass(w *gateWaiter, o turnOutcome) {
 	if t.g.pass(w, o) && (o.queued || o.granted || o.unknown) {
-		t.c.b.later(w.back, time.Now().Add(placeTTL)) // a place, or a claim, lasts placeTTL at most
+		t.c.b.later(w.back)
 	}
 	t.c.ungate(t.key, t.g)
 }

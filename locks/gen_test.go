@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -32,7 +33,9 @@ import (
 //     a name never share a fence;
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
-//     host).
+//     host);
+//   - once every call has returned, Redis keeps no hold that no Lock is
+//     held for (liveness: see orphans).
 func TestGenLocks(t *testing.T) {
 	s := redistest.Start(t)
 	cl := redistest.StartCluster(t)
@@ -121,6 +124,7 @@ type genRule struct {
 	script *script
 	mode   string // "delay", "drop", "dup", "late"
 	d      time.Duration
+	until  <-chan struct{} // late: hold the request until it closes instead of for d
 	left   int
 }
 
@@ -132,7 +136,8 @@ type genRule struct {
 type genFault struct {
 	mu    sync.Mutex
 	rules []*genRule
-	wg    sync.WaitGroup // late requests
+	acqs  map[string]bool // the acquisition ids of the attempts sent (acquire.lua)
+	wg    sync.WaitGroup  // late requests (added under mu)
 }
 
 func (f *genFault) set(r *genRule) {
@@ -152,9 +157,21 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 	defer f.mu.Unlock()
 	for _, cmd := range cmds {
 		sc, _ := scriptCall(cmd)
+		if args := cmd.Args(); sc == &acquireS && len(args) > 8 {
+			if f.acqs == nil {
+				f.acqs = map[string]bool{}
+			}
+			f.acqs[fmt.Sprint(args[8])] = true // EVALSHA sha 4 keys… owner acq
+		}
+	}
+	for _, cmd := range cmds {
+		sc, _ := scriptCall(cmd)
 		for _, r := range f.rules {
 			if r.left > 0 && r.script == sc {
 				r.left--
+				if r.mode == "late" {
+					f.wg.Add(1) // under mu: a Wait after clear waits for it
+				}
 				return r
 			}
 		}
@@ -184,7 +201,7 @@ func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(con
 		_ = send(ctx, cmds)
 		return send(ctx, cmds)
 	case "late":
-		return f.late(ctx, cmds, r.d, send)
+		return f.late(ctx, cmds, r, send)
 	}
 	err := send(ctx, cmds)
 	var wait <-chan time.Time
@@ -212,18 +229,26 @@ func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(con
 // late holds the request for d before it reaches Redis; it reaches Redis
 // then even when its caller has given up meanwhile (a request stuck on the
 // wire), on a copy, whose reply the caller gets if it still waits.
-func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, d time.Duration, send func(context.Context, []redis.Cmder) error) error {
+func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, send func(context.Context, []redis.Cmder) error) error {
 	copies := make([]redis.Cmder, len(cmds))
 	for i, c := range cmds {
 		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
 	}
 	done := make(chan error, 1)
-	f.wg.Go(func() {
-		time.Sleep(d) // the fault: the request is slow to arrive
+	go func() {
+		defer f.wg.Done() // added by match
+		if r.until != nil {
+			select { // the fault: the request is slow to arrive
+			case <-r.until:
+			case <-time.After(10 * time.Second): // a bound for a test whose event never comes
+			}
+		} else {
+			time.Sleep(r.d) // the fault: the request is slow to arrive
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		done <- send(sctx, copies)
-	})
+	}()
 	select {
 	case err := <-done:
 		for i, c := range cmds {
@@ -273,6 +298,7 @@ type genBase struct {
 	mu         sync.Mutex // guards the fields below, and those of the world embedding genBase
 	log        []string   // what happened, for a failure's report
 	holds      []*genHold
+	all        []*genHold // every acquisition the run held, also those Unlocked since
 	violations []string
 	deletedAt  map[string]time.Time // the last DEL of each name's key
 	stalled    bool                 // a server is paused
@@ -467,8 +493,11 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	w.calls.Wait()
 	for _, p := range append(w.procs, w.old...) {
 		p.fault.clear()
-		_ = p.c.Close()
 		p.fault.wg.Wait()
+	}
+	w.orphans()
+	for _, p := range append(w.procs, w.old...) {
+		_ = p.c.Close()
 	}
 	w.check(rt)
 	for i, p := range append(w.procs, w.old...) {
@@ -656,6 +685,7 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 			h.deleted.Store(true)
 		}
 		w.holds = append(w.holds, h)
+		w.all = append(w.all, h)
 		w.mu.Unlock()
 	})
 }
@@ -758,6 +788,75 @@ func (w *genWorld) monitor(stop <-chan struct{}) {
 		time.Sleep(2 * time.Millisecond) // the sampling period
 	}
 }
+
+// orphans is the liveness oracle, read once every call has returned and
+// every late request has reached Redis: Redis keeps no hold that no Lock is
+// held for — a grant nobody will use blocks its name for a lease — except
+// those a Close dropped (held, or an attempt's whose clean-up had not reached
+// Redis yet): they expire with their lease, as documented. A hold
+// may outlive its Lock by the clean-ups still being sent (every 100 ms until
+// Redis answers), so only one seen for orphanGrace is reported.
+func (w *genWorld) orphans() {
+	ctx := context.Background()
+	first := map[string]time.Time{}
+	for {
+		live := map[string]bool{}
+		w.mu.Lock()
+		for _, h := range w.all {
+			// Held, or dropped by its process's Close: what is held then expires
+			// with its lease, as documented (the application may still use it).
+			if !h.unlocking.Load() && h.lk.TTL() > 0 || errors.Is(h.lk.h.lostErr(), ErrClosed) {
+				live[h.name+" "+h.lk.h.acqv.(string)] = true
+			}
+		}
+		w.mu.Unlock()
+		closed := map[string]bool{} // attempts of closed processes: Close drops the clean-ups not sent yet
+		for _, p := range w.old {
+			p.fault.mu.Lock()
+			maps.Copy(closed, p.fault.acqs)
+			p.fault.mu.Unlock()
+		}
+		now := time.Now()
+		seen := map[string]time.Time{}
+		var worst string
+		for _, n := range w.names {
+			key := "cg:lock:{" + n + "}"
+			fields, err := w.mon.HGetAll(ctx, key).Result()
+			if err != nil {
+				w.violate("liveness: reading %s: %v", key, err)
+				return
+			}
+			for f := range fields {
+				acq, ok := strings.CutPrefix(f, "h:")
+				if !ok || live[n+" "+acq] || closed[acq] {
+					continue
+				}
+				k := n + " " + acq
+				seen[k] = now
+				if t, ok := first[k]; ok {
+					seen[k] = t
+					if now.Sub(t) >= orphanGrace {
+						worst = fmt.Sprintf("%s: Redis keeps hold %s (fence %s, %v of its lease left) %v after its calls returned, and no Lock is held for it",
+							n, acq, fields["f"], w.mon.PTTL(ctx, key).Val(), now.Sub(t).Round(time.Millisecond))
+					}
+				}
+			}
+		}
+		if worst != "" {
+			w.violate("liveness: %s", worst)
+			return
+		}
+		if len(seen) == 0 {
+			return
+		}
+		first = seen
+		time.Sleep(20 * time.Millisecond) // the polling period
+	}
+}
+
+// orphanGrace is how long a hold nobody holds may stay in Redis once
+// every call has returned: its clean-up's retries.
+const orphanGrace = time.Second
 
 func (w *genBase) check(rt *rapid.T) {
 	w.mu.Lock()

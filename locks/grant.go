@@ -61,10 +61,17 @@ func (h *held) onWire(sent time.Time, lease time.Duration) {
 
 // takeWire waits until no renewal or Extend of h is on the wire, or ctx
 // ends, then puts one carrying lease on it, to be sent from the time it
-// returns. The caller ends it with leaveWire.
+// returns; ErrNotHeld once h's Unlock began or h ended. The caller ends it
+// with leaveWire.
 func (h *held) takeWire(ctx context.Context, lease time.Duration) (time.Time, error) {
 	for {
 		h.mu.Lock()
+		if h.releasing || h.ended {
+			// Its Unlock began, or it was lost: a command sent now could set a
+			// lease on a hold nobody keeps (its release still on its way).
+			h.mu.Unlock()
+			return time.Time{}, ErrNotHeld
+		}
 		if !h.wire {
 			sent := time.Now()
 			h.onWire(sent, lease)

@@ -649,3 +649,115 @@ func TestRetriedReentryStaysReentry(t *testing.T) {
 		t.Error("lock left after both Unlocks")
 	}
 }
+
+// TestLateAttemptAfterGiveBack: an attempt whose request reaches Redis only
+// after its caller gave up and its give-back ran (written into a stall, served
+// after the give-back's own connection) takes nothing: the name is free for
+// the next caller at once, not after the attempt's lease with nobody holding
+// it.
+func TestLateAttemptAfterGiveBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "late-after-giveback"
+	lockKey := "cg:lock:{" + name + "}"
+	gaveBack, arrived := make(chan struct{}), make(chan struct{})
+	var backOnce, lateOnce sync.Once
+	prdb := s.Client()
+	f := &genFault{}
+	prdb.AddHook(f)
+	prdb.AddHook(&wireHook{after: func(cmd redis.Cmder) { // sees what f lets through
+		switch sc, key := scriptCall(cmd); {
+		case key != lockKey || cmd.Err() != nil:
+		case sc == &releaseS:
+			backOnce.Do(func() { close(gaveBack) })
+		case sc == &acquireS:
+			lateOnce.Do(func() { close(arrived) })
+		}
+	}})
+	p, x := New(prdb), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	rdb := s.Client()
+	defer rdb.Close()
+
+	warm, err := p.TryLock(ctx, "warm-up") // the scripts loaded: a late EVALSHA runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deliver := make(chan struct{})
+	f.set(&genRule{script: &acquireS, mode: "late", until: deliver, left: 1})
+	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err = p.TryLock(tctx, name)
+	cancel()
+	if err == nil {
+		t.Fatal("TryLock succeeded with its request held back")
+	}
+	select {
+	case <-gaveBack:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the attempt was not given back")
+	}
+	redistest.Eventually(t, 5*time.Second, "every clean-up sent", func() bool {
+		p.b.mu.Lock()
+		defer p.b.mu.Unlock()
+		return p.b.busy == 0 && len(p.b.queue) == 0 && len(p.b.retries) == 0
+	})
+	close(deliver)
+	select {
+	case <-arrived: // the held request has reached Redis, after the give-back
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request never reached Redis")
+	}
+	f.wg.Wait()
+	if pttl := rdb.PTTL(ctx, lockKey).Val(); pttl > 0 {
+		t.Errorf("the given-back attempt took the lock for %v when its request came late", pttl)
+	}
+	lk, err := x.TryLock(ctx, name)
+	if err != nil {
+		t.Fatalf("the next caller: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestExpiredHoldGivenBack: a hold that ends at its local deadline is given
+// back, where Redis keeps it longer — here because its owner re-entered with
+// a longer lease, and that inner hold was Unlocked since: nobody holds the
+// lock, and the next caller gets it before that longer lease ends.
+func TestExpiredHoldGivenBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	c, x := New(s.Client()), New(s.Client())
+	defer c.Close()
+	defer x.Close()
+	name := "expired-hold"
+	octx := WithOwner(ctx, "owner-e")
+	outer, err := c.Lock(octx, name, Lease(200*time.Millisecond), NoRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := c.Lock(octx, name, Lease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-outer.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the outer hold outlived its fixed lease")
+	}
+	var lk *Lock
+	redistest.Eventually(t, 10*time.Second, "the name free after the last hold's lease", func() bool {
+		lk, err = x.TryLock(ctx, name)
+		return err == nil
+	})
+	if err := lk.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+}

@@ -283,10 +283,11 @@ func (h *held) lostErr() error {
 	return h.err
 }
 
-// lose marks the holding lost: Lost() closes and Context() is cancelled.
-func (h *held) lose(err error) {
+// lose marks the holding lost: Lost() closes and Context() is cancelled. It
+// reports whether h was held until now.
+func (h *held) lose(err error) bool {
 	if !h.end(err) {
-		return
+		return false
 	}
 	if h.sc != nil {
 		h.sc.lost(err)
@@ -295,6 +296,7 @@ func (h *held) lose(err error) {
 	h.cfg.emit(context.Background(), Event{Kind: EventLost, Name: h.name, Fence: h.publicFence(), Held: time.Since(h.since), Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
+	return true
 }
 
 // loseHolding marks h lost because Redis no longer has its holding (the key

@@ -12,11 +12,22 @@
 -- for at most this long); the waiter counts its lease the same way. A waiter's client listens on
 -- the channel KEYS[1]..':w:'..client id (same hash tag, so SPUBLISH stays in the script's
 -- slot).
+-- A give-back (the clean-up of an acquisition attempt abandoned, whose outcome may be
+-- unknown) passes ARGV[8], the attempt's lease ms: it ends the acquisition for good, and
+-- leaves its tombstone, '!'..acquisition id in KEYS[4] scored with its end, which acquire.lua
+-- checks: a request of the attempt that reaches Redis after its give-back (written into a
+-- stall, or retried by go-redis on another connection) would take a lock nobody holds.
 -- Returns the remaining hold count (0 = released), or -1 when not held by owner; when the
 -- last hold was handed to the next waiter given, that waiter's fence token (a string); -3
 -- when the lease had run out unnoticed (released, as 0) and the next waiter was not queued.
 local lk, fk, q, qt = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, acq, mine, nextm = ARGV[1], ARGV[2], ARGV[3], ARGV[7] or ''
+if ARGV[8] then
+  local t = redis.call('TIME')
+  local life = tonumber(ARGV[8])
+  redis.call('ZADD', qt, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + life, '!' .. acq)
+  if redis.call('PTTL', qt) < life then redis.call('PEXPIRE', qt, life) end
+end
 local hold = 'h:' .. acq
 local cur = redis.call('HMGET', lk, 'o', 'n', hold, 'w')
 

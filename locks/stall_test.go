@@ -667,3 +667,41 @@ func TestUnlockDuringCloseKeepsItsContext(t *testing.T) {
 		return s.Client().Exists(ctx, "cg:lock:{unlock-during-close}").Val() == 0
 	})
 }
+
+// TestNoLeaseAfterHoldEnded: commands of a hold that reach Redis late never
+// leave its name locked with nobody holding it. Here an Extend shortens the
+// hold's lease while Redis is paused, and a longer Extend waits behind it; the
+// hold ends at the short lease's deadline, before Redis resumes. The longer
+// Extend must not be sent then (it was, and set its lease when Redis
+// resumed), and the hold is given back: the name is free once Redis is back.
+// (TestGenLocks found the class: a hold's clean-up stopped at its local
+// deadline while a request of the hold, written into the stall, ran later.)
+func TestNoLeaseAfterHoldEnded(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	c := New(stallClient(s), CommandTimeout(200*time.Millisecond))
+	defer c.Close()
+	rdb := s.Client()
+	defer rdb.Close()
+	name := "stalled-extend"
+	lk, err := c.Lock(ctx, name, Lease(time.Minute), NoRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resume := pause(s)
+	defer resume()
+	extended := make(chan error, 2)
+	go func() { extended <- lk.Extend(ctx, 150*time.Millisecond) }() // written into the stall
+	redistest.Eventually(t, 5*time.Second, "the short Extend on the wire", func() bool { return lk.TTL() < time.Second })
+	go func() { extended <- lk.Extend(ctx, 2*time.Minute) }() // waits for the wire
+	for range 2 {
+		if err := returnsWithin(t, extended, 10*time.Second, "an Extend in the stall"); err == nil {
+			t.Fatal("Extend succeeded with Redis paused")
+		}
+	}
+	returnsWithin(t, lk.Lost(), 10*time.Second, "the hold's end at its short lease")
+	resume()
+	redistest.Eventually(t, 10*time.Second, "the lock free after Redis resumed", func() bool {
+		return rdb.Exists(ctx, "cg:lock:{"+name+"}").Val() == 0
+	})
+}
