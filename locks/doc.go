@@ -33,9 +33,9 @@
 //     lock.
 //   - A held lock renews itself every third of its lease until Unlock (one
 //     goroutine per Client for all its locks). When renewal fails past the
-//     local deadline, or the key was deleted or taken over, Lost closes and
-//     Context is cancelled. NoRenewal gives a fixed lease (Lost closes when it
-//     runs out); Extend renews by hand.
+//     local deadline, or the key was deleted or taken over, Lost closes,
+//     Context is cancelled and the hold is given back. NoRenewal gives a fixed
+//     lease (Lost closes when it runs out); Extend renews by hand.
 //   - Lock.Fence strictly increases per name across all clients and
 //     processes, also when the fence counter was lost, expired or left stale
 //     by a failover, as long as the server's clock does not go back. Fence
@@ -65,8 +65,8 @@
 //     within 2 CommandTimeouts (500ms; one once Redis is quiet): a stalled
 //     Redis turns a Lock, TryLock or Unlock into an error matching ErrUnavailable.
 //     What a failed call may have taken is given back once Redis answers
-//     (retried every 100ms, at most for its lease), so no name stays locked
-//     after Redis recovers.
+//     (retried every 100ms for up to a minute; its request reaching Redis
+//     later is refused), so no name stays locked after Redis recovers.
 //   - Close and Shutdown end waiting Lock calls at once with ErrClosed, out of
 //     the queues (another process is granted at once). Shutdown(ctx) keeps
 //     the locks still held renewed until they are Unlocked, or reports them

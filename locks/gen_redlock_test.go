@@ -30,7 +30,9 @@ import (
 //     hold a name;
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
-//     host).
+//     host);
+//   - once every call has returned, no node keeps a hold that no Lock is
+//     held for (liveness: see genBase.orphans).
 func TestGenRedlock(t *testing.T) {
 	servers := redistest.StartN(t, 3)
 	st := &genStats{}
@@ -124,6 +126,12 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 		}
 		w.calls.Wait()
 		for _, p := range append(w.procs, w.old...) {
+			for _, f := range p.faults {
+				f.wg.Wait()
+			}
+		}
+		w.orphans()
+		for _, p := range append(w.procs, w.old...) {
 			closeProc(p)
 		}
 		wound = true
@@ -206,6 +214,36 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			rt.Fatalf("process %d: %d acquisitions, %d end events", i, begun, ends)
 		}
 	}
+}
+
+// orphans is the liveness oracle (see genBase.orphans) on every node.
+func (w *rlWorld) orphans() {
+	var faults []*genFault
+	for _, p := range w.old {
+		faults = append(faults, p.faults...)
+	}
+	w.genBase.orphans(func(ctx context.Context) (map[string]map[string]string, error) {
+		in := map[string]map[string]string{}
+		for i, c := range w.mon {
+			for _, n := range w.names {
+				key := "cg:rlock:{" + n + "}"
+				fields, err := c.HGetAll(ctx, key).Result()
+				if err != nil {
+					return nil, err
+				}
+				for acq := range fields {
+					if acq == "o" {
+						continue
+					}
+					if in[n] == nil {
+						in[n] = map[string]string{}
+					}
+					in[n][acq] = fmt.Sprintf("on node %d, %v of its lease left", i, c.PTTL(ctx, key).Val())
+				}
+			}
+		}
+		return in, nil
+	}, rlAcq, closedAcqs(faults))
 }
 
 // monitor samples, until stop, each held acquisition's belief (its TTL),

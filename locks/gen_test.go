@@ -157,11 +157,12 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 	defer f.mu.Unlock()
 	for _, cmd := range cmds {
 		sc, _ := scriptCall(cmd)
-		if args := cmd.Args(); sc == &acquireS && len(args) > 8 {
+		at := map[*script]int{&acquireS: 8, &redlockAcquireS: 6}[sc] // EVALSHA sha numkeys keys… owner acq
+		if args := cmd.Args(); at > 0 && len(args) > at {
 			if f.acqs == nil {
 				f.acqs = map[string]bool{}
 			}
-			f.acqs[fmt.Sprint(args[8])] = true // EVALSHA sha 4 keys… owner acq
+			f.acqs[fmt.Sprint(args[at])] = true
 		}
 	}
 	for _, cmd := range cmds {
@@ -793,10 +794,13 @@ func (w *genWorld) monitor(stop <-chan struct{}) {
 // every late request has reached Redis: Redis keeps no hold that no Lock is
 // held for — a grant nobody will use blocks its name for a lease — except
 // those a Close dropped (held, or an attempt's whose clean-up had not reached
-// Redis yet): they expire with their lease, as documented. A hold
-// may outlive its Lock by the clean-ups still being sent (every 100 ms until
+// Redis yet): they expire with their lease, as documented. holds reads what
+// Redis keeps: per name, the acquisition ids holding it (on each node, for
+// Redlock), each with a description for the report; acqOf is a Lock's
+// acquisition id, closed the attempts sent by closed processes. A hold may
+// outlive its Lock by the clean-ups still being sent (every 100 ms until
 // Redis answers), so only one seen for orphanGrace is reported.
-func (w *genWorld) orphans() {
+func (w *genBase) orphans(holds func(ctx context.Context) (map[string]map[string]string, error), acqOf func(*Lock) string, closed map[string]bool) {
 	ctx := context.Background()
 	first := map[string]time.Time{}
 	for {
@@ -806,29 +810,20 @@ func (w *genWorld) orphans() {
 			// Held, or dropped by its process's Close: what is held then expires
 			// with its lease, as documented (the application may still use it).
 			if !h.unlocking.Load() && h.lk.TTL() > 0 || errors.Is(h.lk.h.lostErr(), ErrClosed) {
-				live[h.name+" "+h.lk.h.acqv.(string)] = true
+				live[h.name+" "+acqOf(h.lk)] = true
 			}
 		}
 		w.mu.Unlock()
-		closed := map[string]bool{} // attempts of closed processes: Close drops the clean-ups not sent yet
-		for _, p := range w.old {
-			p.fault.mu.Lock()
-			maps.Copy(closed, p.fault.acqs)
-			p.fault.mu.Unlock()
-		}
 		now := time.Now()
 		seen := map[string]time.Time{}
-		var worst string
-		for _, n := range w.names {
-			key := "cg:lock:{" + n + "}"
-			fields, err := w.mon.HGetAll(ctx, key).Result()
-			if err != nil {
-				w.violate("liveness: reading %s: %v", key, err)
-				return
-			}
-			for f := range fields {
-				acq, ok := strings.CutPrefix(f, "h:")
-				if !ok || live[n+" "+acq] || closed[acq] {
+		in, err := holds(ctx)
+		if err != nil {
+			w.violate("liveness: reading Redis: %v", err)
+			return
+		}
+		for n, acqs := range in {
+			for acq, what := range acqs {
+				if live[n+" "+acq] || closed[acq] {
 					continue
 				}
 				k := n + " " + acq
@@ -836,15 +831,12 @@ func (w *genWorld) orphans() {
 				if t, ok := first[k]; ok {
 					seen[k] = t
 					if now.Sub(t) >= orphanGrace {
-						worst = fmt.Sprintf("%s: Redis keeps hold %s (fence %s, %v of its lease left) %v after its calls returned, and no Lock is held for it",
-							n, acq, fields["f"], w.mon.PTTL(ctx, key).Val(), now.Sub(t).Round(time.Millisecond))
+						w.violate("liveness: %s: Redis keeps hold %s (%s) %v after its calls returned, and no Lock is held for it",
+							n, acq, what, now.Sub(t).Round(time.Millisecond))
+						return
 					}
 				}
 			}
-		}
-		if worst != "" {
-			w.violate("liveness: %s", worst)
-			return
 		}
 		if len(seen) == 0 {
 			return
@@ -852,6 +844,45 @@ func (w *genWorld) orphans() {
 		first = seen
 		time.Sleep(20 * time.Millisecond) // the polling period
 	}
+}
+
+// closedAcqs are the acquisition ids of the attempts faults saw, sent by
+// processes closed since.
+func closedAcqs(faults []*genFault) map[string]bool {
+	closed := map[string]bool{}
+	for _, f := range faults {
+		f.mu.Lock()
+		maps.Copy(closed, f.acqs)
+		f.mu.Unlock()
+	}
+	return closed
+}
+
+// orphans is the liveness oracle (see genBase.orphans) on the lock hashes.
+func (w *genWorld) orphans() {
+	var faults []*genFault
+	for _, p := range w.old {
+		faults = append(faults, p.fault)
+	}
+	w.genBase.orphans(func(ctx context.Context) (map[string]map[string]string, error) {
+		in := map[string]map[string]string{}
+		for _, n := range w.names {
+			key := "cg:lock:{" + n + "}"
+			fields, err := w.mon.HGetAll(ctx, key).Result()
+			if err != nil {
+				return nil, err
+			}
+			for f := range fields {
+				if acq, ok := strings.CutPrefix(f, "h:"); ok {
+					if in[n] == nil {
+						in[n] = map[string]string{}
+					}
+					in[n][acq] = fmt.Sprintf("fence %s, %v of its lease left", fields["f"], w.mon.PTTL(ctx, key).Val())
+				}
+			}
+		}
+		return in, nil
+	}, func(lk *Lock) string { return lk.h.acqv.(string) }, closedAcqs(faults))
 }
 
 // orphanGrace is how long a hold nobody holds may stay in Redis once

@@ -761,3 +761,66 @@ func TestExpiredHoldGivenBack(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRedlockLateAttemptAfterRelease is TestLateAttemptAfterGiveBack for
+// Redlock: a node's acquire request that reaches the node only after the
+// holding was released there (it was granted by the other nodes meanwhile,
+// and Unlocked) takes nothing on that node.
+func TestRedlockLateAttemptAfterRelease(t *testing.T) {
+	ctx := context.Background()
+	servers := redistest.StartN(t, 3)
+	name := "rl-late-after-release"
+	key := "cg:rlock:{" + name + "}"
+	arrived := make(chan struct{})
+	var lateOnce sync.Once
+	f := &genFault{}
+	var clients []redis.UniversalClient
+	for i, s := range servers {
+		c := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+		defer c.Close()
+		if i == 0 {
+			c.AddHook(f)
+			c.AddHook(&wireHook{after: func(cmd redis.Cmder) { // sees what f lets through
+				if sc, k := scriptCall(cmd); sc == &redlockAcquireS && k == key && cmd.Err() == nil {
+					lateOnce.Do(func() { close(arrived) })
+				}
+			}})
+		}
+		clients = append(clients, c)
+	}
+	r := NewRedlock(clients, NodeTimeout(100*time.Millisecond))
+	defer r.Close()
+	warm, err := r.TryLock(ctx, "warm-up") // the scripts loaded: a late EVALSHA runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	deliver := make(chan struct{})
+	f.set(&genRule{script: &redlockAcquireS, mode: "late", until: deliver, left: 1})
+	lk, err := r.TryLock(ctx, name) // nodes 1 and 2 grant
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	redistest.Eventually(t, 5*time.Second, "node 0's clean-ups sent", func() bool {
+		_, _, idle := r.NodeQueue(0)
+		return idle
+	})
+	close(deliver)
+	select {
+	case <-arrived: // the held request has reached node 0, after the release
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request never reached node 0")
+	}
+	f.wg.Wait()
+	node0 := servers[0].Client()
+	defer node0.Close()
+	if pttl := node0.PTTL(ctx, key).Val(); pttl > 0 {
+		t.Errorf("node 0 keeps the released acquisition for %v: its request came late", pttl)
+	}
+}

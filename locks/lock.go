@@ -2,6 +2,7 @@ package locks
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -283,11 +284,18 @@ func (h *held) lostErr() error {
 	return h.err
 }
 
-// lose marks the holding lost: Lost() closes and Context() is cancelled. It
-// reports whether h was held until now.
-func (h *held) lose(err error) bool {
+// lose marks the holding lost: Lost() closes and Context() is cancelled. Its
+// hold is given back: Redis may keep it although it is lost here — a renewal
+// whose reply never came, another hold of its owner with a longer lease, the
+// nodes of a Redlock that still have it — and nobody holds it now; left
+// there, it would keep the name from everyone else. Only a Close keeps it
+// (it then expires with its lease: the application may still be using it).
+func (h *held) lose(err error) {
 	if !h.end(err) {
-		return false
+		return
+	}
+	if !errors.Is(err, ErrClosed) {
+		h.ops.abandon(h)
 	}
 	if h.sc != nil {
 		h.sc.lost(err)
@@ -296,7 +304,6 @@ func (h *held) lose(err error) bool {
 	h.cfg.emit(context.Background(), Event{Kind: EventLost, Name: h.name, Fence: h.publicFence(), Held: time.Since(h.since), Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
-	return true
 }
 
 // loseHolding marks h lost because Redis no longer has its holding (the key

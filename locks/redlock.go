@@ -406,28 +406,28 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	var res []nodeResult[[]int64] // the answers the verdict used; written before decided is closed
 	fl := &rlFlight{pending: len(r.nodes)}
 	released := make(chan int, len(r.nodes))
+	keyv, pxms := []any{key, rlTomb(key, acq)}, px.Milliseconds()
 	release := func(i int, x nodeResult[[]int64]) {
 		<-decided
 		refused := x.err == nil && len(x.v) == 2 && x.v[0] == 0 // nothing of this attempt is on the node
 		if !failed {
 			late := !res[i].done
 			if fl.landed(r, acq) && late && !refused {
-				r.releaseOn(ctx, i, key, owner, acq, timeout)
+				r.releaseOn(ctx, i, key, owner, acq, pxms, timeout)
 			}
 			return
 		}
 		if !refused {
-			r.releaseOn(ctx, i, key, owner, acq, timeout)
+			r.releaseOn(ctx, i, key, owner, acq, pxms, timeout)
 		}
 		released <- i
 	}
-	keyv, pxms := []any{key}, px.Milliseconds()
 	start := time.Now()
 	res = fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]int64, error) {
 		// A call that was still queued when its node's time ran out returns
 		// at once, before the node has seen it; if it then grants, it is
 		// released there (release, below, may have been sent too early).
-		cleanup := func() []any { return redlockReleaseS.call(keyv, []any{owner, acq}) }
+		cleanup := func() []any { return rlReleaseCall(key, owner, acq, pxms) }
 		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, owner, acq, pxms).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
@@ -499,12 +499,36 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	return nil, false, e
 }
 
-// releaseOn releases acquisition acq on node i, whatever ctx's state.
-func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, timeout time.Duration) {
+// releaseOn releases acquisition acq (key lease pxms) on node i, whatever
+// ctx's state.
+func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, pxms int64, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	redlockReleaseS.runVia(rctx, r.nodes[i].b, nil, []any{key}, owner, acq)
+	releaseNode(rctx, &r.nodes[i], key, owner, acq, pxms)
 }
+
+// releaseNode releases acquisition acq of owner (key lease pxms) on node n,
+// within ctx; a release whose outcome is unknown is sent again until the node
+// answers it (see batcher.later). It is the one way a Redlock acquisition is
+// given back on a node: whatever a request of the attempt did there, or
+// does when it arrives late, ends with it.
+func releaseNode(ctx context.Context, n *rlNode, key, owner, acq string, pxms int64) (int64, error) {
+	call := rlReleaseCall(key, owner, acq, pxms)
+	v, err := n.b.do(ctx, call, nil).Int64()
+	if undelivered(err) {
+		n.b.later(call)
+	}
+	return v, err
+}
+
+// rlReleaseCall is redlock_release.lua's call for acquisition acq of owner,
+// whose key lease is pxms (its tombstone's life).
+func rlReleaseCall(key, owner, acq string, pxms int64) []any {
+	return redlockReleaseS.call([]any{key, rlTomb(key, acq)}, []any{owner, acq, pxms})
+}
+
+// rlTomb is the key of acquisition acq's tombstone (see redlock_release.lua).
+func rlTomb(key, acq string) string { return key + ":g:" + acq }
 
 // rlFlight follows the node calls of a granted attempt that were still
 // running when the attempt returned (it returns as soon as a quorum granted).

@@ -22,11 +22,11 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
-	keyv := []any{key}
+	px := rlPXFor(&h.cfg, lease)
 	r.releasing(acq)
-	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
+	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, px),
 		func(ctx context.Context, n *rlNode) (int64, error) {
-			return redlockReleaseS.runVia(ctx, n.b, nil, keyv, h.owner, acq).Int64()
+			return releaseNode(ctx, n, key, h.owner, acq, px.Milliseconds())
 		}, nil, nil)
 	confirmed, failed, remaining := 0, 0, int64(0)
 	for _, x := range res {
@@ -199,11 +199,12 @@ func (r *Redlock) releaseInBackground(h *held) {
 	}
 	r.inflight.Add(1)
 	r.mu.Unlock()
+	px := rlPXFor(&h.cfg, lease)
 	go func() {
 		defer r.inflight.Done()
-		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, rlPXFor(&h.cfg, lease)),
+		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, px),
 			func(ctx context.Context, n *rlNode) (int64, error) {
-				return redlockReleaseS.runVia(ctx, n.b, nil, []any{key}, h.owner, acq).Int64()
+				return releaseNode(ctx, n, key, h.owner, acq, px.Milliseconds())
 			}, nil, nil)
 	}()
 }

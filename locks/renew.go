@@ -180,7 +180,7 @@ func (r *renewer) loop() {
 	for r.ctx.Err() == nil {
 		due, expired, next := r.scan(time.Now())
 		for _, h := range expired {
-			h.expire()
+			h.lose(h.expiry())
 		}
 		for i := 0; i < len(due); i += renewChunk {
 			r.sends.Add(1)
@@ -287,16 +287,6 @@ func (h *held) renewed(sent time.Time, err error) *grant {
 		h.mu.Unlock()
 	}
 	return nil
-}
-
-// expire ends h at its local deadline: lost, and its hold given back. Redis
-// may keep the hold longer — a renewal whose reply never came, or another
-// hold of its owner with a longer lease, set the key's expiry — and nobody
-// holds it now: left there, it would keep the name from everyone else.
-func (h *held) expire() {
-	if h.lose(h.expiry()) {
-		h.ops.abandon(h)
-	}
 }
 
 // expiry is why h is lost when its local deadline passed.
