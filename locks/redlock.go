@@ -504,7 +504,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, pxms int64, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	releaseNode(rctx, &r.nodes[i], key, owner, acq, pxms)
+	_, _ = releaseNode(rctx, &r.nodes[i], key, owner, acq, pxms) // unknown outcomes are sent again
 }
 
 // releaseNode releases acquisition acq of owner (key lease pxms) on node n,
