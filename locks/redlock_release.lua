@@ -2,15 +2,18 @@
 -- KEYS[1] lock hash (see redlock_acquire.lua), KEYS[2] the acquisition's tombstone.
 -- ARGV: owner, acquisition id, the acquisition's lease ms.
 -- A release ends the acquisition (an attempt: each has its own id) on this node for
--- good: its tombstone, kept for the lease, has redlock_acquire.lua refuse a request of
--- the attempt that reaches the node after it (written into a stall, or retried by
--- go-redis), which would take a hold nobody keeps.
+-- good. When the node has nothing of it, the attempt's request may still come (written
+-- into a stall, or retried by go-redis) and would take a hold nobody keeps: the release
+-- then leaves a tombstone, kept for the lease, and redlock_acquire.lua refuses it.
 -- Returns the owner's remaining holds (0 = key deleted), -1 when another owner
 -- (or nobody) holds the key, -2 when the owner holds it without this acquisition.
 local k, owner, acq = KEYS[1], ARGV[1], ARGV[2]
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-if redis.call('HGET', k, 'o') ~= owner then return -1 end
-if redis.call('HDEL', k, acq) == 0 then return -2 end
+local mine = redis.call('HGET', k, 'o') == owner
+if not mine or redis.call('HDEL', k, acq) == 0 then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+  if mine then return -2 end
+  return -1
+end
 local n = redis.call('HLEN', k) - 1
 if n <= 0 then
   redis.call('DEL', k)
