@@ -406,19 +406,19 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	var res []nodeResult[[]int64] // the answers the verdict used; written before decided is closed
 	fl := &rlFlight{pending: len(r.nodes)}
 	released := make(chan int, len(r.nodes))
-	keyv, pxms := []any{key, rlTomb(key, acq)}, px.Milliseconds()
+	keyv, argv := rlRelease(key, owner, acq, px.Milliseconds()) // the acquire script's too, boxed once for every node
 	release := func(i int, x nodeResult[[]int64]) {
 		<-decided
 		refused := x.err == nil && len(x.v) == 2 && x.v[0] == 0 // nothing of this attempt is on the node
 		if !failed {
 			late := !res[i].done
 			if fl.landed(r, acq) && late && !refused {
-				r.releaseOn(ctx, i, key, owner, acq, pxms, timeout)
+				r.releaseOn(ctx, i, keyv, argv, timeout)
 			}
 			return
 		}
 		if !refused {
-			r.releaseOn(ctx, i, key, owner, acq, pxms, timeout)
+			r.releaseOn(ctx, i, keyv, argv, timeout)
 		}
 		released <- i
 	}
@@ -427,8 +427,8 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		// A call that was still queued when its node's time ran out returns
 		// at once, before the node has seen it; if it then grants, it is
 		// released there (release, below, may have been sent too early).
-		cleanup := func() []any { return rlReleaseCall(key, owner, acq, pxms) }
-		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, owner, acq, pxms).Int64Slice()
+		cleanup := func() []any { return redlockReleaseS.call(keyv, argv) }
+		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, argv...).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 	elapsed := time.Since(start)
 
@@ -499,21 +499,22 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	return nil, false, e
 }
 
-// releaseOn releases acquisition acq (key lease pxms) on node i, whatever
-// ctx's state.
-func (r *Redlock) releaseOn(ctx context.Context, i int, key, owner, acq string, pxms int64, timeout time.Duration) {
+// releaseOn releases an acquisition on node i (keys and args: see
+// rlRelease), whatever ctx's state.
+func (r *Redlock) releaseOn(ctx context.Context, i int, keys, args []any, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	_, _ = releaseNode(rctx, &r.nodes[i], key, owner, acq, pxms) // unknown outcomes are sent again
+	_, _ = releaseNode(rctx, &r.nodes[i], keys, args) // unknown outcomes are sent again
 }
 
-// releaseNode releases acquisition acq of owner (key lease pxms) on node n,
-// within ctx; a release whose outcome is unknown is sent again until the node
-// answers it (see batcher.later). It is the one way a Redlock acquisition is
-// given back on a node: whatever a request of the attempt did there, or
-// does when it arrives late, ends with it.
-func releaseNode(ctx context.Context, n *rlNode, key, owner, acq string, pxms int64) (int64, error) {
-	call := rlReleaseCall(key, owner, acq, pxms)
+// releaseNode releases an acquisition on node n, within ctx: keys and args
+// are redlock_release.lua's (see rlRelease), shared by the nodes. A release
+// whose outcome is unknown is sent again until the node answers it (see
+// batcher.later). It is the one way a Redlock acquisition is given back on a
+// node: whatever a request of the attempt did there, or does when it arrives
+// late, ends with it.
+func releaseNode(ctx context.Context, n *rlNode, keys, args []any) (int64, error) {
+	call := redlockReleaseS.call(keys, args) // one per node: a NOSCRIPT turns it into EVAL in place
 	v, err := n.b.do(ctx, call, nil).Int64()
 	if undelivered(err) {
 		n.b.later(call)
@@ -521,10 +522,11 @@ func releaseNode(ctx context.Context, n *rlNode, key, owner, acq string, pxms in
 	return v, err
 }
 
-// rlReleaseCall is redlock_release.lua's call for acquisition acq of owner,
-// whose key lease is pxms (its tombstone's life).
-func rlReleaseCall(key, owner, acq string, pxms int64) []any {
-	return redlockReleaseS.call([]any{key, rlTomb(key, acq)}, []any{owner, acq, pxms})
+// rlRelease returns redlock_release.lua's keys and arguments for acquisition
+// acq of owner, whose key lease is pxms (its tombstone's life), boxed once
+// for every node.
+func rlRelease(key, owner, acq string, pxms int64) (keys, args []any) {
+	return []any{key, rlTomb(key, acq)}, []any{owner, acq, pxms}
 }
 
 // rlTomb is the key of acquisition acq's tombstone (see redlock_release.lua).

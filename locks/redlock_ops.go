@@ -23,10 +23,11 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
 	px := rlPXFor(&h.cfg, lease)
+	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	r.releasing(acq)
 	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, px),
 		func(ctx context.Context, n *rlNode) (int64, error) {
-			return releaseNode(ctx, n, key, h.owner, acq, px.Milliseconds())
+			return releaseNode(ctx, n, keys, args)
 		}, nil, nil)
 	confirmed, failed, remaining := 0, 0, int64(0)
 	for _, x := range res {
@@ -200,11 +201,12 @@ func (r *Redlock) releaseInBackground(h *held) {
 	r.inflight.Add(1)
 	r.mu.Unlock()
 	px := rlPXFor(&h.cfg, lease)
+	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	go func() {
 		defer r.inflight.Done()
 		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, px),
 			func(ctx context.Context, n *rlNode) (int64, error) {
-				return releaseNode(ctx, n, key, h.owner, acq, px.Milliseconds())
+				return releaseNode(ctx, n, keys, args)
 			}, nil, nil)
 	}()
 }
