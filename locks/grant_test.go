@@ -650,6 +650,22 @@ func TestRetriedReentryStaysReentry(t *testing.T) {
 	}
 }
 
+// holdLate has f hold back l's next call of sc until deliver is closed,
+// after loading l's scripts (a held-back EVALSHA then runs when it arrives).
+func holdLate(t *testing.T, l Locker, f *genFault, sc *script) (deliver chan struct{}) {
+	t.Helper()
+	warm, err := l.TryLock(context.Background(), "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deliver = make(chan struct{})
+	f.set(&genRule{script: sc, mode: "late", until: deliver, left: 1})
+	return deliver
+}
+
 // TestLateAttemptAfterGiveBack: an attempt whose request reaches Redis only
 // after its caller gave up and its give-back ran (written into a stall, served
 // after the give-back's own connection) takes nothing: the name is free for
@@ -680,17 +696,9 @@ func TestLateAttemptAfterGiveBack(t *testing.T) {
 	rdb := s.Client()
 	defer rdb.Close()
 
-	warm, err := p.TryLock(ctx, "warm-up") // the scripts loaded: a late EVALSHA runs
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-	deliver := make(chan struct{})
-	f.set(&genRule{script: &acquireS, mode: "late", until: deliver, left: 1})
+	deliver := holdLate(t, p, f, &acquireS)
 	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	_, err = p.TryLock(tctx, name)
+	_, err := p.TryLock(tctx, name)
 	cancel()
 	if err == nil {
 		t.Fatal("TryLock succeeded with its request held back")
@@ -790,16 +798,7 @@ func TestRedlockLateAttemptAfterRelease(t *testing.T) {
 	}
 	r := NewRedlock(clients, NodeTimeout(100*time.Millisecond))
 	defer r.Close()
-	warm, err := r.TryLock(ctx, "warm-up") // the scripts loaded: a late EVALSHA runs
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	deliver := make(chan struct{})
-	f.set(&genRule{script: &redlockAcquireS, mode: "late", until: deliver, left: 1})
+	deliver := holdLate(t, r, f, &redlockAcquireS)
 	lk, err := r.TryLock(ctx, name) // nodes 1 and 2 grant
 	if err != nil {
 		t.Fatal(err)
