@@ -903,10 +903,11 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 	if err != nil {
 		o = turnOutcome{unknown: next != nil}
 		// The release may not have reached Redis (stalled, the breaker
-		// open): send it again until it does, or until the lease it
-		// releases has run out, so that Redis answering again frees the
-		// lock. (Without the next waiter: it gets the turn with an unknown
-		// outcome and finds out for itself.)
+		// open): send it again until it does (see batcher.later), so that
+		// Redis answering again frees the lock, also from a renewal or
+		// Extend of the hold that Redis runs when it resumes. (Without the
+		// next waiter: it gets the turn with an unknown outcome and finds
+		// out for itself.)
 		c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}))
 	}
 	if t != nil {
