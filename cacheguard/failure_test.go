@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -492,5 +494,82 @@ func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 	t.Logf("then another Guard's Get: %v, %v, %v in %v", v, err, res, time.Since(start))
 	if err != nil || v.Name != "b" {
 		t.Fatalf("another Guard's Get: %v, %v (%v); want its own load, not a wait for the lost lease", v, err, res)
+	}
+}
+
+// giveBackSpy counts the fill-lease give-backs (release.lua called with
+// "*"+token) that Redis answered while armed.
+type giveBackSpy struct {
+	armed    atomic.Bool
+	answered atomic.Int64
+}
+
+func (h *giveBackSpy) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *giveBackSpy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.see(cmd)
+		return err
+	}
+}
+func (h *giveBackSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			h.see(c)
+		}
+		return err
+	}
+}
+func (h *giveBackSpy) see(cmd redis.Cmder) {
+	a := cmd.Args() // evalsha|eval, sha|source, 1, lease key, "*"+token, ...
+	if len(a) < 5 || !h.armed.Load() || cmd.Err() != nil {
+		return
+	}
+	if s, ok := a[4].(string); ok && strings.HasPrefix(s, "*") {
+		h.answered.Add(1)
+	}
+}
+
+// TestGiveBackOutlastsStall: a fill lease's request that timed out in a
+// stall may run when Redis resumes, however long the stall, and take a lease
+// nobody fills (the entry's other callers would wait for its expiry). Its
+// give-back is sent again until Redis answers it, not only for a lease: it
+// used to stop then, before Redis came back. Whichever deadline cut the
+// request — the command timeout, or the client's own socket timeout (which
+// used to give nothing back) — it may have run.
+func TestGiveBackOutlastsStall(t *testing.T) {
+	for name, opt := range map[string]func(*redis.Options){
+		"command timeout": func(o *redis.Options) { o.ContextTimeoutEnabled = true },
+		"socket timeout": func(o *redis.Options) {
+			o.MaxRetries = -1
+			o.ReadTimeout, o.WriteTimeout = 100*time.Millisecond, 100*time.Millisecond
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			s := redistest.Start(t)
+			spy := &giveBackSpy{}
+			rdb := s.Client(opt)
+			rdb.AddHook(spy)
+			lease := 300 * time.Millisecond
+			g := cacheguard.New(rdb, cacheguard.Lease(lease), cacheguard.CommandTimeout(100*time.Millisecond))
+			defer g.Close()
+			key := testKey(t)
+			s.Pause()
+			defer s.Resume()
+			if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load); err != nil {
+				t.Fatalf("Get while Redis is paused: %v; want a fail-open load", err)
+			}
+			time.Sleep(lease + 300*time.Millisecond) // the fault: the stall outlasts the lease
+			spy.armed.Store(true)
+			s.Resume()
+			redistest.Eventually(t, 10*time.Second, "the give-back answered after Redis resumed", func() bool { return spy.answered.Load() > 0 })
+			admin := s.Client()
+			defer admin.Close()
+			if keys := admin.Keys(ctx, "*fl:*").Val(); len(keys) > 0 {
+				t.Errorf("fill leases left once the give-back was answered: %v", keys)
+			}
+		})
 	}
 }

@@ -245,8 +245,8 @@ func (c *call[T]) unfinished(fs []*flight) {
 // have run in Redis, or may run when it resumes, and granted leases nobody
 // fills: they are given back (see giveBack) while the flights fail open.
 func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, tok string, err error) {
-	if errors.Is(err, rcmd.ErrTimeout) || passed(wctx) {
-		c.g.giveBack(ctx, fs, tok, time.Now().Add(c.cfg.lease))
+	if rcmd.IsTimeout(err) || passed(wctx) {
+		c.g.giveBack(ctx, fs, tok, time.Now().Add(rcmd.CleanupHorizon))
 	}
 	switch {
 	case ctx.Err() != nil:

@@ -221,8 +221,9 @@ const giveBackEvery = 100 * time.Millisecond
 // that tok may hold unbeknown to its caller (the get-or-lease round trip
 // ended unanswered, but Redis may run it), telling their waiters to take the
 // fill over at once ('h') rather than wait for the lease's expiry: every
-// giveBackEvery until Redis answers, the leases would have expired (until),
-// or Close.
+// giveBackEvery until Redis answers, until passes (rcmd.CleanupHorizon: a
+// request written into a stall runs when Redis resumes, however long the
+// stall, and takes its lease from then), or Close.
 func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
 	release := func(ctx context.Context, f *flight) redis.Cmder {
 		return releaseScript.Cmd(ctx, keys(f.n.lease), "*"+tok, f.n.wake, g.pub, "h"+tok+" ")

@@ -64,14 +64,6 @@ type batcher struct {
 	started atomic.Int64 // sender goroutines started (tests)
 }
 
-// cleanupHorizon is how long a clean-up that Redis has not answered is sent
-// again (see later). It is not a lease: a request of the acquisition it
-// cleans up after, written into a stall, runs whenever Redis resumes and may
-// set a lease from then (an attempt's grant, an Extend), so only Redis
-// answering the clean-up ends what that request did. Past the horizon the
-// client gives up on that Redis.
-const cleanupHorizon = time.Minute
-
 // retryEvery is how long a clean-up that did not reach Redis (see later)
 // waits before it is sent again: a stalled Redis, or a breaker that is open
 // until its probe finds Redis answering, costs it one failed call each time.
@@ -374,11 +366,11 @@ func (r reusedPipe) Pipeline() redis.Pipeliner { return r.s.pipe }
 // (starting a sender when a slot is free): for clean-ups that must not delay
 // their caller, or that run on a sender. A clean-up that did not reach Redis
 // (Redis stalled, the breaker open) is sent again every retryEvery until it
-// does, for up to cleanupHorizon: a release must reach Redis when it answers
+// does, for up to rcmd.CleanupHorizon: a release must reach Redis when it answers
 // again, not leave a lock to run out its lease. After close it is dropped
 // (what it releases expires with its lease).
 func (b *batcher) later(args []any) {
-	until := time.Now().Add(cleanupHorizon)
+	until := time.Now().Add(rcmd.CleanupHorizon)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {

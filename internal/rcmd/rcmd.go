@@ -66,6 +66,15 @@ const DefaultTimeout = 500 * time.Millisecond
 // DefaultTimeout.
 const Patience = 2
 
+// CleanupHorizon is how long a clean-up that Redis has not answered — the
+// give-back of a call whose outcome is unknown (a lock attempt, a fill
+// lease's request), a release — is sent again, by locks and cacheguard
+// alike. It is not a lease: a request of the call it cleans up after,
+// written into a stall, runs whenever Redis resumes and sets its lease from
+// then, so only Redis answering the clean-up ends what that request did.
+// Past the horizon the client gives up on that Redis.
+const CleanupHorizon = time.Minute
+
 // ErrTimeout is the error of a command that got no answer within its command
 // timeout, and the cause (context.Cause) of its context once that ended it.
 var ErrTimeout = errors.New("rcmd: redis command timed out")
