@@ -498,29 +498,12 @@ func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 }
 
 // giveBackSpy counts the fill-lease give-backs (release.lua called with
-// "*"+token) that Redis answered while armed.
+// "*"+token) that Redis answered while armed (see, as a replyHook).
 type giveBackSpy struct {
 	armed    atomic.Bool
 	answered atomic.Int64
 }
 
-func (h *giveBackSpy) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *giveBackSpy) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		h.see(cmd)
-		return err
-	}
-}
-func (h *giveBackSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			h.see(c)
-		}
-		return err
-	}
-}
 func (h *giveBackSpy) see(cmd redis.Cmder) {
 	a := cmd.Args() // evalsha|eval, sha|source, 1, lease key, "*"+token, ...
 	if len(a) < 5 || !h.armed.Load() || cmd.Err() != nil {
@@ -551,7 +534,7 @@ func TestGiveBackOutlastsStall(t *testing.T) {
 			s := redistest.Start(t)
 			spy := &giveBackSpy{}
 			rdb := s.Client(opt)
-			rdb.AddHook(spy)
+			rdb.AddHook(replyHook(spy.see))
 			lease := 300 * time.Millisecond
 			g := cacheguard.New(rdb, cacheguard.Lease(lease), cacheguard.CommandTimeout(100*time.Millisecond))
 			defer g.Close()

@@ -69,32 +69,36 @@ var eventually = redistest.Eventually
 // and was told so again.
 func watchWaiting(rdb redis.UniversalClient) <-chan struct{} {
 	h := &waitingHook{seen: make(chan struct{})}
-	rdb.AddHook(h)
+	rdb.AddHook(replyHook(h.seeReply))
 	return h.seen
+}
+
+// replyHook is a go-redis hook that shows every reply, of a command sent
+// alone or in a pipeline, to the function once it came.
+type replyHook func(cmd redis.Cmder)
+
+func (h replyHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h replyHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h(cmd)
+		}
+		return err
+	}
+}
+func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h(cmd)
+		return err
+	}
 }
 
 type waitingHook struct {
 	once sync.Once
 	n    atomic.Int64
 	seen chan struct{}
-}
-
-func (h *waitingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *waitingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			h.seeReply(cmd)
-		}
-		return err
-	}
-}
-func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		h.seeReply(cmd)
-		return err
-	}
 }
 
 // seeReply counts the get-or-lease script's answers {2, pttl, holder,
