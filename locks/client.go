@@ -916,7 +916,9 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 	return n, err
 }
 
-func (c *Client) abandon(h *held) {
+// abandon gives h's hold back at once, expired or not: a Client hold's local
+// deadline is the earliest moment Redis may expire it (see grant).
+func (c *Client) abandon(h *held, _ bool) {
 	c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}))
 }
 

@@ -18,7 +18,9 @@ import (
 // hand-off that another process's release made, the send of this waiter's
 // last command whose reply showed it not yet holding (Redis ran that release
 // after it). Redis's expiry is then never earlier than the local deadline: a
-// holder never believes it holds a lock Redis may have given away.
+// holder never believes it holds a lock Redis may have given away. And a hold
+// lost at its deadline is never given back before Redis's own expiry of it
+// (see held.lose): the next holder never starts before that.
 type grant struct {
 	sent  time.Time
 	lease time.Duration

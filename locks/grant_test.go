@@ -823,3 +823,47 @@ func TestRedlockLateAttemptAfterRelease(t *testing.T) {
 		t.Errorf("node 0 keeps the released acquisition for %v: its request came late", pttl)
 	}
 }
+
+// TestRedlockLostHoldKeptToExpiry: a Redlock hold lost at its local
+// deadline (its validity: lease − drift) is not given back before the nodes
+// would expire it themselves. The holder stops at its deadline; the drift
+// allowance is the margin between that and the next holder's start, and a
+// give-back sent at the deadline would take that margin away.
+func TestRedlockLostHoldKeptToExpiry(t *testing.T) {
+	ctx := context.Background()
+	servers := redistest.StartN(t, 3)
+	var clients []redis.UniversalClient
+	for _, s := range servers {
+		c := s.Client()
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	const lease = time.Second
+	a := NewRedlock(clients, Drift(300*time.Millisecond))
+	defer a.Close()
+	b := NewRedlock(clients)
+	defer b.Close()
+	name := "rl-lost-kept"
+	called := time.Now()
+	lk, err := a.Lock(ctx, name, Lease(lease), NoRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lk.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hold outlived its fixed lease")
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	next, err := b.Lock(wctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Since(called); got < lease {
+		t.Errorf("the next holder was granted %v after the first one's call, within its lease %v", got, lease)
+	}
+	if err := next.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+}

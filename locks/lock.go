@@ -139,7 +139,9 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 type ops interface {
 	release(ctx context.Context, h *held) (remaining int64, err error)
 	extend(ctx context.Context, h *held, lease time.Duration) (bool, error)
-	abandon(h *held) // releases h's hold in Redis without waiting, after h ended
+	// abandon gives back h's hold in Redis without waiting, after h ended;
+	// expired: h ended at or past its local deadline (see held.lose).
+	abandon(h *held, expired bool)
 	renewer() *renewer
 }
 
@@ -290,12 +292,21 @@ func (h *held) lostErr() error {
 // nodes of a Redlock that still have it — and nobody holds it now; left
 // there, it would keep the name from everyone else. Only a Close keeps it
 // (it then expires with its lease: the application may still be using it).
+//
+// A hold lost at or past its local deadline is given back no earlier than
+// Redis may expire it on its own (see grant): the holder stops at its
+// deadline, and whatever margin lies between that and Redis's expiry (a
+// Redlock's drift allowance) stays between it and the next holder. A hold
+// lost before its deadline was shown gone by Redis, and is given back at once.
 func (h *held) lose(err error) {
 	if !h.end(err) {
 		return
 	}
 	if !errors.Is(err, ErrClosed) {
-		h.ops.abandon(h)
+		h.mu.Lock()
+		expired := !time.Now().Before(h.deadline)
+		h.mu.Unlock()
+		h.ops.abandon(h, expired)
 	}
 	if h.sc != nil {
 		h.sc.lost(err)

@@ -299,7 +299,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			giveBack := func(err error) (*Lock, error) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 				if _, rerr := r.release(rctx, h); rerr != nil {
-					r.releaseInBackground(h) // once more; at worst the keys expire with the lease
+					r.releaseInBackground(h, time.Time{}) // once more; at worst the keys expire with the lease
 				}
 				cancel()
 				e = r.opError("lock", name)

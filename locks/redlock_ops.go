@@ -108,8 +108,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		if now.Before(deadlines[i]) {
 			live = append(live, i)
 		} else {
-			errs[i] = errNotOwner
-			r.releaseInBackground(h)
+			errs[i] = errNotOwner // lost: held.lose gives it back
 		}
 	}
 	if len(live) == 0 {
@@ -167,9 +166,9 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		case !now.Before(deadlines[i]) || len(e.Refused) > len(r.nodes)-r.quorum:
 			// The validity ran out before a quorum confirmed, or a quorum can
 			// no longer confirm: the holding is lost, and the nodes where
-			// this round did extend it must not keep it alive.
+			// this round did extend it must not keep it alive (held.lose
+			// gives it back).
 			errs[i] = errNotOwner
-			r.releaseInBackground(h)
 		case len(e.Granted) >= r.quorum && now.Sub(sent) < leases[i]:
 			errs[i] = nil
 		case len(e.Granted) >= r.quorum:
@@ -183,11 +182,24 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 	return errs
 }
 
-func (r *Redlock) abandon(h *held) { r.releaseInBackground(h) }
+// abandon gives h's acquisition back on every node; when h expired, not
+// before the nodes may expire it themselves: its local deadline is its
+// validity's end, which comes the drift allowance before the keys' lease ends.
+func (r *Redlock) abandon(h *held, expired bool) {
+	var after time.Time
+	if expired {
+		h.mu.Lock()
+		after = h.deadline.Add(rlDrift(&h.cfg, rlPXFor(&h.cfg, h.lease)))
+		h.mu.Unlock()
+	}
+	r.releaseInBackground(h, after)
+}
 
 // releaseInBackground gives back h's acquisition on every node without
-// waiting; Close waits for it.
-func (r *Redlock) releaseInBackground(h *held) {
+// waiting, from after on (at once when it has passed). Close waits for what
+// is on the wire, and drops what is still waiting for after (the keys then
+// expire with their lease).
+func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 	h.mu.Lock()
 	lease := h.lease
 	h.mu.Unlock()
@@ -204,6 +216,15 @@ func (r *Redlock) releaseInBackground(h *held) {
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	go func() {
 		defer r.inflight.Done()
+		if wait := time.Until(after); wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-r.ren.ctx.Done(): // closed
+				return
+			}
+		}
 		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, px),
 			func(ctx context.Context, n *rlNode) (int64, error) {
 				return releaseNode(ctx, n, keys, args)
