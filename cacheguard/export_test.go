@@ -49,3 +49,6 @@ func NearHeardTags(g *Guard) uint64 {
 // at once (see hits): the generator's processes allow one, so that the few
 // calls a process runs at once share round trips.
 func SetHitsDirect(g *Guard, n int) { g.hits.direct = n }
+
+// LeaseScriptSHA is the SHA1 of the get-or-lease script (lease.lua).
+func LeaseScriptSHA() string { return leaseScript.SHA() }

@@ -499,17 +499,26 @@ func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 
 // giveBackSpy counts the fill-lease give-backs (release.lua called with
 // "*"+token) that Redis answered while armed (see, as a replyHook).
+// giveBackOf returns the lease key of cmd when it is a give-back of a fill
+// lease (release.lua with "*"+token), else "".
+func giveBackOf(cmd redis.Cmder) string {
+	a := cmd.Args() // evalsha|eval, sha|source, numkeys, lease key, [gone key,] "*"+token, ...
+	for i := 4; i < len(a) && i < 6; i++ {
+		if s, ok := a[i].(string); ok && strings.HasPrefix(s, "*") {
+			k, _ := a[3].(string)
+			return k
+		}
+	}
+	return ""
+}
+
 type giveBackSpy struct {
 	armed    atomic.Bool
 	answered atomic.Int64
 }
 
 func (h *giveBackSpy) see(cmd redis.Cmder) {
-	a := cmd.Args() // evalsha|eval, sha|source, 1, lease key, "*"+token, ...
-	if len(a) < 5 || !h.armed.Load() || cmd.Err() != nil {
-		return
-	}
-	if s, ok := a[4].(string); ok && strings.HasPrefix(s, "*") {
+	if h.armed.Load() && cmd.Err() == nil && giveBackOf(cmd) != "" {
 		h.answered.Add(1)
 	}
 }
@@ -554,5 +563,97 @@ func TestGiveBackOutlastsStall(t *testing.T) {
 				t.Errorf("fill leases left once the give-back was answered: %v", keys)
 			}
 		})
+	}
+}
+
+// lateHook holds back the first get-or-lease request (lease.lua) for key,
+// once armed: its caller sees no reply until its context ends, and the
+// request reaches Redis only when deliver is closed (a request stuck on the
+// wire), on a copy; arrived is closed once Redis answered that copy.
+type lateHook struct {
+	key              string
+	armed            atomic.Bool
+	deliver, arrived chan struct{}
+	wg               sync.WaitGroup
+}
+
+func (h *lateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return h.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
+	}
+}
+func (h *lateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.around(ctx, cmds, next) }
+}
+
+func (h *lateHook) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
+	held := false
+	for _, c := range cmds {
+		a := c.Args() // evalsha, sha, numkeys, values key, ...
+		held = held || len(a) > 3 && a[0] == "evalsha" && a[1] == cacheguard.LeaseScriptSHA() && a[3] == "cg:v:{"+h.key+"}"
+	}
+	if !held || !h.armed.CompareAndSwap(true, false) {
+		return send(ctx, cmds)
+	}
+	copies := make([]redis.Cmder, len(cmds))
+	for i, c := range cmds {
+		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
+	}
+	h.wg.Go(func() {
+		select { // the fault: the request is slow to arrive
+		case <-h.deliver:
+		case <-time.After(10 * time.Second): // a bound for a test whose event never comes
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = send(sctx, copies)
+		close(h.arrived)
+	})
+	<-ctx.Done() // every command of the Guard has a bound
+	for _, c := range cmds {
+		c.SetErr(ctx.Err())
+	}
+	return ctx.Err()
+}
+
+// TestLateLeaseRequestAfterGiveBack: a fill lease's request that reaches
+// Redis only after its caller gave up on it and its give-back was answered
+// takes nothing. It used to take the lease, which nobody would fill: the
+// entry's callers then waited for its expiry.
+func TestLateLeaseRequestAfterGiveBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	key := testKey(t)
+	h := &lateHook{key: key, deliver: make(chan struct{}), arrived: make(chan struct{})}
+	var gaveBack atomic.Int64
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	rdb.AddHook(h)
+	rdb.AddHook(replyHook(func(cmd redis.Cmder) { // sees what h lets through
+		if cmd.Err() == nil && giveBackOf(cmd) == leaseKey(key) {
+			gaveBack.Add(1)
+		}
+	}))
+	g := cacheguard.New(rdb, cacheguard.Lease(10*time.Second), cacheguard.CommandTimeout(100*time.Millisecond))
+	defer g.Close()
+	if _, err := cacheguard.Get(ctx, g, key+"-warm", (&counter{name: "warm"}).load); err != nil {
+		t.Fatal(err) // loads the scripts: the held EVALSHA runs when it arrives
+	}
+	h.armed.Store(true)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load); err != nil {
+		t.Fatalf("Get with its lease request held: %v; want a fail-open load", err)
+	}
+	redistest.Eventually(t, 10*time.Second, "the give-back answered", func() bool { return gaveBack.Load() > 0 })
+	close(h.deliver)
+	select {
+	case <-h.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request never reached Redis")
+	}
+	h.wg.Wait()
+	admin := s.Client()
+	defer admin.Close()
+	if pttl := admin.PTTL(ctx, leaseKey(key)).Val(); pttl > 0 {
+		t.Errorf("the late request took a fill lease that nobody fills, for %v", pttl)
 	}
 }

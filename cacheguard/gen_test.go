@@ -29,7 +29,8 @@ import (
 // Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
 // FLUSHDB, one internal key deleted (a generation, a values hash, a tag's
 // version, a fill lease), a node restarted without persistence, a reply
-// dropped or delayed (a go-redis hook), a process paused (every command of a
+// dropped or delayed (a go-redis hook), a fill lease's request that reaches
+// Redis after its caller gave up on it, a process paused (every command of a
 // client held).
 //
 // The oracle is a model of the documented guarantees, kept from what the
@@ -45,7 +46,9 @@ import (
 //     a starved -race host), every Shutdown within its grace;
 //   - an older value served as Stale is within its stale window or FailSafe's
 //     max age of its load;
-//   - the near cache holds at most its entries.
+//   - the near cache holds at most its entries;
+//   - a fill lease's request sent after a give-back of that lease was
+//     answered is never granted (see faultHook.watch): nobody would fill it.
 func TestGenCache(t *testing.T) {
 	single := redistest.Start(t)
 	cl := redistest.StartCluster(t)
@@ -177,8 +180,9 @@ type genModel struct {
 	lastKey string
 	made    int // the processes started
 
-	seq atomic.Int64
-	wg  sync.WaitGroup // the calls in the background
+	seq   atomic.Int64
+	wg    sync.WaitGroup // the calls in the background
+	wiped atomic.Int64   // see faultHook
 
 	mu      sync.Mutex // guards what follows
 	invs    []genInv
@@ -216,7 +220,7 @@ func (m *genModel) client(cte bool) redis.UniversalClient {
 func (m *genModel) newProc(near bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
-	h := &faultHook{}
+	h := &faultHook{bad: m.violation, wiped: &m.wiped}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
 		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits)}
@@ -232,14 +236,62 @@ func (m *genModel) close() {
 	m.settle()
 	for _, p := range append(m.procs, m.old...) {
 		p.g.Close()
+	}
+	for _, p := range append(m.procs, m.old...) {
+		p.hook.late.wait() // held back after settle, by a Guard's own work
 		p.rdb.Close()
 	}
 }
 
-// settle waits for the calls in the background.
+// pending counts what a test waits for, which may start while it waits (a
+// sync.WaitGroup may not grow from zero during a Wait).
+type pending struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0 (made by wait)
+}
+
+func (p *pending) add() {
+	p.mu.Lock()
+	p.n++
+	p.mu.Unlock()
+}
+
+func (p *pending) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n--; p.n == 0 && p.zero != nil {
+		close(p.zero)
+		p.zero = nil
+	}
+}
+
+// wait returns once nothing is pending.
+func (p *pending) wait() {
+	p.mu.Lock()
+	if p.n == 0 {
+		p.mu.Unlock()
+		return
+	}
+	if p.zero == nil {
+		p.zero = make(chan struct{})
+	}
+	z := p.zero
+	p.mu.Unlock()
+	<-z
+}
+
+// settle waits for the calls in the background, and for the requests held
+// back to reach Redis (see holdBack).
 func (m *genModel) settle() {
 	done := make(chan struct{})
-	go func() { m.wg.Wait(); close(done) }()
+	go func() {
+		m.wg.Wait()
+		for _, p := range append(m.procs, m.old...) {
+			p.hook.late.wait() // each within genLate and its command's bound
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -587,8 +639,8 @@ func (m *genModel) shutdown(rt *rapid.T) {
 func (m *genModel) fault(rt *rapid.T) {
 	map[string]func(*rapid.T){
 		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
-		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause,
-	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause"}).Draw(rt, "fault")](rt)
+		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease,
+	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause", "late"}).Draw(rt, "fault")](rt)
 }
 
 // window marks a fault window from now until do returns, plus what a fault
@@ -616,6 +668,7 @@ func (m *genModel) flush(rt *rapid.T) {
 				rt.Fatalf("flushall: %v", err)
 			}
 		}
+		m.wiped.Store(time.Now().UnixNano())
 	})
 }
 
@@ -653,6 +706,7 @@ func (m *genModel) restart(rt *rapid.T) {
 		if err := s.Restart(); err != nil {
 			rt.Fatalf("restart: %v", err)
 		}
+		m.wiped.Store(time.Now().UnixNano())
 		if m.cluster {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -676,6 +730,13 @@ func (m *genModel) delayReply(rt *rapid.T) {
 		p.hook.delay.Store(int64(d))
 		p.hook.delays.Add(1)
 	})
+}
+
+// lateLease holds back the fill lease requests a process sends in the next
+// moment: each reaches Redis after its caller gave up on it (see holdBack).
+func (m *genModel) lateLease(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.window("late", func() { p.hook.lateUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
 }
 
 func (m *genModel) pause(rt *rapid.T) {
@@ -722,41 +783,140 @@ func (m *genModel) checkOverlaps(rt *rapid.T) {
 	}
 }
 
-// faultHook holds, delays or drops replies of one client.
+// faultHook holds, delays or drops replies of one client, holds back its
+// fill leases' requests (late), and watches its give-backs (see watch).
 type faultHook struct {
 	drop        atomic.Int64 // replies to drop (the command ran)
 	delays      atomic.Int64 // replies to delay by delay
 	delay       atomic.Int64
 	pausedUntil atomic.Int64 // unix ns: every command waits until then
+	lateUntil   atomic.Int64 // unix ns: fill lease requests sent before then arrive genLate late
+	late        pending      // requests held back, not sent yet
+	bad         func(format string, args ...any)
+	wiped       *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
+
+	mu       sync.Mutex
+	gaveBack map[string]time.Time // "<lease key> <token>": when a give-back of it was answered
 }
 
 var errDropped = errors.New("gen: reply dropped")
+
+// genLate is how late a held-back fill lease request reaches Redis: after its
+// command's bound (twice the command timeout while Redis answers), so after
+// its caller gave up on it and gave it back.
+const genLate = 2*genCmd + 400*time.Millisecond
 
 func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.before()
-		err := next(ctx, cmd)
-		if h.after() {
-			cmd.SetErr(errDropped)
-			return errDropped
-		}
-		return err
+		return h.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
 	}
 }
 
 func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.before()
-		err := next(ctx, cmds)
-		if h.after() {
-			for _, c := range cmds {
-				c.SetErr(errDropped)
-			}
-			return errDropped
+	return func(ctx context.Context, cmds []redis.Cmder) error { return h.around(ctx, cmds, next) }
+}
+
+func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
+	h.before()
+	if time.Now().UnixNano() < h.lateUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
+		return h.holdBack(ctx, cmds, send)
+	}
+	sent := time.Now()
+	err := send(ctx, cmds)
+	h.watch(sent, cmds)
+	if h.after() {
+		for _, c := range cmds {
+			c.SetErr(errDropped)
 		}
-		return err
+		return errDropped
+	}
+	return err
+}
+
+// holdBack sends cmds genLate from now, on copies, as a request stuck on the
+// wire reaches Redis even when its caller gave up on it; the caller hears
+// nothing before its command's bound ends.
+func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
+	copies := make([]redis.Cmder, len(cmds))
+	for i, c := range cmds {
+		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
+	}
+	h.late.add()
+	go func() {
+		defer h.late.done()
+		time.Sleep(genLate) // the fault: the request is slow to arrive
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		sent := time.Now()
+		_ = send(sctx, copies)
+		h.watch(sent, copies)
+	}()
+	<-ctx.Done() // every command of a Guard has a bound
+	for _, c := range cmds {
+		c.SetErr(ctx.Err())
+	}
+	return ctx.Err()
+}
+
+// isLeaseCall reports whether cmd is a get-or-lease request (lease.lua).
+func isLeaseCall(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	return len(a) > 1 && a[0] == "evalsha" && a[1] == cacheguard.LeaseScriptSHA()
+}
+
+// watch is the fill leases' liveness oracle, from the replies alone: a
+// token's request for a fill lease sent after a give-back of that token's
+// lease was answered is never granted. Its caller gave up on it (the give-back
+// says so), so nobody would fill the lease, and the entry's other callers
+// would wait for its expiry instead of taking the fill over. (Unless a fault
+// lost every key since: the give-back's record with them.)
+func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		a := cmd.Args() // evalsha, sha, numkeys, keys..., args...
+		if len(a) < 4 || a[0] != "evalsha" || cmd.Err() != nil {
+			continue
+		}
+		nk, _ := a[2].(int64)
+		if nk == 0 {
+			n, _ := a[2].(int)
+			nk = int64(n)
+		}
+		if int(nk)+3 >= len(a) {
+			continue
+		}
+		keys, tok := a[3:3+nk], fmt.Sprint(a[3+nk])
+		if k := giveBackOf(cmd); k != "" {
+			h.mu.Lock()
+			if h.gaveBack == nil {
+				h.gaveBack = map[string]time.Time{}
+			}
+			h.gaveBack[k+" "+tok[1:]] = time.Now()
+			h.mu.Unlock()
+			continue
+		}
+		if !isLeaseCall(cmd) {
+			continue
+		}
+		replies, _ := cmd.(*redis.Cmd).Slice()
+		if len(replies) == 0 || int(nk)%len(replies) != 0 {
+			continue
+		}
+		stride := int(nk) / len(replies) // values, lease, generation[, ...] per key
+		for i, r := range replies {
+			v, _ := r.([]any)
+			if len(v) != 2 || v[0] != int64(1) {
+				continue
+			}
+			lk := fmt.Sprint(keys[stride*i+1])
+			h.mu.Lock()
+			at, ok := h.gaveBack[lk+" "+tok]
+			h.mu.Unlock()
+			if ok && sent.After(at) && h.wiped.Load() < at.UnixNano() {
+				h.bad("fill lease %s granted to %s by a request sent %v after its give-back was answered: nobody fills it", lk, tok, sent.Sub(at))
+			}
+		}
 	}
 }
 

@@ -118,6 +118,14 @@ func (g *Guard) valuesKeys(keys []string) []string {
 	return out
 }
 
+// goneKey is the name of the tokens whose request for n's fill lease was
+// given back (see release.lua), beside the lease ("fg:" for "fl:"). Made on
+// the miss path only: the hit path never needs it.
+func (g *Guard) goneKey(n names) string {
+	p := len(g.cfg.prefix)
+	return n.lease[:p] + "fg:" + n.lease[p+len("fl:"):]
+}
+
 // names returns every Redis name of key in representation rep.
 func (g *Guard) names(key, rep string) names {
 	tag, rest := slot.Tag(key)

@@ -3,9 +3,10 @@
 -- other fill of this generation is running: one round trip, atomic, so a
 -- fill that completes between a miss and the lease can never be loaded
 -- twice. Every key of one call is in one hash slot.
--- For key i: KEYS[3i-2] its values (a hash: one envelope per representation),
--- KEYS[3i-1] its fill lease ("<generation> <token>", PX), KEYS[3i] its
--- generation (created here when absent); ARGV[2i+2] its representation's
+-- For key i: KEYS[4i-3] its values (a hash: one envelope per representation),
+-- KEYS[4i-2] its fill lease ("<generation> <token>", PX), KEYS[4i-1] its
+-- generation (created here when absent), KEYS[4i] the tokens whose request
+-- for that lease was given back (see release.lua); ARGV[2i+2] its representation's
 -- field in the values hash, ARGV[2i+3] after (unix ms: a value fresh until
 -- later than this is returned as it is; a huge number when the caller could
 -- not decode the value).
@@ -16,10 +17,13 @@
 -- generation holds it (its wake-up will name that token: see fill.lua). A
 -- lease granted under an older generation is void: an invalidation came
 -- after it, so it is taken over. Idempotent under client retries: a lease
--- already holding this token counts as granted.
+-- already holding this token counts as granted. A token given back is never
+-- granted: its request reached Redis after its caller gave up on it (written
+-- into a stall, or retried by go-redis on another connection), and nobody
+-- would fill the lease; it is answered as if that token held the lease.
 local out = {}
-for i = 1, #KEYS / 3 do
-  local kv, kl, kg = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local kv, kl, kg, kt = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local field, after = ARGV[2 * i + 2], tonumber(ARGV[2 * i + 3])
   local g = counterRead(kg, ARGV[3]) -- created from the clock when absent
   -- Envelope header: 'c' 'g' version(3) flags, fresh-until ms (8 bytes,
@@ -44,6 +48,9 @@ for i = 1, #KEYS / 3 do
         out[i] = {2, pttl, string.sub(cur, sp + 1), g}
       end
     end
+  end
+  if not out[i] and redis.call('ZSCORE', kt, ARGV[1]) then
+    out[i] = {2, 0, ARGV[1], g}
   end
   if not out[i] then
     redis.call('SET', kl, g .. ' ' .. ARGV[1], 'PX', ARGV[2])

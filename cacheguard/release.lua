@@ -1,11 +1,22 @@
 -- Give up the fill lease without storing anything and tell the waiters why:
 -- the load failed (so they do not each retry a failing load), found nothing,
 -- or was handed over by a closing Guard (so one of them takes it over now).
--- KEYS[1] fill lease
+-- KEYS[1] fill lease; for a give-back, KEYS[2] the lease's given-back tokens (a
+-- zset scored with each one's end, unix ms)
 -- ARGV: lease ("<generation> <token>", or "*<token>": whatever generation that
 -- token's lease has, for a lease its holder asked for without learning it was
--- granted), wake channel, publish command, message
+-- granted), wake channel, publish command, message; for a give-back, ARGV[5]
+-- how long its token stays refused (ms): lease.lua never grants it, so a
+-- request of that token that reaches Redis after this one takes nothing.
 -- Returns 1 when released, 0 when the lease was no longer this token's.
+if KEYS[2] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local life = tonumber(ARGV[5])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZADD', KEYS[2], now + life, string.sub(ARGV[1], 2))
+  if redis.call('PTTL', KEYS[2]) < life then redis.call('PEXPIRE', KEYS[2], life) end
+end
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   return 0

@@ -121,7 +121,7 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 	}
 	calls := make([]call, 0, len(groups))
 	for _, idx := range groups {
-		kv := make([]any, 0, 3*len(idx))
+		kv := make([]any, 0, 4*len(idx))
 		args := []any{tok, cfg.lease.Milliseconds(), genTTL.Milliseconds()}
 		for _, i := range idx {
 			f := fs[i]
@@ -132,7 +132,7 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 			case f.after > 0:
 				after = strconv.FormatInt(f.after, 10)
 			}
-			kv = append(kv, f.n.values, f.n.lease, f.n.gen)
+			kv = append(kv, f.n.values, f.n.lease, f.n.gen, g.goneKey(f.n))
 			args = append(args, f.n.field, after)
 		}
 		c := call{leaseScript.Cmd(ctx, kv, args...), idx}
@@ -223,10 +223,13 @@ const giveBackEvery = 100 * time.Millisecond
 // fill over at once ('h') rather than wait for the lease's expiry: every
 // giveBackEvery until Redis answers, until passes (rcmd.CleanupHorizon: a
 // request written into a stall runs when Redis resumes, however long the
-// stall, and takes its lease from then), or Close.
+// stall, and takes its lease from then), or Close. tok stays refused for
+// rcmd.CleanupHorizon from then (see release.lua): not only for the lease
+// its request asked for, since that request may reach Redis later than that.
 func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
+	lifems := rcmd.CleanupHorizon.Milliseconds()
 	release := func(ctx context.Context, f *flight) redis.Cmder {
-		return releaseScript.Cmd(ctx, keys(f.n.lease), "*"+tok, f.n.wake, g.pub, "h"+tok+" ")
+		return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", lifems)
 	}
 	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
 	g.every(ctx, fs, giveBackEvery, true, until, nil, release, unanswered)
