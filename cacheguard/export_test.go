@@ -52,3 +52,6 @@ func SetHitsDirect(g *Guard, n int) { g.hits.direct = n }
 
 // LeaseScriptSHA is the SHA1 of the get-or-lease script (lease.lua).
 func LeaseScriptSHA() string { return leaseScript.SHA() }
+
+// LeaseScriptSource is the source of the get-or-lease script, as EVAL sends it.
+func LeaseScriptSource() string { return leaseScript.Source() }

@@ -566,57 +566,6 @@ func TestGiveBackOutlastsStall(t *testing.T) {
 	}
 }
 
-// lateHook holds back the first get-or-lease request (lease.lua) for key,
-// once armed: its caller sees no reply until its context ends, and the
-// request reaches Redis only when deliver is closed (a request stuck on the
-// wire), on a copy; arrived is closed once Redis answered that copy.
-type lateHook struct {
-	key              string
-	armed            atomic.Bool
-	deliver, arrived chan struct{}
-	wg               sync.WaitGroup
-}
-
-func (h *lateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *lateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		return h.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
-	}
-}
-func (h *lateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { return h.around(ctx, cmds, next) }
-}
-
-func (h *lateHook) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
-	held := false
-	for _, c := range cmds {
-		a := c.Args() // evalsha, sha, numkeys, values key, ...
-		held = held || len(a) > 3 && a[0] == "evalsha" && a[1] == cacheguard.LeaseScriptSHA() && a[3] == "cg:v:{"+h.key+"}"
-	}
-	if !held || !h.armed.CompareAndSwap(true, false) {
-		return send(ctx, cmds)
-	}
-	copies := make([]redis.Cmder, len(cmds))
-	for i, c := range cmds {
-		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
-	}
-	h.wg.Go(func() {
-		select { // the fault: the request is slow to arrive
-		case <-h.deliver:
-		case <-time.After(10 * time.Second): // a bound for a test whose event never comes
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = send(sctx, copies)
-		close(h.arrived)
-	})
-	<-ctx.Done() // every command of the Guard has a bound
-	for _, c := range cmds {
-		c.SetErr(ctx.Err())
-	}
-	return ctx.Err()
-}
-
 // TestLateLeaseRequestAfterGiveBack: a fill lease's request that reaches
 // Redis only after its caller gave up on it and its give-back was answered
 // takes nothing. It used to take the lease, which nobody would fill: the
@@ -625,7 +574,8 @@ func TestLateLeaseRequestAfterGiveBack(t *testing.T) {
 	ctx := context.Background()
 	s := redistest.Start(t)
 	key := testKey(t)
-	h := &lateHook{key: key, deliver: make(chan struct{}), arrived: make(chan struct{})}
+	h := &faultHook{lateKey: "cg:v:{" + key + "}", deliver: make(chan struct{}), wiped: &atomic.Int64{},
+		bad: func(format string, args ...any) { t.Errorf(format, args...) }}
 	var gaveBack atomic.Int64
 	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
 	rdb.AddHook(h)
@@ -639,18 +589,13 @@ func TestLateLeaseRequestAfterGiveBack(t *testing.T) {
 	if _, err := cacheguard.Get(ctx, g, key+"-warm", (&counter{name: "warm"}).load); err != nil {
 		t.Fatal(err) // loads the scripts: the held EVALSHA runs when it arrives
 	}
-	h.armed.Store(true)
+	h.lateUntil.Store(time.Now().Add(time.Minute).UnixNano())
 	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "open"}).load); err != nil {
 		t.Fatalf("Get with its lease request held: %v; want a fail-open load", err)
 	}
 	redistest.Eventually(t, 10*time.Second, "the give-back answered", func() bool { return gaveBack.Load() > 0 })
 	close(h.deliver)
-	select {
-	case <-h.arrived:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the held request never reached Redis")
-	}
-	h.wg.Wait()
+	h.late.wait() // the held request has reached Redis (h's oracle has seen its reply)
 	admin := s.Client()
 	defer admin.Close()
 	if pttl := admin.PTTL(ctx, leaseKey(key)).Val(); pttl > 0 {

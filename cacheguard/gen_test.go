@@ -789,9 +789,11 @@ type faultHook struct {
 	drop        atomic.Int64 // replies to drop (the command ran)
 	delays      atomic.Int64 // replies to delay by delay
 	delay       atomic.Int64
-	pausedUntil atomic.Int64 // unix ns: every command waits until then
-	lateUntil   atomic.Int64 // unix ns: fill lease requests sent before then arrive genLate late
-	late        pending      // requests held back, not sent yet
+	pausedUntil atomic.Int64  // unix ns: every command waits until then
+	lateUntil   atomic.Int64  // unix ns: fill lease requests sent before then arrive late (see holdBack)
+	lateKey     string        // when set, only those of this values hash
+	deliver     chan struct{} // when set, they arrive once it is closed, not genLate after
+	late        pending       // requests held back, not sent yet
 	bad         func(format string, args ...any)
 	wiped       *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
 
@@ -820,7 +822,7 @@ func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
 	h.before()
-	if time.Now().UnixNano() < h.lateUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
+	if time.Now().UnixNano() < h.lateUntil.Load() && slices.ContainsFunc(cmds, h.holds) {
 		return h.holdBack(ctx, cmds, send)
 	}
 	sent := time.Now()
@@ -835,9 +837,9 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	return err
 }
 
-// holdBack sends cmds genLate from now, on copies, as a request stuck on the
-// wire reaches Redis even when its caller gave up on it; the caller hears
-// nothing before its command's bound ends.
+// holdBack sends cmds genLate from now (or once deliver is closed), on
+// copies, as a request stuck on the wire reaches Redis even when its caller
+// gave up on it; the caller hears nothing before its command's bound ends.
 func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
 	copies := make([]redis.Cmder, len(cmds))
 	for i, c := range cmds {
@@ -846,7 +848,14 @@ func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(
 	h.late.add()
 	go func() {
 		defer h.late.done()
-		time.Sleep(genLate) // the fault: the request is slow to arrive
+		if h.deliver == nil {
+			time.Sleep(genLate) // the fault: the request is slow to arrive
+		} else {
+			select { // the fault, until the test's event
+			case <-h.deliver:
+			case <-time.After(10 * time.Second): // a bound for a test whose event never comes
+			}
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		sent := time.Now()
@@ -860,10 +869,17 @@ func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(
 	return ctx.Err()
 }
 
-// isLeaseCall reports whether cmd is a get-or-lease request (lease.lua).
+// isLeaseCall reports whether cmd is a get-or-lease request (lease.lua), as
+// EVALSHA or as the EVAL that follows a NOSCRIPT.
 func isLeaseCall(cmd redis.Cmder) bool {
 	a := cmd.Args()
-	return len(a) > 1 && a[0] == "evalsha" && a[1] == cacheguard.LeaseScriptSHA()
+	return len(a) > 1 && (a[0] == "evalsha" && a[1] == cacheguard.LeaseScriptSHA() || a[0] == "eval" && a[1] == cacheguard.LeaseScriptSource())
+}
+
+// holds reports whether cmd is a request h holds back while armed.
+func (h *faultHook) holds(cmd redis.Cmder) bool {
+	a := cmd.Args() // evalsha, sha, numkeys, the first values hash, ...
+	return isLeaseCall(cmd) && (h.lateKey == "" || len(a) > 3 && a[3] == h.lateKey)
 }
 
 // watch is the fill leases' liveness oracle, from the replies alone: a
@@ -874,8 +890,8 @@ func isLeaseCall(cmd redis.Cmder) bool {
 // lost every key since: the give-back's record with them.)
 func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 	for _, cmd := range cmds {
-		a := cmd.Args() // evalsha, sha, numkeys, keys..., args...
-		if len(a) < 4 || a[0] != "evalsha" || cmd.Err() != nil {
+		a := cmd.Args() // evalsha|eval, sha|source, numkeys, keys..., args...
+		if len(a) < 4 || a[0] != "evalsha" && a[0] != "eval" || cmd.Err() != nil {
 			continue
 		}
 		nk, _ := a[2].(int64)
