@@ -39,8 +39,8 @@
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
 //
 // A hot key does not expire under its readers: a hit refreshes it before
-// expiry, timed by its last load, and a late refresh has the value served
-// Stale for at most TTL/4 past expiry (EarlyRefresh; 0 turns both off).
+// expiry, timed by its last load, and a late refresh has the value served Stale
+// for twice that load, TTL/4 to TTL/2, past expiry (EarlyRefresh; 0: neither).
 //
 // # Consistency
 //
@@ -137,7 +137,7 @@
 //     share an entry; two types of one name declared in different functions
 //     of one package do.
 //   - A key leaves its values in Redis until the longest-lived one expires (TTL
-//     plus the stale window, TTL/4 or FailSafe's max age), and a small
+//     plus the stale window, TTL/4 to TTL/2 or FailSafe's max age), and a small
 //     generation key as long, and at least a minute after a fill or an
 //     invalidation.
 //

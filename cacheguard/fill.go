@@ -76,8 +76,8 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				// cost a load in twenty (Jitter's default).
 				fresh = jittered(fresh, c.cfg.jitter)
 			}
-			o.val, ttl = v, c.cfg.keep(fresh)
-			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleFor()).Milliseconds(), delta: took, payload: payload}
+			o.val, ttl = v, c.cfg.keep(fresh, took)
+			env = &envelope{freshUntil: now + fresh.Milliseconds(), staleUntil: now + (fresh + c.cfg.staleFor(took)).Milliseconds(), delta: took, payload: payload}
 		case err == nil || absent(err):
 			if o.err = err; err == nil {
 				o.err = notFound(f.key)

@@ -157,3 +157,61 @@ func TestKeysFilledTogetherRefreshApart(t *testing.T) {
 		t.Fatalf("a refresh began %v before expiry: less than an eighth of the TTL", lead.Round(time.Millisecond))
 	}
 }
+
+// TestSlowReloadServedStale (issue 48): a hot key whose every load takes
+// longer than a quarter of the TTL — a database slowed down — is served
+// stale while its late refresh runs, not waited for: the grace is twice the
+// value's own load (at most half the TTL). With a fixed quarter-TTL grace a
+// refresh begun at the lead's cap ended up to 200 ms past it, and the reads
+// in between waited for the load.
+func TestSlowReloadServedStale(t *testing.T) {
+	ctx := context.Background()
+	const ttl = time.Second
+	key := testKey(t)
+	var loads atomic.Int64
+	load := func(ctx context.Context) (item, error) {
+		n := loads.Add(1)
+		select {
+		case <-time.After(450 * time.Millisecond): // the slowed database's work
+		case <-ctx.Done():
+			return item{}, ctx.Err()
+		}
+		return item{ID: int(n)}, nil
+	}
+	g1, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0))
+	g2, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0))
+	if _, err := cacheguard.Get(ctx, g1, key, load); err != nil {
+		t.Fatal(err)
+	}
+	const run = 4 * time.Second
+	var mu sync.Mutex
+	results := map[cacheguard.Result]int{}
+	var errs []error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, g := range []*cacheguard.Guard{g1, g2, g1, g2} {
+		wg.Go(func() {
+			tick := time.NewTicker(2 * time.Millisecond) // a steady reader
+			defer tick.Stop()
+			for time.Since(start) < run {
+				var res cacheguard.Result
+				_, err := cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&res))
+				mu.Lock()
+				results[res]++
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+				<-tick.C
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d reads failed, the first: %v", len(errs), errs[0])
+	}
+	t.Logf("reads by result: %v; loads %d in %v", results, loads.Load(), run)
+	if n := results[cacheguard.Miss] + results[cacheguard.Coalesced]; n > 0 {
+		t.Fatalf("%d of the reads waited for a load (%v): a slow refresh outran its grace", n, results)
+	}
+}

@@ -49,7 +49,7 @@ func (c *config) judge(e *envelope, v *view) verdict {
 		return fresh
 	case e.negative:
 		return gone
-	case v.now < e.staleUntil && (c.policy != policyWait || v.now < e.freshUntil+c.grace().Milliseconds()):
+	case v.now < e.staleUntil && (c.policy != policyWait || v.now < e.freshUntil+c.grace(e.delta).Milliseconds()):
 		return stale
 	case v.now < e.staleUntil:
 		return expired
@@ -61,7 +61,7 @@ func (c *config) judge(e *envelope, v *view) verdict {
 
 // earlyRefreshCap is the share of the TTL, at its end, within which an
 // early refresh may start, and past its end within which a value is served
-// while its refresh runs (see EarlyRefresh).
+// while its refresh runs at least (see grace).
 const earlyRefreshCap = 4 // a quarter
 
 // xfetch decides an early refresh of a fresh value at now (unix ms): once
@@ -98,26 +98,31 @@ func (c *config) lead(e *envelope) float64 {
 	return min(gap, float64(c.ttl.Milliseconds())/earlyRefreshCap*(1-v/2))
 }
 
-// grace is how long past fresh-until a value is served, marked Stale, while
-// its refresh runs, whatever the policy (see EarlyRefresh): a hot key whose
-// refresh is late does not make its readers wait (StaleGrace, or TTL/4 with
-// early refresh on).
-func (c *config) grace() time.Duration {
+// grace is how long past fresh-until a value whose load took delta is
+// served, marked Stale, while its refresh runs, whatever the policy (see
+// EarlyRefresh): a hot key whose refresh is late does not make its readers
+// wait. StaleGrace sets it; with early refresh on it is twice the value's
+// own load, so that a refresh as slow as that load, begun as late as its lead
+// allows, still ends within it — never less than a quarter of the TTL nor
+// more than half.
+func (c *config) grace(delta time.Duration) time.Duration {
 	switch {
 	case c.graceSet:
 		return c.graceD
 	case c.beta <= 0:
 		return 0
 	}
-	return c.ttl / earlyRefreshCap
+	return min(max(2*delta, c.ttl/earlyRefreshCap), c.ttl/2)
 }
 
-// staleFor is the stale window stored with a value: ServeStale's window, or
-// the refresh grace, whichever is longer.
-func (c *config) staleFor() time.Duration { return max(c.staleWindow, c.grace()) }
+// staleFor is the stale window stored with a value whose load took delta:
+// ServeStale's window, or the refresh grace, whichever is longer.
+func (c *config) staleFor(delta time.Duration) time.Duration {
+	return max(c.staleWindow, c.grace(delta))
+}
 
-// keep is how long a value fresh for fresh is kept in Redis: its stale
-// window, or FailSafe's max age, past fresh-until.
-func (c *config) keep(fresh time.Duration) time.Duration {
-	return fresh + max(c.staleFor(), c.failSafeAge)
+// keep is how long a value fresh for fresh, whose load took delta, is kept
+// in Redis: its stale window, or FailSafe's max age, past fresh-until.
+func (c *config) keep(fresh, delta time.Duration) time.Duration {
+	return fresh + max(c.staleFor(delta), c.failSafeAge)
 }

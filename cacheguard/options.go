@@ -175,21 +175,25 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 // apart, and a hot key is refreshed no earlier for being read more (XFetch,
 // which draws per hit, refreshes it at the largest of many draws). A refresh
 // that is late all the same — its load slower than that — does not make the
-// calls after expiry wait: for a quarter of the TTL past fresh-until a value
-// is served marked Stale while its refresh runs, whatever the policy (the
-// first such call starts the refresh if no hit did). That is the staleness
-// it costs: a value served at most TTL/4 past its TTL, so at most 1.25 × TTL
-// after its load ended. An invalidated value is never served (Invalidate
-// voids it at once), and a key no call reads expires at its TTL. Loads: a key
-// read without pause is loaded about once per TTL − lead + Δ. The default is
-// 1; 0 turns off both the early refresh and the quarter-TTL grace (every call
-// after expiry then waits for the reload); StaleGrace sets the grace on its
-// own.
+// calls after expiry wait: for a grace past fresh-until a value is served
+// marked Stale while its refresh runs, whatever the policy (the first such
+// call starts the refresh if no hit did). The grace is twice the value's own
+// load Δ, so that a refresh as slow as that load ends within it however late
+// it began, and never less than a quarter of the TTL nor more than half. That
+// is the staleness it costs: a value served at most TTL/4 past its TTL (TTL/2
+// when its load took more than TTL/8: a database slowed down), so at most
+// 1.25 × TTL (1.5 ×) after its load ended. An invalidated value is never
+// served (Invalidate voids it at once), and a key no call reads expires at
+// its TTL. Loads: a key read without pause is loaded about once per
+// TTL − lead + Δ. The default is 1; 0 turns off both the early refresh and
+// the grace (every call after expiry then waits for the reload); StaleGrace
+// sets the grace on its own.
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // StaleGrace sets how long past its TTL a value is served, marked Stale, while
-// its refresh runs (see EarlyRefresh). The default is a quarter of the TTL
-// with early refresh on, 0 with it off; 0 makes every call after expiry wait
+// its refresh runs (see EarlyRefresh). The default, with early refresh on, is
+// twice the value's load, between a quarter and half of the TTL; 0 with it
+// off; 0 makes every call after expiry wait
 // for the reload (ginmw.Cache sets 0: an HTTP response is never served past
 // its freshness unless ServeStale says so).
 func StaleGrace(d time.Duration) Setting { return func(c *config) { c.graceD, c.graceSet = d, true } }

@@ -141,7 +141,9 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 	tags := cfg.tags.list()
 	tv := make([]*redis.Cmd, len(tags))
 	for i, t := range tags {
-		tv[i] = tagReadScript.Cmd(ctx, keys(g.name("t:", t)), max(cfg.keep(cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
+		// A tag's version outlives every value read under it: keep with a
+		// load as long as the TTL is the longest (the grace at its cap).
+		tv[i] = tagReadScript.Cmd(ctx, keys(g.name("t:", t)), max(cfg.keep(cfg.ttl, cfg.ttl).Milliseconds(), genTTL.Milliseconds()))
 		cmds = append(cmds, tv[i])
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
