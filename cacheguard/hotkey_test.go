@@ -42,32 +42,7 @@ func TestHotKeyNeverWaitsForItsReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	const run = 3 * time.Second // five TTLs
-	var mu sync.Mutex
-	results := map[cacheguard.Result]int{}
-	var errs []error
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, g := range []*cacheguard.Guard{g1, g2, g1, g2} {
-		wg.Go(func() {
-			tick := time.NewTicker(2 * time.Millisecond) // a steady reader
-			defer tick.Stop()
-			for time.Since(start) < run {
-				var res cacheguard.Result
-				_, err := cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&res))
-				mu.Lock()
-				results[res]++
-				if err != nil {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
-				<-tick.C
-			}
-		})
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d reads failed, the first: %v", len(errs), errs[0])
-	}
+	results := steadyReads(t, []*cacheguard.Guard{g1, g2, g1, g2}, key, load, run)
 	t.Logf("reads by result: %v; loads %d (%d slow) in %v", results, loads.Load(), slow.Load(), run)
 	if n := results[cacheguard.Miss] + results[cacheguard.Coalesced]; n > 0 {
 		t.Fatalf("%d of the reads waited for a load (%v): a hot key expired under its readers", n, results)
@@ -184,18 +159,29 @@ func TestSlowReloadServedStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	const run = 4 * time.Second
+	results := steadyReads(t, []*cacheguard.Guard{g1, g2, g1, g2}, key, load, run)
+	t.Logf("reads by result: %v; loads %d in %v", results, loads.Load(), run)
+	if n := results[cacheguard.Miss] + results[cacheguard.Coalesced]; n > 0 {
+		t.Fatalf("%d of the reads waited for a load (%v): a slow refresh outran its grace", n, results)
+	}
+}
+
+// steadyReads has one steady reader per guard (a Get of key every 2 ms) for
+// run, fails t on any read's error, and counts the reads by result.
+func steadyReads(t *testing.T, guards []*cacheguard.Guard, key string, load func(context.Context) (item, error), run time.Duration) map[cacheguard.Result]int {
+	t.Helper()
 	var mu sync.Mutex
 	results := map[cacheguard.Result]int{}
 	var errs []error
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, g := range []*cacheguard.Guard{g1, g2, g1, g2} {
+	for _, g := range guards {
 		wg.Go(func() {
 			tick := time.NewTicker(2 * time.Millisecond) // a steady reader
 			defer tick.Stop()
 			for time.Since(start) < run {
 				var res cacheguard.Result
-				_, err := cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&res))
+				_, err := cacheguard.Get(context.Background(), g, key, load, cacheguard.ReportTo(&res))
 				mu.Lock()
 				results[res]++
 				if err != nil {
@@ -210,8 +196,5 @@ func TestSlowReloadServedStale(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatalf("%d reads failed, the first: %v", len(errs), errs[0])
 	}
-	t.Logf("reads by result: %v; loads %d in %v", results, loads.Load(), run)
-	if n := results[cacheguard.Miss] + results[cacheguard.Coalesced]; n > 0 {
-		t.Fatalf("%d of the reads waited for a load (%v): a slow refresh outran its grace", n, results)
-	}
+	return results
 }

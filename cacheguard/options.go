@@ -191,11 +191,11 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // StaleGrace sets how long past its TTL a value is served, marked Stale, while
-// its refresh runs (see EarlyRefresh). The default, with early refresh on, is
-// twice the value's load, between a quarter and half of the TTL; 0 with it
-// off; 0 makes every call after expiry wait
-// for the reload (ginmw.Cache sets 0: an HTTP response is never served past
-// its freshness unless ServeStale says so).
+// its refresh runs (see EarlyRefresh). By default it is twice the value's
+// load, between a quarter and half of the TTL, with early refresh on, and 0
+// with it off. 0 makes every call after expiry wait for the reload
+// (ginmw.Cache sets 0: an HTTP response is never served past its freshness
+// unless ServeStale says so).
 func StaleGrace(d time.Duration) Setting { return func(c *config) { c.graceD, c.graceSet = d, true } }
 
 // Jitter shortens the TTL of a value loaded on a miss or served stale by a
