@@ -28,6 +28,11 @@ import (
 //     hold — the owner and its acquisition id — with the unreadable (stalled)
 //     nodes counted as keeping it; so no two owners ever both believe they
 //     hold a name;
+//   - a name is granted to no other owner before the lease of its last
+//     acquisition, counted from that call, has run out on Redis's clock,
+//     unless it was given back by Unlock, its key deleted or its lease set
+//     by Extend (see leaseBound) — a hold lost at its local deadline is given
+//     back no sooner;
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -59,6 +64,7 @@ type rlWorld struct {
 	names   []string
 	procs   []*rlProc
 	old     []*rlProc
+	drift   time.Duration // the Redlocks' Drift: the span between a hold's local deadline and its keys' expiry
 }
 
 // rlAcq names a Redlock's Lock in a run's log: its acquisition id.
@@ -76,7 +82,7 @@ func (w *rlWorld) newProc() *rlProc {
 		p.faults = append(p.faults, f)
 		clients = append(clients, c)
 	}
-	p.r = NewRedlock(clients, CommandTimeout(genCommandTimeout), NodeTimeout(100*time.Millisecond),
+	p.r = NewRedlock(clients, CommandTimeout(genCommandTimeout), NodeTimeout(100*time.Millisecond), Drift(w.drift),
 		Observer(func(ctx context.Context, e Event) {
 			p.ev.observe(ctx, e)
 			w.note("p%d event %v %s err=%v", pn, e.Kind, e.Name, e.Err)
@@ -106,6 +112,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 	for i := range 2 {
 		w.names = append(w.names, fmt.Sprintf("rlgen%d-%d", run, i))
 	}
+	w.drift = rapid.SampledFrom([]time.Duration{defaultDrift, 40 * time.Millisecond}).Draw(rt, "drift")
 	for range 3 {
 		w.procs = append(w.procs, w.newProc())
 	}
@@ -159,7 +166,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			}
 			timeout := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}).Draw(rt, "ctx")
 			proc := w.procs[p]
-			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, rlAcq)
+			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, lease, rlAcq)
 		},
 		"b-unlock": w.unlockAction(rlAcq),
 		"c-extend": w.extendAction([]time.Duration{200 * time.Millisecond, 900 * time.Millisecond, 3 * time.Second}, rlAcq),

@@ -31,6 +31,10 @@ import (
 //     (its fence differs);
 //   - the fence Redis holds for a name never decreases, and fresh grants of
 //     a name never share a fence;
+//   - a name taken by TryLock is granted to no other owner before its lease,
+//     counted from the TryLock call, has run out on Redis's clock, unless it
+//     was given back by Unlock, its key deleted or its lease set by Extend
+//     (see leaseBound);
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -284,9 +288,12 @@ type genHold struct {
 	lk        *Lock
 	name      string
 	proc      int
-	unlocking atomic.Bool // its Unlock began: its release decides
-	deleted   atomic.Bool // its key was deleted (a fault no lock survives): not checked
-	start     time.Time   // when its Lock call began
+	unlocking atomic.Bool   // its Unlock began: its release decides
+	deleted   atomic.Bool   // its key was deleted (a fault no lock survives): not checked
+	extended  atomic.Bool   // an Extend began: it may have shortened the lease
+	start     time.Time     // when its Lock call began
+	got       time.Time     // when its Lock call returned
+	lease     time.Duration // its lease, when the run checks its bound (see leaseBound); else 0
 }
 
 // genBase is what the locks generators share: a run's log, its
@@ -442,7 +449,13 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			if rapid.IntRange(0, 4).Draw(rt, "cancel") == 0 {
 				cancelAfter = time.Duration(rapid.IntRange(0, 100).Draw(rt, "cancelAfter")) * time.Millisecond
 			}
-			w.lock(p, name, try, owned, timeout, cancelAfter, opts)
+			// A Lock may be handed the name, under a claim shorter than
+			// its lease until it renews it: only TryLock's bound is checked.
+			bound := time.Duration(0)
+			if try {
+				bound = lease
+			}
+			w.lock(p, name, try, owned, timeout, cancelAfter, opts, bound)
 		},
 		"b-unlock": w.unlockAction(genFence),
 		"c-extend": w.extendAction([]time.Duration{150 * time.Millisecond, 700 * time.Millisecond, 3 * time.Second}, genFence),
@@ -572,9 +585,9 @@ func (w *genBase) late(what string, over time.Duration) {
 	}
 }
 
-func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption) {
+func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration) {
 	proc := w.procs[p]
-	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, genFence)
+	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, lease, genFence)
 }
 
 // genFence names a Client's Lock in a run's log.
@@ -644,6 +657,7 @@ func (w *genBase) unlock(h *genHold, timeout time.Duration, describe func(*Lock)
 
 // extend runs h's Extend(d) on a goroutine; describe names it in the log.
 func (w *genBase) extend(h *genHold, d, timeout time.Duration, describe func(*Lock) string) {
+	h.extended.Store(true)
 	w.note("p%d Extend(%s, %v) %s begins", h.proc, h.name, d, describe(h.lk))
 	w.call("Extend", timeout, func(ctx context.Context) {
 		err := h.lk.Extend(ctx, d)
@@ -653,8 +667,9 @@ func (w *genBase) extend(h *genHold, d, timeout time.Duration, describe func(*Lo
 
 // lock runs a Lock or TryLock of process p's Locker l (under owner when
 // owned; cancelled after cancelAfter unless negative) on a goroutine, and
-// records what it got; describe names a Lock in the log.
-func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, describe func(*Lock) string) {
+// records what it got; describe names a Lock in the log. lease, when not 0,
+// is the lease opts set, whose bound the run checks (see leaseBound).
+func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration, describe func(*Lock) string) {
 	w.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -681,14 +696,43 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		}
 		w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: %s ttl %v", p, what, name, owned, timeout, len(opts), describe(lk), lk.TTL())
 		w.mu.Lock()
-		h := &genHold{lk: lk, name: name, proc: p, start: start}
+		h := &genHold{lk: lk, name: name, proc: p, start: start, got: time.Now(), lease: lease}
 		if start.Before(w.deletedAt[name]) {
 			h.deleted.Store(true)
 		}
+		violations := w.leaseBound(h)
 		w.holds = append(w.holds, h)
 		w.all = append(w.all, h)
 		w.mu.Unlock()
+		for _, v := range violations {
+			w.violate("%s", v)
+		}
 	})
+}
+
+// leaseBound checks b, just granted, against the earlier acquisitions of its
+// name whose bound the run checks: an acquisition a granted before b's call
+// began keeps its name until its lease, counted from a's call, has run out
+// on Redis's clock (a millisecond early at most: PX counts from the current
+// millisecond) — its key cannot expire sooner, and a give-back before then
+// (a hold lost at its local deadline, which comes the drift allowance
+// earlier on a Redlock) would let b in while a may still act on its last
+// check of its validity. Unlock, a DEL of the key and Extend (which may set
+// a shorter lease) end that promise; so does the same owner (re-entry).
+// It returns the violations, for the caller to report once it released
+// w.mu, held by the call.
+func (w *genBase) leaseBound(b *genHold) (violations []string) {
+	for _, a := range w.all {
+		if a.name != b.name || a.lease == 0 || !a.got.Before(b.start) || a.lk.h.owner == b.lk.h.owner ||
+			a.unlocking.Load() || a.deleted.Load() || a.extended.Load() {
+			continue
+		}
+		if end := a.start.Add(a.lease - time.Millisecond); b.got.Before(end) {
+			violations = append(violations, fmt.Sprintf("%s: process %d's acquisition granted %v before the lease %v of process %d's (its call at %v) ran out",
+				b.name, b.proc, end.Sub(b.got).Round(10*time.Microsecond), a.lease, a.proc, a.start.Sub(w.start).Round(10*time.Microsecond)))
+		}
+	}
+	return violations
 }
 
 func (w *genBase) pick(rt *rapid.T) *genHold {

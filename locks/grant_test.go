@@ -3,6 +3,7 @@ package locks
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -865,5 +866,75 @@ func TestRedlockLostHoldKeptToExpiry(t *testing.T) {
 	}
 	if err := next.Unlock(ctx); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestRedlockRacingFirstAcquisitionsOfOneOwner: two first acquisitions of a
+// name by one owner in one process reach the nodes in different orders (one
+// node down): each began the owner's holding on one node and re-entered it on
+// the other. Both are of that one holding: neither may lose it, nor give the
+// name back while the owner holds it.
+func TestRedlockRacingFirstAcquisitionsOfOneOwner(t *testing.T) {
+	ctx := WithOwner(context.Background(), "racer")
+	servers := redistest.StartN(t, 3)
+	var clients []redis.UniversalClient
+	var faults []*genFault
+	for _, s := range servers {
+		c := s.Client()
+		defer c.Close()
+		f := &genFault{}
+		c.AddHook(f)
+		faults = append(faults, f)
+		clients = append(clients, c)
+	}
+	r := NewRedlock(clients, NodeTimeout(400*time.Millisecond))
+	defer r.Close()
+	name := "rl-racers"
+	servers[0].Pause()
+	defer servers[0].Resume()
+	// The first attempt reaches node 2 after the second: node 1 sees the
+	// first, then the second; node 2 the second, then the first.
+	rule := &genRule{script: &redlockAcquireS, mode: "delay", d: 100 * time.Millisecond, left: 1}
+	faults[2].set(rule)
+	type got struct {
+		lk  *Lock
+		err error
+	}
+	first := make(chan got, 1)
+	go func() {
+		lk, err := r.TryLock(ctx, name, Lease(5*time.Second))
+		first <- got{lk, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; { // until the first attempt is held back on its way to node 2
+		faults[2].mu.Lock()
+		held := rule.left == 0
+		faults[2].mu.Unlock()
+		if held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first attempt never reached node 2")
+		}
+		runtime.Gosched()
+	}
+	second, err := r.TryLock(ctx, name, Lease(5*time.Second))
+	a := <-first
+	for _, g := range []got{a, {second, err}} {
+		if g.err != nil {
+			t.Fatalf("an acquisition of the owner's holding failed: %v", g.err)
+		}
+		if g.lk.TTL() <= 0 {
+			t.Errorf("an acquisition of the owner's holding was lost: %v", g.lk.h.lostErr())
+		}
+	}
+	other, err := r.TryLock(context.Background(), name)
+	if err == nil {
+		_ = other.Unlock(context.Background())
+		t.Fatal("another owner was granted the name the owner holds")
+	}
+	for _, lk := range []*Lock{a.lk, second} {
+		if lk != nil {
+			_ = lk.Unlock(context.Background())
+		}
 	}
 }

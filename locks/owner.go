@@ -23,6 +23,11 @@ type ownerKey struct{}
 // Lock of the scope lost, and fails with ErrLost (which matches ErrNotHeld and
 // ErrNotObtained), until every Lock of the scope is Unlocked. After that the
 // owner may lock the name afresh, under a newer fence.
+//
+// On a Redlock, an owner's acquisitions of one name in one process take turns
+// attempt by attempt (an attempt lasts at most its nodes' timeout): a holding
+// there has no fence, and two first acquisitions at once, reaching the nodes
+// in different orders, could not tell that they began one holding.
 func WithOwner(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, ownerKey{}, id)
 }

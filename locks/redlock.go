@@ -279,23 +279,31 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		owner = rid.New()
 	}
 	var sc *scope
-	if scoped {
-		var err error
-		if sc, err = r.scopes.find(owner, name); err != nil {
-			e := r.opError("lock", name)
-			e.Err = err
-			return fail(e, 0)
-		}
-		if closing && sc == nil {
-			e := r.opError("lock", name)
-			e.Err = ErrClosed // only a nested acquisition goes on while closing
-			return fail(e, 0)
-		}
-	}
 	var timer *time.Timer
 	for attempt := 1; ; attempt++ {
+		// The owner's attempts at the name in this process take turns, and
+		// each learns its scope once it has the turn: two at once, reaching
+		// the nodes in different orders, would each begin the holding on
+		// some nodes and re-enter it on the others, and neither could tell
+		// that it re-entered the other's (a Redlock holding has no fence).
+		endTurn := func() {}
+		if scoped {
+			var err error
+			if endTurn, err = r.scopes.turn(ctx, owner, name); err == nil {
+				if sc, err = r.scopes.find(owner, name); err == nil && closing && sc == nil {
+					err = ErrClosed // only a nested acquisition goes on while closing
+				}
+			}
+			if err != nil {
+				endTurn()
+				e := r.opError("lock", name)
+				e.Err = err
+				return fail(e, attempt-1)
+			}
+		}
 		h, reentered, e := r.attempt(ctx, name, key, owner, px, cfg, sc != nil)
 		if h != nil {
+			defer endTurn()
 			giveBack := func(err error) (*Lock, error) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 				if _, rerr := r.release(rctx, h); rerr != nil {
@@ -327,6 +335,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 			cfg.emit(ctx, Event{Kind: kind, Name: name, Wait: time.Since(start)})
 			return &Lock{h: h, parent: ctx}, nil
 		}
+		endTurn()
 		if errors.Is(e.Err, ErrLost) {
 			if r.scopes.current(sc) {
 				r.scopes.lose(sc, ErrLost)

@@ -1,6 +1,9 @@
 package locks
 
-import "sync"
+import (
+	"context"
+	"sync"
+)
 
 // A scope is one owner's holding of one lock name in this process: the Locks
 // acquired under WithOwner(ctx, owner) that are not Unlocked yet. They share
@@ -25,8 +28,47 @@ type scopeKey struct{ owner, name string }
 
 // scopes registers the scopes of one Client or Redlock. The zero value is ready.
 type scopes struct {
-	mu sync.Mutex // guards m and every scope's locks and err
-	m  map[scopeKey]*scope
+	mu    sync.Mutex // guards m, turns and every scope's locks and err
+	m     map[scopeKey]*scope
+	turns map[scopeKey]*turn // see turn
+}
+
+// A turn lets one attempt at a time go on (see scopes.turn).
+type turn struct {
+	token chan struct{} // holds a value while an attempt has the turn
+	users int           // attempts that have it or wait for it; guarded by scopes.mu
+}
+
+// turn returns once no other attempt of owner at name (a Redlock's, see
+// Redlock.acquire) has the turn, or ctx ends (its error), and the func that
+// ends this attempt's turn.
+func (r *scopes) turn(ctx context.Context, owner, name string) (end func(), err error) {
+	k := scopeKey{owner, name}
+	r.mu.Lock()
+	t := r.turns[k]
+	if t == nil {
+		if r.turns == nil {
+			r.turns = map[scopeKey]*turn{}
+		}
+		t = &turn{token: make(chan struct{}, 1)}
+		r.turns[k] = t
+	}
+	t.users++
+	r.mu.Unlock()
+	leave := func() {
+		r.mu.Lock()
+		if t.users--; t.users == 0 {
+			delete(r.turns, k)
+		}
+		r.mu.Unlock()
+	}
+	select {
+	case t.token <- struct{}{}:
+		return func() { <-t.token; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return func() {}, ctx.Err()
+	}
 }
 
 // find returns owner's scope of name, nil when there is none, or ErrLost when
