@@ -41,6 +41,7 @@ type Proxy struct {
 	accepted  atomic.Int64
 	dropped   atomic.Int64 // reply chunks swallowed
 	forwarded atomic.Int64 // request chunks forwarded
+	swallowed atomic.Int64 // request chunks a black hole read and dropped
 	wg        sync.WaitGroup
 	mu        sync.Mutex // guards conns, closed, holding, release
 	conns     map[net.Conn]struct{}
@@ -112,6 +113,10 @@ func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 
 // Forwarded is the number of request chunks forwarded to the server so far.
 func (p *Proxy) Forwarded() int64 { return p.forwarded.Load() }
+
+// Swallowed is the number of request chunks a black hole read and dropped so
+// far: a request counted here never reaches the server.
+func (p *Proxy) Swallowed() int64 { return p.swallowed.Load() }
 
 // Open is the number of client connections currently open.
 func (p *Proxy) Open() int {
@@ -239,6 +244,9 @@ func (p *Proxy) forward(up bool) bool {
 	case Latency:
 		time.Sleep(time.Duration(p.latency.Load())) // the fault itself, not synchronisation
 	case BlackHole:
+		if up {
+			p.swallowed.Add(1)
+		}
 		return false
 	case DropReplies:
 		if !up {

@@ -201,9 +201,20 @@ func TestReliabilityRedlockRestartRule(t *testing.T) {
 		return lk
 	}
 	g.set(BlackHole, 3, 4)
+	before := []int64{g.px[3].Swallowed(), g.px[4].Swallowed()}
 	a := acquire(1)
 	if a == nil {
 		t.Fatal("A could not take the lock on nodes 0-2")
+	}
+	// A returned once nodes 0-2 granted; its requests to nodes 3 and 4 may
+	// not have left yet on a loaded machine. Healed before they reach the
+	// black hole, they would grant A there too, and B could never assemble
+	// a quorum from nodes 2-4 (a run refused 21 times).
+	for deadline := time.Now().Add(5 * time.Second); g.px[3].Swallowed() == before[0] || g.px[4].Swallowed() == before[1]; {
+		if time.Now().After(deadline) {
+			t.Fatal("A's requests to nodes 3 and 4 never reached their black hole")
+		}
+		time.Sleep(time.Millisecond) // polls the proxies' counters: the event itself
 	}
 	g.set(Pass, 3, 4)
 	if err := g.servers[2].Restart(); err != nil {
