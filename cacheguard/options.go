@@ -137,9 +137,9 @@ func ServeStale(window time.Duration) Setting {
 // Wait selects the wait policy, the default: a miss waits for the one load
 // across the fleet, within the wait budget (see WaitBudget), and returns its
 // value within milliseconds of it being stored; a hot key is refreshed before
-// it expires, and served for at most a quarter TTL past it while a late
-// refresh runs (see EarlyRefresh). Passed to Get, it overrides a Guard whose
-// default policy is ServeStale or FailFast.
+// it expires, and served for at most TTL/4 past it while a late refresh runs
+// (TTL/2 when its load took more than TTL/8: see EarlyRefresh). Passed to
+// Get, it overrides a Guard whose default policy is ServeStale or FailFast.
 func Wait() Setting { return func(c *config) { c.policy = policyWait } }
 
 // WaitBudget sets how long a call may wait for a value, whatever the policy:

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -235,7 +236,9 @@ func (e *env) pgMix(ctx context.Context) error {
 			"in its own goroutine, whether or not earlier ones returned, with a %v deadline), ramping up linearly over "+
 			"the first %v; keys are drawn from a Zipf distribution (s=1.1) over %d keys whose entries expire %v after "+
 			"each fill; the loader runs the aggregate query (%s alone, %d rows scanned) through a pool of %d "+
-			"connections per process, each warmed as in R1; %v per run, %d repetitions (the go-redis/cache and near-cache rows at most %d). Figures "+
+			"connections per process, each warmed as in R1 (one load of every key per TTL, the ideal, asks PostgreSQL "+
+			"for %.2f s of that query a second: the mix stays fresh only while the database gets that much of the "+
+			"host's %d CPUs beside the workers); %v per run, %d repetitions (the go-redis/cache and near-cache rows at most %d). Figures "+
 			"cover the requests sent after the ramp "+
 			"(the last %v, about %.0f requests a repetition): "+
 			"*completed/s* those that succeeded; *failed* those that returned an error, *pool* of them for want of a "+
@@ -244,7 +247,9 @@ func (e *env) pgMix(ctx context.Context) error {
 			"served: how long before the request returned the query that produced it had returned (a value served "+
 			"from a cache that honours the TTL is at most about %v old).",
 			s.pgMixProcs, s.pgMixRate, s.pgDeadline, s.pgMixWarm, s.pgMixKeys, s.pgMixTTL,
-			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool, s.pgMixDur, reps, slowRows["pg-mix"].reps,
+			db.Alone.Round(100*time.Microsecond), db.Rows(), s.pgPool,
+			float64(s.pgMixKeys)*db.Alone.Seconds()/s.pgMixTTL.Seconds(), runtime.NumCPU(),
+			s.pgMixDur, reps, slowRows["pg-mix"].reps,
 			s.pgMixDur-s.pgMixWarm, s.pgMixRate*(s.pgMixDur-s.pgMixWarm).Seconds(), s.pgMixTTL),
 		Metrics: []Metric{
 			{"rps", "completed/s", "%.0f"},
