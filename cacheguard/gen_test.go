@@ -44,8 +44,11 @@ import (
 //     make a call fail open, as documented);
 //   - every call ends within its wait budget and context (plus a slack for
 //     a starved -race host), every Shutdown within its grace;
-//   - an older value served as Stale is within its stale window or FailSafe's
-//     max age of its load;
+//   - an older value served as Stale was served within its stale window past
+//     the TTL it was stored with — ServeStale's window, the early refresh's
+//     grace (at most half the TTL), or FailSafe's max age, as set by the call
+//     that loaded it, or by a FailSafe call whose load of the entry failed
+//     after (see staleLimit);
 //   - the near cache holds at most its entries;
 //   - a fill lease's request sent after a give-back of that lease was
 //     answered is never granted (see faultHook.watch): nobody would fill it.
@@ -165,6 +168,7 @@ type genLoad struct {
 	start, end time.Time
 	seq        int64  // the load's serial
 	loader     string // fast, slow, fail
+	call       genCall
 }
 
 type genModel struct {
@@ -391,7 +395,7 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 	end := time.Now()
 	m.mu.Lock()
 	for _, k := range keys {
-		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader})
+		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader, call: c})
 	}
 	m.mu.Unlock()
 	if err != nil {
@@ -570,13 +574,40 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		}
 	}
 	if res == cacheguard.Stale {
-		// The longest TTL any call stores with, and the longer of the
-		// stale window and the max age.
-		limit := time.Unix(0, v.End).Add(2*time.Second + max(genStale, genMaxAge) + 50*time.Millisecond)
-		if began.After(limit) {
-			m.bad = append(m.bad, fmt.Sprintf("%s served Stale %v past its max age (load %d)", key, began.Sub(limit), v.Seq))
+		if limit, why := m.staleLimit(key, v); began.After(limit) {
+			m.bad = append(m.bad, fmt.Sprintf("%s served Stale %v past %s (load %d); %s", key, began.Sub(limit), why, v.Seq, m.history(key, began)))
 		}
 	}
+}
+
+// staleLimit is how late a call may begin and still be served v of key as
+// Stale (see TestGenCache), and what sets it. Called with m.mu held.
+func (m *genModel) staleLimit(key string, v genVal) (time.Time, string) {
+	var w *genLoad
+	for i := range m.loads {
+		if l := &m.loads[i]; l.seq == v.Seq && l.key == key {
+			w = l
+		}
+	}
+	end := time.Unix(0, v.End)
+	if w == nil {
+		return end.Add(2*time.Second + genMaxAge), "the longest TTL and max age (its load unrecorded)"
+	}
+	// 50 ms: the fill's clock read after the load's end, and Redis's
+	// expiry in whole milliseconds.
+	window, why := w.call.ttl/2, "half its TTL (the early refresh's grace)"
+	switch w.call.policy {
+	case "stale":
+		window, why = max(window, genStale), "its stale window"
+	case "failsafe", "soft":
+		window, why = genMaxAge, "its FailSafe max age"
+	}
+	for _, l := range m.loads {
+		if l.entry == w.entry && l.loader == "fail" && l.start.After(w.start) && (l.call.policy == "failsafe" || l.call.policy == "soft") {
+			window, why = max(window, genMaxAge), "the max age of a FailSafe call whose load failed after"
+		}
+	}
+	return end.Add(w.call.ttl + window + 50*time.Millisecond), fmt.Sprintf("%s (TTL %v, %s)", why, w.call.ttl, w.call.policy)
 }
 
 func (m *genModel) invalidate(rt *rapid.T) {
