@@ -31,10 +31,11 @@ import (
 //     (its fence differs);
 //   - the fence Redis holds for a name never decreases, and fresh grants of
 //     a name never share a fence;
-//   - a name taken by TryLock is granted to no other owner before its lease,
-//     counted from the TryLock call, has run out on Redis's clock, unless it
-//     was given back by Unlock, its key deleted or its lease set by Extend
-//     (see leaseBound);
+//   - a name is granted to no other owner before the lease of its last
+//     acquisition (for one handed the name, its claim: the shorter of its
+//     lease and a queue place's life), counted from that call, has run out
+//     on Redis's clock, unless it was given back by Unlock, its key deleted
+//     or its lease set by Extend (see leaseBound);
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -449,13 +450,9 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			if rapid.IntRange(0, 4).Draw(rt, "cancel") == 0 {
 				cancelAfter = time.Duration(rapid.IntRange(0, 100).Draw(rt, "cancelAfter")) * time.Millisecond
 			}
-			// A Lock may be handed the name, under a claim shorter than
-			// its lease until it renews it: only TryLock's bound is checked.
-			bound := time.Duration(0)
-			if try {
-				bound = lease
-			}
-			w.lock(p, name, try, owned, timeout, cancelAfter, opts, bound)
+			// A Lock may be handed the name under a claim, the shorter of
+			// its lease and a queue place's life, until it renews it.
+			w.lock(p, name, try, owned, timeout, cancelAfter, opts, min(lease, placeTTL))
 		},
 		"b-unlock": w.unlockAction(genFence),
 		"c-extend": w.extendAction([]time.Duration{150 * time.Millisecond, 700 * time.Millisecond, 3 * time.Second}, genFence),
