@@ -54,6 +54,7 @@ type flights struct {
 	// by mark.
 	serial  atomic.Uint64
 	running atomic.Int64
+	joined  atomic.Int64 // calls that joined a flight another call leads (tests)
 }
 
 // mark returns what a read of e must carry for the calls sharing it to
@@ -125,11 +126,15 @@ func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task
 	if floor == counter.Unknown {
 		floor = 0
 	}
-	return fs.group.join(e, admit, func(t *task[entry, *outcome]) {
+	t, leader, pending = fs.group.join(e, admit, func(t *task[entry, *outcome]) {
 		fs.running.Add(1)
 		t.typ, t.serial, t.asked = typ, fs.serial.Add(1), make(chan struct{})
 		t.floor.Store(floor)
 	})
+	if t != nil && !leader {
+		fs.joined.Add(1)
+	}
+	return t, leader, pending
 }
 
 // chain makes the callers of r, a read that found the entry absent (see

@@ -253,8 +253,14 @@ func burstWakesOnce(t *testing.T, running, quits bool) {
 		t.Fatalf("while the load ran, %d calls took the miss path; want %d (the reads' leaders)", o, leaders)
 	}
 	if quits {
+		joined := g.flights.joined.Load()
 		quit()
-		waitFor(t, "the leader's callers woken as it left", func() bool { return observed.Load() == n })
+		// Counted as misses when they wake, they join the flight after:
+		// one that joined after the load ended would find the value in
+		// Redis through a flight of its own (a remote coalescing).
+		waitFor(t, "the leader's callers woken as it left, in its flight", func() bool {
+			return observed.Load() == n && g.flights.joined.Load()-joined == int64(n-first-1)
+		})
 	}
 	free()
 	wg.Wait()
