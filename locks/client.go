@@ -212,15 +212,15 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...CallOption) (*Lo
 	return c.acquire(ctx, name, cfg, cfg.wait > 0)
 }
 
-func (c *Client) callConfig(name string, opts []CallOption) (config, error) {
+func (c *Client) callConfig(name string, opts []CallOption) (*config, error) {
 	if c == nil {
-		return config{}, invalid("nil Client")
+		return nil, invalid("nil Client")
 	}
 	if err := validName(name); err != nil {
-		return config{}, err
+		return nil, err
 	}
 	if len(opts) == 0 {
-		return c.cfg, nil
+		return &c.cfg, nil
 	}
 	p := new(config)
 	*p = c.cfg
@@ -228,10 +228,10 @@ func (c *Client) callConfig(name string, opts []CallOption) (config, error) {
 		o.apply(p)
 	}
 	if err := clientValidate(p); err != nil {
-		return config{}, err
+		return nil, err
 	}
 	p.packFrom(&c.cfg)
-	return *p, nil
+	return p, nil
 }
 
 // clientValidate validates a Client's configuration: cfg.validate, and none
@@ -293,7 +293,7 @@ type attemptResult struct {
 
 // attempt runs the acquire script once; member is the caller's place in the
 // queue ("" when it does not queue).
-func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq any, cfg config, member string) (attemptResult, error) {
+func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq any, cfg *config, member string) (attemptResult, error) {
 	packed := cfg.argsTryV
 	if member != "" {
 		packed = cfg.argsWaitV
@@ -306,7 +306,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
-	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, &cfg, member) }
+	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, cfg, member) }
 	v, err := acquireS.runVia(ctx, c.b, cleanup, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
 	if err != nil {
 		return attemptResult{}, err
@@ -344,7 +344,7 @@ func parseAttempt(reply any) (attemptResult, error) {
 
 // attemptWait is attempt with Replicas: see withWait. When too few
 // replicas acknowledged a grant, the grant is given back.
-func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg config) (attemptResult, error) {
+func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []any, owner string, cfg *config) (attemptResult, error) {
 	cmd, acks, werr := c.withWait(ctx, ks[0], acquireS.call(kv, args), cfg)
 	v, err := cmd.Result()
 	if err != nil {
@@ -366,7 +366,7 @@ func (c *Client) attemptWait(ctx context.Context, ks []string, kv []any, args []
 // full lease) and WAITs for that; replicas apply writes in order, so they
 // then have the hand-off too. When too few acknowledge, the lock is given
 // back (handed on).
-func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg config) error {
+func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg *config) error {
 	undo := func(ctx context.Context) { c.giveBack(ctx, kv, owner, acq, cfg, "", false) }
 	_, err := c.detach(ctx, cfg, func(ctx context.Context) (attemptResult, error) {
 		cmd, acks, werr := c.withWait(ctx, kv[0].(string), extendS.call(kv[:1], []any{owner, cfg.lease.Milliseconds(), acq, int64(1)}), cfg)
@@ -395,7 +395,7 @@ func (c *Client) handedWait(ctx context.Context, kv []any, owner, acq any, cfg c
 // runs under ctx: Close's wait for these goroutines must not race a new one
 // (an acquisition that began before cannot be past closing's barrier, and
 // one that begins after sees closed).
-func (c *Client) detach(ctx context.Context, cfg config, f func(context.Context) (attemptResult, error), undo func(context.Context)) (attemptResult, error) {
+func (c *Client) detach(ctx context.Context, cfg *config, f func(context.Context) (attemptResult, error), undo func(context.Context)) (attemptResult, error) {
 	if c.life.closed.Load() || !c.run.Cuts(ctx, cfg.replicaTimeout) {
 		return f(ctx)
 	}
@@ -430,7 +430,7 @@ func (c *Client) detach(ctx context.Context, cfg config, f func(context.Context)
 
 // acked checks a WAIT's reply; with too few acknowledgements the grant is
 // given back: a failover now could grant the lock twice.
-func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg config, acks int, werr error) error {
+func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg *config, acks int, werr error) error {
 	if werr == nil && acks >= cfg.replicas {
 		return nil
 	}
@@ -447,7 +447,7 @@ func (c *Client) acked(ctx context.Context, kv []any, owner, acq any, cfg config
 // cluster would succeed without waiting for anything. A node without the
 // script gets the pipeline again with EVAL (as everywhere, see script). It
 // returns the script's reply, and the acknowledgements (or WAIT's error).
-func (c *Client) withWait(ctx context.Context, key string, call []any, cfg config) (*redis.Cmd, int, error) {
+func (c *Client) withWait(ctx context.Context, key string, call []any, cfg *config) (*redis.Cmd, int, error) {
 	var node *redis.Client
 	switch r := c.rdb.(type) {
 	case *redis.ClusterClient:
@@ -485,8 +485,8 @@ func (c *Client) withWait(ctx context.Context, key string, call []any, cfg confi
 // waits for, so that nothing is left queued behind a closed client; when
 // that fails, or without waiting, the release travels with the batcher's
 // next pipeline.
-func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg config, member string, async bool) {
-	call := c.giveBackCall(kv, owner, acq, &cfg, member)
+func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg *config, member string, async bool) {
+	call := c.giveBackCall(kv, owner, acq, cfg, member)
 	if !async && ctx.Err() == nil && c.b.do(ctx, call, nil).Err() == nil {
 		return
 	}
@@ -510,7 +510,7 @@ func (c *Client) giveBackCall(kv []any, owner, acq any, cfg *config, member stri
 	return releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV, "", "", cfg.leaseV})
 }
 
-func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+func (c *Client) acquire(ctx context.Context, name string, cfg *config, wait bool) (*Lock, error) {
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
@@ -581,7 +581,7 @@ func (c *Client) acquire(ctx context.Context, name string, cfg config, wait bool
 type acquisition struct {
 	c      *Client
 	name   string
-	cfg    config
+	cfg    *config
 	start  time.Time
 	ks     []string // the lock's keys (see keys)
 	kv     []any    // ks, boxed
@@ -664,7 +664,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 	var keeper *turnKeeper
 	if !cfg.fair {
 		c.ref(g) // the turn's, kept by a grant or passed on
-		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, &cfg, member)}
+		w := &gateWaiter{member: member, turn: make(chan turnOutcome, 1), back: c.giveBackCall(kv, ov, acq, cfg, member)}
 		if a.scoped {
 			w.owner = owner
 		}
@@ -819,7 +819,7 @@ func mayHaveRun(err error) bool {
 // granted makes the Lock of a grant g (see grant). A grant to an owner (WithOwner) joins the owner's scope of the
 // name; when that scope's holding turns out to be gone, the grant is given
 // back and granted fails with ErrLost.
-func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg config, g grant, start time.Time) (*Lock, error) {
+func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg *config, g grant, start time.Time) (*Lock, error) {
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, g)
 	h.keyv, h.ownerv, h.acqv, h.fenceV = kv, owner, acq, res.fenceV
 	giveBack := func(err error) (*Lock, error) {

@@ -23,7 +23,7 @@ func TestAcquireIdempotentUnderRetry(t *testing.T) {
 	c := New(rdb)
 	defer c.Close()
 	ks := keys("cg:", "retry")
-	cfg := c.cfg
+	cfg := &c.cfg
 	first, err := c.attempt(ctx, ks, boxKeys(ks), "owner-1", "acq-1", cfg, "")
 	if err != nil || !first.ok {
 		t.Fatalf("first attempt: %+v %v", first, err)
@@ -48,7 +48,7 @@ func TestReleaseIdempotentUnderRetry(t *testing.T) {
 	defer c.Close()
 	ks := keys("cg:", "rel")
 	kv := boxKeys(ks)
-	cfg := c.cfg
+	cfg := &c.cfg
 	for _, acq := range []string{"outer", "inner"} {
 		if res, err := c.attempt(ctx, ks, kv, "owner-1", acq, cfg, ""); err != nil || !res.ok {
 			t.Fatalf("acquire %s: %+v %v", acq, res, err)
@@ -76,7 +76,7 @@ func TestReleaseIdempotentUnderRetry(t *testing.T) {
 
 // releaseRaw releases hold acq of owner (and queue place mine), reporting the
 // remaining holds.
-func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg config, mine any) (int64, error) {
+func (c *Client) releaseRaw(ctx context.Context, kv []any, owner, acq any, cfg *config, mine any) (int64, error) {
 	return releaseS.runVia(ctx, c.b, nil, kv, owner, acq, mine, cfg.argsReleaseV, c.pubV).Int64()
 }
 
@@ -91,7 +91,7 @@ func TestReleaseSeesQueuedWaiters(t *testing.T) {
 	rdb := s.Client()
 	c := New(rdb)
 	defer c.Close()
-	cfg := c.cfg
+	cfg := &c.cfg
 	member := func(owner string) string {
 		return owner + "|" + cfg.leaseV.(string) + "|" + c.id + "|" + owner // as acquire.lua builds it
 	}

@@ -156,7 +156,7 @@ type held struct {
 	acqv   any // this hold's acquisition id, boxed (Client only)
 	fenceV any // fence as a reply carried it, when it did (Client only)
 	fence  uint64
-	cfg    config
+	cfg    *config
 	sc     *scope    // the owner's scope of the name (WithOwner only), set before the renewer sees h
 	since  time.Time // when the grant came back: its events' Held counts from here
 
@@ -181,7 +181,7 @@ type held struct {
 // lease may be shorter than the configured one: the first renewal comes at a
 // third of it and restores the full lease). The caller registers it with the
 // renewer.
-func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg config, g grant) *held {
+func newHeld(o ops, name string, keys []string, owner string, fence uint64, cfg *config, g grant) *held {
 	h := &held{ops: o, name: name, keys: keys, owner: owner, fence: fence, cfg: cfg, since: time.Now(), lease: cfg.lease}
 	h.apply(g)
 	return h

@@ -215,21 +215,24 @@ func (r *Redlock) Lock(ctx context.Context, name string, opts ...CallOption) (*L
 	return r.acquire(ctx, name, cfg, cfg.wait > 0)
 }
 
-func (r *Redlock) callConfig(name string, opts []CallOption) (config, error) {
+func (r *Redlock) callConfig(name string, opts []CallOption) (*config, error) {
 	if r == nil {
-		return config{}, invalid("nil Redlock")
+		return nil, invalid("nil Redlock")
 	}
 	if err := validName(name); err != nil {
-		return config{}, err
+		return nil, err
+	}
+	if len(opts) == 0 {
+		return &r.cfg, nil
 	}
 	cfg := r.cfg
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
 	if err := redlockValidate(&cfg); err != nil {
-		return config{}, err
+		return nil, err
 	}
-	return cfg, nil
+	return &cfg, nil
 }
 
 // redlockKey is the lock's key on every node: a hash of the owner and one
@@ -240,7 +243,7 @@ func redlockKey(prefix, name string) string {
 	return prefix + "rlock:{" + tag + "}" + rest
 }
 
-func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait bool) (*Lock, error) {
+func (r *Redlock) acquire(ctx context.Context, name string, cfg *config, wait bool) (*Lock, error) {
 	start := time.Now()
 	owner, _ := OwnerFrom(ctx)
 	entered := r.life.enter(ctx, owner != "")
@@ -353,11 +356,11 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 		// Retry after a random delay, if another attempt (acquisition plus
 		// release, each bounded by the node timeout) still fits in the budget.
 		now := time.Now()
-		latest := budgetEnd.Add(-2 * rlNodeTimeout(&cfg, px))
+		latest := budgetEnd.Add(-2 * rlNodeTimeout(cfg, px))
 		if !now.Before(latest) {
 			return fail(e, attempt)
 		}
-		delay := min(rlRetryDelay(&cfg), latest.Sub(now))
+		delay := min(rlRetryDelay(cfg), latest.Sub(now))
 		if timer == nil {
 			timer = time.NewTimer(delay)
 			defer timer.Stop()
@@ -382,10 +385,10 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg config, wait boo
 // or the nodes' answers. A nested attempt (the owner's scope of the name is
 // held in this process) succeeds only as such a re-entry, and fails with
 // ErrLost when too few nodes can still have the owner's holding.
-func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg config, nested bool) (*held, bool, *RedlockError) {
+func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.Duration, cfg *config, nested bool) (*held, bool, *RedlockError) {
 	acq := rid.New() // per attempt: a late release of a failed attempt never removes a later grant
-	timeout := rlNodeTimeout(&cfg, px)
-	span := rlSpan(&cfg, px)
+	timeout := rlNodeTimeout(cfg, px)
+	span := rlSpan(cfg, px)
 	// count counts the nodes that granted: any grant (least 1), or re-entries
 	// only (least 2); see redlock_acquire.lua.
 	count := func(res []nodeResult[[]int64], least int64) int {
@@ -448,9 +451,9 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			r.flights[acq] = fl
 			r.mu.Unlock()
 			close(decided)
-			hcfg := cfg
+			hcfg := *cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
-			return newHeld(r, name, []string{key, acq}, owner, 0, hcfg, grant{start, span}), count(res, 2) >= r.quorum, nil
+			return newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, grant{start, span}), count(res, 2) >= r.quorum, nil
 		}
 		noValidity = ErrNoValidity
 	} else if nested {

@@ -22,10 +22,10 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
-	px := rlPXFor(&h.cfg, lease)
+	px := rlPXFor(h.cfg, lease)
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	r.releasing(acq)
-	res := fanout(r, ctx, rlNodeTimeout(&h.cfg, px),
+	res := fanout(r, ctx, rlNodeTimeout(h.cfg, px),
 		func(ctx context.Context, n *rlNode) (int64, error) {
 			return releaseNode(ctx, n, keys, args)
 		}, nil, nil)
@@ -119,9 +119,9 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 	var timeout time.Duration
 	for j, i := range live {
 		send[j] = hs[i]
-		px := rlPXFor(&hs[i].cfg, leases[i])
+		px := rlPXFor(hs[i].cfg, leases[i])
 		pxs[j] = px.Milliseconds()
-		timeout = max(timeout, rlNodeTimeout(&hs[i].cfg, px))
+		timeout = max(timeout, rlNodeTimeout(hs[i].cfg, px))
 	}
 	confirmed := func(res []nodeResult[[]error], j int) int {
 		n := 0
@@ -189,7 +189,7 @@ func (r *Redlock) abandon(h *held, expired bool) {
 	var after time.Time
 	if expired {
 		h.mu.Lock()
-		after = h.deadline.Add(rlDrift(&h.cfg, rlPXFor(&h.cfg, h.lease)))
+		after = h.deadline.Add(rlDrift(h.cfg, rlPXFor(h.cfg, h.lease)))
 		h.mu.Unlock()
 	}
 	r.releaseInBackground(h, after)
@@ -212,7 +212,7 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 	}
 	r.inflight.Add(1)
 	r.mu.Unlock()
-	px := rlPXFor(&h.cfg, lease)
+	px := rlPXFor(h.cfg, lease)
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	go func() {
 		defer r.inflight.Done()
@@ -225,7 +225,7 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 				return
 			}
 		}
-		fanout(r, context.Background(), rlNodeTimeout(&h.cfg, px),
+		fanout(r, context.Background(), rlNodeTimeout(h.cfg, px),
 			func(ctx context.Context, n *rlNode) (int64, error) {
 				return releaseNode(ctx, n, keys, args)
 			}, nil, nil)
