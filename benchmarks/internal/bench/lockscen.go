@@ -264,7 +264,7 @@ func (e *env) uncontended(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return e.series(ctx, lone, []string{systems.Locks, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, rep int) error {
+	return e.series(ctx, lone, []string{systems.Locks, systems.LocksScripts, systems.BSM, systems.RawSetNX}, func(ctx context.Context, r *Row, rep int) error {
 		rq := req.Row(r.System)
 		var bg, in cycles
 		for i := range 2 {

@@ -40,7 +40,7 @@ var targetRows = map[string][]string{
 	"pg-mix-db":          {systems.Naive, systems.Guard, systems.GuardSWR},
 	"near-prop":          {nearIdle, nearLoaded},
 	"uncontended":        {systems.Locks, systems.Redsync, systems.BSM, systems.RawSetNX},
-	"lone-cycle":         {systems.Locks, systems.RawSetNX},
+	"lone-cycle":         {systems.Locks, systems.LocksScripts, systems.RawSetNX},
 	"lone-cycle-request": {systems.Locks, systems.RawSetNX},
 	"lone-hit":           {systems.Guard, systems.GuardHandOff, systems.RawGetDecode},
 	"names":              {systems.Locks},
@@ -133,6 +133,14 @@ func (r *Results) Targets() []Target {
 			rm, _ := med(id, systems.RawSetNX, "rcmds")
 			out[len(out)-1].Got += fmt.Sprintf("; Redis commands/cycle %.0f vs %.0f", lm, rm)
 		}
+	}
+	// What the lock's machinery adds to its own two scripts: the same
+	// command lines sent raw on the caller's goroutine (table 1c's control).
+	// Within 5%: both are counts of one process over a few thousand cycles.
+	if ls, ss := med("lone-cycle", systems.LocksScripts, "csw"); !math.IsNaN(ls) {
+		lc, sa := med("lone-cycle", systems.Locks, "csw")
+		add("locks uncontended (one goroutine): context switches per cycle vs its own two scripts sent raw (what the lock adds to them)", "≤ 1.05×", lc/ls, worst(sa, ss), lc <= 1.05*ls, "%.2f×")
+		out[len(out)-1].Got += fmt.Sprintf(" (%.2f vs %.2f)", lc, ls)
 	}
 
 	// A request's context (cancellable) costs a lock cycle nothing more

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -30,7 +32,10 @@ const (
 	BSM         = "bsm/redislock"
 	Rueidislock = "rueidislock"
 	RawSetNX    = "raw SET NX PX + EVALSHA"
-	Redlock     = "cacheguard Redlock"
+	// LocksScripts is a control: the command lines cacheguard's Lock and
+	// Unlock send, replayed on the caller's goroutine with nothing else.
+	LocksScripts = "cacheguard locks' own scripts, sent raw"
+	Redlock      = "cacheguard Redlock"
 )
 
 // ErrNotMerged marks a system whose cacheguard code is not on this branch yet.
@@ -81,6 +86,8 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 			m.opts = []locks.CallOption{locks.Fair()}
 		}
 		return m, nil
+	case LocksScripts:
+		return &scriptsMutex{rdb: NewRedis(cfg.Addrs[0], cfg.Counter), lease: cfg.Lease, lines: map[string]scriptLines{}}, nil
 	case Redsync:
 		m := &redsyncMutex{opts: []redsync.Option{
 			redsync.WithExpiry(cfg.Lease),
@@ -160,6 +167,105 @@ func (m *locksMutex) Close() error {
 	m.c.Close()
 	return m.rdb.Close()
 }
+
+// --- cacheguard locks' scripts, replayed raw (a control)
+
+// scriptsMutex replays, for each name, the two command lines a locks.Client
+// sent for one Lock and Unlock of it (captured once, by a hook, on a client
+// of its own): the same scripts, keys and arguments, sent through go-redis on
+// the caller's goroutine, the release carrying the acquire's reply (the fence
+// token) where the captured one did. Its cycle costs what the scripts cost in
+// Redis and on the wire, without the lock's own machinery; a name another
+// caller holds is not waited for (the scenarios it runs in are uncontended).
+type scriptsMutex struct {
+	rdb   *redis.Client
+	lease time.Duration
+	mu    sync.Mutex
+	lines map[string]scriptLines
+}
+
+type scriptLines struct {
+	acquire, release []any
+	fence            int // index in release of the captured acquire's reply
+}
+
+// captureHook records the EVALSHA command lines a client sends.
+type captureHook struct{ lines *[][]any }
+
+func (captureHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h captureHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if cmd.Name() == "evalsha" {
+			*h.lines = append(*h.lines, append([]any(nil), cmd.Args()...), []any{cmd.(*redis.Cmd).Val()})
+		}
+		return err
+	}
+}
+func (captureHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (m *scriptsMutex) capture(ctx context.Context, name string) (scriptLines, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l, ok := m.lines[name]; ok {
+		return l, nil
+	}
+	var got [][]any
+	rdb := redis.NewClient(&redis.Options{Addr: m.rdb.Options().Addr})
+	defer rdb.Close()
+	rdb.AddHook(captureHook{&got})
+	c := locks.New(rdb, locks.Lease(m.lease))
+	defer c.Close()
+	lk, err := c.Lock(ctx, name)
+	if err != nil {
+		return scriptLines{}, err
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		return scriptLines{}, err
+	}
+	if len(got) != 4 {
+		return scriptLines{}, fmt.Errorf("systems: captured %d script calls of a lock cycle, want 2", len(got)/2)
+	}
+	l := scriptLines{acquire: got[0], release: got[2], fence: -1}
+	for i, v := range l.release {
+		if i > 2 && v == got[1][0] {
+			l.fence = i
+		}
+	}
+	m.lines[name] = l
+	return l, nil
+}
+
+func (m *scriptsMutex) Acquire(ctx context.Context, name string) (Held, error) {
+	l, err := m.capture(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	v, err := m.rdb.Do(ctx, l.acquire...).Result()
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := v.(string); !ok {
+		return nil, fmt.Errorf("systems: %s: the replayed acquire was not granted (%v)", name, v)
+	}
+	rel := l.release
+	if l.fence >= 0 {
+		rel = slices.Clone(rel)
+		rel[l.fence] = v
+	}
+	return scriptsHeld{m.rdb, rel}, nil
+}
+
+type scriptsHeld struct {
+	rdb  *redis.Client
+	line []any
+}
+
+func (h scriptsHeld) Release(ctx context.Context) error { return h.rdb.Do(ctx, h.line...).Err() }
+
+func (m *scriptsMutex) Close() error { return m.rdb.Close() }
 
 // --- cacheguard Redlock
 
@@ -309,7 +415,7 @@ func (m *rawMutex) Close() error { return m.rdb.Close() }
 // branch: ErrNotMerged for cacheguard systems whose code is not merged yet.
 func Available(name string) error {
 	switch name {
-	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, Redlock,
+	case Locks, LocksFair, Redsync, BSM, Rueidislock, RawSetNX, LocksScripts, Redlock,
 		Naive, RawGetDecode, Singleflight, SingleflightLoad, GoRedisCache, GoRedisGet, LockRedsync, LockBSM, LockRueidis,
 		GoRedisLocal, Guard, GuardHandOff, GuardTimeouts, GuardMsgPack, GuardStale, GuardSWR, GuardNear:
 		return nil
