@@ -43,7 +43,7 @@ var targetRows = map[string][]string{
 	"lone-cycle":         {systems.Locks, systems.LocksScripts, systems.RawSetNX},
 	"lone-cycle-request": {systems.Locks, systems.RawSetNX},
 	"lone-hit":           {systems.Guard, systems.GuardHandOff, systems.RawGetDecode},
-	"names":              {systems.Locks},
+	"names":              {systems.Locks, systems.RawSetNX},
 	"handoff":            {systems.Locks},
 	"contended":          {systems.Locks, systems.LocksFair, systems.RawSetNX, systems.Redsync, systems.BSM, systems.Rueidislock},
 	"redlock":            {systems.Redlock, systems.Redsync},
@@ -153,6 +153,14 @@ func (r *Results) Targets() []Target {
 	// Many hot names.
 	nr, sn := med("names", systems.Locks, "ratio")
 	add(fmt.Sprintf("locks uncontended over %d hot names vs %d names (same repetition)", r.s.manyNames, r.s.cycleG), "≥ 0.9×", nr, sn, nr >= 0.9, "%.2f×")
+	// What the timing depends on, in counts: CPU per cycle, client and Redis.
+	if cf, _ := med("names", systems.Locks, "cfew"); cf > 0 {
+		cm, _ := med("names", systems.Locks, "cmany")
+		rf, _ := med("names", systems.Locks, "rfew")
+		rm, _ := med("names", systems.Locks, "rmany")
+		rr, _ := med("names", systems.RawSetNX, "ratio")
+		out[len(out)-1].Got += fmt.Sprintf("; CPU/cycle client %.2f×, Redis %.2f×; raw loop %.2f×", cm/cf, rm/rf, rr)
+	}
 
 	// Hand-off with many local waiters.
 	if len(r.s.handWaiters) > 1 {

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,7 +88,7 @@ func NewMutex(name string, cfg MutexConfig) (Mutex, error) {
 		}
 		return m, nil
 	case LocksScripts:
-		return &scriptsMutex{rdb: NewRedis(cfg.Addrs[0], cfg.Counter), lease: cfg.Lease, lines: map[string]scriptLines{}}, nil
+		return &scriptsMutex{rdb: NewRedis(cfg.Addrs[0], cfg.Counter), lease: cfg.Lease}, nil
 	case Redsync:
 		m := &redsyncMutex{opts: []redsync.Option{
 			redsync.WithExpiry(cfg.Lease),
@@ -170,26 +171,33 @@ func (m *locksMutex) Close() error {
 
 // --- cacheguard locks' scripts, replayed raw (a control)
 
-// scriptsMutex replays, for each name, the two command lines a locks.Client
-// sent for one Lock and Unlock of it (captured once, by a hook, on a client
-// of its own): the same scripts, keys and arguments, sent through go-redis on
-// the caller's goroutine, the release carrying the acquire's reply (the fence
-// token) where the captured one did. Its cycle costs what the scripts cost in
-// Redis and on the wire, without the lock's own machinery; a name another
-// caller holds is not waited for (the scenarios it runs in are uncontended).
+// scriptsMutex replays the two command lines a locks.Client sent for one Lock
+// and Unlock (captured once, by a hook, on a client of its own, for the name
+// captureName): the same scripts, keys and arguments, sent through go-redis
+// on the caller's goroutine, the release carrying the acquire's reply (the
+// fence token) where the captured one did. Another name's lines are the
+// captured ones with the name replaced in their keys (a name without braces
+// is its keys' hash tag). Its cycle costs what the scripts cost in Redis and
+// on the wire, without the lock's own machinery; a name another caller holds
+// is not waited for (the scenarios it runs in are uncontended).
 type scriptsMutex struct {
 	rdb   *redis.Client
 	lease time.Duration
-	mu    sync.Mutex
-	lines map[string]scriptLines
+	once  sync.Once
+	base  scriptLines
+	err   error
+	lines sync.Map // name -> scriptLines
 }
+
+const captureName = "cgbench-capture"
 
 type scriptLines struct {
 	acquire, release []any
 	fence            int // index in release of the captured acquire's reply
 }
 
-// captureHook records the EVALSHA command lines a client sends.
+// captureHook records the EVALSHA command lines a client sends, each with
+// its reply.
 type captureHook struct{ lines *[][]any }
 
 func (captureHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -206,40 +214,57 @@ func (captureHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return next
 }
 
-func (m *scriptsMutex) capture(ctx context.Context, name string) (scriptLines, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if l, ok := m.lines[name]; ok {
-		return l, nil
-	}
+func (m *scriptsMutex) capture(ctx context.Context) {
 	var got [][]any
 	rdb := redis.NewClient(&redis.Options{Addr: m.rdb.Options().Addr})
 	defer rdb.Close()
 	rdb.AddHook(captureHook{&got})
 	c := locks.New(rdb, locks.Lease(m.lease))
 	defer c.Close()
-	lk, err := c.Lock(ctx, name)
-	if err != nil {
-		return scriptLines{}, err
+	lk, err := c.Lock(ctx, captureName)
+	if err == nil {
+		err = lk.Unlock(ctx)
 	}
-	if err := lk.Unlock(ctx); err != nil {
-		return scriptLines{}, err
+	if err != nil {
+		m.err = err
+		return
 	}
 	if len(got) != 4 {
-		return scriptLines{}, fmt.Errorf("systems: captured %d script calls of a lock cycle, want 2", len(got)/2)
+		m.err = fmt.Errorf("systems: captured %d script calls of a lock cycle, want 2", len(got)/2)
+		return
 	}
-	l := scriptLines{acquire: got[0], release: got[2], fence: -1}
-	for i, v := range l.release {
+	m.base = scriptLines{acquire: got[0], release: got[2], fence: -1}
+	for i, v := range m.base.release {
 		if i > 2 && v == got[1][0] {
-			l.fence = i
+			m.base.fence = i
 		}
 	}
-	m.lines[name] = l
+}
+
+// linesOf returns name's command lines.
+func (m *scriptsMutex) linesOf(ctx context.Context, name string) (scriptLines, error) {
+	if l, ok := m.lines.Load(name); ok {
+		return l.(scriptLines), nil
+	}
+	m.once.Do(func() { m.capture(ctx) })
+	if m.err != nil {
+		return scriptLines{}, m.err
+	}
+	rename := func(line []any) []any {
+		out := slices.Clone(line)
+		n, _ := strconv.Atoi(fmt.Sprint(line[2]))
+		for i := 3; i < 3+n; i++ {
+			out[i] = strings.ReplaceAll(line[i].(string), captureName, name)
+		}
+		return out
+	}
+	l := scriptLines{acquire: rename(m.base.acquire), release: rename(m.base.release), fence: m.base.fence}
+	m.lines.Store(name, l)
 	return l, nil
 }
 
 func (m *scriptsMutex) Acquire(ctx context.Context, name string) (Held, error) {
-	l, err := m.capture(ctx, name)
+	l, err := m.linesOf(ctx, name)
 	if err != nil {
 		return nil, err
 	}
