@@ -117,6 +117,7 @@ func (w *pgWorker) Run(ctx context.Context) Report {
 // report completes r with the loader's counts; t0s are a stampede's request
 // starts (unix ns), for its timeline.
 func (w *pgWorker) report(r Report, t0s []int64) Report {
+	w.db.Seal()
 	st := w.db.Stats()
 	r.Loads, r.LoadAt = st.Sent, st.At
 	if w.j.Kind == "pgmix" {

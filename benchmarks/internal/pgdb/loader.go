@@ -20,6 +20,8 @@ var (
 	ErrPool = errors.New("pgdb: no pool connection before the deadline")
 	// ErrQuery: the query failed or the caller's context ended while it ran.
 	ErrQuery = errors.New("pgdb: query failed")
+	// ErrSealed: the run is over (Seal); the query was not sent.
+	ErrSealed = errors.New("pgdb: the run is over")
 )
 
 // Row is what the loader's query returns for one repo.
@@ -37,8 +39,9 @@ type Loader struct {
 	poolFails atomic.Int64 // calls that found no connection in time
 	queryErrs atomic.Int64 // queries that failed (deadline included)
 
-	mu    sync.Mutex // guards spans
-	spans []Span     // every query sent
+	mu     sync.Mutex // guards spans and sealed, and orders sent against sealed
+	spans  []Span     // every query sent
+	sealed bool       // Seal: no more queries
 }
 
 // Span is one query: its repo and when it was sent and returned (wall
@@ -163,7 +166,13 @@ func (l *Loader) Load(ctx context.Context, repo int64) (Row, error) {
 		return Row{}, errors.Join(ErrPool, err)
 	}
 	defer c.Release()
+	l.mu.Lock()
+	if l.sealed {
+		l.mu.Unlock()
+		return Row{}, ErrSealed
+	}
 	l.sent.Add(1)
+	l.mu.Unlock()
 	sp := Span{Key: repo, Start: time.Now().UnixNano()}
 	var r Row
 	err = c.QueryRow(ctx, Query, repo).Scan(&r.Events, &r.Stars, &r.MaxSize)
@@ -177,6 +186,16 @@ func (l *Loader) Load(ctx context.Context, repo int64) (Row, error) {
 	}
 	l.ok.Add(1)
 	return r, nil
+}
+
+// Seal ends the run: a Load from now on sends nothing and fails with
+// ErrSealed, so that Stats, read after it, count every query the server will
+// have run for this run (a cache's background refresh that began after the
+// run's last request would otherwise reach the server uncounted).
+func (l *Loader) Seal() {
+	l.mu.Lock()
+	l.sealed = true
+	l.mu.Unlock()
 }
 
 // Stats are a loader's counts.
