@@ -176,10 +176,20 @@ func (c *Client) Close() error {
 // returns nil once every lock was Unlocked; when ctx ends first, the locks
 // still held are dropped as Close drops them and the error (matching
 // ErrStillHeld and ctx's error) names them. Close cuts a Shutdown short.
+//
+// Past ctx it waits only for what is on the wire: a renewal, and the calls
+// in progress when it began with the clean-ups they leave (an attempt, its
+// give-back under the caller's context, and that give-back once more as
+// late work when it failed). On a Redis that does not answer, each takes up
+// to its command bound (twice CommandTimeout, plus the WAIT timeout with
+// Replicas), so Shutdown returns within one bound after ctx ends or three
+// after it began, whichever is later.
 func (c *Client) Shutdown(ctx context.Context) error {
 	return c.life.shutdown(ctx, c.ren.waitEmpty, c.b.drain, func() {
-		c.late.wait() // bounded by the command and WAIT timeouts
+		// Renewal stops first: past ctx, what is still held is dropped, and
+		// a renewal sent while the late work ends would add its own bound.
 		c.ren.close()
+		c.late.wait() // bounded by the command and WAIT timeouts
 		c.hub.Close()
 		c.b.close()
 	})

@@ -605,9 +605,11 @@ func (w *genBase) closeAction(n int, replace func(p int) (shutdown func(context.
 		w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
 		shutdown, closeProc := replace(p)
 		if graceful {
-			// Shutdown's barrier waits for the acquisitions in progress, each
-			// bounded by its command's: twice the command timeout.
-			w.callBound("Shutdown", 300*time.Millisecond, 2*genCommandTimeout, func(ctx context.Context) { _ = shutdown(ctx) })
+			// Shutdown's documented bound (Client.Shutdown): one command
+			// bound (twice the command timeout) after ctx ends, or three
+			// after it began, whichever is later.
+			const timeout, bound = 300 * time.Millisecond, 2 * genCommandTimeout
+			w.callBound("Shutdown", timeout, max(bound, 3*bound-timeout), func(ctx context.Context) { _ = shutdown(ctx) })
 		} else {
 			w.calls.Go(func() { _ = closeProc() })
 		}
