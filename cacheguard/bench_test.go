@@ -335,6 +335,26 @@ func benchMany(b *testing.B, batch bool) {
 	}
 }
 
+// BenchmarkColdMiss is one cold Get after another on one goroutine, each of
+// a key nobody asked for before, with a loader that returns at once: the
+// cold path's own cost (a read, the get-or-lease script, the store), with
+// its context switches and CPU per Get (see reportCPU).
+func BenchmarkColdMiss(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer g.Close()
+	prefix := testKey(b)
+	load := func(context.Context) (Repo, error) { return Repo{ID: 42, Name: "cacheguard"}, nil }
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	for i := 0; b.Loop(); i++ {
+		if _, err := cacheguard.Get(context.Background(), g, prefix+strconv.Itoa(i), load); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkColdBurst is the cold-key stampede within one process: 128
 // goroutines, started before the burst as a server's connection goroutines
 // are, ask for one cold key at once; one loads it (in 5 ms), the others wait

@@ -262,7 +262,6 @@ func keysOf(fs []*flight) []string {
 // waiter in the fleet hundreds of ms. A lease found gone shuts its flight
 // (it takes no new callers) and is renewed no more.
 func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) (stop func()) {
-	quit := make(chan struct{})
 	renewal := func(ctx context.Context, f *flight) redis.Cmder {
 		return renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
 	}
@@ -273,10 +272,11 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 		}
 		return true
 	}
-	if !g.every(ctx, fs, leaseFor/3, false, deadline, quit, renewal, kept) {
+	stop, ok := g.every(ctx, fs, leaseFor/3, false, deadline, renewal, kept)
+	if !ok {
 		return func() {} // closing: the fill hands its leases over
 	}
-	return func() { close(quit) }
+	return stop
 }
 
 // refresh fills key's entry in the background, under the fill lease — after

@@ -234,41 +234,53 @@ func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until ti
 		return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", lifems)
 	}
 	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
-	g.every(ctx, fs, giveBackEvery, true, until, nil, release, unanswered)
+	g.every(ctx, fs, giveBackEvery, true, until, release, unanswered)
 }
 
 // every sends, on a goroutine of the Guard's (Close waits for it), one
 // pipeline of cmd(f) for the flights of fs every period — the first at once
 // when now is set, else after a period — keeping for the next the flights for
 // which keep(f, its command) holds, until none is left, the deadline passes,
-// stop is closed, or the Guard closes. A tick that comes as stop is closed
-// sends nothing. It reports false, starting nothing, when the Guard is
-// closed and ctx is no task's (see track). It is the one loop of the fill
-// leases' renewals and give-backs.
-func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, now bool, deadline time.Time, stop <-chan struct{},
-	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) bool {
+// stop is called, or the Guard closes. A tick that comes as stop is called
+// sends nothing. Without now, nothing runs before the first period has
+// passed: no goroutine, ticker or deadline exists until then, so a fill whose
+// load ends sooner (most: the renewals come every third of the lease) costs
+// a timer and no goroutine of its own. It reports ok false, starting
+// nothing, when the Guard is closed and ctx is no task's (see track). It is
+// the one loop of the fill leases' renewals and give-backs.
+func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, now bool, deadline time.Time,
+	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) (stop func(), ok bool) {
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
-		return false
+		return nil, false
 	}
-	rctx, cancel := context.WithDeadline(tctx, deadline)
+	quit := make(chan struct{})
 	live := append([]*flight(nil), fs...)
-	go func() {
+	loop := func() {
 		defer done()
+		select {
+		case <-quit: // stopped as the first tick came: nothing sent
+			return
+		default:
+		}
+		rctx, cancel := context.WithDeadline(tctx, deadline)
 		defer cancel()
+		if rctx.Err() != nil { // the deadline came first, or Close
+			return
+		}
 		t := time.NewTicker(period)
 		defer t.Stop()
-		for wait := !now; len(live) > 0; wait = true {
+		for wait := false; len(live) > 0; wait = true {
 			if wait {
 				select {
-				case <-stop:
+				case <-quit:
 					return
 				case <-rctx.Done():
 					return
 				case <-t.C:
 				}
 				select {
-				case <-stop: // stopped as the tick came: nothing sent
+				case <-quit: // stopped as the tick came: nothing sent
 					return
 				default:
 				}
@@ -286,6 +298,17 @@ func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, n
 			}
 			live = kept
 		}
-	}()
-	return true
+	}
+	if now {
+		go loop()
+		return func() { close(quit) }, true
+	}
+	first := time.AfterFunc(period, loop)
+	return func() {
+		if first.Stop() {
+			done() // the loop never ran, and never will
+			return
+		}
+		close(quit) // the loop runs, or is about to: it ends and calls done
+	}, true
 }
