@@ -23,9 +23,17 @@ import (
 // The randomized read-your-writes checker through ginmw.Cache: several OS
 // processes, each with readers (GET /repos/<id> through its own engine) and a
 // writer on a few rows. A write commits the next version of a row, invalidates
-// "repos:<id>" and acknowledges the version. A GET must answer neither less
-// than the version acknowledged when it began nor less than what a GET of
-// its process that already returned got.
+// "repos:<id>" and acknowledges the version. The handler reads the
+// acknowledged version, then the row, and answers both: "<row> <ack>". A GET
+// must answer neither less than the version acknowledged when it began nor,
+// within its process, less than the acknowledged version read by the load
+// of any response a GET of its process already returned: that load began
+// after the invalidation of that version, and cacheguard guarantees that a
+// later Get of the process returns no value loaded before an invalidation
+// the other's followed. (The row a load read may be newer than that: a write
+// committed but not yet invalidated. A response of that version is not
+// required to outlast the cache's older value of the same epoch, and a load
+// whose lease an invalidation voided serves such a row without storing it.)
 
 var ackScript = redis.NewScript(`
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -51,13 +59,20 @@ func childChecker() error {
 	gin.SetMode(gin.TestMode)
 	r := gin.New()
 	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(ginmw.Resource("repos", ginmw.Param("id")))), func(c *gin.Context) {
-		v, err := rdb.Get(c.Request.Context(), dbKey(c.Param("id"))).Result()
+		a, err := rdb.Get(c.Request.Context(), ackKey(c.Param("id"))).Int64()
+		if err == redis.Nil {
+			a, err = 0, nil
+		}
+		var v string
+		if err == nil {
+			v, err = rdb.Get(c.Request.Context(), dbKey(c.Param("id"))).Result()
+		}
 		if err != nil {
 			c.String(http.StatusInternalServerError, err.Error())
 			return
 		}
 		time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // a query's cost: loads overlap writes
-		c.String(http.StatusOK, v)
+		c.String(http.StatusOK, v+" "+strconv.FormatInt(a, 10))
 	})
 	fmt.Println("ready")
 	if line, err := readLine(); err != nil || line != "go" {
@@ -68,8 +83,8 @@ func childChecker() error {
 	var mu sync.Mutex
 	var reads, writes, stale, backwards, errs int
 	var example string
-	served := map[string]int64{}
-	servedHow := map[string]string{} // how the largest was served, for the report
+	served := map[string]int64{}     // the largest acknowledged version a returned response's load read
+	servedHow := map[string]string{} // how that response was served, for the report
 	stop := time.Now().Add(time.Duration(ms) * time.Millisecond)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -101,7 +116,8 @@ func childChecker() error {
 				before := served[id]
 				mu.Unlock()
 				w := serve(r, http.MethodGet, "/repos/"+id)
-				got, err := strconv.ParseInt(w.Body.String(), 10, 64)
+				var got, loadAck int64
+				_, err := fmt.Sscanf(w.Body.String(), "%d %d", &got, &loadAck)
 				mu.Lock()
 				switch {
 				case w.Code != http.StatusOK || err != nil:
@@ -112,12 +128,13 @@ func childChecker() error {
 					example = fmt.Sprintf("%s: read %d (X-Cache %s) after version %d was acknowledged", id, got, w.Header().Get("X-Cache"), acked)
 				case got < before:
 					backwards++
-					example = fmt.Sprintf("%s: read %d (X-Cache %s) after this process served %d (%s)", id, got, w.Header().Get("X-Cache"), before, servedHow[id])
+					example = fmt.Sprintf("%s: read %d (X-Cache %s) after this process served a load that began once %d was acknowledged (%s)",
+						id, got, w.Header().Get("X-Cache"), before, servedHow[id])
 				}
 				if err == nil {
 					reads++
-					if got > served[id] {
-						served[id] = got
+					if loadAck > served[id] {
+						served[id] = loadAck
 						servedHow[id] = w.Header().Get("X-Cache")
 					}
 				}
@@ -165,14 +182,12 @@ func TestCacheReadYourWritesChecker(t *testing.T) {
 		var ex string
 		fmt.Sscanf(out[0], "reads=%d writes=%d stale=%d backwards=%d errors=%d example=%q failopen=%d redis_errors=%d wait_timeouts=%d",
 			&r, &w, &stale, &back, &errs, &ex, &failOpen, &redisErrs, &timeouts)
-		// Reads never go backwards within a process as long as every value it
-		// serves was stored; a load that Redis errors kept out of the cache
-		// (fail-open, a store that failed) may serve a newer version than the
-		// cache still holds until the write's invalidation returns — the
-		// window cacheguard's documentation leaves out of the guarantee. On a
-		// machine loaded enough for Redis calls to time out, such a run is
-		// reported, not failed, for going backwards; stale reads are never
-		// allowed.
+		// Reads never go back past an invalidation a returned response's
+		// load followed (see childChecker). A load that Redis errors kept
+		// out of the cache (fail-open, a store that failed) is outside what
+		// the checker can see of it: on a machine loaded enough for Redis
+		// calls to time out, such a run is reported, not failed, for going
+		// backwards; stale reads are never allowed.
 		unclaimed := failOpen+redisErrs+timeouts > 0
 		if stale+errs > 0 || back > 0 && !unclaimed {
 			t.Errorf("child %d: %d stale reads, %d backwards, %d errors (%s)", i, stale, back, errs, ex)
