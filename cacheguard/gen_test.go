@@ -77,6 +77,8 @@ func TestGenCache(t *testing.T) {
 			"Invalidate":     m.invalidate,
 			"Invalidate2":    m.invalidate,
 			"InvalidateTags": m.invalidateTags,
+			"Outlive":        m.outlive,
+			"Outlive2":       m.outlive, // its window is often a fault's, which excuses an overlap
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
 			"Fault":          m.fault,
@@ -339,6 +341,7 @@ type genCall struct {
 	policy  string
 	ttl     time.Duration
 	loader  string
+	started chan struct{} // when set, gets a value as the call's load starts
 }
 
 func (m *genModel) drawCall(rt *rapid.T) genCall {
@@ -381,6 +384,12 @@ func (c genCall) entry(key string) string {
 func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[string]genVal, error) {
 	seq := m.seq.Add(1)
 	start := time.Now()
+	if c.started != nil {
+		select {
+		case c.started <- struct{}{}:
+		default:
+		}
+	}
 	var err error
 	switch c.loader {
 	case "slow":
@@ -424,6 +433,36 @@ func (m *genModel) get(rt *rapid.T) {
 		m.call(m.procs[p], c, []string{key}, false, &wg)
 	}
 	m.await(rt, &wg)
+}
+
+// outlive runs a slow load on one process and, once it has held its fill
+// lease longer than the lease, a Get of the same entry on another: the load
+// outlives its lease only if the lease is renewed, and if it is not, the
+// second process loads the entry too (checkOverlaps).
+func (m *genModel) outlive(rt *rapid.T) {
+	p := rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")
+	q := (p + rapid.IntRange(1, len(m.procs)-1).Draw(rt, "other")) % len(m.procs)
+	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	c := m.drawCall(rt)
+	c.loader, c.ctxTime, c.budget, c.started = "slow", 0, time.Second, make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	m.call(m.procs[p], c, []string{key}, false, &wg)
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-c.started:
+	case <-ended: // a hit, or a call that failed: nothing to outlive
+		return
+	}
+	// Past the lease, before the load ends (genSlow): this places the second
+	// call in that window; it waits for no event. The step holds the window
+	// free of other steps' faults and invalidations, which would excuse an
+	// overlap.
+	time.Sleep(genLease + (genSlow-genLease)/2)
+	c.loader, c.started = "fast", nil
+	var wg2 sync.WaitGroup // wg may be waited on still
+	m.call(m.procs[q], c, []string{key}, false, &wg2)
+	m.await(rt, &wg2)
 }
 
 // await waits for the calls of a step, unless it runs them in the
