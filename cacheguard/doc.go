@@ -39,8 +39,9 @@
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
 //
 // A hot key does not expire under its readers: a hit refreshes it before
-// expiry, timed by its last load, and a late refresh has the value served Stale
-// for twice that load, TTL/4 to TTL/2, past expiry (EarlyRefresh; 0: neither).
+// expiry, timed by its last load; past expiry it is served Stale for a grace
+// (twice that load, TTL/4 to TTL/2), then up to the TTL to a call that finds a
+// reload running it did not start (EarlyRefresh; 0: none).
 //
 // # Consistency
 //
@@ -137,9 +138,8 @@
 //     share an entry; two types of one name declared in different functions
 //     of one package do.
 //   - A key leaves its values in Redis until the longest-lived one expires (TTL
-//     plus the stale window, TTL/4 to TTL/2 or FailSafe's max age), and a small
-//     generation key as long, and at least a minute after a fill or an
-//     invalidation.
+//     plus the TTL, stale window or FailSafe's max age, the longest), and a
+//     small generation key as long, at least a minute after a fill or an invalidation.
 //
 // # Lifetimes
 //

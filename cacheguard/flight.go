@@ -200,6 +200,7 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 		for i, f := range fs {
 			if err == nil {
 				f.t.saw(rs[i].gen)
+				f.t.elsewhere.Store(!rs[i].granted && !rs[i].fresh)
 			}
 			f.t.answered()
 		}

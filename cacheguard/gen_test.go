@@ -48,7 +48,8 @@ import (
 //     the TTL it was stored with — ServeStale's window, the early refresh's
 //     grace (at most half the TTL), or FailSafe's max age, as set by the call
 //     that loaded it, or by a FailSafe call whose load of the entry failed
-//     after (see staleLimit);
+//     after (see staleLimit) — or within the TTL past its TTL only while a
+//     reload of the entry ran that another call started (see checkLates);
 //   - the near cache holds at most its entries;
 //   - a fill lease's request sent after a give-back of that lease was
 //     answered is never granted (see faultHook.watch): nobody would fill it.
@@ -87,6 +88,7 @@ func TestGenCache(t *testing.T) {
 		m.settle()
 		m.check(rt)
 		m.checkOverlaps(rt)
+		m.checkLates(rt)
 	})
 	t.Logf("gen: %d runs, %d steps, %d calls, %d invalidations, %d faults %v, %d shutdowns",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load())
@@ -171,6 +173,18 @@ type genLoad struct {
 	seq        int64  // the load's serial
 	loader     string // fast, slow, fail
 	call       genCall
+	by         *genCallRec // the call that started it
+}
+
+// genLateServe is a value served Stale past every window but its late one
+// (see staleLimit): a reload of its entry must have run during the call,
+// started by another call (checked once the run's loads are all recorded).
+type genLateServe struct {
+	entry         string
+	seq           int64
+	began, served time.Time
+	by            *genCallRec
+	what          string
 }
 
 type genModel struct {
@@ -194,6 +208,7 @@ type genModel struct {
 	invs    []genInv
 	loads   []genLoad
 	faultsW [][2]time.Time // fault windows: loads overlapping them may overlap each other
+	lates   []genLateServe
 	bad     []string
 }
 
@@ -402,9 +417,10 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 		err = errors.New("database down")
 	}
 	end := time.Now()
+	by, _ := ctx.Value(genCallKey{}).(*genCallRec) // a load's context keeps its starter's values
 	m.mu.Lock()
 	for _, k := range keys {
-		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader, call: c})
+		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader, call: c, by: by})
 	}
 	m.mu.Unlock()
 	if err != nil {
@@ -529,7 +545,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 			if rec.near(k) {
 				res = cacheguard.NearHit // a GetMany's result is its worst key's
 			}
-			m.checkValue(c, k, v, res, began, p)
+			m.checkValue(c, k, v, res, began, p, rec)
 		}
 	}()
 }
@@ -588,7 +604,7 @@ func nearHits(ctx context.Context, e cacheguard.Event) {
 }
 
 // checkValue checks a value a call that began at began got for key.
-func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Result, began time.Time, p *genProc) {
+func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Result, began time.Time, p *genProc, rec *genCallRec) {
 	if v.Seq == 0 {
 		m.violation("%s: a zero value served (%v)", key, res)
 		return
@@ -614,7 +630,39 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 	}
 	if res == cacheguard.Stale {
 		if limit, why := m.staleLimit(key, v); began.After(limit) {
-			m.bad = append(m.bad, fmt.Sprintf("%s served Stale %v past %s (load %d); %s", key, began.Sub(limit), why, v.Seq, m.history(key, began)))
+			what := fmt.Sprintf("%s served Stale %v past %s (load %d); %s", key, began.Sub(limit), why, v.Seq, m.history(key, began))
+			if w := m.loadOf(key, v); w != nil && !began.After(time.Unix(0, v.End).Add(2*w.call.ttl+50*time.Millisecond)) {
+				m.lates = append(m.lates, genLateServe{entry: w.entry, seq: v.Seq, began: began, served: time.Now(), by: rec, what: what})
+			} else {
+				m.bad = append(m.bad, what)
+			}
+		}
+	}
+}
+
+// loadOf is the load that returned v of key, if recorded (m.mu held).
+func (m *genModel) loadOf(key string, v genVal) *genLoad {
+	for i := range m.loads {
+		if l := &m.loads[i]; l.seq == v.Seq && l.key == key {
+			return l
+		}
+	}
+	return nil
+}
+
+// checkLates checks the values served Stale in their late window only: a
+// value is served up to its TTL past its TTL only to a call during which a
+// reload of its entry ran that another call started (see
+// cacheguard.EarlyRefresh).
+func (m *genModel) checkLates(rt *rapid.T) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ls := range m.lates {
+		ok := slices.ContainsFunc(m.loads, func(l genLoad) bool {
+			return l.entry == ls.entry && l.seq != ls.seq && l.by != ls.by && l.start.Before(ls.served) && l.end.After(ls.began)
+		})
+		if !ok {
+			rt.Fatalf("no reload of %s ran during the call (one started by another call): %s", ls.entry, ls.what)
 		}
 	}
 }
@@ -622,19 +670,17 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 // staleLimit is how late a call may begin and still be served v of key as
 // Stale (see TestGenCache), and what sets it. Called with m.mu held.
 func (m *genModel) staleLimit(key string, v genVal) (time.Time, string) {
-	var w *genLoad
-	for i := range m.loads {
-		if l := &m.loads[i]; l.seq == v.Seq && l.key == key {
-			w = l
-		}
-	}
+	w := m.loadOf(key, v)
 	end := time.Unix(0, v.End)
 	if w == nil {
 		return end.Add(2*time.Second + genMaxAge), "the longest TTL and max age (its load unrecorded)"
 	}
 	// 50 ms: the fill's clock read after the load's end, and Redis's
 	// expiry in whole milliseconds.
-	window, why := w.call.ttl/2, "half its TTL (the early refresh's grace)"
+	// The early refresh's grace: twice the load (as the Guard measured it:
+	// a little longer than the loader ran), between a quarter and half the
+	// TTL.
+	window, why := min(max(2*(w.end.Sub(w.start)+25*time.Millisecond), w.call.ttl/4), w.call.ttl/2), "the early refresh's grace"
 	switch w.call.policy {
 	case "stale":
 		window, why = max(window, genStale), "its stale window"

@@ -158,7 +158,8 @@ type part[T any] struct {
 	near     nearTicket // taken before the read was sent
 	s        stored
 	force    bool      // the stored value must be replaced even if its header says fresh
-	fallback *envelope // an older value that may stand in for a failed or slow load
+	fallback *envelope // an older value that may stand in for a failed or slow load, or a reload not its own
+	own      bool      // it started its flight
 	missed   bool      // counted as a miss
 
 	t       *task[entry, *outcome] // the flight it waits for, or
@@ -364,7 +365,7 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 	case refused:
 		sl.force = true
 		return false
-	case expired:
+	case expired, late:
 		fb := env
 		sl.fallback = &fb
 		return false
@@ -489,7 +490,7 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 			sl.values = g.name("v:", sl.key)
 		}
 		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
-		sl.t, sl.pending = t, pending
+		sl.t, sl.pending, sl.own = t, pending, leader
 		if sl.chain != nil && !pending {
 			g.flights.chain(t, sl.chain)
 		}
@@ -554,6 +555,7 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 // slots: one past its time counts as fired (a timer fires once).
 func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.Time, budget, soft <-chan time.Time) {
 	g := c.g
+	late := false // the fallback was judged against a running reload
 	for {
 		if now := time.Now(); budget != nil && !now.Before(deadline) {
 			budget = fired
@@ -566,9 +568,12 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 		}
 		// A flight that has not heard from Redis yet (pending) may turn out
 		// to be one this call can join: see what its script answers.
-		asked, done, softC := t.asked, (<-chan struct{})(nil), (<-chan time.Time)(nil)
+		asked, done, softC, reloadC := t.asked, (<-chan struct{})(nil), (<-chan time.Time)(nil), (<-chan struct{})(nil)
 		if !sl.pending {
 			asked, done, softC = nil, t.done, soft
+			if sl.fallback != nil && sl.u == nil && !late {
+				reloadC = t.asked // then the flight loads, or follows another's fill
+			}
 			if !sl.missed {
 				// Counted once the call has joined a flight, so a miss in
 				// Stats (or an observer's EventMiss) is a call already
@@ -617,6 +622,22 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			leave()
 			c.timedOut(ctx, sl, deadline)
 			return
+		case <-reloadC:
+			// A reload runs that this call did not start: a flight it
+			// joined, or its own following another process's fill. The
+			// fallback is judged as served while it runs (see lateFor).
+			late = true
+			if !sl.own || t.elsewhere.Load() {
+				v := &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers, reloading: true}
+				if c.cfg.judge(sl.fallback, v) == stale {
+					if val, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
+						leave()
+						g.note(ctx, EventStale, sl.key, 0, nil)
+						sl.v, sl.res = val, Stale
+						return
+					}
+				}
+			}
 		case <-softC:
 			// The fallback is judged again now, when it would be served.
 			if fb := sl.fallback; fb != nil && c.standsIn(fb, sl) {

@@ -52,6 +52,9 @@ type task[K comparable, T any] struct {
 	asked   chan struct{}
 	askOnce sync.Once
 	shut    atomic.Bool // takes no new callers
+	// elsewhere: its first script found the fill lease held by another
+	// process, whose fill it follows (set before asked closes).
+	elsewhere atomic.Bool
 	// then runs as the task ends, under the group's mu: the reads chained
 	// to a flight (see flights.chain).
 	then []func()

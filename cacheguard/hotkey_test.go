@@ -166,9 +166,70 @@ func TestSlowReloadServedStale(t *testing.T) {
 	}
 }
 
+// TestSuddenlySlowReloadServedStale (issue 48): a hot key whose loads were
+// fast (so its lead and grace are short) meets a database slowed down at
+// once: its early refresh, begun on time, ends far past the grace. While it
+// runs, every read — in the process that runs it and in the other — is
+// served the older value, marked Stale, up to the TTL past expiry (see
+// lateFor): none waits for the reload. In the real-PostgreSQL mix a wave of
+// cold misses slowed the hot keys' refreshes from 30 ms to 1.3–2 s, and
+// the reads past the grace failed their deadlines waiting.
+func TestSuddenlySlowReloadServedStale(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	key := testKey(t)
+	var loads atomic.Int64
+	var mu sync.Mutex
+	ended := map[int]time.Time{} // by load
+	load := func(ctx context.Context) (item, error) {
+		n := loads.Add(1)
+		d := 20 * time.Millisecond
+		if n == 2 {
+			d = 450 * time.Millisecond // the first refresh: a grace (150 ms) and more past expiry
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return item{}, ctx.Err()
+		}
+		mu.Lock()
+		ended[int(n)] = time.Now()
+		mu.Unlock()
+		return item{ID: int(n)}, nil
+	}
+	g1, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0))
+	g2, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0))
+	if _, err := cacheguard.Get(ctx, g1, key, load); err != nil {
+		t.Fatal(err)
+	}
+	// A read served the reload's value (Miss, Coalesced) waited for it if
+	// it began well before the reload ended: one that began as it ended, its
+	// read finding the older value and its lease script the new one, did
+	// not (the margin: a few round trips on a starved host).
+	var waited atomic.Int64
+	const run = 1500 * time.Millisecond
+	results := steadyReads(t, []*cacheguard.Guard{g1, g2, g1, g2}, key, load, run, func(began time.Time, res cacheguard.Result, v item) {
+		mu.Lock()
+		end := ended[v.ID]
+		mu.Unlock()
+		if (res == cacheguard.Miss || res == cacheguard.Coalesced) && end.Sub(began) > 100*time.Millisecond {
+			waited.Add(1)
+		}
+	})
+	t.Logf("reads by result: %v; loads %d in %v", results, loads.Load(), run)
+	if loads.Load() < 2 {
+		t.Fatalf("%d loads: the slow refresh never ran", loads.Load())
+	}
+	if n := waited.Load(); n > 0 {
+		t.Fatalf("%d of the reads waited for the reload (%v): a slow refresh outran its grace", n, results)
+	}
+}
+
 // steadyReads has one steady reader per guard (a Get of key every 2 ms) for
-// run, fails t on any read's error, and counts the reads by result.
-func steadyReads(t *testing.T, guards []*cacheguard.Guard, key string, load func(context.Context) (item, error), run time.Duration) map[cacheguard.Result]int {
+// run, fails t on any read's error, and counts the reads by result; each
+// read is handed to seen, when set.
+func steadyReads(t *testing.T, guards []*cacheguard.Guard, key string, load func(context.Context) (item, error), run time.Duration,
+	seen ...func(began time.Time, res cacheguard.Result, v item)) map[cacheguard.Result]int {
 	t.Helper()
 	var mu sync.Mutex
 	results := map[cacheguard.Result]int{}
@@ -181,11 +242,18 @@ func steadyReads(t *testing.T, guards []*cacheguard.Guard, key string, load func
 			defer tick.Stop()
 			for time.Since(start) < run {
 				var res cacheguard.Result
-				_, err := cacheguard.Get(context.Background(), g, key, load, cacheguard.ReportTo(&res))
+				began := time.Now()
+				v, err := cacheguard.Get(context.Background(), g, key, load, cacheguard.ReportTo(&res))
 				mu.Lock()
 				results[res]++
 				if err != nil {
 					errs = append(errs, err)
+				}
+				if res == cacheguard.Miss || res == cacheguard.Coalesced {
+					t.Logf("a read at %v, %v later: %v %v", began.Sub(start), time.Since(began), res, v)
+				}
+				for _, f := range seen {
+					f(began, res, v)
 				}
 				mu.Unlock()
 				<-tick.C

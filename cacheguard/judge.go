@@ -16,6 +16,9 @@ const (
 	// expired: not servable now; it may still stand in for a failed or
 	// slow load (FailSafe, SoftTimeout).
 	expired
+	// late: past every window above, but served while a reload of it runs
+	// that is not the call's own (see lateFor).
+	late
 	// gone: too old for anything.
 	gone
 	// The verdicts below serve the value; those above do not.
@@ -33,6 +36,9 @@ type view struct {
 	// epoch is the near cache's epoch when the call looked there (see
 	// nearCache); values from Redis carry none and are judged with 0.
 	epoch uint64
+	// reloading: a reload of the value runs that the call did not start
+	// (see lateFor).
+	reloading bool
 }
 
 // judge is the one place that decides whether a value may be served to a
@@ -51,10 +57,14 @@ func (c *config) judge(e *envelope, v *view) verdict {
 		return gone
 	case v.now < e.staleUntil && (c.policy != policyWait || v.now < e.freshUntil+c.grace(e.delta).Milliseconds()):
 		return stale
+	case v.reloading && !e.failSafe && v.now < e.freshUntil+c.lateFor(e.delta).Milliseconds():
+		return stale
 	case v.now < e.staleUntil:
 		return expired
 	case !e.failSafe && c.failSafeAge > 0 && v.now < e.freshUntil+c.failSafeAge.Milliseconds():
 		return expired // a fail-safe value keeps its first deadline, in stale-until
+	case !e.failSafe && v.now < e.freshUntil+c.lateFor(e.delta).Milliseconds():
+		return late
 	}
 	return gone
 }
@@ -115,6 +125,25 @@ func (c *config) grace(delta time.Duration) time.Duration {
 	return min(max(2*delta, c.ttl/earlyRefreshCap), c.ttl/2)
 }
 
+// lateFor is how long past fresh-until a value is served, marked Stale,
+// to a call that finds a reload of it running that it did not start — in
+// this process, or under another process's fill lease — instead of waiting
+// for that reload: the TTL, with the default grace on; the grace when
+// StaleGrace sets it (0 with it: ginmw.Cache). The grace decides who may
+// start a reload without waiting; past it, a database slowed down (its
+// reload slower than the grace, begun on time) does not make the key's
+// readers wait, while the first call to find no reload running waits for
+// its own, as on any miss.
+func (c *config) lateFor(delta time.Duration) time.Duration {
+	if c.graceSet {
+		return c.graceD
+	}
+	if g := c.grace(delta); g > 0 {
+		return max(g, c.ttl)
+	}
+	return 0
+}
+
 // staleFor is the stale window stored with a value whose load took delta:
 // ServeStale's window, or the refresh grace, whichever is longer.
 func (c *config) staleFor(delta time.Duration) time.Duration {
@@ -122,7 +151,8 @@ func (c *config) staleFor(delta time.Duration) time.Duration {
 }
 
 // keep is how long a value fresh for fresh, whose load took delta, is kept
-// in Redis: its stale window, or FailSafe's max age, past fresh-until.
+// in Redis: its stale window, FailSafe's max age, or its late window
+// (lateFor), past fresh-until.
 func (c *config) keep(fresh, delta time.Duration) time.Duration {
-	return fresh + max(c.staleFor(delta), c.failSafeAge)
+	return fresh + max(c.staleFor(delta), c.failSafeAge, c.lateFor(delta))
 }

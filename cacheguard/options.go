@@ -179,21 +179,29 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 // marked Stale while its refresh runs, whatever the policy (the first such
 // call starts the refresh if no hit did). The grace is twice the value's own
 // load Δ, so that a refresh as slow as that load ends within it however late
-// it began, and never less than a quarter of the TTL nor more than half. That
-// is the staleness it costs: a value served at most TTL/4 past its TTL (TTL/2
-// when its load took more than TTL/8: a database slowed down), so at most
-// 1.25 × TTL (1.5 ×) after its load ended. An invalidated value is never
-// served (Invalidate voids it at once), and a key no call reads expires at
-// its TTL. Loads: a key read without pause is loaded about once per
-// TTL − lead + Δ. The default is 1; 0 turns off both the early refresh and
-// the grace (every call after expiry then waits for the reload); StaleGrace
+// it began, and never less than a quarter of the TTL nor more than half. A
+// refresh slower still — a database slowed down at once, by a wave of misses
+// or a failover — does not make readers wait either: past the grace, up to
+// the TTL past expiry, a call that finds a reload of the value running that
+// it did not start (in its process, or another's fill lease) is served the
+// value, Stale, instead of waiting for it; a call that finds none waits for
+// its own load, as on any miss. That is the staleness it costs: a value
+// served at most TTL/4 past its TTL (TTL/2 when its load took more than
+// TTL/8) unless a reload is under way, and at most the TTL past it while one
+// is, so at most 2 × TTL after its load ended. Values are kept in Redis the
+// TTL past their TTL for it. An invalidated value is never served
+// (Invalidate voids it at once), and a key no call reads expires at its TTL.
+// Loads: a key read without pause is loaded about once per TTL − lead + Δ.
+// The default is 1; 0 turns off the early refresh, the grace and the serving
+// past it (every call after expiry then waits for the reload); StaleGrace
 // sets the grace on its own.
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // StaleGrace sets how long past its TTL a value is served, marked Stale, while
-// its refresh runs (see EarlyRefresh). By default it is twice the value's
-// load, between a quarter and half of the TTL, with early refresh on, and 0
-// with it off. 0 makes every call after expiry wait for the reload
+// its refresh runs (see EarlyRefresh), and nothing is served past it while a
+// reload runs. By default it is twice the value's load, between a quarter and
+// half of the TTL, then up to the TTL while a reload runs, with early refresh
+// on, and 0 with it off. 0 makes every call after expiry wait for the reload
 // (ginmw.Cache sets 0: an HTTP response is never served past its freshness
 // unless ServeStale says so).
 func StaleGrace(d time.Duration) Setting { return func(c *config) { c.graceD, c.graceSet = d, true } }
