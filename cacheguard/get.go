@@ -573,6 +573,16 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			asked, done, softC = nil, t.done, soft
 			if sl.fallback != nil && sl.u == nil && !late {
 				reloadC = t.asked // then the flight loads, or follows another's fill
+				select {
+				case <-reloadC: // answered: judged at once, before the call counts as a miss
+					late = true
+					if c.servedLate(ctx, sl, t) {
+						leave()
+						return
+					}
+					reloadC = nil
+				default:
+				}
 			}
 			if !sl.missed {
 				// Counted once the call has joined a flight, so a miss in
@@ -623,20 +633,10 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			c.timedOut(ctx, sl, deadline)
 			return
 		case <-reloadC:
-			// A reload runs that this call did not start: a flight it
-			// joined, or its own following another process's fill. The
-			// fallback is judged as served while it runs (see lateFor).
 			late = true
-			if !sl.own || t.elsewhere.Load() {
-				v := &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers, reloading: true}
-				if c.cfg.judge(sl.fallback, v) == stale {
-					if val, err := decodeValue[T](c.cfg.codec, sl.fallback); err == nil {
-						leave()
-						g.note(ctx, EventStale, sl.key, 0, nil)
-						sl.v, sl.res = val, Stale
-						return
-					}
-				}
+			if c.servedLate(ctx, sl, t) {
+				leave()
+				return
 			}
 		case <-softC:
 			// The fallback is judged again now, when it would be served.
@@ -651,6 +651,32 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			soft = nil
 		}
 	}
+}
+
+// servedLate serves sl its fallback, marked Stale, when flight t, whose
+// script has answered, is a reload this call did not start — a flight it
+// joined, or its own following another process's fill — still running, and
+// judge serves the fallback while a reload runs (see lateFor).
+func (c *call[T]) servedLate(ctx context.Context, sl *part[T], t *task[entry, *outcome]) bool {
+	select {
+	case <-t.done: // it has ended: its value, not the older one
+		return false
+	default:
+	}
+	if sl.own && !t.elsewhere.Load() {
+		return false
+	}
+	v := &view{now: time.Now().UnixMilli(), gen: sl.s.gen, tags: sl.s.tagVers, reloading: true}
+	if c.cfg.judge(sl.fallback, v) != stale {
+		return false
+	}
+	val, err := decodeValue[T](c.cfg.codec, sl.fallback)
+	if err != nil {
+		return false
+	}
+	c.g.note(ctx, EventStale, sl.key, 0, nil)
+	sl.v, sl.res = val, Stale
+	return true
 }
 
 // servedBy reports whether what flight t returned may serve sl, whose read
