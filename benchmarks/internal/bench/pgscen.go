@@ -292,7 +292,8 @@ func (e *env) pgMix(ctx context.Context) error {
 		"refreshes it once within its lead of expiry (Δ·β·(2 + 2u), Δ its last load's duration, u drawn once per "+
 		"value; never more than a point between TTL/8 and TTL/4 drawn the same way, so that keys filled together "+
 		"refresh apart), and a refresh late all the same has the value "+
-		"served Stale past it for twice its last load, between TTL/4 and TTL/2, so a hot key does not expire under its readers; the TTL "+
+		"served Stale past it for twice its last load, between TTL/4 and TTL/2, and beyond that up to the TTL to the calls "+
+		"that find its reload running, so a hot key does not expire under its readers; the TTL "+
 		"jitter (a random 0–10% shorter) applies to values loaded on a miss or served stale, so that keys "+
 		"filled together expire apart (an early refresh keeps the whole TTL: its lead spreads it). "+
 		"The ideal counts neither.")
