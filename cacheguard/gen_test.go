@@ -629,8 +629,8 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		}
 	}
 	if res == cacheguard.Stale {
-		if limit, why := m.staleLimit(key, v); began.After(limit) {
-			what := fmt.Sprintf("%s served Stale %v past %s (load %d); %s", key, began.Sub(limit), why, v.Seq, m.history(key, began))
+		if limit, why := m.staleLimit(key, v, c); began.After(limit) {
+			what := fmt.Sprintf("%s served Stale %v past %s (load %d) to %s; %s", key, began.Sub(limit), why, v.Seq, c, m.history(key, began))
 			if w := m.loadOf(key, v); w != nil && !began.After(time.Unix(0, v.End).Add(2*w.call.ttl+50*time.Millisecond)) {
 				m.lates = append(m.lates, genLateServe{entry: w.entry, seq: v.Seq, began: began, served: time.Now(), by: rec, what: what})
 			} else {
@@ -667,9 +667,9 @@ func (m *genModel) checkLates(rt *rapid.T) {
 	}
 }
 
-// staleLimit is how late a call may begin and still be served v of key as
+// staleLimit is how late a call c may begin and still be served v of key as
 // Stale (see TestGenCache), and what sets it. Called with m.mu held.
-func (m *genModel) staleLimit(key string, v genVal) (time.Time, string) {
+func (m *genModel) staleLimit(key string, v genVal, c genCall) (time.Time, string) {
 	w := m.loadOf(key, v)
 	end := time.Unix(0, v.End)
 	if w == nil {
@@ -691,6 +691,12 @@ func (m *genModel) staleLimit(key string, v genVal) (time.Time, string) {
 		if l.entry == w.entry && l.loader == "fail" && l.start.After(w.start) && (l.call.policy == "failsafe" || l.call.policy == "soft") {
 			window, why = max(window, genMaxAge), "the max age of a FailSafe call whose load failed after"
 		}
+	}
+	if c.policy == "soft" {
+		// SoftTimeout serves the call's fallback within the call's own
+		// FailSafe max age, when the value is still in Redis (its hash
+		// kept by another representation's fill).
+		window, why = max(window, genMaxAge), "the serving call's own FailSafe max age (SoftTimeout)"
 	}
 	return end.Add(w.call.ttl + window + 50*time.Millisecond), fmt.Sprintf("%s (TTL %v, %s)", why, w.call.ttl, w.call.policy)
 }

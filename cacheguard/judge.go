@@ -57,13 +57,13 @@ func (c *config) judge(e *envelope, v *view) verdict {
 		return gone
 	case v.now < e.staleUntil && (c.policy != policyWait || v.now < e.freshUntil+c.grace(e.delta).Milliseconds()):
 		return stale
-	case v.reloading && !e.failSafe && v.now < e.freshUntil+c.lateFor(e.delta).Milliseconds():
+	case v.reloading && !e.failSafe && v.now < c.lateUntil(e):
 		return stale
 	case v.now < e.staleUntil:
 		return expired
 	case !e.failSafe && c.failSafeAge > 0 && v.now < e.freshUntil+c.failSafeAge.Milliseconds():
 		return expired // a fail-safe value keeps its first deadline, in stale-until
-	case !e.failSafe && v.now < e.freshUntil+c.lateFor(e.delta).Milliseconds():
+	case !e.failSafe && v.now < c.lateUntil(e):
 		return late
 	}
 	return gone
@@ -142,6 +142,14 @@ func (c *config) lateFor(delta time.Duration) time.Duration {
 		return max(g, c.ttl)
 	}
 	return 0
+}
+
+// lateUntil is when e's late window ends (unix ms): the call's lateFor past
+// fresh-until, but never past the value's own retention (keep-until), which
+// the call that stored it set from its TTL — a call with a longer TTL does
+// not stretch a shorter-lived value's window.
+func (c *config) lateUntil(e *envelope) int64 {
+	return min(e.freshUntil+c.lateFor(e.delta).Milliseconds(), e.keepUntil)
 }
 
 // staleFor is the stale window stored with a value whose load took delta:
