@@ -266,3 +266,70 @@ func steadyReads(t *testing.T, guards []*cacheguard.Guard, key string, load func
 	}
 	return results
 }
+
+// TestLateWindowEndsAtTheValuesRetention: a call with a long TTL does not
+// stretch the late window of a value stored with a short one. The value
+// (TTL 300 ms, kept 300 ms past it) outlives its keep-until in Redis only
+// because another representation's fill keeps the hash; past it, a call
+// with a 2 s TTL that finds a reload running waits for that reload instead
+// of being served the value, Stale.
+func TestLateWindowEndsAtTheValuesRetention(t *testing.T) {
+	ctx := context.Background()
+	key := testKey(t)
+	g1, _ := newGuard(t, cacheguard.Jitter(0))
+	g2, _ := newGuard(t, cacheguard.Jitter(0))
+	g3, _ := newGuard(t, cacheguard.Jitter(0))
+	fast := func(ctx context.Context) (item, error) { return item{ID: 1}, nil }
+	if _, err := cacheguard.Get(ctx, g1, key, fast, cacheguard.TTL(300*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	// Another representation, kept 4 s: the hash outlives the first one's
+	// keep-until (600 ms after its load).
+	if _, err := cacheguard.Get(ctx, g1, key, fast, cacheguard.TTL(2*time.Second), cacheguard.Variant("HEAD")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(750 * time.Millisecond) // places the calls past the keep-until; waits for no event
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	releaseLoad := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(releaseLoad) // registered after the Guards: runs before they close
+	slow := func(ctx context.Context) (item, error) {
+		close(started)
+		<-release
+		return item{ID: 2}, nil
+	}
+	reload := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g2, key, slow, cacheguard.TTL(300*time.Millisecond))
+		reload <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reload never started")
+	}
+	type got struct {
+		v   item
+		res cacheguard.Result
+		err error
+	}
+	read := make(chan got, 1)
+	go func() {
+		var res cacheguard.Result
+		v, err := cacheguard.Get(ctx, g3, key, fast, cacheguard.TTL(2*time.Second), cacheguard.ReportTo(&res))
+		read <- got{v, res, err}
+	}()
+	var r got
+	select {
+	case r = <-read:
+		t.Fatalf("a read past the value's keep-until returned during the reload: %+v (want it to wait)", r)
+	case <-time.After(300 * time.Millisecond): // still waiting, as it should: no event to wait for
+	}
+	releaseLoad()
+	if err := <-reload; err != nil {
+		t.Fatal(err)
+	}
+	if r = <-read; r.err != nil || r.v.ID != 2 {
+		t.Fatalf("read = %+v, want the reload's value", r)
+	}
+}
