@@ -440,7 +440,13 @@ func (m *genModel) get(rt *rapid.T) {
 	if m.last != nil && rapid.Bool().Draw(rt, "same entry as the last call") {
 		// Entries read again, invalidated, their counters lost: the
 		// sequences that reviews find.
-		key, c.ttl, c.variant, c.tags, c.opts = m.lastKey, m.last.ttl, m.last.variant, m.last.tags, m.last.opts
+		// The options and what the model knows of them (policy, budget)
+		// together: a call labelled Wait that ran another's FailSafe
+		// options was judged by the wrong rules. Its loader and deadline
+		// are its own.
+		loader, ctxTime := c.loader, c.ctxTime
+		key, c = m.lastKey, *m.last
+		c.loader, c.ctxTime = loader, ctxTime
 	}
 	m.last, m.lastKey = &c, key
 	n := rapid.IntRange(1, 3).Draw(rt, "callers")
