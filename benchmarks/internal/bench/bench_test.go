@@ -205,7 +205,18 @@ func TestWorkersServeRunAfterRun(t *testing.T) {
 // A worker serves another job only once the goroutines of the last one's
 // system are gone: settled waits for one that is ending, and gives up on
 // one that stays.
+//
+// The count settled reads is the process's: the goroutines an earlier test
+// left winding down (a worker's pipes, a client's connections) would end
+// during the test and hide the one that stays, so the test first waits for
+// the count to hold still for 200ms (at most 10s), and keeps four stayers.
 func TestSettledWaitsForGoroutines(t *testing.T) {
+	for deadline, last, still := time.Now().Add(10*time.Second), -1, 0; still < 20 && time.Now().Before(deadline); still++ {
+		if n := runtime.NumGoroutine(); n != last {
+			last, still = n, 0
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	n := runtime.NumGoroutine()
 	ending := make(chan struct{})
 	done := make(chan struct{})
@@ -220,7 +231,9 @@ func TestSettledWaitsForGoroutines(t *testing.T) {
 	<-done
 	stay := make(chan struct{})
 	defer close(stay)
-	go func() { <-stay }()
+	for range 4 {
+		go func() { <-stay }()
+	}
 	if settled(n) {
 		t.Error("settled although a goroutine stays")
 	}
