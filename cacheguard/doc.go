@@ -37,6 +37,7 @@
 // get the loader's error, waiters elsewhere an error matching ErrRemoteLoad; a
 // panic is a *PanicError for all. A loader's ErrNotFound is cached as an
 // absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
+// MaxConcurrentLoads(n) queues a process's loads past n, misses before refreshes.
 //
 // A hot key does not expire under its readers: a hit refreshes it before
 // expiry, timed by its last load; past expiry it is served Stale for a grace
@@ -83,14 +84,13 @@
 //
 // # Redis unavailable
 //
-// Every Get returns within its wait budget (then OnWaitTimeout decides) and
-// its context's deadline (a cancellation during a read is seen when it
-// returns), each command within twice CommandTimeout of its send (once when
-// Redis is quiet; a locks.Breaker counts the timeouts). Set
-// ContextTimeoutEnabled, or ReadTimeout+WriteTimeout within CommandTimeout,
-// or reads are handed off. When Redis fails, Get fails open (the loader runs
-// uncached, shared by the process's callers: two loads per key at most,
-// MaxConcurrentLoads bounds all) or, FailClosed, ErrUnavailable.
+// Every Get returns within its wait budget (then OnWaitTimeout decides) and its
+// context's deadline (a cancellation during a read is seen when it returns),
+// each command within twice CommandTimeout of its send (once when Redis is
+// quiet; a locks.Breaker counts the timeouts). Set ContextTimeoutEnabled, or
+// ReadTimeout+WriteTimeout within CommandTimeout, or reads are handed off. When
+// Redis fails, Get fails open (the loader runs uncached, shared by the
+// process's callers: two loads per key at most) or, FailClosed, ErrUnavailable.
 //
 // # When the database fails
 //

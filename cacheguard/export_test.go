@@ -55,3 +55,6 @@ func LeaseScriptSHA() string { return leaseScript.SHA() }
 
 // LeaseScriptSource is the source of the get-or-lease script, as EVAL sends it.
 func LeaseScriptSource() string { return leaseScript.Source() }
+
+// LoadsWaiting is how many loads of g wait for a slot (MaxConcurrentLoads).
+func LoadsWaiting(g *Guard) int { return g.slots.waiting() }

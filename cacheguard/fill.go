@@ -40,7 +40,12 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	if kind == fillEarly {
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
-	vals, err := c.runLoader(ctx, names)
+	var vals map[string]T
+	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout))
+	if err == nil {
+		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
+		free()
+	}
 	stop()
 	took := time.Since(start)
 	now := time.Now().UnixMilli()
@@ -158,13 +163,15 @@ func (c *call[T]) failSafe(o *outcome, f *flight, tagVers []uint64, now int64) (
 	return &env, time.Duration(deadline-now) * time.Millisecond
 }
 
-// runLoader runs the loader for keys under ctx bounded by the load timeout,
-// turning a panic into a *PanicError, and counts the load — unless the
-// loader declined it (an error matching ErrClosed: its process is closing,
-// or it was only waiting for another fill), which is no load.
-func (c *call[T]) runLoader(ctx context.Context, keys []string) (vals map[string]T, err error) {
+// runLoader runs the loader for keys under ctx until deadline (the load
+// timeout's: a wait for a load slot counts against it), turning a panic into
+// a *PanicError, and counts the load — unless the loader declined it (an
+// error matching ErrClosed: its process is closing, or it was only waiting
+// for another fill), which is no load. The loader's context marks it as a
+// load of the Guard (see slot).
+func (c *call[T]) runLoader(ctx context.Context, keys []string, deadline time.Time) (vals map[string]T, err error) {
 	start := time.Now()
-	lctx, cancel := context.WithTimeout(ctx, c.cfg.loadTimeout)
+	lctx, cancel := context.WithDeadline(context.WithValue(ctx, loadingKey{}, c.g), deadline)
 	defer func() {
 		cancel()
 		if p := recover(); p != nil {
@@ -187,8 +194,9 @@ func (c *call[T]) runLoader(ctx context.Context, keys []string) (vals map[string
 // loadUnleased runs the loader for keys without the fill lease — Redis cannot
 // be reached (fail-open; cause is its error), or the calls' wait budget ended
 // (TimeoutLoad; cause nil) — and caches nothing; with FailClosed a fail-open
-// fails with ErrUnavailable instead. A fail-open load waits for a slot of
-// MaxConcurrentLoads until deadline.
+// fails with ErrUnavailable instead. It waits for a slot of
+// MaxConcurrentLoads (see slot): a fail-open load until deadline, one after
+// the budget for the load timeout.
 func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, deadline time.Time, cause error) []*outcome {
 	g := c.g
 	outs := make([]*outcome, len(keys))
@@ -209,23 +217,21 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 		return fail(ErrClosed)
 	}
 	defer done()
-	if g.sem != nil && cause != nil {
-		wctx, cancel := context.WithDeadline(ctx, deadline)
-		defer cancel()
-		select {
-		case g.sem <- struct{}{}:
-			defer func() { <-g.sem }()
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return fail(ErrClosed)
-			}
-			return fail(errFlightExpired)
-		}
+	if cause == nil { // past the wait budget: a slot as a fill waits for one
+		deadline = time.Now().Add(c.cfg.loadTimeout)
 	}
+	free, err := g.slot(ctx, false, deadline)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fail(ErrClosed)
+	case err != nil:
+		return fail(errFlightExpired)
+	}
+	defer free()
 	if cause != nil {
 		g.note(ctx, EventFailOpen, keys[0], 0, cause)
 	}
-	vals, err := c.runLoader(ctx, keys)
+	vals, err := c.runLoader(ctx, keys, time.Now().Add(c.cfg.loadTimeout))
 	for i, k := range keys {
 		o := &outcome{leader: id, loaded: true, err: err}
 		if v, found := vals[k]; err == nil && found {

@@ -30,7 +30,7 @@ type Guard struct {
 	origin, ncChannel string
 	near              *nearCache // nil unless NearCache
 	log               *ratelog.Logger
-	sem               chan struct{}
+	slots             *loadSlots // MaxConcurrentLoads' (nil: no bound)
 	// ctxDeadlines: the client bounds its socket calls by the context's
 	// deadline; else attempt bounds one attempt of a command on it (0: none).
 	// Either lets a caller read on its own goroutine (see fetch).
@@ -96,9 +96,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 	g.reads.limit = max(2, runtime.GOMAXPROCS(0))
 	g.unleased.limit = 1
 	g.ctxDeadlines, g.attempt = clientBounds(rdb)
-	if cfg.maxLoads > 0 {
-		g.sem = make(chan struct{}, cfg.maxLoads)
-	}
+	g.slots = newLoadSlots(cfg.maxLoads)
 	return g
 }
 

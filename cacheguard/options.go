@@ -287,9 +287,19 @@ func CommandTimeout(d time.Duration) Option {
 	return guardOption(func(c *config) { c.cmdTime = d })
 }
 
-// MaxConcurrentLoads bounds how many fail-open loads (run while Redis is
-// unreachable) a Guard runs at once; a call waits for a slot within its wait
-// budget. The default is 0: no bound.
+// MaxConcurrentLoads bounds how many loads a Guard runs at once: set it near
+// what the database serves at once without slowing every query (its cores,
+// divided among the processes), so that a wave of misses queues here instead
+// of making every query slow. A load waits for a slot holding its fill lease
+// (renewed), the wait counting against LoadTimeout; a fail-open load (Redis
+// unreachable) waits within its call's wait budget. A freed slot goes to the
+// loads callers wait for (a miss, a load without the lease) before refreshes
+// in the background (after ServeStale served a stale value, EarlyRefresh),
+// first come first served within each. A Get that a loader makes under its
+// load's context takes no slot (its load would wait for the one its caller
+// holds); a loader that starts loads on other contexts must not wait for
+// them. The default is 0: no bound (a database connection pool bounds
+// loads too, but without that order).
 func MaxConcurrentLoads(n int) Option {
 	return guardOption(func(c *config) { c.maxLoads = n })
 }
