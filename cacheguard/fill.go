@@ -42,12 +42,13 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	}
 	var vals map[string]T
 	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout))
+	loaded := time.Now() // the load's own time (the grace, XFetch) leaves out a wait for a slot
 	if err == nil {
 		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
 		free()
 	}
 	stop()
-	took := time.Since(start)
+	took := time.Since(loaded)
 	now := time.Now().UnixMilli()
 	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
 	// Store or release even when Close cancelled the load: a lease left

@@ -237,7 +237,8 @@ func (m *genModel) client(cte bool) redis.UniversalClient {
 }
 
 // newProc starts a process; every second one's client has
-// ContextTimeoutEnabled.
+// ContextTimeoutEnabled, and every third one runs one load at a time
+// (MaxConcurrentLoads).
 func (m *genModel) newProc(near bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
@@ -247,6 +248,9 @@ func (m *genModel) newProc(near bool) *genProc {
 		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits)}
 	if near {
 		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
+	}
+	if m.made%3 == 0 { // every third: loads past one wait for a slot, misses first
+		opts = append(opts, cacheguard.MaxConcurrentLoads(1))
 	}
 	g := cacheguard.New(rdb, opts...)
 	cacheguard.SetHitsDirect(g, 1)
@@ -513,7 +517,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 	go func() {
 		defer m.wg.Done()
 		defer step.Done()
-		rec := &genCallRec{}
+		rec := &genCallRec{began: time.Now()}
 		ctx := context.WithValue(context.Background(), genCallKey{}, rec)
 		if c.ctxTime > 0 {
 			var cancel context.CancelFunc
@@ -588,8 +592,9 @@ func (m *genModel) history(key string, began time.Time) string {
 // worst key's, and a near hit may serve a value an invalidation in another
 // process voided until the message arrives.
 type genCallRec struct {
-	mu   sync.Mutex
-	keys []string
+	began time.Time // when the call began (a reload it starts may queue for a slot: see checkLates)
+	mu    sync.Mutex
+	keys  []string
 }
 
 type genCallKey struct{}
@@ -665,7 +670,15 @@ func (m *genModel) checkLates(rt *rapid.T) {
 	defer m.mu.Unlock()
 	for _, ls := range m.lates {
 		ok := slices.ContainsFunc(m.loads, func(l genLoad) bool {
-			return l.entry == ls.entry && l.seq != ls.seq && l.by != ls.by && l.start.Before(ls.served) && l.end.After(ls.began)
+			// A reload runs from its fill's start: on a process with
+			// MaxConcurrentLoads its loader may begin later, once a slot
+			// frees, so the fill is taken to start with the call that
+			// started it.
+			start := l.start
+			if l.by != nil && l.by.began.Before(start) {
+				start = l.by.began
+			}
+			return l.entry == ls.entry && l.seq != ls.seq && l.by != ls.by && start.Before(ls.served) && l.end.After(ls.began)
 		})
 		if !ok {
 			rt.Fatalf("no reload of %s ran during the call (one started by another call): %s", ls.entry, ls.what)

@@ -291,7 +291,8 @@ func CommandTimeout(d time.Duration) Option {
 // what the database serves at once without slowing every query (its cores,
 // divided among the processes), so that a wave of misses queues here instead
 // of making every query slow. A load waits for a slot holding its fill lease
-// (renewed), the wait counting against LoadTimeout; a fail-open load (Redis
+// (renewed), the wait counting against LoadTimeout but not as the load's own
+// time (which times its early refresh and grace); a fail-open load (Redis
 // unreachable) waits within its call's wait budget. A freed slot goes to the
 // loads callers wait for (a miss, a load without the lease) before refreshes
 // in the background (after ServeStale served a stale value, EarlyRefresh),
