@@ -336,6 +336,15 @@ func (e *env) nearRun(ctx context.Context, r *Row, loaded bool, rep int) error {
 		jobs = append(jobs, Job{Kind: "nearwatch", System: systems.GuardNear, Addrs: []string{e.addr}, Key: key,
 			Duration: wait + dur + nearTail})
 	}
+	// Either variant begins once PostgreSQL runs no query: the idle one
+	// follows the real-DB mix or the loaded variant, whose requests that gave
+	// up can leave their queries running on the server ("idle": nothing else
+	// runs).
+	if e.pg != nil {
+		if _, err := e.pg.WaitIdle(ctx, 15*time.Second); err != nil {
+			return err
+		}
+	}
 	if loaded {
 		db, err := e.startPG(ctx)
 		if err != nil {
