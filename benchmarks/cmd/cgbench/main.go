@@ -10,11 +10,13 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/cacheguard/cacheguard/benchmarks/internal/bench"
+	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
 
 func main() {
@@ -37,8 +39,12 @@ func run() int {
 		busy  = flag.Bool("busy", false, "keep one CPU busy beside the benchmark (a spinning thread), as a loaded machine would")
 		trace = flag.String("trace", "", "write what cacheguard's workers did in each real-database mix run into this directory")
 		expl  = flag.Bool("explain", false, "read the trace files given as arguments (see -trace) and say what their failed requests waited for")
+		loads = flag.Int("maxloads", 0, "give every cacheguard system MaxConcurrentLoads(n) in each process (0: none, the default)")
 	)
 	flag.Parse()
+	if *loads > 0 { // the workers inherit it (see systems.MaxLoadsEnv)
+		os.Setenv(systems.MaxLoadsEnv, strconv.Itoa(*loads))
+	}
 	if *expl {
 		for _, p := range flag.Args() {
 			if err := bench.Explain(os.Stdout, p); err != nil {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +48,10 @@ const (
 	GuardNear      = "cacheguard (near cache)"
 	RawGetDecode   = "raw GET + decode"
 	defaultTTLCopy = time.Minute
+	// MaxLoadsEnv, when set to n > 0 in a worker's environment (cgbench
+	// -maxloads n sets it for its workers), gives every cacheguard system
+	// MaxConcurrentLoads(n).
+	MaxLoadsEnv = "CGBENCH_MAXLOADS"
 	// staleWindow is how long past its TTL the serve-stale systems serve a value.
 	staleWindow = 10 * time.Minute
 )
@@ -107,6 +113,9 @@ type Marks struct {
 // guardOptions are the options every cacheguard system shares.
 func guardOptions(cfg CacheConfig, more ...cacheguard.Option) []cacheguard.Option {
 	opts := append([]cacheguard.Option{cacheguard.TTL(cfg.TTL)}, more...)
+	if n, err := strconv.Atoi(os.Getenv(MaxLoadsEnv)); err == nil && n > 0 {
+		opts = append(opts, cacheguard.MaxConcurrentLoads(n))
+	}
 	if m, t, d := cfg.Marks, cfg.Trace, cfg.Dropped; m != nil || t != nil || d != nil {
 		opts = append(opts, cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
 			if m != nil && e.Kind == cacheguard.EventCoalescedRemote {
