@@ -298,9 +298,11 @@ func CommandTimeout(d time.Duration) Option {
 // in the background (after ServeStale served a stale value, EarlyRefresh),
 // first come first served within each. A Get that a loader makes under its
 // load's context takes no slot (its load would wait for the one its caller
-// holds); a loader that starts loads on other contexts must not wait for
-// them. The default is 0: no bound (a database connection pool bounds
-// loads too, but without that order).
+// holds), but one that joins a load of the same entry already waiting for a
+// slot in the process waits with it, up to its wait budget; a loader that
+// starts loads on other contexts must not wait for them. The default is 0:
+// no bound (a database connection pool bounds loads too, but without that
+// order).
 func MaxConcurrentLoads(n int) Option {
 	return guardOption(func(c *config) { c.maxLoads = n })
 }
