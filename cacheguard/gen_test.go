@@ -89,6 +89,7 @@ func TestGenCache(t *testing.T) {
 		m.check(rt)
 		m.checkOverlaps(rt)
 		m.checkLates(rt)
+		m.checkSlots(rt)
 	})
 	t.Logf("gen: %d runs, %d steps, %d calls, %d invalidations, %d faults %v, %d shutdowns",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load())
@@ -154,10 +155,11 @@ var (
 
 // genProc is a Guard as a process: its own client, with a fault hook.
 type genProc struct {
-	g    *cacheguard.Guard
-	rdb  redis.UniversalClient
-	hook *faultHook
-	near bool
+	g     *cacheguard.Guard
+	rdb   redis.UniversalClient
+	hook  *faultHook
+	near  bool
+	slots int // MaxConcurrentLoads (0: none; see checkSlots)
 }
 
 type genInv struct {
@@ -249,12 +251,14 @@ func (m *genModel) newProc(near bool) *genProc {
 	if near {
 		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
 	}
+	slots := 0
 	if m.made%3 == 0 { // every third: loads past one wait for a slot, misses first
-		opts = append(opts, cacheguard.MaxConcurrentLoads(1))
+		slots = 1
+		opts = append(opts, cacheguard.MaxConcurrentLoads(slots))
 	}
 	g := cacheguard.New(rdb, opts...)
 	cacheguard.SetHitsDirect(g, 1)
-	return &genProc{g: g, rdb: rdb, hook: h, near: near}
+	return &genProc{g: g, rdb: rdb, hook: h, near: near, slots: slots}
 }
 
 func (m *genModel) close() {
@@ -517,7 +521,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 	go func() {
 		defer m.wg.Done()
 		defer step.Done()
-		rec := &genCallRec{began: time.Now()}
+		rec := &genCallRec{began: time.Now(), proc: p}
 		ctx := context.WithValue(context.Background(), genCallKey{}, rec)
 		if c.ctxTime > 0 {
 			var cancel context.CancelFunc
@@ -593,6 +597,7 @@ func (m *genModel) history(key string, began time.Time) string {
 // process voided until the message arrives.
 type genCallRec struct {
 	began time.Time // when the call began (a reload it starts may queue for a slot: see checkLates)
+	proc  *genProc  // the process it ran in, where the loads it starts run (see checkSlots)
 	mu    sync.Mutex
 	keys  []string
 }
@@ -659,6 +664,29 @@ func (m *genModel) loadOf(key string, v genVal) *genLoad {
 		}
 	}
 	return nil
+}
+
+// checkSlots checks MaxConcurrentLoads against the loader itself: on a
+// process with one slot, no two loader calls ran at once (its loaders make no
+// Get, so none runs without a slot), faults or not — a fail-open load takes
+// a slot too. A loader call that loaded several keys (GetMany) is one load.
+func (m *genModel) checkSlots(rt *rapid.T) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, a := range m.loads {
+		if a.by == nil || a.by.proc.slots != 1 {
+			continue
+		}
+		for _, b := range m.loads[i+1:] {
+			if b.by == nil || b.by.proc != a.by.proc || b.seq == a.seq {
+				continue
+			}
+			if b.start.Before(a.end) && a.start.Before(b.end) {
+				rt.Fatalf("process %p, one load slot: loads %d (%v–%v) and %d (%v–%v) ran at once", a.by.proc,
+					a.seq, a.start.Format("05.000"), a.end.Format("05.000"), b.seq, b.start.Format("05.000"), b.end.Format("05.000"))
+			}
+		}
+	}
 }
 
 // checkLates checks the values served Stale in their late window only: a
