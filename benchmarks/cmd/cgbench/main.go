@@ -39,6 +39,7 @@ func run() int {
 		busy  = flag.Bool("busy", false, "keep one CPU busy beside the benchmark (a spinning thread), as a loaded machine would")
 		trace = flag.String("trace", "", "write what cacheguard's workers did in each real-database mix run into this directory")
 		expl  = flag.Bool("explain", false, "read the trace files given as arguments (see -trace) and say what their failed requests waited for")
+		share = flag.Float64("pgshare", 0.2, "size the real database's table so that the mix's ideal (one query per key per TTL) asks this share of the host's CPUs (0: 500,000 rows, whatever the query costs)")
 		loads = flag.Int("maxloads", 0, "give every cacheguard system MaxConcurrentLoads(n) in each process (0: none, the default)")
 	)
 	flag.Parse()
@@ -55,7 +56,7 @@ func run() int {
 		return 0
 	}
 
-	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}, Trace: *trace}
+	cfg := bench.Config{Quick: *quick, Long: *long, Reps: *reps, Redis: *addr, Log: os.Stderr, Only: map[string]bool{}, Trace: *trace, PGShare: *share}
 	for s := range strings.SplitSeq(*only, ",") {
 		if s = strings.TrimSpace(s); s == "" {
 			continue

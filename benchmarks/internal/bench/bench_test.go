@@ -16,6 +16,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/pgserver"
 
+	"github.com/cacheguard/cacheguard/benchmarks/internal/pgdb"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/redisproc"
 	"github.com/cacheguard/cacheguard/benchmarks/internal/systems"
 )
@@ -459,5 +460,37 @@ func TestOverRatioOfNoPositiveBaseline(t *testing.T) {
 	}
 	if got := ratioOrDash(overRatio(6, 3)); got != "2.00×" {
 		t.Errorf("ratio printed %q, want 2.00×", got)
+	}
+}
+
+// The real database's table is sized by the query's time when a share is
+// given: the mix's ideal (keys ÷ TTL queries a second, each taking the
+// query's time alone) asks the database for that share of the host's CPUs.
+func TestPGSizedByShare(t *testing.T) {
+	s := sizes{pgShare: 0.2, pgMixKeys: 50, pgMixTTL: 2 * time.Second}
+	want := time.Duration(0.2 * float64(runtime.NumCPU()) / 25 * float64(time.Second))
+	if got := s.pgAlone(); got != want {
+		t.Errorf("pgAlone = %v, want %v", got, want)
+	}
+	if got := (sizes{pgMixKeys: 50, pgMixTTL: 2 * time.Second}).pgAlone(); got != 0 {
+		t.Errorf("pgAlone without a share = %v, want 0 (fixed rows)", got)
+	}
+	havePG(t)
+	ctx := context.Background()
+	small, err := pgdb.Start(ctx, pgdb.Options{Rows: 5_000, Repos: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := small.Alone
+	small.Close()
+	// Four times the small table's query: the table must grow, and its
+	// query take longer (by far more than the timing's noise).
+	db, err := pgdb.Start(ctx, pgdb.Options{Rows: 5_000, Repos: 100, Alone: 4 * alone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if db.Rows() <= 5_000 {
+		t.Errorf("sized for %v (4 × %v): %d rows, want more than 5000", 4*alone, alone, db.Rows())
 	}
 }

@@ -111,12 +111,17 @@ func (r *Results) pgLead() string {
 	s := r.s
 	var b strings.Builder
 	b.WriteString("## Real database: does PostgreSQL stay standing?\n\n")
-	fmt.Fprintf(&b, "%s, started by the harness on loopback; one table of %d rows; the loader's query, an "+
+	sized := ""
+	if r.PG.Share > 0 {
+		sized = fmt.Sprintf(" (sized so that the query alone is %.0f%% of the host's %d CPUs' time when run once per key per TTL, "+
+			"the mix's ideal: what a timing here depends on is then the same share of any host)", 100*r.PG.Share, r.PG.CPUs)
+	}
+	fmt.Fprintf(&b, "%s, started by the harness on loopback; one table of %d rows%s; the loader's query, an "+
 		"aggregate over an unindexed column, takes %v alone; %d connections per process, each of which has run it once; every request has a %v "+
 		"deadline. Hot-key mix (R2): %d processes offer %.0f requests/s, open loop, Zipf keys (%d) expiring %v after "+
 		"each fill. Stampede (R1): %d processes × %d requests on one cold key. Medians over repetitions; *failed* is "+
 		"the worst repetition.\n\n",
-		r.PG.Version, r.PG.Rows, r.PG.Alone.Round(100*time.Microsecond), r.PG.Pool, s.pgDeadline,
+		r.PG.Version, r.PG.Rows, sized, r.PG.Alone.Round(100*time.Microsecond), r.PG.Pool, s.pgDeadline,
 		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.stampProcs, s.stampG)
 	b.WriteString("| system | mix: completed/s | mix: failed | mix: PG CPU s | mix: PG CPU per completed request vs naive | " +
 		"mix: loads ÷ ideal | mix: peak queries/100 ms | stampede: queries | stampede: failed | stampede: p99 ms |\n")

@@ -29,6 +29,8 @@ type PGInfo struct {
 	Rows    int
 	Alone   time.Duration // the loader's query on the idle server
 	Pool    int           // connections per worker process
+	Share   float64       // the table's size was chosen by it (see Config.PGShare); 0: fixed
+	CPUs    int           // of the host, which Share is a share of
 }
 
 // Series is one run of the real-database mix over time, in buckets of Bucket
@@ -45,14 +47,25 @@ func (e *env) startPG(ctx context.Context) (*pgdb.Server, error) {
 		return e.pg, e.pgErr
 	}
 	t0 := time.Now()
-	e.pg, e.pgErr = pgdb.Start(ctx, pgdb.Options{Rows: e.s.pgRows, Repos: 100_000, MaxConnections: 400})
+	e.pg, e.pgErr = pgdb.Start(ctx, pgdb.Options{Rows: e.s.pgRows, Alone: e.s.pgAlone(), Repos: 100_000, MaxConnections: 400})
 	if e.pgErr != nil {
 		return nil, e.pgErr
 	}
-	e.res.PG = &PGInfo{Version: e.pg.Version, Rows: e.pg.Rows(), Alone: e.pg.Alone, Pool: e.s.pgPool}
+	e.res.PG = &PGInfo{Version: e.pg.Version, Rows: e.pg.Rows(), Alone: e.pg.Alone, Pool: e.s.pgPool, Share: e.s.pgShare, CPUs: runtime.NumCPU()}
 	e.cfg.logf("  PostgreSQL ready in %v: %d rows, the loader's query alone %v", time.Since(t0).Round(time.Millisecond),
 		e.pg.Rows(), e.pg.Alone.Round(100*time.Microsecond))
 	return e.pg, nil
+}
+
+// pgAlone is how long the loader's query should take alone for the mix's
+// ideal to ask pgShare of the host's CPU time of the database: keys ÷ TTL
+// queries a second (0: the table's size is fixed).
+func (s sizes) pgAlone() time.Duration {
+	if s.pgShare <= 0 {
+		return 0
+	}
+	perSec := float64(s.pgMixKeys) / s.pgMixTTL.Seconds()
+	return time.Duration(s.pgShare * float64(runtime.NumCPU()) / perSec * float64(time.Second))
 }
 
 // pgSkip records that the real-database scenarios cannot run, and why; the

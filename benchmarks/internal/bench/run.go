@@ -43,6 +43,12 @@ type Config struct {
 	// query, observer event, command and message; see systems.Trace), to
 	// investigate failed requests.
 	Trace string
+	// PGShare sizes the real database's table: the loader's query is made
+	// to take, alone, this share of the host's CPU time that the
+	// real-database mix's ideal (one load of each key per TTL) asks of the
+	// database (0: the table keeps its fixed size, whatever the query then
+	// costs; Quick ignores it).
+	PGShare float64
 }
 
 func (c Config) want(s string) bool { return len(c.Only) == 0 || c.Only[s] }
@@ -97,6 +103,7 @@ type sizes struct {
 
 	// The real database.
 	pgRows     int           // table size: the loader's query scans every row
+	pgShare    float64       // or sized so: see Config.PGShare
 	pgPool     int           // connections per worker process
 	pgDeadline time.Duration // per request
 	pgMixProcs int
@@ -124,7 +131,7 @@ func (c Config) sizes() sizes {
 		scaleProcs: []int{1, 2, 4, 8, 16}, scaleG: 128, scaleTotals: []int{128, 512, 1024, 4096}, scaleFixedP: 8,
 		mixProcs: 4, mixG: 32, mixInterval: 16 * time.Millisecond, mixKeys: 10_000, mixTTL: time.Second, mixDur: 3 * time.Second, mixReps: 2,
 		microCount: 5, microIters: "1000x", microIterMany: "50x", microIterBatch: "500x",
-		pgRows: 500_000, pgPool: 10, pgDeadline: time.Second,
+		pgRows: 500_000, pgShare: c.PGShare, pgPool: 10, pgDeadline: time.Second,
 		pgMixProcs: 8, pgMixRate: 2000, pgMixKeys: 50, pgMixTTL: 2 * time.Second, pgMixWarm: 2 * time.Second,
 		pgMixDur: 6 * time.Second, pgMixReps: 3, pgBucket: 200 * time.Millisecond,
 		nearDur:   3 * time.Second,
@@ -142,7 +149,7 @@ func (c Config) sizes() sizes {
 		s.scaleProcs, s.scaleG, s.scaleTotals, s.scaleFixedP = []int{1, 2}, 16, []int{16, 64}, 2
 		s.mixProcs, s.mixG, s.mixKeys, s.mixDur, s.mixTTL = 2, 4, 200, 600*time.Millisecond, 200*time.Millisecond
 		s.microCount, s.microIters, s.microIterMany, s.microIterBatch = 1, "20x", "5x", "20x"
-		s.pgRows, s.pgMixReps = 20_000, 1
+		s.pgRows, s.pgShare, s.pgMixReps = 20_000, 0, 1
 		s.pgMixProcs, s.pgMixRate, s.pgMixKeys, s.pgMixTTL, s.pgMixWarm, s.pgMixDur = 2, 100, 20, 300*time.Millisecond, 300*time.Millisecond, 1200*time.Millisecond
 		s.nearDur = 400 * time.Millisecond
 		s.manyNames, s.handWaiters = 200, []int{1, 10, 50}
