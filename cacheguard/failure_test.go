@@ -602,3 +602,53 @@ func TestLateLeaseRequestAfterGiveBack(t *testing.T) {
 		t.Errorf("the late request took a fill lease that nobody fills, for %v", pttl)
 	}
 }
+
+// With Redis down, a Get a loader makes under its load's context does not
+// wait for a load without the lease of the same key that another caller
+// started, which waits for the slot the loader holds: it runs its own, as a
+// loader's Get takes no slot.
+func TestMaxConcurrentLoadsNestedFailOpen(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.MaxRetries = -1 })
+	g := cacheguard.New(rdb, cacheguard.MaxConcurrentLoads(1), cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))
+	defer g.Close()
+	s.Kill()
+	kA, kB := testKey(t, "a"), testKey(t, "b")
+	outside := newGated("outside")
+	release := make(chan struct{})
+	nested := make(chan error, 1)
+	loadA := func(ctx context.Context) (item, error) {
+		<-release
+		v, err := cacheguard.Get(ctx, g, kB, (&counter{name: "nested"}).load)
+		if err == nil && v.Name != "nested" {
+			err = fmt.Errorf("nested Get of B served %v", v)
+		}
+		nested <- err
+		return item{Name: "A"}, err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		if _, err := cacheguard.Get(ctx, g, kA, loadA); err != nil {
+			t.Errorf("Get of A: %v", err)
+		}
+	})
+	eventually(t, 10*time.Second, "A's load holds the slot", func() bool { return g.Stats().FailOpenLoads == 1 })
+	wg.Go(func() {
+		if _, err := cacheguard.Get(ctx, g, kB, outside.load); err != nil {
+			t.Errorf("Get of B: %v", err)
+		}
+	})
+	eventually(t, 10*time.Second, "B's load waits for the slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
+	close(release)
+	select {
+	case err := <-nested:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the nested Get of B still waits for B's load, which waits for the slot its own caller holds")
+	}
+	close(outside.release)
+}

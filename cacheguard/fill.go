@@ -41,7 +41,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
 	var vals map[string]T
-	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout))
+	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout), fs)
 	loaded := time.Now() // the load's own time (the grace, XFetch) leaves out a wait for a slot
 	if err == nil {
 		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
@@ -221,7 +221,7 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 	if cause == nil { // past the wait budget: a slot as a fill waits for one
 		deadline = time.Now().Add(c.cfg.loadTimeout)
 	}
-	free, err := g.slot(ctx, false, deadline)
+	free, err := g.slot(ctx, false, deadline, nil)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fail(ErrClosed)

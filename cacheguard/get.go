@@ -491,6 +491,9 @@ func (c *call[T]) join(ctx context.Context, slots []*part[T], deadline time.Time
 		}
 		t, leader, pending := g.flights.join(entry{sl.values, c.rep}, c.typ, sl.s.gen, admit(&sl.s, c.typ))
 		sl.t, sl.pending, sl.own = t, pending, leader
+		if t != nil && !leader && !pending && g.slots != nil && g.nested(ctx) {
+			g.slots.promote(t) // it may wait for the slot this Get's caller holds
+		}
 		if sl.chain != nil && !pending {
 			g.flights.chain(t, sl.chain)
 		}
@@ -518,7 +521,10 @@ func (c *call[T]) joinUnleased(ctx context.Context, sls []*part[T], deadline tim
 		if sl.id == 0 {
 			sl.id = g.callIDs.Add(1)
 		}
-		if cause != nil && c.cfg.failClosed { // its own choice, never a shared load's
+		// Its own choice, never a shared load's; and a loader's Get shares
+		// no load without the lease: the one running may wait for the slot
+		// its caller holds (see Guard.slot), and its own takes none.
+		if cause != nil && c.cfg.failClosed || g.slots != nil && g.nested(ctx) {
 			sl.u = &task[entry, *outcome]{done: make(chan struct{}), res: c.loadUnleased(ctx, []string{sl.key}, sl.id, deadline, cause)[0]}
 			close(sl.u.done)
 			continue

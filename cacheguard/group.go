@@ -52,6 +52,7 @@ type task[K comparable, T any] struct {
 	asked   chan struct{}
 	askOnce sync.Once
 	shut    atomic.Bool // takes no new callers
+	nested  atomic.Bool // a loader's Get joined it: it loads without a slot (see loadSlots.promote)
 	// elsewhere: its first script found the fill lease held by another
 	// process, whose fill it follows (set before asked closes).
 	elsewhere atomic.Bool

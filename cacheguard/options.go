@@ -298,9 +298,10 @@ func CommandTimeout(d time.Duration) Option {
 // in the background (after ServeStale served a stale value, EarlyRefresh),
 // first come first served within each. A Get that a loader makes under its
 // load's context takes no slot (its load would wait for the one its caller
-// holds), but one that joins a load of the same entry already waiting for a
-// slot in the process waits with it, up to its wait budget; a loader that
-// starts loads on other contexts must not wait for them. The default is 0:
+// holds), and neither does a fill of the same entry it joins, however far that
+// fill got in the queue; it shares no read and no load without the lease (Redis
+// unreachable) with other callers. A loader that starts loads on other
+// contexts must not wait for them. The default is 0:
 // no bound (a database connection pool bounds loads too, but without that
 // order).
 func MaxConcurrentLoads(n int) Option {

@@ -196,6 +196,15 @@ type entry struct{ values, field string }
 // once the read answered when early (FailFast: it does not wait for loads);
 // typ is the caller's type, which the flight must have.
 func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, typ reflect.Type, early bool) (s stored, chained *task[entry, stored], err error) {
+	if g.slots != nil && g.nested(ctx) {
+		// A loader's Get shares no read: the callers of a read that finds
+		// the entry absent wait for the flight it is handed to, which this
+		// Get must join itself to let it load without a slot (see
+		// loadSlots.promote).
+		var s [1]stored
+		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:], line)
+		return s[0], nil, err
+	}
 	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.

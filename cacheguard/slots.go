@@ -18,7 +18,16 @@ import (
 type loadSlots struct {
 	mu    sync.Mutex
 	free  int
-	queue [2][]chan struct{} // the waiting loads: [0] waited for, [1] background
+	queue [2][]*slotWait // the waiting loads: [0] waited for, [1] background
+}
+
+// slotWait is a load waiting for a slot.
+type slotWait struct {
+	granted chan struct{}
+	flights []*flight // the flights it loads for
+	// free: granted without a slot, for a loader's Get that joined one of
+	// its flights (see promote). Set before granted closes.
+	free bool
 }
 
 func newLoadSlots(n int) *loadSlots {
@@ -28,35 +37,70 @@ func newLoadSlots(n int) *loadSlots {
 	return &loadSlots{free: n}
 }
 
-// take waits for a slot until ctx ends, and reports whether it got one.
-func (s *loadSlots) take(ctx context.Context, background bool) bool {
+// take waits for a slot until ctx ends, for a load of flights (none for a
+// load without the lease), and reports whether it may run (ok) and whether
+// it then holds a slot (held) that give must free: a load that a loader's
+// Get joined holds none (see promote).
+func (s *loadSlots) take(ctx context.Context, background bool, flights []*flight) (held, ok bool) {
 	s.mu.Lock()
-	if s.free > 0 {
+	switch {
+	case slices.ContainsFunc(flights, promoted):
+		s.mu.Unlock()
+		return false, true
+	case s.free > 0:
 		s.free--
 		s.mu.Unlock()
-		return true
+		return true, true
 	}
 	q := 0
 	if background {
 		q = 1
 	}
-	granted := make(chan struct{})
-	s.queue[q] = append(s.queue[q], granted)
+	w := &slotWait{granted: make(chan struct{}), flights: flights}
+	s.queue[q] = append(s.queue[q], w)
 	s.mu.Unlock()
 	select {
-	case <-granted:
-		return true
+	case <-w.granted:
+		return !w.free, true
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
-	if i := slices.Index(s.queue[q], granted); i >= 0 {
+	if i := slices.Index(s.queue[q], w); i >= 0 {
 		s.queue[q] = slices.Delete(s.queue[q], i, i+1)
 		s.mu.Unlock()
-		return false
+		return false, false
 	}
 	s.mu.Unlock()
-	s.give() // granted as ctx ended: pass it on
-	return false
+	if !w.free {
+		s.give() // granted as ctx ended: pass it on
+	}
+	return false, false
+}
+
+func promoted(f *flight) bool { return f.t.nested.Load() }
+
+// promote lets flight t load without a slot, now or when it comes to wait
+// for one: a Get that a loader makes under its load's context (which takes
+// no slot: it would wait for the one its caller holds) has joined t, and
+// would otherwise wait for t while t waits for that very slot. It runs
+// under s.mu after t is marked, so that a load that checks the mark under
+// s.mu before it queues either sees it or is found queued here.
+func (s *loadSlots) promote(t *task[entry, *outcome]) {
+	if s == nil || t.nested.Swap(true) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for q := range s.queue {
+		for i, w := range s.queue[q] {
+			if slices.ContainsFunc(w.flights, func(f *flight) bool { return f.t == t }) {
+				w.free = true
+				close(w.granted)
+				s.queue[q] = slices.Delete(s.queue[q], i, i+1)
+				return
+			}
+		}
+	}
 }
 
 // give frees a slot: to the first waiting load, in the order take describes.
@@ -65,7 +109,7 @@ func (s *loadSlots) give() {
 	defer s.mu.Unlock()
 	for q := range s.queue {
 		if len(s.queue[q]) > 0 {
-			close(s.queue[q][0])
+			close(s.queue[q][0].granted)
 			s.queue[q] = slices.Delete(s.queue[q], 0, 1)
 			return
 		}
@@ -88,23 +132,32 @@ func (s *loadSlots) waiting() int {
 type loadingKey struct{}
 
 // slot waits until deadline for one of MaxConcurrentLoads' slots for a load
-// under ctx (a background one: see loadSlots), and returns the func that frees
-// it. Every load a Guard runs takes one — unless ctx is a load's of the same
-// Guard: a loader that calls Get would otherwise wait for the slot it holds.
-// It fails with ctx's cause when ctx ends first, and with an error matching
+// of flights (none: a load without the lease) under ctx (a background one:
+// see loadSlots), and returns the func that frees it. Every load a Guard runs
+// takes one — unless ctx is a load's of the same Guard (nested): a loader
+// that calls Get would otherwise wait for the slot it holds; and for the same
+// reason a flight such a Get joins takes none (see promote). It fails with
+// ctx's cause when ctx ends first, and with an error matching
 // context.DeadlineExceeded at deadline.
-func (g *Guard) slot(ctx context.Context, background bool, deadline time.Time) (free func(), err error) {
-	if g.slots == nil || ctx.Value(loadingKey{}) == g {
+func (g *Guard) slot(ctx context.Context, background bool, deadline time.Time, flights []*flight) (free func(), err error) {
+	if g.slots == nil || g.nested(ctx) {
 		return func() {}, nil
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if !g.slots.take(wctx, background) {
+	held, ok := g.slots.take(wctx, background, flights)
+	if !ok {
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
 		return nil, fmt.Errorf("cacheguard: every load slot (MaxConcurrentLoads %d) stayed taken until the load's deadline: %w",
 			g.cfg.maxLoads, context.DeadlineExceeded)
 	}
+	if !held {
+		return func() {}, nil
+	}
 	return g.slots.give, nil
 }
+
+// nested reports whether ctx is a load's of g: a Get its loader makes.
+func (g *Guard) nested(ctx context.Context) bool { return ctx.Value(loadingKey{}) == g }

@@ -14,13 +14,13 @@ import (
 // takes no slot; a slot nobody waits for is free again.
 func TestLoadSlotsQueue(t *testing.T) {
 	s := newLoadSlots(1)
-	if s.take(context.Background(), true) != true {
+	if held, ok := s.take(context.Background(), true, nil); !held || !ok {
 		t.Fatal("a free slot was not taken")
 	}
 	got := make(chan string, 3)
 	wait := func(name string, ctx context.Context, background bool) {
 		go func() {
-			if s.take(ctx, background) {
+			if _, ok := s.take(ctx, background, nil); ok {
 				got <- name
 			} else {
 				got <- name + " gave up"
@@ -55,4 +55,39 @@ func TestLoadSlotsQueue(t *testing.T) {
 	if (*loadSlots)(nil).waiting() != 0 {
 		t.Fatal("no bound: loads wait")
 	}
+}
+
+// A load whose flight a loader's Get joined (promote) runs without a slot:
+// promoted while it waits, it leaves the queue; promoted before it asks, it
+// does not queue. Neither takes or frees a slot.
+func TestLoadSlotsPromote(t *testing.T) {
+	s := newLoadSlots(1)
+	if held, ok := s.take(context.Background(), false, nil); !held || !ok {
+		t.Fatal("a free slot was not taken")
+	}
+	mk := func() *flight { return &flight{t: &task[entry, *outcome]{}} }
+	a, b, other := mk(), mk(), mk()
+	type res struct{ held, ok bool }
+	got := make(chan res, 1)
+	go func() {
+		held, ok := s.take(context.Background(), true, []*flight{other, a})
+		got <- res{held, ok}
+	}()
+	redistest.Eventually(t, 5*time.Second, "the load waits", func() bool { return s.waiting() == 1 })
+	s.promote(a.t)
+	if r := <-got; r.held || !r.ok {
+		t.Fatalf("promoted while waiting: held %v, ok %v; want false, true", r.held, r.ok)
+	}
+	s.promote(b.t)
+	if held, ok := s.take(context.Background(), false, []*flight{b}); held || !ok {
+		t.Fatalf("promoted before it asked: held %v, ok %v; want false, true", held, ok)
+	}
+	if s.waiting() != 0 || s.free != 0 {
+		t.Fatalf("waiting %d, free %d: want 0, 0 (the first load still holds the slot)", s.waiting(), s.free)
+	}
+	s.give()
+	if s.free != 1 {
+		t.Fatalf("free %d after the slot's holder ended, want 1", s.free)
+	}
+	(*loadSlots)(nil).promote(a.t) // no bound: nothing to do
 }

@@ -2,6 +2,7 @@ package cacheguard_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -109,5 +110,78 @@ func TestMaxConcurrentLoadsOrder(t *testing.T) {
 	defer mu.Unlock()
 	if most > 2 {
 		t.Errorf("%d loads ran at once, want at most A and the Get its loader made", most)
+	}
+}
+
+// A Get a loader makes under its load's context is served by a flight of
+// the same entry that another caller started and that waits for a slot —
+// the slot that loader holds: that flight runs at once, as the nested Get
+// would have, instead of keeping the loader (and the slot) waiting until
+// the nested Get's budget ends. The same when the nested Get shares a read
+// that another caller of the entry started.
+func TestMaxConcurrentLoadsNestedJoin(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.MaxConcurrentLoads(1), cacheguard.WaitBudget(time.Minute),
+		cacheguard.LoadTimeout(time.Minute))
+	kA, kB := testKey(t, "a"), testKey(t, "b")
+	var loadsB sync.WaitGroup
+	var nB int
+	var mu sync.Mutex
+	loadB := func(context.Context) (item, error) {
+		mu.Lock()
+		nB++
+		mu.Unlock()
+		return item{Name: "B"}, nil
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	nestedDone := make(chan error, 1)
+	loadA := func(ctx context.Context) (item, error) {
+		close(started)
+		<-release
+		v, err := cacheguard.Get(ctx, g, kB, loadB)
+		if err == nil && v.Name != "B" {
+			err = errors.New("nested Get of B served " + v.Name)
+		}
+		nestedDone <- err
+		return item{Name: "A"}, err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	wg.Go(func() {
+		if _, err := cacheguard.Get(ctx, g, kA, loadA); err != nil {
+			t.Errorf("Get of A: %v", err)
+		}
+	})
+	<-started
+	// B's miss, from outside any load: its flight waits for the slot A holds.
+	loadsB.Add(1)
+	wg.Go(func() {
+		defer loadsB.Done()
+		if _, err := cacheguard.Get(ctx, g, kB, loadB); err != nil {
+			t.Errorf("Get of B: %v", err)
+		}
+	})
+	eventually(t, 5*time.Second, "B's flight waits for a slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
+	close(release)
+	select {
+	case err := <-nestedDone:
+		if err != nil {
+			t.Fatalf("nested Get of B: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the nested Get of B still waits for B's flight, which waits for the slot its own caller holds")
+	}
+	loadsB.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if nB != 1 {
+		t.Errorf("B loaded %d times, want 1 (the nested Get shares the waiting flight)", nB)
 	}
 }
