@@ -58,3 +58,12 @@ func LeaseScriptSource() string { return leaseScript.Source() }
 
 // LoadsWaiting is how many loads of g wait for a slot (MaxConcurrentLoads).
 func LoadsWaiting(g *Guard) int { return g.slots.waiting() }
+
+// Promoted is how many loads of g waiting for a slot a loader's Get let run
+// without one (see loadSlots.promote).
+func Promoted(g *Guard) int64 {
+	if g.slots == nil {
+		return 0
+	}
+	return g.slots.promoted.Load()
+}

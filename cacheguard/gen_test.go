@@ -80,6 +80,7 @@ func TestGenCache(t *testing.T) {
 			"InvalidateTags": m.invalidateTags,
 			"Outlive":        m.outlive,
 			"Outlive2":       m.outlive, // its window is often a fault's, which excuses an overlap
+			"NestedJoin":     m.nestedJoin,
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
 			"Fault":          m.fault,
@@ -90,9 +91,11 @@ func TestGenCache(t *testing.T) {
 		m.checkOverlaps(rt)
 		m.checkLates(rt)
 		m.checkSlots(rt)
+		m.checkNested(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls, %d invalidations, %d faults %v, %d shutdowns",
-		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load())
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one), %d invalidations, %d faults %v, %d shutdowns",
+		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(),
+		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load())
 }
 
 func flagSet(name string) (set bool) {
@@ -102,6 +105,8 @@ func flagSet(name string) (set bool) {
 
 type genTotals struct {
 	runs, steps, calls, invs, faults, shutdowns atomic.Int64
+	nested, promoted                            atomic.Int64 // Gets loaders made; flights waiting for a slot they joined
+	joins, queued                               atomic.Int64 // NestedJoin steps; those whose second fill queued
 	mu                                          sync.Mutex
 	byKind                                      map[string]int
 }
@@ -210,8 +215,25 @@ type genModel struct {
 	invs    []genInv
 	loads   []genLoad
 	faultsW [][2]time.Time // fault windows: loads overlapping them may overlap each other
+	faults  [][2]time.Time // the faults themselves, from injection to its step's end
 	lates   []genLateServe
 	bad     []string
+	// The Gets loaders made (loader "nested"): by the serial of the load
+	// whose loader made each, and those that waited out their budget.
+	nestedIn    map[int64][]genNested
+	nestedWaits []genNested
+}
+
+// genNested is a Get a loader made under its load's context.
+type genNested struct {
+	proc        *genProc
+	entry       string
+	began, done time.Time
+	what        string
+}
+
+func (n genNested) String() string {
+	return fmt.Sprintf("%q %s–%s", n.entry, n.began.Format("05.000000"), n.done.Format("05.000000"))
 }
 
 var genRun atomic.Int64
@@ -264,6 +286,7 @@ func (m *genModel) newProc(near bool) *genProc {
 func (m *genModel) close() {
 	m.settle()
 	for _, p := range append(m.procs, m.old...) {
+		m.tot.promoted.Add(cacheguard.Promoted(p.g))
 		p.g.Close()
 	}
 	for _, p := range append(m.procs, m.old...) {
@@ -365,6 +388,8 @@ type genCall struct {
 	ttl     time.Duration
 	loader  string
 	started chan struct{} // when set, gets a value as the call's load starts
+	hold    chan struct{} // when set, a nested loader makes its Get once it closes
+	nested  chan struct{} // when set, gets a value as a nested loader's Get returns
 }
 
 func (m *genModel) drawCall(rt *rapid.T) genCall {
@@ -374,7 +399,7 @@ func (m *genModel) drawCall(rt *rapid.T) genCall {
 		ctxTime: rapid.SampledFrom([]time.Duration{0, 0, 100 * time.Millisecond}).Draw(rt, "ctx"),
 		policy:  rapid.SampledFrom([]string{"wait", "stale", "failsafe", "soft"}).Draw(rt, "policy"),
 		variant: rapid.SampledFrom([]string{"", "", "", "HEAD"}).Draw(rt, "variant"),
-		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "fail"}).Draw(rt, "loader"),
+		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "fail", "nested"}).Draw(rt, "loader"),
 	}
 	c.tags = rapid.SampledFrom([][]string{nil, {"t0"}}).Draw(rt, "tags")
 	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
@@ -423,6 +448,17 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 		}
 	case "fail":
 		err = errors.New("database down")
+	case "nested":
+		if c.hold != nil {
+			select {
+			case <-c.hold:
+			case <-ctx.Done():
+			}
+		}
+		m.nested(ctx, seq, keys)
+		if c.nested != nil {
+			c.nested <- struct{}{}
+		}
 	}
 	end := time.Now()
 	by, _ := ctx.Value(genCallKey{}).(*genCallRec) // a load's context keeps its starter's values
@@ -439,6 +475,54 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 		out[k] = genVal{Seq: seq, End: end.UnixNano()}
 	}
 	return out, nil
+}
+
+// genNestedBudget is a nested Get's wait budget: past what a fill of its
+// entry takes when it waits for slots behind slow loads, in any process.
+const genNestedBudget = 4 * time.Second
+
+// nested is what a "nested" loader does (the load of serial seq, for keys)
+// before it returns: a Get of another key on its process, under its load's
+// context — a Get that takes no load slot (see cacheguard.MaxConcurrentLoads)
+// and must not wait for one, even through a flight of its entry that another
+// call started and that waits for the slot this load holds. Its value is
+// checked as any call's; a Get that waited out its budget is recorded, to be
+// judged against the fault windows (see checkNested).
+func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
+	rec, _ := ctx.Value(genCallKey{}).(*genCallRec)
+	i := slices.IndexFunc(genKeys, func(k string) bool { return !slices.Contains(keys, k) })
+	if rec == nil || i < 0 {
+		return // a Get of its own entry would wait for itself
+	}
+	key := genKeys[i]
+	c := genCall{ttl: 2 * time.Second, budget: genNestedBudget, policy: "wait", loader: "fast"}
+	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
+	m.tot.calls.Add(1)
+	m.tot.nested.Add(1)
+	n := &genCallRec{began: time.Now(), proc: rec.proc, of: seq}
+	var res cacheguard.Result
+	v, err := cacheguard.Get(context.WithValue(ctx, genCallKey{}, n), rec.proc.g, key, func(ctx context.Context) (genVal, error) {
+		vals, err := m.load(ctx, c, []string{key})
+		return vals[key], err
+	}, append(slices.Clone(c.opts), cacheguard.ReportTo(&res))...)
+	done := genNested{proc: rec.proc, entry: c.entry(key), began: n.began, done: time.Now()}
+	m.mu.Lock()
+	if m.nestedIn == nil {
+		m.nestedIn = map[int64][]genNested{}
+	}
+	m.nestedIn[seq] = append(m.nestedIn[seq], done)
+	if errors.Is(err, cacheguard.ErrWaitTimeout) {
+		done.what = fmt.Sprintf("a Get of %s made by load %d's loader (process %d) waited out its budget of %v: %v; %s",
+			key, seq, slices.Index(m.procs, rec.proc), c.budget, err, m.history(key, n.began))
+		m.nestedWaits = append(m.nestedWaits, done)
+	}
+	m.mu.Unlock()
+	if err == nil {
+		if n.near(key) {
+			res = cacheguard.NearHit
+		}
+		m.checkValue(c, key, v, res, n.began, rec.proc, n)
+	}
 }
 
 func (m *genModel) get(rt *rapid.T) {
@@ -493,6 +577,69 @@ func (m *genModel) outlive(rt *rapid.T) {
 	var wg2 sync.WaitGroup // wg may be waited on still
 	m.call(m.procs[q], c, []string{key}, false, &wg2)
 	m.await(rt, &wg2)
+}
+
+// nestedJoin makes a loader's Get meet a flight of its entry that waits for
+// the slot its loader holds: on a process with one load slot, a call whose
+// nested loader holds the slot, a call of the other key whose fill queues
+// for it, then the loader's Get of that key, which joins that fill — and
+// must not wait for it (see checkNested).
+func (m *genModel) nestedJoin(rt *rapid.T) {
+	i := slices.IndexFunc(m.procs, func(p *genProc) bool { return p.slots == 1 })
+	if i < 0 || slices.ContainsFunc(m.procs, func(p *genProc) bool { return p.hook.armed() }) {
+		return // a fault armed earlier would strike during the step (see checkNested)
+	}
+	p := m.procs[i]
+	keyA := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	keyB := genKeys[(slices.Index(genKeys, keyA)+1)%len(genKeys)]
+	// Both keys missing, so that both calls load.
+	m.invalidateWith([]string{keyA, keyB}, func(ctx context.Context) error { return p.g.Invalidate(ctx, keyA, keyB) })
+	c := m.drawCall(rt)
+	c.loader, c.ctxTime, c.started, c.hold, c.nested = "nested", 0, make(chan struct{}, 1), make(chan struct{}), make(chan struct{}, 1)
+	held := true
+	defer func() {
+		if held {
+			close(c.hold)
+		}
+	}()
+	var wg sync.WaitGroup
+	m.call(p, c, []string{keyA}, false, &wg)
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-c.started: // the load of keyA holds the slot
+	case <-ended: // a hit, or a call that failed: no load holds it
+		return
+	}
+	m.tot.joins.Add(1)
+	// The entry the loader's Get asks for (no variant, no tags: see nested).
+	b := genCall{ttl: 2 * time.Second, budget: rapid.SampledFrom([]time.Duration{300 * time.Millisecond, time.Second}).Draw(rt, "budget"),
+		policy: "wait", loader: "fast"}
+	b.opts = []cacheguard.CallOption{cacheguard.TTL(b.ttl), cacheguard.WaitBudget(b.budget)}
+	var wgB sync.WaitGroup
+	m.call(p, b, []string{keyB}, false, &wgB)
+	endedB := make(chan struct{})
+	go func() { wgB.Wait(); close(endedB) }()
+	deadline := time.Now().Add(2 * time.Second)
+	for cacheguard.LoadsWaiting(p.g) == 0 && time.Now().Before(deadline) {
+		select {
+		case <-endedB: // served without a load here: nothing queued
+			deadline = time.Now()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if cacheguard.LoadsWaiting(p.g) > 0 {
+		m.tot.queued.Add(1)
+	}
+	// The step lasts until the loader's Get returns, so that no other
+	// step's fault excuses its wait (see checkNested).
+	held = false
+	close(c.hold)
+	select {
+	case <-c.nested:
+	case <-time.After(genNestedBudget + genSlack):
+		m.violation("a Get made by a loader (%s) had not returned %v after it began", keyB, genNestedBudget+genSlack)
+	}
 }
 
 // await waits for the calls of a step, unless it runs them in the
@@ -598,6 +745,7 @@ func (m *genModel) history(key string, began time.Time) string {
 type genCallRec struct {
 	began time.Time // when the call began (a reload it starts may queue for a slot: see checkLates)
 	proc  *genProc  // the process it ran in, where the loads it starts run (see checkSlots)
+	of    int64     // for a Get a loader made, its load's serial (see nested)
 	mu    sync.Mutex
 	keys  []string
 }
@@ -667,9 +815,10 @@ func (m *genModel) loadOf(key string, v genVal) *genLoad {
 }
 
 // checkSlots checks MaxConcurrentLoads against the loader itself: on a
-// process with one slot, no two loader calls ran at once (its loaders make no
-// Get, so none runs without a slot), faults or not — a fail-open load takes
-// a slot too. A loader call that loaded several keys (GetMany) is one load.
+// process with one slot, no two loader calls that took a slot ran at once,
+// faults or not — a fail-open load takes one too; one a loader's Get ran or
+// joined need not (see slotFree). A loader call that loaded several keys
+// (GetMany) is one load.
 func (m *genModel) checkSlots(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -681,10 +830,62 @@ func (m *genModel) checkSlots(rt *rapid.T) {
 			if b.by == nil || b.by.proc != a.by.proc || b.seq == a.seq {
 				continue
 			}
-			if b.start.Before(a.end) && a.start.Before(b.end) {
-				rt.Fatalf("process %p, one load slot: loads %d (%v–%v) and %d (%v–%v) ran at once", a.by.proc,
-					a.seq, a.start.Format("05.000"), a.end.Format("05.000"), b.seq, b.start.Format("05.000"), b.end.Format("05.000"))
+			if b.start.Before(a.end) && a.start.Before(b.end) && !m.slotFree(a) && !m.slotFree(b) {
+				rt.Fatalf("process %p, one load slot: loads %s and %s ran at once", a.by.proc, m.describe(a), m.describe(b))
 			}
+		}
+	}
+}
+
+// slotFree reports whether load b may have run without a slot: a Get made
+// by a loader of its process (any load's, a load that took no slot itself
+// included: the relation chains) ran it or joined it — a loader call that
+// loaded that Get's entry and ended after the Get began; with a GetMany's
+// other keys, the whole call; and though it may begin after the Get stopped
+// waiting for it (m.mu held).
+func (m *genModel) slotFree(b genLoad) bool {
+	for _, ns := range m.nestedIn {
+		if slices.ContainsFunc(ns, func(n genNested) bool {
+			return n.proc == b.by.proc && b.end.After(n.began) &&
+				slices.ContainsFunc(m.loads, func(l genLoad) bool { return l.seq == b.seq && l.entry == n.entry })
+		}) {
+			return true
+		}
+	}
+	return false
+}
+
+// describe is a load for a violation's message (m.mu held): its loader
+// call's entries, and the call that started it.
+func (m *genModel) describe(l genLoad) string {
+	var entries []string
+	for _, o := range m.loads {
+		if o.seq == l.seq {
+			entries = append(entries, o.entry)
+		}
+	}
+	of := int64(0)
+	if l.by != nil {
+		of = l.by.of
+	}
+	return fmt.Sprintf("%d (%s, %q, %v–%v; entries %q; started by %s%s; its loader's Gets %v)", l.seq, l.loader, l.entry,
+		l.start.Format("05.000000"), l.end.Format("05.000000"), entries, l.call, map[bool]string{true: fmt.Sprintf(", a Get of load %d's loader", of)}[of != 0], m.nestedIn[l.seq])
+}
+
+// checkNested checks the Gets loaders made: none waited out its budget
+// (genNestedBudget, far past any load's time) unless a fault ran during its
+// wait or just before it, within what a fault leaves behind (a lease
+// granted unseen, a command that timed out: genLease + 2 × genCmd). Not the
+// wider windows that excuse overlapping loads: faults come every few steps,
+// and those windows would excuse almost any wait of seconds.
+func (m *genModel) checkNested(rt *rapid.T) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, n := range m.nestedWaits {
+		if !slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
+			return w[0].Before(n.done) && n.began.Before(w[1].Add(genLease+2*genCmd))
+		}) {
+			rt.Fatalf("%s", n.what)
 		}
 	}
 }
@@ -820,6 +1021,7 @@ func (m *genModel) window(kind string, do func()) {
 	do()
 	m.mu.Lock()
 	m.faultsW = append(m.faultsW, [2]time.Time{start, time.Now().Add(genLease + 2*genCmd + genSlack)})
+	m.faults = append(m.faults, [2]time.Time{start, time.Now()})
 	m.mu.Unlock()
 }
 
@@ -971,6 +1173,17 @@ type faultHook struct {
 }
 
 var errDropped = errors.New("gen: reply dropped")
+
+// armed reports whether a fault injected earlier has yet to strike or end:
+// replies to drop or delay, a pause or late lease requests still to come, or
+// requests held back.
+func (h *faultHook) armed() bool {
+	now := time.Now().UnixNano()
+	h.late.mu.Lock()
+	held := h.late.n > 0
+	h.late.mu.Unlock()
+	return h.drop.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now || held
+}
 
 // genLate is how late a held-back fill lease request reaches Redis: after its
 // command's bound (twice the command timeout while Redis answers), so after

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +20,8 @@ type loadSlots struct {
 	mu    sync.Mutex
 	free  int
 	queue [2][]*slotWait // the waiting loads: [0] waited for, [1] background
+	// promoted counts the waiting loads promote let run (tests).
+	promoted atomic.Int64
 }
 
 // slotWait is a load waiting for a slot.
@@ -82,7 +85,9 @@ func promoted(f *flight) bool { return f.t.nested.Load() }
 // promote lets flight t load without a slot, now or when it comes to wait
 // for one: a Get that a loader makes under its load's context (which takes
 // no slot: it would wait for the one its caller holds) has joined t, and
-// would otherwise wait for t while t waits for that very slot. It runs
+// would otherwise wait for t while t waits for that very slot. It stays so
+// should that Get stop waiting first (served an older value, its budget
+// ended): one load more than the bound, never a stall. It runs
 // under s.mu after t is marked, so that a load that checks the mark under
 // s.mu before it queues either sees it or is found queued here.
 func (s *loadSlots) promote(t *task[entry, *outcome]) {
@@ -96,6 +101,7 @@ func (s *loadSlots) promote(t *task[entry, *outcome]) {
 			if slices.ContainsFunc(w.flights, func(f *flight) bool { return f.t == t }) {
 				w.free = true
 				close(w.granted)
+				s.promoted.Add(1)
 				s.queue[q] = slices.Delete(s.queue[q], i, i+1)
 				return
 			}
