@@ -65,5 +65,19 @@ func Promoted(g *Guard) int64 {
 	if g.slots == nil {
 		return 0
 	}
-	return g.slots.promoted.Load()
+	return g.slots.promotions.Load()
+}
+
+// ReadsQueued is how many calls of g wait for a read queued behind one in
+// flight (see Guard.readOne).
+func ReadsQueued(g *Guard) int {
+	g.reads.mu.Lock()
+	defer g.reads.mu.Unlock()
+	n := 0
+	for _, l := range g.reads.m {
+		if l.next != nil {
+			n += l.next.waiting
+		}
+	}
+	return n
 }

@@ -20,8 +20,8 @@ type loadSlots struct {
 	mu    sync.Mutex
 	free  int
 	queue [2][]*slotWait // the waiting loads: [0] waited for, [1] background
-	// promoted counts the waiting loads promote let run (tests).
-	promoted atomic.Int64
+	// promotions counts the waiting loads promote let run (tests).
+	promotions atomic.Int64
 }
 
 // slotWait is a load waiting for a slot.
@@ -101,7 +101,7 @@ func (s *loadSlots) promote(t *task[entry, *outcome]) {
 			if slices.ContainsFunc(w.flights, func(f *flight) bool { return f.t == t }) {
 				w.free = true
 				close(w.granted)
-				s.promoted.Add(1)
+				s.promotions.Add(1)
 				s.queue[q] = slices.Delete(s.queue[q], i, i+1)
 				return
 			}

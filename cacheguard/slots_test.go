@@ -3,12 +3,18 @@ package cacheguard_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/redistest"
 )
 
 // MaxConcurrentLoads bounds every load a Guard runs, leased ones too: while
@@ -183,5 +189,124 @@ func TestMaxConcurrentLoadsNestedJoin(t *testing.T) {
 	defer mu.Unlock()
 	if nB != 1 {
 		t.Errorf("B loaded %d times, want 1 (the nested Get shares the waiting flight)", nB)
+	}
+}
+
+// The same when the loader's Get would share a read of the entry that
+// another caller sent first: that read's callers are handed, on a miss, to
+// the fill it starts, which waits for the slot the loader holds. The
+// loader's Get reads on its own instead, and loads (taking no slot).
+func TestMaxConcurrentLoadsNestedSharesNoRead(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	kA, kB := testKey(t, "a"), testKey(t, "b")
+	// As many reads of B as a Guard sends at once for one entry (the others
+	// queue behind them: see Guard.readOne), held on their way to Redis.
+	hold := &holdRead{key: kB, n: max(2, runtime.GOMAXPROCS(0)), held: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(hold)
+	g := cacheguard.New(rdb, cacheguard.MaxConcurrentLoads(1), cacheguard.WaitBudget(time.Minute),
+		cacheguard.LoadTimeout(time.Minute), cacheguard.CommandTimeout(time.Minute))
+	defer g.Close()
+	defer hold.free()
+	release := make(chan struct{})
+	nested := make(chan error, 1)
+	loadA := func(ctx context.Context) (item, error) {
+		<-release
+		_, err := cacheguard.Get(ctx, g, kB, (&counter{name: "nested"}).load)
+		nested <- err
+		return item{Name: "A"}, err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		if _, err := cacheguard.Get(ctx, g, kA, loadA); err != nil {
+			t.Errorf("Get of A: %v", err)
+		}
+	})
+	// B's reads, from outside any load.
+	for range hold.n {
+		wg.Go(func() {
+			if _, err := cacheguard.Get(ctx, g, kB, (&counter{name: "outside"}).load); err != nil {
+				t.Errorf("Get of B: %v", err)
+			}
+		})
+	}
+	select {
+	case <-hold.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's reads never reached the hook")
+	}
+	close(release)
+	// The loader's Get either finishes (reading on its own) or queues behind
+	// B's reads; then they go on, find B absent, and their fill waits for the
+	// slot A holds.
+	eventually(t, 10*time.Second, "the loader's Get returned or queued behind B's read", func() bool {
+		return len(nested) == 1 || cacheguard.ReadsQueued(g) == 1
+	})
+	hold.free()
+	select {
+	case err := <-nested:
+		if err != nil {
+			t.Fatalf("nested Get of B: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the nested Get of B still waits for a read handed to a fill that waits for the slot its own caller holds")
+	}
+}
+
+// holdRead holds the first n HGETs of key's values on its way to Redis
+// until free is called (held closes when n are held).
+type holdRead struct {
+	key           string
+	n             int
+	mu            sync.Mutex
+	seen          int
+	freed         sync.Once
+	held, release chan struct{}
+}
+
+func (h *holdRead) free() { h.freed.Do(func() { close(h.release) }) }
+
+func (h *holdRead) wait(ctx context.Context, cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		args := cmd.Args()
+		if len(args) < 2 || cmd.Name() != "hget" {
+			continue
+		}
+		name := fmt.Sprint(args[1])
+		if p, ok := args[1].(*string); ok { // a hit's command line (see hget)
+			name = *p
+		}
+		if strings.Contains(name, h.key) {
+			h.mu.Lock()
+			h.seen++
+			mine := h.seen <= h.n
+			if h.seen == h.n {
+				close(h.held)
+			}
+			h.mu.Unlock()
+			if mine {
+				select {
+				case <-h.release:
+				case <-ctx.Done():
+				}
+			}
+			return
+		}
+	}
+}
+
+func (h *holdRead) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.wait(ctx, []redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (h *holdRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.wait(ctx, cmds)
+		return next(ctx, cmds)
 	}
 }

@@ -43,6 +43,10 @@ func run() int {
 		loads = flag.Int("maxloads", 0, "give every cacheguard system MaxConcurrentLoads(n) in each process (0: none, the default)")
 	)
 	flag.Parse()
+	if *share < 0 || *share > 1 {
+		fmt.Fprintf(os.Stderr, "cgbench: -pgshare %g: want a share of the host's CPUs between 0 and 1 (0: the fixed table)\n", *share)
+		return 2
+	}
 	if *loads > 0 { // the workers inherit it (see systems.MaxLoadsEnv)
 		os.Setenv(systems.MaxLoadsEnv, strconv.Itoa(*loads))
 	}
