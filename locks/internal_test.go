@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -284,8 +286,14 @@ func TestReleaseQueuesNextLocalWaiter(t *testing.T) {
 		if ra.err != nil {
 			t.Fatal(ra.err)
 		}
+		pubs := publishCalls(t, rdb)
 		if err := ra.lk.Unlock(ctx); err != nil { // queues B (behind Y when other)
 			t.Fatal(err)
+		}
+		// Only another process's waiter is told by a push: B learns of its
+		// grant from the release's reply.
+		if n, want := publishCalls(t, rdb)-pubs, map[bool]int{false: 0, true: 1}[other]; n != want {
+			t.Fatalf("other process waiting %v: A's release published %d grants, want %d", other, n, want)
 		}
 		if other {
 			ry := <-ywait
@@ -369,6 +377,22 @@ func TestNextWaiterGivesUpWhileQueuedForIt(t *testing.T) {
 		t.Fatalf("after B gave up: %v", err)
 	}
 	lk.Unlock(ctx)
+}
+
+// publishCalls is how many PUBLISH commands the server has run, scripts'
+// included (INFO commandstats).
+func publishCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, v, ok := strings.Cut(info, "cmdstat_publish:calls=")
+	if !ok {
+		return 0
+	}
+	n, _ := strconv.Atoi(v[:strings.IndexByte(v, ',')])
+	return n
 }
 
 // gateLen is how many callers of c wait at its gate for the lock key.

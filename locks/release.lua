@@ -102,7 +102,9 @@ if head then
   -- w: more waiters may be queued (a stale w only costs the next release this check)
   redis.call('HSET', lk, 'o', w, 'n', '1', 'f', f, 'h:' .. wacq, '1', 'b', wacq, 'p', owner .. '|' .. acq, 'w', '1')
   redis.call('PEXPIRE', lk, math.min(wlease, place))
-  redis.call(ARGV[5], chan, wacq .. ' ' .. f)
+  -- The releasing process's own next waiter learns of it from this reply;
+  -- only another process's waiter is told by a push.
   if head == nextm then return f end
+  redis.call(ARGV[5], chan, wacq .. ' ' .. f)
 end
 return 0
