@@ -81,3 +81,6 @@ func ReadsQueued(g *Guard) int {
 	}
 	return n
 }
+
+// PlainJSON is plainJSON (tests only).
+var PlainJSON = plainJSON

@@ -241,3 +241,99 @@ func checkJSONDecode[T any](t *rapid.T, v T, lenient *atomic.Int64) {
 		t.Fatalf("on %s\nJSON{}.Unmarshal: %#v\nencoding/json:    %#v", in, got, want)
 	}
 }
+
+// jsonTokens are the pieces TestGenPlainJSON builds inputs from: valid and
+// invalid numbers, strings, literals and punctuation, so that many of its
+// inputs are valid JSON and many are almost.
+var jsonTokens = []string{"{", "}", "[", "]", ",", ":", " ", "\t", "\n", `"a"`, `"\n"`, `"\u00e9"`, `"\ud800"`,
+	`"\uDFFF"`, `"\u12"`, `"\x"`, "\"é\"", "\"\x80\"", "\"\x01\"", "\"\x7f\"", `"`, `\`, "1", "-0", "01", "1.5",
+	"1e9", "1E-2", "1.", ".5", "-", "--1", "0.0e+0", "true", "false", "null", "tru", "nul", "x", "\x00"}
+
+// TestGenPlainJSON checks plainJSON, the JSON codec's gate to its fast
+// decoder, against encoding/json.Valid, the oracle: what it accepts is valid;
+// on input with no string that needs it to refuse what is valid (non-ASCII
+// bytes, \u escapes) and no deeper nesting than it allows, it decides as
+// encoding/json does; and whatever encoding/json encodes is plain.
+func TestGenPlainJSON(t *testing.T) {
+	deep := func(n int) []byte { return []byte(strings.Repeat("[", n) + strings.Repeat("]", n)) }
+	if !cacheguard.PlainJSON(deep(64)) || cacheguard.PlainJSON(deep(65)) {
+		t.Fatal("nesting: 64 levels must be plain, 65 not")
+	}
+	gen.Check(t, 3000, func(t *rapid.T) {
+		var in []byte
+		switch rapid.IntRange(0, 4).Draw(t, "kind") {
+		case 4: // a string of any bytes: escapes, control and high bytes
+			in = append(append([]byte(`"`), rapid.SliceOfN(rapid.SampledFrom([]byte("\\\"u0aA/bfnrtx\x00\x1f\x7f\xc3\xa9\xff")), 0, 8).Draw(t, "bytes")...), '"')
+		case 0:
+			in = []byte(strings.Join(rapid.SliceOfN(rapid.SampledFrom(jsonTokens), 0, 24).Draw(t, "tokens"), ""))
+		case 1:
+			// A small valid document, then maybe one byte deleted, one token
+			// inserted, or a comma put before a closing bracket.
+			in = []byte(genJSONText(t, 0))
+			switch rapid.IntRange(0, 3).Draw(t, "edit") {
+			case 3:
+				if i := bytes.LastIndexAny(in, "]}"); i > 0 {
+					in = append(in[:i], append([]byte(","), in[i:]...)...)
+				}
+			case 1:
+				i := rapid.IntRange(0, len(in)-1).Draw(t, "at")
+				in = append(in[:i], in[i+1:]...)
+			case 2:
+				i := rapid.IntRange(0, len(in)).Draw(t, "at")
+				in = append(in[:i], append([]byte(rapid.SampledFrom(jsonTokens).Draw(t, "token")), in[i:]...)...)
+			}
+		default:
+			var v any = genJSONDoc(t)
+			if rapid.Bool().Draw(t, "timed") {
+				v = genJSONTimed(t)
+			}
+			enc, err := json.Marshal(v)
+			if err != nil {
+				t.Fatalf("encoding/json: %v", err)
+			}
+			if !cacheguard.PlainJSON(enc) {
+				t.Fatalf("what encoding/json encodes is not plain: %s", enc)
+			}
+			in = corruptJSON(t, enc)
+		}
+		plain, valid := cacheguard.PlainJSON(in), json.Valid(in)
+		if plain && !valid {
+			t.Fatalf("plain but not valid JSON: %q", in)
+		}
+		exact := !bytes.Contains(in, []byte(`\u`)) && bytes.Count(in, []byte("["))+bytes.Count(in, []byte("{")) <= 64 &&
+			!bytes.ContainsFunc(in, func(r rune) bool { return r >= 0x80 })
+		if exact && valid && !plain {
+			t.Fatalf("valid ASCII JSON with no \\u escape, not plain: %q", in)
+		}
+	})
+}
+
+// genJSONText returns a valid JSON document of at most 3 levels below depth,
+// with space around some of its tokens.
+func genJSONText(t *rapid.T, depth int) string {
+	sp := func() string { return rapid.SampledFrom([]string{"", "", " ", "\n\t"}).Draw(t, "space") }
+	kind := rapid.IntRange(0, 4).Draw(t, "value")
+	if depth >= 3 {
+		kind = rapid.IntRange(0, 2).Draw(t, "scalar")
+	}
+	switch kind {
+	case 0:
+		return rapid.SampledFrom([]string{"0", "-0", "12", "-3.25", "1e9", "2E-2", "0.5e+1"}).Draw(t, "number")
+	case 1:
+		return rapid.SampledFrom([]string{`""`, `"a"`, `"\"\\\/\b\f\n\r\t"`, `"\u00e9\u2028"`, "\"é漢\""}).Draw(t, "string")
+	case 2:
+		return rapid.SampledFrom([]string{"true", "false", "null"}).Draw(t, "literal")
+	case 3:
+		var parts []string
+		for range rapid.IntRange(0, 3).Draw(t, "len") {
+			parts = append(parts, sp()+genJSONText(t, depth+1)+sp())
+		}
+		return "[" + strings.Join(parts, ",") + "]"
+	default:
+		var parts []string
+		for i := range rapid.IntRange(0, 3).Draw(t, "len") {
+			parts = append(parts, sp()+`"k`+strings.Repeat("x", i)+`"`+sp()+":"+sp()+genJSONText(t, depth+1)+sp())
+		}
+		return "{" + strings.Join(parts, ",") + "}"
+	}
+}
