@@ -42,6 +42,7 @@ func childRoles() map[string]func() error {
 	return map[string]func() error{
 		"stampede": withClient(childStampede),
 		"holder":   withClient(childHolder),
+		"reloader": withClient(childReloader),
 		"writer":   withClient(childWriter),
 		"checker":  withClient(childChecker),
 		"closer":   withClient(childCloser),
@@ -122,4 +123,30 @@ func childHolder(ctx context.Context, rdb *redis.Client, key string) error {
 		select {} // the process is killed mid-load
 	}, cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))
 	return err
+}
+
+// childReloader waits on the barrier, then Gets key with a TTL of childN ms:
+// the value it finds has expired, so it reloads it with a loader that never
+// returns, and stays up until killed.
+func childReloader(ctx context.Context, rdb *redis.Client, key string) error {
+	ms, _ := strconv.Atoi(os.Getenv(childN))
+	g := cacheguard.New(rdb, cacheguard.TTL(time.Duration(ms)*time.Millisecond), cacheguard.Jitter(0),
+		cacheguard.Lease(150*time.Millisecond))
+	defer g.Close()
+	if err := rdb.Incr(ctx, readyKey(key)).Err(); err != nil {
+		return err
+	}
+	if err := rdb.BLPop(ctx, 30*time.Second, barrierKey(key)).Err(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	_, err := cacheguard.Get(ctx, g, key, func(ctx context.Context) (item, error) {
+		if err := rdb.Set(ctx, loadingKey(key), "1", time.Minute).Err(); err != nil {
+			return item{}, err
+		}
+		select {} // the process is killed mid-load
+	}, cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))
+	if err != nil {
+		return err
+	}
+	select {} // served the older value: the reload runs on, until the process is killed
 }

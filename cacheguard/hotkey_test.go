@@ -3,8 +3,10 @@ package cacheguard_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,5 +333,71 @@ func TestLateWindowEndsAtTheValuesRetention(t *testing.T) {
 	}
 	if r = <-read; r.err != nil || r.v.ID != 2 {
 		t.Fatalf("read = %+v, want the reload's value", r)
+	}
+}
+
+// TestLateServeEndsWithItsReloader: a hot key's older value is served, Stale,
+// to the calls that find another process's reload of it running (its late
+// window: up to the TTL past expiry) only while that reload runs. Once the
+// reloading process is killed, or paused (SIGSTOP), its fill lease runs out
+// and the next calls get a value loaded afresh, long before the window would
+// have ended.
+func TestLateServeEndsWithItsReloader(t *testing.T) {
+	for _, stop := range []string{"killed", "paused"} {
+		t.Run(stop, func(t *testing.T) { lateServeEndsWithItsReloader(t, stop) })
+	}
+}
+
+func lateServeEndsWithItsReloader(t *testing.T, stop string) {
+	ctx := context.Background()
+	const ttl = 3 * time.Second // a grace of ttl/4, then the late window, to 2×ttl
+	rdb := shared(t)
+	key := testKey(t)
+	g, _ := newGuard(t, cacheguard.TTL(ttl), cacheguard.Jitter(0), cacheguard.Lease(150*time.Millisecond))
+	var loads atomic.Int64
+	load := func(context.Context) (item, error) { return item{ID: int(loads.Add(1))}, nil }
+	if _, err := cacheguard.Get(ctx, g, key, load); err != nil {
+		t.Fatal(err)
+	}
+	loaded := time.Now() // fresh-until is at most ttl after this
+	child := startChild(t, "reloader", childKey+"="+key, childN+"="+strconv.Itoa(int(ttl.Milliseconds())))
+	eventually(t, 30*time.Second, "the child set up", func() bool { return rdb.Get(ctx, readyKey(key)).Val() == "1" })
+	// Past expiry and its grace: the first call to find no reload running
+	// waits for its own (the child's), and the others are served late.
+	time.Sleep(time.Until(loaded.Add(ttl + ttl/4 + 100*time.Millisecond))) // the key's clock; no event to wait for
+	if err := rdb.RPush(ctx, barrierKey(key), "go").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the child reloads", func() bool { return rdb.Exists(ctx, loadingKey(key)).Val() == 1 })
+	var res cacheguard.Result
+	if v, err := cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&res)); err != nil || v.ID != 1 || res != cacheguard.Stale {
+		t.Fatalf("during the child's reload: %v %v %v, want item 1, Stale", v, res, err)
+	}
+	var out []string
+	if stop == "killed" {
+		out = child.Kill()
+	} else {
+		child.Signal(syscall.SIGSTOP)
+		defer child.Signal(syscall.SIGCONT) // then killed at cleanup
+	}
+	stopped := time.Now()
+	// Until a value loaded afresh, every call is served the older value,
+	// Stale; the fresh one comes once the reloader's lease (150 ms, no longer
+	// renewed) has run out, well before the late window would end (1.5 s
+	// after the stop is at most 2.2 s past expiry; the window is 3 s).
+	eventually(t, 1500*time.Millisecond, "a value loaded after the reloader stopped", func() bool {
+		var res cacheguard.Result
+		v, err := cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&res))
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case v.ID == 1 && res != cacheguard.Stale:
+			t.Fatalf("the older value served %v", res)
+		}
+		return v.ID == 2
+	})
+	t.Logf("fresh value %v after the stop, %v past expiry", time.Since(stopped), time.Since(loaded.Add(ttl)))
+	if n := loads.Load(); n != 2 {
+		t.Fatalf("%d loads in this process, want 2 (child: %q)", n, out)
 	}
 }
