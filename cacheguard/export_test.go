@@ -81,6 +81,3 @@ func ReadsQueued(g *Guard) int {
 	}
 	return n
 }
-
-// PlainJSON is plainJSON (tests only).
-var PlainJSON = plainJSON
