@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,8 +92,7 @@ type Breaker struct {
 	cooldown  time.Duration
 	silence   time.Duration
 	log       *ratelog.Logger
-	base      time.Time    // the origin of waiting
-	waiting   atomic.Int64 // 1 + when the first command sent since Redis last answered was sent (ns since base); 0: none
+	quiet     rcmd.Silence // how long Redis has left the client's commands unanswered
 
 	failures atomic.Int32                      // consecutive failures while closed
 	state    atomic.Int32                      // breakerClosed or breakerOpen
@@ -121,7 +121,7 @@ func (b *Breaker) init() {
 		if b.silence == 0 {
 			b.silence = 750 * time.Millisecond
 		}
-		b.base = time.Now()
+		b.quiet.Start()
 		b.log = ratelog.New(b.Logger, time.Second)
 	})
 }
@@ -176,7 +176,7 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 			case err == nil:
 				b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
 				b.failures.Store(0)
-				b.waiting.Store(0) // the silence is over
+				b.quiet.Answered(b.quiet.Now()) // the silence is over
 				if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
 					b.emit(context.Background(), Event{Kind: EventBreakerClosed})
 				}
@@ -220,45 +220,34 @@ func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
 	}
 }
 
-// send marks a command sent now: the first sent since Redis last answered
-// starts the silence (a blocking command, which waits by design, does not).
-// It returns the mark it set, or 0.
+// send marks commands sent now (see rcmd.Silence): the first sent since
+// Redis last answered starts the silence, unless every one of them waits by
+// design (a blocking command). It returns the mark it set, or 0.
 func (b *Breaker) send(cmds []redis.Cmder) int64 {
-	if b.silence < 0 || b.waiting.Load() != 0 {
-		return 0 // a silence has started already
+	if b.silence < 0 || !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return !blocks(c.Name()) }) {
+		return 0
 	}
-	for _, c := range cmds {
-		if !blocks(c.Name()) {
-			m := int64(time.Since(b.base)) + 1 // never 0
-			if b.waiting.CompareAndSwap(0, m) {
-				return m
-			}
-			return 0
-		}
-	}
-	return 0
+	return b.quiet.Sent(b.quiet.Now())
 }
 
 // ended records how a command marked m (see send) ended: an answer from Redis
 // ends the silence; a command that ended otherwise without failing (its
 // caller gave up) within a quarter Silence of its send is no evidence of
-// silence, and withdraws its mark (as internal/rcmd's quiet Redis).
+// silence, and withdraws its mark.
 func (b *Breaker) ended(ctx context.Context, err error, m int64) {
 	switch {
+	case b.silence < 0:
 	case redisAnswered(err):
-		if b.waiting.Load() != 0 {
-			b.waiting.Store(0)
-		}
-	case m != 0 && time.Since(b.base)-time.Duration(m-1) < b.silence/4 && !b.failure(ctx, err):
-		b.waiting.CompareAndSwap(m, 0)
+		b.quiet.Answered(b.quiet.Now())
+	case !b.failure(ctx, err):
+		b.quiet.Withdraw(m, b.quiet.Now(), b.silence/4)
 	}
 }
 
 // silent reports whether Redis has answered nothing for b.silence while a
 // command waited.
 func (b *Breaker) silent() bool {
-	w := b.waiting.Load()
-	return b.silence >= 0 && w != 0 && time.Since(b.base)-time.Duration(w-1) >= b.silence
+	return b.silence >= 0 && b.quiet.Length(b.quiet.Now()) >= b.silence
 }
 
 // blocks reports whether the command named name waits on the server by

@@ -27,8 +27,8 @@ func TestDeadlineFollowsQuiet(t *testing.T) {
 		{"a send waited over a quarter timeout", ms(900), ms(970), ms(1000), base},
 		{"quiet for long", 0, ms(10), ms(1000), base},
 	} {
-		r.heard.Store(int64(c.heard))
-		r.waiting.Store(int64(c.waited))
+		r.quiet.heard.Store(int64(c.heard))
+		r.quiet.waiting.Store(int64(c.waited))
 		if got := r.timeoutAt(c.now); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
@@ -37,8 +37,8 @@ func TestDeadlineFollowsQuiet(t *testing.T) {
 	for i := range 16 { // answers in 10ms and 70ms, alternately
 		r.sample(ms(10 + 60*(i%2)))
 	}
-	r.heard.Store(int64(ms(900)))
-	r.waiting.Store(int64(ms(901)))
+	r.quiet.heard.Store(int64(ms(900)))
+	r.quiet.waiting.Store(int64(ms(901)))
 	got := r.timeoutAt(ms(1000))
 	if got <= ms(140) || got >= Patience*base { // 167ms by RFC 6298's arithmetic
 		t.Fatalf("quiet, after uneven 10-70ms answers: %v, want over 140ms and under %v", got, Patience*base)

@@ -91,9 +91,7 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 type Runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
-	base    time.Time    // the origin of heard and waiting
-	heard   atomic.Int64 // when Redis last answered a command of r (ns since base), 0 before
-	waiting atomic.Int64 // when the first command sent after that was sent (ns since base; stale when <= heard)
+	quiet   Silence // how long Redis has left r's commands unanswered
 
 	// srtt and rttvar (ns) estimate how long Redis takes to answer r's
 	// commands, from the answers that came (see sample); 0 before any.
@@ -108,17 +106,19 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	return &Runner{rdb: rdb, timeout: timeout, base: time.Now()}
+	r := &Runner{rdb: rdb, timeout: timeout}
+	r.quiet.Start()
+	return r
 }
 
 // note records cmds' answers, if any came from Redis, and, when timed (a
-// call sent at sent, since base; a WAIT's is not, it waits by design), how
-// long it took; it reports whether any came.
+// call sent at sent, on r.quiet's clock; a WAIT's is not, it waits by
+// design), how long it took; it reports whether any came.
 func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) bool {
 	for _, c := range cmds {
 		if err := c.Err(); err == nil || answered(err) {
-			now := time.Since(r.base)
-			r.heard.Store(int64(now))
+			now := r.quiet.Now()
+			r.quiet.Answered(now)
 			if timed {
 				r.sample(now - sent)
 			}
@@ -128,16 +128,11 @@ func (r *Runner) note(sent time.Duration, timed bool, cmds ...redis.Cmder) bool 
 	return false
 }
 
-// forget withdraws the waiting mark of a call sent at sent (since base) that
-// got no answer and did not meet its command timeout — its caller gave up,
-// or it never reached Redis — within a quarter timeout: it is no evidence
-// that Redis is quiet. Calls sent after it and still waiting lose their mark
-// with it; the next call sent marks the wait again.
-func (r *Runner) forget(sent time.Duration) {
-	if time.Since(r.base)-sent < r.limit()/4 {
-		r.waiting.CompareAndSwap(int64(sent)+1, 0)
-	}
-}
+// forget withdraws the mark (see Silence.Sent) of a call that got no answer
+// and did not meet its command timeout — its caller gave up, or it never
+// reached Redis — within a quarter timeout: it is no evidence that Redis is
+// quiet.
+func (r *Runner) forget(mark int64) { r.quiet.Withdraw(mark, r.quiet.Now(), r.limit()/4) }
 
 // answered reports whether err, a command's error, came from Redis (nil, or
 // an error reply); a function of its own so that its errors.As target does
@@ -174,15 +169,16 @@ func (r *Runner) Client() redis.UniversalClient { return r.rdb }
 // Patience times the command timeout while Redis answers, the command
 // timeout (raised to the reply time's estimate) once it is quiet (see the
 // package doc).
-func (r *Runner) Timeout() time.Duration { return r.timeoutAt(time.Since(r.base)) }
+func (r *Runner) Timeout() time.Duration { return r.timeoutAt(r.quiet.Now()) }
 
 // Base returns r's command timeout as made.
 func (r *Runner) Base() time.Duration { return r.timeout }
 
-// timeoutAt returns how long a command sent at now (since base) may wait.
+// timeoutAt returns how long a command sent at now (on r.quiet's clock) may
+// wait.
 func (r *Runner) timeoutAt(now time.Duration) time.Duration {
 	t := r.limit()
-	if w := time.Duration(r.waiting.Load()); w > time.Duration(r.heard.Load()) && now-w > t/4 {
+	if r.quiet.Length(now) > t/4 {
 		return t // quiet: a command has waited a quarter timeout, nothing answered since
 	}
 	return Patience * r.timeout
@@ -198,14 +194,11 @@ func (r *Runner) limit() time.Duration {
 	return t
 }
 
-// send records a command sent now and returns now (since base): the first
-// sent since Redis last answered starts the wait that tells Redis quiet.
-func (r *Runner) send() time.Duration {
-	now := time.Since(r.base)
-	if w := r.waiting.Load(); w <= r.heard.Load() {
-		r.waiting.CompareAndSwap(w, int64(now)+1) // +1: never 0, the zero value's "none"
-	}
-	return now
+// send records a command sent now: it returns now (on r.quiet's clock) and
+// the command's mark, when it started the wait that tells Redis quiet.
+func (r *Runner) send() (sent time.Duration, mark int64) {
+	now := r.quiet.Now()
+	return now, r.quiet.Sent(now)
 }
 
 // noCancel is the cancel func of a context Bound did not derive.
@@ -359,7 +352,7 @@ func TimedOut(ctx context.Context) bool {
 // is sent again as EVAL (args is rewritten in place).
 func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	bctx, cancel := r.Bound(ctx, 0)
-	sent := r.send()
+	sent, mark := r.send()
 	cmd := r.rdb.Do(bctx, args...)
 	if NoScript(cmd.Err()) && ToEval(args) {
 		cmd = r.rdb.Do(bctx, args...)
@@ -369,7 +362,7 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	case timedOut && r.missed(sent, bctx):
 		markBusy(cmd)
 	case !timedOut && !heard:
-		r.forget(sent)
+		r.forget(mark)
 	}
 	cancel()
 	return cmd
@@ -405,7 +398,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	}
 	bctx, cancel := r.Bound(ctx, extra)
 	defer cancel()
-	sent := r.send()
+	sent, mark := r.send()
 	send := func(cs []redis.Cmder) {
 		pipe := p.Pipeline()
 		for _, c := range cs {
@@ -448,7 +441,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	case timedOut && r.missed(sent, bctx):
 		markBusy(cmds...)
 	case !timedOut && !heard:
-		r.forget(sent)
+		r.forget(mark)
 	}
 }
 
@@ -479,13 +472,13 @@ func settle(ctx, bctx context.Context, cmd redis.Cmder) bool {
 	return false
 }
 
-// missed reports whether a call sent at sent (since base) under bctx, which
+// missed reports whether a call sent at sent (on r.quiet's clock) under bctx, which
 // the command timeout ended, shows the process rather than Redis slow (see
 // Busy): Redis answered another command after this one was sent, or the
 // timeout was noticed more than half a command timeout late.
 func (r *Runner) missed(sent time.Duration, bctx context.Context) bool {
 	dl, ok := bctx.Deadline()
-	return ok && (time.Since(dl) > r.timeout/2 || r.heard.Load() > int64(sent))
+	return ok && (time.Since(dl) > r.timeout/2 || r.quiet.AnsweredAfter(sent))
 }
 
 // markBusy marks the commands of cmds that the command timeout ended as
