@@ -785,16 +785,14 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			gr = grant{sent, cfg.lease}
 		case !cfg.renew && claim < cfg.lease:
 			sent := time.Now()
-			ok, err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1)
-			if err != nil {
+			if err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1); refusal(err) {
+				continue // the claim ran out before the lease was set: the hand-off is gone
+			} else if err != nil {
 				giveBack()
 				if wctx.Err() != nil {
 					return fail(pttl, c.life.cause(ctx))
 				}
 				return fail(0, err)
-			}
-			if !ok {
-				continue // the claim ran out before the lease was set: the hand-off is gone
 			}
 			gr = grant{sent, cfg.lease}
 		}
@@ -932,7 +930,7 @@ func (c *Client) abandon(h *held, _ bool) {
 	c.b.later(releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg()}))
 }
 
-func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
+func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) error {
 	h.mu.Lock()
 	seq := h.seq
 	h.mu.Unlock()
@@ -940,13 +938,26 @@ func (c *Client) extend(ctx context.Context, h *held, lease time.Duration) (bool
 }
 
 // extendKey sets the lease of the lock (keys kv) held by owner, for its hold
-// acq's command number seq (see extend.lua).
-func (c *Client) extendKey(ctx context.Context, kv []any, owner, acq any, lease time.Duration, seq int64) (bool, error) {
-	n, err := extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds(), acq, seq).Int64()
-	if err == nil && n == 2 {
-		err = errOvertaken
+// acq's command number seq (see extend.lua and extended).
+func (c *Client) extendKey(ctx context.Context, kv []any, owner, acq any, lease time.Duration, seq int64) error {
+	return extended(extendS.runVia(ctx, c.b, nil, kv[:1], owner, lease.Milliseconds(), acq, seq).Int64())
+}
+
+// extended is the outcome of extend.lua's reply n (err: the command's):
+// nil when the lock keeps the lease, errOvertaken, errHoldGone (the owner
+// holds the lock without this hold), errNotOwner.
+func extended(n int64, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 1:
+		return nil
+	case n == 2:
+		return errOvertaken
+	case n == 3:
+		return errHoldGone
 	}
-	return n == 1, err
+	return errNotOwner
 }
 
 // renewBatch extends every lock in hs: one pipeline per master node, the
@@ -999,16 +1010,10 @@ func (c *Client) renewGroup(ctx context.Context, hs []*held, report func(*held, 
 	exec(ctx, c.run, nil, cmds, 0, false)
 	failed := false
 	for i, cmd := range cmds {
-		n, err := cmd.Int64()
-		switch {
-		case err != nil:
+		if cmd.Err() != nil {
 			failed = true
-		case n == 2:
-			err = errOvertaken
-		case n != 1:
-			err = errNotOwner
 		}
-		report(hs[i], err)
+		report(hs[i], extended(cmd.Int64()))
 	}
 	if failed {
 		c.reload(ctx)

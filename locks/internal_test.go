@@ -495,3 +495,68 @@ func TestNextWaiterAfterUnnoticedExpiry(t *testing.T) {
 		t.Fatalf("B: %v, want the free lock within its 300ms wait", err)
 	}
 }
+
+// TestRefusedHoldLeavesItsSiblings: an Extend that Redis refuses because
+// that one hold is gone — its own release overtook it, or a Redlock's nodes
+// lost it while the owner's other holds stand — loses that Lock alone: the
+// owner's other Lock of the name keeps it, and no other owner gets the name
+// before it lets go. (Any refusal used to lose the whole scope and give it
+// back: TestGenRedlock found another owner granted the name 321 ms before
+// the lease of a hold its owner had not let go of.)
+func TestRefusedHoldLeavesItsSiblings(t *testing.T) {
+	bg := context.Background()
+	ctx := WithOwner(bg, "owner-a")
+	check := func(t *testing.T, l Locker, drop func(y *Lock)) {
+		x, err := l.Lock(ctx, "sibling", Lease(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, err := l.Lock(ctx, "sibling", Lease(2*time.Second)) // re-enters
+		if err != nil {
+			t.Fatal(err)
+		}
+		drop(y) // as y's release does when it overtakes y's Extend
+		if err := y.Extend(bg, 3*time.Second); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("Extend of the hold Redis lost: %v, want ErrNotHeld", err)
+		}
+		select {
+		case <-x.Lost():
+			t.Fatal("the owner's other Lock was lost with it")
+		default:
+		}
+		if ttl := x.TTL(); ttl <= 0 {
+			t.Fatalf("the owner's other Lock: TTL %v", ttl)
+		}
+		if other, err := l.TryLock(bg, "sibling"); err == nil {
+			_ = other.Unlock(bg)
+			t.Fatal("another owner was granted the name its owner still holds")
+		}
+		if err := x.Unlock(bg); err != nil {
+			t.Fatalf("Unlock of the other Lock: %v", err)
+		}
+	}
+	t.Run("client", func(t *testing.T) {
+		rdb := redistest.Start(t).Client()
+		c := New(rdb)
+		defer c.Close()
+		check(t, c, func(y *Lock) {
+			key := y.h.keys[0]
+			rdb.HDel(bg, key, "h:"+y.h.acqv.(string))
+			rdb.HIncrBy(bg, key, "n", -1)
+		})
+	})
+	t.Run("redlock", func(t *testing.T) {
+		servers := redistest.StartN(t, 3)
+		clients := make([]redis.UniversalClient, len(servers))
+		for i, s := range servers {
+			clients[i] = s.Client()
+		}
+		r := NewRedlock(clients)
+		defer r.Close()
+		check(t, r, func(y *Lock) {
+			for _, c := range clients {
+				c.HDel(bg, y.h.keys[0], y.h.keys[1])
+			}
+		})
+	})
+}

@@ -96,6 +96,9 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		// The outcome is unknown; stop renewing so that the lease ends it.
 		h.retire(ctx, err)
 		return err
+	case n == -2:
+		h.lose(ErrNotHeld) // the owner's other holds stand
+		return ErrNotHeld
 	case n < 0:
 		h.loseHolding(ErrNotHeld)
 		return ErrNotHeld
@@ -118,14 +121,13 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	ok, err := h.ops.extend(ctx, h, d)
-	if err != nil || !ok {
+	if err := h.ops.extend(ctx, h, d); err != nil {
 		h.leaveWire(nil)
-		if err != nil {
-			return err
+		if refusal(err) {
+			h.refused(err)
+			return ErrNotHeld
 		}
-		h.loseHolding(ErrNotHeld)
-		return ErrNotHeld
+		return err
 	}
 	h.mu.Lock()
 	h.lease = d // what renewals carry from now on
@@ -137,8 +139,12 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 // ops are the Redis operations behind a held lock: one server (Client) or a
 // quorum of servers (Redlock).
 type ops interface {
+	// release gives back h's hold: the owner's remaining holds, -1 when the
+	// owner's holding is gone, -2 when only this hold is (see Unlock).
 	release(ctx context.Context, h *held) (remaining int64, err error)
-	extend(ctx context.Context, h *held, lease time.Duration) (bool, error)
+	// extend sets h's lease: nil, errNotOwner or errHoldGone (see refusal),
+	// another error when the outcome is unknown.
+	extend(ctx context.Context, h *held, lease time.Duration) error
 	// abandon gives back h's hold in Redis without waiting, after h ended;
 	// expired: h ended at or past its local deadline (see held.lose).
 	abandon(h *held, expired bool)
@@ -315,6 +321,27 @@ func (h *held) lose(err error) {
 	h.cfg.emit(context.Background(), Event{Kind: EventLost, Name: h.name, Fence: h.publicFence(), Held: time.Since(h.since), Err: err})
 	h.cfg.log.Warn(context.Background(), "lost", "locks: lock lost while held",
 		slog.String("lock", h.name), slog.Any("cause", err))
+}
+
+// refused ends h, whose renewal or Extend Redis refused (err, see refusal),
+// unless its Unlock is on its way: the release's reply decides how it ends
+// (the refusal may be that release, overtaking the command). errHoldGone:
+// this hold is gone, but the owner's others may stand (a later one that
+// re-entered after the key was lost, a Redlock's on the nodes that still
+// have them): h alone is lost, and every other Lock of the scope goes on by
+// its own renewals. errNotOwner: the owner's holding is gone, and every Lock
+// of the scope is lost with it.
+func (h *held) refused(err error) {
+	h.mu.Lock()
+	releasing := h.releasing
+	h.mu.Unlock()
+	switch {
+	case releasing:
+	case errors.Is(err, errHoldGone):
+		h.lose(ErrNotHeld)
+	default:
+		h.loseHolding(ErrNotHeld)
+	}
 }
 
 // loseHolding marks h lost because Redis no longer has its holding (the key

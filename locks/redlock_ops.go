@@ -29,7 +29,7 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 		func(ctx context.Context, n *rlNode) (int64, error) {
 			return releaseNode(ctx, n, keys, args)
 		}, nil, nil)
-	confirmed, failed, remaining := 0, 0, int64(0)
+	confirmed, failed, notOwner, remaining := 0, 0, 0, int64(0)
 	for _, x := range res {
 		switch {
 		case x.err != nil:
@@ -37,13 +37,17 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 		case x.v >= 0:
 			confirmed++
 			remaining = max(remaining, x.v)
+		case x.v == -1:
+			notOwner++
 		}
 	}
 	switch {
 	case confirmed >= r.quorum:
 		return remaining, nil
+	case notOwner > len(r.nodes)-r.quorum:
+		return -1, nil // the owner's holding is gone
 	case confirmed+failed < r.quorum:
-		return -1, nil
+		return -2, nil // this acquisition is: the owner's other holds may stand
 	}
 	e := r.opError("unlock", h.name)
 	for i, x := range res {
@@ -60,25 +64,14 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	return 0, e
 }
 
-// extend gives h's acquisition the validity lease from now on every node. It
-// succeeds when a quorum confirmed before h's current validity ended and with
-// some of the new one left; it reports false (the lock is lost) when the
-// validity ended first or too many nodes no longer have the acquisition for a
-// quorum to be possible.
-func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) (bool, error) {
-	errs := r.extendAll(ctx, []*held{h}, []time.Duration{lease})
-	switch err := errs[0]; {
-	case err == nil:
-		return true, nil
-	case err == errNotOwner:
-		return false, nil
-	default:
-		return false, err
-	}
+// extend gives h's acquisition the validity lease from now on every node (see
+// extendAll).
+func (r *Redlock) extend(ctx context.Context, h *held, lease time.Duration) error {
+	return r.extendAll(ctx, []*held{h}, []time.Duration{lease})[0]
 }
 
 // renewBatch renews every lock in hs by its own lease (its validity), for the
-// renewer: nil when renewed, errNotOwner when lost, a *RedlockError otherwise.
+// renewer (see extendAll).
 // The outcomes come together, once a quorum decided each lock or the node
 // timeout passed.
 func (r *Redlock) renewBatch(ctx context.Context, hs []*held, report func(*held, error)) {
@@ -94,8 +87,12 @@ func (r *Redlock) renewBatch(ctx context.Context, hs []*held, report func(*held,
 }
 
 // extendAll extends each hs[i] to validity leases[i] on every node at once,
-// one pipeline per node, and judges each lock by the quorum rule. A holding
-// whose validity has already run out is not extended: it is lost.
+// one pipeline per node, and judges each lock by the quorum rule: nil when
+// extended; errHoldGone when its validity ran out first, or too many nodes no
+// longer have the acquisition for a quorum to be possible; errNotOwner when
+// too many no longer have the owner's holding at all (every acquisition of
+// the owner is lost then); a *RedlockError otherwise. A holding whose
+// validity has already run out is not extended: it is lost.
 func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Duration) []error {
 	errs := make([]error, len(hs))
 	var live []int // indexes in hs of the holdings still within their validity
@@ -108,7 +105,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		if now.Before(deadlines[i]) {
 			live = append(live, i)
 		} else {
-			errs[i] = errNotOwner // lost: held.lose gives it back
+			errs[i] = errHoldGone // lost: held.lose gives it back
 		}
 	}
 	if len(live) == 0 {
@@ -156,19 +153,28 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[n].name, Err: x.err})
 			case x.v[j] == nil:
 				e.Granted = append(e.Granted, r.nodes[n].name)
-			case x.v[j] == errNotOwner:
+			case refusal(x.v[j]):
 				e.Refused = append(e.Refused, r.nodes[n].name)
 			default:
 				e.Failed = append(e.Failed, NodeError{Addr: r.nodes[n].name, Err: x.v[j]})
 			}
 		}
+		notOwner := 0
+		for _, x := range res {
+			if x.done && x.err == nil && x.v[j] == errNotOwner {
+				notOwner++
+			}
+		}
 		switch {
+		case notOwner > len(r.nodes)-r.quorum:
+			// No quorum has the owner's holding any more.
+			errs[i] = errNotOwner
 		case !now.Before(deadlines[i]) || len(e.Refused) > len(r.nodes)-r.quorum:
 			// The validity ran out before a quorum confirmed, or a quorum can
-			// no longer confirm: the holding is lost, and the nodes where
+			// no longer confirm: the acquisition is lost, and the nodes where
 			// this round did extend it must not keep it alive (held.lose
 			// gives it back).
-			errs[i] = errNotOwner
+			errs[i] = errHoldGone
 		case len(e.Granted) >= r.quorum && now.Sub(sent) < leases[i]:
 			errs[i] = nil
 		case len(e.Granted) >= r.quorum:
@@ -234,8 +240,9 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 
 // extendPipeline runs the extend script for every lock in hs on one node, in
 // one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
-// when extended, errNotOwner when the acquisition is not held there, the
-// command's error otherwise.
+// when extended, errNotOwner when the owner does not hold the lock there,
+// errHoldGone when it holds it without the acquisition, the command's error
+// otherwise.
 func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int64) ([]error, error) {
 	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
@@ -247,6 +254,8 @@ func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int
 		switch n, err := c.Int64(); {
 		case err != nil:
 			out[i] = err
+		case n == 2:
+			out[i] = errHoldGone
 		case n != 1:
 			out[i] = errNotOwner
 		}

@@ -9,8 +9,14 @@ import (
 )
 
 var (
-	// errNotOwner is what a renewal reports for a lock no longer held by its owner.
+	// errNotOwner is what a renewal or Extend reports for a lock no longer
+	// held by its owner: every Lock of the owner's scope is lost with it.
 	errNotOwner = errors.New("locks: not owner")
+	// errHoldGone is what a renewal or Extend reports for one hold (one
+	// acquisition) that is no longer held — Redis does not have it, or its
+	// validity ran out first — while the owner's holding may still be there:
+	// only that Lock is lost (see held.refused).
+	errHoldGone = errors.New("locks: hold gone")
 	// errOvertaken is what a renewal or Extend reports that reached Redis
 	// after a newer command of its holder (see extend.lua): it set nothing.
 	errOvertaken = errors.New("locks: overtaken by a newer renewal")
@@ -20,6 +26,10 @@ var (
 	// before its local deadline (joined with the last renewal's error, if any).
 	errNoRenewal = errors.New("locks: lease ran out before a renewal was confirmed")
 )
+
+// refusal reports whether err, a renewal's or Extend's outcome, is Redis
+// saying the lock is gone (see held.refused), not a failure to ask it.
+func refusal(err error) bool { return errors.Is(err, errNotOwner) || errors.Is(err, errHoldGone) }
 
 // renewChunk bounds how many locks one renewal round trip carries.
 const renewChunk = 1000
@@ -38,8 +48,9 @@ const renewChunk = 1000
 // at their context deadline (ContextTimeoutEnabled) or not.
 type renewer struct {
 	// send renews hs (each by its own lease) and calls report once per lock,
-	// as the lock's outcome becomes known: nil when extended, errNotOwner when
-	// the lock is gone, another error when the outcome is unknown. It returns
+	// as the lock's outcome becomes known: nil when extended, errNotOwner or
+	// errHoldGone when the lock is gone (see refusal), another error when the
+	// outcome is unknown. It returns
 	// when every lock was reported.
 	send func(ctx context.Context, hs []*held, report func(h *held, err error))
 
@@ -273,8 +284,8 @@ func (h *held) renewed(sent time.Time, err error) *grant {
 	h.mu.Unlock()
 	switch {
 	case over, err == nil:
-	case errors.Is(err, errNotOwner):
-		h.loseHolding(ErrNotHeld)
+	case refusal(err):
+		h.refused(err)
 	default:
 		h.cfg.emit(context.Background(), Event{Kind: EventRenewalFailed, Name: h.name, Err: err})
 		h.cfg.log.Warn(context.Background(), "renewal", "locks: lock renewal failed (retrying until the lease ends)",
