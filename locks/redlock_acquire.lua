@@ -1,6 +1,7 @@
 -- Redlock: take (or re-enter) a lock on one node.
 -- KEYS[1] lock hash {o = owner, <acquisition id> = 1 for the hold that began the
--- holding on this node, 2 for each re-entry}
+-- holding on this node, 2 for each re-entry; followed by "."..<seq> once an extend of it
+-- applied (see redlock_extend.lua)}
 -- KEYS[2] the acquisition's tombstone, set by its release (see redlock_release.lua)
 -- ARGV: owner, acquisition id, lease ms
 -- Returns {1, 1} when this acquisition began the owner's holding, {1, 2} when it
@@ -27,7 +28,7 @@ if cur == owner then
   local was = redis.call('HGET', k, acq)
   if not was then redis.call('HSET', k, acq, 2) end
   if redis.call('PTTL', k) < px then redis.call('PEXPIRE', k, px) end
-  return {1, tonumber(was or 2)}
+  return {1, tonumber(string.match(was or '2', '^%d+'))}
 end
 local pttl = redis.call('PTTL', k)
 if pttl < 0 then pttl = 0 end

@@ -3,6 +3,7 @@ package locks_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,8 +190,10 @@ func (h *rlRetryHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 func (h *rlRetryHook) around(cmds []redis.Cmder, send func() error) error {
 	fire := false
 	for _, c := range cmds {
-		// evalsha|eval, sha|source, 1, key, owner, acquisition, lease ms
-		if a := c.Args(); len(a) == 7 && a[3] == h.key && h.armed.CompareAndSwap(true, false) {
+		// The acquire script's call: evalsha|eval, sha|source, 2, key, tombstone
+		// key, owner, acquisition, lease ms. (Its release has the same shape,
+		// but none is sent while armed; an extend names 1 key.)
+		if a := c.Args(); len(a) == 8 && fmt.Sprint(a[2]) == "2" && a[3] == h.key && h.armed.CompareAndSwap(true, false) {
 			fire = true
 		}
 	}

@@ -241,12 +241,16 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 // extendPipeline runs the extend script for every lock in hs on one node, in
 // one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
 // when extended, errNotOwner when the owner does not hold the lock there,
-// errHoldGone when it holds it without the acquisition, the command's error
-// otherwise.
+// errHoldGone when it holds it without the acquisition, errOvertaken when a
+// newer command of the holder reached the node first (see
+// redlock_extend.lua), the command's error otherwise.
 func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int64) ([]error, error) {
 	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
-		cmds[i] = redlockExtendS.cmd(ctx, []any{h.keys[0]}, h.owner, h.keys[1], pxs[i])
+		h.mu.Lock()
+		seq := h.seq // the command on h's wire (see takeWire)
+		h.mu.Unlock()
+		cmds[i] = redlockExtendS.cmd(ctx, []any{h.keys[0]}, h.owner, h.keys[1], pxs[i], seq)
 	}
 	exec(ctx, run, nil, cmds, 0, false)
 	out := make([]error, len(hs))
@@ -256,6 +260,8 @@ func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int
 			out[i] = err
 		case n == 2:
 			out[i] = errHoldGone
+		case n == 3:
+			out[i] = errOvertaken
 		case n != 1:
 			out[i] = errNotOwner
 		}
