@@ -506,7 +506,7 @@ func TestNextWaiterAfterUnnoticedExpiry(t *testing.T) {
 func TestRefusedHoldLeavesItsSiblings(t *testing.T) {
 	bg := context.Background()
 	ctx := WithOwner(bg, "owner-a")
-	check := func(t *testing.T, l Locker, drop func(y *Lock)) {
+	check := func(t *testing.T, l Locker, drop func(y *Lock), viaUnlock bool) {
 		x, err := l.Lock(ctx, "sibling", Lease(2*time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -516,7 +516,9 @@ func TestRefusedHoldLeavesItsSiblings(t *testing.T) {
 			t.Fatal(err)
 		}
 		drop(y) // as y's release does when it overtakes y's Extend
-		if err := y.Extend(bg, 3*time.Second); !errors.Is(err, ErrNotHeld) {
+		if viaUnlock {
+			_ = y.Unlock(bg) // its release finds the hold gone, the owner's other there
+		} else if err := y.Extend(bg, 3*time.Second); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("Extend of the hold Redis lost: %v, want ErrNotHeld", err)
 		}
 		select {
@@ -534,16 +536,19 @@ func TestRefusedHoldLeavesItsSiblings(t *testing.T) {
 		if err := x.Unlock(bg); err != nil {
 			t.Fatalf("Unlock of the other Lock: %v", err)
 		}
+		_ = y.Unlock(bg) // the scope ends with its last Lock
 	}
 	t.Run("client", func(t *testing.T) {
 		rdb := redistest.Start(t).Client()
 		c := New(rdb)
 		defer c.Close()
-		check(t, c, func(y *Lock) {
-			key := y.h.keys[0]
-			rdb.HDel(bg, key, "h:"+y.h.acqv.(string))
-			rdb.HIncrBy(bg, key, "n", -1)
-		})
+		for _, viaUnlock := range []bool{false, true} {
+			check(t, c, func(y *Lock) {
+				key := y.h.keys[0]
+				rdb.HDel(bg, key, "h:"+y.h.acqv.(string))
+				rdb.HIncrBy(bg, key, "n", -1)
+			}, viaUnlock)
+		}
 	})
 	t.Run("redlock", func(t *testing.T) {
 		servers := redistest.StartN(t, 3)
@@ -553,11 +558,13 @@ func TestRefusedHoldLeavesItsSiblings(t *testing.T) {
 		}
 		r := NewRedlock(clients)
 		defer r.Close()
-		check(t, r, func(y *Lock) {
-			for _, c := range clients {
-				c.HDel(bg, y.h.keys[0], y.h.keys[1])
-			}
-		})
+		for _, viaUnlock := range []bool{false, true} {
+			check(t, r, func(y *Lock) {
+				for _, c := range clients {
+					c.HDel(bg, y.h.keys[0], y.h.keys[1])
+				}
+			}, viaUnlock)
+		}
 	})
 }
 
