@@ -239,11 +239,8 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 }
 
 // extendPipeline runs the extend script for every lock in hs on one node, in
-// one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: nil
-// when extended, errNotOwner when the owner does not hold the lock there,
-// errHoldGone when it holds it without the acquisition, errOvertaken when a
-// newer command of the holder reached the node first (see
-// redlock_extend.lua), the command's error otherwise.
+// one pipeline (NOSCRIPT handled as everywhere, see script). Per lock: the
+// outcome as extended reads it (redlock_extend.lua replies as extend.lua).
 func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int64) ([]error, error) {
 	cmds := make([]*redis.Cmd, len(hs))
 	for i, h := range hs {
@@ -255,16 +252,7 @@ func extendPipeline(ctx context.Context, run *rcmd.Runner, hs []*held, pxs []int
 	exec(ctx, run, nil, cmds, 0, false)
 	out := make([]error, len(hs))
 	for i, c := range cmds {
-		switch n, err := c.Int64(); {
-		case err != nil:
-			out[i] = err
-		case n == 2:
-			out[i] = errHoldGone
-		case n == 3:
-			out[i] = errOvertaken
-		case n != 1:
-			out[i] = errNotOwner
-		}
+		out[i] = extended(c.Int64())
 	}
 	return out, nil
 }
