@@ -1,5 +1,7 @@
 package locks
 
+import "github.com/redis/go-redis/v9"
+
 // Queued is how many of the client's calls wait for a pipeline (tests only).
 func (c *Client) Queued() int {
 	c.b.mu.Lock()
@@ -28,3 +30,10 @@ func (r *Redlock) NodeQueue(i int) (queued, gaveUp int, idle bool) {
 // Closing reports whether Close or Shutdown has begun (tests only: it
 // observes the closing without making a call).
 func (c *Client) Closing() bool { return c.life.closed.Load() }
+
+// IsRedlockAcquire reports whether cmd runs Redlock's acquire script, and its
+// lock key (tests only: hooks pick the command by script, not by shape).
+func IsRedlockAcquire(cmd interface{ Args() []any }) (key string, ok bool) {
+	sc, key := scriptCall(cmd.(redis.Cmder))
+	return key, sc == &redlockAcquireS
+}

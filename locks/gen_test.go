@@ -161,9 +161,12 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, cmd := range cmds {
-		sc, _ := scriptCall(cmd)
-		at := map[*script]int{&acquireS: 8, &redlockAcquireS: 6}[sc] // EVALSHA sha numkeys keys… owner acq
-		if args := cmd.Args(); at > 0 && len(args) > at {
+		if sc, _ := scriptCall(cmd); sc != &acquireS && sc != &redlockAcquireS {
+			continue
+		}
+		args := cmd.Args() // EVALSHA sha numkeys keys… owner acq …: both acquire scripts
+		numkeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
+		if at := 3 + numkeys + 1; len(args) > at {
 			if f.acqs == nil {
 				f.acqs = map[string]bool{}
 			}
