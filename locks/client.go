@@ -828,12 +828,15 @@ func mayHaveRun(err error) bool {
 // name; when that scope's holding turns out to be gone, the grant is given
 // back and granted fails with ErrLost.
 func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []string, kv []any, owner, acq any, res attemptResult, cfg *config, g grant, start time.Time) (*Lock, error) {
-	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, g)
-	h.keyv, h.ownerv, h.acqv, h.fenceV = kv, owner, acq, res.fenceV
 	giveBack := func(err error) (*Lock, error) {
 		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 		return nil, err
 	}
+	if g.spent() {
+		return giveBack(ErrNoValidity)
+	}
+	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, g)
+	h.keyv, h.ownerv, h.acqv, h.fenceV = kv, owner, acq, res.fenceV
 	if c.life.closed.Load() && !(scoped && c.scopes.held(h.owner, name)) {
 		return giveBack(ErrClosed) // closing: only a nested acquisition goes on
 	}

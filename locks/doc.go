@@ -56,10 +56,10 @@
 //     lock was lost (another holder may have had it), nil when the lease ran
 //     out unnoticed but nobody took the lock since; never a hold back twice.
 //   - A holder never believes it holds a lock Redis may have given away: its
-//     local deadline (TTL, Lost) counts, on the monotonic clock, the lease
-//     carried by the command that set the lock's expiry in Redis, from before
-//     that command ran — on every grant path (attempt, hand-off, fair queue,
-//     re-entry, renewal, Extend, Redlock). No wall-clock time is sent to Redis.
+//     local deadline (TTL, Lost) counts the lease of the command that set the
+//     expiry in Redis from before it ran (monotonic clock), on every grant path
+//     (attempt, hand-off, fair queue, re-entry, renewal, Extend, Redlock); a
+//     grant read past it is given back (ErrNoValidity). No wall time is sent.
 //   - Every acquisition ends in exactly one EventReleased or EventLost.
 //   - Every call ends within its context and wait budget, every command
 //     within 2 CommandTimeouts (500ms; one once Redis is quiet): a stalled

@@ -52,6 +52,13 @@ var (
 	// the cause. Retrying later can help; the lock was not held by another.
 	// It is the same value as cacheguard.ErrUnavailable.
 	ErrUnavailable = rcmd.ErrUnavailable
+	// ErrNoValidity means an acquisition was granted only after its lease had
+	// run out on the local clock (counted from before the command was sent;
+	// for a Redlock, the lease less the clock-drift allowance, until a quorum
+	// granted it): the lock could already have expired in Redis, so it is given
+	// back and the attempt counts as failed (it matches ErrUnavailable). A
+	// lease this short against Redis's latency cannot be granted safely.
+	ErrNoValidity = errors.New("locks: granted with no validity left")
 )
 
 func invalid(format string, args ...any) error {

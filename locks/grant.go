@@ -26,6 +26,13 @@ type grant struct {
 	lease time.Duration
 }
 
+// spent reports whether g's local deadline has passed: a grant read only
+// then grants nothing (the lock may already have expired in Redis, or be
+// about to), and the acquisition is given back and fails with ErrNoValidity
+// (Client.granted, Redlock's attempt): no caller is handed a Lock it does not
+// hold.
+func (g grant) spent() bool { return !time.Now().Before(g.sent.Add(g.lease)) }
+
 // apply makes g h's local deadline, and schedules its next renewal at a
 // third of g's lease. h.mu is held.
 func (h *held) apply(g grant) {

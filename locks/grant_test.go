@@ -938,3 +938,42 @@ func TestRedlockRacingFirstAcquisitionsOfOneOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantReadAfterItsLeaseGrantsNothing (found by ginmw's TestGenLock): an
+// acquisition whose reply arrives only after its lease ran out on the local
+// clock is not handed to the caller, a Lock it would not hold (TTL 0, lost
+// at once, a handler run without it): it is given back and fails with
+// ErrNoValidity, a service failure (ErrUnavailable), as a Redlock quorum
+// reached too late does.
+func TestGrantReadAfterItsLeaseGrantsNothing(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "late-grant"
+	lockKey := "cg:lock:{" + name + "}"
+	var once sync.Once
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey {
+			once.Do(func() { time.Sleep(150 * time.Millisecond) }) // the fault: the grant's reply is late
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	lk, err := c.TryLock(ctx, name, Lease(100*time.Millisecond))
+	if err == nil {
+		ttl := lk.TTL()
+		_ = lk.Unlock(ctx)
+		t.Fatalf("TryLock granted a Lock read 150ms after its 100ms lease (TTL %v)", ttl)
+	}
+	if !errors.Is(err, ErrNoValidity) || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("TryLock: %v, want ErrNoValidity and ErrUnavailable", err)
+	}
+	if n := s.Client().Exists(ctx, lockKey).Val(); n != 0 {
+		t.Fatalf("the late grant was not given back: Redis keeps the lock (%v left)", s.Client().PTTL(ctx, lockKey).Val())
+	}
+	lk, err = c.TryLock(ctx, name) // the next attempt, not late, is granted
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Unlock(ctx)
+}

@@ -442,18 +442,17 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		cleanup := func() []any { return redlockReleaseS.call(keyv, argv) }
 		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, argv...).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
-	elapsed := time.Since(start)
 
 	var noValidity error
 	if n := granted(res); n >= r.quorum {
-		if elapsed < span {
+		if g := (grant{start, span}); !g.spent() {
 			r.mu.Lock()
 			r.flights[acq] = fl
 			r.mu.Unlock()
 			close(decided)
 			hcfg := *cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
-			return newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, grant{start, span}), count(res, 2) >= r.quorum, nil
+			return newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, g), count(res, 2) >= r.quorum, nil
 		}
 		noValidity = ErrNoValidity
 	} else if nested {

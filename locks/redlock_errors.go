@@ -8,11 +8,6 @@ import (
 )
 
 var (
-	// ErrNoValidity means a Redlock attempt reached a quorum only after its
-	// lease, less the clock-drift allowance, had run out: the lock could already
-	// have expired on the first nodes, so the attempt counts as failed. A lease
-	// this short against the nodes' latency cannot be granted safely.
-	ErrNoValidity = errors.New("locks: redlock quorum reached with no validity left")
 	// ErrNodeTimeout is the cause recorded for a Redlock node that did not
 	// answer within the per-node timeout (see NodeTimeout).
 	ErrNodeTimeout = errors.New("locks: redlock node did not answer in time")
