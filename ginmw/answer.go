@@ -3,6 +3,7 @@ package ginmw
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -30,14 +31,37 @@ type HTTPError interface {
 // chain. An ErrorHandler that keeps the default answer for some errors calls
 // Abort with them. Use it as the one place where a
 // handler turns what locks, cacheguard, gormplugin and ginmw return into HTTP.
-// A request whose client went away is aborted with 499 and nothing written.
+// A request whose client went away is aborted with 499 and nothing written;
+// a context.Canceled that a Lock's loss caused (the request context's cause,
+// locks.ErrLost) is answered as that loss.
 func Abort(c *gin.Context, err error) {
 	c.Error(err) //nolint:errcheck // recorded for loggers
-	if errors.Is(err, context.Canceled) && c.Request.Context().Err() != nil {
-		c.AbortWithStatus(StatusClientClosedRequest)
-		return
+	if errors.Is(err, context.Canceled) {
+		switch by := endedBy(c.Request.Context()); {
+		case by == context.Canceled:
+			c.AbortWithStatus(StatusClientClosedRequest)
+			return
+		case errors.Is(by, locks.ErrNotHeld):
+			err = fmt.Errorf("%w: %w", by, err)
+		}
 	}
 	writeError(c, ErrorFor(err))
+}
+
+// endedBy tells what ended ctx, a request's context: nil while it has not
+// ended; the cause, matching locks.ErrNotHeld, when a Lock further up the
+// chain lost its lock (which cancels the context with cause locks.ErrLost);
+// context.DeadlineExceeded at a deadline; context.Canceled when the client
+// went away (or the server cancelled the request). Lock, Abort and Cache
+// decide by it alone whether anyone is left to answer.
+func endedBy(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, locks.ErrNotHeld) {
+		return cause
+	}
+	return ctx.Err()
 }
 
 // ErrorFor maps err to the answer Abort gives, the first rule that matches:

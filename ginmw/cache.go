@@ -11,6 +11,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 // ErrCacheUnavailable means the cache's policy refused to run the handler for
@@ -379,8 +380,10 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context, prior *response) *re
 // finish answers a request whose Get failed without running its handler.
 func (m *cacheMW) finish(c *gin.Context, key string, err error) {
 	var unc *uncacheableError
-	switch {
-	case c.Request.Context().Err() != nil:
+	switch by := endedBy(c.Request.Context()); {
+	case errors.Is(by, locks.ErrNotHeld):
+		Abort(c, by) // a Lock further up the chain lost its lock
+	case by != nil:
 		c.AbortWithStatus(StatusClientClosedRequest)
 	case errors.As(err, &unc) && unc.v.share:
 		writeResponse(c, unc.resp, "COALESCED")

@@ -102,17 +102,19 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 // lock service could not be asked), ErrNotHeld (an enclosing hold of this
 // request's owner was lost: locks.ErrLost).
 func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, err error) bool {
-	ctxEnded := ctx.Err() != nil && errors.Is(err, ctx.Err())
+	by := endedBy(ctx)
+	ctxEnded := by != nil && errors.Is(err, ctx.Err())
 	switch {
-	case ctxEnded && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case ctxEnded && by == context.Canceled:
 		// The client went away: nobody is left to answer.
 		c.AbortWithStatus(StatusClientClosedRequest)
+	case errors.Is(err, locks.ErrNotHeld), ctxEnded && errors.Is(by, locks.ErrNotHeld):
+		// A hold of this request's owner further up the chain was lost.
+		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name, RetryAfter: time.Second, Cause: err})
 	case errors.Is(err, locks.ErrBusy), ctxEnded:
 		// Held by another owner for the whole wait budget (or Wait(0) met a
 		// held lock), or a deadline set upstream ended the wait: contention.
 		cfg.conflict(c, name, retryAfter(err), err)
-	case errors.Is(err, locks.ErrNotHeld):
-		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name, RetryAfter: time.Second, Cause: err})
 	case errors.Is(err, locks.ErrInvalid):
 		cfg.onError(c, &Error{Status: http.StatusInternalServerError, Kind: locks.ErrUnavailable, Resource: name, Cause: err})
 	case errors.Is(err, locks.ErrUnavailable) && !errors.Is(err, locks.ErrClosed) && cfg.failOpen:

@@ -606,3 +606,58 @@ func TestLockErrorHandlerWithoutAbortStillAborts(t *testing.T) {
 	}
 	wantCalls(t, &ran, 0)
 }
+
+// TestLockLostAboveIsNotClientGone (found by TestGenLock): when a Lock
+// further up the chain loses its lock, the request's context ends (cause
+// locks.ErrLost) while its client is still there. A nested Lock waiting then,
+// and a handler that Aborts with the context.Canceled its call returned,
+// answer that loss (409 "lock lost"), not 499 as for a client gone.
+func TestLockLostAboveIsNotClientGone(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		inner func(l *locks.Client, entered chan<- struct{}) gin.HandlerFunc
+	}{
+		{"nested Lock waiting", func(l *locks.Client, entered chan<- struct{}) gin.HandlerFunc {
+			other := ginmw.Lock(l, ginmw.Resource("owners", ginmw.Param("id")), ginmw.LockOptions(locks.WaitBudget(20*time.Second)))
+			return func(c *gin.Context) {
+				close(entered)
+				other(c) // held by another owner: waits until the outer lock is lost
+			}
+		}},
+		{"Abort(context.Canceled)", func(_ *locks.Client, entered chan<- struct{}) gin.HandlerFunc {
+			return func(c *gin.Context) {
+				close(entered)
+				select {
+				case <-c.Request.Context().Done():
+					ginmw.Abort(c, c.Request.Context().Err()) // as a query cut by the context returns it
+				case <-time.After(20 * time.Second):
+					c.Status(http.StatusOK)
+				}
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, rdb, _ := newLocker(t)
+			hold(t, l, "owners:5")
+			entered := make(chan struct{})
+			r := newEngine()
+			r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.Lease(150*time.Millisecond))), tc.inner(l, entered),
+				func(c *gin.Context) { c.Status(http.StatusOK) })
+			done := make(chan *httptest.ResponseRecorder, 1)
+			go func() { done <- serve(r, http.MethodPut, "/repos/5") }()
+			within(t, 10*time.Second, entered, "the inner handler")
+			if err := rdb.Del(context.Background(), "cg:lock:{repos:5}").Err(); err != nil {
+				t.Fatal(err)
+			}
+			var w *httptest.ResponseRecorder
+			select {
+			case w = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("request never finished")
+			}
+			if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "lock lost") {
+				t.Fatalf("answered %d %q; want 409 lock lost: the client is still there", w.Code, w.Body.String())
+			}
+		})
+	}
+}
