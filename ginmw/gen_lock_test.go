@@ -1,0 +1,512 @@
+package ginmw_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
+	"pgregory.net/rapid"
+
+	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/internal/testing/gen"
+	"github.com/cacheguard/cacheguard/locks"
+)
+
+// TestGenLock drives Lock the way a service is driven: two processes (each
+// a Gin engine with Lock on three routes of one resource kind, one of them
+// locking it twice, over a locks.Client of its own) serve concurrent
+// requests whose targets spell a resource's id in many ways (leading
+// zeros, '+', escapes, dot segments, extra slashes), under Gin settings
+// drawn per check, some from clients that give up; faults act at reply
+// granularity on one process's Redis client (a script command delayed
+// before it is sent, its reply held after it ran, its reply dropped, the
+// command failed unsent), and a lock key is lost in Redis. The handlers
+// are the oracle's probes; the oracle trusts no code of ours:
+//
+//   - a handler runs only for a target whose id parses as an integer (as
+//     the handler itself parses it), and only with its lock held: its
+//     Lock's TTL (the local clock, never more than Redis keeps) positive;
+//   - at no instant do two requests' handlers of one resource (the id as
+//     the handler parses it) both hold its lock, unless its key was lost in
+//     Redis after either request was sent;
+//   - a handler whose lock's TTL has run out sees its context cancelled
+//     with locks.ErrLost within a second (a loaded host's slack);
+//   - every answer is what the outcome says: 200 from a handler that
+//     finished, 500 from one that panicked, 409 (Retry-After ≥ 1) when it
+//     did not run for contention or ran and lost its lock, 404 for an id
+//     that is not an integer, 503 for Redis errors, nothing written for a
+//     client that went away;
+//   - once every request returned and the processes closed, Redis keeps no
+//     lock of the check's resources beyond the longest lease.
+func TestGenLock(t *testing.T) {
+	s := redistest.Start(t)
+	mon := s.Client()
+	var checks int
+	st := &genLockStats{}
+	gen.Check(t, 60, func(rt *rapid.T) {
+		checks++
+		genLockRun(rt, s, mon, fmt.Sprintf("genlock%d", checks), st)
+	})
+	t.Logf("gen: %d checks; %s", checks, st)
+}
+
+type genLockStats struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (s *genLockStats) add(what string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.counts == nil {
+		s.counts = map[string]int{}
+	}
+	s.counts[what]++
+}
+
+func (s *genLockStats) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprint(s.counts)
+}
+
+// lockFault is a go-redis hook that acts on the script commands (the
+// locks' acquire, renew, release) of one client, at reply granularity.
+type lockFault struct {
+	mu    sync.Mutex
+	mode  string // "delay", "late", "drop", "fail"; "" none
+	d     time.Duration
+	left  int
+	slept sync.WaitGroup // delays and held replies under way
+}
+
+func (f *lockFault) set(mode string, d time.Duration, n int) {
+	f.mu.Lock()
+	f.mode, f.d, f.left = mode, d, n
+	f.mu.Unlock()
+}
+
+func (f *lockFault) take(cmds []redis.Cmder) (string, time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.left == 0 {
+		return "", 0
+	}
+	for _, c := range cmds {
+		if n := c.Name(); n == "evalsha" || n == "eval" {
+			f.left--
+			f.slept.Add(1)
+			return f.mode, f.d
+		}
+	}
+	return "", 0
+}
+
+var errInjected = errors.New("gen: injected failure")
+
+func (f *lockFault) around(cmds []redis.Cmder, send func() error) error {
+	mode, d := f.take(cmds)
+	if mode == "" {
+		return send()
+	}
+	defer f.slept.Done()
+	switch mode {
+	case "delay": // the command reaches Redis late
+		time.Sleep(d)
+		return send()
+	case "late": // it ran; its reply comes late
+		err := send()
+		time.Sleep(d)
+		return err
+	case "drop": // it ran; its reply is lost
+		_ = send()
+		for _, c := range cmds {
+			c.SetErr(errInjected)
+		}
+		return errInjected
+	default: // "fail": never sent
+		for _, c := range cmds {
+			c.SetErr(errInjected)
+		}
+		return errInjected
+	}
+}
+
+func (f *lockFault) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *lockFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return f.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+func (f *lockFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return f.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+
+// lockWorld is one check of TestGenLock.
+type lockWorld struct {
+	rt    *rapid.T
+	kind  string
+	mon   *redis.Client
+	procs []*lockProc
+	calls sync.WaitGroup
+
+	mu       sync.Mutex
+	active   map[int64][]*lockProbe // by resource id: the handlers running
+	lostAt   map[int64]time.Time    // by resource id: when its key was last deleted
+	failures []string
+	log      []string
+	start    time.Time
+}
+
+type lockProc struct {
+	rdb   *redis.Client
+	fault *lockFault
+	l     *locks.Client
+	eng   *gin.Engine
+}
+
+// lockProbe is one handler while it runs.
+type lockProbe struct {
+	req    int
+	lk     *locks.Lock
+	sent   time.Time // when its request was sent: before its Lock was asked for
+	lostAt time.Time // when it first saw its TTL at 0
+}
+
+func (w *lockWorld) note(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.log = append(w.log, fmt.Sprintf("%8.1fms ", float64(time.Since(w.start).Microseconds())/1000)+fmt.Sprintf(format, args...))
+}
+
+func (w *lockWorld) violate(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	w.note("VIOLATION %s", msg)
+	w.mu.Lock()
+	w.failures = append(w.failures, msg)
+	w.mu.Unlock()
+}
+
+// probe checks the exclusion rule for p, a handler of resource id: p's
+// lock is held (TTL > 0) and no other handler of id holds its own, unless
+// id's key was lost since either began.
+func (w *lockWorld) probe(id int64, p *lockProbe) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p.lk.TTL() <= 0 {
+		return
+	}
+	for _, o := range w.active[id] {
+		if o == p || o.lk.TTL() <= 0 {
+			continue
+		}
+		if lost := w.lostAt[id]; !lost.IsZero() && (lost.After(p.sent) || lost.After(o.sent)) {
+			continue
+		}
+		w.failures = append(w.failures, fmt.Sprintf("resource %d: requests %d and %d both hold its lock (%s fence %d TTL %v sent at %v; %s fence %d TTL %v sent at %v)",
+			id, p.req, o.req, p.lk.Name(), p.lk.Fence(), p.lk.TTL(), p.sent.Sub(w.start), o.lk.Name(), o.lk.Fence(), o.lk.TTL(), o.sent.Sub(w.start)))
+	}
+}
+
+func (w *lockWorld) enter(id int64, p *lockProbe) {
+	w.mu.Lock()
+	if w.active == nil {
+		w.active = map[int64][]*lockProbe{}
+	}
+	w.active[id] = append(w.active[id], p)
+	w.mu.Unlock()
+	w.probe(id, p)
+}
+
+func (w *lockWorld) leave(id int64, p *lockProbe) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	as := w.active[id]
+	for i, o := range as {
+		if o == p {
+			w.active[id] = append(as[:i], as[i+1:]...)
+			break
+		}
+	}
+}
+
+// handlerPlan is what a request's handler does: how long it works, in how
+// many steps, and whether it panics.
+type handlerPlan struct {
+	work  time.Duration
+	steps int
+	panic bool
+}
+
+// outcome is what a request's handler did.
+type outcome struct {
+	sent                             time.Time // the request's
+	ran, finished, panicked, sawLost bool
+}
+
+func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx context.Context) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		out.ran = true
+		id, err := strconv.ParseInt(c.Param("id"), 10, 64)
+		if err != nil {
+			w.violate("request %d: the handler ran for id %q, which is not an integer", req, c.Param("id"))
+			return
+		}
+		ctx := c.Request.Context()
+		lk, ok := ginmw.LockFromContext(ctx)
+		if !ok {
+			w.violate("request %d: the handler ran without a lock in its context", req)
+			return
+		}
+		p := &lockProbe{req: req, lk: lk, sent: out.sent}
+		if lk.TTL() <= 0 && ctx.Err() == nil {
+			w.violate("request %d: the handler ran with its lock's TTL at 0 and its context live", req)
+		}
+		w.enter(id, p)
+		defer w.leave(id, p)
+		for i := 0; i < plan.steps; i++ {
+			time.Sleep(plan.work / time.Duration(plan.steps))
+			w.probe(id, p)
+			if lk.TTL() <= 0 {
+				now := time.Now()
+				if p.lostAt.IsZero() {
+					p.lostAt = now
+				} else if now.Sub(p.lostAt) > time.Second && ctx.Err() == nil {
+					w.violate("request %d: its lock's TTL has been 0 for %v, its context is live", req, now.Sub(p.lostAt).Round(time.Millisecond))
+				}
+			}
+		}
+		if plan.panic {
+			out.panicked = true
+			panic("gen: the handler panics")
+		}
+		if ctx.Err() != nil { // a handler that saw its lock lost, or its client gone, writes nothing
+			out.sawLost = errors.Is(context.Cause(ctx), locks.ErrLost)
+			if !out.sawLost && clientCtx.Err() == nil {
+				w.violate("request %d: its context ended with %v: neither locks.ErrLost nor its client's", req, context.Cause(ctx))
+			}
+			return
+		}
+		out.finished = true
+		c.String(http.StatusOK, "ok")
+	}
+}
+
+// genLockIDs are the spellings of a resource id a target may carry.
+var genLockIDs = []string{"1", "01", "+1", "001", "2", "02", "%31", "%2B1", "1%2F", "x", "-0", "0", "1.0", " 1", "1/", "9223372036854775808"}
+
+func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string, st *genLockStats) {
+	w := &lockWorld{rt: rt, kind: kind, mon: mon, lostAt: map[int64]time.Time{}, start: time.Now()}
+	cfg := routingConfig{
+		rawPath: rapid.Bool().Draw(rt, "UseRawPath"), unescape: rapid.Bool().Draw(rt, "UnescapePathValues"),
+		removeSlash: rapid.Bool().Draw(rt, "RemoveExtraSlash"), trailing: rapid.Bool().Draw(rt, "RedirectTrailingSlash"),
+		fixed: rapid.Bool().Draw(rt, "RedirectFixedPath"),
+	}
+	lease := rapid.SampledFrom([]time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second}).Draw(rt, "lease")
+	budget := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "wait budget")
+	plans := map[int]handlerPlan{}
+	outs := map[int]*outcome{}
+	ctxs := map[int]context.Context{} // each request's own, as its client sent it
+	var plansMu sync.Mutex
+	for range 2 {
+		p := &lockProc{rdb: s.Client(), fault: &lockFault{}}
+		p.rdb.AddHook(p.fault)
+		p.l = locks.New(p.rdb, locks.CommandTimeout(200*time.Millisecond))
+		r := gin.New()
+		r.UseRawPath, r.UnescapePathValues = cfg.rawPath, cfg.unescape
+		r.RemoveExtraSlash, r.RedirectTrailingSlash, r.RedirectFixedPath = cfg.removeSlash, cfg.trailing, cfg.fixed
+		r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) { c.AbortWithStatus(http.StatusInternalServerError) }))
+		repo := ginmw.Resource(kind, ginmw.Int(ginmw.Param("id")))
+		lk := ginmw.Lock(p.l, repo, ginmw.LockOptions(locks.Lease(lease), locks.WaitBudget(budget)))
+		run := func(c *gin.Context) {
+			req, _ := strconv.Atoi(c.GetHeader("X-Req"))
+			plansMu.Lock()
+			plan, out, cctx := plans[req], outs[req], ctxs[req]
+			plansMu.Unlock()
+			w.handler(req, plan, out, cctx)(c)
+		}
+		r.PUT("/repos/:id/settings", lk, run)
+		r.DELETE("/repos/:id", lk, run)
+		r.PATCH("/repos/:id/nested", lk, lk, run) // the same resource locked twice: a re-entry
+		p.eng = r
+		w.procs = append(w.procs, p)
+	}
+	wound := false
+	windDown := func() {
+		for _, p := range w.procs {
+			p.fault.set("", 0, 0)
+		}
+		w.calls.Wait()
+		for _, p := range w.procs {
+			p.fault.slept.Wait()
+			_ = p.l.Close()
+			_ = p.rdb.Close()
+		}
+		wound = true
+	}
+	defer func() {
+		if !wound {
+			windDown()
+		}
+	}()
+	reqs := 0
+	rt.Repeat(map[string]func(*rapid.T){
+		"request": func(rt *rapid.T) {
+			reqs++
+			req := reqs
+			proc := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
+			route := rapid.SampledFrom([]string{"PUT /repos/%s/settings", "DELETE /repos/%s", "PATCH /repos/%s/nested"}).Draw(rt, "route")
+			id := rapid.SampledFrom(genLockIDs).Draw(rt, "id")
+			prefix := rapid.SampledFrom([]string{"", "", "", "/x/..", "/", "/./"}).Draw(rt, "prefix")
+			method, pattern, _ := strings.Cut(route, " ")
+			target := prefix + fmt.Sprintf(pattern, id)
+			plan := handlerPlan{
+				work:  rapid.SampledFrom([]time.Duration{0, 20 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond}).Draw(rt, "work"),
+				steps: rapid.IntRange(1, 6).Draw(rt, "steps"),
+				panic: rapid.IntRange(0, 7).Draw(rt, "panic") == 0,
+			}
+			gone := rapid.SampledFrom([]time.Duration{0, 0, 50 * time.Millisecond, 400 * time.Millisecond}).Draw(rt, "client gives up after")
+			out := &outcome{sent: time.Now()}
+			hr := httptest.NewRequest(method, "http://svc.test/", nil)
+			hr.URL.Path, hr.URL.RawPath, hr.RequestURI = "", "", target
+			u, err := hr.URL.Parse(target)
+			if err != nil {
+				rt.Skip("unparsable target")
+			}
+			hr.URL = u
+			hr.Header.Set("X-Req", strconv.Itoa(req))
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if gone > 0 {
+				ctx, cancel = context.WithTimeout(ctx, gone)
+			}
+			hr = hr.WithContext(ctx)
+			plansMu.Lock()
+			plans[req], outs[req], ctxs[req] = plan, out, ctx
+			plansMu.Unlock()
+			st.add("request")
+			w.note("request %d: p%d %s %s %+v gone=%v", req, proc, method, target, plan, gone)
+			w.calls.Add(1)
+			go func() {
+				defer w.calls.Done()
+				defer cancel()
+				rec := httptest.NewRecorder()
+				w.procs[proc].eng.ServeHTTP(rec, hr)
+				w.checkAnswer(req, id, target, rec, out, ctx)
+				st.add(fmt.Sprint(rec.Code))
+			}()
+		},
+		"fault": func(rt *rapid.T) {
+			proc := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
+			mode := rapid.SampledFrom([]string{"delay", "late", "drop", "fail"}).Draw(rt, "mode")
+			// Delays well apart from the leases (150, 400 ms, 2 s): a grant whose
+			// reply comes within a few ms of its lease's end could run out
+			// between Lock's return and the handler's first look.
+			d := rapid.SampledFrom([]time.Duration{10 * time.Millisecond, 60 * time.Millisecond, 100 * time.Millisecond,
+				200 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond}).Draw(rt, "delay")
+			n := rapid.IntRange(1, 3).Draw(rt, "count")
+			st.add("fault:" + mode)
+			w.note("p%d fault %s %v x%d", proc, mode, d, n)
+			w.procs[proc].fault.set(mode, d, n)
+		},
+		"lose": func(rt *rapid.T) {
+			if rapid.IntRange(0, 3).Draw(rt, "lose now") != 0 {
+				rt.Skip("keys are lost rarely")
+			}
+			id := rapid.SampledFrom([]int64{1, 2}).Draw(rt, "resource")
+			st.add("lose")
+			w.mu.Lock()
+			w.lostAt[id] = time.Now()
+			w.mu.Unlock()
+			w.note("DEL resource %d's key", id)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			w.mon.Del(ctx, lockKey(kind, id))
+		},
+		"wait": func(rt *rapid.T) {
+			time.Sleep(time.Duration(rapid.IntRange(0, 300).Draw(rt, "ms")) * time.Millisecond)
+		},
+		"": func(rt *rapid.T) { w.fail(rt) },
+	})
+	windDown()
+	w.fail(rt)
+	// Liveness: every lock of the check's resources is released, or expires
+	// within its lease.
+	deadline := time.Now().Add(lease + time.Second)
+	for _, id := range []int64{0, 1, 2} {
+		key := lockKey(kind, id)
+		for mon.Exists(context.Background(), key).Val() == 1 {
+			if time.Now().After(deadline) {
+				w.violate("resource %d: Redis keeps its lock (%v of its lease left) %v after every request returned and the processes closed",
+					id, mon.PTTL(context.Background(), key).Val(), lease+time.Second)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	w.fail(rt)
+}
+
+func lockKey(kind string, id int64) string {
+	return "cg:lock:{" + kind + ":" + strconv.FormatInt(id, 10) + "}"
+}
+
+// checkAnswer checks a request's answer against what its handler did.
+func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.ResponseRecorder, out *outcome, ctx context.Context) {
+	w.note("request %d: %d %q ran=%v finished=%v panicked=%v lost=%v", req, rec.Code, rec.Body.String(), out.ran, out.finished, out.panicked, out.sawLost)
+	bad := func(why string) {
+		w.violate("request %d (%s): answered %d %q, %s", req, target, rec.Code, rec.Body.String(), why)
+	}
+	switch {
+	case out.finished:
+		if rec.Code != http.StatusOK {
+			bad("its handler finished with 200")
+		}
+	case out.panicked:
+		if rec.Code != http.StatusInternalServerError {
+			bad("its handler panicked")
+		}
+	case out.ran:
+		// It saw its lock lost (409), or its client gone (nothing written, or
+		// 409 when the lock was lost too).
+		gone := ctx.Err() != nil && rec.Body.Len() == 0
+		if rec.Code != http.StatusConflict && !(gone && !out.sawLost) {
+			bad("its handler saw its lock lost or its client gone and wrote nothing: want 409, or nothing for a client gone")
+		}
+	case rec.Code == http.StatusNotFound:
+		// Int refuses the id; so does the handler's own parse (checked when
+		// it runs), or no route matched.
+	case rec.Code == http.StatusConflict:
+		if ra, err := strconv.Atoi(rec.Header().Get("Retry-After")); err != nil || ra < 1 {
+			bad("a 409 needs Retry-After of at least 1 second")
+		}
+	case rec.Code == http.StatusServiceUnavailable:
+	case rec.Code == http.StatusMovedPermanently || rec.Code == http.StatusTemporaryRedirect || rec.Code == http.StatusPermanentRedirect:
+		// Gin's redirects (RedirectTrailingSlash, RedirectFixedPath).
+	case rec.Code == http.StatusMethodNotAllowed:
+	case ctx.Err() != nil && rec.Body.Len() == 0:
+		// The client went away while waiting: nothing written.
+	default:
+		bad("its handler did not run")
+	}
+}
+
+func (w *lockWorld) fail(rt *rapid.T) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.failures) > 0 {
+		rt.Fatalf("%s\nlog:\n%s", strings.Join(w.failures, "\n"), strings.Join(w.log, "\n"))
+	}
+}
