@@ -31,7 +31,8 @@ import (
 // drawn per check, some from clients that give up; faults act at reply
 // granularity on one process's Redis client (a script command delayed
 // before it is sent, its reply held after it ran, its reply dropped, the
-// command failed unsent), and a lock key is lost in Redis. The handlers
+// command failed unsent), a lock key is lost in Redis, Redis is paused
+// (SIGSTOP) or restarted without persistence. The handlers
 // are the oracle's probes; the oracle trusts no code of ours:
 //
 //   - a handler runs only for a target whose id parses as an integer (as
@@ -434,6 +435,32 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
 			w.mon.Del(ctx, lockKey(kind, id))
+		},
+		"redis": func(rt *rapid.T) {
+			if rapid.IntRange(0, 5).Draw(rt, "now") != 0 {
+				rt.Skip("Redis is paused or restarted rarely")
+			}
+			if rapid.Bool().Draw(rt, "restart") {
+				// Without persistence: every key is lost.
+				st.add("redis-restart")
+				w.mu.Lock()
+				for _, id := range []int64{0, 1, 2} {
+					w.lostAt[id] = time.Now()
+				}
+				w.mu.Unlock()
+				w.note("Redis restarts")
+				if err := s.Restart(); err != nil {
+					rt.Fatalf("restart: %v", err)
+				}
+				w.note("Redis restarted")
+				return
+			}
+			d := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 250 * time.Millisecond, 600 * time.Millisecond}).Draw(rt, "pause")
+			st.add("redis-sigstop")
+			w.note("Redis paused for %v", d)
+			s.Pause()
+			time.Sleep(d)
+			s.Resume()
 		},
 		"wait": func(rt *rapid.T) {
 			time.Sleep(time.Duration(rapid.IntRange(0, 300).Draw(rt, "ms")) * time.Millisecond)
