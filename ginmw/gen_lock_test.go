@@ -25,14 +25,15 @@ import (
 
 // TestGenLock drives Lock the way a service is driven: two processes (each
 // a Gin engine with Lock on three routes of one resource kind, one of them
-// locking it twice, over a locks.Client of its own) serve concurrent
+// locking it twice, over a locks.Client of its own, or a Redlock over three
+// servers) serve concurrent
 // requests whose targets spell a resource's id in many ways (leading
 // zeros, '+', escapes, dot segments, extra slashes), under Gin settings
 // drawn per check, some from clients that give up; faults act at reply
 // granularity on one process's Redis client (a script command delayed
 // before it is sent, its reply held after it ran, its reply dropped, the
-// command failed unsent), a lock key is lost in Redis, Redis is paused
-// (SIGSTOP) or restarted without persistence. The handlers
+// command failed unsent), a lock key is lost in Redis (on one node), Redis
+// (its first node) is paused (SIGSTOP) or restarted without persistence. The handlers
 // are the oracle's probes; the oracle trusts no code of ours:
 //
 //   - a handler runs only for a target whose id parses as an integer (as
@@ -51,13 +52,16 @@ import (
 //   - once every request returned and the processes closed, Redis keeps no
 //     lock of the check's resources beyond the longest lease.
 func TestGenLock(t *testing.T) {
-	s := redistest.Start(t)
-	mon := s.Client()
+	servers := redistest.StartN(t, 3)
+	var mon []*redis.Client
+	for _, s := range servers {
+		mon = append(mon, s.Client())
+	}
 	var checks int
 	st := &genLockStats{}
 	gen.Check(t, 60, func(rt *rapid.T) {
 		checks++
-		genLockRun(rt, s, mon, fmt.Sprintf("genlock%d", checks), st)
+		genLockRun(rt, servers, mon, fmt.Sprintf("genlock%d", checks), st)
 	})
 	t.Logf("gen: %d checks; %s", checks, st)
 }
@@ -158,11 +162,12 @@ func (f *lockFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 // lockWorld is one check of TestGenLock.
 type lockWorld struct {
-	rt    *rapid.T
-	kind  string
-	mon   *redis.Client
-	procs []*lockProc
-	calls sync.WaitGroup
+	rt      *rapid.T
+	kind    string
+	redlock bool            // the processes lock with a Redlock over every server, else a Client on the first
+	mon     []*redis.Client // one per server
+	procs   []*lockProc
+	calls   sync.WaitGroup
 
 	mu       sync.Mutex
 	active   map[int64][]*lockProbe // by resource id: the handlers running
@@ -173,10 +178,13 @@ type lockWorld struct {
 }
 
 type lockProc struct {
-	rdb   *redis.Client
-	fault *lockFault
-	l     *locks.Client
-	eng   *gin.Engine
+	rdbs  []*redis.Client // one per server it locks on
+	fault *lockFault      // on each of them
+	l     interface {
+		locks.Locker
+		Close() error
+	}
+	eng *gin.Engine
 }
 
 // lockProbe is one handler while it runs.
@@ -309,8 +317,14 @@ func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx c
 // genLockIDs are the spellings of a resource id a target may carry.
 var genLockIDs = []string{"1", "01", "+1", "001", "2", "02", "%31", "%2B1", "1%2F", "x", "-0", "0", "1.0", " 1", "1/", "9223372036854775808"}
 
-func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string, st *genLockStats) {
+func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, kind string, st *genLockStats) {
 	w := &lockWorld{rt: rt, kind: kind, mon: mon, lostAt: map[int64]time.Time{}, start: time.Now()}
+	w.redlock = rapid.Bool().Draw(rt, "redlock")
+	if w.redlock {
+		st.add("redlock")
+	} else {
+		servers, w.mon = servers[:1], mon[:1]
+	}
 	cfg := routingConfig{
 		rawPath: rapid.Bool().Draw(rt, "UseRawPath"), unescape: rapid.Bool().Draw(rt, "UnescapePathValues"),
 		removeSlash: rapid.Bool().Draw(rt, "RemoveExtraSlash"), trailing: rapid.Bool().Draw(rt, "RedirectTrailingSlash"),
@@ -323,9 +337,18 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 	ctxs := map[int]context.Context{} // each request's own, as its client sent it
 	var plansMu sync.Mutex
 	for range 2 {
-		p := &lockProc{rdb: s.Client(), fault: &lockFault{}}
-		p.rdb.AddHook(p.fault)
-		p.l = locks.New(p.rdb, locks.CommandTimeout(200*time.Millisecond))
+		p := &lockProc{fault: &lockFault{}}
+		var clients []redis.UniversalClient
+		for _, s := range servers {
+			c := s.Client()
+			c.AddHook(p.fault)
+			p.rdbs, clients = append(p.rdbs, c), append(clients, c)
+		}
+		if w.redlock {
+			p.l = locks.NewRedlock(clients, locks.CommandTimeout(200*time.Millisecond))
+		} else {
+			p.l = locks.New(p.rdbs[0], locks.CommandTimeout(200*time.Millisecond))
+		}
 		r := gin.New()
 		r.UseRawPath, r.UnescapePathValues = cfg.rawPath, cfg.unescape
 		r.RemoveExtraSlash, r.RedirectTrailingSlash, r.RedirectFixedPath = cfg.removeSlash, cfg.trailing, cfg.fixed
@@ -354,7 +377,9 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 		for _, p := range w.procs {
 			p.fault.slept.Wait()
 			_ = p.l.Close()
-			_ = p.rdb.Close()
+			for _, c := range p.rdbs {
+				_ = c.Close()
+			}
 		}
 		wound = true
 	}
@@ -431,10 +456,11 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 			w.mu.Lock()
 			w.lostAt[id] = time.Now()
 			w.mu.Unlock()
-			w.note("DEL resource %d's key", id)
+			node := rapid.IntRange(0, len(w.mon)-1).Draw(rt, "node")
+			w.note("DEL resource %d's key on node %d", id, node)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			w.mon.Del(ctx, lockKey(kind, id))
+			w.mon[node].Del(ctx, w.lockKey(id))
 		},
 		"redis": func(rt *rapid.T) {
 			if rapid.IntRange(0, 5).Draw(rt, "now") != 0 {
@@ -449,7 +475,7 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 				}
 				w.mu.Unlock()
 				w.note("Redis restarts")
-				if err := s.Restart(); err != nil {
+				if err := servers[0].Restart(); err != nil {
 					rt.Fatalf("restart: %v", err)
 				}
 				w.note("Redis restarted")
@@ -458,9 +484,9 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 			d := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 250 * time.Millisecond, 600 * time.Millisecond}).Draw(rt, "pause")
 			st.add("redis-sigstop")
 			w.note("Redis paused for %v", d)
-			s.Pause()
+			servers[0].Pause()
 			time.Sleep(d)
-			s.Resume()
+			servers[0].Resume()
 		},
 		"wait": func(rt *rapid.T) {
 			time.Sleep(time.Duration(rapid.IntRange(0, 300).Draw(rt, "ms")) * time.Millisecond)
@@ -473,21 +499,28 @@ func genLockRun(rt *rapid.T, s *redistest.Server, mon *redis.Client, kind string
 	// within its lease.
 	deadline := time.Now().Add(lease + time.Second)
 	for _, id := range []int64{0, 1, 2} {
-		key := lockKey(kind, id)
-		for mon.Exists(context.Background(), key).Val() == 1 {
-			if time.Now().After(deadline) {
-				w.violate("resource %d: Redis keeps its lock (%v of its lease left) %v after every request returned and the processes closed",
-					id, mon.PTTL(context.Background(), key).Val(), lease+time.Second)
-				break
+		key := w.lockKey(id)
+		for i, m := range w.mon {
+			for m.Exists(context.Background(), key).Val() == 1 {
+				if time.Now().After(deadline) {
+					w.violate("resource %d: node %d keeps its lock (%v of its lease left) %v after every request returned and the processes closed",
+						id, i, m.PTTL(context.Background(), key).Val(), lease+time.Second)
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}
 	w.fail(rt)
 }
 
-func lockKey(kind string, id int64) string {
-	return "cg:lock:{" + kind + ":" + strconv.FormatInt(id, 10) + "}"
+// lockKey is the Redis key of resource id's lock.
+func (w *lockWorld) lockKey(id int64) string {
+	prefix := "cg:lock:{"
+	if w.redlock {
+		prefix = "cg:rlock:{"
+	}
+	return prefix + w.kind + ":" + strconv.FormatInt(id, 10) + "}"
 }
 
 // checkAnswer checks a request's answer against what its handler did.
