@@ -652,3 +652,49 @@ func TestMaxConcurrentLoadsNestedFailOpen(t *testing.T) {
 	}
 	close(outside.release)
 }
+
+// TestLateLeaseGrantLoadsOnce: a fill lease that Redis granted but whose
+// reply reached the Guard only after the lease had run out there (held on the
+// wire) is not loaded under — another process may have taken the fill over
+// meanwhile — so a key is loaded once per expiry across processes
+// (guarantee A), with a lease shorter than the command timeout too. The late
+// grant is given back and its flight waits for the fill as any other.
+func TestLateLeaseGrantLoadsOnce(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	key := testKey(t)
+	var hold atomic.Bool
+	granted := make(chan struct{})
+	slow := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	slow.AddHook(replyHook(func(cmd redis.Cmder) {
+		if isLeaseCall(cmd) && cmd.Err() == nil && hold.CompareAndSwap(true, false) {
+			close(granted)
+			time.Sleep(250 * time.Millisecond) // the fault: the grant's reply comes 250ms late
+		}
+	}))
+	opts := []cacheguard.Option{cacheguard.Lease(100 * time.Millisecond), cacheguard.CommandTimeout(time.Second), cacheguard.WaitBudget(5 * time.Second)}
+	a := cacheguard.New(slow, opts...)
+	defer a.Close()
+	b := cacheguard.New(s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true }), opts...)
+	defer b.Close()
+	if _, err := cacheguard.Get(ctx, a, key+"-warm", (&counter{name: "warm"}).load); err != nil {
+		t.Fatal(err) // loads the scripts
+	}
+	loads := &counter{name: "v", delay: 200 * time.Millisecond}
+	hold.Store(true)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		if v, err := cacheguard.Get(ctx, a, key, loads.load); err != nil || v.Name != "v" {
+			t.Errorf("Get on the slow process: %v %v", v, err)
+		}
+	})
+	<-granted // A holds the lease in Redis; its reply is on the way
+	if v, err := cacheguard.Get(ctx, b, key, loads.load); err != nil || v.Name != "v" {
+		t.Errorf("Get on the other process: %v %v", v, err)
+	}
+	wg.Wait()
+	if n := loads.n.Load(); n != 1 {
+		t.Fatalf("%d loads of one cold key across two processes; want 1 (a lease read after it ran out was loaded under)", n)
+	}
+}

@@ -20,7 +20,8 @@ const (
 	fillEarly                 // an early refresh of a fresh value (see lead)
 )
 
-// fill loads the keys of fs, whose fill leases this call holds, with one
+// fill loads the keys of fs, whose fill leases this call holds (granted to a
+// request sent at sent), with one
 // loader call while renewing the leases; then, in one pipeline, stores each
 // value (or the absence) under its lease's compare-and-set, waking the
 // waiters, or releases the lease telling them why — with FailSafe, storing
@@ -29,13 +30,13 @@ const (
 // the fill over at once; callers here get ErrClosed). A flight whose lease
 // turns out lost takes no new callers: what it loaded may be older than what
 // another fill stored.
-func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind fillKind) {
+func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind fillKind, sent time.Time) {
 	g := c.g
 	start := time.Now()
 	// The leases are renewed until the load timeout at most (the hard
 	// timeout): a loader that ignores its context then loses them within a
 	// lease, so that another process can load.
-	stop := g.renew(ctx, fs, c.cfg.lease, start.Add(c.cfg.loadTimeout))
+	stop := g.renew(ctx, fs, c.cfg.lease, sent, start.Add(c.cfg.loadTimeout))
 	names := keysOf(fs)
 	if kind == fillEarly {
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
@@ -262,13 +263,13 @@ func keysOf(fs []*flight) []string {
 	return keys
 }
 
-// renew renews the fill leases of fs every third of the lease, in one round
-// trip (see every), until stop is called, the deadline passes or the Guard
+// renew renews the fill leases of fs, granted to a request sent at sent,
+// every third of the lease, in one round trip (see every), until stop is called, the deadline passes or the Guard
 // closes. stop does not wait for a renewal on its way: the store's
 // compare-and-set needs none, and on a starved host that wait cost every
 // waiter in the fleet hundreds of ms. A lease found gone shuts its flight
 // (it takes no new callers) and is renewed no more.
-func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) (stop func()) {
+func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, sent, deadline time.Time) (stop func()) {
 	renewal := func(ctx context.Context, f *flight) redis.Cmder {
 		return renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
 	}
@@ -279,7 +280,9 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 		}
 		return true
 	}
-	stop, ok := g.every(ctx, fs, leaseFor/3, false, deadline, renewal, kept)
+	// The first a third of the lease after the request that was granted it
+	// was sent (see config.spent), not after its reply came.
+	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(sent.Add(leaseFor/3)), deadline, renewal, kept)
 	if !ok {
 		return func() {} // closing: the fill hands its leases over
 	}

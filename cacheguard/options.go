@@ -228,6 +228,13 @@ func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeo
 // The default is 3s; at least 30ms (MinLease).
 func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 
+// spent reports whether a fill lease granted to a request sent at sent has
+// run out on the local clock — the one rule for a lease's local deadline, as
+// locks' grants follow it: Redis may already have let another process take
+// the fill over, so a grant read this late is given back, never loaded
+// under (one load per expiry), and its flight waits for the fill as others do.
+func (c *config) spent(sent time.Time) bool { return !time.Now().Before(sent.Add(c.lease)) }
+
 // FailSafe keeps a value standing in when its reload fails: when the loader
 // returns an error (other than ErrNotFound) or runs out of its LoadTimeout,
 // and the key has a value that stopped being fresh less than maxAge ago (past

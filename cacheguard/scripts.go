@@ -93,12 +93,15 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // grant begins. A round trip the command timeout ended while this process,
 // not Redis, was slow (rcmd.Busy) is sent again with the same token (the
 // script grants a lease this token holds again) until it is answered, times
-// out with Redis silent, or ctx ends: failing open would cost a load.
-func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
+// out with Redis silent, or ctx ends: failing open would cost a load. sent
+// is when the answered round trip was sent: a lease it grants runs out on
+// the local clock at sent + the lease (see config.spent).
+func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, err error) {
 	for {
-		rs, vers, err := g.leaseOnce(ctx, fs, tok, cfg)
+		sent = time.Now()
+		rs, vers, err = g.leaseOnce(ctx, fs, tok, cfg)
 		if !rcmd.Busy(err) || passed(ctx) {
-			return rs, vers, err
+			return rs, vers, sent, err
 		}
 	}
 }
@@ -234,21 +237,21 @@ func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until ti
 		return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", lifems)
 	}
 	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
-	g.every(ctx, fs, giveBackEvery, true, until, release, unanswered)
+	g.every(ctx, fs, giveBackEvery, 0, until, release, unanswered)
 }
 
 // every sends, on a goroutine of the Guard's (Close waits for it), one
-// pipeline of cmd(f) for the flights of fs every period — the first at once
-// when now is set, else after a period — keeping for the next the flights for
+// pipeline of cmd(f) for the flights of fs every period — the first after
+// first (at once when not positive) — keeping for the next the flights for
 // which keep(f, its command) holds, until none is left, the deadline passes,
 // stop is called, or the Guard closes. A tick that comes as stop is called
-// sends nothing. Without now, nothing runs before the first period has
-// passed: no goroutine, ticker or deadline exists until then, so a fill whose
-// load ends sooner (most: the renewals come every third of the lease) costs
-// a timer and no goroutine of its own. It reports ok false, starting
+// sends nothing. Nothing runs before first has passed: no goroutine, ticker
+// or deadline exists until then, so a fill whose load ends sooner (most: the
+// renewals come every third of the lease) costs a timer and no goroutine of
+// its own. It reports ok false, starting
 // nothing, when the Guard is closed and ctx is no task's (see track). It is
 // the one loop of the fill leases' renewals and give-backs.
-func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, now bool, deadline time.Time,
+func (g *Guard) every(ctx context.Context, fs []*flight, period, first time.Duration, deadline time.Time,
 	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) (stop func(), ok bool) {
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
@@ -299,13 +302,13 @@ func (g *Guard) every(ctx context.Context, fs []*flight, period time.Duration, n
 			live = kept
 		}
 	}
-	if now {
+	if first <= 0 {
 		go loop()
 		return func() { close(quit) }, true
 	}
-	first := time.AfterFunc(period, loop)
+	timer := time.AfterFunc(first, loop)
 	return func() {
-		if first.Stop() {
+		if timer.Stop() {
 			done() // the loop never ran, and never will
 			return
 		}
