@@ -385,18 +385,7 @@ func TestLockLostCancelsRequestContext(t *testing.T) {
 			c.Status(http.StatusOK)
 		}
 	})
-	done := make(chan *httptest.ResponseRecorder, 1)
-	go func() { done <- serve(r, http.MethodPut, "/repos/5") }()
-	within(t, 10*time.Second, entered, "the handler")
-	if err := rdb.Del(context.Background(), "cg:lock:{repos:5}").Err(); err != nil {
-		t.Fatal(err)
-	}
-	var w *httptest.ResponseRecorder
-	select {
-	case w = <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("request never finished")
-	}
+	w := serveLosingLock(t, r, rdb, entered)
 	if w.Code != http.StatusConflict || !errors.Is(cause, locks.ErrLost) {
 		t.Fatalf("status %d, context cause %v; want the context cancelled with locks.ErrLost", w.Code, cause)
 	}
@@ -643,21 +632,30 @@ func TestLockLostAboveIsNotClientGone(t *testing.T) {
 			r := newEngine()
 			r.PUT("/repos/:id", ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.Lease(150*time.Millisecond))), tc.inner(l, entered),
 				func(c *gin.Context) { c.Status(http.StatusOK) })
-			done := make(chan *httptest.ResponseRecorder, 1)
-			go func() { done <- serve(r, http.MethodPut, "/repos/5") }()
-			within(t, 10*time.Second, entered, "the inner handler")
-			if err := rdb.Del(context.Background(), "cg:lock:{repos:5}").Err(); err != nil {
-				t.Fatal(err)
-			}
-			var w *httptest.ResponseRecorder
-			select {
-			case w = <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("request never finished")
-			}
+			w := serveLosingLock(t, r, rdb, entered)
 			if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "lock lost") {
 				t.Fatalf("answered %d %q; want 409 lock lost: the client is still there", w.Code, w.Body.String())
 			}
 		})
+	}
+}
+
+// serveLosingLock serves PUT /repos/5 on r and, once entered is closed (the
+// chain runs under the lock), deletes the lock's key so that its renewal
+// finds it gone and the lock is lost; it returns the answer.
+func serveLosingLock(t *testing.T, r http.Handler, rdb *redis.Client, entered <-chan struct{}) *httptest.ResponseRecorder {
+	t.Helper()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- serve(r, http.MethodPut, "/repos/5") }()
+	within(t, 10*time.Second, entered, "the handler")
+	if err := rdb.Del(context.Background(), "cg:lock:{repos:5}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-done:
+		return w
+	case <-time.After(30 * time.Second):
+		t.Fatal("request never finished")
+		return nil
 	}
 }
