@@ -38,7 +38,8 @@ import (
 //
 //   - a handler runs only for a target whose id parses as an integer (as
 //     the handler itself parses it), and only with its lock held: its
-//     Lock's TTL (the local clock, never more than Redis keeps) positive;
+//     Lock's TTL (the local clock, never more than Redis keeps) positive
+//     when Lock returned it;
 //   - at no instant do two requests' handlers of one resource (the id as
 //     the handler parses it) both hold its lock, unless its key was lost in
 //     Redis after either request was sent;
@@ -252,6 +253,21 @@ func (w *lockWorld) leave(id int64, p *lockProbe) {
 	}
 }
 
+// probedLocker is the processes' Locker as Lock sees it: it checks each
+// Lock it returns the instant it returns it (a handler would run under it).
+type probedLocker struct {
+	locks.Locker
+	w *lockWorld
+}
+
+func (p probedLocker) Lock(ctx context.Context, name string, opts ...locks.CallOption) (*locks.Lock, error) {
+	lk, err := p.Locker.Lock(ctx, name, opts...)
+	if err == nil && lk.TTL() <= 0 {
+		p.w.violate("Lock(%s) returned a lock whose TTL is 0: a handler would run without it", name)
+	}
+	return lk, err
+}
+
 // handlerPlan is what a request's handler does: how long it works, in how
 // many steps, and whether it panics.
 type handlerPlan struct {
@@ -281,9 +297,6 @@ func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx c
 			return
 		}
 		p := &lockProbe{req: req, lk: lk, sent: out.sent}
-		if lk.TTL() <= 0 && ctx.Err() == nil {
-			w.violate("request %d: the handler ran with its lock's TTL at 0 and its context live", req)
-		}
 		w.enter(id, p)
 		defer w.leave(id, p)
 		for i := 0; i < plan.steps; i++ {
@@ -354,7 +367,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 		r.RemoveExtraSlash, r.RedirectTrailingSlash, r.RedirectFixedPath = cfg.removeSlash, cfg.trailing, cfg.fixed
 		r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) { c.AbortWithStatus(http.StatusInternalServerError) }))
 		repo := ginmw.Resource(kind, ginmw.Int(ginmw.Param("id")))
-		lk := ginmw.Lock(p.l, repo, ginmw.LockOptions(locks.Lease(lease), locks.WaitBudget(budget)))
+		lk := ginmw.Lock(probedLocker{p.l, w}, repo, ginmw.LockOptions(locks.Lease(lease), locks.WaitBudget(budget)))
 		run := func(c *gin.Context) {
 			req, _ := strconv.Atoi(c.GetHeader("X-Req"))
 			plansMu.Lock()
