@@ -36,6 +36,8 @@ import (
 //     lease and a queue place's life), counted from that call, has run out
 //     on Redis's clock, unless it was given back by Unlock, its key deleted
 //     or its lease set by Extend (see leaseBound);
+//   - a Lock or TryLock that succeeds returns a Lock whose TTL is positive
+//     (a grant read past its lease is not handed over);
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -689,6 +691,9 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 			lk, err = l.TryLock(ctx, name, opts...)
 		} else {
 			lk, err = l.Lock(ctx, name, opts...)
+		}
+		if err == nil && lk.TTL() <= 0 { // looked at the instant it returned
+			w.violate("p%d: %s returned a Lock whose TTL is 0: its caller would act without the lock", p, name)
 		}
 		w.late("Lock", time.Since(start)-timeout)
 		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
