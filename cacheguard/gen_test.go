@@ -1009,8 +1009,8 @@ func (m *genModel) shutdown(rt *rapid.T) {
 func (m *genModel) fault(rt *rapid.T) {
 	map[string]func(*rapid.T){
 		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
-		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease,
-	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause", "late"}).Draw(rt, "fault")](rt)
+		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease, "slowgrant": m.slowGrant,
+	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause", "late", "slowgrant"}).Draw(rt, "fault")](rt)
 }
 
 // window marks a fault window from now until do returns, plus what a fault
@@ -1110,6 +1110,22 @@ func (m *genModel) lateLease(rt *rapid.T) {
 	m.window("late", func() { p.hook.lateUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
 }
 
+// slowGrant holds the replies to the fill lease requests a process sends in
+// the next moment until after their leases ran out (genSlowGrant), within
+// the commands' bound: a grant read that late is given back, never loaded
+// under, so unlike the other faults it excuses no overlapping loads (its
+// window is not one of faultsW).
+func (m *genModel) slowGrant(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.tot.fault("slowgrant")
+	start := time.Now()
+	until := start.Add(300 * time.Millisecond)
+	p.hook.slowUntil.Store(until.UnixNano())
+	m.mu.Lock()
+	m.faults = append(m.faults, [2]time.Time{start, until.Add(genSlowGrant)})
+	m.mu.Unlock()
+}
+
 func (m *genModel) pause(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "pause")
@@ -1162,6 +1178,7 @@ type faultHook struct {
 	delay       atomic.Int64
 	pausedUntil atomic.Int64  // unix ns: every command waits until then
 	lateUntil   atomic.Int64  // unix ns: fill lease requests sent before then arrive late (see holdBack)
+	slowUntil   atomic.Int64  // unix ns: replies to fill lease requests sent before then come genSlowGrant late
 	lateKey     string        // when set, only those of this values hash
 	deliver     chan struct{} // when set, they arrive once it is closed, not genLate after
 	late        pending       // requests held back, not sent yet
@@ -1182,8 +1199,13 @@ func (h *faultHook) armed() bool {
 	h.late.mu.Lock()
 	held := h.late.n > 0
 	h.late.mu.Unlock()
-	return h.drop.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now || held
+	return h.drop.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now ||
+		h.slowUntil.Load() > now || held
 }
+
+// genSlowGrant is how late a slow grant's reply comes (slowGrant): after its
+// lease ran out in Redis, within the command's bound.
+const genSlowGrant = genLease + 100*time.Millisecond
 
 // genLate is how late a held-back fill lease request reaches Redis: after its
 // command's bound (twice the command timeout while Redis answers), so after
@@ -1210,6 +1232,9 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	sent := time.Now()
 	err := send(ctx, cmds)
 	h.watch(sent, cmds)
+	if sent.UnixNano() < h.slowUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
+		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
+	}
 	if h.after() {
 		for _, c := range cmds {
 			c.SetErr(errDropped)
