@@ -21,8 +21,8 @@ const (
 )
 
 // fill loads the keys of fs, whose fill leases this call holds (granted to a
-// request sent at sent), with one
-// loader call while renewing the leases; then, in one pipeline, stores each
+// request sent at sent), with one loader call while renewing the leases;
+// then, in one pipeline, stores each
 // value (or the absence) under its lease's compare-and-set, waking the
 // waiters, or releases the lease telling them why — with FailSafe, storing
 // instead an older value judge lets stand in. A load that Close cancelled, or
@@ -264,8 +264,8 @@ func keysOf(fs []*flight) []string {
 }
 
 // renew renews the fill leases of fs, granted to a request sent at sent,
-// every third of the lease, in one round trip (see every), until stop is called, the deadline passes or the Guard
-// closes. stop does not wait for a renewal on its way: the store's
+// every third of the lease from then, in one round trip (see every), until
+// stop is called, the deadline passes or the Guard closes. stop does not wait for a renewal on its way: the store's
 // compare-and-set needs none, and on a starved host that wait cost every
 // waiter in the fleet hundreds of ms. A lease found gone shuts its flight
 // (it takes no new callers) and is renewed no more.
@@ -280,8 +280,6 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 		}
 		return true
 	}
-	// The first a third of the lease after the request that was granted it
-	// was sent (see config.spent), not after its reply came.
 	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(sent.Add(leaseFor/3)), deadline, renewal, kept)
 	if !ok {
 		return func() {} // closing: the fill hands its leases over

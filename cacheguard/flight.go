@@ -195,8 +195,7 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 		defer wg.Wait() // first: unfinished may end only flights nobody follows
 		wctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
-		tok := rid.New()
-		rs, tagVers, sent, err := g.lease(wctx, fs, tok, &c.cfg)
+		rs, tagVers, sent, tok, err := g.lease(wctx, fs, rid.New(), &c.cfg)
 		for i, f := range fs {
 			if err == nil {
 				f.t.saw(rs[i].gen)
@@ -209,30 +208,18 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 			return
 		}
 		var mine []*flight
-		spent := c.cfg.spent(sent)
-		if spent { // granted too late to load under: given back (tok is refused from now on)
-			var late []*flight
-			for i, f := range fs {
-				if rs[i].granted {
-					late = append(late, f)
-				}
-			}
-			if len(late) > 0 {
-				g.giveBack(ctx, late, tok, time.Now().Add(rcmd.CleanupHorizon))
-			}
-		}
 		for i, f := range fs {
 			switch r := rs[i]; {
-			case r.granted && !spent:
+			case r.granted:
 				f.lease = lease{gen: r.gen, token: tok}
 				mine = append(mine, f)
 			case r.fresh && c.remote(ctx, f, r.value, tagVers):
 			case len(fs) == 1:
-				c.follow(ctx, wctx, f, followTok(tok, spent), kind)
+				c.follow(ctx, wctx, f, tok, kind)
 			default:
 				wg.Go(func() {
 					defer c.unfinished([]*flight{f})
-					c.follow(ctx, wctx, f, followTok(tok, spent), kind)
+					c.follow(ctx, wctx, f, tok, kind)
 				})
 			}
 		}
@@ -240,16 +227,6 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 			c.fill(ctx, mine, tagVers, kind, sent)
 		}
 	}()
-}
-
-// followTok is the token a flight that follows another fill asks for the
-// lease with: tok, or a new one once tok's grant was given back as spent (a
-// given-back token is refused, see giveBack).
-func followTok(tok string, spent bool) string {
-	if spent {
-		return rid.New()
-	}
-	return tok
 }
 
 // unfinished ends the flights of fs that have no outcome yet, when a codec
@@ -315,18 +292,14 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 	defer timer.Stop()
 	fl := []*flight{f}
 	for {
-		rs, tagVers, sent, err := g.lease(wctx, fl, tok, &c.cfg)
-		if err != nil {
+		rs, tagVers, sent, used, err := g.lease(wctx, fl, tok, &c.cfg)
+		if tok = used; err != nil {
 			c.leaseFailed(ctx, wctx, fl, tok, err)
 			return
 		}
 		r := rs[0]
 		f.t.saw(r.gen)
 		switch {
-		case r.granted && c.cfg.spent(sent):
-			g.giveBack(ctx, fl, tok, time.Now().Add(rcmd.CleanupHorizon))
-			tok = followTok(tok, true)
-			continue
 		case r.granted:
 			f.lease = lease{gen: r.gen, token: tok}
 			c.fill(ctx, fl, tagVers, kind, sent)

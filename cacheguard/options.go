@@ -232,7 +232,7 @@ func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 // run out on the local clock — the one rule for a lease's local deadline, as
 // locks' grants follow it: Redis may already have let another process take
 // the fill over, so a grant read this late is given back, never loaded
-// under (one load per expiry), and its flight waits for the fill as others do.
+// under (one load per expiry), and asked for again (see Guard.lease).
 func (c *config) spent(sent time.Time) bool { return !time.Now().Before(sent.Add(c.lease)) }
 
 // FailSafe keeps a value standing in when its reload fails: when the loader

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/internal/counter"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
+	"github.com/cacheguard/cacheguard/internal/rid"
 	"github.com/cacheguard/cacheguard/internal/slot"
 )
 
@@ -93,15 +94,34 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // grant begins. A round trip the command timeout ended while this process,
 // not Redis, was slow (rcmd.Busy) is sent again with the same token (the
 // script grants a lease this token holds again) until it is answered, times
-// out with Redis silent, or ctx ends: failing open would cost a load. sent
-// is when the answered round trip was sent: a lease it grants runs out on
-// the local clock at sent + the lease (see config.spent).
-func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, err error) {
+// out with Redis silent, or ctx ends: failing open would cost a load.
+// A lease granted runs out on the local clock at the send of the round trip
+// that was granted it plus the lease (config.spent): one read past that is
+// given back, never loaded under (Redis may already have let another process
+// take the fill over), and the round trip is asked again with a new token (a
+// given-back one is refused). lease returns the token the replies are for,
+// and the send (sent) that the leases they grant run from.
+func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, used string, err error) {
 	for {
 		sent = time.Now()
 		rs, vers, err = g.leaseOnce(ctx, fs, tok, cfg)
+		if err == nil && cfg.spent(sent) {
+			var late []*flight
+			for i, f := range fs {
+				if rs[i].granted {
+					late = append(late, f)
+				}
+			}
+			if len(late) > 0 {
+				g.giveBack(ctx, late, tok, time.Now().Add(rcmd.CleanupHorizon))
+				if tok = rid.New(); passed(ctx) {
+					return nil, nil, sent, tok, deadlineErr(ctx)
+				}
+				continue
+			}
+		}
 		if !rcmd.Busy(err) || passed(ctx) {
-			return rs, vers, sent, err
+			return rs, vers, sent, tok, err
 		}
 	}
 }
