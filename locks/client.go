@@ -520,8 +520,22 @@ func (c *Client) giveBackCall(kv []any, owner, acq any, cfg *config, member stri
 	return releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV, "", "", cfg.leaseV})
 }
 
+// acquire is a Lock (wait) or TryLock call. A waiting call whose grant came
+// back spent (ErrNoValidity: its reply came after its lease ran out, and it
+// was given back) asks again, as a new acquisition, within its context and
+// wait budget, as a Redlock's Lock does: a late reply is Redis's latency, not
+// contention.
 func (c *Client) acquire(ctx context.Context, name string, cfg *config, wait bool) (*Lock, error) {
 	start := time.Now()
+	for {
+		lk, err := c.acquireFrom(ctx, name, cfg, wait, start)
+		if !wait || !errors.Is(err, ErrNoValidity) || ctx.Err() != nil || time.Since(start) >= cfg.wait {
+			return lk, err
+		}
+	}
+}
+
+func (c *Client) acquireFrom(ctx context.Context, name string, cfg *config, wait bool, start time.Time) (*Lock, error) {
 	owner, _ := OwnerFrom(ctx)
 	reentrant := owner != ""
 	entered := c.life.enter(ctx, reentrant)
@@ -783,7 +797,12 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 				return fail(0, err)
 			}
 			gr = grant{sent, cfg.lease}
-		case !cfg.renew && claim < cfg.lease:
+		case !cfg.renew && claim < cfg.lease, gr.due():
+			// A fixed lease is set at once; and a hand-off whose renewal is
+			// due already (its release ran at some point after notBefore,
+			// which this caller slept past a third of the claim) is
+			// confirmed before it is handed over: the caller gets the full
+			// lease from now, not a Lock spent or about to be lost.
 			sent := time.Now()
 			if err := c.extendKey(wctx, kv, ov, acq, cfg.lease, 1); refusal(err) {
 				continue // the claim ran out before the lease was set: the hand-off is gone

@@ -59,8 +59,9 @@
 //     local deadline (TTL, Lost) counts the lease of the command that set the
 //     expiry in Redis from before it ran (monotonic clock), on every grant path
 //     (attempt, hand-off, fair queue, re-entry, renewal, Extend, Redlock); a
-//     grant read past it is given back (ErrNoValidity). No wall time is sent.
-//   - Every acquisition ends in exactly one EventReleased or EventLost.
+//     grant read past it is given back (ErrNoValidity: Lock asks again), a
+//     hand-off read late is confirmed first. No wall time is sent.
+//   - Every acquisition or re-entry ends in one EventReleased or EventLost.
 //   - Every call ends within its context and wait budget, every command
 //     within 2 CommandTimeouts (500ms; one once Redis is quiet): a stalled
 //     Redis turns a Lock, TryLock or Unlock into an error matching ErrUnavailable.
@@ -112,8 +113,7 @@
 //     Replicas, NoFencing, NodeTimeout (Redlock).
 //   - Options: Prefix ("cg:"), FenceRetention (10 minutes, or the lease),
 //     CommandTimeout (500ms), Observer (an Event per outcome: EventAcquired,
-//     EventReentered, EventNotObtained, EventReleased, EventLost, ...; every
-//     acquisition or re-entry ends in one EventReleased or EventLost), Logger
+//     EventReentered, EventNotObtained, EventReleased, EventLost, ...), Logger
 //     (slog.Default(), rate-limited; silence it with
 //     Logger(slog.New(slog.DiscardHandler))), Drift (Redlock, 2ms).
 //

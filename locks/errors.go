@@ -56,8 +56,9 @@ var (
 	// run out on the local clock (counted from before the command was sent;
 	// for a Redlock, the lease less the clock-drift allowance, until a quorum
 	// granted it): the lock could already have expired in Redis, so it is given
-	// back and the attempt counts as failed (it matches ErrUnavailable). A
-	// lease this short against Redis's latency cannot be granted safely.
+	// back and the attempt counts as failed (it matches ErrUnavailable): a
+	// TryLock returns it, a Lock asks again within its wait budget. A lease
+	// this short against Redis's latency cannot be granted safely.
 	ErrNoValidity = errors.New("locks: granted with no validity left")
 )
 

@@ -166,7 +166,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			}
 			timeout := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}).Draw(rt, "ctx")
 			proc := w.procs[p]
-			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, lease, rlAcq)
+			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, lease, rlAcq, nil) // a Redlock asks again within its budget
 		},
 		"b-unlock": w.unlockAction(rlAcq),
 		"c-extend": w.extendAction([]time.Duration{200 * time.Millisecond, 900 * time.Millisecond, 3 * time.Second}, rlAcq),

@@ -38,6 +38,9 @@ import (
 //     or its lease set by Extend (see leaseBound);
 //   - a Lock or TryLock that succeeds returns a Lock whose TTL is positive
 //     (a grant read past its lease is not handed over);
+//   - a Client's Lock or TryLock fails with ErrNoValidity only when a fault
+//     struck its process, or a server paused, during the call (a waiter
+//     handed the name after sleeping past its short lease must hold it);
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -143,6 +146,7 @@ type genRule struct {
 type genFault struct {
 	mu    sync.Mutex
 	rules []*genRule
+	until time.Time       // when the effect of the last rule that struck ends, at the latest
 	acqs  map[string]bool // the acquisition ids of the attempts sent (acquire.lua)
 	wg    sync.WaitGroup  // late requests (added under mu)
 }
@@ -151,6 +155,14 @@ func (f *genFault) set(r *genRule) {
 	f.mu.Lock()
 	f.rules = append(f.rules, r)
 	f.mu.Unlock()
+}
+
+// quietSince reports whether no rule struck since from, nor one before
+// whose effect lasts past from.
+func (f *genFault) quietSince(from time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.until.Before(from)
 }
 
 func (f *genFault) clear() {
@@ -180,6 +192,7 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 		for _, r := range f.rules {
 			if r.left > 0 && r.script == sc {
 				r.left--
+				f.until = time.Now().Add(r.d + 5*time.Second) // a drop lasts until the command's bound
 				if r.mode == "late" {
 					f.wg.Add(1) // under mu: a Wait after clear waits for it
 				}
@@ -316,6 +329,7 @@ type genBase struct {
 	violations []string
 	deletedAt  map[string]time.Time // the last DEL of each name's key
 	stalled    bool                 // a server is paused
+	resumed    time.Time            // when the last pause ended
 }
 
 // stall pauses one of servers (SIGSTOP) for a drawn time, unless one is
@@ -339,7 +353,7 @@ func (w *genBase) stall(rt *rapid.T, servers []*redistest.Server) {
 		servers[srv].Resume()
 		w.note("redis %d resumed", srv)
 		w.mu.Lock()
-		w.stalled = false
+		w.stalled, w.resumed = false, time.Now()
 		w.mu.Unlock()
 	})
 }
@@ -523,6 +537,15 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	}
 }
 
+// calm reports whether nothing delayed a process's replies since from: no
+// fault of its (quiet), no paused server.
+func (w *genBase) calm(quiet func(from time.Time) bool, from time.Time) bool {
+	w.mu.Lock()
+	paused := w.stalled || !w.resumed.Before(from)
+	w.mu.Unlock()
+	return !paused && quiet(from)
+}
+
 func (w *genBase) step(name string) { w.st.add(&w.st.actions, name) }
 
 // wait lets time pass (leases run out, renewals happen, faults end).
@@ -589,7 +612,7 @@ func (w *genBase) late(what string, over time.Duration) {
 
 func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration) {
 	proc := w.procs[p]
-	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, lease, genFence)
+	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, lease, genFence, proc.fault.quietSince)
 }
 
 // genFence names a Client's Lock in a run's log.
@@ -672,8 +695,10 @@ func (w *genBase) extend(h *genHold, d, timeout time.Duration, describe func(*Lo
 // lock runs a Lock or TryLock of process p's Locker l (under owner when
 // owned; cancelled after cancelAfter unless negative) on a goroutine, and
 // records what it got; describe names a Lock in the log. lease, when not 0,
-// is the lease opts set, whose bound the run checks (see leaseBound).
-func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration, describe func(*Lock) string) {
+// is the lease opts set, whose bound the run checks (see leaseBound). With
+// quiet (whether no fault of p's struck since a time), it checks that a call
+// failed with ErrNoValidity only when a reply may have been held.
+func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration, describe func(*Lock) string, quiet func(from time.Time) bool) {
 	w.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -699,6 +724,11 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
 		if err != nil {
 			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, what, name, owned, timeout, err)
+			if errors.Is(err, ErrNoValidity) && quiet != nil && w.calm(quiet, start) {
+				// Only a reply later than the lease spends a grant: a
+				// waiter handed the name must hold it.
+				w.violate("p%d: %s(%s) failed with ErrNoValidity, though no reply was held and Redis did not pause: %v", p, what, name, err)
+			}
 			return
 		}
 		w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: %s ttl %v", p, what, name, owned, timeout, len(opts), describe(lk), lk.TTL())

@@ -29,19 +29,28 @@ type grant struct {
 // spent reports whether g's local deadline has passed: a grant read only
 // then grants nothing (the lock may already have expired in Redis, or be
 // about to), and the acquisition is given back and fails with ErrNoValidity
-// (Client.granted, Redlock's attempt): no caller is handed a Lock it does not
-// hold.
+// (Client.granted, Redlock's attempt; a Lock asks again within its budget):
+// no caller is handed a Lock it does not hold. A hand-off, whose start this
+// process cannot know, is confirmed before that can happen (due).
 func (g grant) spent() bool { return !time.Now().Before(g.sent.Add(g.lease)) }
 
-// apply makes g h's local deadline, and schedules its next renewal at a
-// third of g's lease. h.mu is held.
+// renewAt is when a holder of g renews it: at a third of its lease.
+func (g grant) renewAt() time.Time { return g.sent.Add(g.lease / 3) }
+
+// due reports whether g's renewal is due already: a hand-off read that late
+// is confirmed (extended from now) before it is handed over (see
+// acquisition.wait).
+func (g grant) due() bool { return !time.Now().Before(g.renewAt()) }
+
+// apply makes g h's local deadline, and schedules its next renewal (renewAt).
+// h.mu is held.
 func (h *held) apply(g grant) {
 	if h.ended {
 		return
 	}
 	h.deadline = g.sent.Add(g.lease)
 	if h.cfg.renew {
-		h.nextRenew = g.sent.Add(g.lease / 3)
+		h.nextRenew = g.renewAt()
 	} else {
 		h.nextRenew = h.deadline // checked for expiry only
 	}

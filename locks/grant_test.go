@@ -93,10 +93,15 @@ func TestHandOffCountsFromQueueing(t *testing.T) {
 	name := "handoff-late"
 	lockKey := "cg:lock:{" + name + "}"
 	var slow atomic.Bool
+	var delayed atomic.Pointer[redis.Cmder] // chosen when sent: W may be handed the lock before the reply is read
 	prdb := s.Client()
-	prdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+	prdb.AddHook(&wireHook{before: func(cmd redis.Cmder) {
 		if sc, key := scriptCall(cmd); sc == &releaseS && key == lockKey && slow.Load() {
-			time.Sleep(700 * time.Millisecond) // the fault: the release's reply is slow
+			delayed.Store(&cmd)
+		}
+	}, after: func(cmd redis.Cmder) {
+		if d := delayed.Load(); d != nil && *d == cmd {
+			time.Sleep(400 * time.Millisecond) // the fault: the release's reply is slow (less than a third of the 2 s claim: B is not confirmed, it counts)
 		}
 	}})
 	p, x, w := New(prdb), New(s.Client()), New(s.Client())
@@ -976,4 +981,101 @@ func TestGrantReadAfterItsLeaseGrantsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = lk.Unlock(ctx)
+}
+
+// TestHandOffAfterLongWaitIsHeld: a waiter whose lease is shorter than its
+// sleep between attempts is handed the lock by another process's release; it
+// cannot know when that release ran, only that it ran after the waiter's last
+// attempt, long ago: the hand-off is confirmed before Lock returns, and the
+// caller holds the lock for its lease — not a Lock already spent
+// (ErrNoValidity) or lost an instant later.
+func TestHandOffAfterLongWaitIsHeld(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	rdb := s.Client()
+	name := "handoff-short-lease"
+	lockKey, placesKey := "cg:lock:{"+name+"}", "cg:qt:{"+name+"}"
+	a, b := New(s.Client()), New(s.Client())
+	defer a.Close()
+	defer b.Close()
+	held, err := a.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 200 * time.Millisecond
+	type result struct {
+		lk  *Lock
+		err error
+		ttl time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		lk, err := b.Lock(ctx, name, Lease(lease))
+		r := result{lk: lk, err: err}
+		if err == nil {
+			r.ttl = lk.TTL()
+		}
+		done <- r
+	}()
+	// B queued, then its lease's worth of Redis's time passed since (its
+	// place's deadline is its queueing + placeTTL): the hand-off comes
+	// after B's own claim would have run out, counted from its attempt.
+	redistest.Eventually(t, 5*time.Second, "B queued", func() bool { return rdb.ZCard(ctx, placesKey).Val() == 1 })
+	queuedAt := rdb.ZRangeWithScores(ctx, placesKey, 0, 0).Val()[0].Score - float64(placeTTL.Milliseconds())
+	redistest.Eventually(t, 5*time.Second, "B's lease passed since it queued", func() bool {
+		now := rdb.Time(ctx).Val()
+		return float64(now.UnixMilli()) > queuedAt+float64(lease.Milliseconds())
+	})
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("B was handed the lock and Lock failed: %v", r.err)
+	}
+	if r.ttl <= 0 {
+		t.Fatalf("B's Lock had TTL %v when Lock returned it", r.ttl)
+	}
+	checkTTL(t, rdb, r.lk, lockKey, "B handed the lock")
+	if pttl := rdb.PTTL(ctx, lockKey).Val(); pttl <= 0 {
+		t.Fatalf("Redis keeps B's lock %v", pttl)
+	}
+	if err := r.lk.Context().Err(); err != nil {
+		t.Fatalf("B's Lock was lost: %v", context.Cause(r.lk.Context()))
+	}
+	if err := r.lk.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+}
+
+// TestLockAsksAgainAfterSpentGrant: a waiting Lock whose grant came back
+// after its lease ran out gives it back and asks again within its wait
+// budget (a Redlock's Lock does the same); TryLock makes one attempt and
+// fails (TestGrantReadAfterItsLeaseGrantsNothing).
+func TestLockAsksAgainAfterSpentGrant(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "late-grant-lock"
+	lockKey := "cg:lock:{" + name + "}"
+	var late atomic.Int32
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey && late.Add(1) == 1 {
+			time.Sleep(150 * time.Millisecond) // the fault: the first grant's reply is late
+		}
+	}})
+	c := New(crdb)
+	defer c.Close()
+	lk, err := c.Lock(ctx, name, Lease(100*time.Millisecond), WaitBudget(5*time.Second))
+	if err != nil {
+		t.Fatalf("Lock: %v (a late grant should have been asked for again)", err)
+	}
+	defer lk.Unlock(ctx)
+	if n := late.Load(); n < 2 {
+		t.Fatalf("%d acquisition attempts: the late one was not the first", n)
+	}
+	if ttl := lk.TTL(); ttl <= 0 {
+		t.Fatalf("Lock returned with TTL %v", ttl)
+	}
+	checkTTL(t, s.Client(), lk, lockKey, "granted on the second attempt")
 }
