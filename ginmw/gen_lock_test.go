@@ -25,8 +25,8 @@ import (
 
 // TestGenLock drives Lock the way a service is driven: two processes (each
 // a Gin engine with Lock on three routes of one resource kind, one of them
-// locking it twice, over a locks.Client of its own, or a Redlock over three
-// servers) serve concurrent
+// locking it twice, one with a lease of its own, over a locks.Client of its
+// own, or a Redlock over three servers) serve concurrent
 // requests whose targets spell a resource's id in many ways (leading
 // zeros, '+', escapes, dot segments, extra slashes), under Gin settings
 // drawn per check, some from clients that give up; faults act at reply
@@ -48,8 +48,9 @@ import (
 //   - every answer is what the outcome says: 200 from a handler that
 //     finished, 500 from one that panicked, 409 (Retry-After ≥ 1) when it
 //     did not run for contention or ran and lost its lock, 404 for an id
-//     that is not an integer, 503 for Redis errors, nothing written for a
-//     client that went away;
+//     that is not an integer, 503 for Redis errors — only when a fault
+//     struck the request's process or Redis was paused or restarted since
+//     it was sent —, nothing written for a client that went away;
 //   - once every request returned and the processes closed, Redis keeps no
 //     lock of the check's resources beyond the longest lease.
 func TestGenLock(t *testing.T) {
@@ -95,6 +96,7 @@ type lockFault struct {
 	d     time.Duration
 	left  int
 	slept sync.WaitGroup // delays and held replies under way
+	until time.Time      // when the effect of the last fault that struck ends, at the latest
 }
 
 func (f *lockFault) set(mode string, d time.Duration, n int) {
@@ -113,6 +115,7 @@ func (f *lockFault) take(cmds []redis.Cmder) (string, time.Duration) {
 		if n := c.Name(); n == "evalsha" || n == "eval" {
 			f.left--
 			f.slept.Add(1)
+			f.until = time.Now().Add(f.d + time.Second) // the command's bound is 2 × 200 ms
 			return f.mode, f.d
 		}
 	}
@@ -149,6 +152,14 @@ func (f *lockFault) around(cmds []redis.Cmder, send func() error) error {
 	}
 }
 
+// struckSince reports whether a fault struck since from, or struck before
+// with an effect lasting past it.
+func (f *lockFault) struckSince(from time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.until.Before(from)
+}
+
 func (f *lockFault) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (f *lockFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -173,6 +184,7 @@ type lockWorld struct {
 	mu       sync.Mutex
 	active   map[int64][]*lockProbe // by resource id: the handlers running
 	lostAt   map[int64]time.Time    // by resource id: when its key was last deleted
+	shaken   time.Time              // when the last pause or restart of Redis ends, at the latest
 	failures []string
 	log      []string
 	start    time.Time
@@ -345,7 +357,11 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 		removeSlash: rapid.Bool().Draw(rt, "RemoveExtraSlash"), trailing: rapid.Bool().Draw(rt, "RedirectTrailingSlash"),
 		fixed: rapid.Bool().Draw(rt, "RedirectFixedPath"),
 	}
-	lease := rapid.SampledFrom([]time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second}).Draw(rt, "lease")
+	leases := []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second}
+	lease := rapid.SampledFrom(leases).Draw(rt, "lease")
+	// DELETE's own lease: a waiter whose lease is shorter than its holder's
+	// sleeps past its own between commands.
+	deleteLease := rapid.SampledFrom(leases).Draw(rt, "DELETE's lease")
 	budget := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "wait budget")
 	plans := map[int]handlerPlan{}
 	outs := map[int]*outcome{}
@@ -370,6 +386,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 		r.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, _ any) { c.AbortWithStatus(http.StatusInternalServerError) }))
 		repo := ginmw.Resource(kind, ginmw.Int(ginmw.Param("id")))
 		lk := ginmw.Lock(probedLocker{p.l, w}, repo, ginmw.LockOptions(locks.Lease(lease), locks.WaitBudget(budget)))
+		lkDelete := ginmw.Lock(probedLocker{p.l, w}, repo, ginmw.LockOptions(locks.Lease(deleteLease), locks.WaitBudget(budget)))
 		run := func(c *gin.Context) {
 			req, _ := strconv.Atoi(c.GetHeader("X-Req"))
 			plansMu.Lock()
@@ -378,7 +395,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 			w.handler(req, plan, out, cctx)(c)
 		}
 		r.PUT("/repos/:id/settings", lk, run)
-		r.DELETE("/repos/:id", lk, run)
+		r.DELETE("/repos/:id", lkDelete, run)
 		r.PATCH("/repos/:id/nested", lk, lk, run) // the same resource locked twice: a re-entry
 		p.eng = r
 		w.procs = append(w.procs, p)
@@ -445,7 +462,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 				defer cancel()
 				rec := httptest.NewRecorder()
 				w.procs[proc].eng.ServeHTTP(rec, hr)
-				w.checkAnswer(req, id, target, rec, out, ctx)
+				w.checkAnswer(req, id, target, rec, out, ctx, w.procs[proc].fault)
 				st.add(fmt.Sprint(rec.Code))
 			}()
 		},
@@ -490,18 +507,22 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 				}
 				w.mu.Unlock()
 				w.note("Redis restarts")
+				w.shake(time.Hour)
 				if err := servers[0].Restart(); err != nil {
 					rt.Fatalf("restart: %v", err)
 				}
+				w.shake(time.Second) // the clients' breakers and redials settle
 				w.note("Redis restarted")
 				return
 			}
 			d := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 250 * time.Millisecond, 600 * time.Millisecond}).Draw(rt, "pause")
 			st.add("redis-sigstop")
 			w.note("Redis paused for %v", d)
+			w.shake(time.Hour)
 			servers[0].Pause()
 			time.Sleep(d)
 			servers[0].Resume()
+			w.shake(time.Second)
 		},
 		"wait": func(rt *rapid.T) {
 			time.Sleep(time.Duration(rapid.IntRange(0, 300).Draw(rt, "ms")) * time.Millisecond)
@@ -512,14 +533,14 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 	w.fail(rt)
 	// Liveness: every lock of the check's resources is released, or expires
 	// within its lease.
-	deadline := time.Now().Add(lease + time.Second)
+	deadline := time.Now().Add(max(lease, deleteLease) + time.Second)
 	for _, id := range []int64{0, 1, 2} {
 		key := w.lockKey(id)
 		for i, m := range w.mon {
 			for m.Exists(context.Background(), key).Val() == 1 {
 				if time.Now().After(deadline) {
 					w.violate("resource %d: node %d keeps its lock (%v of its lease left) %v after every request returned and the processes closed",
-						id, i, m.PTTL(context.Background(), key).Val(), lease+time.Second)
+						id, i, m.PTTL(context.Background(), key).Val(), max(lease, deleteLease)+time.Second)
 					break
 				}
 				time.Sleep(10 * time.Millisecond)
@@ -538,8 +559,16 @@ func (w *lockWorld) lockKey(id int64) string {
 	return prefix + w.kind + ":" + strconv.FormatInt(id, 10) + "}"
 }
 
+// shake records that Redis is shaken (paused or restarting) until at least
+// d from now.
+func (w *lockWorld) shake(d time.Duration) {
+	w.mu.Lock()
+	w.shaken = time.Now().Add(d)
+	w.mu.Unlock()
+}
+
 // checkAnswer checks a request's answer against what its handler did.
-func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.ResponseRecorder, out *outcome, ctx context.Context) {
+func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.ResponseRecorder, out *outcome, ctx context.Context, fault *lockFault) {
 	w.note("request %d: %d %q ran=%v finished=%v panicked=%v lost=%v", req, rec.Code, rec.Body.String(), out.ran, out.finished, out.panicked, out.sawLost)
 	bad := func(why string) {
 		w.violate("request %d (%s): answered %d %q, %s", req, target, rec.Code, rec.Body.String(), why)
@@ -568,6 +597,12 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 			bad("a 409 needs Retry-After of at least 1 second")
 		}
 	case rec.Code == http.StatusServiceUnavailable:
+		w.mu.Lock()
+		shaken := !w.shaken.Before(out.sent)
+		w.mu.Unlock()
+		if !shaken && !fault.struckSince(out.sent) {
+			bad("no fault struck its process and Redis was neither paused nor restarted since it was sent")
+		}
 	case rec.Code == http.StatusMovedPermanently || rec.Code == http.StatusTemporaryRedirect || rec.Code == http.StatusPermanentRedirect:
 		// Gin's redirects (RedirectTrailingSlash, RedirectFixedPath).
 	case rec.Code == http.StatusMethodNotAllowed:
