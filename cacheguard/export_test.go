@@ -56,6 +56,12 @@ func LeaseScriptSHA() string { return leaseScript.SHA() }
 // LeaseScriptSource is the source of the get-or-lease script, as EVAL sends it.
 func LeaseScriptSource() string { return leaseScript.Source() }
 
+// IsReleaseCall reports whether the command line a runs the fill lease's
+// release script (release.lua), as EVALSHA or as the EVAL after a NOSCRIPT.
+func IsReleaseCall(a []any) bool {
+	return len(a) > 1 && (a[0] == "evalsha" && a[1] == releaseScript.SHA() || a[0] == "eval" && a[1] == releaseScript.Source())
+}
+
 // LoadsWaiting is how many loads of g wait for a slot (MaxConcurrentLoads).
 func LoadsWaiting(g *Guard) int { return g.slots.waiting() }
 

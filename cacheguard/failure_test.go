@@ -503,6 +503,9 @@ func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 // lease (release.lua with "*"+token), else "".
 func giveBackOf(cmd redis.Cmder) string {
 	a := cmd.Args() // evalsha|eval, sha|source, numkeys, lease key, [gone key,] "*"+token, ...
+	if !cacheguard.IsReleaseCall(a) {
+		return ""
+	}
 	for i := 4; i < len(a) && i < 6; i++ {
 		if s, ok := a[i].(string); ok && strings.HasPrefix(s, "*") {
 			k, _ := a[3].(string)
