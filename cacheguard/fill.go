@@ -170,7 +170,11 @@ func (c *call[T]) failSafe(o *outcome, f *flight, tagVers []uint64, now int64) (
 // a *PanicError, and counts the load — unless the loader declined it (an
 // error matching ErrClosed: its process is closing, or it was only waiting
 // for another fill), which is no load. The loader's context marks it as a
-// load of the Guard (see slot).
+// load of the Guard (see slot). A load the Guard's closing ended (ctx's
+// cause) fails with ErrClosed joined to the loader's error, on every path
+// (a fill, which then hands its lease over, or a load without the lease):
+// its callers get ErrClosed, as Shutdown says, not the loader's
+// context.Canceled.
 func (c *call[T]) runLoader(ctx context.Context, keys []string, deadline time.Time) (vals map[string]T, err error) {
 	start := time.Now()
 	lctx, cancel := context.WithDeadline(context.WithValue(ctx, loadingKey{}, c.g), deadline)
@@ -179,8 +183,12 @@ func (c *call[T]) runLoader(ctx context.Context, keys []string, deadline time.Ti
 		if p := recover(); p != nil {
 			err = newPanicError(p)
 		}
-		if !errors.Is(err, ErrClosed) {
-			c.g.note(ctx, EventLoad, strings.Join(keys, ","), time.Since(start), err)
+		if errors.Is(err, ErrClosed) {
+			return
+		}
+		c.g.note(ctx, EventLoad, strings.Join(keys, ","), time.Since(start), err)
+		if err != nil && errors.Is(context.Cause(ctx), ErrClosed) {
+			err = errors.Join(ErrClosed, err)
 		}
 	}()
 	if c.one == nil {

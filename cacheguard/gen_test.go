@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,6 +45,9 @@ import (
 //     make a call fail open, as documented);
 //   - every call ends within its wait budget and context (plus a slack for
 //     a starved -race host), every Shutdown within its grace;
+//   - a call fails only for a cause the model saw, of the kind its error
+//     names (see checkFailures): its process closing, its deadline, a
+//     failing or slow load of its entries, a fault;
 //   - an older value served as Stale was served within its stale window past
 //     the TTL it was stored with — ServeStale's window, the early refresh's
 //     grace (at most half the TTL), or FailSafe's max age, as set by the call
@@ -92,6 +96,7 @@ func TestGenCache(t *testing.T) {
 		m.checkLates(rt)
 		m.checkSlots(rt)
 		m.checkNested(rt)
+		m.checkFailures(rt)
 	})
 	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one), %d invalidations, %d faults %v, %d shutdowns",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(),
@@ -222,6 +227,15 @@ type genModel struct {
 	// whose loader made each, and those that waited out their budget.
 	nestedIn    map[int64][]genNested
 	nestedWaits []genNested
+	failed      []genFailure // the calls that failed (see checkFailures)
+}
+
+// genFailure is a call that returned an error.
+type genFailure struct {
+	c          genCall
+	keys       []string
+	began, end time.Time
+	err        error
 }
 
 // genNested is a Get a loader made under its load's context.
@@ -447,7 +461,7 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 			err = ctx.Err()
 		}
 	case "fail":
-		err = errors.New("database down")
+		err = errDown
 	case "nested":
 		if c.hold != nil {
 			select {
@@ -476,6 +490,9 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 	}
 	return out, nil
 }
+
+// errDown is the error of a "fail" loader.
+var errDown = errors.New("database down")
 
 // genNestedBudget is a nested Get's wait budget: past what a fill of its
 // entry takes when it waits for slots behind slow loads, in any process.
@@ -695,6 +712,11 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 			}
 		}
 		took := time.Since(began)
+		if err != nil {
+			m.mu.Lock()
+			m.failed = append(m.failed, genFailure{c: c, keys: keys, began: began, end: time.Now(), err: err})
+			m.mu.Unlock()
+		}
 		bound := c.budget
 		if c.ctxTime > 0 {
 			bound = min(bound, c.ctxTime)
@@ -888,6 +910,58 @@ func (m *genModel) checkNested(rt *rapid.T) {
 			rt.Fatalf("%s", n.what)
 		}
 	}
+}
+
+// checkFailures checks that every call that failed had a cause the model
+// saw, of the kind its error says: its process closing (ErrClosed); its own
+// deadline (the context's error, or ErrWaitTimeout); a loader's failure —
+// its own, or another call's load of one of its entries that failed during
+// the call (a failure is shared by the calls waiting for it); its wait
+// budget (ErrWaitTimeout) — a slow load of its entries, or a fault; Redis
+// unavailable — a fault.
+func (m *genModel) checkFailures(rt *rapid.T) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, f := range m.failed {
+		ran := func(kinds ...string) bool { // a load of kinds, of one of f's entries, during f or just before
+			return slices.ContainsFunc(m.loads, func(l genLoad) bool {
+				return slices.Contains(kinds, l.loader) && l.start.Before(f.end) && l.end.Add(time.Second).After(f.began) &&
+					slices.ContainsFunc(f.keys, func(k string) bool { return l.entry == f.c.entry(k) })
+			})
+		}
+		faulted := slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
+			return w[0].Before(f.end) && f.began.Before(w[1].Add(genLease+2*genCmd))
+		})
+		var why string
+		switch {
+		case errors.Is(f.err, cacheguard.ErrClosed):
+			continue
+		case strings.Contains(f.err.Error(), errDown.Error()):
+			if f.c.loader == "fail" || ran("fail") {
+				continue
+			}
+			why = "a loader's failure, though no load of its entries failed"
+		case errors.Is(f.err, context.DeadlineExceeded) || errors.Is(f.err, context.Canceled):
+			if f.c.ctxTime > 0 {
+				continue
+			}
+			why = "a context's end, though the call's context has no deadline"
+		case errors.Is(f.err, cacheguard.ErrWaitTimeout):
+			if f.c.ctxTime > 0 || faulted || f.c.loader == "nested" || f.c.loader == "slow" && f.c.budget < genSlow+genCmd || ran("slow", "nested", "fail") {
+				continue
+			}
+			why = "its wait budget, though no load of its entries was slow and no fault struck"
+		case errors.Is(f.err, cacheguard.ErrUnavailable):
+			if faulted {
+				continue
+			}
+			why = "Redis unavailable, though no fault struck"
+		default:
+			why = "an error the model has no cause for"
+		}
+		rt.Fatalf("%s of %v failed with %s: %v; %s", f.c, f.keys, why, f.err, m.history(f.keys[0], f.began))
+	}
+	m.failed = nil
 }
 
 // checkLates checks the values served Stale in their late window only: a

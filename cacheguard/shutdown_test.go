@@ -201,3 +201,37 @@ func TestLoaderErrClosedHandsFillOver(t *testing.T) {
 		t.Fatalf("waiter: %v, want its own load's value", errB)
 	}
 }
+
+// TestCloseDuringUnleasedLoadIsErrClosed: a load run without the fill lease
+// (Redis unreachable: the call fails open) that Close cancels fails its
+// caller with ErrClosed, as a leased load's caller does — not with the
+// context error its loader returned.
+func TestCloseDuringUnleasedLoadIsErrClosed(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}) // nothing listens: every command fails at once
+	defer rdb.Close()
+	g := cacheguard.New(rdb)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(context.Background(), g, testKey(t), func(ctx context.Context) (Repo, error) {
+			close(started)
+			<-ctx.Done() // a load that ends when its context does
+			return Repo{}, ctx.Err()
+		})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fail-open load did not start")
+	}
+	_ = g.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, cacheguard.ErrClosed) {
+			t.Fatalf("Get: %v, want ErrClosed: its load was cancelled by Close", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get did not return after Close")
+	}
+}
