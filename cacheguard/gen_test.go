@@ -233,6 +233,7 @@ type genModel struct {
 // genFailure is a call that returned an error.
 type genFailure struct {
 	c          genCall
+	proc       *genProc
 	keys       []string
 	began, end time.Time
 	err        error
@@ -714,7 +715,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 		took := time.Since(began)
 		if err != nil {
 			m.mu.Lock()
-			m.failed = append(m.failed, genFailure{c: c, keys: keys, began: began, end: time.Now(), err: err})
+			m.failed = append(m.failed, genFailure{c: c, proc: p, keys: keys, began: began, end: time.Now(), err: err})
 			m.mu.Unlock()
 		}
 		bound := c.budget
@@ -758,6 +759,38 @@ func (m *genModel) history(key string, began time.Time) string {
 		out += " " + e.what + ";"
 	}
 	return out
+}
+
+// around is what happened to key, and every fault, between from and to (m.mu
+// held), times in seconds of the minute.
+func (m *genModel) around(key string, from, to time.Time) string {
+	type ev struct {
+		at   time.Time
+		what string
+	}
+	var evs []ev
+	in := func(a, b time.Time) bool { return a.Before(to) && b.After(from) }
+	for _, inv := range m.invs {
+		if inv.name == key && in(inv.began, inv.done) {
+			evs = append(evs, ev{inv.began, fmt.Sprintf("invalidated %s–%s", inv.began.Format("05.000000"), inv.done.Format("05.000000"))})
+		}
+	}
+	for _, l := range m.loads {
+		if l.key == key && in(l.start, l.end) {
+			evs = append(evs, ev{l.start, fmt.Sprintf("load %d (%s, %q) %s–%s", l.seq, l.loader, l.entry, l.start.Format("05.000000"), l.end.Format("05.000000"))})
+		}
+	}
+	for _, w := range m.faults {
+		if in(w[0], w[1]) {
+			evs = append(evs, ev{w[0], fmt.Sprintf("fault %s–%s", w[0].Format("05.000000"), w[1].Format("05.000000"))})
+		}
+	}
+	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.what)
+	}
+	return strings.Join(out, "; ")
 }
 
 // genCallRec is what the observer learns of a call (through its context):
@@ -917,7 +950,8 @@ func (m *genModel) checkNested(rt *rapid.T) {
 // deadline (the context's error, or ErrWaitTimeout); a loader's failure —
 // its own, or another call's load of one of its entries that failed during
 // the call (a failure is shared by the calls waiting for it); its wait
-// budget (ErrWaitTimeout) — a slow load of its entries, or a fault; Redis
+// budget (ErrWaitTimeout) — a slow load of its entries, one holding a load
+// slot of its process, or a fault; Redis
 // unavailable — a fault.
 func (m *genModel) checkFailures(rt *rapid.T) {
 	m.mu.Lock()
@@ -929,6 +963,11 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 					slices.ContainsFunc(f.keys, func(k string) bool { return l.entry == f.c.entry(k) })
 			})
 		}
+		// On a process with load slots (MaxConcurrentLoads), a fill waits
+		// for a slot that a load of any entry holds.
+		slotted := f.proc.slots > 0 && slices.ContainsFunc(m.loads, func(l genLoad) bool {
+			return l.loader != "fast" && l.by != nil && l.by.proc == f.proc && l.start.Before(f.end) && l.end.After(f.began)
+		})
 		faulted := slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
 			return w[0].Before(f.end) && f.began.Before(w[1].Add(genLease+2*genCmd))
 		})
@@ -947,7 +986,7 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 			}
 			why = "a context's end, though the call's context has no deadline"
 		case errors.Is(f.err, cacheguard.ErrWaitTimeout):
-			if f.c.ctxTime > 0 || faulted || f.c.loader == "nested" || f.c.loader == "slow" && f.c.budget < genSlow+genCmd || ran("slow", "nested", "fail") {
+			if f.c.ctxTime > 0 || faulted || slotted || f.c.loader == "nested" || f.c.loader == "slow" && f.c.budget < genSlow+genCmd || ran("slow", "nested", "fail") {
 				continue
 			}
 			why = "its wait budget, though no load of its entries was slow and no fault struck"
@@ -959,7 +998,8 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 		default:
 			why = "an error the model has no cause for"
 		}
-		rt.Fatalf("%s of %v failed with %s: %v; %s", f.c, f.keys, why, f.err, m.history(f.keys[0], f.began))
+		rt.Fatalf("%s of %v failed with %s: %v; call %s–%s; around it: %s", f.c, f.keys, why, f.err,
+			f.began.Format("05.000000"), f.end.Format("05.000000"), m.around(f.keys[0], f.began.Add(-2*time.Second), f.end.Add(time.Second)))
 	}
 	m.failed = nil
 }
