@@ -955,13 +955,7 @@ func TestGrantReadAfterItsLeaseGrantsNothing(t *testing.T) {
 	s := redistest.Start(t)
 	name := "late-grant"
 	lockKey := "cg:lock:{" + name + "}"
-	var once sync.Once
-	crdb := s.Client()
-	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
-		if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey {
-			once.Do(func() { time.Sleep(150 * time.Millisecond) }) // the fault: the grant's reply is late
-		}
-	}})
+	crdb, _ := lateFirstAcquire(s, name, 150*time.Millisecond)
 	c := New(crdb)
 	defer c.Close()
 	lk, err := c.TryLock(ctx, name, Lease(100*time.Millisecond))
@@ -1057,13 +1051,7 @@ func TestLockAsksAgainAfterSpentGrant(t *testing.T) {
 	s := redistest.Start(t)
 	name := "late-grant-lock"
 	lockKey := "cg:lock:{" + name + "}"
-	var late atomic.Int32
-	crdb := s.Client()
-	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
-		if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey && late.Add(1) == 1 {
-			time.Sleep(150 * time.Millisecond) // the fault: the first grant's reply is late
-		}
-	}})
+	crdb, late := lateFirstAcquire(s, name, 150*time.Millisecond)
 	c := New(crdb)
 	defer c.Close()
 	lk, err := c.Lock(ctx, name, Lease(100*time.Millisecond), WaitBudget(5*time.Second))
@@ -1078,4 +1066,19 @@ func TestLockAsksAgainAfterSpentGrant(t *testing.T) {
 		t.Fatalf("Lock returned with TTL %v", ttl)
 	}
 	checkTTL(t, s.Client(), lk, lockKey, "granted on the second attempt")
+}
+
+// lateFirstAcquire returns a client of s whose first acquire.lua reply for
+// name is read d late (the fault: the grant's reply is late), and the count
+// of its acquire replies.
+func lateFirstAcquire(s *redistest.Server, name string, d time.Duration) (*redis.Client, *atomic.Int32) {
+	lockKey := "cg:lock:{" + name + "}"
+	var n atomic.Int32
+	crdb := s.Client()
+	crdb.AddHook(&wireHook{after: func(cmd redis.Cmder) {
+		if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey && n.Add(1) == 1 {
+			time.Sleep(d)
+		}
+	}})
+	return crdb, &n
 }
