@@ -51,7 +51,9 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	stop()
 	took := time.Since(loaded)
 	now := time.Now().UnixMilli()
-	handOver := err != nil && (context.Cause(ctx) == ErrClosed || errors.Is(err, ErrClosed))
+	// Closing ended the load (slot and runLoader say so: ErrClosed), or its
+	// loader declined it with ErrClosed: the fill is handed over.
+	handOver := errors.Is(err, ErrClosed)
 	// Store or release even when Close cancelled the load: a lease left
 	// behind would keep other processes waiting for its expiry.
 	ctx = context.WithoutCancel(ctx)
