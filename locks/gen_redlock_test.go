@@ -33,6 +33,10 @@ import (
 //     unless it was given back by Unlock, its key deleted or its lease set
 //     by Extend (see leaseBound) — a hold lost at its local deadline is given
 //     back no sooner;
+//   - a Lock or TryLock fails with ErrNoValidity only when a fault struck
+//     its process, or a server paused, or the call took as long as the
+//     validity its lease gives; and it fails at all only when something
+//     explains it (see genBase.obtained);
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -137,6 +141,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 				f.wg.Wait()
 			}
 		}
+		w.obtained()
 		w.orphans()
 		for _, p := range append(w.procs, w.old...) {
 			closeProc(p)
@@ -166,7 +171,9 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			}
 			timeout := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}).Draw(rt, "ctx")
 			proc := w.procs[p]
-			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, lease, rlAcq, nil) // a Redlock asks again within its budget
+			// A Redlock asks again within its budget; its validity is its
+			// lease less its round and the drift.
+			w.lock(p, proc.r, proc.owner, name, try, owned, timeout, -1, opts, lease, rlAcq, proc.faults, rlSpan(&config{drift: w.drift}, lease))
 		},
 		"b-unlock": w.unlockAction(rlAcq),
 		"c-extend": w.extendAction([]time.Duration{200 * time.Millisecond, 900 * time.Millisecond, 3 * time.Second}, rlAcq),

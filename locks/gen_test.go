@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +42,10 @@ import (
 //   - a Client's Lock or TryLock fails with ErrNoValidity only when a fault
 //     struck its process, or a server paused, during the call (a waiter
 //     handed the name after sleeping past its short lease must hold it);
+//   - a Lock or TryLock fails at all only when something explains it: its
+//     process closed, its context was cancelled or too short to judge, a
+//     fault or a pause came near it, or another call occupied its name
+//     (see obtained) — a name nobody else holds is obtained;
 //   - every acquisition ends in exactly one EventReleased or EventLost;
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
@@ -100,6 +105,7 @@ type genStats struct {
 	samples     int64
 	worst       time.Duration // the latest a call returned past its context
 	worstOf     string
+	failures    map[string]int // failed Lock and TryLock calls, by what explained them (the obtain oracle)
 }
 
 func (st *genStats) add(m *map[string]int, k string) {
@@ -124,8 +130,8 @@ func (st *genStats) String() string {
 		sort.Strings(ks)
 		return strconv.Itoa(n) + " (" + strings.Join(ks, " ") + ")"
 	}
-	return fmt.Sprintf("%d checks %s, steps %s, faults %s, %d oracle samples, latest return past a context %v (%s)",
-		st.checks, count(st.deployments), count(st.actions), count(st.faults), st.samples, st.worst.Round(time.Millisecond), st.worstOf)
+	return fmt.Sprintf("%d checks %s, steps %s, faults %s, failed lock calls %s, %d oracle samples, latest return past a context %v (%s)",
+		st.checks, count(st.deployments), count(st.actions), count(st.faults), count(st.failures), st.samples, st.worst.Round(time.Millisecond), st.worstOf)
 }
 
 // genRule is one fault of a genFault hook: the next left commands running
@@ -144,11 +150,24 @@ type genRule struct {
 // caller hears nothing until its context ends), dup sends the command twice
 // (as go-redis retrying a command whose reply was lost).
 type genFault struct {
-	mu    sync.Mutex
-	rules []*genRule
-	until time.Time       // when the effect of the last rule that struck ends, at the latest
-	acqs  map[string]bool // the acquisition ids of the attempts sent (acquire.lua)
-	wg    sync.WaitGroup  // late requests (added under mu)
+	mu      sync.Mutex
+	rules   []*genRule
+	effects []genSpan       // from each strike of a rule until its effect ends, at the latest
+	acqs    map[string]bool // the acquisition ids of the attempts sent (acquire.lua)
+	wg      sync.WaitGroup  // late requests (added under mu)
+}
+
+// genSpan is a span of time; an end still unknown is zero.
+type genSpan struct{ from, to time.Time }
+
+// meets reports whether s overlaps [a, b] (an open span does once begun).
+func (s genSpan) meets(a, b time.Time) bool {
+	return !s.from.After(b) && (s.to.IsZero() || !s.to.Before(a))
+}
+
+// anyMeets reports whether a span of spans overlaps [a, b].
+func anyMeets(spans []genSpan, a, b time.Time) bool {
+	return slices.ContainsFunc(spans, func(s genSpan) bool { return s.meets(a, b) })
 }
 
 func (f *genFault) set(r *genRule) {
@@ -157,12 +176,11 @@ func (f *genFault) set(r *genRule) {
 	f.mu.Unlock()
 }
 
-// quietSince reports whether no rule struck since from, nor one before
-// whose effect lasts past from.
-func (f *genFault) quietSince(from time.Time) bool {
+// struck reports whether the effect of a rule that struck met [a, b].
+func (f *genFault) struck(a, b time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.until.Before(from)
+	return anyMeets(f.effects, a, b)
 }
 
 func (f *genFault) clear() {
@@ -192,7 +210,8 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 		for _, r := range f.rules {
 			if r.left > 0 && r.script == sc {
 				r.left--
-				f.until = time.Now().Add(r.d + 5*time.Second) // a drop lasts until the command's bound
+				now := time.Now()
+				f.effects = append(f.effects, genSpan{now, now.Add(r.d + 5*time.Second)}) // a drop lasts until the command's bound
 				if r.mode == "late" {
 					f.wg.Add(1) // under mu: a Wait after clear waits for it
 				}
@@ -313,6 +332,20 @@ type genHold struct {
 	start     time.Time     // when its Lock call began
 	got       time.Time     // when its Lock call returned
 	lease     time.Duration // its lease, when the run checks its bound (see leaseBound); else 0
+	released  time.Time     // when an Unlock of it returned nil (zero: never)
+}
+
+// genCall is a Lock or TryLock call of the run, for the obtain oracle (see
+// obtained).
+type genCall struct {
+	name       string
+	proc       int
+	start, end time.Time
+	claim      time.Duration // how long a grant it left behind can keep the name (its lease, a queue place's life)
+	err        error
+	excuse     string      // why its failure needs no occupant (set when it returned); "" when it must have one
+	hold       *genHold    // when it succeeded
+	faults     []*genFault // its process's
 }
 
 // genBase is what the locks generators share: a run's log, its
@@ -326,10 +359,11 @@ type genBase struct {
 	log        []string   // what happened, for a failure's report
 	holds      []*genHold
 	all        []*genHold // every acquisition the run held, also those Unlocked since
+	lockCalls  []*genCall // every Lock and TryLock call that returned
 	violations []string
 	deletedAt  map[string]time.Time // the last DEL of each name's key
 	stalled    bool                 // a server is paused
-	resumed    time.Time            // when the last pause ended
+	pauses     []genSpan            // every pause of a server (the last one's end zero while it lasts)
 }
 
 // stall pauses one of servers (SIGSTOP) for a drawn time, unless one is
@@ -347,13 +381,17 @@ func (w *genBase) stall(rt *rapid.T, servers []*redistest.Server) {
 	w.st.add(&w.st.faults, "redis-sigstop")
 	srv := rapid.IntRange(0, len(servers)-1).Draw(rt, "server")
 	w.note("redis %d stalled for %v", srv, d)
+	w.mu.Lock()
+	w.pauses = append(w.pauses, genSpan{from: time.Now()})
+	w.mu.Unlock()
 	servers[srv].Pause()
 	w.calls.Go(func() {
 		time.Sleep(d) // the fault's length
 		servers[srv].Resume()
 		w.note("redis %d resumed", srv)
 		w.mu.Lock()
-		w.stalled, w.resumed = false, time.Now()
+		w.stalled = false
+		w.pauses[len(w.pauses)-1].to = time.Now()
 		w.mu.Unlock()
 	})
 }
@@ -525,6 +563,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 		p.fault.clear()
 		p.fault.wg.Wait()
 	}
+	w.obtained()
 	w.orphans()
 	for _, p := range append(w.procs, w.old...) {
 		_ = p.c.Close()
@@ -537,13 +576,96 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	}
 }
 
-// calm reports whether nothing delayed a process's replies since from: no
-// fault of its (quiet), no paused server.
-func (w *genBase) calm(quiet func(from time.Time) bool, from time.Time) bool {
+// calm reports whether nothing delayed a process's replies from a to b: no
+// effect of a fault of its (faults: one per client) and no paused server met
+// that span.
+func (w *genBase) calm(faults []*genFault, a, b time.Time) bool {
 	w.mu.Lock()
-	paused := w.stalled || !w.resumed.Before(from)
+	paused := anyMeets(w.pauses, a, b)
 	w.mu.Unlock()
-	return !paused && quiet(from)
+	return !paused && !slices.ContainsFunc(faults, func(f *genFault) bool { return f.struck(a, b) })
+}
+
+// genGiveBack is how long after a call failed, with no fault of its
+// process nor a pause since genCalmBefore before it, what it was granted or
+// queued for may still hold its name: its give-back is sent as it returns,
+// and a loaded host may take that long to run it.
+const genGiveBack = time.Second
+
+// genCalmBefore is how long before a call a fault or a pause still excuses
+// its failure: a reply held or a server paused then can leave a grant, a
+// queue place or a slow connection behind.
+const genCalmBefore = time.Second
+
+// excuse says why a Lock or TryLock that failed with err, under a context of
+// timeout (cancelled after cancelAfter unless negative), needs no other
+// holder of its name to explain it; "" when it does (see obtained).
+func (w *genBase) excuse(err error, timeout, cancelAfter time.Duration, faults []*genFault, start, end time.Time) string {
+	switch {
+	case errors.Is(err, ErrClosed):
+		return "its process closed"
+	case cancelAfter >= 0 && errors.Is(err, context.Canceled):
+		return "cancelled"
+	case timeout < 400*time.Millisecond && errors.Is(err, context.DeadlineExceeded):
+		return "a context too short to judge on a loaded host"
+	case !w.calm(faults, start.Add(-genCalmBefore), end):
+		return "a fault or a pause"
+	}
+	return ""
+}
+
+// obtained is the obtain oracle, run once every call has returned: a Lock or
+// TryLock fails only when something explains it — its process closed, its
+// context was cancelled or too short, a fault struck its process or a
+// server paused (from genCalmBefore before the call), or another call of its
+// name occupied it during the call: one that obtained it, from its start
+// until an Unlock of it returned nil (never, if none did), or one that
+// failed, from its start until genGiveBack past its end when it was calm
+// that long, else until its claim past its end (a grant or a queue place a
+// fault may have kept). A name that nothing else held must be obtained: a
+// departed waiter's queue place, a hand-off to a caller gone, a stale flag
+// that outlived what it stood for would fail it.
+func (w *genBase) obtained() {
+	w.mu.Lock()
+	calls := slices.Clone(w.lockCalls)
+	w.mu.Unlock()
+	forever := time.Now().Add(time.Hour)
+	for _, c := range calls {
+		if c.err == nil {
+			continue
+		}
+		if c.excuse != "" {
+			w.st.add(&w.st.failures, c.excuse)
+			continue
+		}
+		occupied := false
+		for _, o := range calls {
+			if o == c || o.name != c.name {
+				continue
+			}
+			until := o.end.Add(o.claim)
+			if o.hold == nil && w.calm(o.faults, o.start.Add(-genCalmBefore), o.end.Add(genGiveBack)) {
+				until = o.end.Add(genGiveBack) // it gave back what it had at once
+			}
+			if o.hold != nil {
+				w.mu.Lock()
+				until = o.hold.released
+				w.mu.Unlock()
+				if until.IsZero() {
+					until = forever
+				}
+			}
+			if o.start.Before(c.end) && until.After(c.start) {
+				occupied = true
+				break
+			}
+		}
+		w.st.add(&w.st.failures, map[bool]string{true: "occupied", false: "unexplained"}[occupied])
+		if !occupied {
+			w.violate("p%d: a call of %s (%v to %v) failed with %v, though no other call occupied the name, no fault struck its process and no server paused",
+				c.proc, c.name, c.start.Sub(w.start).Round(10*time.Microsecond), c.end.Sub(w.start).Round(10*time.Microsecond), c.err)
+		}
+	}
 }
 
 func (w *genBase) step(name string) { w.st.add(&w.st.actions, name) }
@@ -612,7 +734,7 @@ func (w *genBase) late(what string, over time.Duration) {
 
 func (w *genWorld) lock(p int, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration) {
 	proc := w.procs[p]
-	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, lease, genFence, proc.fault.quietSince)
+	w.genBase.lock(p, proc.c, proc.owner, name, try, owned, timeout, cancelAfter, opts, lease, genFence, []*genFault{proc.fault}, 0)
 }
 
 // genFence names a Client's Lock in a run's log.
@@ -678,6 +800,11 @@ func (w *genBase) unlock(h *genHold, timeout time.Duration, describe func(*Lock)
 	w.call("Unlock", timeout, func(ctx context.Context) {
 		err := h.lk.Unlock(ctx)
 		w.note("p%d Unlock(%s) %s: %v", h.proc, h.name, describe(h.lk), err)
+		if err == nil {
+			w.mu.Lock()
+			h.released = time.Now()
+			w.mu.Unlock()
+		}
 		w.drop(h)
 	})
 }
@@ -698,7 +825,7 @@ func (w *genBase) extend(h *genHold, d, timeout time.Duration, describe func(*Lo
 // is the lease opts set, whose bound the run checks (see leaseBound). With
 // quiet (whether no fault of p's struck since a time), it checks that a call
 // failed with ErrNoValidity only when a reply may have been held.
-func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration, describe func(*Lock) string, quiet func(from time.Time) bool) {
+func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, timeout, cancelAfter time.Duration, opts []CallOption, lease time.Duration, describe func(*Lock) string, faults []*genFault, span time.Duration) {
 	w.calls.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
@@ -720,15 +847,23 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		if err == nil && lk.TTL() <= 0 { // looked at the instant it returned
 			w.violate("p%d: %s returned a Lock whose TTL is 0: its caller would act without the lock", p, name)
 		}
-		w.late("Lock", time.Since(start)-timeout)
+		end := time.Now()
+		w.late("Lock", end.Sub(start)-timeout)
 		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
+		c := &genCall{name: name, proc: p, start: start, end: end, claim: lease + placeTTL, err: err, faults: faults}
 		if err != nil {
 			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, what, name, owned, timeout, err)
-			if errors.Is(err, ErrNoValidity) && quiet != nil && w.calm(quiet, start) {
+			if errors.Is(err, ErrNoValidity) && faults != nil && w.calm(faults, start, end) && (span == 0 || end.Sub(start) < span) {
 				// Only a reply later than the lease spends a grant: a
-				// waiter handed the name must hold it.
+				// waiter handed the name must hold it. (A Redlock's
+				// validity also shrinks with its round itself: span is
+				// what the call may take before that can spend it.)
 				w.violate("p%d: %s(%s) failed with ErrNoValidity, though no reply was held and Redis did not pause: %v", p, what, name, err)
 			}
+			c.excuse = w.excuse(err, timeout, cancelAfter, faults, start, end)
+			w.mu.Lock()
+			w.lockCalls = append(w.lockCalls, c)
+			w.mu.Unlock()
 			return
 		}
 		w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: %s ttl %v", p, what, name, owned, timeout, len(opts), describe(lk), lk.TTL())
@@ -740,6 +875,8 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		violations := w.leaseBound(h)
 		w.holds = append(w.holds, h)
 		w.all = append(w.all, h)
+		c.hold = h
+		w.lockCalls = append(w.lockCalls, c)
 		w.mu.Unlock()
 		for _, v := range violations {
 			w.violate("%s", v)
