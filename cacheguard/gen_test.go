@@ -53,7 +53,9 @@ import (
 //     grace (at most half the TTL), or FailSafe's max age, as set by the call
 //     that loaded it, or by a FailSafe call whose load of the entry failed
 //     after (see staleLimit) — or within the TTL past its TTL only while a
-//     reload of the entry ran that another call started (see checkLates);
+//     reload of the entry ran that another call started, or a fault may
+//     have left another process's fill lease granted unseen (see
+//     checkLates);
 //   - the near cache holds at most its entries;
 //   - a fill lease's request sent after a give-back of that lease was
 //     answered is never granted (see faultHook.watch): nobody would fill it.
@@ -212,9 +214,10 @@ type genModel struct {
 	lastKey string
 	made    int // the processes started
 
-	seq   atomic.Int64
-	wg    sync.WaitGroup // the calls in the background
-	wiped atomic.Int64   // see faultHook
+	seq     atomic.Int64
+	wg      sync.WaitGroup // the calls in the background
+	loading pending        // the loads running: a call's may outlive it (see settle)
+	wiped   atomic.Int64   // see faultHook
 
 	mu      sync.Mutex // guards what follows
 	invs    []genInv
@@ -348,12 +351,15 @@ func (p *pending) wait() {
 	<-z
 }
 
-// settle waits for the calls in the background, and for the requests held
+// settle waits for the calls in the background, for the loads they started
+// (a load goes on after a call that stopped waiting for it, and the checks
+// judge a call by the loads that ran during it), and for the requests held
 // back to reach Redis (see holdBack).
 func (m *genModel) settle() {
 	done := make(chan struct{})
 	go func() {
 		m.wg.Wait()
+		m.loading.wait()
 		for _, p := range append(m.procs, m.old...) {
 			p.hook.late.wait() // each within genLate and its command's bound
 		}
@@ -445,6 +451,8 @@ func (c genCall) entry(key string) string {
 
 // load runs a loader of kind for keys, recording its interval per entry.
 func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[string]genVal, error) {
+	m.loading.add()
+	defer m.loading.done()
 	seq := m.seq.Add(1)
 	start := time.Now()
 	if c.started != nil {
@@ -968,9 +976,7 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 		slotted := f.proc.slots > 0 && slices.ContainsFunc(m.loads, func(l genLoad) bool {
 			return l.loader != "fast" && l.by != nil && l.by.proc == f.proc && l.start.Before(f.end) && l.end.After(f.began)
 		})
-		faulted := slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
-			return w[0].Before(f.end) && f.began.Before(w[1].Add(genLease+2*genCmd))
-		})
+		faulted := m.faulted(f.began, f.end)
 		var why string
 		switch {
 		case errors.Is(f.err, cacheguard.ErrClosed):
@@ -1004,14 +1010,29 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 	m.failed = nil
 }
 
+// faulted reports whether a fault struck from began to end, or what one
+// leaves behind (a fill lease granted unseen, a reply late) could last into
+// that span (m.mu held).
+func (m *genModel) faulted(began, end time.Time) bool {
+	return slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
+		return w[0].Before(end) && began.Before(w[1].Add(genLease+2*genCmd))
+	})
+}
+
 // checkLates checks the values served Stale in their late window only: a
 // value is served up to its TTL past its TTL only to a call during which a
 // reload of its entry ran that another call started (see
-// cacheguard.EarlyRefresh).
+// cacheguard.EarlyRefresh), or another process held its fill lease: under a
+// fault, a lease can be granted in Redis while its holder never loads (its
+// grant read too late: slowGrant; its request late: lateLease), and to
+// every other call that is a reload running.
 func (m *genModel) checkLates(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, ls := range m.lates {
+		if m.faulted(ls.began, ls.served) {
+			continue
+		}
 		ok := slices.ContainsFunc(m.loads, func(l genLoad) bool {
 			// A reload runs from its fill's start: on a process with
 			// MaxConcurrentLoads its loader may begin later, once a slot
