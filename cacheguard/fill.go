@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	leases "github.com/cacheguard/cacheguard/internal/lease"
 )
 
 // fillKind says why a flight runs (an early refresh is reported as one).
@@ -290,7 +292,7 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 		}
 		return true
 	}
-	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(sent.Add(leaseFor/3)), deadline, renewal, kept)
+	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(leases.Grant{Sent: sent, Lease: leaseFor}.RenewAt()), deadline, renewal, kept)
 	if !ok {
 		return func() {} // closing: the fill hands its leases over
 	}

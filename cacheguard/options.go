@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	leases "github.com/cacheguard/cacheguard/internal/lease"
 	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
@@ -229,11 +230,14 @@ func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeo
 func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 
 // spent reports whether a fill lease granted to a request sent at sent has
-// run out on the local clock — the one rule for a lease's local deadline, as
-// locks' grants follow it: Redis may already have let another process take
-// the fill over, so a grant read this late is given back, never loaded
-// under (one load per expiry), and asked for again (see Guard.lease).
-func (c *config) spent(sent time.Time) bool { return !time.Now().Before(sent.Add(c.lease)) }
+// run out on the local clock — the one rule for a lease's local deadline
+// (internal/lease), as locks' grants follow it: Redis may already have let
+// another process take the fill over, so a grant read this late is given
+// back, never loaded under (one load per expiry), and asked for again (see
+// Guard.lease).
+func (c *config) spent(sent time.Time) bool {
+	return leases.Grant{Sent: sent, Lease: c.lease}.Spent()
+}
 
 // FailSafe keeps a value standing in when its reload fails: when the loader
 // returns an error (other than ErrNotFound) or runs out of its LoadTimeout,

@@ -648,7 +648,7 @@ func (a *acquisition) once(ctx, actx context.Context) (lk *Lock, pttl time.Durat
 		_, err = a.fail(ctx, 0, err)
 		return nil, 0, err
 	case res.ok:
-		lk, err := a.granted(ctx, res, grant{sent, a.cfg.lease})
+		lk, err := a.granted(ctx, res, grant{Sent: sent, Lease: a.cfg.lease})
 		return lk, 0, err
 	}
 	return nil, res.pttl, nil
@@ -770,7 +770,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 					return fail(pttl, err)
 				}
 				if res.ok {
-					return grantedKeep(res, grant{sent, cfg.lease})
+					return grantedKeep(res, grant{Sent: sent, Lease: cfg.lease})
 				}
 				notBefore, pttl = sent, res.pttl
 				// Sleep until a wake-up, or a little past the holder's lease (it may
@@ -789,15 +789,15 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 			}
 			fence = f
 		}
-		gr := grant{notBefore, claim}
+		gr := grant{Sent: notBefore, Lease: claim}
 		switch {
 		case cfg.replicas > 0:
 			sent := time.Now()
 			if err := c.handedWait(wctx, kv, ov, acq, cfg); err != nil {
 				return fail(0, err)
 			}
-			gr = grant{sent, cfg.lease}
-		case !cfg.renew && claim < cfg.lease, gr.due():
+			gr = grant{Sent: sent, Lease: cfg.lease}
+		case !cfg.renew && claim < cfg.lease, gr.Due():
 			// A fixed lease is set at once; and a hand-off whose renewal is
 			// due already (its release ran at some point after notBefore,
 			// which this caller slept past a third of the claim) is
@@ -813,7 +813,7 @@ func (a *acquisition) wait(ctx context.Context) (*Lock, error) {
 				}
 				return fail(0, err)
 			}
-			gr = grant{sent, cfg.lease}
+			gr = grant{Sent: sent, Lease: cfg.lease}
 		}
 		return grantedKeep(attemptResult{ok: true, fence: fence, fenceV: fenceV}, gr)
 	}
@@ -851,7 +851,7 @@ func (c *Client) granted(ctx context.Context, scoped bool, name string, ks []str
 		c.giveBack(ctx, kv, owner, acq, cfg, "", false)
 		return nil, err
 	}
-	if g.spent() {
+	if g.Spent() {
 		return giveBack(ErrNoValidity)
 	}
 	h := newHeld(c, name, ks, owner.(string), res.fence, cfg, g)

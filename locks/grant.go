@@ -3,54 +3,40 @@ package locks
 import (
 	"context"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/lease"
 )
 
 // grant is what a command that set a lock's expiry in Redis — an
 // acquisition, a hand-off by a release, a re-entry, a renewal, an Extend, a
-// Redlock round — tells its holder. The one rule for a holder's local
-// deadline, on every path:
+// Redlock round — tells its holder, under the one rule for a holder's local
+// deadline on every path (internal/lease): sent + lease, where lease is the
+// lease that very command carried (for Redlock, its validity: lease − drift)
+// and sent a reading of the monotonic clock taken before that command ran in
+// Redis: the command's own send, or, for a hand-off that another process's
+// release made, the send of this waiter's last command whose reply showed it
+// not yet holding (Redis ran that release after it). A hold lost at its
+// deadline is never given back before Redis's own expiry of it (see
+// held.lose): the next holder never starts before that.
 //
-//	local deadline = sent + lease
-//
-// where lease is the lease that very command carried (for Redlock, its
-// validity: lease − drift) and sent a reading of the monotonic clock taken
-// before that command ran in Redis: the command's own send, or, for a
-// hand-off that another process's release made, the send of this waiter's
-// last command whose reply showed it not yet holding (Redis ran that release
-// after it). Redis's expiry is then never earlier than the local deadline: a
-// holder never believes it holds a lock Redis may have given away. And a hold
-// lost at its deadline is never given back before Redis's own expiry of it
-// (see held.lose): the next holder never starts before that.
-type grant struct {
-	sent  time.Time
-	lease time.Duration
-}
+// A grant read Spent grants nothing (the lock may already have expired in
+// Redis, or be about to): the acquisition is given back and fails with
+// ErrNoValidity (Client.granted, Redlock's attempt; a Lock asks again within
+// its budget), so no caller is handed a Lock it does not hold. A hand-off,
+// whose start this process cannot know, is confirmed before that can happen:
+// one read once its renewal is Due is extended from now before it is handed
+// over (see acquisition.wait).
+type grant = lease.Grant
 
-// spent reports whether g's local deadline has passed: a grant read only
-// then grants nothing (the lock may already have expired in Redis, or be
-// about to), and the acquisition is given back and fails with ErrNoValidity
-// (Client.granted, Redlock's attempt; a Lock asks again within its budget):
-// no caller is handed a Lock it does not hold. A hand-off, whose start this
-// process cannot know, is confirmed before that can happen (due).
-func (g grant) spent() bool { return !time.Now().Before(g.sent.Add(g.lease)) }
-
-// renewAt is when a holder of g renews it: at a third of its lease.
-func (g grant) renewAt() time.Time { return g.sent.Add(g.lease / 3) }
-
-// due reports whether g's renewal is due already: a hand-off read that late
-// is confirmed (extended from now) before it is handed over (see
-// acquisition.wait).
-func (g grant) due() bool { return !time.Now().Before(g.renewAt()) }
-
-// apply makes g h's local deadline, and schedules its next renewal (renewAt).
+// apply makes g h's local deadline, and schedules its next renewal (RenewAt).
 // h.mu is held.
 func (h *held) apply(g grant) {
 	if h.ended {
 		return
 	}
-	h.deadline = g.sent.Add(g.lease)
+	h.deadline = g.Deadline()
 	if h.cfg.renew {
-		h.nextRenew = g.renewAt()
+		h.nextRenew = g.RenewAt()
 	} else {
 		h.nextRenew = h.deadline // checked for expiry only
 	}
@@ -71,7 +57,7 @@ func (h *held) apply(g grant) {
 func (h *held) onWire(sent time.Time, lease time.Duration) {
 	h.wire, h.wireLease = true, lease
 	h.seq++
-	if d := sent.Add(lease); d.Before(h.deadline) {
+	if d := (grant{Sent: sent, Lease: lease}).Deadline(); d.Before(h.deadline) {
 		h.deadline = d
 		defer h.ops.renewer().poke() // Lost closes at the new deadline
 	}

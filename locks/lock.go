@@ -132,7 +132,7 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	h.mu.Lock()
 	h.lease = d // what renewals carry from now on
 	h.mu.Unlock()
-	h.leaveWire(&grant{sent, d})
+	h.leaveWire(&grant{Sent: sent, Lease: d})
 	return nil
 }
 

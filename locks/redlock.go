@@ -445,7 +445,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 
 	var noValidity error
 	if n := granted(res); n >= r.quorum {
-		if g := (grant{start, span}); !g.spent() {
+		if g := (grant{Sent: start, Lease: span}); !g.Spent() {
 			r.mu.Lock()
 			r.flights[acq] = fl
 			r.mu.Unlock()

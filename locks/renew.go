@@ -277,7 +277,7 @@ func (h *held) renewed(sent time.Time, err error) *grant {
 	over := h.releasing || h.ended
 	if !over && err == nil {
 		h.lastErr = nil
-		g := &grant{sent, h.wireLease}
+		g := &grant{Sent: sent, Lease: h.wireLease}
 		h.mu.Unlock()
 		return g
 	}
