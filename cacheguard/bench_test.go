@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -478,4 +479,139 @@ func benchUnmarshal[T any](b *testing.B, cd cacheguard.Codec, v T) {
 		}
 	}
 	b.ReportMetric(float64(len(data)), "bytes")
+}
+
+// BenchmarkFollowBurst is the cold-key stampede as a process that does not
+// load sees it: another process (a second Guard on its own client) holds the
+// fill lease; 128 goroutines ask for the key, wait for the other's load, and
+// are served its push. cpu-ns/op is the process's CPU per burst (both Guards:
+// the loader's fill is one script); compare with
+// BenchmarkFollowBurstSingleflight, where the 128 wait for a load in their
+// own process.
+func BenchmarkFollowBurst(b *testing.B) {
+	opts := &redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true}
+	ra, rb := redis.NewClient(opts), redis.NewClient(opts)
+	defer ra.Close()
+	defer rb.Close()
+	ga := cacheguard.New(ra, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer ga.Close()
+	gb := cacheguard.New(rb, cacheguard.TTL(time.Hour), cacheguard.EarlyRefresh(0))
+	defer gb.Close()
+	prefix := testKey(b)
+	ctx := context.Background()
+	var loading chan struct{}
+	var release chan struct{}
+	loadA := func(context.Context) (Repo, error) {
+		close(loading)
+		<-release
+		return Repo{ID: 42, Name: "cacheguard"}, nil
+	}
+	loadB := func(context.Context) (Repo, error) { return Repo{}, fmt.Errorf("the follower loaded") }
+	var filled sync.WaitGroup
+	followBurst(b, func(i int) { // before the burst: the other process takes the lease
+		loading, release = make(chan struct{}), make(chan struct{})
+		filled.Go(func() {
+			if _, err := cacheguard.Get(ctx, ga, prefix+strconv.Itoa(i), loadA); err != nil {
+				b.Error(err)
+			}
+		})
+		<-loading
+	}, func(ctx context.Context, i int) error {
+		_, err := cacheguard.Get(ctx, gb, prefix+strconv.Itoa(i), loadB)
+		return err
+	}, func(i int) { // every call waits: the other process's load ends
+		err := waitFollowing(rb, gb, prefix+strconv.Itoa(i), uint64(128*(i+1)))
+		close(release) // whatever happened: Close waits for the load
+		if err != nil {
+			b.Fatal(err)
+		}
+	})
+	filled.Wait()
+}
+
+// BenchmarkFollowBurstSingleflight is BenchmarkFollowBurst with a
+// golang.org/x/sync/singleflight group and no Redis: the 128 wait for a load
+// of their own process.
+func BenchmarkFollowBurstSingleflight(b *testing.B) {
+	var sf singleflight.Group
+	var release chan struct{}
+	var waiting atomic.Int64
+	followBurst(b, func(int) { release = make(chan struct{}) }, func(_ context.Context, i int) error {
+		waiting.Add(1)
+		_, err, _ := sf.Do(strconv.Itoa(i), func() (any, error) { <-release; return Repo{ID: 42, Name: "cacheguard"}, nil })
+		return err
+	}, func(i int) {
+		for waiting.Load() < int64(128*(i+1)) {
+			time.Sleep(50 * time.Microsecond)
+		}
+		close(release)
+	})
+}
+
+// waitFollowing waits until g's calls have all found key missing (misses in
+// all) and g's flight of key has subscribed to its wake-up channel. (The
+// polling's round trips count in the benchmark's CPU: a few per burst.)
+func waitFollowing(rdb *redis.Client, g *cacheguard.Guard, key string, misses uint64) error {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(200 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the calls for %s did not all wait (%+v)", key, g.Stats())
+		}
+		if g.Stats().Misses < misses {
+			continue
+		}
+		chs, err := rdb.PubSubChannels(context.Background(), "*fw:*").Result()
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(chs, func(c string) bool { return strings.Contains(c, key) }) {
+			return nil
+		}
+	}
+}
+
+// followBurst runs b.N bursts as burst does, calling before(i) ahead of each
+// and during(i) once its calls have started.
+func followBurst(b *testing.B, before func(i int), get func(ctx context.Context, i int) error, during func(i int)) {
+	const n = 128
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	starts := make([]chan int, n)
+	var done sync.WaitGroup
+	var failed atomic.Int64
+	var stopped sync.WaitGroup
+	for w := range starts {
+		starts[w] = make(chan int)
+		stopped.Go(func() {
+			for i := range starts[w] {
+				cctx, ccancel := context.WithCancel(ctx)
+				if err := get(cctx, i); err != nil {
+					failed.Add(1)
+				}
+				ccancel()
+				done.Done()
+			}
+		})
+	}
+	defer func() {
+		for _, c := range starts {
+			close(c)
+		}
+		stopped.Wait()
+	}()
+	b.ReportAllocs()
+	defer reportCPU(b)()
+	b.ResetTimer()
+	for i := range b.N {
+		before(i)
+		done.Add(n)
+		for _, c := range starts {
+			c <- i
+		}
+		during(i)
+		done.Wait()
+	}
+	b.StopTimer()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d calls failed", f)
+	}
 }
