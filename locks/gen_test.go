@@ -152,7 +152,7 @@ type genRule struct {
 type genFault struct {
 	mu      sync.Mutex
 	rules   []*genRule
-	effects []genSpan       // from each strike of a rule until its effect ends, at the latest
+	effects []genSpan       // from each strike of a rule until the command it struck was done with (see around)
 	acqs    map[string]bool // the acquisition ids of the attempts sent (acquire.lua)
 	wg      sync.WaitGroup  // late requests (added under mu)
 }
@@ -189,7 +189,9 @@ func (f *genFault) clear() {
 	f.mu.Unlock()
 }
 
-func (f *genFault) match(cmds []redis.Cmder) *genRule {
+// match returns the rule that strikes cmds, if any, with the index of its
+// effect's span in effects, open until ended.
+func (f *genFault) match(cmds []redis.Cmder) (*genRule, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, cmd := range cmds {
@@ -210,16 +212,25 @@ func (f *genFault) match(cmds []redis.Cmder) *genRule {
 		for _, r := range f.rules {
 			if r.left > 0 && r.script == sc {
 				r.left--
-				now := time.Now()
-				f.effects = append(f.effects, genSpan{now, now.Add(r.d + 5*time.Second)}) // a drop lasts until the command's bound
+				f.effects = append(f.effects, genSpan{from: time.Now()}) // open until ended
 				if r.mode == "late" {
 					f.wg.Add(1) // under mu: a Wait after clear waits for it
 				}
-				return r
+				return r, len(f.effects) - 1
 			}
 		}
 	}
-	return nil
+	return nil, 0
+}
+
+// ended closes the span of effect i: the command it struck is done with —
+// its caller has its reply or gave up, and a late request has reached Redis
+// and been answered. What it left behind (a grant, a queue place, a slow
+// connection) the checks allow for from there (genCalmBefore, claims).
+func (f *genFault) ended(i int) {
+	f.mu.Lock()
+	f.effects[i].to = time.Now()
+	f.mu.Unlock()
 }
 
 func (f *genFault) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -235,16 +246,17 @@ func (f *genFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
-	r := f.match(cmds)
+	r, i := f.match(cmds)
 	if r == nil {
 		return send(ctx, cmds)
 	}
-	switch r.mode {
-	case "dup":
+	if r.mode == "late" {
+		return f.late(ctx, cmds, r, i, send) // ends it when the request has been answered
+	}
+	defer f.ended(i)
+	if r.mode == "dup" {
 		_ = send(ctx, cmds)
 		return send(ctx, cmds)
-	case "late":
-		return f.late(ctx, cmds, r, send)
 	}
 	err := send(ctx, cmds)
 	var wait <-chan time.Time
@@ -272,7 +284,7 @@ func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(con
 // late holds the request for d before it reaches Redis; it reaches Redis
 // then even when its caller has given up meanwhile (a request stuck on the
 // wire), on a copy, whose reply the caller gets if it still waits.
-func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, send func(context.Context, []redis.Cmder) error) error {
+func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, effect int, send func(context.Context, []redis.Cmder) error) error {
 	copies := make([]redis.Cmder, len(cmds))
 	for i, c := range cmds {
 		copies[i] = redis.NewCmd(context.Background(), c.Args()...)
@@ -290,7 +302,9 @@ func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, sen
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		done <- send(sctx, copies)
+		err := send(sctx, copies)
+		f.ended(effect)
+		done <- err
 	}()
 	select {
 	case err := <-done:
@@ -579,11 +593,21 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 // calm reports whether nothing delayed a process's replies from a to b: no
 // effect of a fault of its (faults: one per client) and no paused server met
 // that span.
-func (w *genBase) calm(faults []*genFault, a, b time.Time) bool {
+func (w *genBase) calm(faults []*genFault, a, b time.Time) bool { return w.unrest(faults, a, b) == "" }
+
+// unrest names what delayed a process's replies from a to b ("a pause", "a
+// fault"), or returns "" when nothing did (see calm).
+func (w *genBase) unrest(faults []*genFault, a, b time.Time) string {
 	w.mu.Lock()
 	paused := anyMeets(w.pauses, a, b)
 	w.mu.Unlock()
-	return !paused && !slices.ContainsFunc(faults, func(f *genFault) bool { return f.struck(a, b) })
+	switch {
+	case paused:
+		return "a pause"
+	case slices.ContainsFunc(faults, func(f *genFault) bool { return f.struck(a, b) }):
+		return "a fault"
+	}
+	return ""
 }
 
 // genGiveBack is how long after a call failed, with no fault of its
@@ -592,10 +616,14 @@ func (w *genBase) calm(faults []*genFault, a, b time.Time) bool {
 // and a loaded host may take that long to run it.
 const genGiveBack = time.Second
 
-// genCalmBefore is how long before a call a fault or a pause still excuses
-// its failure: a reply held or a server paused then can leave a grant, a
-// queue place or a slow connection behind.
-const genCalmBefore = time.Second
+// genCalmBefore is how long after a fault's effect ended (the command it
+// struck done with: see ended) or a server resumed a call's failure is
+// still excused by it: a resumed server answers its backlog first, and a
+// loaded host runs what the fault left to do (a give-back, a redial) late.
+// What it left in Redis (a grant, a queue place) is not excused this way:
+// the call that failed under the fault occupies its name for its claim
+// (see obtained).
+const genCalmBefore = 300 * time.Millisecond
 
 // excuse says why a Lock or TryLock that failed with err, under a context of
 // timeout (cancelled after cancelAfter unless negative), needs no other
@@ -608,10 +636,8 @@ func (w *genBase) excuse(err error, timeout, cancelAfter time.Duration, faults [
 		return "cancelled"
 	case timeout < 400*time.Millisecond && errors.Is(err, context.DeadlineExceeded):
 		return "a context too short to judge on a loaded host"
-	case !w.calm(faults, start.Add(-genCalmBefore), end):
-		return "a fault or a pause"
 	}
-	return ""
+	return w.unrest(faults, start.Add(-genCalmBefore), end)
 }
 
 // obtained is the obtain oracle, run once every call has returned: a Lock or
