@@ -141,14 +141,16 @@ func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint
 	return nil
 }
 
-// KillEdit SIGKILLs process p while its edit of repo is parked after the
-// read, lets process q edit the repository, and restarts p. It returns the
-// killed edit, the other edit and the time from the kill to the other edit's
-// answer.
-func (f *Fleet) KillEdit(ctx context.Context, p, q int, repo uint) (killed, other EditOp, recovery time.Duration, err error) {
+// KillEdit SIGKILLs process kz.P while its edit of kz.Repo is parked after
+// the read (a settings edit, or kz.Rename's or kz.Save's kind: see Pause),
+// lets process kz.Q edit the repository (the same way, for Save, else by a
+// settings edit), and restarts P. It returns the killed edit, the other edit
+// and the time from the kill to the other edit's answer.
+func (f *Fleet) KillEdit(ctx context.Context, kz Pause) (killed, other EditOp, recovery time.Duration, err error) {
+	p, q, repo := kz.P, kz.Q, kz.Repo
 	var a EditOp
 	pk, err := f.park(ctx, p, StepAfterRead, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterRead, tag: tag})
+		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterRead, tag: tag, rename: kz.Rename, save: kz.Save})
 	})
 	if err != nil {
 		return a, other, 0, err
@@ -158,7 +160,7 @@ func (f *Fleet) KillEdit(ctx context.Context, p, q int, repo uint) (killed, othe
 	pk.proc.Kill()
 	<-pk.done
 	end()
-	other = f.Edit(ctx, q, repo)
+	other = f.edit(ctx, editRequest{proc: q, repo: repo, save: kz.Save})
 	recovery = other.End.Sub(killedAt)
 	return a, other, recovery, f.Restart(p)
 }

@@ -88,8 +88,18 @@ func testPauses(t *testing.T, db string) {
 		s.Done()
 	}
 
-	s = f.Scenario(t, rep, "holder SIGKILLed after its read ("+db+")")
-	killed, other, recovery, err := f.KillEdit(ctx, 0, 1, f.FreshRepo())
+	testKill(t, f, db, "holder", Pause{})
+	testKill(t, f, db, "rename holder", Pause{Rename: true})
+}
+
+// testKill SIGKILLs a holder whose edit (kz's kind: see Pause) has read the
+// row, while another process edits it: the killed edit must never be
+// applied, and the other must go through once the lock is free.
+func testKill(t *testing.T, f *Fleet, db, what string, kz Pause) {
+	ctx := t.Context()
+	s := f.Scenario(t, rep, what+" SIGKILLed after its read ("+db+")")
+	kz.P, kz.Q, kz.Repo = 0, 1, f.FreshRepo()
+	killed, other, recovery, err := f.KillEdit(ctx, kz)
 	if err != nil {
 		t.Errorf("kill mid-edit: %v", err)
 	}
@@ -136,4 +146,5 @@ func testSavePauses(t *testing.T, db string) {
 			s.Done()
 		}
 	}
+	testKill(t, f, db, "save-edit holder", Pause{Save: true})
 }

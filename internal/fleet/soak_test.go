@@ -49,7 +49,7 @@ func soakFaults() []soakFault {
 	out = append(out,
 		soakFault{name: "holder SIGKILLed after its read", weight: 2, run: func(ctx context.Context, f *Fleet, rng *rand.Rand) error {
 			p, q := twoProcs(rng, f.Procs())
-			_, _, _, err := f.KillEdit(ctx, p, q, f.soakRepo(rng))
+			_, _, _, err := f.KillEdit(ctx, Pause{P: p, Q: q, Repo: f.soakRepo(rng)})
 			return err
 		}},
 		soakFault{name: "redis-server killed, 1s outage", weight: 2, failOK: true, recovers: true, run: func(ctx context.Context, f *Fleet, _ *rand.Rand) error {
