@@ -114,7 +114,9 @@ func testRedisFaults(t *testing.T, faults []redisFault) {
 		if i == 0 {
 			ref = before
 		}
-		load = f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + uint64(i), Writers: 2, Readers: 2, Repos: []uint{1, 2, 3}, Think: 30 * time.Millisecond})
+		// Every kind of edit through the fault: settings edits, renames
+		// (re-entering the request's lock) and read-then-Save edits.
+		load = f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + uint64(i), Writers: 3, Readers: 2, Repos: []uint{1, 2, 3}, Think: 30 * time.Millisecond, Mixed: true})
 		if err := fault.inject(ctx, f); err != nil {
 			t.Fatalf("%s: %v", fault.name, err)
 		}

@@ -15,6 +15,9 @@ type LoadConfig struct {
 	Readers int           // goroutines reading, alternating the Get and ginmw.Cache routes
 	Repos   []uint        // the repositories edited and read
 	Think   time.Duration // pause between a goroutine's requests (keeps the CPU for the services)
+	// Mixed: each edit is drawn from the three kinds (a settings edit, a
+	// rename, a read-then-Save: see Pause) instead of always a settings edit.
+	Mixed bool
 }
 
 // Load is a running workload; Stop ends it.
@@ -40,7 +43,12 @@ func (f *Fleet) StartLoad(ctx context.Context, cfg LoadConfig) *Load {
 		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
 		l.wg.Go(func() {
 			for stop.Err() == nil {
-				op := f.Edit(ctx, rng.IntN(n), cfg.Repos[rng.IntN(len(cfg.Repos))])
+				r := editRequest{proc: rng.IntN(n), repo: cfg.Repos[rng.IntN(len(cfg.Repos))]}
+				if cfg.Mixed {
+					k := rng.IntN(3)
+					r.rename, r.save = k == 1, k == 2
+				}
+				op := f.edit(ctx, r)
 				l.edits.Add(1)
 				if op.Status == 200 {
 					l.acked.Add(1)
