@@ -37,7 +37,7 @@ func TestFleetCluster(t *testing.T) {
 	masters := f.Cluster.Masters()
 
 	s := f.Scenario(t, rep, "steady load, 4 processes (cluster)")
-	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 15 * time.Millisecond})
+	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 15 * time.Millisecond, Mixed: true})
 	hold(ctx, 2*time.Second)
 	load.Stop()
 	s.CheckEdits(ctx, nil)
@@ -86,7 +86,7 @@ func TestFleetCluster(t *testing.T) {
 	// asks for acknowledgements, which the service does not use).
 	s = f.Scenario(t, rep, "a master SIGSTOPped until its replica took over (cluster)")
 	victim := f.lockMaster(recoverRepo)
-	load = f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + 1, Writers: 2, Readers: 2, Repos: []uint{1, 2, 3, recoverRepo}, Think: 30 * time.Millisecond})
+	load = f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + 1, Writers: 3, Readers: 2, Repos: []uint{1, 2, 3, recoverRepo}, Think: 30 * time.Millisecond, Mixed: true})
 	hold(ctx, 500*time.Millisecond)
 	took, err := f.FailOver(ctx, victim, 20*time.Second)
 	if err != nil {

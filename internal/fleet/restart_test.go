@@ -60,7 +60,7 @@ func testRollingRestart(t *testing.T) {
 	s.Done()
 
 	s = f.Scenario(t, rep, "rolling restart under load (SIGTERM each process, then SIGKILL each)")
-	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 2, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond})
+	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond, Mixed: true})
 	for _, graceful := range []bool{true, false} {
 		for p := range f.Procs() {
 			hold(ctx, 300*time.Millisecond)

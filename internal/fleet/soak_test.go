@@ -125,7 +125,7 @@ func TestFleetSoak(t *testing.T) {
 	}
 	const steady = "soak: steady load between faults"
 	f.Rec.Begin(steady)
-	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 2, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond})
+	load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond, Mixed: true})
 	injected := map[string]int{}
 	recovery := map[string][]time.Duration{}
 	for deadline := time.Now().Add(dur); time.Now().Before(deadline) && ctx.Err() == nil; {

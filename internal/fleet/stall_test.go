@@ -60,7 +60,7 @@ func TestFleetRedisStall(t *testing.T) {
 		{fmt.Sprintf("Redis black-holed %v under load", stallFor), func(ctx context.Context) { f.BlackHole(ctx, stallFor) }},
 	} {
 		s := f.Scenario(t, rep, fault.name)
-		load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + 100 + uint64(i), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond})
+		load := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + 100 + uint64(i), Writers: 3, Readers: 3, Repos: []uint{1, 2, 3}, Think: 20 * time.Millisecond, Mixed: true})
 		hold(ctx, time.Second)
 		start := time.Now()
 		fault.inject(ctx)
