@@ -113,9 +113,10 @@
 // key of a row a write moved (SET id = ...), are invalidated after its
 // transaction's COMMIT, before its locks are released; never after a ROLLBACK,
 // and also after a COMMIT that returned an error (it may have committed). A
-// committed write returns nil even when its invalidation fails:
-// RetryInvalidation retries it in the background (8 attempts, at most 10000
-// keys pending). InvalidateAgain repeats each after a delay (lagging replicas).
+// committed write returns nil even when its invalidation fails (the Observer
+// hears EventInvalidateFailed under its context before it returns); until a
+// retry succeeds (RetryInvalidation: 8 attempts, at most 10000 keys pending),
+// reads may return the old value. InvalidateAgain repeats each (replicas).
 //
 // # Redis unavailable, refusals, shutdown
 //
@@ -123,14 +124,13 @@
 // whatever the client's timeouts. When the lock service is unavailable
 // (locks.ErrUnavailable) the write is not sent and fails with ErrLock (also
 // matching locks.ErrNotObtained and locks.ErrUnavailable); FailOpen sends it
-// unguarded instead (a warning, EventWroteUnguarded), never on contention.
+// unguarded (a warning, EventWroteUnguarded), never on contention.
 //
 // Shut down in this order: the HTTP server's Shutdown, plugin.Shutdown(ctx)
-// (waits for guarded statements in flight, runs delayed repeats, retries every
-// failed invalidation; what ctx cuts off is returned as ErrInvalidate), the
-// Locker's Shutdown or Close, then the database; Close drops the background
-// work. A process that exits without them leaves its locks to their leases and
-// its pending invalidations to the entries' TTLs.
+// (waits for guarded statements in flight, runs delayed repeats, retries failed
+// invalidations; what ctx cuts off is returned as ErrInvalidate), the Locker's
+// Shutdown or Close, then the database; Close drops the background work.
+// Without them, locks are left to their leases, invalidations to TTLs.
 //
 // # Limits
 //

@@ -42,7 +42,7 @@ func (p *Plugin) invalidate(ctx context.Context, keys []string) {
 		p.later(keys)
 	}
 	if err != nil {
-		p.retryLater(keys, err)
+		p.retryLater(ctx, keys, err)
 	}
 }
 
@@ -55,11 +55,13 @@ func (p *Plugin) invalidateOnce(ctx context.Context, keys []string) error {
 
 // retryLater queues a failed invalidation for the retry loop, which it
 // starts if it is not running. After Close, or beyond maxPendingKeys, the
-// invalidation is dropped.
-func (p *Plugin) retryLater(keys []string, err error) {
-	p.warn(context.Background(), "invalidate-failed", "gormplugin: invalidation after commit failed; retrying in the background",
+// invalidation is dropped. The failure is reported under ctx, the write's
+// (see EventInvalidateFailed).
+func (p *Plugin) retryLater(ctx context.Context, keys []string, err error) {
+	ctx = context.WithoutCancel(ctx)
+	p.warn(ctx, "invalidate-failed", "gormplugin: invalidation after commit failed; retrying in the background",
 		slog.Any("keys", keys), slog.Any("cause", err))
-	p.emit(context.Background(), Event{Kind: EventInvalidateFailed, Keys: keys, Attempt: 1, Err: err})
+	p.emit(ctx, Event{Kind: EventInvalidateFailed, Keys: keys, Attempt: 1, Err: err})
 	p.mu.Lock()
 	if p.closed || p.pendingKeys+len(keys) > maxPendingKeys || p.cfg.attempts <= 1 {
 		p.mu.Unlock()
@@ -202,7 +204,7 @@ func (p *Plugin) later(keys []string) {
 		p.mu.Unlock()
 		err := p.invalidateOnce(p.bg, keys)
 		if err != nil {
-			p.retryLater(keys, err)
+			p.retryLater(p.bg, keys, err)
 		}
 		p.mu.Lock()
 		delete(p.timers, t)

@@ -11,7 +11,12 @@ type EventKind int
 const (
 	// EventInvalidateFailed: an invalidation after COMMIT failed (Err); the write
 	// has committed and returned nil, and the invalidation will be retried in
-	// the background (see RetryInvalidation).
+	// the background (see RetryInvalidation). It is reported under the
+	// write's context (its values; never cancelled), before the write
+	// returns: a handler can tell its client that the write's keys may be
+	// served stale until a retry succeeds (EventInvalidateRetried) or they
+	// expire. (A delayed repeat's failure, InvalidateAgain, comes later,
+	// under no request's context.)
 	EventInvalidateFailed EventKind = iota + 1
 	// EventInvalidateRetried: a retry of a failed invalidation succeeded.
 	EventInvalidateRetried

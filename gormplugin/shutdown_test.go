@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -282,5 +283,49 @@ func TestWarningsGoToSlogDefault(t *testing.T) {
 				t.Fatalf("plugin %d: warning %q, want the plugin's", i, m)
 			}
 		}
+	}
+}
+
+// A failed invalidation is reported under the context of the write whose
+// keys it leaves, before the write returns, on both write paths (a plain
+// statement, Transaction): a handler can tell its client that the keys may
+// be served stale until a retry succeeds.
+func TestInvalidateFailedUnderWriteContext(t *testing.T) {
+	forDBs(t, testInvalidateFailedUnderWriteContext)
+}
+
+type requestID struct{}
+
+func testInvalidateFailedUnderWriteContext(t *testing.T, e *env) {
+	inv := &flakyInvalidator{rdb: e.rdb}
+	inv.failing.Store(true)
+	var mu sync.Mutex
+	var seen []any // the request id of each EventInvalidateFailed
+	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.RetryInvalidation(2, time.Hour),
+		gormplugin.Observer(func(ctx context.Context, ev gormplugin.Event) {
+			if ev.Kind == gormplugin.EventInvalidateFailed {
+				mu.Lock()
+				seen = append(seen, ctx.Value(requestID{}))
+				mu.Unlock()
+			}
+		}))
+	if err := e.plain(t).Create(&Widget{ID: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.WithValue(t.Context(), requestID{}, "r1")
+	if err := db.WithContext(ctx).Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	ctx = context.WithValue(t.Context(), requestID{}, "r2")
+	err := gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+		return tx.Model(&Widget{ID: 1}).Update("size", 2).Error
+	}, &Widget{ID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, []any{"r1", "r2"}) {
+		t.Fatalf("EventInvalidateFailed seen under request ids %v by the time the writes returned, want [r1 r2]", seen)
 	}
 }

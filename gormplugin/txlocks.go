@@ -19,6 +19,7 @@ import (
 type txLocks struct {
 	p     *Plugin
 	owner string
+	vals  context.Context // the values of the context that began it, never cancelled: its invalidation reports under it
 
 	mu      sync.Mutex             // guards the fields below
 	held    map[string]*locks.Lock // by name
@@ -41,7 +42,7 @@ func (p *Plugin) newTxLocks(ctx context.Context) *txLocks {
 		owner = locks.NewOwnerID()
 	}
 	p.begin() // ended by finish
-	return &txLocks{p: p, owner: owner, held: map[string]*locks.Lock{}, seen: map[string]bool{}, base: map[string]uint64{}}
+	return &txLocks{p: p, owner: owner, vals: context.WithoutCancel(ctx), held: map[string]*locks.Lock{}, seen: map[string]bool{}, base: map[string]uint64{}}
 }
 
 // noBase marks a row the transaction stamped without knowing its fence
@@ -209,7 +210,7 @@ func (r *txLocks) finish(committed bool) {
 	defer r.p.end()
 	ctx := context.Background()
 	if committed {
-		r.p.invalidate(ctx, keys)
+		r.p.invalidate(r.vals, keys)
 	}
 	rows := make([]row, 0, len(held))
 	for name, lk := range held {
