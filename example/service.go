@@ -151,6 +151,16 @@ func newService(cfg serviceConfig) (*service, error) {
 	// [invalidate]; a test-only negative control may drop or add options,
 	// or the plugin itself (testhooks.go).
 	opts, guarded := cfg.TestHooks.pluginOptions(invalidate)
+	// An edit whose invalidation failed (Redis unreachable after the
+	// COMMIT) says so in its answer: the plugin retries it in the
+	// background, and until then the old copy may be served (staleNotice).
+	opts = append(opts, gormplugin.Observer(func(ctx context.Context, e gormplugin.Event) {
+		if e.Kind == gormplugin.EventInvalidateFailed {
+			if f, ok := ctx.Value(staleKey{}).(*atomic.Bool); ok {
+				f.Store(true)
+			}
+		}
+	}))
 	if s.rl != nil {
 		opts = append(opts, gormplugin.NoFencing())
 	}
@@ -206,7 +216,7 @@ func (s *service) routes() *gin.Engine {
 	// The id is canonical before the lock is taken ("01" is "1"), and an id
 	// that names no row is refused without touching Redis.
 	repo := ginmw.Resource("repos", ginmw.Check(ginmw.Int(ginmw.Param("id")), positiveID))
-	edits := r.Group("/repos/:id", ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WaitBudget(s.cfg.EditWait))))
+	edits := r.Group("/repos/:id", staleNotice, ginmw.Lock(s.locker, repo, ginmw.LockOptions(locks.WaitBudget(s.cfg.EditWait))))
 	edits.Use(s.cfg.TestHooks.underLock()...) // test-only; nothing in a real deployment
 	edits.PUT("/settings", s.updateSettings)
 	// The same settings edit written as many handlers are: First, change
@@ -437,6 +447,21 @@ func (s *service) renameRepo(c *gin.Context) {
 	s.answerEdit(c, repo, err)
 }
 
+// staleKey marks an edit's context: set when the invalidation after its
+// COMMIT failed (see newService).
+type staleKey struct{}
+
+// staleNotice gives the request a mark that answerEdit reads.
+func staleNotice(c *gin.Context) {
+	c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), staleKey{}, new(atomic.Bool)))
+	c.Next()
+}
+
+// headerStale is set on an edit answered 200 whose cached copies could not
+// be dropped after its COMMIT: reads may return the old value until the
+// plugin's background retry succeeds or the copies expire.
+const headerStale = "X-Cache-Invalidation"
+
 // answerEdit answers an edit with the row as written, or with the status
 // its error calls for.
 func (s *service) answerEdit(c *gin.Context, repo Repo, err error) {
@@ -446,6 +471,9 @@ func (s *service) answerEdit(c *gin.Context, repo Repo, err error) {
 		// ErrInvalidate: committed, but a cached copy may be served until it expires.
 		if err != nil {
 			c.Error(err) //nolint:errcheck // recorded for the request log
+		}
+		if f, ok := ctx.Value(staleKey{}).(*atomic.Bool); ok && f.Load() || err != nil {
+			c.Header(headerStale, "pending")
 		}
 		if m := s.cfg.Meter; m != nil {
 			m.editsDone.Add(1)

@@ -28,6 +28,11 @@ type EditOp struct {
 	Span       interval // the critical section as the process reported it (X-Edit-Span), zero if none
 	Lost       int64    // when the process saw its lock lost, 0 if it did not
 	PausedAt   string   // the step it was paused at, if any
+	// Stale: answered 200 saying its cached copies could not be dropped
+	// after its COMMIT (X-Cache-Invalidation: pending): gormplugin retries
+	// the invalidation in the background, and reads may return the old
+	// value until then (see staleGrace).
+	Stale bool
 }
 
 func (e EditOp) String() string {
@@ -107,6 +112,7 @@ func (f *Fleet) edit(ctx context.Context, r editRequest) EditOp {
 			op.Err, op.Status = rerr, 0
 		}
 		op.Span, op.Lost = parseSpan(resp.Header.Get("X-Edit-Span"))
+		op.Stale = resp.Header.Get("X-Cache-Invalidation") == "pending"
 		if op.Status == http.StatusOK {
 			var row repoRow
 			if err := json.Unmarshal(b, &row); err != nil {
@@ -189,6 +195,9 @@ type ReadOp struct {
 	Acked      int    // the newest version of Repo acknowledged before the read started
 	Seen       int    // the newest version this process had returned on this route before the read started
 	PausedAt   string
+	// Excused: older than Acked or Seen only by edits answered Stale within
+	// staleGrace before the read started (a documented window).
+	Excused bool
 }
 
 func (r ReadOp) String() string {

@@ -73,7 +73,7 @@ func testControls(t *testing.T) {
 			f.Read(ctx, p, RouteGet, repo)
 			f.Read(ctx, p, RouteList, repo)
 		}
-		stale, _ := f.Rec.violations(s.Name)
+		stale, _, _ := f.Rec.violations(s.Name)
 		var get, list []string
 		for _, op := range stale {
 			if op.Route == RouteGet {

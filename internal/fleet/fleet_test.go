@@ -26,6 +26,7 @@ func TestFleetConcurrent(t *testing.T) {
 		{"edge", testEdge},
 		{"rolling-restart", testRollingRestart},
 		{"redlock", testRedlock},
+		{"invalidation-pending", testInvalidationPending},
 		// Mostly waiting for Redis to come back; its wake-up probes run
 		// after the others have finished.
 		{"redis-outage-30s", testOutage30s},

@@ -2,8 +2,10 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/faultproxy"
@@ -49,12 +51,16 @@ func (f *Fleet) park(ctx context.Context, p int, step string, send func(tag stri
 	case <-reached:
 		return pk, nil
 	case <-pk.done:
-		return nil, fmt.Errorf("the request to process %d was answered without reaching step %s", p, step)
+		return nil, fmt.Errorf("%w: the request to process %d was answered without reaching step %s", errNotReached, p, step)
 	case <-timer.C:
 		<-pk.done // the client's timeout bounds this
 		return nil, fmt.Errorf("the request to process %d did not reach step %s within %v", p, step, parkWithin)
 	}
 }
+
+// errNotReached: a request meant to park at a step was answered without
+// reaching it (a read served from the cache has no load to park in).
+var errNotReached = errors.New("fleet: step not reached")
 
 // hold waits d (the fault's duration is the subject here, not a guess at
 // synchronisation) unless ctx ends first.
@@ -117,9 +123,20 @@ func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, 
 // SIGSTOPped for pause, meanwhile process q edits the repository and every
 // process reads it; then p is continued and every process reads it again.
 func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint, pause time.Duration) error {
-	pk, err := f.park(ctx, p, StepCacheLoad, func(tag string) {
-		f.read(ctx, p, route, repo, StepCacheLoad, tag)
-	})
+	var pk *parked
+	var err error
+	// A read finds the list cached when another reader filled it since the
+	// last edit (the soak's load reads it all the time): try again, the next
+	// edit drops it.
+	for range 10 {
+		pk, err = f.park(ctx, p, StepCacheLoad, func(tag string) {
+			f.read(ctx, p, route, repo, StepCacheLoad, tag)
+		})
+		if !errors.Is(err, errNotReached) {
+			break
+		}
+		hold(ctx, 20*time.Millisecond)
+	}
 	if err != nil {
 		return err
 	}
@@ -319,4 +336,63 @@ func (f *Fleet) WakeFill(ctx context.Context, p, q int, repo uint, holdFor time.
 		return 0, fmt.Errorf("wake probe: %s; %s", a, b)
 	}
 	return b.End.Sub(released), nil
+}
+
+// EditIntoStall commits an edit of repo on process p just after redis-server
+// is SIGSTOPped, so that its invalidation fails, has process q read the
+// repository on both routes from before the stall, during it and once it
+// ended, and returns the edit, the reads made while it was pending, and how
+// long after Redis resumed q first read the edit's version on both routes
+// (the plugin's background retry having landed).
+func (f *Fleet) EditIntoStall(ctx context.Context, p, q int, repo uint, stall time.Duration) (edit EditOp, during []ReadOp, fresh time.Duration, err error) {
+	routes := []string{RouteGet, RouteList}
+	for _, route := range routes {
+		f.Read(ctx, q, route, repo) // cached on both routes
+	}
+	pk, err := f.park(ctx, p, StepAfterUpdate, func(tag string) {
+		edit = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterUpdate, tag: tag})
+	})
+	if err != nil {
+		return edit, nil, 0, err
+	}
+	end := f.fault(fmt.Sprintf("redis-server SIGSTOPped %v as process %d commits an edit of repo %d", stall, p, repo))
+	f.Redis.Pause()
+	stopped := time.Now()
+	err = f.release(ctx, pk.proc, pk.tag)
+	<-pk.done // committed; its invalidation failed, or it was refused
+	// Reads that begin before Redis resumes, and wait for it.
+	hold(ctx, stall-time.Since(stopped)-100*time.Millisecond)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, route := range routes {
+		wg.Go(func() {
+			op := f.Read(ctx, q, route, repo)
+			mu.Lock()
+			during = append(during, op)
+			mu.Unlock()
+		})
+	}
+	hold(ctx, stall-time.Since(stopped))
+	f.Redis.Resume()
+	resumed := time.Now()
+	end()
+	wg.Wait()
+	if err != nil {
+		return edit, during, 0, err
+	}
+	for {
+		n := 0
+		for _, route := range routes {
+			if op := f.Read(ctx, q, route, repo); op.Status == 200 && op.Version >= edit.Version {
+				n++
+			}
+		}
+		if n == len(routes) {
+			return edit, during, time.Since(resumed), nil
+		}
+		if time.Since(resumed) > staleGrace {
+			return edit, during, 0, fmt.Errorf("process %d still read repo %d older than v%d %v after Redis resumed", q, repo, edit.Version, staleGrace)
+		}
+		hold(ctx, 50*time.Millisecond)
+	}
 }

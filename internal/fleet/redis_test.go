@@ -142,3 +142,39 @@ func testRedisFaults(t *testing.T, faults []redisFault) {
 		s.Done()
 	}
 }
+
+// testInvalidationPending commits an edit as Redis stalls (EditIntoStall):
+// its invalidation fails after the COMMIT, so its answer must say the
+// invalidation is pending; the reads it leaves stale are gormplugin's
+// documented window (the background retry), counted apart from violations;
+// and the other process reads the edit once the retry lands.
+func testInvalidationPending(t *testing.T) {
+	f := Start(t, Config{})
+	ctx := t.Context()
+	s := f.Scenario(t, rep, "an edit committed as redis-server is SIGSTOPped 2s")
+	edit, during, fresh, err := f.EditIntoStall(ctx, 0, 1, f.FreshRepo(), 2*time.Second)
+	if err != nil {
+		t.Errorf("edit into a stall: %v", err)
+	}
+	silent := 0
+	if edit.Status == 200 && !edit.Stale {
+		silent = 1
+	}
+	s.Count(InvSilentStale, silent, nil, edit.String())
+	s.CheckEdits(ctx, nil)
+	s.CheckReads(readIssues, true)
+	answer := edit.answer()
+	if edit.Stale {
+		answer += ", invalidation pending"
+	}
+	s.Figure("the edit", answer)
+	for _, op := range during {
+		ans := fmt.Sprintf("%d v%d %s", op.Status, op.Version, op.Cache)
+		if op.Excused {
+			ans += " (older: the documented window)"
+		}
+		s.Figure("read begun 100ms before Redis resumed, "+op.Route+" route", ans)
+	}
+	s.FigureDuration("Redis resumed → the edit read on both routes", fresh)
+	s.Done()
+}

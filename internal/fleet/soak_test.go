@@ -34,8 +34,10 @@ func soakFaults() []soakFault {
 			}
 			out = append(out, soakFault{name: name, weight: 2, issues: pauseIssues(step), run: func(ctx context.Context, f *Fleet, rng *rand.Rand) error {
 				p, q := twoProcs(rng, f.Procs())
-				_, _, err := f.PauseEdit(ctx, Pause{Step: step, P: p, Q: q, Repo: f.soakRepo(rng),
-					For: f.Cfg.Lease + time.Duration(500+rng.IntN(2000))*time.Millisecond, IgnoreLost: ignore, Rename: rng.IntN(2) == 0})
+				pz := drawKind(rng)
+				pz.Step, pz.P, pz.Q, pz.Repo = step, p, q, f.soakRepo(rng)
+				pz.For, pz.IgnoreLost = f.Cfg.Lease+time.Duration(500+rng.IntN(2000))*time.Millisecond, ignore
+				_, _, err := f.PauseEdit(ctx, pz)
 				return err
 			}})
 		}
@@ -49,7 +51,9 @@ func soakFaults() []soakFault {
 	out = append(out,
 		soakFault{name: "holder SIGKILLed after its read", weight: 2, run: func(ctx context.Context, f *Fleet, rng *rand.Rand) error {
 			p, q := twoProcs(rng, f.Procs())
-			_, _, _, err := f.KillEdit(ctx, Pause{P: p, Q: q, Repo: f.soakRepo(rng)})
+			kz := drawKind(rng)
+			kz.P, kz.Q, kz.Repo = p, q, f.soakRepo(rng)
+			_, _, _, err := f.KillEdit(ctx, kz)
 			return err
 		}},
 		soakFault{name: "redis-server killed, 1s outage", weight: 2, failOK: true, recovers: true, run: func(ctx context.Context, f *Fleet, _ *rand.Rand) error {
@@ -90,6 +94,13 @@ func soakFaults() []soakFault {
 func twoProcs(rng *rand.Rand, n int) (int, int) {
 	p := rng.IntN(n)
 	return p, (p + 1 + rng.IntN(n-1)) % n
+}
+
+// drawKind draws the kind of a faulted edit: a settings edit, a rename or a
+// read-then-Save (see Pause).
+func drawKind(rng *rand.Rand) Pause {
+	k := rng.IntN(3)
+	return Pause{Rename: k == 1, Save: k == 2}
 }
 
 // soakRepo draws a repository for a fault (the steady load keeps to 1-3).
