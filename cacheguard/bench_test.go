@@ -395,49 +395,7 @@ func burstLoad() Repo {
 // burst runs b.N bursts of 128 concurrent calls of get(ctx, burst number)
 // on goroutines that live across bursts.
 func burst(b *testing.B, get func(ctx context.Context, i int) error) {
-	const n = 128
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	starts := make([]chan int, n)
-	var done sync.WaitGroup
-	var failed atomic.Int64
-	var stopped sync.WaitGroup
-	for w := range starts {
-		starts[w] = make(chan int)
-		stopped.Go(func() {
-			for i := range starts[w] {
-				// A context per call, as a server's requests have: no
-				// channel shared by the callers but the ones the library
-				// makes.
-				cctx, ccancel := context.WithCancel(ctx)
-				if err := get(cctx, i); err != nil {
-					failed.Add(1)
-				}
-				ccancel()
-				done.Done()
-			}
-		})
-	}
-	defer func() {
-		for _, c := range starts {
-			close(c)
-		}
-		stopped.Wait()
-	}()
-	b.ReportAllocs()
-	defer reportCPU(b)()
-	b.ResetTimer()
-	for i := range b.N {
-		done.Add(n)
-		for _, c := range starts {
-			c <- i
-		}
-		done.Wait()
-	}
-	b.StopTimer()
-	if f := failed.Load(); f > 0 {
-		b.Fatalf("%d calls failed", f)
-	}
+	followBurst(b, func(int) {}, get, func(int) {})
 }
 
 // warmRecord is the value of the warm scenario of benchmarks/ (systems.Repo):
@@ -569,8 +527,9 @@ func waitFollowing(rdb *redis.Client, g *cacheguard.Guard, key string, misses ui
 	}
 }
 
-// followBurst runs b.N bursts as burst does, calling before(i) ahead of each
-// and during(i) once its calls have started.
+// followBurst runs b.N bursts of 128 concurrent calls of get(ctx, burst
+// number) on goroutines that live across bursts, calling before(i) ahead of
+// each burst and during(i) once its calls have been started.
 func followBurst(b *testing.B, before func(i int), get func(ctx context.Context, i int) error, during func(i int)) {
 	const n = 128
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -583,6 +542,9 @@ func followBurst(b *testing.B, before func(i int), get func(ctx context.Context,
 		starts[w] = make(chan int)
 		stopped.Go(func() {
 			for i := range starts[w] {
+				// A context per call, as a server's requests have: no
+				// channel shared by the callers but the ones the library
+				// makes.
 				cctx, ccancel := context.WithCancel(ctx)
 				if err := get(cctx, i); err != nil {
 					failed.Add(1)
