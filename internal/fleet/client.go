@@ -265,6 +265,5 @@ func (f *Fleet) read(ctx context.Context, proc int, route string, repo uint, pau
 		}
 	}
 	op.End = time.Now()
-	f.Rec.addRead(op, k)
-	return op
+	return f.Rec.addRead(op, k)
 }

@@ -58,17 +58,17 @@ func (r *Recorder) readStart(k seenKey) (acked, seen int) {
 	return r.acked[k.repo], r.seen[k]
 }
 
-func (r *Recorder) addRead(op ReadOp, k seenKey) {
+// addRead records op and checks it; it returns op as checked (Excused).
+func (r *Recorder) addRead(op ReadOp, k seenKey) ReadOp {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.reads = append(r.reads, op)
 	if op.Status != 200 || op.Err != nil {
-		return
+		r.reads = append(r.reads, op)
+		return op
 	}
 	if op.Version < op.Acked {
 		if r.pending(op, op.Acked) {
 			op.Excused = true
-			r.excused = append(r.excused, op)
 		} else {
 			r.stale = append(r.stale, op)
 		}
@@ -76,14 +76,18 @@ func (r *Recorder) addRead(op ReadOp, k seenKey) {
 	if op.Version < op.Seen {
 		if r.pending(op, op.Seen) {
 			op.Excused = true
-			r.excused = append(r.excused, op)
 		} else {
 			r.backwards = append(r.backwards, op)
 		}
 	}
+	if op.Excused {
+		r.excused = append(r.excused, op)
+	}
 	if op.Version > r.seen[k] {
 		r.seen[k] = op.Version
 	}
+	r.reads = append(r.reads, op)
+	return op
 }
 
 // staleGrace is how long after an edit answered Stale a read may still
