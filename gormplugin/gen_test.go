@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,12 +159,45 @@ type invalidation struct {
 }
 
 type auditInvalidator struct {
-	db  *gorm.DB // a connection without the plugin
-	mu  sync.Mutex
-	got []invalidation
+	db   *gorm.DB    // a connection without the plugin
+	down atomic.Bool // the cache is unreachable: every call fails
+	mu   sync.Mutex
+	got  []invalidation
+	told []invalidation // the keys of each EventInvalidateFailed, by statement (seen: its id)
+}
+
+// genStmtID keys a statement's number in its context: a failed
+// invalidation must be reported under the context of the write it follows.
+type genStmtID struct{}
+
+// observe records the failed invalidations reported under a statement's
+// context.
+func (a *auditInvalidator) observe(ctx context.Context, e gormplugin.Event) {
+	if id, ok := ctx.Value(genStmtID{}).(int64); ok && e.Kind == gormplugin.EventInvalidateFailed {
+		a.mu.Lock()
+		a.told = append(a.told, invalidation{keys: e.Keys, seen: id})
+		a.mu.Unlock()
+	}
+}
+
+// toldFor returns the keys reported failed under statement id's context by
+// now, as invalidations made after every audit row (the caller was told).
+func (a *auditInvalidator) toldFor(id int64) []invalidation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []invalidation
+	for _, t := range a.told {
+		if t.seen == id {
+			out = append(out, invalidation{keys: t.keys, seen: math.MaxInt64})
+		}
+	}
+	return out
 }
 
 func (a *auditInvalidator) Invalidate(ctx context.Context, keys ...string) error {
+	if a.down.Load() {
+		return errors.New("gen: the cache is unreachable")
+	}
 	var seen int64
 	if err := a.db.WithContext(ctx).Raw("SELECT COALESCE(MAX(seq), 0) FROM cg_audit").Scan(&seen).Error; err != nil {
 		return err
@@ -511,7 +546,7 @@ func TestGenWrites(t *testing.T) {
 		}
 	})
 	for _, r := range rigs {
-		t.Logf("gen: %s: %d statements, %d refused (%d ErrUnnamedRows), %d written; %d row locks held by another owner meanwhile", r.dialect, r.steps, r.refused, r.unnamed, r.written, r.held)
+		t.Logf("gen: %s: %d statements, %d refused (%d ErrUnnamedRows), %d written, %d with the cache down; %d row locks held by another owner meanwhile", r.dialect, r.steps, r.refused, r.unnamed, r.written, r.down, r.held)
 	}
 }
 
@@ -529,6 +564,7 @@ type writeRig struct {
 	steps, refused  int
 	written, held   int
 	unnamed         int // refused with ErrUnnamedRows
+	down            int // statements run with the cache down
 }
 
 func newWriteRig(t *testing.T, dialect string) *writeRig {
@@ -547,7 +583,10 @@ func newWriteRig(t *testing.T, dialect string) *writeRig {
 		installAudit(t, db, dialect)
 	}
 	r.inv = &auditInvalidator{db: r.plainDB}
-	r.db = r.e.guarded(t, gormplugin.Invalidate(r.inv, cacheKeys), gormplugin.LockOptions(locks.WaitBudget(20*time.Millisecond)))
+	// One attempt: a failed invalidation is dropped, not retried into the
+	// next statement's checks.
+	r.db = r.e.guarded(t, gormplugin.Invalidate(r.inv, cacheKeys), gormplugin.LockOptions(locks.WaitBudget(20*time.Millisecond)),
+		gormplugin.RetryInvalidation(1, time.Millisecond), gormplugin.Observer(r.inv.observe))
 	held := func(tx *gorm.DB) {
 		keys := r.e.lockKeys(t)
 		r.mu.Lock()
@@ -576,7 +615,10 @@ func (r *writeRig) step(rt *rapid.T) {
 			holds = append(holds, k)
 		}
 	}
-	rt.Logf("%s: %s; held by another owner: %v", r.dialect, s.text, holds)
+	// The cache is down for this statement: its committed rows' keys must
+	// then be reported to it, under its context, before it returns.
+	down := rapid.IntRange(0, 9).Draw(rt, "cache down") == 0
+	rt.Logf("%s: %s; held by another owner: %v; cache down: %v", r.dialect, s.text, holds, down)
 	for _, d := range []*gorm.DB{r.plainDB, r.twinDB} {
 		if err := seed(d); err != nil {
 			rt.Fatal(err)
@@ -594,7 +636,8 @@ func (r *writeRig) step(rt *rapid.T) {
 	r.mu.Lock()
 	r.lockedNow = map[string]bool{}
 	r.mu.Unlock()
-	ctx := context.Background()
+	id := int64(r.steps + 1)
+	ctx := context.WithValue(context.Background(), genStmtID{}, id)
 	run := func(d *gorm.DB, guarded bool) error {
 		switch {
 		case way == "db.Transaction" || way == "gormplugin.Transaction" && !guarded:
@@ -604,7 +647,10 @@ func (r *writeRig) step(rt *rapid.T) {
 		}
 		return s.run(ctx, d)
 	}
+	r.inv.down.Store(down)
 	err := run(r.db, true)
+	r.inv.down.Store(false)
+	told := r.inv.toldFor(id) // by the time the statement returned
 	twinErr := run(r.twinDB, false)
 	for _, lk := range lks {
 		_ = lk.Unlock(context.Background())
@@ -625,8 +671,11 @@ func (r *writeRig) step(rt *rapid.T) {
 		time.Sleep(10 * time.Millisecond) // polling Redis: the release is not ours to wait on
 	}
 	got, want := changes(rt, r.plainDB), changes(rt, r.twinDB)
-	invs := r.inv.take()
+	invs := append(r.inv.take(), told...)
 	r.steps++
+	if down {
+		r.down++
+	}
 	r.held += len(holds)
 	rt.Logf("plugin: %v, %d rows changed; plain GORM: %v, %d rows changed", err, len(got), twinErr, len(want))
 	if err != nil {
@@ -712,7 +761,7 @@ func checkChange(rt *rapid.T, c auditRow, holds []string, locked map[string]bool
 			}
 		}
 		if !ok {
-			rt.Fatalf("row %s changed (%s), its keys not invalidated after COMMIT (invalidations %+v)", name, c.Op, invs)
+			rt.Fatalf("row %s changed (%s), its keys neither invalidated after COMMIT nor reported failed under its statement's context (invalidations %+v)", name, c.Op, invs)
 		}
 	}
 	if fenced && c.Op == "U" && (c.NewFence == nil || *c.NewFence <= before[c.Tbl+":"+*c.OldKey]) {
