@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/segmentio/asm/cpu"
+	"github.com/segmentio/asm/cpu/x86"
 	fastjson "github.com/segmentio/encoding/json"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -41,12 +43,24 @@ type Codec interface {
 // encoding/json decodes, to the same value, and leaves its input unmodified.
 // A Codec of your own that calls encoding/json keeps its rules exactly.
 //
-// Its speed depends on the CPU: segmentio/asm's AVX2 routines leave the
-// upper YMM state dirty, and on a host where the next SSE instruction pays
-// for that (an Intel Xeon VM measured 170–185 ns a transition) a small
-// value decodes 3× slower than with segmentio's portable code, which
-// building with -tags purego selects (benchmarks/README.md).
+// Importing this package turns off segmentio/asm's AVX routines for the
+// process (see init): segmentio's scalar code decodes the same, in a time
+// that does not depend on the host's AVX→SSE transition cost.
 type JSON struct{}
+
+// init turns off, for the process, the AVX routines of segmentio/asm that
+// JSON's decoder calls several times a decode (ascii.ValidPrint, keyset
+// Lookup), as building with -tags purego would. They return with the upper
+// halves of the YMM registers dirty (no VZEROUPPER), so the next legacy SSE
+// instruction — Go's ABI wrappers and compiled code use them — pays an
+// AVX→SSE transition; on both hosts measured (virtualised AMD EPYC: 0.3–0.4
+// µs a call; Intel Xeon: 170–185 ns a transition) that cost more than the
+// vector code saved, and a 29-byte value decoded 3–4× slower than with the
+// scalar code (BenchmarkCodecUnmarshal). A program that wants them back for
+// other users of segmentio/asm may set cpu.X86 = x86.ABI() after init.
+func init() {
+	cpu.X86 &^= x86.CPU(x86.AVX | x86.AVX2 | x86.AVX512F | x86.AVX512BW | x86.AVX512DQ | x86.AVX512VL | x86.AVX512CD)
+}
 
 // Marshal encodes v as JSON (encoding/json).
 func (JSON) Marshal(v any) ([]byte, error) { return json.Marshal(v) }

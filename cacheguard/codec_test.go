@@ -5,6 +5,9 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/segmentio/asm/cpu"
+	"github.com/segmentio/asm/cpu/x86"
+
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
@@ -47,5 +50,21 @@ func TestMsgPackCodec(t *testing.T) {
 	}
 	if st := g.Stats(); st.DecodeErrors != 1 {
 		t.Fatalf("decode errors = %d, want 1", st.DecodeErrors)
+	}
+}
+
+// TestJSONRunsNoAVXRoutine checks that importing the package turned off
+// segmentio/asm's AVX routines (see cacheguard.JSON): each returns with the
+// YMM state dirty, and every call then pays an AVX→SSE transition whose cost
+// depends on the host. The routines read these bits on every call.
+func TestJSONRunsNoAVXRoutine(t *testing.T) {
+	for _, f := range []x86.Feature{x86.AVX, x86.AVX2, x86.AVX512F, x86.AVX512BW} {
+		if cpu.X86.Has(f) {
+			t.Errorf("segmentio/asm feature %#x is on: JSON's decoder runs its AVX routines", f)
+		}
+	}
+	var v record
+	if err := (cacheguard.JSON{}).Unmarshal([]byte(`{"id":42,"name":"cacheguard with a name long enough for a vector scan"}`), &v); err != nil || v.ID != 42 {
+		t.Fatalf("Unmarshal = %+v, %v", v, err)
 	}
 }
