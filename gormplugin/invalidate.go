@@ -43,7 +43,28 @@ func (p *Plugin) invalidate(ctx context.Context, keys []string) {
 	}
 	if err != nil {
 		p.retryLater(ctx, keys, err)
+		return
 	}
+	p.mu.Lock()
+	p.answeredLocked()
+	p.mu.Unlock()
+}
+
+// answeredLocked brings every pending retry forward to now, and wakes the
+// retry loop (p.mu held): an invalidation has just succeeded, so the cache
+// answers again, and each copy a pending retry would delete may be served
+// stale until it runs — a backoff past the outage's end otherwise.
+func (p *Plugin) answeredLocked() {
+	if len(p.pending) == 0 {
+		return
+	}
+	now := time.Now()
+	for _, r := range p.pending {
+		if r.due.After(now) {
+			r.due = now
+		}
+	}
+	p.poke()
 }
 
 // invalidateOnce makes one bounded attempt.
@@ -162,6 +183,7 @@ func (p *Plugin) retryLoop() {
 		case err == nil:
 			p.pending = slices.Delete(p.pending, i, i+1)
 			p.pendingKeys -= len(r.keys)
+			p.answeredLocked()
 		case r.attempts >= p.cfg.attempts && !p.flushing:
 			r.err = err
 			p.pending = slices.Delete(p.pending, i, i+1)

@@ -154,7 +154,9 @@ func NoFencing() Option { return func(c *config) { c.noFence = true } }
 // RetryInvalidation shapes the retries of an invalidation that failed after
 // its COMMIT (the write itself has committed and returned nil): up to
 // attempts attempts in all, the second backoff after the first, each wait
-// twice the one before, at most 5 s. The retries run in the background,
+// twice the one before, at most 5 s — or sooner: an invalidation that
+// succeeds (another write's, or a retry) makes every pending retry due at
+// once, since the cache answers again. The retries run in the background,
 // owned by the plugin; Shutdown flushes them, Close drops them, and each is
 // reported to the Observer. The default is 8 attempts from 100 ms (about 16 s
 // in all); attempts 1 turns retries off.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -84,6 +85,46 @@ func testInvalidationRetriesReported(t *testing.T, e *env) {
 	eventually(t, 10*time.Second, "the retried invalidation", func() bool { return ev.count(gormplugin.EventInvalidateRetried) == 1 })
 	if exists(t, e.rdb, "cache:widgets:1") {
 		t.Fatal("the retried invalidation left the key")
+	}
+}
+
+// A pending retry does not wait out its backoff once the cache answers
+// again: the next invalidation that succeeds (another write's) makes every
+// pending one due at once, so the window in which reads may return the old
+// value ends with the outage, not a backoff later.
+func TestInvalidationRetriedWhenCacheAnswers(t *testing.T) {
+	forDBs(t, testInvalidationRetriedWhenCacheAnswers)
+}
+
+func testInvalidationRetriedWhenCacheAnswers(t *testing.T, e *env) {
+	ctx := context.Background()
+	inv := &flakyInvalidator{rdb: e.rdb}
+	var ev events
+	// A backoff no test outlives: only the cache's answer can bring the
+	// retry forward.
+	db := e.guarded(t, gormplugin.Invalidate(inv, cacheKeys), gormplugin.Observer(ev.observe),
+		gormplugin.RetryInvalidation(3, time.Hour))
+	for id := uint(1); id <= 2; id++ {
+		if err := e.plain(t).Create(&Widget{ID: id}).Error; err != nil {
+			t.Fatal(err)
+		}
+		e.rdb.Set(ctx, "cache:widgets:"+strconv.Itoa(int(id)), "cached", 0)
+	}
+	inv.failing.Store(true)
+	if err := db.Model(&Widget{ID: 1}).Update("size", 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	inv.failing.Store(false)
+	if err := db.Model(&Widget{ID: 2}).Update("size", 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the pending invalidation retried after the cache answered", func() bool {
+		return ev.count(gormplugin.EventInvalidateRetried) == 1
+	})
+	for id := 1; id <= 2; id++ {
+		if exists(t, e.rdb, "cache:widgets:"+strconv.Itoa(id)) {
+			t.Fatalf("cache:widgets:%d left after its write's invalidation", id)
+		}
 	}
 }
 
