@@ -288,6 +288,18 @@ func (r *Results) Targets() []Target {
 	}
 	add("GetMany of 100 warm keys vs 100 Gets in a row (micro-benchmark, small record)", "≥ 20×", seq/many, st, seq/many >= 20, "%.1f×")
 
+	// The default codec's decode against encoding/json's, same run: a cost
+	// some hosts add (segmentio/asm's AVX→SSE transitions) shows as a ratio.
+	for _, v := range []string{"small", "repo"} {
+		cg, okC := microMedian(r.Micro, "BenchmarkDecode/"+v+"/cacheguard")
+		sj, okJ := microMedian(r.Micro, "BenchmarkDecode/"+v+"/std")
+		st := ""
+		if !okC || !okJ {
+			st = "n/a"
+		}
+		add(fmt.Sprintf("JSON decode (%s value): encoding/json's time vs the default codec's (micro-benchmark)", v), "≥ 2×", sj/cg, st, sj/cg >= 2, "%.1f×")
+	}
+
 	// Near-cache propagation, against a bare PUBLISH→receive on the same
 	// Redis in the same run (the floor on a busy host; issue 48).
 	// The propagation is the old value dropped; serving the new one also
