@@ -595,6 +595,11 @@ func TestRedlockLateExtendNeverShortens(t *testing.T) {
 	if err := lk.Extend(bg, 3*time.Second); err != nil { // numbered after it
 		t.Fatal(err)
 	}
+	// Extend returns once a quorum confirmed; node 0's command may still be
+	// on its way, and the late one must reach node 0 after it.
+	redistest.Eventually(t, 5*time.Second, "node 0 applied the extend", func() bool {
+		return clients[0].PTTL(bg, lk.h.keys[0]).Val() > 2*time.Second
+	})
 	late := clients[0].Eval(bg, redlockExtendS.Source(), []string{lk.h.keys[0]}, lk.h.owner, lk.h.keys[1], 200, older)
 	if n, err := late.Int64(); err != nil || n != 1 {
 		t.Fatalf("the late extend: %d %v, want 1 (overtaken, the lease left is longer)", n, err)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -23,6 +24,9 @@ func MainThen(m *testing.M, addr *string, then func(), leakOpts ...goleak.Option
 }
 
 func run(m *testing.M, addr *string, then func(), leakOpts []goleak.Option) int {
+	log := &redisLog{counts: map[string]int{}}
+	redis.SetLogger(log)
+	defer log.summary()
 	bin, err := Binary()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "SKIP:", err)

@@ -1,10 +1,7 @@
 package reliability
 
 import (
-	"context"
 	"testing"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/internal/childproc"
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -16,11 +13,5 @@ var redisAddr string
 
 func TestMain(m *testing.M) {
 	childproc.Main(childEnv, childRoles())
-	// go-redis logs every failed dial; the scenarios kill servers on purpose.
-	redis.SetLogger(quiet{})
 	redistest.Main(m, &redisAddr)
 }
-
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
