@@ -23,15 +23,15 @@ const (
 )
 
 // fill loads the keys of fs, whose fill leases this call holds (granted to a
-// request sent at sent), with one loader call while renewing the leases;
-// then, in one pipeline, stores each
+// request sent at sent), with one loader call; then, in one pipeline, stores each
 // value (or the absence) under its lease's compare-and-set, waking the
 // waiters, or releases the lease telling them why — with FailSafe, storing
 // instead an older value judge lets stand in. A load that Close cancelled, or
 // that declined (ErrClosed), is handed over ('h': a waiter elsewhere takes
 // the fill over at once; callers here get ErrClosed). A flight whose lease
 // turns out lost takes no new callers: what it loaded may be older than what
-// another fill stored.
+// another fill stored. The leases are renewed from the grant until that
+// pipeline answered: encoding and sending a value count as the fill's work.
 func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind fillKind, sent time.Time) {
 	g := c.g
 	start := time.Now()
@@ -50,7 +50,6 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
 		free()
 	}
-	stop()
 	took := time.Since(loaded)
 	now := time.Now().UnixMilli()
 	// Closing ended the load (slot and runLoader say so: ErrClosed), or its
@@ -116,6 +115,11 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		o.env, o.stored = &header, !env.failSafe && !env.negative
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	// Renewed until the store answered, not only while the loader ran: a
+	// value slow to encode (tens of MB on a busy host) outlasted the rest of
+	// the lease, and a waiter elsewhere took it over and loaded the key again
+	// (TestLeaseKeptWhileEncoding).
+	stop()
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
 			g.note(ctx, EventRedisError, names[0], 0, err)

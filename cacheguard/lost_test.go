@@ -347,8 +347,10 @@ func TestGenLostTagVersionGetMany(t *testing.T) {
 // also noticed).
 func TestHugeValueKeepsSubscription(t *testing.T) {
 	ctx := context.Background()
-	a, rdb := newGuard(t)
-	b, rb := newGuard(t)
+	// 33 MB each way: under -race on a busy host a read of it can outlast
+	// the default command timeout, which this test is not about.
+	a, rdb := newGuard(t, cacheguard.CommandTimeout(10*time.Second))
+	b, rb := newGuard(t, cacheguard.CommandTimeout(10*time.Second))
 	key := testKey(t)
 	subscribers := func() map[string]bool { // the pub/sub connections' ids
 		list, err := rdb.ClientList(ctx).Result()
@@ -377,16 +379,20 @@ func TestHugeValueKeepsSubscription(t *testing.T) {
 	}()
 	<-entered
 	waiting := watchWaiting(rb)
-	got := make(chan item, 1)
-	go func() { v, _ := cacheguard.Get(ctx, b, key, (&counter{}).load); got <- v }()
+	type result struct {
+		v   item
+		err error
+	}
+	got := make(chan result, 1)
+	go func() { v, err := cacheguard.Get(ctx, b, key, (&counter{}).load); got <- result{v, err} }()
 	<-waiting // subscribed
 	before := subscribers()
 	close(release)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if v := <-got; len(v.Name) != len(huge) {
-		t.Fatalf("the waiter got %d bytes", len(v.Name))
+	if r := <-got; r.err != nil || len(r.v.Name) != len(huge) {
+		t.Fatalf("the waiter got %d bytes (%+v), %v; stats %+v", len(r.v.Name), r.v.ID, r.err, b.Stats())
 	}
 	after := subscribers()
 	for id := range before {

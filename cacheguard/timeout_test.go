@@ -156,3 +156,83 @@ func TestStoreDoesNotWaitForRenewal(t *testing.T) {
 		t.Fatalf("after the fill: %v, %v, %v; want the stored value, a hit", v, err, res)
 	}
 }
+
+// slowCodec is JSON whose Marshal tells marshalling, then waits for proceed:
+// a value that takes long to encode (tens of MB under -race on a busy host).
+type slowCodec struct {
+	JSON
+	marshalling, proceed chan struct{}
+}
+
+func (c slowCodec) Marshal(v any) ([]byte, error) {
+	close(c.marshalling)
+	<-c.proceed
+	return c.JSON.Marshal(v)
+}
+
+// renewCount counts the lease renewals sent on a client.
+type renewCount struct{ n atomic.Int64 }
+
+func (h *renewCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *renewCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *renewCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.SHA() {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestLeaseKeptWhileEncoding: the fill lease is renewed until the value is
+// stored, not only while the loader runs. Before, renewals stopped when the
+// loader returned; a value whose encoding outlasted the rest of the lease
+// (33 MB under -race in CI: TestHugeValueKeepsSubscription) let a waiter in
+// another process take the lease over and load the key a second time for one
+// expiry.
+func TestLeaseKeptWhileEncoding(t *testing.T) {
+	ctx := context.Background()
+	const lease = 300 * time.Millisecond
+	s := redistest.Start(t)
+	ra, rb := s.Client(), s.Client()
+	renewals := &renewCount{}
+	ra.AddHook(renewals)
+	codec := slowCodec{marshalling: make(chan struct{}), proceed: make(chan struct{})}
+	a := New(ra, Lease(lease), Encoding(codec))
+	b := New(rb, Lease(lease))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	key := "lease-kept-encoding:" + t.Name() + time.Now().Format("150405.000000000")
+
+	filled := make(chan error, 1)
+	go func() {
+		_, err := Get(ctx, a, key, func(context.Context) (string, error) { return "from a", nil })
+		filled <- err
+	}()
+	<-codec.marshalling
+	var bLoads atomic.Int64
+	got := make(chan string, 1)
+	go func() {
+		v, err := Get(ctx, b, key, func(context.Context) (string, error) { bLoads.Add(1); return "from b", nil })
+		if err != nil {
+			v = err.Error()
+		}
+		got <- v
+	}()
+	// Encoding goes on for longer than a lease: renewals go on (≥ 4 of them,
+	// one a third of a lease) or, without them, b takes the lease over.
+	from := renewals.n.Load()
+	redistest.Eventually(t, 10*time.Second, "4 renewals while encoding, or a second load", func() bool {
+		return renewals.n.Load()-from >= 4 || bLoads.Load() > 0
+	})
+	close(codec.proceed)
+	if err := <-filled; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-got; v != "from a" || bLoads.Load() != 0 {
+		t.Fatalf("the waiter got %q after %d loads of its own; want a's value, no second load", v, bLoads.Load())
+	}
+}
