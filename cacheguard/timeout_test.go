@@ -82,6 +82,26 @@ func TestLeaseTimeoutWhileRedisAnswers(t *testing.T) {
 	}
 }
 
+// renewalHook is a go-redis hook that calls itself before sending each
+// pipeline that holds a lease renewal.
+type renewalHook func()
+
+func (h renewalHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h renewalHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h renewalHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.SHA() {
+				h()
+				break
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
 // heldRenewal holds every lease-renewal pipeline until release is closed,
 // telling held of the first: a renewal whose answer is slow to come.
 type heldRenewal struct {
@@ -89,22 +109,12 @@ type heldRenewal struct {
 	once          atomic.Bool
 }
 
-func (h *heldRenewal) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *heldRenewal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return next
-}
-func (h *heldRenewal) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, c := range cmds {
-			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.SHA() {
-				if h.once.CompareAndSwap(false, true) {
-					close(h.held)
-				}
-				<-h.release
-				break
-			}
+func (h *heldRenewal) hook() renewalHook {
+	return func() {
+		if h.once.CompareAndSwap(false, true) {
+			close(h.held)
 		}
-		return next(ctx, cmds)
+		<-h.release
 	}
 }
 
@@ -119,7 +129,7 @@ func TestStoreDoesNotWaitForRenewal(t *testing.T) {
 	s := redistest.Start(t)
 	rdb := s.Client()
 	h := &heldRenewal{held: make(chan struct{}), release: make(chan struct{})}
-	rdb.AddHook(h)
+	rdb.AddHook(h.hook())
 	g := New(rdb, Lease(90*time.Millisecond))
 	released := false
 	release := func() {
@@ -170,24 +180,6 @@ func (c slowCodec) Marshal(v any) ([]byte, error) {
 	return c.JSON.Marshal(v)
 }
 
-// renewCount counts the lease renewals sent on a client.
-type renewCount struct{ n atomic.Int64 }
-
-func (h *renewCount) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *renewCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return next
-}
-func (h *renewCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, c := range cmds {
-			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.SHA() {
-				h.n.Add(1)
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // TestLeaseKeptWhileEncoding: the fill lease is renewed until the value is
 // stored, not only while the loader runs. Before, renewals stopped when the
 // loader returned; a value whose encoding outlasted the rest of the lease
@@ -199,8 +191,8 @@ func TestLeaseKeptWhileEncoding(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	s := redistest.Start(t)
 	ra, rb := s.Client(), s.Client()
-	renewals := &renewCount{}
-	ra.AddHook(renewals)
+	var renewals atomic.Int64
+	ra.AddHook(renewalHook(func() { renewals.Add(1) }))
 	codec := slowCodec{marshalling: make(chan struct{}), proceed: make(chan struct{})}
 	a := New(ra, Lease(lease), Encoding(codec))
 	b := New(rb, Lease(lease))
@@ -224,9 +216,9 @@ func TestLeaseKeptWhileEncoding(t *testing.T) {
 	}()
 	// Encoding goes on for longer than a lease: renewals go on (≥ 4 of them,
 	// one a third of a lease) or, without them, b takes the lease over.
-	from := renewals.n.Load()
+	from := renewals.Load()
 	redistest.Eventually(t, 10*time.Second, "4 renewals while encoding, or a second load", func() bool {
-		return renewals.n.Load()-from >= 4 || bLoads.Load() > 0
+		return renewals.Load()-from >= 4 || bLoads.Load() > 0
 	})
 	close(codec.proceed)
 	if err := <-filled; err != nil {
