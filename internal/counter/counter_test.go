@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,7 +29,7 @@ func TestCounterSurvivesItsLoss(t *testing.T) {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	k := "counter:" + t.Name()
+	k := "counter:" + t.Name() + ":" + strconv.FormatInt(time.Now().UnixNano(), 10) // unique per run (-count)
 	num := func(s string, err error) int64 {
 		t.Helper()
 		if err != nil {
