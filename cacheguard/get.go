@@ -81,8 +81,8 @@ func Get[T any](ctx context.Context, g *Guard, key string, load func(context.Con
 //     one round trip (one script call per hash slot), which returns a value
 //     stored meanwhile instead of a lease; load runs once, with exactly the
 //     keys whose leases the run got, under a context detached from the caller
-//     (bounded by LoadTimeout), the leases renewed while it runs; the values
-//     are stored in one pipeline and pushed to the waiters of every process.
+//     (bounded by LoadTimeout), the leases renewed until the values are
+//     stored, in one pipeline, and pushed to the waiters of every process.
 //     A cold batch therefore costs three round trips and one loader call.
 //   - Keys whose lease another caller holds (here or in another process) are
 //     waited for as Get waits: pushed values, one load per key across the
