@@ -347,10 +347,17 @@ func TestGenLostTagVersionGetMany(t *testing.T) {
 // also noticed).
 func TestHugeValueKeepsSubscription(t *testing.T) {
 	ctx := context.Background()
-	// 33 MB each way: under -race on a busy host a read of it can outlast
-	// the default command timeout, which this test is not about.
-	a, rdb := newGuard(t, cacheguard.CommandTimeout(10*time.Second))
-	b, rb := newGuard(t, cacheguard.CommandTimeout(10*time.Second))
+	// 33 MB each way, which -race makes slow: encoding, storing and reading
+	// it took over 10 s beside two busy loops, and the race detector's
+	// checks of a 33 MB buffer (not preemptible) held a garbage collection's
+	// stop-the-world, so the whole process stood still for seconds — past the
+	// fill lease, which another process may then take over (a pause of its
+	// holder, as designed). Timeouts, budget and lease are set far beyond
+	// that: this test is about the subscription.
+	slow := []cacheguard.Option{cacheguard.CommandTimeout(time.Minute), cacheguard.LoadTimeout(time.Minute),
+		cacheguard.WaitBudget(time.Minute), cacheguard.Lease(time.Minute)}
+	a, rdb := newGuard(t, slow...)
+	b, rb := newGuard(t, slow...)
 	key := testKey(t)
 	subscribers := func() map[string]bool { // the pub/sub connections' ids
 		list, err := rdb.ClientList(ctx).Result()

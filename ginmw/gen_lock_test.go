@@ -50,7 +50,9 @@ import (
 //     did not run for contention or ran and lost its lock, 404 for an id
 //     that is not an integer, 503 for Redis errors — only when a fault
 //     struck the request's process or Redis was paused or restarted since
-//     it was sent —, nothing written for a client that went away;
+//     it was sent, or the process stood still (a starved host) for as long
+//     as a command's timeout since then (gen.Stalls) —, nothing written for
+//     a client that went away;
 //   - once every request returned and the processes closed, Redis keeps no
 //     lock of the check's resources beyond the longest lease.
 func TestGenLock(t *testing.T) {
@@ -61,9 +63,10 @@ func TestGenLock(t *testing.T) {
 	}
 	var checks int
 	st := &genLockStats{}
+	stalls := gen.WatchStalls(t)
 	gen.Check(t, 60, func(rt *rapid.T) {
 		checks++
-		genLockRun(rt, servers, mon, fmt.Sprintf("genlock%d", checks), st)
+		genLockRun(rt, servers, mon, fmt.Sprintf("genlock%d", checks), st, stalls)
 	})
 	t.Logf("gen: %d checks; %s", checks, st)
 }
@@ -181,13 +184,15 @@ type lockWorld struct {
 	procs   []*lockProc
 	calls   sync.WaitGroup
 
-	mu       sync.Mutex
-	active   map[int64][]*lockProbe // by resource id: the handlers running
-	lostAt   map[int64]time.Time    // by resource id: when its key was last deleted
-	shaken   time.Time              // when the last pause or restart of Redis ends, at the latest
-	failures []string
-	log      []string
-	start    time.Time
+	mu             sync.Mutex
+	active         map[int64][]*lockProbe // by resource id: the handlers running
+	lostAt         map[int64]time.Time    // by resource id: when its key was last deleted
+	shaken         time.Time              // when the last pause or restart of Redis ends, at the latest
+	stalls         *gen.Stalls            // when the process stood still
+	commandTimeout time.Duration          // the shortest a command is given (see genLockRun)
+	failures       []string
+	log            []string
+	start          time.Time
 }
 
 type lockProc struct {
@@ -344,8 +349,8 @@ func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx c
 // genLockIDs are the spellings of a resource id a target may carry.
 var genLockIDs = []string{"1", "01", "+1", "001", "2", "02", "%31", "%2B1", "1%2F", "x", "-0", "0", "1.0", " 1", "1/", "9223372036854775808"}
 
-func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, kind string, st *genLockStats) {
-	w := &lockWorld{rt: rt, kind: kind, mon: mon, lostAt: map[int64]time.Time{}, start: time.Now()}
+func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, kind string, st *genLockStats, stalls *gen.Stalls) {
+	w := &lockWorld{rt: rt, kind: kind, mon: mon, lostAt: map[int64]time.Time{}, start: time.Now(), stalls: stalls}
 	w.redlock = rapid.Bool().Draw(rt, "redlock")
 	if w.redlock {
 		st.add("redlock")
@@ -362,6 +367,12 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 	// DELETE's own lease: a waiter whose lease is shorter than its holder's
 	// sleeps past its own between commands.
 	deleteLease := rapid.SampledFrom(leases).Draw(rt, "DELETE's lease")
+	// The shortest timeout of a command: a Redlock node's (locks' default, a
+	// twentieth of the lease, 5–250 ms), else the client's CommandTimeout.
+	w.commandTimeout = 200 * time.Millisecond
+	if w.redlock {
+		w.commandTimeout = min(max(min(lease, deleteLease)/20, 5*time.Millisecond), 250*time.Millisecond)
+	}
 	budget := rapid.SampledFrom([]time.Duration{100 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "wait budget")
 	plans := map[int]handlerPlan{}
 	outs := map[int]*outcome{}
@@ -600,8 +611,8 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 		w.mu.Lock()
 		shaken := !w.shaken.Before(out.sent)
 		w.mu.Unlock()
-		if !shaken && !fault.struckSince(out.sent) {
-			bad("no fault struck its process and Redis was neither paused nor restarted since it was sent")
+		if !shaken && !fault.struckSince(out.sent) && !w.stalls.Since(out.sent, w.commandTimeout) {
+			bad(fmt.Sprintf("no fault struck its process, Redis was neither paused nor restarted, and the process did not stand still for %v since it was sent", w.commandTimeout))
 		}
 	case rec.Code == http.StatusMovedPermanently || rec.Code == http.StatusTemporaryRedirect || rec.Code == http.StatusPermanentRedirect:
 		// Gin's redirects (RedirectTrailingSlash, RedirectFixedPath).
