@@ -183,12 +183,12 @@ func (c slowCodec) Marshal(v any) ([]byte, error) {
 // TestLeaseKeptWhileEncoding: the fill lease is renewed until the value is
 // stored, not only while the loader runs. Before, renewals stopped when the
 // loader returned; a value whose encoding outlasted the rest of the lease
-// (33 MB under -race in CI: TestHugeValueKeepsSubscription) let a waiter in
+// (a slow codec; 33 MB under -race in CI) let a waiter in
 // another process take the lease over and load the key a second time for one
 // expiry.
 func TestLeaseKeptWhileEncoding(t *testing.T) {
 	ctx := context.Background()
-	const lease = 300 * time.Millisecond
+	const lease = time.Second // long enough for a -race run's GC pauses, short enough for the test
 	s := redistest.Start(t)
 	ra, rb := s.Client(), s.Client()
 	var renewals atomic.Int64
