@@ -17,12 +17,15 @@ type ownerKey struct{}
 //
 // A lost scope is never re-acquired behind the caller's back: while this
 // process has a Lock of the name under the owner that is not Unlocked yet, a
-// nested acquisition only ever re-enters that holding. It makes one attempt
-// and never waits; when the holding is lost — known already, or found by the
-// attempt (the key is gone or another owner's) — it takes nothing, marks every
-// Lock of the scope lost, and fails with ErrLost (which matches ErrNotHeld and
-// ErrNotObtained), until every Lock of the scope is Unlocked. After that the
-// owner may lock the name afresh, under a newer fence.
+// nested acquisition only ever re-enters that holding. It never waits for
+// another owner: on a Client it makes one attempt; on a Redlock, Lock (not
+// TryLock) tries again within the wait budget when failing nodes kept an
+// attempt from a quorum, as a fresh Lock would. When the holding is lost —
+// known already, or found by an attempt (the key is gone or another owner's)
+// — it takes nothing, marks every Lock of the scope lost, and fails with
+// ErrLost (which matches ErrNotHeld and ErrNotObtained), until every Lock of
+// the scope is Unlocked. After that the owner may lock the name afresh, under
+// a newer fence.
 //
 // On a Redlock, an owner's acquisitions of one name in one process take turns
 // attempt by attempt (an attempt lasts at most its nodes' timeout): a holding

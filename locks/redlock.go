@@ -275,8 +275,9 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg *config, wait bo
 		return nil, e
 	}
 	// A nested acquisition (this owner's scope of the name has Locks not yet
-	// Unlocked) may only re-enter that holding: one attempt, no waiting, and
-	// ErrLost when the holding is gone.
+	// Unlocked) may only re-enter that holding: it never waits for another
+	// owner, retries (Lock only) an attempt that failing nodes kept from a
+	// quorum, and fails with ErrLost when the holding is gone.
 	scoped := owner != ""
 	if !scoped {
 		owner = rid.New()
@@ -346,7 +347,11 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg *config, wait bo
 			}
 			e.Err = nil // the scope ended meanwhile: an ordinary refusal
 		}
-		if !wait || sc != nil || ctx.Err() != nil {
+		// A nested attempt never waits for another owner (none can hold the
+		// name while the owner's holding lasts, and a holding found gone
+		// returned ErrLost above), but like any Lock it tries again when
+		// failing nodes kept it from a quorum.
+		if !wait || ctx.Err() != nil || (sc != nil && !errors.Is(e, ErrUnavailable)) {
 			return fail(e, attempt)
 		}
 		if r.life.closed.Load() {

@@ -268,3 +268,92 @@ func TestRedlockRetriedReentryStaysReentry(t *testing.T) {
 		}
 	}
 }
+
+// rlFailHook fails its node's next Redlock acquisition of key without
+// sending it, as a node that did not answer in time.
+type rlFailHook struct {
+	key   string
+	armed atomic.Bool
+}
+
+func (h *rlFailHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rlFailHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return h.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+	}
+}
+func (h *rlFailHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		return h.around(cmds, func() error { return next(ctx, cmds) })
+	}
+}
+func (h *rlFailHook) around(cmds []redis.Cmder, send func() error) error {
+	for _, c := range cmds {
+		if key, ok := locks.IsRedlockAcquire(c); ok && key == h.key && h.armed.CompareAndSwap(true, false) {
+			err := errors.New("rlFailHook: injected node failure")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+	}
+	return send()
+}
+
+// TestRedlockNestedLockRetriesFailedNodes: a nested Lock whose attempt
+// failing nodes kept from a quorum tries again within the wait budget, as
+// any Lock does — a transient node failure must not fail a re-entry that a
+// fresh Lock would have survived — while a nested TryLock makes its one
+// attempt and reports ErrUnavailable.
+func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
+	const name = "rl:nested-retry"
+	key := rlKey(name)
+	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	servers := redistest.StartN(t, 3)
+	clients := make([]redis.UniversalClient, len(servers))
+	hooks := make([]*rlFailHook, len(servers))
+	for i, s := range servers {
+		c := rlNodeClient(s)
+		hooks[i] = &rlFailHook{key: key}
+		c.AddHook(hooks[i])
+		clients[i] = c
+	}
+	r := locks.NewRedlock(clients, locks.Lease(5*time.Second), locks.WaitBudget(5*time.Second))
+	defer r.Close()
+	outer, err := r.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	arm := func() {
+		hooks[0].armed.Store(true)
+		hooks[1].armed.Store(true)
+	}
+	arm()
+	if _, err := r.TryLock(ctx, name); !errors.Is(err, locks.ErrUnavailable) || errors.Is(err, locks.ErrLost) {
+		t.Fatalf("nested TryLock with two nodes failing: %v, want ErrUnavailable (and not ErrLost)", err)
+	}
+	arm()
+	inner, err := r.Lock(ctx, name)
+	if err != nil {
+		t.Fatalf("nested Lock with two nodes failing once: %v, want the re-entry on a later attempt", err)
+	}
+	for i, h := range hooks[:2] {
+		if h.armed.Load() {
+			t.Fatalf("node %d never saw the re-entry's acquire: the hook no longer picks it, and the test tests nothing", i)
+		}
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.TryLock(context.Background(), name); !errors.Is(err, locks.ErrBusy) {
+		t.Fatalf("another owner after the inner Unlock: %v, want ErrBusy (the outer Lock still holds)", err)
+	}
+	if err := outer.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers {
+		redistest.Eventually(t, 5*time.Second, "the lock gone after both Unlocks", func() bool {
+			return s.Client().Exists(context.Background(), key).Val() == 0
+		})
+	}
+}
