@@ -50,9 +50,9 @@ import (
 //     did not run for contention or ran and lost its lock, 404 for an id
 //     that is not an integer, 503 for Redis errors — only when a fault
 //     struck the request's process or Redis was paused or restarted since
-//     it was sent, or the process stood still (a starved host) for as long
-//     as a command's timeout since then (gen.Stalls) —, nothing written for
-//     a client that went away;
+//     it was sent, or the process or a server stood still (a starved host)
+//     for as long as a command's timeout since then (gen.Stalls) —,
+//     nothing written for a client that went away;
 //   - once every request returned and the processes closed, Redis keeps no
 //     lock of the check's resources beyond the longest lease.
 func TestGenLock(t *testing.T) {
@@ -63,7 +63,10 @@ func TestGenLock(t *testing.T) {
 	}
 	var checks int
 	st := &genLockStats{}
-	stalls := gen.WatchStalls(t)
+	stalls := []*gen.Stalls{gen.WatchStalls(t)} // the process, then each server
+	for _, s := range servers {
+		stalls = append(stalls, gen.WatchRedis(t, s.Addr()))
+	}
 	gen.Check(t, 60, func(rt *rapid.T) {
 		checks++
 		genLockRun(rt, servers, mon, fmt.Sprintf("genlock%d", checks), st, stalls)
@@ -188,7 +191,7 @@ type lockWorld struct {
 	active         map[int64][]*lockProbe // by resource id: the handlers running
 	lostAt         map[int64]time.Time    // by resource id: when its key was last deleted
 	shaken         time.Time              // when the last pause or restart of Redis ends, at the latest
-	stalls         *gen.Stalls            // when the process stood still
+	stalls         []*gen.Stalls          // when the process, and each server in use, stood still
 	commandTimeout time.Duration          // the shortest a command is given (see genLockRun)
 	failures       []string
 	log            []string
@@ -349,7 +352,7 @@ func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx c
 // genLockIDs are the spellings of a resource id a target may carry.
 var genLockIDs = []string{"1", "01", "+1", "001", "2", "02", "%31", "%2B1", "1%2F", "x", "-0", "0", "1.0", " 1", "1/", "9223372036854775808"}
 
-func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, kind string, st *genLockStats, stalls *gen.Stalls) {
+func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, kind string, st *genLockStats, stalls []*gen.Stalls) {
 	w := &lockWorld{rt: rt, kind: kind, mon: mon, lostAt: map[int64]time.Time{}, start: time.Now(), stalls: stalls}
 	w.redlock = rapid.Bool().Draw(rt, "redlock")
 	if w.redlock {
@@ -357,6 +360,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 	} else {
 		servers, w.mon = servers[:1], mon[:1]
 	}
+	w.stalls = w.stalls[:1+len(servers)]
 	cfg := routingConfig{
 		rawPath: rapid.Bool().Draw(rt, "UseRawPath"), unescape: rapid.Bool().Draw(rt, "UnescapePathValues"),
 		removeSlash: rapid.Bool().Draw(rt, "RemoveExtraSlash"), trailing: rapid.Bool().Draw(rt, "RedirectTrailingSlash"),
@@ -611,8 +615,8 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 		w.mu.Lock()
 		shaken := !w.shaken.Before(out.sent)
 		w.mu.Unlock()
-		if !shaken && !fault.struckSince(out.sent) && !w.stalls.Since(out.sent, w.commandTimeout) {
-			bad(fmt.Sprintf("no fault struck its process, Redis was neither paused nor restarted, and the process did not stand still for %v since it was sent", w.commandTimeout))
+		if !shaken && !fault.struckSince(out.sent) && !w.stoodStill(out.sent) {
+			bad(fmt.Sprintf("no fault struck its process, Redis was neither paused nor restarted, and neither the process nor a server stood still for %v since it was sent", w.commandTimeout))
 		}
 	case rec.Code == http.StatusMovedPermanently || rec.Code == http.StatusTemporaryRedirect || rec.Code == http.StatusPermanentRedirect:
 		// Gin's redirects (RedirectTrailingSlash, RedirectFixedPath).
@@ -622,6 +626,17 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 	default:
 		bad("its handler did not run")
 	}
+}
+
+// stoodStill reports whether the process or a server in use stood still for
+// as long as a command's timeout since from (see gen.Stalls).
+func (w *lockWorld) stoodStill(from time.Time) bool {
+	for _, s := range w.stalls {
+		if s.Since(from, w.commandTimeout) {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *lockWorld) fail(rt *rapid.T) {
