@@ -87,3 +87,9 @@ func ReadsQueued(g *Guard) int {
 	}
 	return n
 }
+
+// IsFillCall reports whether the command line a runs the fill script
+// (fill.lua), as EVALSHA or as the EVAL after a NOSCRIPT.
+func IsFillCall(a []any) bool {
+	return len(a) > 1 && (a[0] == "evalsha" && a[1] == fillScript.SHA() || a[0] == "eval" && a[1] == fillScript.Source())
+}

@@ -26,7 +26,7 @@ import (
 // TestGenCache is the package's state machine: three Guards (each on a
 // client of its own, as processes are) on one server or on a 3-master
 // cluster run Get and GetMany with random settings, variants and tags, slow
-// and failing loaders and caller deadlines, in the background, while
+// and failing loaders, values slow to encode and caller deadlines, in the background, while
 // Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
 // FLUSHDB, one internal key deleted (a generation, a values hash, a tag's
 // version, a fill lease), a node restarted without persistence, a reply
@@ -42,7 +42,9 @@ import (
 //     another process: once the message had a second to arrive);
 //   - one load per expiry: two loads of one entry never overlap, unless an
 //     invalidation of the key or a fault came between (which void leases or
-//     make a call fail open, as documented);
+//     make a call fail open, as documented); a load lasts from its loader's
+//     start until its process heard the answer to the value's store or the
+//     lease's release (a value slow to encode keeps its lease: see genCodec);
 //   - every call ends within its wait budget and context (plus a slack for
 //     a starved -race host), every Shutdown within its grace;
 //   - a call fails only for a cause the model saw, of the kind its error
@@ -86,6 +88,7 @@ func TestGenCache(t *testing.T) {
 			"InvalidateTags": m.invalidateTags,
 			"Outlive":        m.outlive,
 			"Outlive2":       m.outlive, // its window is often a fault's, which excuses an overlap
+			"OutliveCalm":    m.outliveCalm,
 			"NestedJoin":     m.nestedJoin,
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
@@ -143,10 +146,24 @@ func maps(m map[string]int) map[string]int {
 }
 
 // genVal is what a loader returns: the serial of its load's start, and when
-// it ended.
+// it ended; Slow asks genCodec to take genSlow to encode it.
 type genVal struct {
-	Seq int64 `json:"s"`
-	End int64 `json:"e"` // unix ns
+	Seq  int64 `json:"s"`
+	End  int64 `json:"e"` // unix ns
+	Slow bool  `json:"w,omitempty"`
+}
+
+// genCodec is every process's Codec: JSON, slow to encode a value of a
+// "slowenc" loader, as a large value is on a busy host. The encoding comes
+// after the loader returned and before the store, so the fill's lease must
+// outlast it (see fill.go), or another process loads the entry again.
+type genCodec struct{ cacheguard.JSON }
+
+func (c genCodec) Marshal(v any) ([]byte, error) {
+	if gv, ok := v.(genVal); ok && gv.Slow {
+		time.Sleep(genSlow) // the value's encoding is slow: what the step tests, not a synchronisation
+	}
+	return c.JSON.Marshal(v)
 }
 
 const (
@@ -183,11 +200,41 @@ type genInv struct {
 
 type genLoad struct {
 	key, entry string
-	start, end time.Time
-	seq        int64  // the load's serial
-	loader     string // fast, slow, fail
+	start, end time.Time // the loader's
+	settled    time.Time // when its process heard its store's or release's answer (zero: not seen)
+	seq        int64     // the load's serial
+	loader     string    // fast, slow, slowenc, fail, nested
 	call       genCall
 	by         *genCallRec // the call that started it
+}
+
+// until is when l ended: when its store or release was answered, or, when
+// its process never heard that answer, when its loader returned.
+func (l genLoad) until() time.Time {
+	if l.settled.After(l.end) {
+		return l.settled
+	}
+	return l.end
+}
+
+// settled records that a store or release of keys, sent with ctx, was
+// answered: the loads of those keys that ctx's call started end now.
+func (m *genModel) settled(ctx context.Context, keys []string) {
+	rec, ok := ctx.Value(genCallKey{}).(*genCallRec)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec.unsettled = slices.DeleteFunc(rec.unsettled, func(i int) bool {
+		l := &m.loads[i]
+		if !slices.Contains(keys, l.key) {
+			return false
+		}
+		l.settled = now
+		return true
+	})
 }
 
 // genLateServe is a value served Stale past every window but its late one
@@ -222,7 +269,8 @@ type genModel struct {
 	mu      sync.Mutex // guards what follows
 	invs    []genInv
 	loads   []genLoad
-	faultsW [][2]time.Time // fault windows: loads overlapping them may overlap each other
+	faultsW []genWindow    // fault windows: loads they reach may overlap each other
+	calm    int            // the OutliveCalm steps that ran
 	faults  [][2]time.Time // the faults themselves, from injection to its step's end
 	lates   []genLateServe
 	bad     []string
@@ -284,10 +332,10 @@ func (m *genModel) client(cte bool) redis.UniversalClient {
 func (m *genModel) newProc(near bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
-	h := &faultHook{bad: m.violation, wiped: &m.wiped}
+	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
-		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits)}
+		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits), cacheguard.Encoding(genCodec{})}
 	if near {
 		opts = append(opts, cacheguard.NearCache(genNear, 2*time.Second))
 	}
@@ -420,7 +468,7 @@ func (m *genModel) drawCall(rt *rapid.T) genCall {
 		ctxTime: rapid.SampledFrom([]time.Duration{0, 0, 100 * time.Millisecond}).Draw(rt, "ctx"),
 		policy:  rapid.SampledFrom([]string{"wait", "stale", "failsafe", "soft"}).Draw(rt, "policy"),
 		variant: rapid.SampledFrom([]string{"", "", "", "HEAD"}).Draw(rt, "variant"),
-		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "fail", "nested"}).Draw(rt, "loader"),
+		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "slowenc", "fail", "nested"}).Draw(rt, "loader"),
 	}
 	c.tags = rapid.SampledFrom([][]string{nil, {"t0"}}).Draw(rt, "tags")
 	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
@@ -487,6 +535,9 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 	by, _ := ctx.Value(genCallKey{}).(*genCallRec) // a load's context keeps its starter's values
 	m.mu.Lock()
 	for _, k := range keys {
+		if by != nil {
+			by.unsettled = append(by.unsettled, len(m.loads))
+		}
 		m.loads = append(m.loads, genLoad{key: k, entry: c.entry(k), start: start, end: end, seq: seq, loader: c.loader, call: c, by: by})
 	}
 	m.mu.Unlock()
@@ -495,7 +546,7 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 	}
 	out := make(map[string]genVal, len(keys))
 	for _, k := range keys {
-		out[k] = genVal{Seq: seq, End: end.UnixNano()}
+		out[k] = genVal{Seq: seq, End: end.UnixNano(), Slow: c.loader == "slowenc"}
 	}
 	return out, nil
 }
@@ -575,16 +626,45 @@ func (m *genModel) get(rt *rapid.T) {
 	m.await(rt, &wg)
 }
 
-// outlive runs a slow load on one process and, once it has held its fill
-// lease longer than the lease, a Get of the same entry on another: the load
-// outlives its lease only if the lease is renewed, and if it is not, the
-// second process loads the entry too (checkOverlaps).
-func (m *genModel) outlive(rt *rapid.T) {
+// outlive runs a slow load (or one slow to encode its value) on one process
+// and, once it has held its fill lease longer than the lease, a Get of the
+// same entry on another: the load outlives its lease only if the lease is
+// renewed until the store, and if it is not, the second process loads the
+// entry too (checkOverlaps).
+func (m *genModel) outlive(rt *rapid.T) { m.outliveIn(rt, false) }
+
+// outliveCalm is outlive once the windows of the faults that could reach
+// its loads have passed (at most a window's length: faults come every few
+// steps, and their windows would excuse an overlap), on a missing entry (a
+// variant of its own).
+func (m *genModel) outliveCalm(rt *rapid.T) { m.outliveIn(rt, true) }
+
+func (m *genModel) outliveIn(rt *rapid.T, calm bool) {
 	p := rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")
 	q := (p + rapid.IntRange(1, len(m.procs)-1).Draw(rt, "other")) % len(m.procs)
 	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
 	c := m.drawCall(rt)
-	c.loader, c.ctxTime, c.budget, c.started = "slow", 0, time.Second, make(chan struct{}, 1)
+	if calm {
+		if m.procs[p].hook.armed() || m.procs[q].hook.armed() {
+			return // a fault armed earlier would strike during the step
+		}
+		m.mu.Lock()
+		var until time.Time
+		for _, w := range m.faultsW {
+			if (w.proc == nil || w.proc == m.procs[p] || w.proc == m.procs[q]) && (w.key == "" || w.key == key) && w.to.After(until) {
+				until = w.to
+			}
+		}
+		m.calm++
+		c.variant = "calm" + strconv.Itoa(m.calm)
+		m.mu.Unlock()
+		c.opts = append(c.opts, cacheguard.Variant(c.variant))
+		time.Sleep(time.Until(until)) // what the faults left behind passes: the step's premise, not a synchronisation
+	}
+	// A slow loader, or a fast one whose value is slow to encode (genCodec):
+	// the lease must outlast both.
+	c.loader = rapid.SampledFrom([]string{"slow", "slowenc"}).Draw(rt, "outlive")
+	c.ctxTime, c.budget, c.started = 0, time.Second, make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	m.call(m.procs[p], c, []string{key}, false, &wg)
 	ended := make(chan struct{})
@@ -594,7 +674,7 @@ func (m *genModel) outlive(rt *rapid.T) {
 	case <-ended: // a hit, or a call that failed: nothing to outlive
 		return
 	}
-	// Past the lease, before the load ends (genSlow): this places the second
+	// Past the lease, before the load or the encoding ends (genSlow): this places the second
 	// call in that window; it waits for no event. The step holds the window
 	// free of other steps' faults and invalidations, which would excuse an
 	// overlap.
@@ -811,6 +891,9 @@ type genCallRec struct {
 	of    int64     // for a Get a loader made, its load's serial (see nested)
 	mu    sync.Mutex
 	keys  []string
+	// The loads it started whose store or release was not answered yet:
+	// indexes in the model's loads (guarded by the model's mu; see settled).
+	unsettled []int
 }
 
 type genCallKey struct{}
@@ -992,7 +1075,8 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 			}
 			why = "a context's end, though the call's context has no deadline"
 		case errors.Is(f.err, cacheguard.ErrWaitTimeout):
-			if f.c.ctxTime > 0 || faulted || slotted || f.c.loader == "nested" || f.c.loader == "slow" && f.c.budget < genSlow+genCmd || ran("slow", "nested", "fail") {
+			if f.c.ctxTime > 0 || faulted || slotted || f.c.loader == "nested" || (f.c.loader == "slow" || f.c.loader == "slowenc") && f.c.budget < genSlow+genCmd ||
+				ran("slow", "slowenc", "nested", "fail") {
 				continue
 			}
 			why = "its wait budget, though no load of its entries was slow and no fault struck"
@@ -1037,12 +1121,13 @@ func (m *genModel) checkLates(rt *rapid.T) {
 			// A reload runs from its fill's start: on a process with
 			// MaxConcurrentLoads its loader may begin later, once a slot
 			// frees, so the fill is taken to start with the call that
-			// started it.
+			// started it. It runs until its store was answered (a value
+			// slow to encode: see genCodec).
 			start := l.start
 			if l.by != nil && l.by.began.Before(start) {
 				start = l.by.began
 			}
-			return l.entry == ls.entry && l.seq != ls.seq && l.by != ls.by && start.Before(ls.served) && l.end.After(ls.began)
+			return l.entry == ls.entry && l.seq != ls.seq && l.by != ls.by && start.Before(ls.served) && l.until().After(ls.began)
 		})
 		if !ok {
 			rt.Fatalf("no reload of %s ran during the call (one started by another call): %s", ls.entry, ls.what)
@@ -1150,12 +1235,13 @@ func (m *genModel) fault(rt *rapid.T) {
 
 // window marks a fault window from now until do returns, plus what a fault
 // may leave behind (a lease granted unseen, a call failing open).
-func (m *genModel) window(kind string, do func()) {
+func (m *genModel) window(kind string, scope genWindow, do func()) {
 	m.tot.fault(kind)
 	start := time.Now()
 	do()
 	m.mu.Lock()
-	m.faultsW = append(m.faultsW, [2]time.Time{start, time.Now().Add(genLease + 2*genCmd + genSlack)})
+	scope.from, scope.to = start, time.Now().Add(genLease+2*genCmd+genSlack)
+	m.faultsW = append(m.faultsW, scope)
 	m.faults = append(m.faults, [2]time.Time{start, time.Now()})
 	m.mu.Unlock()
 }
@@ -1168,7 +1254,7 @@ func (m *genModel) masters() []*redistest.Server {
 }
 
 func (m *genModel) flush(rt *rapid.T) {
-	m.window("flushdb", func() {
+	m.window("flushdb", genWindow{}, func() {
 		for _, s := range m.masters() {
 			if _, err := s.Do(context.Background(), "flushall"); err != nil {
 				rt.Fatalf("flushall: %v", err)
@@ -1187,7 +1273,11 @@ func (m *genModel) delKey(rt *rapid.T) {
 	if kind == "t:" {
 		name = rapid.SampledFrom(genTags).Draw(rt, "tag")
 	}
-	m.window("del "+kind, func() {
+	scope := genWindow{key: name}
+	if kind == "t:" {
+		scope.key = "" // a tag's version: every entry under the tag
+	}
+	m.window("del "+kind, scope, func() {
 		ctx := context.Background()
 		rdb := m.procs[0].rdb
 		if kind != "fl:" {
@@ -1208,7 +1298,7 @@ func (m *genModel) delKey(rt *rapid.T) {
 func (m *genModel) restart(rt *rapid.T) {
 	ms := m.masters()
 	s := ms[rapid.IntRange(0, len(ms)-1).Draw(rt, "node")]
-	m.window("restart", func() {
+	m.window("restart", genWindow{}, func() {
 		if err := s.Restart(); err != nil {
 			rt.Fatalf("restart: %v", err)
 		}
@@ -1226,13 +1316,13 @@ func (m *genModel) restart(rt *rapid.T) {
 func (m *genModel) dropReply(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	n := rapid.IntRange(1, 3).Draw(rt, "replies")
-	m.window("drop", func() { p.hook.drop.Add(int64(n)) })
+	m.window("drop", genWindow{proc: p}, func() { p.hook.drop.Add(int64(n)) })
 }
 
 func (m *genModel) delayReply(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	d := rapid.SampledFrom([]time.Duration{50 * time.Millisecond, 500 * time.Millisecond}).Draw(rt, "delay")
-	m.window("delay", func() {
+	m.window("delay", genWindow{proc: p}, func() {
 		p.hook.delay.Store(int64(d))
 		p.hook.delays.Add(1)
 	})
@@ -1242,7 +1332,7 @@ func (m *genModel) delayReply(rt *rapid.T) {
 // moment: each reaches Redis after its caller gave up on it (see holdBack).
 func (m *genModel) lateLease(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
-	m.window("late", func() { p.hook.lateUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
+	m.window("late", genWindow{proc: p}, func() { p.hook.lateUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
 }
 
 // slowGrant holds the replies to the fill lease requests a process sends in
@@ -1264,21 +1354,35 @@ func (m *genModel) slowGrant(rt *rapid.T) {
 func (m *genModel) pause(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	d := rapid.SampledFrom([]time.Duration{200 * time.Millisecond, 700 * time.Millisecond}).Draw(rt, "pause")
-	m.window("pause", func() { p.hook.pausedUntil.Store(time.Now().Add(d).UnixNano()) })
+	m.window("pause", genWindow{proc: p}, func() { p.hook.pausedUntil.Store(time.Now().Add(d).UnixNano()) })
+}
+
+// genWindow is a fault's window: from its injection until what it leaves
+// behind (a lease granted unseen, a command timed out) has passed, and what
+// it can reach: one process's loads (proc), one key's (key), or every load.
+type genWindow struct {
+	from, to time.Time
+	proc     *genProc
+	key      string
+}
+
+// reaches reports whether w can have made load l lose its lease or load
+// without one: l ran during w, in w's process or on w's key when w has one.
+func (w genWindow) reaches(l genLoad) bool {
+	return l.start.Before(w.to) && l.until().After(w.from) &&
+		(w.proc == nil || l.by == nil || l.by.proc == w.proc) && (w.key == "" || w.key == l.key)
 }
 
 // checkOverlaps checks that no two loads of one entry overlapped, unless an
-// invalidation of its key or a fault came between.
+// invalidation of its key or a fault that reached one of them came between
+// (a fault of another process or key excuses nothing). A load lasts until
+// its store or release was answered: its lease must, or a waiter elsewhere
+// takes it over while the value is still on its way (a slow encoding).
 func (m *genModel) checkOverlaps(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	inFault := func(l genLoad) bool {
-		for _, w := range m.faultsW {
-			if l.start.Before(w[1]) && l.end.After(w[0]) {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(m.faultsW, func(w genWindow) bool { return w.reaches(l) })
 	}
 	invalidated := func(a, b genLoad) bool {
 		for _, inv := range m.invs {
@@ -1297,9 +1401,10 @@ func (m *genModel) checkOverlaps(rt *rapid.T) {
 			if second.start.Before(first.start) {
 				first, second = second, first
 			}
-			if second.start.Before(first.end) && !invalidated(first, second) {
-				rt.Fatalf("two loads of %s overlapped: %v–%v and %v–%v", a.entry,
-					first.start.Format("05.000"), first.end.Format("05.000"), second.start.Format("05.000"), second.end.Format("05.000"))
+			if second.start.Before(first.until()) && !invalidated(first, second) {
+				rt.Fatalf("two loads of %s overlapped: %v–%v (loader until %v) and %v–%v", a.entry,
+					first.start.Format("05.000"), first.until().Format("05.000"), first.end.Format("05.000"),
+					second.start.Format("05.000"), second.until().Format("05.000"))
 			}
 		}
 	}
@@ -1318,7 +1423,9 @@ type faultHook struct {
 	deliver     chan struct{} // when set, they arrive once it is closed, not genLate after
 	late        pending       // requests held back, not sent yet
 	bad         func(format string, args ...any)
-	wiped       *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
+	// settled is told of the fill stores and lease releases answered.
+	settled func(ctx context.Context, keys []string)
+	wiped   *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
 
 	mu       sync.Mutex
 	gaveBack map[string]time.Time // "<lease key> <token>": when a give-back of it was answered
@@ -1370,13 +1477,37 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	if sent.UnixNano() < h.slowUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
 		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
 	}
-	if h.after() {
+	dropped := h.after()
+	if dropped {
 		for _, c := range cmds {
 			c.SetErr(errDropped)
 		}
-		return errDropped
+		err = errDropped
+	}
+	if h.settled != nil {
+		if keys := fillKeys(cmds); keys != nil {
+			h.settled(ctx, keys)
+		}
 	}
 	return err
+}
+
+// fillKeys returns the keys of the fill stores and lease releases in cmds
+// that were answered (not with NOSCRIPT: those are sent again).
+func fillKeys(cmds []redis.Cmder) []string {
+	var keys []string
+	for _, c := range cmds {
+		a := c.Args() // evalsha|eval, sha|source, numkeys, values hash or lease, ...
+		if len(a) < 4 || !cacheguard.IsFillCall(a) && !cacheguard.IsReleaseCall(a) ||
+			c.Err() != nil && strings.HasPrefix(c.Err().Error(), "NOSCRIPT") {
+			continue
+		}
+		name, _ := a[3].(string)
+		if i, j := strings.IndexByte(name, '{'), strings.IndexByte(name, '}'); i >= 0 && j > i {
+			keys = append(keys, name[i+1:j])
+		}
+	}
+	return keys
 }
 
 // holdBack sends cmds genLate from now (or once deliver is closed), on
