@@ -353,6 +353,7 @@ type genHold struct {
 // obtained).
 type genCall struct {
 	name       string
+	owner      string // the owner it ran under (WithOwner); "" when it had one of its own
 	proc       int
 	start, end time.Time
 	claim      time.Duration // how long a grant it left behind can keep the name (its lease, a queue place's life)
@@ -644,8 +645,10 @@ func (w *genBase) excuse(err error, timeout, cancelAfter time.Duration, faults [
 // TryLock fails only when something explains it — its process closed, its
 // context was cancelled or too short, a fault struck its process or a
 // server paused (from genCalmBefore before the call), or another call of its
-// name occupied it during the call: one that obtained it, from its start
-// until an Unlock of it returned nil (never, if none did), or one that
+// name occupied it during the call: one that obtained it (under another
+// owner: a hold of the call's own owner it re-enters, unless it failed with
+// ErrLost, the loss of that hold), from its start until
+// an Unlock of it returned nil (never, if none did), or one that
 // failed, from its start until genGiveBack past its end when it was calm
 // that long, else until its claim past its end (a grant or a queue place a
 // fault may have kept). A name that nothing else held must be obtained: a
@@ -668,6 +671,9 @@ func (w *genBase) obtained() {
 		for _, o := range calls {
 			if o == c || o.name != c.name {
 				continue
+			}
+			if o.hold != nil && c.owner != "" && o.owner == c.owner && !errors.Is(c.err, ErrLost) {
+				continue // a hold of its own owner never keeps a call out (it re-enters), unless the hold was lost
 			}
 			until := o.end.Add(o.claim)
 			if o.hold == nil && w.calm(o.faults, o.start.Add(-genCalmBefore), o.end.Add(genGiveBack)) {
@@ -877,6 +883,9 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		w.late("Lock", end.Sub(start)-timeout)
 		what := map[bool]string{true: "TryLock", false: "Lock"}[try]
 		c := &genCall{name: name, proc: p, start: start, end: end, claim: lease + placeTTL, err: err, faults: faults}
+		if owned {
+			c.owner = owner
+		}
 		if err != nil {
 			w.note("p%d %s(%s) owned=%v ctx=%v: %v", p, what, name, owned, timeout, err)
 			if errors.Is(err, ErrNoValidity) && faults != nil && w.calm(faults, start, end) && (span == 0 || end.Sub(start) < span) {

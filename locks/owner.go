@@ -20,9 +20,12 @@ type ownerKey struct{}
 // nested acquisition only ever re-enters that holding. It never waits for
 // another owner: on a Client it makes one attempt; on a Redlock, Lock (not
 // TryLock) tries again within the wait budget when failing nodes kept an
-// attempt from a quorum, as a fresh Lock would. When the holding is lost —
-// known already, or found by an attempt (the key is gone or another owner's)
-// — it takes nothing, marks every Lock of the scope lost, and fails with
+// attempt from a quorum, as a fresh Lock would; and when the holding is
+// Unlocked while a Redlock attempt is on the way (it counted re-entries
+// only), it is made once more at once as a fresh acquisition, TryLock too.
+// When the holding is lost — known already, or found by an attempt (the key
+// is gone or another owner's) — it takes nothing, marks every Lock of the
+// scope lost, and fails with
 // ErrLost (which matches ErrNotHeld and ErrNotObtained), until every Lock of
 // the scope is Unlocked. After that the owner may lock the name afresh, under
 // a newer fence.

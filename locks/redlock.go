@@ -284,6 +284,7 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg *config, wait bo
 	}
 	var sc *scope
 	var timer *time.Timer
+	respun := false // a nested attempt spoiled by its holding's end was made again (see below)
 	for attempt := 1; ; attempt++ {
 		// The owner's attempts at the name in this process take turns, and
 		// each learns its scope once it has the turn: two at once, reaching
@@ -340,6 +341,14 @@ func (r *Redlock) acquire(ctx context.Context, name string, cfg *config, wait bo
 			return &Lock{h: h, parent: ctx}, nil
 		}
 		endTurn()
+		if sc != nil && !r.scopes.current(sc) && !respun {
+			// The owner's holding was Unlocked during this nested attempt,
+			// which counted re-entries only: its refusal says nothing of
+			// other owners. Once more at once, as a fresh acquisition (a
+			// TryLock too: nobody else may hold the name).
+			respun = true
+			continue
+		}
 		if errors.Is(e.Err, ErrLost) {
 			if r.scopes.current(sc) {
 				r.scopes.lose(sc, ErrLost)

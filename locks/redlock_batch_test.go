@@ -357,3 +357,77 @@ func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 		})
 	}
 }
+
+// rlBeforeHook runs before once, the first time one of its nodes is about
+// to be sent a Redlock acquisition of key; every node's acquisition waits
+// until it has run.
+type rlBeforeHook struct {
+	key    string
+	once   *sync.Once
+	before atomic.Pointer[func()]
+}
+
+func (h *rlBeforeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rlBeforeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.run([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+func (h *rlBeforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.run(cmds)
+		return next(ctx, cmds)
+	}
+}
+func (h *rlBeforeHook) run(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if key, ok := locks.IsRedlockAcquire(c); ok && key == h.key {
+			if f := h.before.Load(); f != nil {
+				h.once.Do(*f)
+			}
+		}
+	}
+}
+
+// TestRedlockNestedAttemptOutlivesItsHolding: a nested TryLock whose
+// holding is Unlocked while its attempt is on the way (another goroutine
+// of the owner) reaches nodes where nobody holds the name. It counted
+// re-entries only, so it failed with nobody else holding the name; it must
+// get the name, as a fresh TryLock would.
+func TestRedlockNestedAttemptOutlivesItsHolding(t *testing.T) {
+	const name = "rl:nested-outlives"
+	key := rlKey(name)
+	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	servers := redistest.StartN(t, 3)
+	once := &sync.Once{}
+	hooks := make([]*rlBeforeHook, len(servers))
+	clients := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		c := rlNodeClient(s)
+		hooks[i] = &rlBeforeHook{key: key, once: once}
+		c.AddHook(hooks[i])
+		clients[i] = c
+	}
+	r := locks.NewRedlock(clients, locks.Lease(5*time.Second))
+	defer r.Close()
+	outer, err := r.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var unlockErr error
+	unlock := func() { unlockErr = outer.Unlock(ctx) } // the owner's other goroutine, as the attempt leaves
+	for _, h := range hooks {
+		h.before.Store(&unlock)
+	}
+	inner, err := r.TryLock(ctx, name)
+	if unlockErr != nil {
+		t.Fatalf("the outer Unlock: %v", unlockErr)
+	}
+	if err != nil {
+		t.Fatalf("nested TryLock whose holding was Unlocked meanwhile, nobody else holding the name: %v, want the name", err)
+	}
+	if err := inner.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
