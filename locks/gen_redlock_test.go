@@ -44,7 +44,7 @@ import (
 //     held for (liveness: see genBase.orphans).
 func TestGenRedlock(t *testing.T) {
 	servers := redistest.StartN(t, 3)
-	st := &genStats{}
+	st := &genStats{stalls: gen.WatchStalls(t)}
 	gen.Check(t, 20, func(rt *rapid.T) {
 		st.add(&st.deployments, "redlock")
 		genRedlockRun(rt, servers, st)
