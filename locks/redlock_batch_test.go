@@ -269,25 +269,27 @@ func TestRedlockRetriedReentryStaysReentry(t *testing.T) {
 	}
 }
 
+// rlHookedNodes starts three servers and returns a client of each, every
+// command to node i passing through around(i).
+func rlHookedNodes(t *testing.T, around func(i int) redistest.Intercept) []redis.UniversalClient {
+	servers := redistest.StartN(t, 3)
+	clients := make([]redis.UniversalClient, len(servers))
+	for i, s := range servers {
+		c := rlNodeClient(s)
+		c.AddHook(around(i))
+		clients[i] = c
+	}
+	return clients
+}
+
 // rlFailHook fails its node's next Redlock acquisition of key without
-// sending it, as a node that did not answer in time.
+// sending it, as a node that did not answer in time (see around).
 type rlFailHook struct {
 	key   string
 	armed atomic.Bool
 }
 
-func (h *rlFailHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *rlFailHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		return h.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
-	}
-}
-func (h *rlFailHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		return h.around(cmds, func() error { return next(ctx, cmds) })
-	}
-}
-func (h *rlFailHook) around(cmds []redis.Cmder, send func() error) error {
+func (h *rlFailHook) around(_ context.Context, cmds []redis.Cmder, send func() error) error {
 	for _, c := range cmds {
 		if key, ok := locks.IsRedlockAcquire(c); ok && key == h.key && h.armed.CompareAndSwap(true, false) {
 			err := errors.New("rlFailHook: injected node failure")
@@ -309,15 +311,8 @@ func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 	const name = "rl:nested-retry"
 	key := rlKey(name)
 	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
-	servers := redistest.StartN(t, 3)
-	clients := make([]redis.UniversalClient, len(servers))
-	hooks := make([]*rlFailHook, len(servers))
-	for i, s := range servers {
-		c := rlNodeClient(s)
-		hooks[i] = &rlFailHook{key: key}
-		c.AddHook(hooks[i])
-		clients[i] = c
-	}
+	hooks := []*rlFailHook{{key: key}, {key: key}, {key: key}}
+	clients := rlHookedNodes(t, func(i int) redistest.Intercept { return hooks[i].around })
 	r := locks.NewRedlock(clients, locks.Lease(5*time.Second), locks.WaitBudget(5*time.Second))
 	defer r.Close()
 	outer, err := r.Lock(ctx, name)
@@ -351,36 +346,23 @@ func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 	if err := outer.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range servers {
+	for _, c := range clients {
 		redistest.Eventually(t, 5*time.Second, "the lock gone after both Unlocks", func() bool {
-			return s.Client().Exists(context.Background(), key).Val() == 0
+			return c.Exists(context.Background(), key).Val() == 0
 		})
 	}
 }
 
 // rlBeforeHook runs before once, the first time one of its nodes is about
 // to be sent a Redlock acquisition of key; every node's acquisition waits
-// until it has run.
+// until it has run (see around).
 type rlBeforeHook struct {
 	key    string
-	once   *sync.Once
+	once   sync.Once
 	before atomic.Pointer[func()]
 }
 
-func (h *rlBeforeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *rlBeforeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.run([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-func (h *rlBeforeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.run(cmds)
-		return next(ctx, cmds)
-	}
-}
-func (h *rlBeforeHook) run(cmds []redis.Cmder) {
+func (h *rlBeforeHook) around(_ context.Context, cmds []redis.Cmder, send func() error) error {
 	for _, c := range cmds {
 		if key, ok := locks.IsRedlockAcquire(c); ok && key == h.key {
 			if f := h.before.Load(); f != nil {
@@ -388,6 +370,7 @@ func (h *rlBeforeHook) run(cmds []redis.Cmder) {
 			}
 		}
 	}
+	return send()
 }
 
 // TestRedlockNestedAttemptOutlivesItsHolding: a nested TryLock whose
@@ -399,16 +382,8 @@ func TestRedlockNestedAttemptOutlivesItsHolding(t *testing.T) {
 	const name = "rl:nested-outlives"
 	key := rlKey(name)
 	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
-	servers := redistest.StartN(t, 3)
-	once := &sync.Once{}
-	hooks := make([]*rlBeforeHook, len(servers))
-	clients := make([]redis.UniversalClient, len(servers))
-	for i, s := range servers {
-		c := rlNodeClient(s)
-		hooks[i] = &rlBeforeHook{key: key, once: once}
-		c.AddHook(hooks[i])
-		clients[i] = c
-	}
+	hook := &rlBeforeHook{key: key} // one for every node
+	clients := rlHookedNodes(t, func(int) redistest.Intercept { return hook.around })
 	r := locks.NewRedlock(clients, locks.Lease(5*time.Second))
 	defer r.Close()
 	outer, err := r.Lock(ctx, name)
@@ -417,9 +392,7 @@ func TestRedlockNestedAttemptOutlivesItsHolding(t *testing.T) {
 	}
 	var unlockErr error
 	unlock := func() { unlockErr = outer.Unlock(ctx) } // the owner's other goroutine, as the attempt leaves
-	for _, h := range hooks {
-		h.before.Store(&unlock)
-	}
+	hook.before.Store(&unlock)
 	inner, err := r.TryLock(ctx, name)
 	if unlockErr != nil {
 		t.Fatalf("the outer Unlock: %v", unlockErr)
