@@ -62,7 +62,13 @@ func WatchStalls(tb testing.TB) *Stalls {
 // the probe took. (Every millisecond, through a go-redis client, three
 // servers' probes cost a -race test a third of a core.)
 func WatchRedis(tb testing.TB, addr string) *Stalls {
-	s := newStalls(tb, 2*time.Millisecond)
+	return WatchRedisEvery(tb, addr, 2*time.Millisecond)
+}
+
+// WatchRedisEvery is WatchRedis with a probe every tick: an oracle that
+// excuses only long stalls needs few probes.
+func WatchRedisEvery(tb testing.TB, addr string, tick time.Duration) *Stalls {
+	s := newStalls(tb, tick)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -141,6 +147,24 @@ func (s *Stalls) note(before time.Time, want time.Duration) {
 		s.seen = append(s.seen[:0], s.seen[1:]...)
 	}
 	s.seen = append(s.seen, stall{end: now, d: late})
+}
+
+// During reports whether what is watched stood still for at least d (as
+// Since counts it) at some moment from from to to: a stall that ended after
+// from and began before to, or one under way now that began before to.
+func (s *Stalls) During(from, to time.Time, d time.Duration) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	if !s.busy.IsZero() && s.busy.Before(to) && now.Sub(s.busy)+s.tick >= d {
+		return true
+	}
+	for i := len(s.seen) - 1; i >= 0 && s.seen[i].end.After(from); i-- {
+		if st := s.seen[i]; st.d+s.tick >= d && st.end.Add(-st.d-s.tick).Before(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // Since reports whether what is watched stood still for at least d (a probe
