@@ -26,8 +26,8 @@ import (
 // TestGenCache is the package's state machine: three Guards (each on a
 // client of its own, as processes are) on one server or on a 3-master
 // cluster run Get and GetMany with random settings, variants and tags, slow
-// and failing loaders, values slow to encode and caller deadlines, in the background, while
-// Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
+// and failing loaders, values slow to encode and caller deadlines, in the
+// background, while Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
 // FLUSHDB, one internal key deleted (a generation, a values hash, a tag's
 // version, a fill lease), a node restarted without persistence, a reply
 // dropped or delayed (a go-redis hook), a fill lease's request that reaches
@@ -41,10 +41,12 @@ import (
 //     whose load began before that invalidation began (a near-cache hit of
 //     another process: once the message had a second to arrive);
 //   - one load per expiry: two loads of one entry never overlap, unless an
-//     invalidation of the key or a fault came between (which void leases or
-//     make a call fail open, as documented); a load lasts from its loader's
-//     start until its process heard the answer to the value's store or the
-//     lease's release (a value slow to encode keeps its lease: see genCodec);
+//     invalidation of the key or a fault that reached one of them came
+//     between (which void leases or make a call fail open, as documented),
+//     or the host stood still long enough for a lease to lapse; a load lasts
+//     from its loader's start until its process heard the answer to the
+//     value's store or the lease's release (a value slow to encode keeps its
+//     lease: see genCodec);
 //   - every call ends within its wait budget and context (plus a slack for
 //     a starved -race host), every Shutdown within its grace;
 //   - a call fails only for a cause the model saw, of the kind its error
