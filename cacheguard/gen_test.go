@@ -27,12 +27,12 @@ import (
 // client of its own, as processes are) on one server or on a 3-master
 // cluster run Get and GetMany with random settings, variants and tags, slow
 // and failing loaders, values slow to encode and caller deadlines, in the
-// background, while Invalidate, InvalidateTags, Shutdown and Close run, and faults strike:
-// FLUSHDB, one internal key deleted (a generation, a values hash, a tag's
-// version, a fill lease), a node restarted without persistence, a reply
-// dropped or delayed (a go-redis hook), a fill lease's request that reaches
-// Redis after its caller gave up on it, a process paused (every command of a
-// client held).
+// background, while Invalidate, InvalidateTags, Shutdown and Close run, and
+// faults strike: FLUSHDB, one internal key deleted (a generation, a values
+// hash, a tag's version, a fill lease), a node restarted without
+// persistence, a reply dropped or delayed (a go-redis hook), a fill lease's
+// request that reaches Redis after its caller gave up on it, a process
+// paused (every command of a client held).
 //
 // The oracle is a model of the documented guarantees, kept from what the
 // loaders and the calls saw, never from the Guard:
