@@ -25,10 +25,9 @@ type ownerKey struct{}
 // only), it is made once more at once as a fresh acquisition, TryLock too.
 // When the holding is lost — known already, or found by an attempt (the key
 // is gone or another owner's) — it takes nothing, marks every Lock of the
-// scope lost, and fails with
-// ErrLost (which matches ErrNotHeld and ErrNotObtained), until every Lock of
-// the scope is Unlocked. After that the owner may lock the name afresh, under
-// a newer fence.
+// scope lost, and fails with ErrLost (which matches ErrNotHeld and
+// ErrNotObtained), until every Lock of the scope is Unlocked. After that the
+// owner may lock the name afresh, under a newer fence.
 //
 // On a Redlock, an owner's acquisitions of one name in one process take turns
 // attempt by attempt (an attempt lasts at most its nodes' timeout): a holding

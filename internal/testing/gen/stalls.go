@@ -172,16 +172,5 @@ func (s *Stalls) During(from, to time.Time, d time.Duration) bool {
 // from, or stands still so long now (a probe of a server unanswered that
 // long).
 func (s *Stalls) Since(from time.Time, d time.Duration) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := time.Now()
-	if !s.busy.IsZero() && now.Sub(s.busy)+s.tick >= d {
-		return true
-	}
-	for i := len(s.seen) - 1; i >= 0 && s.seen[i].end.After(from); i-- {
-		if s.seen[i].d+s.tick >= d {
-			return true
-		}
-	}
-	return false
+	return s.During(from, time.Now().Add(time.Hour), d) // every stall begins before then
 }
