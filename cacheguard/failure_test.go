@@ -5,9 +5,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -494,6 +497,70 @@ func TestLeaseLostInStallIsGivenBack(t *testing.T) {
 	t.Logf("then another Guard's Get: %v, %v, %v in %v", v, err, res, time.Since(start))
 	if err != nil || v.Name != "b" {
 		t.Fatalf("another Guard's Get: %v, %v (%v); want its own load, not a wait for the lost lease", v, err, res)
+	}
+}
+
+// TestBrokenRoundTripGivesTheLeaseBack: a connection that breaks during a
+// fill lease's round trip leaves the lease's fate unknown to its holder —
+// the get-or-lease script ran but its reply was lost, or the store or the
+// release that would end the lease never reached Redis — and the lease (30s
+// here) is given back, whatever the error: another Guard's call then loads
+// at once instead of waiting for the lease's expiry (its context, 5s, would
+// end first). A lost lease reply used to be given back only when the
+// command timed out; a store or release that failed, never.
+func TestBrokenRoundTripGivesTheLeaseBack(t *testing.T) {
+	broken := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	for name, c := range map[string]struct {
+		match func(a []any) bool
+		sent  bool // the command ran in Redis; its reply was lost
+		load  func(context.Context) (item, error)
+	}{
+		"lease reply lost": {match: func(a []any) bool { return len(a) > 1 && a[1] == cacheguard.LeaseScriptSHA() }, sent: true,
+			load: (&counter{name: "open"}).load},
+		"store never sent": {match: cacheguard.IsFillCall, load: (&counter{name: "a"}).load},
+		"release never sent": {match: cacheguard.IsReleaseCall,
+			load: func(context.Context) (item, error) { return item{}, errors.New("the database is down") }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			var armed atomic.Bool
+			rdb := shared(t)
+			rdb.AddHook(redistest.Intercept(func(_ context.Context, cmds []redis.Cmder, send func() error) error {
+				if !slices.ContainsFunc(cmds, func(cmd redis.Cmder) bool { return c.match(cmd.Args()) }) || !armed.CompareAndSwap(true, false) {
+					return send()
+				}
+				if c.sent {
+					_ = send()
+				}
+				for _, cmd := range cmds {
+					cmd.SetErr(broken)
+				}
+				return broken
+			}))
+			a := cacheguard.New(rdb, cacheguard.Lease(30*time.Second))
+			defer a.Close()
+			b, _ := newGuard(t, cacheguard.Lease(30*time.Second))
+			key := testKey(t)
+			// Redis knows the scripts (else the EVALSHA answers NOSCRIPT).
+			if _, err := cacheguard.Get(ctx, a, testKey(t, "warm"), (&counter{}).load); err != nil {
+				t.Fatal(err)
+			}
+			armed.Store(true)
+			v, err := cacheguard.Get(ctx, a, key, c.load)
+			t.Logf("the Get whose round trip broke: %v, %v", v, err)
+			if armed.Load() {
+				t.Fatal("the round trip to break was not sent")
+			}
+			bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			var res cacheguard.Result
+			start := time.Now()
+			v, err = cacheguard.Get(bctx, b, key, (&counter{name: "b"}).load, cacheguard.ReportTo(&res))
+			t.Logf("then another Guard's Get: %v, %v, %v in %v", v, err, res, time.Since(start))
+			if err != nil || v.Name != "b" {
+				t.Fatalf("another Guard's Get: %v, %v (%v); want its own load, not a wait for the lease left behind", v, err, res)
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	leases "github.com/cacheguard/cacheguard/internal/lease"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // fillKind says why a flight runs (an early refresh is reported as one).
@@ -60,6 +61,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	ctx = context.WithoutCancel(ctx)
 	outs := make([]*outcome, len(fs))
 	stores := make([]*redis.Cmd, len(fs))
+	ends := make([]redis.Cmder, len(fs)) // each lease's store or release
 	cmds := make([]redis.Cmder, 0, len(fs))
 	for i, f := range fs {
 		o := &outcome{leader: f.id, loaded: true}
@@ -101,7 +103,8 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			env, ttl = c.failSafe(o, f, tagVers, now)
 		}
 		if env == nil {
-			cmds = append(cmds, g.release(ctx, f, msg))
+			ends[i] = g.release(ctx, f, msg)
+			cmds = append(cmds, ends[i])
 			continue
 		}
 		env.gen, env.keepUntil = f.lease.gen, now+ttl.Milliseconds() // kept as long as the hash's expiry says
@@ -109,6 +112,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			env.tagHash, env.tagVers = c.cfg.tags.hash, tagVers
 		}
 		stores[i] = g.store(ctx, f, env.encode(), ttl)
+		ends[i] = stores[i]
 		cmds = append(cmds, stores[i])
 		header := *env
 		header.payload = nil
@@ -125,6 +129,18 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 			g.note(ctx, EventRedisError, names[0], 0, err)
 			break
 		}
+	}
+	// A store or release whose round trip broke may not have ended its
+	// lease: it is given back, or the key's callers elsewhere would wait
+	// for its expiry.
+	var unended []*flight
+	for i, f := range fs {
+		if rcmd.MayHaveRun(ends[i].Err()) {
+			unended = append(unended, f)
+		}
+	}
+	if len(unended) > 0 { // the leases of one round trip: one token (see fly)
+		g.giveBack(ctx, unended, unended[0].lease.token, time.Now().Add(rcmd.CleanupHorizon))
 	}
 	for i, f := range fs {
 		o := outs[i]

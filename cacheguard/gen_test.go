@@ -346,7 +346,8 @@ func (m *genModel) client(cte bool) redis.UniversalClient {
 func (m *genModel) newProc(near bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
-	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled}
+	var p *genProc
+	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled, struck: func(sent time.Time) { m.struck(p, sent) }}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
 		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits), cacheguard.Encoding(genCodec{})}
@@ -360,7 +361,8 @@ func (m *genModel) newProc(near bool) *genProc {
 	}
 	g := cacheguard.New(rdb, opts...)
 	cacheguard.SetHitsDirect(g, 1)
-	return &genProc{g: g, rdb: rdb, hook: h, near: near, slots: slots}
+	p = &genProc{g: g, rdb: rdb, hook: h, near: near, slots: slots}
+	return p
 }
 
 func (m *genModel) close() {
@@ -1260,6 +1262,18 @@ func (m *genModel) window(kind string, scope genWindow, do func()) {
 	m.mu.Unlock()
 }
 
+// struck records the window of a delay or drop that struck p's reply to
+// commands sent at sent: a fault armed by one step strikes when the process
+// next hears a reply, perhaps steps later, and its window (see window) runs
+// from then, not only from its arming.
+func (m *genModel) struck(p *genProc, sent time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	m.faultsW = append(m.faultsW, genWindow{from: sent, to: now.Add(genLease + 2*genCmd + genSlack), proc: p})
+	m.faults = append(m.faults, [2]time.Time{sent, now})
+}
+
 func (m *genModel) masters() []*redistest.Server {
 	if m.cluster {
 		return m.cl.Masters()
@@ -1454,6 +1468,9 @@ type faultHook struct {
 	// settled is told of the fill stores and lease releases answered.
 	settled func(ctx context.Context, keys []string)
 	wiped   *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
+	// struck is told when a reply to commands sent at the time it is given
+	// was delayed or dropped (see after).
+	struck func(sent time.Time)
 
 	mu       sync.Mutex
 	gaveBack map[string]time.Time // "<lease key> <token>": when a give-back of it was answered
@@ -1505,7 +1522,7 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	if sent.UnixNano() < h.slowUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
 		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
 	}
-	dropped := h.after()
+	dropped := h.after(sent)
 	if dropped {
 		for _, c := range cmds {
 			c.SetErr(errDropped)
@@ -1643,10 +1660,17 @@ func (h *faultHook) before() {
 	}
 }
 
-// after delays the reply when a delay is due, and reports whether to drop it.
-func (h *faultHook) after() bool {
-	if h.delays.Load() > 0 && h.delays.Add(-1) >= 0 {
+// after delays the reply to commands sent at sent when a delay is due, and
+// reports whether to drop it. A delay or drop strikes here, when the process
+// next hears a reply, which may be long after it was armed: struck is told.
+func (h *faultHook) after(sent time.Time) bool {
+	delayed := h.delays.Load() > 0 && h.delays.Add(-1) >= 0
+	if delayed {
 		time.Sleep(time.Duration(h.delay.Load()))
 	}
-	return h.drop.Load() > 0 && h.drop.Add(-1) >= 0
+	dropped := h.drop.Load() > 0 && h.drop.Add(-1) >= 0
+	if (delayed || dropped) && h.struck != nil {
+		h.struck(sent)
+	}
+	return dropped
 }

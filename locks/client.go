@@ -833,14 +833,9 @@ func await(wctx context.Context, handed <-chan uint64, timer *time.Timer) (fence
 }
 
 // mayHaveRun reports whether a command that failed with err may still have
-// run on the server: anything but a reply of Redis's (an error reply says
-// what happened) and a command that was never sent (refused by the breaker,
-// or no connection free in the client's pool). A timeout, the caller's
-// context ending, a connection that broke or closed after the write: the
-// script may have run, and what it took must be given back.
+// run on the server (see rcmd.MayHaveRun): not when the breaker refused it.
 func mayHaveRun(err error) bool {
-	var re redis.Error
-	return !errors.As(err, &re) && !errors.Is(err, ErrCircuitOpen) && !errors.Is(err, redis.ErrPoolTimeout)
+	return !errors.Is(err, ErrCircuitOpen) && rcmd.MayHaveRun(err)
 }
 
 // granted makes the Lock of a grant g (see grant). A grant to an owner (WithOwner) joins the owner's scope of the

@@ -527,6 +527,18 @@ func IsTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
+// MayHaveRun reports whether a command that failed with err may have run in
+// Redis, or may still: anything but a reply of Redis's (an error reply says
+// what happened) and a command never sent for want of a free connection in
+// the client's pool. A timeout, the caller's context ending, a connection
+// that broke or closed after the write: the command may have run, and what
+// it took (a lease, a lock) must be given back — as must what a command never
+// sent was to end, for the same error (a broken connection) may come before
+// the write as after it.
+func MayHaveRun(err error) bool {
+	return err != nil && !answered(err) && !errors.Is(err, redis.ErrPoolTimeout)
+}
+
 // Script is a Lua script, run as EVALSHA. Make it once, with NewScript, at
 // package initialisation or in a constructor.
 type Script struct {
