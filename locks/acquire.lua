@@ -93,7 +93,7 @@ if place > 0 then
   redis.call('ZADD', qt, nowms + place, member)
   local keep = place + lease
   redis.call('PEXPIRE', q, keep)
-  redis.call('PEXPIRE', qt, keep)
+  if redis.call('PTTL', qt) < keep then redis.call('PEXPIRE', qt, keep) end -- never cuts a tombstone's life
   if cur[1] and not cur[4] then redis.call('HSET', lk, 'w', '1') end
   queued = 1
 end

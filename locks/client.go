@@ -513,11 +513,11 @@ func (c *Client) giveBack(ctx context.Context, kv []any, owner, acq any, cfg *co
 }
 
 // giveBackCall is giveBack's release.lua call. It ends the acquisition for
-// good: its last argument, the attempt's lease, has the script leave a
-// tombstone that refuses any request of the attempt reaching Redis after it
-// (see release.lua).
+// good: its last argument has the script leave a tombstone that refuses any
+// request of the attempt reaching Redis after it (see release.lua), for as
+// long as one may (tombLifeV).
 func (c *Client) giveBackCall(kv []any, owner, acq any, cfg *config, member string) []any {
-	return releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV, "", "", cfg.leaseV})
+	return releaseS.call(kv, []any{owner, acq, member, cfg.argsReleaseV, c.pubV, "", "", tombLifeV})
 }
 
 // acquire is a Lock (wait) or TryLock call. A waiting call whose grant came

@@ -3,6 +3,7 @@ package locks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -736,6 +737,83 @@ func TestLateAttemptAfterGiveBack(t *testing.T) {
 	if err := lk.Unlock(ctx); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestRedlockLateAttemptAfterItsLease: an attempt that failed (its requests
+// to two nodes held back) is given back; its requests reach those nodes after
+// the attempt's lease, while its owner holds the lock anew, and add no hold
+// there. The tombstones lived for the attempt's lease only: the requests
+// re-entered the new holding, which then outlived its Unlock by its whole
+// lease with nobody holding it (TestGenRedlock at scale 2).
+func TestRedlockLateAttemptAfterItsLease(t *testing.T) {
+	ctx := context.Background()
+	servers := redistest.StartN(t, 3)
+	name := "rl-late-after-lease"
+	key := "cg:rlock:{" + name + "}"
+	var clients, plain []redis.UniversalClient
+	var faults []*genFault
+	for i, s := range servers {
+		c := s.Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+		defer c.Close()
+		if i < 2 {
+			f := &genFault{}
+			c.AddHook(f)
+			faults = append(faults, f)
+		}
+		clients = append(clients, c)
+		pc := s.Client()
+		defer pc.Close()
+		plain = append(plain, pc)
+	}
+	r := NewRedlock(clients, NodeTimeout(100*time.Millisecond))
+	defer r.Close()
+	x, y := NewRedlock(plain), NewRedlock(plain)
+	defer x.Close()
+	defer y.Close()
+	octx := WithOwner(ctx, "owner-late")
+	warm, err := r.TryLock(ctx, "warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = warm.Unlock(ctx)
+	deliver := make(chan struct{})
+	for _, f := range faults {
+		f.set(&genRule{script: &redlockAcquireS, mode: "late", until: deliver, left: 1})
+	}
+	tctx, cancel := context.WithTimeout(octx, 50*time.Millisecond)
+	_, err = r.TryLock(tctx, name, Lease(100*time.Millisecond))
+	cancel()
+	if err == nil {
+		t.Fatal("TryLock succeeded with two of three requests held back")
+	}
+	for i := range 2 {
+		redistest.Eventually(t, 5*time.Second, fmt.Sprintf("node %d's clean-ups sent", i), func() bool {
+			_, _, idle := r.NodeQueue(i)
+			return idle
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // the fault: the requests stay on the wire past the attempt's lease
+	held, err := x.Lock(octx, name, Lease(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(deliver)
+	for _, f := range faults {
+		f.wg.Wait() // the held requests have been answered
+	}
+	if err := held.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range plain {
+		if pttl := c.PTTL(ctx, key).Val(); pttl > 0 {
+			t.Errorf("node %d keeps the lock %v after its owner's Unlock: the late request added a hold", i, pttl)
+		}
+	}
+	lk, err := y.TryLock(ctx, name)
+	if err != nil {
+		t.Fatalf("another owner after the Unlock: %v", err)
+	}
+	_ = lk.Unlock(ctx)
 }
 
 // TestExpiredHoldGivenBack: a hold that ends at its local deadline is given

@@ -548,11 +548,16 @@ func releaseNode(ctx context.Context, n *rlNode, keys, args []any) (int64, error
 }
 
 // rlRelease returns redlock_release.lua's keys and arguments for acquisition
-// acq of owner, whose key lease is pxms (its tombstone's life), boxed once
-// for every node.
+// acq of owner, whose key lease is pxms, boxed once for every node. Its
+// tombstone lives rcmd.CleanupHorizon: a request of the attempt written into
+// a stall may reach the node that long after it.
 func rlRelease(key, owner, acq string, pxms int64) (keys, args []any) {
-	return []any{key, rlTomb(key, acq)}, []any{owner, acq, pxms}
+	return []any{key, rlTomb(key, acq)}, []any{owner, acq, pxms, tombLifeV}
 }
+
+// tombLifeV is how long a given-back attempt stays refused (ms, boxed once):
+// as long as a request of it may still reach Redis (rcmd.CleanupHorizon).
+var tombLifeV any = rcmd.CleanupHorizon.Milliseconds()
 
 // rlTomb is the key of acquisition acq's tombstone (see redlock_release.lua).
 func rlTomb(key, acq string) string { return key + ":g:" + acq }

@@ -28,10 +28,10 @@ func (s *grantSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			// evalsha|eval, sha|source, 2, key, tombstone, owner, acquisition, lease ms
+			// evalsha|eval, sha|source, 2, key, tombstone, owner, acquisition, lease ms, tombstone life ms
 			a := c.Args()
 			cmd, ok := c.(*redis.Cmd)
-			if !ok || len(a) != 8 || a[3] != s.key {
+			if !ok || len(a) != 9 || a[3] != s.key {
 				continue
 			}
 			if v, err := cmd.Int64Slice(); err == nil && len(v) == 2 && v[0] == 1 {

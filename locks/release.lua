@@ -13,10 +13,12 @@
 -- the channel KEYS[1]..':w:'..client id (same hash tag, so SPUBLISH stays in the script's
 -- slot).
 -- A give-back (the clean-up of an acquisition attempt abandoned, whose outcome may be
--- unknown) passes ARGV[8], the attempt's lease ms: it ends the acquisition for good, and
--- leaves its tombstone, '!'..acquisition id in KEYS[4] scored with its end, which acquire.lua
--- checks: a request of the attempt that reaches Redis after its give-back (written into a
--- stall, or retried by go-redis on another connection) would take a lock nobody holds.
+-- unknown) passes ARGV[8], how long a request of the attempt may still reach Redis (ms:
+-- rcmd.CleanupHorizon, not the lease, which a stall outlasts): it ends the acquisition for
+-- good, and leaves its tombstone, '!'..acquisition id in KEYS[4] scored with its end, which
+-- acquire.lua checks: a request of the attempt that reaches Redis after its give-back
+-- (written into a stall, or retried by go-redis on another connection) would take a lock
+-- nobody holds, or add a hold to its owner's holding that outlives that holding's release.
 -- Returns the remaining hold count (0 = released), or -1 when not held by owner; when the
 -- last hold was handed to the next waiter given, that waiter's fence token (a string); -3
 -- when the lease had run out unnoticed (released, as 0) and the next waiter was not queued.
@@ -62,7 +64,7 @@ if nextm ~= '' then
   redis.call('ZADD', q, 'NX', t[1] .. string.sub('00000' .. t[2], -6), nextm)
   redis.call('ZADD', qt, nowms + place, nextm)
   redis.call('PEXPIRE', q, place + nl)
-  redis.call('PEXPIRE', qt, place + nl)
+  if redis.call('PTTL', qt) < place + nl then redis.call('PEXPIRE', qt, place + nl) end -- never cuts a tombstone's life
   cur[4] = '1'
 end
 if not cur[3] then
