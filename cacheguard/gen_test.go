@@ -108,6 +108,7 @@ func TestGenCache(t *testing.T) {
 		m.checkSlots(rt)
 		m.checkNested(rt)
 		m.checkFailures(rt)
+		m.checkGiveBacks(rt)
 	})
 	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(),
@@ -1245,8 +1246,8 @@ func (m *genModel) shutdown(rt *rapid.T) {
 func (m *genModel) fault(rt *rapid.T) {
 	map[string]func(*rapid.T){
 		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
-		"drop": m.dropReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease, "slowgrant": m.slowGrant,
-	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "delay", "pause", "late", "slowgrant"}).Draw(rt, "fault")](rt)
+		"drop": m.dropReply, "droplease": m.dropLeaseReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease, "slowgrant": m.slowGrant,
+	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "droplease", "delay", "pause", "late", "slowgrant"}).Draw(rt, "fault")](rt)
 }
 
 // window marks a fault window from now until do returns, plus what a fault
@@ -1345,6 +1346,15 @@ func (m *genModel) dropReply(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	n := rapid.IntRange(1, 3).Draw(rt, "replies")
 	m.window("drop", genWindow{proc: p}, func() { p.hook.drop.Add(int64(n)) })
+}
+
+// dropLeaseReply drops the reply to a process's next fill-lease round trip
+// (a get-or-lease request, a store or a release; the command ran): what the
+// lease became is unknown to its holder, which must give it back
+// (checkGiveBacks).
+func (m *genModel) dropLeaseReply(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.window("droplease", genWindow{proc: p}, func() { p.hook.dropLease.Add(1) })
 }
 
 func (m *genModel) delayReply(rt *rapid.T) {
@@ -1456,6 +1466,7 @@ func (m *genModel) checkOverlaps(rt *rapid.T) {
 // fill leases' requests (late), and watches its give-backs (see watch).
 type faultHook struct {
 	drop        atomic.Int64 // replies to drop (the command ran)
+	dropLease   atomic.Int64 // replies to fill-lease round trips to drop (the command ran)
 	delays      atomic.Int64 // replies to delay by delay
 	delay       atomic.Int64
 	pausedUntil atomic.Int64  // unix ns: every command waits until then
@@ -1474,6 +1485,8 @@ type faultHook struct {
 
 	mu       sync.Mutex
 	gaveBack map[string]time.Time // "<lease key> <token>": when a give-back of it was answered
+	gaveTok  map[string]bool      // tokens a give-back was answered for
+	owed     map[string]string    // token → the failed round trip that owes its give-back (see owe)
 }
 
 var errDropped = errors.New("gen: reply dropped")
@@ -1486,7 +1499,7 @@ func (h *faultHook) armed() bool {
 	h.late.mu.Lock()
 	held := h.late.n > 0
 	h.late.mu.Unlock()
-	return h.drop.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now ||
+	return h.drop.Load() > 0 || h.dropLease.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now ||
 		h.slowUntil.Load() > now || held
 }
 
@@ -1514,7 +1527,9 @@ func (h *faultHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
 	h.before()
 	if time.Now().UnixNano() < h.lateUntil.Load() && slices.ContainsFunc(cmds, h.holds) {
-		return h.holdBack(ctx, cmds, send)
+		err := h.holdBack(ctx, cmds, send)
+		h.owe(cmds)
+		return err
 	}
 	sent := time.Now()
 	err := send(ctx, cmds)
@@ -1523,12 +1538,19 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
 	}
 	dropped := h.after(sent)
+	if !dropped && slices.ContainsFunc(cmds, isFillLeaseCall) && h.dropLease.Load() > 0 && h.dropLease.Add(-1) >= 0 {
+		dropped = true
+		if h.struck != nil {
+			h.struck(sent)
+		}
+	}
 	if dropped {
 		for _, c := range cmds {
 			c.SetErr(errDropped)
 		}
 		err = errDropped
 	}
+	h.owe(cmds)
 	if h.settled != nil {
 		if keys := fillKeys(cmds); keys != nil {
 			h.settled(ctx, keys)
@@ -1587,6 +1609,12 @@ func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(
 	return ctx.Err()
 }
 
+// isFillLeaseCall reports whether cmd is a round trip of a fill lease: a
+// get-or-lease request, a store or a release (a give-back included).
+func isFillLeaseCall(cmd redis.Cmder) bool {
+	return isLeaseCall(cmd) || cacheguard.IsFillCall(cmd.Args()) || cacheguard.IsReleaseCall(cmd.Args())
+}
+
 // isLeaseCall reports whether cmd is a get-or-lease request (lease.lua), as
 // EVALSHA or as the EVAL that follows a NOSCRIPT.
 func isLeaseCall(cmd redis.Cmder) bool {
@@ -1627,9 +1655,25 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 				h.gaveBack = map[string]time.Time{}
 			}
 			h.gaveBack[k+" "+tok[1:]] = time.Now()
+			if h.gaveTok == nil {
+				h.gaveTok = map[string]bool{}
+			}
+			h.gaveTok[tok[1:]] = true
+			delete(h.owed, tok[1:])
 			h.mu.Unlock()
 			continue
 		}
+		// An answered round trip of a token (a retry of one that failed
+		// unanswered: rcmd resends a command the process, not Redis, was
+		// slow for) tells its holder what the lease became: nothing is owed.
+		h.mu.Lock()
+		switch {
+		case isLeaseCall(cmd):
+			delete(h.owed, tok)
+		case cacheguard.IsFillCall(a) || cacheguard.IsReleaseCall(a):
+			delete(h.owed, tok[strings.LastIndexByte(tok, ' ')+1:])
+		}
+		h.mu.Unlock()
 		if !isLeaseCall(cmd) {
 			continue
 		}
@@ -1651,6 +1695,76 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 				h.bad("fill lease %s granted to %s by a request sent %v after its give-back was answered: nobody fills it", lk, tok, sent.Sub(at))
 			}
 		}
+	}
+}
+
+// owe records the fill-lease round trips of cmds (a get-or-lease request, a
+// store, a release) that failed without a reply of Redis's: each may have
+// run, or not yet, and so owes a give-back of its token (checkGiveBacks), or
+// the lease it took or failed to end keeps every other caller of the key
+// waiting for its expiry. The oracle's own rule, not the library's: any
+// error but an error reply.
+func (h *faultHook) owe(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		a := cmd.Args() // evalsha|eval, sha|source, numkeys, keys..., args...
+		var re redis.Error
+		if err := cmd.Err(); err == nil || errors.As(err, &re) || len(a) < 4 || giveBackOf(cmd) != "" {
+			continue
+		}
+		nk, ok := a[2].(int64)
+		if !ok {
+			n, _ := a[2].(int)
+			nk = int64(n)
+		}
+		if int(nk)+3 >= len(a) {
+			continue
+		}
+		var tok string
+		switch arg := fmt.Sprint(a[3+nk]); {
+		case isLeaseCall(cmd):
+			tok = arg
+		case cacheguard.IsFillCall(a) || cacheguard.IsReleaseCall(a): // "<generation> <token>"
+			tok = arg[strings.LastIndexByte(arg, ' ')+1:]
+		default:
+			continue
+		}
+		h.mu.Lock()
+		if h.owed == nil {
+			h.owed = map[string]string{}
+		}
+		if !h.gaveTok[tok] {
+			kind := map[bool]string{true: "get-or-lease", false: "store or release"}[isLeaseCall(cmd)]
+			h.owed[tok] = fmt.Sprintf("%s (%s) of %v, token %s, failed at %s: %v", a[0], kind, a[3], tok, time.Now().Format("05.000"), cmd.Err())
+		}
+		h.mu.Unlock()
+	}
+}
+
+// checkGiveBacks checks, once every call has returned, that each fill-lease
+// round trip of a live process that failed without a reply (see owe) had its
+// token given back, within 3s (give-backs are sent every 100ms until Redis
+// answers; a pause or a restart delays them). A closed process's give-backs
+// are dropped with it: only the live ones are checked.
+func (m *genModel) checkGiveBacks(rt *rapid.T) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var unpaid []string
+		for _, p := range m.procs {
+			p.hook.mu.Lock()
+			for tok, what := range p.hook.owed {
+				if !p.hook.gaveTok[tok] {
+					unpaid = append(unpaid, what)
+				}
+			}
+			p.hook.mu.Unlock()
+		}
+		if len(unpaid) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			rt.Fatalf("%d fill-lease round trips that failed unanswered were never given back, first: %s", len(unpaid), unpaid[0])
+		}
+		time.Sleep(20 * time.Millisecond) // polls the hooks' record of the give-backs answered, within the deadline
 	}
 }
 
