@@ -110,9 +110,9 @@ func TestGenCache(t *testing.T) {
 		m.checkFailures(rt)
 		m.checkGiveBacks(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall",
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(),
-		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load())
+		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
 }
 
 func flagSet(name string) (set bool) {
@@ -125,6 +125,9 @@ type genTotals struct {
 	nested, promoted                            atomic.Int64 // Gets loaders made; flights waiting for a slot they joined
 	joins, queued                               atomic.Int64 // NestedJoin steps; those whose second fill queued
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
+	// Failed calls judged: Redis unavailable, and waits past the budget, each
+	// excused by a fault within its scope (see unreachable, heldUp).
+	unavailable, waitedOut atomic.Int64
 	// The test process, the server and the cluster's masters: when they
 	// stood still (a starved host), which lets a lease lapse as a fault does.
 	stalls []*gen.Stalls
@@ -255,7 +258,7 @@ func (m *genModel) settled(ctx context.Context, keys []string) {
 // (see staleLimit): a reload of its entry must have run during the call,
 // started by another call (checked once the run's loads are all recorded).
 type genLateServe struct {
-	entry         string
+	key, entry    string
 	seq           int64
 	began, served time.Time
 	by            *genCallRec
@@ -294,6 +297,15 @@ type genModel struct {
 	nestedIn    map[int64][]genNested
 	nestedWaits []genNested
 	failed      []genFailure // the calls that failed (see checkFailures)
+	touches     []genTouch   // every call's keys and span (see heldUp)
+}
+
+// genTouch is a call's keys in a process, from its start to its end: while it
+// runs, the process may hold or ask for the fill lease of each.
+type genTouch struct {
+	proc       *genProc
+	keys       []string
+	began, end time.Time
 }
 
 // genFailure is a call that returned an error.
@@ -601,6 +613,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	}, append(slices.Clone(c.opts), cacheguard.ReportTo(&res))...)
 	done := genNested{proc: rec.proc, entry: c.entry(key), began: n.began, done: time.Now()}
 	m.mu.Lock()
+	m.touches = append(m.touches, genTouch{proc: rec.proc, keys: []string{key}, began: n.began, end: done.done})
 	if m.nestedIn == nil {
 		m.nestedIn = map[int64][]genNested{}
 	}
@@ -817,12 +830,13 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 				got[keys[0]] = v
 			}
 		}
-		took := time.Since(began)
+		took, end := time.Since(began), time.Now()
+		m.mu.Lock()
+		m.touches = append(m.touches, genTouch{proc: p, keys: keys, began: began, end: end})
 		if err != nil {
-			m.mu.Lock()
-			m.failed = append(m.failed, genFailure{c: c, proc: p, keys: keys, began: began, end: time.Now(), err: err})
-			m.mu.Unlock()
+			m.failed = append(m.failed, genFailure{c: c, proc: p, keys: keys, began: began, end: end, err: err})
 		}
+		m.mu.Unlock()
 		bound := c.budget
 		if c.ctxTime > 0 {
 			bound = min(bound, c.ctxTime)
@@ -959,7 +973,7 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		if limit, why := m.staleLimit(key, v, c); began.After(limit) {
 			what := fmt.Sprintf("%s served Stale %v past %s (load %d) to %s; %s", key, began.Sub(limit), why, v.Seq, c, m.history(key, began))
 			if w := m.loadOf(key, v); w != nil && !began.After(time.Unix(0, v.End).Add(2*w.call.ttl+50*time.Millisecond)) {
-				m.lates = append(m.lates, genLateServe{entry: w.entry, seq: v.Seq, began: began, served: time.Now(), by: rec, what: what})
+				m.lates = append(m.lates, genLateServe{key: key, entry: w.entry, seq: v.Seq, began: began, served: time.Now(), by: rec, what: what})
 			} else {
 				m.bad = append(m.bad, what)
 			}
@@ -1076,7 +1090,6 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 		slotted := f.proc.slots > 0 && slices.ContainsFunc(m.loads, func(l genLoad) bool {
 			return l.loader != "fast" && l.by != nil && l.by.proc == f.proc && l.start.Before(f.end) && l.end.After(f.began)
 		})
-		faulted := m.faulted(f.began, f.end)
 		var why string
 		switch {
 		case errors.Is(f.err, cacheguard.ErrClosed):
@@ -1092,16 +1105,21 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 			}
 			why = "a context's end, though the call's context has no deadline"
 		case errors.Is(f.err, cacheguard.ErrWaitTimeout):
-			if f.c.ctxTime > 0 || faulted || slotted || f.c.loader == "nested" || (f.c.loader == "slow" || f.c.loader == "slowenc") && f.c.budget < genSlow+genCmd ||
+			if f.c.ctxTime == 0 && m.heldUp(f.proc, f.keys, f.began, f.end) {
+				m.tot.waitedOut.Add(1)
+				continue
+			}
+			if f.c.ctxTime > 0 || slotted || f.c.loader == "nested" || (f.c.loader == "slow" || f.c.loader == "slowenc") && f.c.budget < genSlow+genCmd ||
 				ran("slow", "slowenc", "nested", "fail") {
 				continue
 			}
 			why = "its wait budget, though no load of its entries was slow and no fault struck"
 		case errors.Is(f.err, cacheguard.ErrUnavailable):
-			if faulted {
+			if m.unreachable(f.proc, f.began, f.end) {
+				m.tot.unavailable.Add(1)
 				continue
 			}
-			why = "Redis unavailable, though no fault struck"
+			why = "Redis unavailable, though no fault struck its process or every process, and nothing stood still"
 		default:
 			why = "an error the model has no cause for"
 		}
@@ -1111,12 +1129,47 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 	m.failed = nil
 }
 
-// faulted reports whether a fault struck from began to end, or what one
-// leaves behind (a fill lease granted unseen, a reply late) could last into
-// that span (m.mu held).
-func (m *genModel) faulted(began, end time.Time) bool {
-	return slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
-		return w[0].Before(end) && began.Before(w[1].Add(genLease+2*genCmd))
+// heldUp reports whether a fault can have held up a call of p on keys from
+// began to end (kept it waiting past its budget, or a reload of its keys from
+// storing): one of every process or of p's own, or of one of the keys, or of
+// another process while it had one of the keys in hand (a call of it or a
+// load of it running: the fill lease waited for may be that process's), or
+// what such a fault leaves behind reached into the span, or the host or a
+// server stood still in it. A fault of a process that touched none of the
+// keys cannot (m.mu held).
+func (m *genModel) heldUp(p *genProc, keys []string, began, end time.Time) bool {
+	if m.stoodStill(began.Add(-genCmd), end) {
+		return true
+	}
+	mine := func(k string) bool { return slices.Contains(keys, k) }
+	return slices.ContainsFunc(m.faultsW, func(w genWindow) bool {
+		if !w.from.Before(end) || !began.Before(w.to) {
+			return false
+		}
+		if w.key != "" {
+			return mine(w.key)
+		}
+		if w.proc == nil || w.proc == p {
+			return true
+		}
+		in := func(a, b time.Time) bool { return a.Before(w.to) && w.from.Before(b) }
+		return slices.ContainsFunc(m.touches, func(t genTouch) bool {
+			return t.proc == w.proc && in(t.began, t.end) && slices.ContainsFunc(t.keys, mine)
+		}) || slices.ContainsFunc(m.loads, func(l genLoad) bool {
+			return l.by != nil && l.by.proc == w.proc && in(l.start, l.until()) && mine(l.key)
+		})
+	})
+}
+
+// unreachable reports whether Redis can have been out of p's reach from
+// began to end: a fault of every process (a restart, a flush) or of p's own
+// (a reply dropped, delayed or held, a pause), or what it leaves behind,
+// reached into that span, or the host or a server stood still in it. A fault
+// of another process cannot: its holder's wait is a wait (ErrWaitTimeout),
+// never Redis failing this process (m.mu held).
+func (m *genModel) unreachable(p *genProc, began, end time.Time) bool {
+	return m.stoodStill(began.Add(-genCmd), end) || slices.ContainsFunc(m.faultsW, func(w genWindow) bool {
+		return (w.proc == nil || w.proc == p) && w.from.Before(end) && began.Before(w.to)
 	})
 }
 
@@ -1131,7 +1184,7 @@ func (m *genModel) checkLates(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, ls := range m.lates {
-		if m.faulted(ls.began, ls.served) {
+		if m.heldUp(ls.by.proc, []string{ls.key}, ls.began, ls.served) {
 			continue
 		}
 		ok := slices.ContainsFunc(m.loads, func(l genLoad) bool {
@@ -1377,7 +1430,7 @@ func (m *genModel) lateLease(rt *rapid.T) {
 // the next moment until after their leases ran out (genSlowGrant), within
 // the commands' bound: a grant read that late is given back, never loaded
 // under, so unlike the other faults it excuses no overlapping loads (its
-// window is not one of faultsW).
+// window is marked grant).
 func (m *genModel) slowGrant(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	m.tot.fault("slowgrant")
@@ -1386,6 +1439,7 @@ func (m *genModel) slowGrant(rt *rapid.T) {
 	p.hook.slowUntil.Store(until.UnixNano())
 	m.mu.Lock()
 	m.faults = append(m.faults, [2]time.Time{start, until.Add(genSlowGrant)})
+	m.faultsW = append(m.faultsW, genWindow{from: start, to: until.Add(genSlowGrant + genLease + 2*genCmd + genSlack), proc: p, grant: true})
 	m.mu.Unlock()
 }
 
@@ -1408,12 +1462,13 @@ type genWindow struct {
 	from, to time.Time
 	proc     *genProc
 	key      string
+	grant    bool // a grant read late (slowgrant): given back, it excuses no overlapping loads
 }
 
 // reaches reports whether w can have made load l lose its lease or load
 // without one: l ran during w, in w's process or on w's key when w has one.
 func (w genWindow) reaches(l genLoad) bool {
-	return l.start.Before(w.to) && l.until().After(w.from) &&
+	return !w.grant && l.start.Before(w.to) && l.until().After(w.from) &&
 		(w.proc == nil || l.by == nil || l.by.proc == w.proc) && (w.key == "" || w.key == l.key)
 }
 
