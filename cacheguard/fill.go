@@ -135,7 +135,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// for its expiry.
 	var unended []*flight
 	for i, f := range fs {
-		if rcmd.MayHaveRun(ends[i].Err()) {
+		if g.cmd.MayHaveRun(ends[i].Err()) {
 			unended = append(unended, f)
 		}
 	}

@@ -247,11 +247,11 @@ func (c *call[T]) unfinished(fs []*flight) {
 // leaseFailed ends flights whose get-or-lease round trip (made with tok)
 // failed: Close stopped them, or their starter's budget ended, or Redis
 // failed (then they fail open, or closed). A round trip that timed out or
-// broke (rcmd.MayHaveRun) may have run in Redis, or may run when it resumes,
+// broke (rcmd.Runner.MayHaveRun) may have run in Redis, or may run when it resumes,
 // and granted leases nobody fills: they are given back (see giveBack) while
 // the flights fail open.
 func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, tok string, err error) {
-	if rcmd.MayHaveRun(err) || passed(wctx) {
+	if c.g.cmd.MayHaveRun(err) || passed(wctx) {
 		c.g.giveBack(ctx, fs, tok, time.Now().Add(rcmd.CleanupHorizon))
 	}
 	switch {

@@ -1754,16 +1754,17 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 }
 
 // owe records the fill-lease round trips of cmds (a get-or-lease request, a
-// store, a release) that failed without a reply of Redis's: each may have
-// run, or not yet, and so owes a give-back of its token (checkGiveBacks), or
-// the lease it took or failed to end keeps every other caller of the key
-// waiting for its expiry. The oracle's own rule, not the library's: any
-// error but an error reply.
+// store, a release) that failed: each may have run, or not yet, and so owes
+// a give-back of its token (checkGiveBacks), or the lease it took or failed
+// to end keeps every other caller of the key waiting for its expiry. The
+// oracle's own rule, not the library's: any error, an error reply included,
+// since these clients retry (go-redis's defaults: MaxRetries, MaxRedirects)
+// and report the last attempt's error alone, and an attempt before it may
+// have run.
 func (h *faultHook) owe(cmds []redis.Cmder) {
 	for _, cmd := range cmds {
 		a := cmd.Args() // evalsha|eval, sha|source, numkeys, keys..., args...
-		var re redis.Error
-		if err := cmd.Err(); err == nil || errors.As(err, &re) || len(a) < 4 || giveBackOf(cmd) != "" {
+		if err := cmd.Err(); err == nil || len(a) < 4 || giveBackOf(cmd) != "" {
 			continue
 		}
 		nk, ok := a[2].(int64)

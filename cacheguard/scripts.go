@@ -94,7 +94,10 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // grant begins. A round trip the command timeout ended while this process,
 // not Redis, was slow (rcmd.Busy) is sent again with the same token (the
 // script grants a lease this token holds again) until it is answered, times
-// out with Redis silent, or ctx ends: failing open would cost a load.
+// out with Redis silent, or ctx ends: failing open would cost a load. Its
+// error keeps an earlier attempt's doubt (rcmd.Again): a resend that Redis
+// refused says nothing of the attempt that timed out, which may have been
+// granted a lease (TestGenCache at scale 3: it was left to expire).
 // A lease granted runs out on the local clock at the send of the round trip
 // that was granted it plus the lease (config.spent): one read past that is
 // given back, never loaded under (Redis may already have let another process
@@ -102,9 +105,12 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // given-back one is refused). lease returns the token the replies are for,
 // and the send (sent) that the leases they grant run from.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, used string, err error) {
+	var prev error // an earlier attempt's failure, with the same token
 	for {
 		sent = time.Now()
 		rs, vers, err = g.leaseOnce(ctx, fs, tok, cfg)
+		err = rcmd.Again(prev, err)
+		prev = err
 		if err == nil && cfg.spent(sent) {
 			var late []*flight
 			for i, f := range fs {

@@ -641,7 +641,7 @@ func (a *acquisition) once(ctx, actx context.Context) (lk *Lock, pttl time.Durat
 	switch {
 	case err != nil:
 		c.reload(actx)
-		if mayHaveRun(err) {
+		if c.mayHaveRun(err) {
 			// The script may have run although its reply never came.
 			c.giveBack(actx, a.kv, a.ov, a.acq, a.cfg, "", true)
 		}
@@ -833,9 +833,10 @@ func await(wctx context.Context, handed <-chan uint64, timer *time.Timer) (fence
 }
 
 // mayHaveRun reports whether a command that failed with err may still have
-// run on the server (see rcmd.MayHaveRun): not when the breaker refused it.
-func mayHaveRun(err error) bool {
-	return !errors.Is(err, ErrCircuitOpen) && rcmd.MayHaveRun(err)
+// run on the server (see rcmd.Runner.MayHaveRun): not when the breaker
+// refused it.
+func (c *Client) mayHaveRun(err error) bool {
+	return !errors.Is(err, ErrCircuitOpen) && c.run.MayHaveRun(err)
 }
 
 // granted makes the Lock of a grant g (see grant). A grant to an owner (WithOwner) joins the owner's scope of the

@@ -739,6 +739,63 @@ func TestLateAttemptAfterGiveBack(t *testing.T) {
 	}
 }
 
+// TestRefusedRetryGivesBack: go-redis sends a command again after its reply
+// was lost (MaxRetries, 3 on this client) and reports the last attempt's
+// error alone. An acquire that ran, whose retry Redis refused (READONLY,
+// after a failover), is given back: the name is free for the next caller at
+// once, not after the attempt's lease (30s) with nobody holding it. An error
+// reply used to say that the acquire never ran.
+func TestRefusedRetryGivesBack(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	name := "refused-retry"
+	lockKey := "cg:lock:{" + name + "}"
+	var armed atomic.Bool
+	prdb := s.Client()
+	prdb.AddHook(redistest.Intercept(func(_ context.Context, cmds []redis.Cmder, send func() error) error {
+		err := send()
+		for _, cmd := range cmds {
+			if sc, key := scriptCall(cmd); sc == &acquireS && key == lockKey && cmd.Err() == nil && armed.CompareAndSwap(true, false) {
+				err = replyError("READONLY You can't write against a read only replica.")
+				cmd.SetErr(err)
+			}
+		}
+		return err
+	}))
+	p, x := New(prdb), New(s.Client())
+	defer p.Close()
+	defer x.Close()
+	warm, err := p.TryLock(ctx, "warm-up") // Redis knows the scripts: one EVALSHA, no NOSCRIPT and EVAL
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if lk, err := p.TryLock(ctx, name, Lease(30*time.Second)); err == nil {
+		t.Fatalf("TryLock succeeded (%v) with its reply refused", lk)
+	}
+	if armed.Load() {
+		t.Fatal("the acquire to refuse was not sent")
+	}
+	var lk *Lock
+	redistest.Eventually(t, 5*time.Second, "the name free for another caller", func() bool {
+		var err error
+		lk, err = x.TryLock(ctx, name)
+		return err == nil
+	})
+	if err := lk.Unlock(ctx); err != nil {
+		t.Error(err)
+	}
+}
+
+// replyError is an error reply of Redis's.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
 // TestRedlockLateAttemptAfterItsLease: an attempt that failed (its requests
 // to two nodes held back) is given back; its requests reach those nodes after
 // the attempt's lease, while its owner holds the lock anew, and add no hold

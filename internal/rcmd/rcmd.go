@@ -91,6 +91,7 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 type Runner struct {
 	rdb     redis.UniversalClient
 	timeout time.Duration
+	retries bool    // rdb sends a failed command again on its own (see MayHaveRun)
 	quiet   Silence // how long Redis has left r's commands unanswered
 
 	// srtt and rttvar (ns) estimate how long Redis takes to answer r's
@@ -106,7 +107,7 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
-	r := &Runner{rdb: rdb, timeout: timeout}
+	r := &Runner{rdb: rdb, timeout: timeout, retries: retries(rdb)}
 	r.quiet.Start()
 	return r
 }
@@ -527,16 +528,62 @@ func IsTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// MayHaveRun reports whether a command that failed with err may have run in
-// Redis, or may still: anything but a reply of Redis's (an error reply says
-// what happened) and a command never sent for want of a free connection in
-// the client's pool. A timeout, the caller's context ending, a connection
-// that broke or closed after the write: the command may have run, and what
-// it took (a lease, a lock) must be given back — as must what a command never
-// sent was to end, for the same error (a broken connection) may come before
-// the write as after it.
-func MayHaveRun(err error) bool {
-	return err != nil && !answered(err) && !errors.Is(err, redis.ErrPoolTimeout)
+// MayHaveRun reports whether a command that r sent, and that failed with
+// err, may have run in Redis in any of its attempts, or may still; what it
+// took (a lease, a lock) must then be given back. It is the one rule of it.
+//
+// One attempt's error says what that attempt did: anything but a reply of
+// Redis's (an error reply says what happened) and a command never sent for
+// want of a free connection in the client's pool may have run — a timeout,
+// the caller's context ending, a connection that broke or closed after the
+// write — and what a command never sent was to end must be given back too,
+// since the same error (a broken connection) comes before the write as after
+// it. But err is the last attempt's only: go-redis sends a failed command
+// again (MaxRetries; MaxRedirects on a cluster) and an attempt that timed
+// out may have run though the next was refused (LOADING, READONLY,
+// CLUSTERDOWN after a failover), so on a client that retries every failure
+// may have run. A caller that sends a command again itself keeps an earlier
+// attempt's doubt in the error it reports (see Again).
+func (r *Runner) MayHaveRun(err error) bool {
+	return err != nil && !errors.Is(err, redis.Nil) && (r.retries || mayHaveRun(err))
+}
+
+// mayHaveRun is MayHaveRun for one attempt, or for attempts whose doubt
+// Again kept.
+func mayHaveRun(err error) bool {
+	var d *doubtful
+	return err != nil && (errors.As(err, &d) || !answered(err) && !errors.Is(err, redis.ErrPoolTimeout))
+}
+
+// Again returns the error to report for a command sent again by its caller
+// after an attempt that failed with prev, whose own attempt failed with err:
+// err, marked (for MayHaveRun) as of a command that may have run when prev's
+// attempt may have and err's says it did not.
+func Again(prev, err error) error {
+	if err == nil || !mayHaveRun(prev) || mayHaveRun(err) {
+		return err
+	}
+	return &doubtful{err}
+}
+
+// doubtful is the error of a command one of whose earlier attempts may have
+// run (see Again). It unwraps to its last attempt's error.
+type doubtful struct{ error }
+
+func (e *doubtful) Unwrap() error { return e.error }
+
+// retries reports whether rdb sends a failed command again on its own.
+func retries(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client: // options resolved: 0 retries none
+		return c.Options().MaxRetries > 0
+	case *redis.ClusterClient: // resolved too: redirects are its attempts, and its nodes' retries
+		o := c.Options()
+		return o.MaxRedirects > 0 || o.MaxRetries > 0
+	case *redis.Ring: // resolved too
+		return c.Options().MaxRetries > 0
+	}
+	return true // unknown: assume it does
 }
 
 // Script is a Lua script, run as EVALSHA. Make it once, with NewScript, at

@@ -425,3 +425,45 @@ func TestCancelledCommandLeavesNoSilence(t *testing.T) {
 		}
 	}
 }
+
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// TestMayHaveRun: a failure may have run in Redis unless Redis answered it
+// (an error reply) or it never left the pool, and only when that answer was
+// its only attempt: on a client that retries (go-redis's default), the error
+// is the last attempt's, and a caller's own resend keeps an earlier
+// attempt's doubt (Again).
+func TestMayHaveRun(t *testing.T) {
+	refused := replyError("READONLY You can't write against a read only replica.")
+	one, three := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: -1}), redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer one.Close()
+	defer three.Close()
+	once, retried := rcmd.New(one, 0), rcmd.New(three, 0)
+	for _, c := range []struct {
+		name  string
+		r     *rcmd.Runner
+		err   error
+		maybe bool
+	}{
+		{"no failure", once, nil, false},
+		{"an absent value", retried, redis.Nil, false},
+		{"an error reply, one attempt", once, refused, false},
+		{"a pool timeout, one attempt", once, redis.ErrPoolTimeout, false},
+		{"a timeout", once, context.DeadlineExceeded, true},
+		{"a broken connection", once, &net.OpError{Op: "read", Err: errors.New("reset")}, true},
+		{"an error reply after retries", retried, refused, true},
+		{"a pool timeout after retries", retried, redis.ErrPoolTimeout, true},
+		{"an error reply resent after a timeout", once, rcmd.Again(context.DeadlineExceeded, refused), true},
+		{"an error reply resent after an error reply", once, rcmd.Again(refused, refused), false},
+	} {
+		if got := c.r.MayHaveRun(c.err); got != c.maybe {
+			t.Errorf("%s: MayHaveRun(%v) = %v, want %v", c.name, c.err, got, c.maybe)
+		}
+	}
+	if err := rcmd.Again(context.DeadlineExceeded, refused); !errors.Is(err, refused) || err.Error() != refused.Error() {
+		t.Errorf("Again: %v; want the last attempt's error", err)
+	}
+}
