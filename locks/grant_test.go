@@ -661,6 +661,16 @@ func TestRetriedReentryStaysReentry(t *testing.T) {
 // after loading l's scripts (a held-back EVALSHA then runs when it arrives).
 func holdLate(t *testing.T, l Locker, f *genFault, sc *script) (deliver chan struct{}) {
 	t.Helper()
+	warmUp(t, l)
+	deliver = make(chan struct{})
+	f.set(&genRule{script: sc, mode: "late", until: deliver, left: 1})
+	return deliver
+}
+
+// warmUp takes and releases a lock with l, so that Redis knows its scripts:
+// the next call of a script is one EVALSHA (no NOSCRIPT, then EVAL).
+func warmUp(t *testing.T, l Locker) {
+	t.Helper()
 	warm, err := l.TryLock(context.Background(), "warm-up")
 	if err != nil {
 		t.Fatal(err)
@@ -668,9 +678,6 @@ func holdLate(t *testing.T, l Locker, f *genFault, sc *script) (deliver chan str
 	if err := warm.Unlock(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	deliver = make(chan struct{})
-	f.set(&genRule{script: sc, mode: "late", until: deliver, left: 1})
-	return deliver
 }
 
 // TestLateAttemptAfterGiveBack: an attempt whose request reaches Redis only
@@ -765,13 +772,7 @@ func TestRefusedRetryGivesBack(t *testing.T) {
 	p, x := New(prdb), New(s.Client())
 	defer p.Close()
 	defer x.Close()
-	warm, err := p.TryLock(ctx, "warm-up") // Redis knows the scripts: one EVALSHA, no NOSCRIPT and EVAL
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := warm.Unlock(ctx); err != nil {
-		t.Fatal(err)
-	}
+	warmUp(t, p)
 	armed.Store(true)
 	if lk, err := p.TryLock(ctx, name, Lease(30*time.Second)); err == nil {
 		t.Fatalf("TryLock succeeded (%v) with its reply refused", lk)
@@ -828,17 +829,13 @@ func TestRedlockLateAttemptAfterItsLease(t *testing.T) {
 	defer x.Close()
 	defer y.Close()
 	octx := WithOwner(ctx, "owner-late")
-	warm, err := r.TryLock(ctx, "warm-up")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = warm.Unlock(ctx)
+	warmUp(t, r)
 	deliver := make(chan struct{})
 	for _, f := range faults {
 		f.set(&genRule{script: &redlockAcquireS, mode: "late", until: deliver, left: 1})
 	}
 	tctx, cancel := context.WithTimeout(octx, 50*time.Millisecond)
-	_, err = r.TryLock(tctx, name, Lease(100*time.Millisecond))
+	_, err := r.TryLock(tctx, name, Lease(100*time.Millisecond))
 	cancel()
 	if err == nil {
 		t.Fatal("TryLock succeeded with two of three requests held back")
