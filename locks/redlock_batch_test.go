@@ -306,11 +306,17 @@ func (h *rlFailHook) around(_ context.Context, cmds []redis.Cmder, send func() e
 // failing nodes kept from a quorum tries again within the wait budget, as
 // any Lock does — a transient node failure must not fail a re-entry that a
 // fresh Lock would have survived — while a nested TryLock makes its one
-// attempt and reports ErrUnavailable.
+// attempt and reports ErrUnavailable. Each step begins once the one before
+// has reached every node: the outer Lock returns once a quorum granted, and
+// a nested attempt reaching the third node before the outer grant found no
+// holding there to re-enter (a refusal, ErrBusy: no retry); an acquire of
+// the TryLock still queued for a node took the Lock's injected failure
+// there (9 of 40 runs failed so).
 func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 	const name = "rl:nested-retry"
 	key := rlKey(name)
-	ctx := locks.WithOwner(context.Background(), locks.NewOwnerID())
+	owner := locks.NewOwnerID()
+	ctx := locks.WithOwner(context.Background(), owner)
 	hooks := []*rlFailHook{{key: key}, {key: key}, {key: key}}
 	clients := rlHookedNodes(t, func(i int) redistest.Intercept { return hooks[i].around })
 	r := locks.NewRedlock(clients, locks.Lease(5*time.Second), locks.WaitBudget(5*time.Second))
@@ -318,6 +324,11 @@ func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 	outer, err := r.Lock(ctx, name)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, c := range clients {
+		redistest.Eventually(t, 5*time.Second, "the outer Lock's holding on every node", func() bool {
+			return c.HGet(context.Background(), key, "o").Val() == owner
+		})
 	}
 	arm := func() {
 		hooks[0].armed.Store(true)
@@ -327,6 +338,9 @@ func TestRedlockNestedLockRetriesFailedNodes(t *testing.T) {
 	if _, err := r.TryLock(ctx, name); !errors.Is(err, locks.ErrUnavailable) || errors.Is(err, locks.ErrLost) {
 		t.Fatalf("nested TryLock with two nodes failing: %v, want ErrUnavailable (and not ErrLost)", err)
 	}
+	redistest.Eventually(t, 5*time.Second, "the TryLock's acquires sent to both failing nodes", func() bool {
+		return !hooks[0].armed.Load() && !hooks[1].armed.Load()
+	})
 	arm()
 	inner, err := r.Lock(ctx, name)
 	if err != nil {
