@@ -41,6 +41,11 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// lease, so that another process can load.
 	stop := g.renew(ctx, fs, c.cfg.lease, sent, start.Add(c.cfg.loadTimeout))
 	names := keysOf(fs)
+	if kind == fillMiss {
+		for _, f := range fs {
+			f.t.fill.CompareAndSwap(storeNone, storeOpen)
+		}
+	}
 	if kind == fillEarly {
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
@@ -117,6 +122,9 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		header := *env
 		header.payload = nil
 		o.env, o.stored = &header, !env.failSafe && !env.negative
+	}
+	for _, f := range fs {
+		f.t.fill.CompareAndSwap(storeOpen, storeNone) // the calls that arrive from now on read first
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
 	// Renewed until the store answered, not only while the loader ran: a

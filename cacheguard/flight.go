@@ -119,6 +119,42 @@ func (fs *flights) taking(e entry, s *stored, typ reflect.Type) *task[entry, *ou
 	return nil
 }
 
+// filling returns the flight of e of type typ that holds the fill lease for
+// a miss and has not sent its store yet, if any (see call.awaitFill).
+func (fs *flights) filling(e entry, typ reflect.Type) *task[entry, *outcome] {
+	if fs.running.Load() == 0 {
+		return nil
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for _, t := range fs.m[e].running {
+		if t.typ == typ && t.fill.Load() == storeOpen {
+			return t
+		}
+	}
+	return nil
+}
+
+// invalidated marks the flights of the values hash values as unable to
+// store: the calls that begin from now on read rather than wait for their
+// stores (see call.awaitFill). Those stores would fail (their leases came
+// before the invalidation); waiting for them was correct, but cost a call
+// the rest of an old load before its own.
+func (fs *flights) invalidated(values string) {
+	if fs.running.Load() == 0 {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for e, l := range fs.m {
+		if e.values == values {
+			for _, t := range l.running {
+				t.fill.Store(storeStale)
+			}
+		}
+	}
+}
+
 // join returns a flight of e that admit takes, or a new one (leader) of
 // type typ and floor (the generation its starter read; an unknown one is no
 // floor) that the caller must run and end with finish; see group.join.

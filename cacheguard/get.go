@@ -172,6 +172,43 @@ type part[T any] struct {
 	err error
 }
 
+// awaitFill serves sl, a call that arrived while flight t of its entry held
+// the fill lease for a miss and had not sent its store, with what that
+// store stored, without a read of its own. The store is a compare-and-set
+// under the generation the lease was granted under, run after the call
+// arrived: when it stored, that generation was the key's when the call
+// arrived too (generations only grow), and the value was what Redis held
+// then — what a read sent after the call arrived would have found
+// (read-your-writes after Invalidate rests on this). The call's tags, were
+// it to have any, are not checked by the store: such a call reads. When
+// the store did not store (an invalidation or a lost lease came between, the
+// load failed or found nothing), it reports false: the call then reads,
+// counted as a miss once. A call whose ctx or wait budget ends first ends as
+// any waiting call does.
+func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], deadline time.Time) bool {
+	// Counted as it waits, as a call that joins a flight after a read is
+	// (see wait): a miss in Stats is a call already waiting.
+	sl.missed = true
+	c.g.note(ctx, EventMiss, sl.key, 0, nil)
+	timer := getTimer(time.Until(deadline))
+	defer putTimer(timer)
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
+		return true
+	case <-timer.C:
+		c.timedOut(ctx, sl, deadline)
+		return true
+	}
+	if o := t.res; o.stored && o.err == nil {
+		c.g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
+		c.deliver(ctx, sl, o)
+		return true
+	}
+	return false
+}
+
 // detach returns a copy of c on the heap, for the miss path, so that the hit
 // path keeps c and its configuration on the stack.
 func (c *call[T]) detach() *call[T] {
@@ -185,6 +222,11 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
+	if c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
+		if t := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, start.Add(c.cfg.wait)) {
+			return sl.v, sl.res, sl.err
+		}
+	}
 	var err error
 	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.typ, c.cfg.policy == policyFailFast)
 	if sl.s.counted {

@@ -56,6 +56,11 @@ type task[K comparable, T any] struct {
 	// elsewhere: its first script found the fill lease held by another
 	// process, whose fill it follows (set before asked closes).
 	elsewhere atomic.Bool
+	// fill: whether calls may wait for its store without a read (see
+	// call.awaitFill): storeOpen from its lease's grant for a miss until its
+	// store is sent, storeNone before and after, storeStale for good once an
+	// Invalidate of its key in this process returned.
+	fill atomic.Int32
 	// then runs as the task ends, under the group's mu: the reads chained
 	// to a flight (see flights.chain).
 	then []func()
@@ -68,6 +73,13 @@ type task[K comparable, T any] struct {
 	settled  atomic.Bool
 	deferred bool // answered without waking its callers (set before asked closes)
 }
+
+// The states of a flight's store (see task.fill).
+const (
+	storeNone int32 = iota
+	storeOpen
+	storeStale
+)
 
 // admission is what a caller makes of a task of its key.
 type admission uint8

@@ -163,22 +163,29 @@ func (g *Guard) Stats() Stats {
 // compare-and-set and writes nothing (its callers still get what it loaded,
 // as they began before the invalidation), and its waiters are woken to take
 // a new lease and load again. A Get that begins after Invalidate returned, in
-// any process, returns only a value loaded after it: calls join only flights
-// of the generation they read (see the package documentation); another
+// any process, returns only a value loaded after it: a call takes only what
+// was read, or stored by a compare-and-set, under the generation current
+// when it began (see the package documentation); another
 // process's near cache drops its values when the invalidation's message
 // arrives, within a message's latency. When Redis
 // cannot be reached it returns an error matching ErrUnavailable; when ctx
 // ends first, ctx's error, and the invalidation may still land (it is not
 // cut with ctx).
 func (g *Guard) Invalidate(ctx context.Context, keys ...string) error {
-	return g.invalidate(ctx, "invalidate", keys, validKey, func(k string) redis.Cmder {
+	var values []string
+	err := g.invalidate(ctx, "invalidate", keys, validKey, func(k string) redis.Cmder {
 		n := g.names(k, "")
+		values = append(values, n.values)
 		return invalidateScript.Cmd(ctx, []any{n.gen, n.values}, n.wake, g.pub, genTTL.Milliseconds(), g.ncChannel, g.origin+" i"+k)
 	}, func(ks []string) {
 		for _, k := range ks {
 			g.near.drop(k)
 		}
 	})
+	for _, v := range values {
+		g.flights.invalidated(v)
+	}
+	return err
 }
 
 // invalidate checks names (keys, or tags), then runs one script for each,

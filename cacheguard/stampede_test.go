@@ -7,8 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/childproc"
@@ -313,5 +316,134 @@ func TestWaiterIgnoresPushFromAnotherFill(t *testing.T) {
 	}
 	if v := <-got; v.Name != "holder" {
 		t.Fatalf("waiter got %+v, want the lease holder's value", v)
+	}
+}
+
+// hgets counts the reads of single entries a client sends (HGET; the fill's
+// scripts and renewals are not counted).
+type hgets struct{ n atomic.Int64 }
+
+func (h *hgets) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *hgets) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hget" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *hgets) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if c.Name() == "hget" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Calls that arrive while their process fills the key for a miss, before
+// the fill sends its store, wait for that store without a read of their
+// own: its compare-and-set runs after they arrived, so a value it stored is
+// what Redis held then. (Before, each wave of them read the entry first: 10
+// reads in a burst of 128 calls on a 5 ms load, one process.)
+func TestLateCallsWaitForTheFillWithoutARead(t *testing.T) {
+	ctx := context.Background()
+	rdb := shared(t)
+	reads := &hgets{}
+	rdb.AddHook(reads)
+	g := cacheguard.New(rdb)
+	t.Cleanup(func() { g.Close() })
+	key := testKey(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	load := func(context.Context) (item, error) {
+		close(started) // a second load panics: the calls fail
+		<-release
+		return item{1, "x"}, nil
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, key, load)
+		first <- err
+	}()
+	<-started
+	before := reads.n.Load()
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	results := make([]cacheguard.Result, n)
+	for i := range n {
+		wg.Go(func() {
+			var v item
+			v, errs[i] = cacheguard.Get(ctx, g, key, load, cacheguard.ReportTo(&results[i]))
+			if errs[i] == nil && v != (item{1, "x"}) {
+				errs[i] = fmt.Errorf("got %v", v)
+			}
+		})
+	}
+	eventually(t, 10*time.Second, "the late calls waiting", func() bool { return g.Stats().Misses == n+1 })
+	if d := reads.n.Load() - before; d != 0 {
+		t.Errorf("the late calls sent %d reads, want none", d)
+	}
+	close(release)
+	wg.Wait()
+	if err := errors.Join(append(errs, <-first)...); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range results {
+		if r != cacheguard.Coalesced {
+			t.Errorf("late call %d: %v, want COALESCED", i, r)
+		}
+	}
+}
+
+// A call that arrives after another process's Invalidate that came while
+// the fill loaded waits for that fill, whose store then fails (the
+// generation moved), and gets the value loaded after the invalidation,
+// never the one loaded before it. (After an Invalidate of its own process
+// the call reads at once: TestLostGenerationNoOldFlight.)
+func TestLateCallAfterInvalidateDuringFill(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	other, _ := newGuard(t)
+	key := testKey(t)
+	var loads atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	load := func(context.Context) (item, error) {
+		n := loads.Add(1)
+		if n == 1 {
+			close(started)
+			<-release
+		}
+		return item{int(n), "x"}, nil
+	}
+	first := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, g, key, load)
+		if err == nil && v.ID != 1 {
+			err = fmt.Errorf("first call got %v", v)
+		}
+		first <- err
+	}()
+	<-started
+	if err := other.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, g, key, load)
+		if err == nil && v.ID != 2 {
+			err = fmt.Errorf("the call after the Invalidate got %v, want the value loaded after it", v)
+		}
+		late <- err
+	}()
+	eventually(t, 10*time.Second, "the late call waiting", func() bool { return g.Stats().Misses == 2 })
+	close(release)
+	if err := errors.Join(<-first, <-late); err != nil {
+		t.Fatal(err)
+	}
+	if n := loads.Load(); n != 2 {
+		t.Fatalf("loads = %d, want 2", n)
 	}
 }
