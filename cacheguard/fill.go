@@ -152,6 +152,9 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	}
 	for i, f := range fs {
 		o := outs[i]
+		if n, err := ends[i].(*redis.Cmd).Int64(); err == nil {
+			o.current = stores[i] != nil && n == 1 || stores[i] == nil && n == 2
+		}
 		if stores[i] != nil {
 			if n, err := stores[i].Int64(); err != nil || n != 1 {
 				o.stored = false

@@ -42,6 +42,10 @@ type outcome struct {
 	// loaded under, its times — for judge; nil for a load without the lease.
 	env    *envelope
 	stored bool // val is in Redis as env says: it may enter the near cache
+	// current: the fill's store or release found the generation its lease
+	// was granted under, after every call that waits for it arrived (see
+	// call.awaitFill).
+	current bool
 }
 
 // flights are the misses of a process, one group task per flight: the calls

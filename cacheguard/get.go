@@ -173,18 +173,18 @@ type part[T any] struct {
 }
 
 // awaitFill serves sl, a call that arrived while flight t of its entry held
-// the fill lease for a miss and had not sent its store, with what that
-// store stored, without a read of its own. The store is a compare-and-set
-// under the generation the lease was granted under, run after the call
-// arrived: when it stored, that generation was the key's when the call
-// arrived too (generations only grow), and the value was what Redis held
-// then — what a read sent after the call arrived would have found
-// (read-your-writes after Invalidate rests on this). The call's tags, were
-// it to have any, are not checked by the store: such a call reads. When
-// the store did not store (an invalidation or a lost lease came between, the
-// load failed or found nothing), it reports false: the call then reads,
-// counted as a miss once. A call whose ctx or wait budget ends first ends as
-// any waiting call does.
+// the fill lease for a miss and had not sent its store, with the flight's
+// outcome, without a read of its own — when the flight's store (a
+// compare-and-set) or release found the generation the lease was granted
+// under (outcome.current). That ran after the call arrived, so no
+// invalidation came between the lease's grant, before the load began, and
+// the call's arrival (generations only grow): a value, an absence or an
+// error the flight's callers share is what a call that read after it
+// arrived could have been given (read-your-writes after Invalidate rests on
+// this). The call's tags, were it to have any, are not checked by the store:
+// such a call reads. Otherwise (an invalidation or a lost lease came
+// between) it reports false: the call then reads, counted as a miss once. A
+// call whose ctx or wait budget ends first ends as any waiting call does.
 func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], deadline time.Time) bool {
 	// Counted as it waits, as a call that joins a flight after a read is
 	// (see wait): a miss in Stats is a call already waiting.
@@ -201,7 +201,7 @@ func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *ou
 		c.timedOut(ctx, sl, deadline)
 		return true
 	}
-	if o := t.res; o.stored && o.err == nil {
+	if o := t.res; o.current {
 		c.g.note(ctx, EventCoalescedLocal, sl.key, 0, nil)
 		c.deliver(ctx, sl, o)
 		return true

@@ -164,8 +164,9 @@ func (g *Guard) Stats() Stats {
 // as they began before the invalidation), and its waiters are woken to take
 // a new lease and load again. A Get that begins after Invalidate returned, in
 // any process, returns only a value loaded after it: a call takes only what
-// was read, or stored by a compare-and-set, under the generation current
-// when it began (see the package documentation); another
+// it read, or what a fill whose store or release found the lease's
+// generation current after the call began shares (see the package
+// documentation); another
 // process's near cache drops its values when the invalidation's message
 // arrives, within a message's latency. When Redis
 // cannot be reached it returns an error matching ErrUnavailable; when ctx

@@ -242,7 +242,7 @@ func (g *Guard) store(ctx context.Context, f *flight, env []byte, ttl time.Durat
 // msg: its kind ('e' failed, 'n' not found, 'h' handed over) followed by
 // what it says.
 func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
-	return releaseScript.Cmd(ctx, keys(f.n.lease), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
+	return releaseScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
 }
 
 // giveBackEvery is how often giveBack asks a silent Redis again.

@@ -399,51 +399,61 @@ func TestLateCallsWaitForTheFillWithoutARead(t *testing.T) {
 }
 
 // A call that arrives after another process's Invalidate that came while
-// the fill loaded waits for that fill, whose store then fails (the
-// generation moved), and gets the value loaded after the invalidation,
-// never the one loaded before it. (After an Invalidate of its own process
-// the call reads at once: TestLostGenerationNoOldFlight.)
+// the fill loaded waits for that fill, whose store or release then finds
+// the generation moved, and gets what was loaded after the invalidation,
+// never what was loaded before it — a value, an absence or an uncached
+// answer (release.lua reports the generation: a release that did not would
+// hand the call an ErrNotFound from before the row existed). (After an Invalidate of its own
+// process the call reads at once: TestLostGenerationNoOldFlight.)
 func TestLateCallAfterInvalidateDuringFill(t *testing.T) {
-	ctx := context.Background()
-	g, _ := newGuard(t)
-	other, _ := newGuard(t)
-	key := testKey(t)
-	var loads atomic.Int64
-	started, release := make(chan struct{}), make(chan struct{})
-	load := func(context.Context) (item, error) {
-		n := loads.Add(1)
-		if n == 1 {
-			close(started)
-			<-release
-		}
-		return item{int(n), "x"}, nil
-	}
-	first := make(chan error, 1)
-	go func() {
-		v, err := cacheguard.Get(ctx, g, key, load)
-		if err == nil && v.ID != 1 {
-			err = fmt.Errorf("first call got %v", v)
-		}
-		first <- err
-	}()
-	<-started
-	if err := other.Invalidate(ctx, key); err != nil {
-		t.Fatal(err)
-	}
-	late := make(chan error, 1)
-	go func() {
-		v, err := cacheguard.Get(ctx, g, key, load)
-		if err == nil && v.ID != 2 {
-			err = fmt.Errorf("the call after the Invalidate got %v, want the value loaded after it", v)
-		}
-		late <- err
-	}()
-	eventually(t, 10*time.Second, "the late call waiting", func() bool { return g.Stats().Misses == 2 })
-	close(release)
-	if err := errors.Join(<-first, <-late); err != nil {
-		t.Fatal(err)
-	}
-	if n := loads.Load(); n != 2 {
-		t.Fatalf("loads = %d, want 2", n)
+	for _, first := range []string{"value", "not found", "uncached"} {
+		t.Run(first, func(t *testing.T) {
+			ctx := context.Background()
+			g, _ := newGuard(t, cacheguard.NegativeTTL(0)) // an absence is released, not stored
+			other, _ := newGuard(t)
+			key := testKey(t)
+			var loads atomic.Int64
+			started, release := make(chan struct{}), make(chan struct{})
+			load := func(context.Context) (item, error) {
+				n := loads.Add(1)
+				if n == 1 {
+					close(started)
+					<-release
+					switch first {
+					case "not found":
+						return item{}, cacheguard.ErrNotFound
+					case "uncached":
+						return item{1, "x"}, fmt.Errorf("a cookie: %w", cacheguard.ErrUncached)
+					}
+				}
+				return item{int(n), "x"}, nil
+			}
+			firstDone := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, g, key, load)
+				firstDone <- err
+			}()
+			<-started
+			if err := other.Invalidate(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			late := make(chan error, 1)
+			go func() {
+				v, err := cacheguard.Get(ctx, g, key, load)
+				if err != nil || v.ID != 2 {
+					err = fmt.Errorf("the call after the Invalidate got %v, %v; want the value loaded after it", v, err)
+				}
+				late <- err
+			}()
+			eventually(t, 10*time.Second, "the late call waiting", func() bool { return g.Stats().Misses == 2 })
+			close(release)
+			if err := <-late; err != nil {
+				t.Fatal(err)
+			}
+			<-firstDone
+			if n := loads.Load(); n != 2 {
+				t.Fatalf("loads = %d, want 2", n)
+			}
+		})
 	}
 }
