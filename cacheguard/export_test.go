@@ -93,3 +93,7 @@ func ReadsQueued(g *Guard) int {
 func IsFillCall(a []any) bool {
 	return len(a) > 1 && (a[0] == "evalsha" && a[1] == fillScript.SHA() || a[0] == "eval" && a[1] == fillScript.Source())
 }
+
+// OpenStores is how many flights of g have a store calls may wait for (see
+// call.awaitFill): 0 once every fill sent its store.
+func (g *Guard) OpenStores() int64 { return g.flights.open.Load() }

@@ -43,7 +43,8 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	names := keysOf(fs)
 	if kind == fillMiss {
 		for _, f := range fs {
-			f.t.fill.CompareAndSwap(storeNone, storeOpen)
+			g.flights.setStore(f.t, storeOpen)
+			defer g.flights.setStore(f.t, storeNone) // also when a codec or an observer panics
 		}
 	}
 	if kind == fillEarly {
@@ -124,7 +125,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		o.env, o.stored = &header, !env.failSafe && !env.negative
 	}
 	for _, f := range fs {
-		f.t.fill.CompareAndSwap(storeOpen, storeNone) // the calls that arrive from now on read first
+		g.flights.setStore(f.t, storeNone) // the calls that arrive from now on read first
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
 	// Renewed until the store answered, not only while the loader ran: a

@@ -59,6 +59,7 @@ type flights struct {
 	serial  atomic.Uint64
 	running atomic.Int64
 	joined  atomic.Int64 // calls that joined a flight another call leads (tests)
+	open    atomic.Int64 // flights whose store is open (see filling): a hit reads it alone
 }
 
 // mark returns what a read of e must carry for the calls sharing it to
@@ -124,11 +125,10 @@ func (fs *flights) taking(e entry, s *stored, typ reflect.Type) *task[entry, *ou
 }
 
 // filling returns the flight of e of type typ that holds the fill lease for
-// a miss and has not sent its store yet, if any (see call.awaitFill).
+// a miss and has not sent its store yet, if any (see call.awaitFill). Its
+// caller checks fs.open first: early refreshes run often, and a hit takes
+// no lock for them.
 func (fs *flights) filling(e entry, typ reflect.Type) *task[entry, *outcome] {
-	if fs.running.Load() == 0 {
-		return nil
-	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, t := range fs.m[e].running {
@@ -153,8 +153,29 @@ func (fs *flights) invalidated(values string) {
 	for e, l := range fs.m {
 		if e.values == values {
 			for _, t := range l.running {
-				t.fill.Store(storeStale)
+				fs.setStore(t, storeStale)
 			}
+		}
+	}
+}
+
+// setStore moves t's store to state to (see task.fill), keeping fs.open:
+// storeOpen only from storeNone, storeNone only from storeOpen, storeStale
+// from either, for good.
+func (fs *flights) setStore(t *task[entry, *outcome], to int32) {
+	for {
+		cur := t.fill.Load()
+		if cur == to || cur == storeStale || to == storeOpen && cur != storeNone {
+			return
+		}
+		if t.fill.CompareAndSwap(cur, to) {
+			switch {
+			case to == storeOpen:
+				fs.open.Add(1)
+			case cur == storeOpen:
+				fs.open.Add(-1)
+			}
+			return
 		}
 	}
 }

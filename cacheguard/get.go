@@ -183,7 +183,8 @@ type part[T any] struct {
 // arrived could have been given (read-your-writes after Invalidate rests on
 // this). The call's tags, were it to have any, are not checked by the store:
 // such a call reads. Otherwise (an invalidation or a lost lease came
-// between) it reports false: the call then reads, counted as a miss once. A
+// between) it reports false: the call then reads (Stats may count it as a
+// miss twice then, when its read is one another call leads and misses). A
 // call whose ctx or wait budget ends first ends as any waiting call does.
 func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], deadline time.Time) bool {
 	// Counted as it waits, as a call that joins a flight after a read is
@@ -222,7 +223,7 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
-	if c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
+	if g.flights.open.Load() != 0 && c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
 		if t := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, start.Add(c.cfg.wait)) {
 			return sl.v, sl.res, sl.err
 		}

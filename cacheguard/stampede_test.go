@@ -396,6 +396,9 @@ func TestLateCallsWaitForTheFillWithoutARead(t *testing.T) {
 			t.Errorf("late call %d: %v, want COALESCED", i, r)
 		}
 	}
+	if n := g.OpenStores(); n != 0 {
+		t.Errorf("%d stores left open after the fill: every hit would take the flights' lock", n)
+	}
 }
 
 // A call that arrives after another process's Invalidate that came while
@@ -453,6 +456,9 @@ func TestLateCallAfterInvalidateDuringFill(t *testing.T) {
 			<-firstDone
 			if n := loads.Load(); n != 2 {
 				t.Fatalf("loads = %d, want 2", n)
+			}
+			if n := g.OpenStores(); n != 0 {
+				t.Fatalf("%d stores left open", n)
 			}
 		})
 	}
