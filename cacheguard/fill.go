@@ -57,8 +57,6 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
 		free()
 	}
-	took := time.Since(loaded)
-	now := time.Now().UnixMilli()
 	// Closing ended the load (slot and runLoader say so: ErrClosed), or its
 	// loader declined it with ErrClosed: the fill is handed over.
 	handOver := errors.Is(err, ErrClosed)
@@ -72,6 +70,8 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	for i, f := range fs {
 		o := &outcome{leader: f.id, loaded: true}
 		outs[i] = o
+		took := time.Since(loaded)
+		now := time.Now().UnixMilli()
 		var env *envelope
 		var ttl time.Duration
 		var msg string // released with this message when nothing is stored
@@ -86,6 +86,11 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				msg = "e" + o.err.Error()
 				break
 			}
+			// A TTL counts from the store, not the loader's end, and the
+			// encoding is part of the load's time (XFetch's lead): a value
+			// slower to encode than its TTL was stored already expired,
+			// and its waiters elsewhere loaded it again.
+			took, now = time.Since(loaded), time.Now().UnixMilli()
 			fresh := c.cfg.ttl
 			if kind != fillEarly {
 				// An early refresh began within its value's own lead of

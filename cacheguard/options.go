@@ -119,8 +119,9 @@ func defaults() config {
 	}
 }
 
-// TTL sets how long a loaded value stays fresh (before jitter, see Jitter).
-// The default is 1 minute; it must be positive.
+// TTL sets how long a loaded value stays fresh (before jitter, see Jitter),
+// from when it is encoded and sent to Redis, as Redis's own expiry would
+// count it. The default is 1 minute; it must be positive.
 func TTL(d time.Duration) Setting { return func(c *config) { c.ttl = d } }
 
 // ServeStale selects the serve-stale policy and sets the stale window: after

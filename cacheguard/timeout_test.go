@@ -228,3 +228,52 @@ func TestLeaseKeptWhileEncoding(t *testing.T) {
 		t.Fatalf("the waiter got %q after %d loads of its own; want a's value, no second load", v, bLoads.Load())
 	}
 }
+
+// TestTTLCountsFromTheStore: a value's TTL counts from when it is sent to
+// Redis, not from its loader's end. Before, a value whose encoding outlasted
+// its TTL was stored already expired: the call that waited for it in another
+// process found it so and loaded the key a second time for one expiry (found
+// by TestGenCache: TTL 300 ms, a value 600 ms to encode).
+func TestTTLCountsFromTheStore(t *testing.T) {
+	ctx := context.Background()
+	const lease, ttl = time.Second, 300 * time.Millisecond
+	s := redistest.Start(t)
+	ra, rb := s.Client(), s.Client()
+	var renewals atomic.Int64
+	ra.AddHook(renewalHook(func() { renewals.Add(1) }))
+	codec := slowCodec{marshalling: make(chan struct{}), proceed: make(chan struct{})}
+	a := New(ra, Lease(lease), TTL(ttl), Jitter(0), Encoding(codec))
+	b := New(rb, Lease(lease), TTL(ttl), Jitter(0))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	key := "ttl-from-store:" + time.Now().Format("150405.000000000")
+
+	filled := make(chan error, 1)
+	go func() {
+		_, err := Get(ctx, a, key, func(context.Context) (string, error) { return "from a", nil })
+		filled <- err
+	}()
+	<-codec.marshalling
+	var bLoads atomic.Int64
+	type answer struct {
+		v   string
+		res Result
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		var res Result
+		v, err := Get(ctx, b, key, func(context.Context) (string, error) { bLoads.Add(1); return "from b", nil }, ReportTo(&res))
+		got <- answer{v, res, err}
+	}()
+	// Two renewals (a third of a lease apart) mean the encoding has taken
+	// more than twice the TTL.
+	from := renewals.Load()
+	redistest.Eventually(t, 10*time.Second, "2 renewals while encoding", func() bool { return renewals.Load()-from >= 2 })
+	close(codec.proceed)
+	if err := <-filled; err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g.err != nil || g.v != "from a" || bLoads.Load() != 0 {
+		t.Fatalf("the waiter got %q (%v, %v) after %d loads of its own; want a's value, no second load", g.v, g.res, g.err, bLoads.Load())
+	}
+}
