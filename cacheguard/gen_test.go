@@ -227,6 +227,22 @@ type genLoad struct {
 	by         *genCallRec // the call that started it
 }
 
+// stamped is when v, the value l returned, was stamped with its freshness
+// at the latest: a TTL counts from the store (cacheguard.TTL), which is sent
+// once the value is encoded — before its process heard the store's answer
+// (settled), and about genSlow after the loader's end for a value slow to
+// encode.
+func (l genLoad) stamped(v genVal) time.Time {
+	at := time.Unix(0, v.End)
+	if v.Slow {
+		at = at.Add(genSlow)
+	}
+	if l.settled.After(at) {
+		return l.settled
+	}
+	return at
+}
+
 // until is when l ended: when its store or release was answered, or, when
 // its process never heard that answer, when its loader returned.
 func (l genLoad) until() time.Time {
@@ -322,7 +338,7 @@ type genFailure struct {
 // genNested is a Get a loader made under its load's context.
 type genNested struct {
 	proc        *genProc
-	entry       string
+	key, entry  string
 	began, done time.Time
 	what        string
 }
@@ -613,7 +629,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 		vals, err := m.load(ctx, c, []string{key})
 		return vals[key], err
 	}, append(slices.Clone(c.opts), cacheguard.ReportTo(&res))...)
-	done := genNested{proc: rec.proc, entry: c.entry(key), began: n.began, done: time.Now()}
+	done := genNested{proc: rec.proc, key: key, entry: c.entry(key), began: n.began, done: time.Now()}
 	m.mu.Lock()
 	m.touches = append(m.touches, genTouch{proc: rec.proc, keys: []string{key}, began: n.began, end: done.done})
 	if m.nestedIn == nil {
@@ -1032,7 +1048,7 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 	if res == cacheguard.Stale {
 		if limit, why := m.staleLimit(key, v, c); began.After(limit) {
 			what := fmt.Sprintf("%s served Stale %v past %s (load %d) to %s; %s", key, began.Sub(limit), why, v.Seq, c, m.history(key, began))
-			if w := m.loadOf(key, v); w != nil && !began.After(time.Unix(0, v.End).Add(2*w.call.ttl+50*time.Millisecond)) {
+			if w := m.loadOf(key, v); w != nil && !began.After(w.stamped(v).Add(2*w.call.ttl+50*time.Millisecond)) {
 				m.lates = append(m.lates, genLateServe{key: key, entry: w.entry, seq: v.Seq, began: began, served: time.Now(), by: rec, what: what})
 			} else {
 				m.bad = append(m.bad, what)
@@ -1110,18 +1126,16 @@ func (m *genModel) describe(l genLoad) string {
 }
 
 // checkNested checks the Gets loaders made: none waited out its budget
-// (genNestedBudget, far past any load's time) unless a fault ran during its
-// wait or just before it, within what a fault leaves behind (a lease
-// granted unseen, a command that timed out: genLease + 2 × genCmd). Not the
-// wider windows that excuse overlapping loads: faults come every few steps,
-// and those windows would excuse almost any wait of seconds.
+// (genNestedBudget, far past any load's time) unless it was held up as any
+// call's wait may be (heldUp): a fault in its scope — of every process, of
+// its own, on its key, or of another process while that one held its key —
+// during its wait or within what the fault leaves behind, or a stall. A
+// fault of another process on other keys excuses nothing.
 func (m *genModel) checkNested(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, n := range m.nestedWaits {
-		if !slices.ContainsFunc(m.faults, func(w [2]time.Time) bool {
-			return w[0].Before(n.done) && n.began.Before(w[1].Add(genLease+2*genCmd))
-		}) {
+		if !m.heldUp(n.proc, []string{n.key}, n.began, n.done) {
 			rt.Fatalf("%s", n.what)
 		}
 	}
@@ -1269,16 +1283,20 @@ func (m *genModel) checkLates(rt *rapid.T) {
 // Stale (see TestGenCache), and what sets it. Called with m.mu held.
 func (m *genModel) staleLimit(key string, v genVal, c genCall) (time.Time, string) {
 	w := m.loadOf(key, v)
-	end := time.Unix(0, v.End)
 	if w == nil {
+		end := time.Unix(0, v.End)
+		if v.Slow {
+			end = end.Add(genSlow)
+		}
 		return end.Add(2*time.Second + genMaxAge), "the longest TTL and max age (its load unrecorded)"
 	}
+	end := w.stamped(v)
 	// 50 ms: the fill's clock read after the load's end, and Redis's
 	// expiry in whole milliseconds.
 	// The early refresh's grace: twice the load (as the Guard measured it:
-	// a little longer than the loader ran), between a quarter and half the
-	// TTL.
-	window, why := min(max(2*(w.end.Sub(w.start)+25*time.Millisecond), w.call.ttl/4), w.call.ttl/2), "the early refresh's grace"
+	// a little longer than the loader ran, its value's encoding included),
+	// between a quarter and half the TTL.
+	window, why := min(max(2*(end.Sub(w.start)+25*time.Millisecond), w.call.ttl/4), w.call.ttl/2), "the early refresh's grace"
 	switch w.call.policy {
 	case "stale":
 		window, why = max(window, genStale), "its stale window"
@@ -1542,7 +1560,7 @@ func (w genWindow) reaches(l genLoad) bool {
 // the first's store ran in Redis (which ended its lease), whenever its
 // process heard the answer (a refresh of a value whose store's answer came
 // late). A value slower to encode than its TTL is no excuse: its TTL counts
-// from the store (TestTTLCountsFromTheStore).
+// from the store (TestLeaseKeptWhileEncoding).
 func (m *genModel) checkOverlaps(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -170,7 +170,7 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 // expiring under its readers. A hit refreshes the value in the background,
 // under the fill lease (one load across every process), once it is within
 // the value's lead of fresh-until: Δ·β·(2 + 2u), Δ the measured duration of
-// the value's last load — at least twice Δ, three times on average — and
+// the value's last load, its encoding included — at least twice Δ, three times on average — and
 // never more than a point between an eighth and a quarter of the TTL, u and
 // that point drawn once per value (the same in every process). Keys loaded
 // together — at a cold start, against a database slowed by it — thus refresh
@@ -190,7 +190,8 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 // its own load, as on any miss. That is the staleness it costs: a value
 // served at most TTL/4 past its TTL (TTL/2 when its load took more than
 // TTL/8) unless a reload is under way, and at most the TTL past it while one
-// is, so at most 2 × TTL after its load ended. Values are kept in Redis the
+// is, so at most 2 × TTL after it was encoded and stored (the TTL counts
+// from then: see TTL). Values are kept in Redis the
 // TTL past their TTL for it. An invalidated value is never served
 // (Invalidate voids it at once), and a key no call reads expires at its TTL.
 // Loads: a key read without pause is loaded about once per TTL − lead + Δ.
