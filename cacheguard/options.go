@@ -168,36 +168,35 @@ func NegativeTTL(d time.Duration) Setting { return func(c *config) { c.negTTL = 
 
 // EarlyRefresh sets β of early refresh, which keeps a key being read from
 // expiring under its readers. A hit refreshes the value in the background,
-// under the fill lease (one load across every process), once it is within
-// the value's lead of fresh-until: Δ·β·(2 + 2u), Δ the measured duration of
-// the value's last load, its encoding included — at least twice Δ, three times on average — and
-// never more than a point between an eighth and a quarter of the TTL, u and
-// that point drawn once per value (the same in every process). Keys loaded
-// together — at a cold start, against a database slowed by it — thus refresh
-// apart, and a hot key is refreshed no earlier for being read more (XFetch,
-// which draws per hit, refreshes it at the largest of many draws). A refresh
-// that is late all the same — its load slower than that — does not make the
-// calls after expiry wait: for a grace past fresh-until a value is served
-// marked Stale while its refresh runs, whatever the policy (the first such
-// call starts the refresh if no hit did). The grace is twice the value's own
-// load Δ, so that a refresh as slow as that load ends within it however late
-// it began, and never less than a quarter of the TTL nor more than half. A
-// refresh slower still — a database slowed down at once, by a wave of misses
-// or a failover — does not make readers wait either: past the grace, up to
-// the TTL past expiry, a call that finds a reload of the value running that
-// it did not start (in its process, or another's fill lease) is served the
-// value, Stale, instead of waiting for it; a call that finds none waits for
-// its own load, as on any miss. That is the staleness it costs: a value
-// served at most TTL/4 past its TTL (TTL/2 when its load took more than
-// TTL/8) unless a reload is under way, and at most the TTL past it while one
-// is, so at most 2 × TTL after it was encoded and stored (the TTL counts
-// from then: see TTL). Values are kept in Redis the
-// TTL past their TTL for it. An invalidated value is never served
+// under the fill lease (one load across every process), once it is within the
+// value's lead of fresh-until: Δ·β·(2 + 2u), Δ the measured duration of the
+// value's last load, its encoding included — at least twice Δ, three times on
+// average — and never more than a point between an eighth and a quarter of the
+// TTL, u and that point drawn once per value (the same in every process). Keys
+// loaded together — at a cold start, against a database slowed by it — thus
+// refresh apart, and a hot key is refreshed no earlier for being read more
+// (XFetch, which draws per hit, refreshes it at the largest of many draws). A
+// refresh that is late all the same — its load slower than that — does not make
+// the calls after expiry wait: for a grace past fresh-until a value is served
+// marked Stale while its refresh runs, whatever the policy (the first such call
+// starts the refresh if no hit did). The grace is twice the value's own load Δ,
+// so that a refresh as slow as that load ends within it however late it began,
+// and never less than a quarter of the TTL nor more than half. A refresh slower
+// still — a database slowed down at once, by a wave of misses or a failover —
+// does not make readers wait either: past the grace, up to the TTL past expiry,
+// a call that finds a reload of the value running that it did not start (in its
+// process, or another's fill lease) is served the value, Stale, instead of
+// waiting for it; a call that finds none waits for its own load, as on any
+// miss. That is the staleness it costs: a value served at most TTL/4 past its
+// TTL (TTL/2 when its load took more than TTL/8) unless a reload is under way,
+// and at most the TTL past it while one is, so at most 2 × TTL after it was
+// encoded and stored (the TTL counts from then: see TTL). Values are kept in
+// Redis the TTL past their TTL for it. An invalidated value is never served
 // (Invalidate voids it at once), and a key no call reads expires at its TTL.
-// Loads: a key read without pause is loaded about once per TTL − lead + Δ.
-// The default is 1; 0 turns off the early refresh, the grace and the serving
-// past it (every call after expiry then waits for the reload); StaleGrace
-// sets the grace on its own.
+// Loads: a key read without pause is loaded about once per TTL − lead + Δ. The
+// default is 1; 0 turns off the early refresh, the grace and the serving past
+// it (every call after expiry then waits for the reload); StaleGrace sets the
+// grace on its own.
 func EarlyRefresh(beta float64) Setting { return func(c *config) { c.beta = beta } }
 
 // StaleGrace sets how long past its TTL a value is served, marked Stale, while
