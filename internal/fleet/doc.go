@@ -32,7 +32,10 @@
 // of its lock does not cancel, so the database's defences (the plugin's
 // lost-scope check, the fence) decide rather than the race, after SIGCONT,
 // between the request's goroutine and the lock's watchdog. Edits report their
-// critical section in X-Edit-Span.
+// critical section in X-Edit-Span. An edit refused before it reached its step
+// (409/423/503: its lock lost or busy, on a host too loaded to renew a lease in
+// time) is sent again, three times in all; the refusals are recorded and
+// checked like any edit, and the fault log names them.
 //
 // # What is counted
 //

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -86,6 +87,43 @@ func testEdge(t *testing.T) {
 	s.Count(InvLoads+" (ginmw.Cache, after an invalidation)", max(n-1, 0), nil)
 	s.Figure("loads, ginmw.Cache after an invalidation", fmt.Sprint(n))
 	s.CheckReads(readIssues, false)
+	s.Done()
+
+	// The harness's own retry (parkEdit): an edit refused before its step
+	// (here: its lock held by an edit parked on another process, for longer
+	// than its wait budget) is sent again, parkTries times in all, and each
+	// refusal is logged and checked like any edit.
+	s = f.Scenario(t, rep, "harness: an edit refused before its step is sent again")
+	repo = f.FreshRepo()
+	var held EditOp
+	pk, err := f.park(ctx, 1, StepAfterRead, func(tag string) {
+		held = f.edit(ctx, editRequest{proc: 1, repo: repo, pauseAt: StepAfterRead, tag: tag})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, refused, err := f.parkEdit(ctx, editRequest{proc: 0, repo: repo, pauseAt: StepAfterRead})
+	if !errors.Is(err, errNotReached) || !refusal(refused.Status) {
+		t.Errorf("an edit waiting for a held lock: got %v, want %v after a refusal", err, errNotReached)
+	}
+	if err := f.release(ctx, pk.proc, pk.tag); err != nil {
+		t.Fatal(err)
+	}
+	<-pk.done
+	f.mu.Lock()
+	again := 0
+	for _, e := range f.faults {
+		if strings.Contains(e.what, "sent again") {
+			again++
+		}
+	}
+	f.mu.Unlock()
+	if again != parkTries-1 {
+		t.Errorf("edits sent again: %d, want %d", again, parkTries-1)
+	}
+	s.CheckEdits(ctx, nil)
+	s.Figure("the held edit", held.answer())
+	s.Figure("the refused edit (last try)", refused.answer())
 	s.Done()
 }
 

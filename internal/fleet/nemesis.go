@@ -58,6 +58,41 @@ func (f *Fleet) park(ctx context.Context, p int, step string, send func(tag stri
 	}
 }
 
+// parkTries bounds how often parkEdit sends an edit refused before its step.
+const parkTries = 3
+
+// parkEdit sends the edit r to its process, parked at r.pauseAt (see park).
+// An edit refused before it reached its step (409, 423 or 503: on a host too
+// loaded to renew a lease in time, its lock was lost before the write, which
+// is a documented answer) is sent again, up to parkTries times in all: the
+// scenarios are about what happens from the step on. The refused edit stays
+// in the history, so CheckEdits still checks it was not applied, and the
+// fault log names it. The returned edit is filled in once pk.done is closed.
+func (f *Fleet) parkEdit(ctx context.Context, r editRequest) (pk *parked, a *EditOp, err error) {
+	a = new(EditOp)
+	for try := 1; ; try++ {
+		pk, err = f.park(ctx, r.proc, r.pauseAt, func(tag string) {
+			r := r
+			r.tag = tag
+			*a = f.edit(ctx, r)
+		})
+		if err == nil {
+			return pk, a, nil
+		}
+		// park returns an error only once the edit was answered: say how.
+		err = fmt.Errorf("%w (answered %s)", err, a)
+		if !errors.Is(err, errNotReached) || !refusal(a.Status) || try == parkTries {
+			return nil, a, err
+		}
+		f.fault(fmt.Sprintf("edit %s refused before its step %s (%s): sent again", a.ID, r.pauseAt, a.answer()))()
+	}
+}
+
+// refusal reports whether status is a documented refusal of an edit.
+func refusal(status int) bool {
+	return status == http.StatusConflict || status == http.StatusLocked || status == http.StatusServiceUnavailable
+}
+
 // errNotReached: a request meant to park at a step was answered without
 // reaching it (a read served from the cache has no load to park in).
 var errNotReached = errors.New("fleet: step not reached")
@@ -99,13 +134,9 @@ type Pause struct {
 // continued. It returns the paused edit and the other.
 func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, err error) {
 	p, q, repo, step, pause := pz.P, pz.Q, pz.Repo, pz.Step, pz.For
-	var a EditOp
-	pk, err := f.park(ctx, p, step, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, tag: tag, ignoreLost: pz.IgnoreLost, rename: pz.Rename, save: pz.Save})
-	})
+	pk, a, err := f.parkEdit(ctx, editRequest{proc: p, repo: repo, pauseAt: step, ignoreLost: pz.IgnoreLost, rename: pz.Rename, save: pz.Save})
 	if err != nil {
-		// park returns an error only once the edit was answered: say how.
-		return a, other, fmt.Errorf("%w (answered %s)", err, a)
+		return *a, other, err
 	}
 	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v at %s (edit of repo %d)", p, pause, step, repo))
 	pk.proc.Stop()
@@ -115,7 +146,7 @@ func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, 
 	pk.proc.Cont()
 	end()
 	<-pk.done
-	return a, <-bDone, nil
+	return *a, <-bDone, nil
 }
 
 // PauseLoad pauses a cache load: a read of repo on process p is parked inside
@@ -165,12 +196,9 @@ func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint
 // and the time from the kill to the other edit's answer.
 func (f *Fleet) KillEdit(ctx context.Context, kz Pause) (killed, other EditOp, recovery time.Duration, err error) {
 	p, q, repo := kz.P, kz.Q, kz.Repo
-	var a EditOp
-	pk, err := f.park(ctx, p, StepAfterRead, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterRead, tag: tag, rename: kz.Rename, save: kz.Save})
-	})
+	pk, a, err := f.parkEdit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterRead, rename: kz.Rename, save: kz.Save})
 	if err != nil {
-		return a, other, 0, err
+		return *a, other, 0, err
 	}
 	end := f.fault(fmt.Sprintf("process %d SIGKILLed after the read of an edit of repo %d", p, repo))
 	killedAt := time.Now()
@@ -179,7 +207,7 @@ func (f *Fleet) KillEdit(ctx context.Context, kz Pause) (killed, other EditOp, r
 	end()
 	other = f.edit(ctx, editRequest{proc: q, repo: repo, save: kz.Save})
 	recovery = other.End.Sub(killedAt)
-	return a, other, recovery, f.Restart(p)
+	return *a, other, recovery, f.Restart(p)
 }
 
 // RedisOutage kills redis-server, keeps it down for d, and restarts it (same
