@@ -325,6 +325,7 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 	kept := func(f *flight, c redis.Cmder) bool { // a lease not renewed for an error is found out by the store
 		if n, err := c.(*redis.Cmd).Int64(); err == nil && n == 0 {
 			f.t.shut.Store(true)
+			g.flights.unfit(f.t)
 			return false
 		}
 		return true

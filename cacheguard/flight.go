@@ -125,25 +125,25 @@ func (fs *flights) taking(e entry, s *stored, typ reflect.Type) *task[entry, *ou
 }
 
 // filling returns the flight of e of type typ that holds the fill lease for
-// a miss and has not sent its store yet, if any (see call.awaitFill). Its
-// caller checks fs.open first: early refreshes run often, and a hit takes
-// no lock for them.
-func (fs *flights) filling(e entry, typ reflect.Type) *task[entry, *outcome] {
+// a miss and has not sent its store yet, if any, and a channel closed if it
+// turns unfit (see call.awaitFill). Its caller checks fs.open first: early
+// refreshes run often, and a hit takes no lock for them.
+func (fs *flights) filling(e entry, typ reflect.Type) (*task[entry, *outcome], <-chan struct{}) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, t := range fs.m[e].running {
 		if t.typ == typ && t.fill.Load() == storeOpen {
-			return t
+			if t.unfit == nil {
+				t.unfit = make(chan struct{})
+			}
+			return t, t.unfit
 		}
 	}
-	return nil
+	return nil, nil
 }
 
-// invalidated marks the flights of the values hash values as unable to
-// store: the calls that begin from now on read rather than wait for their
-// stores (see call.awaitFill). Those stores would fail (their leases came
-// before the invalidation); waiting for them was correct, but cost a call
-// the rest of an old load before its own.
+// invalidated marks the flights of the values hash values unfit (see
+// unfitLocked): an Invalidate of their key in this process returned.
 func (fs *flights) invalidated(values string) {
 	if fs.running.Load() == 0 {
 		return
@@ -153,20 +153,42 @@ func (fs *flights) invalidated(values string) {
 	for e, l := range fs.m {
 		if e.values == values {
 			for _, t := range l.running {
-				fs.setStore(t, storeStale)
+				fs.unfitLocked(t)
 			}
 		}
 	}
 }
 
+// unfit marks flight t unfit (see unfitLocked): a renewal found its lease
+// lost — another process invalidated its key, or the lease expired.
+func (fs *flights) unfit(t *task[entry, *outcome]) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.unfitLocked(t)
+}
+
+// unfitLocked marks flight t, whose store would fail (its lease is void), as
+// unable to store, for good: the calls that begin from now on read rather
+// than wait for its store, and the calls waiting for it stop and read (see
+// call.awaitFill). Waiting for it would be correct (its outcome is not
+// current), but would cost a call the rest of a load that stores nothing —
+// up to its wait budget, when the load stalls — while the key may have been
+// filled elsewhere. The only rule for when a call stops waiting for its
+// process's fill; call with fs.mu held.
+func (fs *flights) unfitLocked(t *task[entry, *outcome]) {
+	if fs.setStore(t, storeStale) && t.unfit != nil {
+		close(t.unfit)
+	}
+}
+
 // setStore moves t's store to state to (see task.fill), keeping fs.open:
 // storeOpen only from storeNone, storeNone only from storeOpen, storeStale
-// from either, for good.
-func (fs *flights) setStore(t *task[entry, *outcome], to int32) {
+// from either, for good. It reports whether the state changed.
+func (fs *flights) setStore(t *task[entry, *outcome], to int32) bool {
 	for {
 		cur := t.fill.Load()
 		if cur == to || cur == storeStale || to == storeOpen && cur != storeNone {
-			return
+			return false
 		}
 		if t.fill.CompareAndSwap(cur, to) {
 			switch {
@@ -175,7 +197,7 @@ func (fs *flights) setStore(t *task[entry, *outcome], to int32) {
 			case cur == storeOpen:
 				fs.open.Add(-1)
 			}
-			return
+			return true
 		}
 	}
 }

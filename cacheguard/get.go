@@ -184,9 +184,12 @@ type part[T any] struct {
 // this). The call's tags, were it to have any, are not checked by the store:
 // such a call reads. Otherwise (an invalidation or a lost lease came
 // between) it reports false: the call then reads (Stats may count it as a
-// miss twice then, when its read is one another call leads and misses). A
-// call whose ctx or wait budget ends first ends as any waiting call does.
-func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], deadline time.Time) bool {
+// miss twice then, when its read is one another call leads and misses) — at
+// once when the flight turns unfit (unfit closes: an Invalidate in this
+// process, or a renewal, a third of the lease after an invalidation
+// elsewhere at most, found its lease void), not when its load ends. A call
+// whose ctx or wait budget ends first ends as any waiting call does.
+func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], unfit <-chan struct{}, deadline time.Time) bool {
 	// Counted as it waits, as a call that joins a flight after a read is
 	// (see wait): a miss in Stats is a call already waiting.
 	sl.missed = true
@@ -195,6 +198,8 @@ func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *ou
 	defer putTimer(timer)
 	select {
 	case <-t.done:
+	case <-unfit:
+		return false
 	case <-ctx.Done():
 		sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
 		return true
@@ -224,7 +229,7 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
 	if g.flights.open.Load() != 0 && c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
-		if t := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, start.Add(c.cfg.wait)) {
+		if t, unfit := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, unfit, start.Add(c.cfg.wait)) {
 			return sl.v, sl.res, sl.err
 		}
 	}

@@ -59,8 +59,12 @@ type task[K comparable, T any] struct {
 	// fill: whether calls may wait for its store without a read (see
 	// call.awaitFill): storeOpen from its lease's grant for a miss until its
 	// store is sent, storeNone before and after, storeStale for good once an
-	// Invalidate of its key in this process returned.
-	fill atomic.Int32
+	// Invalidate of its key in this process returned or a renewal found its
+	// lease lost (see flights.unfitLocked); unfit is closed then, if a call
+	// waits for its store (made by flights.filling; both under the
+	// flights' mu).
+	fill  atomic.Int32
+	unfit chan struct{}
 	// then runs as the task ends, under the group's mu: the reads chained
 	// to a flight (see flights.chain).
 	then []func()

@@ -227,7 +227,10 @@ func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeo
 // Lease sets the fill lease: how long a process that took the lease and
 // then died (or stopped renewing) keeps the others waiting before one of them
 // takes over. The lease is renewed every third of it while the loader runs
-// and until its value is stored (encoding and sending it included).
+// and until its value is stored (encoding and sending it included); a
+// renewal that finds the key invalidated by another process also lets the
+// calls of this process waiting for that load read the key instead, so a
+// third of the lease bounds how long they wait for a load that cannot store.
 // The default is 3s; at least 30ms (MinLease).
 func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
 

@@ -124,7 +124,10 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 	if got := ask(t, b, "get"); got != "got 2" {
 		t.Fatalf("B: %q, want got 2", got)
 	}
-	v2, err := cacheguard.Get(ctx, a, key, load)
+	// A's fill stalls until the load timeout (10s): a call that waited for
+	// it, rather than for the renewal that finds its lease void, would run
+	// out of a 5s wait budget (ErrWaitTimeout) with version 2 in Redis.
+	v2, err := cacheguard.Get(ctx, a, key, load, cacheguard.WaitBudget(5*time.Second))
 	if err != nil || v2.ID != 2 {
 		t.Fatalf("A after B's fill: %v, %v; want version 2", v2, err)
 	}
