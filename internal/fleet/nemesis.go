@@ -149,16 +149,36 @@ func (f *Fleet) PauseEdit(ctx context.Context, pz Pause) (paused, other EditOp, 
 	return *a, <-bDone, nil
 }
 
-// PauseLoad pauses a cache load: a read of repo on process p is parked inside
-// its load (after the database read, before the value is stored), p is
-// SIGSTOPped for pause, meanwhile process q edits the repository and every
-// process reads it; then p is continued and every process reads it again.
-func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint, pause time.Duration) error {
+// LoadPause describes a cache load held inside its process.
+type LoadPause struct {
+	Route string // RouteGet or RouteList
+	P, Q  int    // the process whose load is held, and the one that edits meanwhile
+	Repo  uint   // the repository read and edited
+	// For: how long P stays SIGSTOPped; 0 holds the load without a stop
+	// (P keeps renewing its fill lease) until the reads below are waiting.
+	For time.Duration
+	// Late: reads of the repository sent to P while its load is held, before
+	// the edit and again after it was answered (a process's fill joined by
+	// calls arriving late: cacheguard's awaitFill). Those sent after the
+	// edit must be given its version (read-your-writes), whether P was
+	// stopped when they were sent (they wait in its socket) or not.
+	Late int
+}
+
+// PauseLoad holds a cache load (lz says how): a read of lz.Repo on process
+// lz.P is parked inside its load (after the database read, before the value
+// is stored), lz.Late more reads are sent to P and wait for that load, P is
+// SIGSTOPped for lz.For (or not), process lz.Q edits the repository, lz.Late
+// reads are sent to P again and, when P is stopped, every other process
+// reads the repository; then P is continued (or its load released), and
+// once every read was answered, every process reads the repository again.
+func (f *Fleet) PauseLoad(ctx context.Context, lz LoadPause) error {
+	p, route, repo := lz.P, lz.Route, lz.Repo
 	var pk *parked
 	var err error
-	// A read finds the list cached when another reader filled it since the
-	// last edit (the soak's load reads it all the time): try again, the next
-	// edit drops it.
+	// A read finds the repository or the list cached when a reader filled
+	// it since the last edit (the soak's load reads them all the time): an
+	// edit drops them; try again.
 	for range 10 {
 		pk, err = f.park(ctx, p, StepCacheLoad, func(tag string) {
 			f.read(ctx, p, route, repo, StepCacheLoad, tag)
@@ -166,27 +186,99 @@ func (f *Fleet) PauseLoad(ctx context.Context, route string, p, q int, repo uint
 		if !errors.Is(err, errNotReached) {
 			break
 		}
-		hold(ctx, 20*time.Millisecond)
+		f.Edit(ctx, lz.Q, repo)
 	}
 	if err != nil {
 		return err
 	}
-	end := f.fault(fmt.Sprintf("process %d SIGSTOPped %v inside a cache load (%s, repo %d)", p, pause, route, repo))
-	pk.proc.Stop()
-	f.Edit(ctx, q, repo)
-	for i := range f.procs {
-		if i != p {
-			f.Read(ctx, i, route, repo)
+	var late sync.WaitGroup
+	defer late.Wait()
+	// lateReads sends lz.Late reads to P and, unless P is stopped, waits
+	// until they wait for its load: a call joining it counts as a miss as it
+	// starts waiting.
+	lateReads := func(stopped bool) error {
+		var before uint64
+		if !stopped {
+			var err error
+			if before, err = f.cacheMisses(ctx, p); err != nil {
+				return err
+			}
+		}
+		for range lz.Late {
+			late.Go(func() { f.Read(ctx, p, route, repo) })
+		}
+		if stopped {
+			return nil
+		}
+		return f.waitMisses(ctx, p, before+uint64(lz.Late))
+	}
+	held := "held"
+	if lz.For > 0 {
+		held = fmt.Sprintf("SIGSTOPped %v", lz.For)
+	}
+	end := f.fault(fmt.Sprintf("process %d %s inside a cache load (%s, repo %d, %d late reads before and after an edit)", p, held, route, repo, lz.Late))
+	errLate := lateReads(false)
+	if lz.For > 0 {
+		pk.proc.Stop()
+	}
+	f.Edit(ctx, lz.Q, repo)
+	if lz.For > 0 {
+		if errLate == nil {
+			errLate = lateReads(true) // queued in P's socket until SIGCONT
+		}
+		for i := range f.procs {
+			if i != p {
+				f.Read(ctx, i, route, repo)
+			}
+		}
+		hold(ctx, lz.For)
+		pk.proc.Cont()
+	} else {
+		if errLate == nil {
+			errLate = lateReads(false)
+		}
+		if err := f.release(ctx, pk.proc, pk.tag); err != nil && errLate == nil {
+			errLate = err
 		}
 	}
-	hold(ctx, pause)
-	pk.proc.Cont()
 	end()
 	<-pk.done
+	late.Wait()
 	for i := range f.procs {
 		f.Read(ctx, i, route, repo)
 	}
-	return nil
+	return errLate
+}
+
+// cacheMisses returns the Misses process p's Guard reports (GET /stats).
+func (f *Fleet) cacheMisses(ctx context.Context, p int) (uint64, error) {
+	u := f.procs[p].URL()
+	if u == "" {
+		return 0, errDown
+	}
+	var s struct {
+		Cache struct{ Misses uint64 }
+	}
+	err := f.getJSON(ctx, u+"/stats", &s)
+	return s.Cache.Misses, err
+}
+
+// waitMisses waits until process p's Guard reports at least n misses,
+// within parkWithin.
+func (f *Fleet) waitMisses(ctx context.Context, p int, n uint64) error {
+	deadline := time.Now().Add(parkWithin)
+	for {
+		got, err := f.cacheMisses(ctx, p)
+		switch {
+		case err != nil:
+			return err
+		case got >= n:
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("process %d: %d cache misses after %v, want %d (late reads not waiting for its held load)", p, got, parkWithin, n)
+		}
+		hold(ctx, 5*time.Millisecond)
+	}
 }
 
 // KillEdit SIGKILLs process kz.P while its edit of kz.Repo is parked after

@@ -77,15 +77,22 @@ func testPauses(t *testing.T, db string) {
 		s.Done()
 	}
 
+	// A held load, joined by late reads of its own process before and after
+	// an edit: those sent after it must be given its version.
 	for _, route := range []string{RouteGet, RouteList} {
-		name := fmt.Sprintf("cache load SIGSTOPped %v after its read, %s route (%s)", pause, route, db)
-		s := f.Scenario(t, rep, name)
-		if err := f.PauseLoad(ctx, route, 0, 1, f.FreshRepo(), pause); err != nil {
-			t.Errorf("%s: %v", name, err)
+		for _, d := range []time.Duration{pause, 0} {
+			name := fmt.Sprintf("cache load SIGSTOPped %v after its read, 2 late reads before and after an edit, %s route (%s)", d, route, db)
+			if d == 0 {
+				name = fmt.Sprintf("cache load held after its read, 2 late reads before and after an edit, %s route (%s)", route, db)
+			}
+			s := f.Scenario(t, rep, name)
+			if err := f.PauseLoad(ctx, LoadPause{Route: route, P: 0, Q: 1, Repo: f.FreshRepo(), For: d, Late: 2}); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			s.CheckEdits(ctx, nil)
+			s.CheckReads(readIssues, false)
+			s.Done()
 		}
-		s.CheckEdits(ctx, nil)
-		s.CheckReads(readIssues, false)
-		s.Done()
 	}
 
 	testKill(t, f, db, "holder", Pause{})

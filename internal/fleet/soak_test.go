@@ -45,7 +45,7 @@ func soakFaults() []soakFault {
 	for _, route := range []string{RouteGet, RouteList} {
 		out = append(out, soakFault{name: "cache load SIGSTOPped, " + route + " route", weight: 2, issues: readIssues, run: func(ctx context.Context, f *Fleet, rng *rand.Rand) error {
 			p, q := twoProcs(rng, f.Procs())
-			return f.PauseLoad(ctx, route, p, q, f.soakRepo(rng), f.Cfg.Lease+time.Duration(rng.IntN(2000))*time.Millisecond)
+			return f.PauseLoad(ctx, LoadPause{Route: route, P: p, Q: q, Repo: f.soakRepo(rng), For: f.Cfg.Lease + time.Duration(rng.IntN(2000))*time.Millisecond, Late: rng.IntN(3)})
 		}})
 	}
 	out = append(out,
