@@ -107,12 +107,12 @@ func TestGenCache(t *testing.T) {
 		m.checkOverlaps(rt)
 		m.checkLates(rt)
 		m.checkSlots(rt)
-		m.checkNested(rt)
+		m.checkWaits(rt)
 		m.checkFailures(rt)
 		m.checkGiveBacks(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
-		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(),
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key, %d of them during a stalled fill), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
+		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(), tot.stalledLates.Load(),
 		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
 }
 
@@ -126,6 +126,7 @@ type genTotals struct {
 	nested, promoted                            atomic.Int64 // Gets loaders made; flights waiting for a slot they joined
 	joins, queued                               atomic.Int64 // NestedJoin steps; those whose second fill queued
 	lates                                       atomic.Int64 // calls LateCalls sent during their process's fill
+	stalledLates                                atomic.Int64 // those sent during a stalled fill
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
 	// Failed calls judged: Redis unavailable, and waits past the budget, each
 	// excused by a fault within its scope (see unreachable, heldUp).
@@ -194,6 +195,10 @@ const (
 	// genStall is a stall of the process or of Redis that can let a fill
 	// lease lapse: renewals come every third of the lease.
 	genStall = genLease / 3
+	// genStallBound bounds how long a call waits for its process's fill
+	// once another process invalidated its key: a renewal (every third of
+	// the lease) finds the lease void, then the call reads and loads.
+	genStallBound = genLease + genSlack
 )
 
 var (
@@ -312,10 +317,13 @@ type genModel struct {
 	bad     []string
 	// The Gets loaders made (loader "nested"): by the serial of the load
 	// whose loader made each, and those that waited out their budget.
-	nestedIn    map[int64][]genNested
-	nestedWaits []genNested
-	failed      []genFailure // the calls that failed (see checkFailures)
-	touches     []genTouch   // every call's keys and span (see heldUp)
+	nestedIn map[int64][]genNested
+	// Calls that waited past a bound (see checkWaits): the Gets loaders
+	// made that waited out their budget, and the late calls of a stalled
+	// fill that outlasted genStallBound.
+	waits   []genNested
+	failed  []genFailure // the calls that failed (see checkFailures)
+	touches []genTouch   // every call's keys and span (see heldUp)
 }
 
 // genTouch is a call's keys in a process, from its start to its end: while it
@@ -504,7 +512,7 @@ type genCall struct {
 	ttl     time.Duration
 	loader  string
 	started chan struct{} // when set, gets a value as the call's load starts
-	hold    chan struct{} // when set, a nested loader makes its Get once it closes
+	hold    chan struct{} // a nested loader makes its Get once it closes; a held loader returns
 	nested  chan struct{} // when set, gets a value as a nested loader's Get returns
 }
 
@@ -564,6 +572,12 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
+	case "held":
+		select {
+		case <-c.hold:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
 	case "fail":
 		err = errDown
 	case "nested":
@@ -611,7 +625,7 @@ const genNestedBudget = 4 * time.Second
 // and must not wait for one, even through a flight of its entry that another
 // call started and that waits for the slot this load holds. Its value is
 // checked as any call's; a Get that waited out its budget is recorded, to be
-// judged against the fault windows (see checkNested).
+// judged against the fault windows (see checkWaits).
 func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	rec, _ := ctx.Value(genCallKey{}).(*genCallRec)
 	i := slices.IndexFunc(genKeys, func(k string) bool { return !slices.Contains(keys, k) })
@@ -639,7 +653,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	if errors.Is(err, cacheguard.ErrWaitTimeout) {
 		done.what = fmt.Sprintf("a Get of %s made by load %d's loader (process %d) waited out its budget of %v: %v; %s",
 			key, seq, slices.Index(m.procs, rec.proc), c.budget, err, m.history(key, n.began))
-		m.nestedWaits = append(m.nestedWaits, done)
+		m.waits = append(m.waits, done)
 	}
 	m.mu.Unlock()
 	if err == nil {
@@ -749,7 +763,18 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 	}
 	// The key missing, so that the call fills it.
 	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
-	c.loader = rapid.SampledFrom([]string{"slow", "slowenc"}).Draw(rt, "filling")
+	// Stalled: the fill stalls until the step ends and another process
+	// invalidates the key; the calls waiting for it, and those arriving
+	// after, must then read rather than wait for a load that cannot store:
+	// a renewal of its lease finds it void (see awaitFill). On a process
+	// with one load slot, their own fill would wait for the stalled one's.
+	stalled := rapid.Bool().Draw(rt, "stalled") && q != p && p.slots == 0
+	if stalled {
+		c.loader, c.hold = "held", make(chan struct{})
+		defer close(c.hold)
+	} else {
+		c.loader = rapid.SampledFrom([]string{"slow", "slowenc"}).Draw(rt, "filling")
+	}
 	c.ctxTime, c.started = 0, make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	m.call(p, c, []string{key}, false, &wg)
@@ -761,32 +786,52 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 		return
 	}
 	late := c
-	late.loader, late.started = "fast", nil
+	late.loader, late.started, late.hold = "fast", nil, nil
 	var wg2 sync.WaitGroup // wg may be waited on still
 	before := rapid.IntRange(0, 3).Draw(rt, "before")
 	for range before {
 		m.call(p, late, []string{key}, false, &wg2)
 	}
-	if rapid.Bool().Draw(rt, "invalidate") {
+	if rapid.Bool().Draw(rt, "invalidate") || stalled {
 		m.invalidateWith([]string{key}, func(ctx context.Context) error { return q.g.Invalidate(ctx, key) })
+	}
+	invalidated := time.Now()
+	if stalled { // a budget and no deadline of their own: they have time to read
+		late.budget, late.ctxTime = genStallBound+genSlack, 0
+		late.opts = append(slices.Clone(late.opts), cacheguard.WaitBudget(late.budget))
 	}
 	after := rapid.IntRange(1, 3).Draw(rt, "after")
 	for range after {
 		m.call(p, late, []string{key}, false, &wg2)
 	}
 	m.tot.lates.Add(int64(before + after))
-	m.await(rt, &wg2)
+	if !stalled {
+		m.await(rt, &wg2)
+		return
+	}
+	m.tot.stalledLates.Add(int64(before + after))
+	lateEnded := make(chan struct{})
+	go func() { wg2.Wait(); close(lateEnded) }()
+	select {
+	case <-lateEnded:
+	case <-time.After(genStallBound):
+		m.mu.Lock()
+		m.waits = append(m.waits, genNested{proc: p, key: key, entry: c.entry(key), began: invalidated, done: time.Now(),
+			what: fmt.Sprintf("calls of %s on process %d still waited %v after process %d invalidated the key, for a fill there stalled in its loader; %s",
+				key, slices.Index(m.procs, p), genStallBound, slices.Index(m.procs, q), m.history(key, invalidated))})
+		m.mu.Unlock()
+	}
 }
 
 // nestedJoin makes a loader's Get meet a flight of its entry that waits for
 // the slot its loader holds: on a process with one load slot, a call whose
 // nested loader holds the slot, a call of the other key whose fill queues
 // for it, then the loader's Get of that key, which joins that fill — and
-// must not wait for it (see checkNested).
+// must not wait for it (see checkWaits).
 func (m *genModel) nestedJoin(rt *rapid.T) {
 	i := slices.IndexFunc(m.procs, func(p *genProc) bool { return p.slots == 1 })
 	if i < 0 || slices.ContainsFunc(m.procs, func(p *genProc) bool { return p.hook.armed() }) {
-		return // a fault armed earlier would strike during the step (see checkNested)
+		return // a fault armed earlier would strike during the step (see checkWaits)
 	}
 	p := m.procs[i]
 	keyA := rapid.SampledFrom(genKeys).Draw(rt, "key")
@@ -831,7 +876,7 @@ func (m *genModel) nestedJoin(rt *rapid.T) {
 		m.tot.queued.Add(1)
 	}
 	// The step lasts until the loader's Get returns, so that no other
-	// step's fault excuses its wait (see checkNested).
+	// step's fault excuses its wait (see checkWaits).
 	held = false
 	close(c.hold)
 	select {
@@ -1125,16 +1170,18 @@ func (m *genModel) describe(l genLoad) string {
 		l.start.Format("05.000000"), l.end.Format("05.000000"), entries, l.call, map[bool]string{true: fmt.Sprintf(", a Get of load %d's loader", of)}[of != 0], m.nestedIn[l.seq])
 }
 
-// checkNested checks the Gets loaders made: none waited out its budget
-// (genNestedBudget, far past any load's time) unless it was held up as any
-// call's wait may be (heldUp): a fault in its scope — of every process, of
-// its own, on its key, or of another process while that one held its key —
-// during its wait or within what the fault leaves behind, or a stall. A
-// fault of another process on other keys excuses nothing.
-func (m *genModel) checkNested(rt *rapid.T) {
+// checkWaits checks the calls whose waits are bounded: none of the Gets
+// loaders made waited out its budget (genNestedBudget, far past any load's
+// time), and no late call of a stalled fill outlasted genStallBound after
+// another process invalidated its key (see lateCalls), unless it was held
+// up as any call's wait may be (heldUp): a fault in its scope — of every
+// process, of its own, on its key, or of another process while that one
+// held its key — during its wait or within what the fault leaves behind,
+// or a stall. A fault of another process on other keys excuses nothing.
+func (m *genModel) checkWaits(rt *rapid.T) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, n := range m.nestedWaits {
+	for _, n := range m.waits {
 		if !m.heldUp(n.proc, []string{n.key}, n.began, n.done) {
 			rt.Fatalf("%s", n.what)
 		}
@@ -1183,8 +1230,8 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 				m.tot.waitedOut.Add(1)
 				continue
 			}
-			if f.c.ctxTime > 0 || slotted || f.c.loader == "nested" || (f.c.loader == "slow" || f.c.loader == "slowenc") && f.c.budget < genSlow+genCmd ||
-				ran("slow", "slowenc", "nested", "fail") {
+			if f.c.ctxTime > 0 || slotted || f.c.loader == "nested" || f.c.loader == "held" || (f.c.loader == "slow" || f.c.loader == "slowenc") && f.c.budget < genSlow+genCmd ||
+				ran("slow", "slowenc", "nested", "fail", "held") {
 				continue
 			}
 			why = "its wait budget, though no load of its entries was slow and no fault struck"
