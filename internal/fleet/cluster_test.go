@@ -51,16 +51,11 @@ func TestFleetCluster(t *testing.T) {
 	// waits for the second. Master 0 is paused for 2.5s (lease 1s).
 	s = f.Scenario(t, rep, "a master SIGSTOPped 2.5s while a process holds locks on it and on another (cluster)")
 	slow, healthy := f.repoOn(t, masters[0]), f.repoOn(t, masters[1])
-	var onSlow, onHealthy EditOp
-	pkSlow, err := f.park(ctx, 0, StepAfterLock, func(tag string) {
-		onSlow = f.edit(ctx, editRequest{proc: 0, repo: slow, pauseAt: StepAfterLock, tag: tag})
-	})
+	pkSlow, onSlow, err := f.parkEdit(ctx, editRequest{proc: 0, repo: slow, pauseAt: StepAfterLock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pkHealthy, err := f.park(ctx, 0, StepAfterLock, func(tag string) {
-		onHealthy = f.edit(ctx, editRequest{proc: 0, repo: healthy, pauseAt: StepAfterLock, tag: tag})
-	})
+	pkHealthy, onHealthy, err := f.parkEdit(ctx, editRequest{proc: 0, repo: healthy, pauseAt: StepAfterLock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -405,10 +405,7 @@ func (f *Fleet) EveryProcessEdits(ctx context.Context, repo uint, within time.Du
 // edit of the same repository waits; it returns the time from the release
 // of p's edit to q's answer.
 func (f *Fleet) WakeLock(ctx context.Context, p, q int, repo uint, holdFor time.Duration) (time.Duration, error) {
-	var a EditOp
-	pk, err := f.park(ctx, p, StepAfterLock, func(tag string) {
-		a = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterLock, tag: tag})
-	})
+	pk, a, err := f.parkEdit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterLock})
 	if err != nil {
 		return 0, err
 	}
@@ -424,7 +421,7 @@ func (f *Fleet) WakeLock(ctx context.Context, p, q int, repo uint, holdFor time.
 	<-pk.done
 	b := <-bDone
 	if a.Status != http.StatusOK || b.Status != http.StatusOK {
-		return 0, fmt.Errorf("wake probe: %s; %s", a, b)
+		return 0, fmt.Errorf("wake probe: %s; %s", *a, b)
 	}
 	return b.End.Sub(released), nil
 }
@@ -469,17 +466,16 @@ func (f *Fleet) EditIntoStall(ctx context.Context, p, q int, repo uint, stall ti
 	for _, route := range routes {
 		f.Read(ctx, q, route, repo) // cached on both routes
 	}
-	pk, err := f.park(ctx, p, StepAfterUpdate, func(tag string) {
-		edit = f.edit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterUpdate, tag: tag})
-	})
+	pk, a, err := f.parkEdit(ctx, editRequest{proc: p, repo: repo, pauseAt: StepAfterUpdate})
 	if err != nil {
-		return edit, nil, 0, err
+		return *a, nil, 0, err
 	}
 	end := f.fault(fmt.Sprintf("redis-server SIGSTOPped %v as process %d commits an edit of repo %d", stall, p, repo))
 	f.Redis.Pause()
 	stopped := time.Now()
 	err = f.release(ctx, pk.proc, pk.tag)
 	<-pk.done // committed; its invalidation failed, or it was refused
+	edit = *a
 	// Reads that begin before Redis resumes, and wait for it.
 	hold(ctx, stall-time.Since(stopped)-100*time.Millisecond)
 	var mu sync.Mutex
