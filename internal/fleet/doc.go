@@ -34,8 +34,10 @@
 // between the request's goroutine and the lock's watchdog. Edits report their
 // critical section in X-Edit-Span. An edit refused before it reached its step
 // (409/423/503: its lock lost or busy, on a host too loaded to renew a lease in
-// time) is sent again, three times in all; the refusals are recorded and
-// checked like any edit, and the fault log names them.
+// time, or its process's Redis breaker open just after a SIGCONT) is sent
+// again after the refusal's Retry-After (1s), three times in all; the
+// refusals are recorded and checked like any edit, and the fault log names
+// them.
 //
 // # What is counted
 //

@@ -58,16 +58,22 @@ func (f *Fleet) park(ctx context.Context, p int, step string, send func(tag stri
 	}
 }
 
-// parkTries bounds how often parkEdit sends an edit refused before its step.
-const parkTries = 3
+// parkTries bounds how often parkEdit sends an edit refused before its
+// step; retryAfter is the Retry-After of the service's refusals.
+const (
+	parkTries  = 3
+	retryAfter = time.Second
+)
 
 // parkEdit sends the edit r to its process, parked at r.pauseAt (see park).
-// An edit refused before it reached its step (409, 423 or 503: on a host too
-// loaded to renew a lease in time, its lock was lost before the write, which
-// is a documented answer) is sent again, up to parkTries times in all: the
-// scenarios are about what happens from the step on. The refused edit stays
-// in the history, so CheckEdits still checks it was not applied, and the
-// fault log names it. The returned edit is filled in once pk.done is closed.
+// An edit refused before it reached its step (409, 423 or 503, documented
+// answers: on a host too loaded to renew a lease in time, its lock was lost
+// before the write; just after a SIGCONT, the process's Redis breaker is
+// open) is sent again once the Retry-After its refusals carry (1s) has
+// passed, up to parkTries times in all: the scenarios are about what
+// happens from the step on. The refused edit stays in the history, so
+// CheckEdits still checks it was not applied, and the fault log names it.
+// The returned edit is filled in once pk.done is closed.
 func (f *Fleet) parkEdit(ctx context.Context, r editRequest) (pk *parked, a *EditOp, err error) {
 	a = new(EditOp)
 	for try := 1; ; try++ {
@@ -85,6 +91,7 @@ func (f *Fleet) parkEdit(ctx context.Context, r editRequest) (pk *parked, a *Edi
 			return nil, a, err
 		}
 		f.fault(fmt.Sprintf("edit %s refused before its step %s (%s): sent again", a.ID, r.pauseAt, a.answer()))()
+		hold(ctx, retryAfter)
 	}
 }
 
