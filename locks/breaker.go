@@ -42,7 +42,15 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // command of the client since the first one sent after its last answer,
 // that long ago (a process whose callers wait in line for one lock or one
 // fill sends few commands into a stall, and would otherwise wait for
-// Threshold of them to time out one after another). Open, every command and
+// Threshold of them to time out one after another). Before it opens, it
+// checks: one PING, sent past it at once, must get no answer within Cooldown
+// either, while callers' commands still go through. A process that was
+// stopped while its commands waited (SIGSTOP, a VM frozen, a long
+// stop-the-world) finds them past their deadlines when it resumes, with
+// Redis's answers in its sockets, and so does one starved of CPU for that
+// long; their failures are its own, the check's PING is answered, and the
+// breaker stays closed (the outcomes of the commands sent before the check
+// no longer count). Open, every command and
 // pipeline fails at once with ErrCircuitOpen, without touching the network. After Cooldown
 // it sends a probe PING (half-open), on a goroutine of its own, while
 // callers keep failing at once, and another every Cooldown while none has
@@ -61,8 +69,9 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // Its fields are read when the Breaker is first used; the zero value is a
 // Breaker with the defaults. Install one per client; on a ClusterClient one
 // Breaker covers the cluster as a whole. A Breaker is safe for concurrent
-// use. The probe loop runs only while the breaker is open, and ends when
-// Redis answers or the client is closed.
+// use. Its goroutines run only while it checks (one PING, at most a
+// Cooldown) or is open (the probe loop, which ends when Redis answers or the
+// client is closed).
 type Breaker struct {
 	// Threshold is how many consecutive failures open the breaker. The
 	// default is 5.
@@ -71,7 +80,8 @@ type Breaker struct {
 	// through. The default is 250ms.
 	Cooldown time.Duration
 	// Silence is how long Redis may leave the client's commands unanswered
-	// before a single failure opens the breaker. The default is 750ms:
+	// before a single failure opens the breaker (after the check: see
+	// Breaker). The default is 750ms:
 	// longer than the 500ms that locks and cacheguard let a command sent to a
 	// quiet Redis wait, shorter than the 1s a command sent while Redis
 	// answered may (so the commands in flight when a stall begins open the
@@ -95,13 +105,14 @@ type Breaker struct {
 	quiet     rcmd.Silence // how long Redis has left the client's commands unanswered
 
 	failures atomic.Int32                      // consecutive failures while closed
-	state    atomic.Int32                      // breakerClosed or breakerOpen
+	state    atomic.Int32                      // breakerClosed, breakerChecking or breakerOpen
 	epoch    atomic.Uint64                     // counts state changes: a command's outcome counts only in the epoch that admitted it
 	next     atomic.Pointer[redis.ProcessHook] // the client's command path below the breaker, for probes
 }
 
 const (
-	breakerClosed int32 = iota
+	breakerClosed   int32 = iota
+	breakerChecking       // failures would open it: a PING decides (see check); commands still go through
 	breakerOpen
 )
 
@@ -129,11 +140,11 @@ func (b *Breaker) init() {
 // Open reports whether the breaker is refusing commands.
 func (b *Breaker) Open() bool {
 	b.init()
-	return b.state.Load() != breakerClosed
+	return b.state.Load() == breakerOpen
 }
 
-// admit reports whether a command may be sent: while the breaker is closed.
-func (b *Breaker) admit() bool { return b.state.Load() == breakerClosed }
+// admit reports whether a command may be sent: unless the breaker is open.
+func (b *Breaker) admit() bool { return b.state.Load() != breakerOpen }
 
 // probeLoop runs while the breaker is open: every cooldown it sends one PING
 // past the breaker through next; an answer closes the breaker and ends the
@@ -275,9 +286,45 @@ func redisAnswered(err error) bool {
 	return err == nil || errors.Is(err, redis.Nil) || errors.As(err, &re)
 }
 
-// trip opens the breaker, if it is closed, and starts its probe loop.
+// trip starts the check that opens the breaker (see check), if it is closed,
+// for the failure err of a command sent under ctx.
 func (b *Breaker) trip(ctx context.Context, err error) {
-	if !b.state.CompareAndSwap(breakerClosed, breakerOpen) {
+	if !b.state.CompareAndSwap(breakerClosed, breakerChecking) {
+		return
+	}
+	ctx = context.WithoutCancel(ctx) // for the event, if it opens
+	if next := b.next.Load(); next != nil {
+		go b.check(ctx, *next, err)
+		return
+	}
+	b.open(ctx, err)
+}
+
+// check runs while the breaker is checking: it sends one PING past the
+// breaker through next, given a cooldown to answer. An answer shows Redis
+// answering now, and the failures that started the check the process's own
+// (it was stopped or starved while its commands waited, so their deadlines
+// passed with the answers in its sockets): the breaker goes back to closed,
+// and what was admitted before no longer counts, as after a probe. No answer
+// opens it, with cause as the failure that opened it; the client being closed
+// leaves it closed.
+func (b *Breaker) check(ctx context.Context, next redis.ProcessHook, cause error) {
+	pctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), b.cooldown)
+	err := next(pctx, redis.NewStatusCmd(pctx, "ping"))
+	cancel()
+	if err != nil && !errors.Is(err, redis.ErrClosed) {
+		b.open(ctx, cause)
+		return
+	}
+	b.epoch.Add(1)
+	b.failures.Store(0)
+	b.quiet.Answered(b.quiet.Now())
+	b.state.CompareAndSwap(breakerChecking, breakerClosed)
+}
+
+// open opens the checking breaker and starts its probe loop.
+func (b *Breaker) open(ctx context.Context, err error) {
+	if !b.state.CompareAndSwap(breakerChecking, breakerOpen) {
 		return
 	}
 	b.epoch.Add(1)
@@ -341,7 +388,7 @@ func (b *Breaker) DialHook(next redis.DialHook) redis.DialHook {
 		b.init()
 		epoch := b.epoch.Load()
 		conn, err := next(ctx, network, addr)
-		if err != nil && b.state.Load() == breakerClosed && !b.probing(ctx) {
+		if err != nil && b.admit() && !b.probing(ctx) {
 			b.done(ctx, err, epoch)
 		}
 		return conn, err

@@ -1,6 +1,7 @@
 package locks_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,7 +65,7 @@ func envInt(name string) int {
 
 // childRoles are the roles for childproc.Main.
 func childRoles() map[string]func() error {
-	return map[string]func() error{"mutex": withClient(childMutex), "hold": withClient(childHold)}
+	return map[string]func() error{"mutex": withClient(childMutex), "hold": withClient(childHold), "busy": childBusy}
 }
 
 // withClient gives role a client of the server at REDIS_ADDR.
@@ -152,6 +154,54 @@ func childHold(rdb *redis.Client) error {
 	}
 	fmt.Println("unlock", errName(lk.Unlock(ctx)))
 	fmt.Println("unlock-again", errName(lk.Unlock(ctx)))
+	return nil
+}
+
+// childBusy runs lock cycles on G goroutines, on a client with
+// ContextTimeoutEnabled and a Breaker, so that commands are always in flight;
+// it reports "ready" once cycles succeed, each breaker event as it comes
+// ("opened <cause>", "closed"), and on each line read from stdin "cycles N"
+// (cycles that succeeded so far); it stops when stdin closes.
+func childBusy() error {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR"), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	rdb.AddHook(&locks.Breaker{Observer: func(_ context.Context, e locks.Event) {
+		switch e.Kind {
+		case locks.EventBreakerOpened:
+			fmt.Println("opened", e.Err)
+		case locks.EventBreakerClosed:
+			fmt.Println("closed")
+		}
+	}})
+	c := locks.New(rdb)
+	defer c.Close()
+	var cycles atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range envInt("G") {
+		wg.Go(func() {
+			name := fmt.Sprintf("busy:%d", g)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if lk, err := c.TryLock(ctx, name); err == nil && lk.Unlock(ctx) == nil {
+					if cycles.Add(1) == 100 {
+						fmt.Println("ready")
+					}
+				}
+			}
+		})
+	}
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		fmt.Println("cycles", cycles.Load())
+	}
+	close(stop)
+	wg.Wait()
 	return nil
 }
 

@@ -3,9 +3,11 @@ package locks_test
 import (
 	"bufio"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -140,5 +142,61 @@ func TestHolderPaused(t *testing.T) {
 	}
 	if err := lk.Unlock(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBreakerSurvivesProcessPause: a process stopped (SIGSTOP, as a VM
+// freeze or a long stop-the-world would) while its commands wait for
+// answers finds, once resumed, those commands past their deadlines though
+// the answers sit in its sockets. Redis never stopped answering: the
+// process's own Breaker must not open (its callers would get
+// ErrCircuitOpen from a healthy Redis), and its lock cycles go on.
+func TestBreakerSurvivesProcessPause(t *testing.T) {
+	s := redistest.Start(t)
+	ch := startChild(t, "busy", "REDIS_ADDR="+s.Addr(), "G=8")
+	ch.expect(t, "ready", 10*time.Second)
+	cycles := func() int {
+		t.Helper()
+		if _, err := io.WriteString(ch.Stdin, "report\n"); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			l, err := ch.Next(10 * time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rest, ok := strings.CutPrefix(l, "opened"); ok {
+				t.Fatalf("the paused process's breaker opened, Redis answering throughout:%s", rest)
+			}
+			if rest, ok := strings.CutPrefix(l, "cycles "); ok {
+				n, _ := strconv.Atoi(rest)
+				return n
+			}
+		}
+	}
+	const pauses, pause = 3, 1500 * time.Millisecond
+	for range pauses {
+		before := cycles()
+		ch.Signal(syscall.SIGSTOP)
+		<-time.After(pause) // the fault's length, not a wait for an event
+		ch.Signal(syscall.SIGCONT)
+		// Progress after the pause: cycles succeed again (wait for them,
+		// bounded), and no "opened" came meanwhile.
+		deadline := time.Now().Add(10 * time.Second)
+		for n := cycles(); n < before+100; n = cycles() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d lock cycles in 10s after the pause, want 100", n-before)
+			}
+		}
+	}
+	ch.Stdin.Close()
+	if lines, err := ch.Wait(); err != nil {
+		t.Fatalf("child: %v %q", err, lines)
+	} else {
+		for _, l := range lines {
+			if strings.HasPrefix(l, "opened") {
+				t.Fatalf("the paused process's breaker opened, Redis answering throughout: %s", l)
+			}
+		}
 	}
 }

@@ -29,6 +29,7 @@ const (
 	InvSlowWake     = "wake-ups slower than before the fault (fastest of 3 probes)"
 	InvRestartError = "requests failed by another process's shutdown"
 	InvSilentStale  = "edits answered 200 with their invalidation failed, not saying so"
+	InvBreaker      = "Redis breakers opened with Redis answering (a process's own pause)"
 )
 
 // documented is the set of statuses an edit may be answered with.
@@ -217,4 +218,30 @@ func (s *Scenario) CheckProcs(issues Issues) {
 		}
 	}
 	s.Count(InvCrash, len(crashes), issues[InvCrash], crashes...)
+}
+
+// CheckBreakers counts the processes whose Redis breaker opened since the
+// scenario began: in a scenario whose faults stop or kill processes, never
+// Redis, a breaker that opened did so on a healthy Redis (a process that
+// resumes finds its commands past their deadlines, the answers unread in
+// its sockets: locks.Breaker must not take that for a stall).
+func (s *Scenario) CheckBreakers(ctx context.Context) {
+	var opened []string
+	for i := range s.F.Procs() {
+		u := s.F.Proc(i).URL()
+		if u == "" {
+			continue
+		}
+		var st struct {
+			Opened int64 `json:"breaker_opened_ms"`
+		}
+		if err := s.F.getJSON(ctx, u+"/stats", &st); err != nil {
+			opened = append(opened, fmt.Sprintf("p%d: stats: %v", i, err))
+			continue
+		}
+		if st.Opened >= s.start.UnixMilli() {
+			opened = append(opened, fmt.Sprintf("p%d: breaker opened %v into the scenario", i, time.UnixMilli(st.Opened).Sub(s.start).Round(time.Millisecond)))
+		}
+	}
+	s.Count(InvBreaker, len(opened), nil, opened...)
 }

@@ -72,6 +72,7 @@ func testPauses(t *testing.T, db string) {
 			t.Errorf("%s: %v", name, err)
 		}
 		s.CheckEdits(ctx, pauseIssues(step))
+		s.CheckBreakers(ctx)
 		s.Figure("the paused edit", a.answer())
 		s.Figure("the other edit", b.answer())
 		s.Done()
@@ -91,6 +92,7 @@ func testPauses(t *testing.T, db string) {
 			}
 			s.CheckEdits(ctx, nil)
 			s.CheckReads(readIssues, false)
+			s.CheckBreakers(ctx)
 			s.Done()
 		}
 	}
@@ -148,6 +150,7 @@ func testSavePauses(t *testing.T, db string) {
 				t.Errorf("%s: %v", name, err)
 			}
 			s.CheckEdits(ctx, nil)
+			s.CheckBreakers(ctx)
 			s.Figure("the paused edit", a.answer())
 			s.Figure("the other edit", b.answer())
 			s.Done()

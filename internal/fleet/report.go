@@ -54,18 +54,19 @@ type Report struct {
 
 // Scenario is one named scenario of a run: what it counts goes to the report.
 type Scenario struct {
-	Name string
-	F    *Fleet
-	t    testing.TB
-	rep  *Report
-	rows []Row
+	Name  string
+	F     *Fleet
+	t     testing.TB
+	rep   *Report
+	rows  []Row
+	start time.Time // when it began
 }
 
 // Scenario starts a scenario: the edits and reads that follow are labelled
 // with its name.
 func (f *Fleet) Scenario(t testing.TB, rep *Report, name string) *Scenario {
 	f.Rec.Begin(name)
-	return &Scenario{Name: name, F: f, t: t, rep: rep}
+	return &Scenario{Name: name, F: f, t: t, rep: rep, start: time.Now()}
 }
 
 // Count adds an invariant's count; issues name the issue items whose defect it reproduces.
