@@ -133,13 +133,11 @@
 // A Breaker on a go-redis client (rdb.AddHook(&locks.Breaker{})) is shared by
 // every package using the client: after consecutive failures (connection
 // errors, timeouts; not the caller's context ending), or one after 750ms
-// without an answer, confirmed by a PING that gets no answer either (a
-// process that was itself stopped finds its commands timed out on a healthy
-// Redis), every command fails at once with ErrCircuitOpen, matching
-// ErrUnavailable — a lock attempt fails closed in microseconds, ginmw answers
-// 503, gormplugin refuses the write unless FailOpen, a cacheguard Get fails
-// open unless FailClosed — until a background probe sees Redis answer; callers
-// never wait for it (figures: locks/DESIGN.md, "Measured").
+// without an answer, then a PING unanswered too (not a process's own pause),
+// every command fails at once with ErrCircuitOpen (an ErrUnavailable: a lock
+// attempt fails closed in microseconds, ginmw answers 503, gormplugin refuses
+// the write unless FailOpen, Get fails open unless FailClosed) until a probe
+// sees Redis answer; callers never wait for it (locks/DESIGN.md, "Measured").
 //
 // # Optimistic transactions
 //
