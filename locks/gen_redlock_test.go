@@ -194,7 +194,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 				w.wait(rt)
 				return
 			}
-			w.stall(rt, w.servers)
+			w.stall(rt, w.servers, 700*time.Millisecond)
 		},
 		"h-del": func(rt *rapid.T) {
 			if rapid.IntRange(0, 3).Draw(rt, "del?") != 0 {

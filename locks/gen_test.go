@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -47,6 +48,12 @@ import (
 //     fault or a pause came near it, or another call occupied its name
 //     (see obtained) — a name nobody else holds is obtained;
 //   - every acquisition ends in exactly one EventReleased or EventLost;
+//   - in runs whose processes have a Breaker (drawn), a breaker opens only
+//     when Redis did not answer: a server paused within the cooldown before
+//     it opened (its check's PING went unanswered), or the test process stood
+//     still that long; a call it refused (ErrCircuitOpen) is explained by it;
+//     and it closes within two cooldowns (plus genSlack) of the servers
+//     answering again (see checkBreakers);
 //   - every call returns within its context (plus a slack for a loaded
 //     host);
 //   - once every call has returned, Redis keeps no hold that no Lock is
@@ -108,6 +115,7 @@ type genStats struct {
 	stalled     int            // calls later than genSlack past their context while the process stood still that long
 	stalls      *gen.Stalls    // when the test process stood still (a starved host), watched every millisecond
 	failures    map[string]int // failed Lock and TryLock calls, by what explained them (the obtain oracle)
+	breakers    [2]int         // runs with a Breaker in each process, and the openings seen in them
 }
 
 func (st *genStats) add(m *map[string]int, k string) {
@@ -132,8 +140,8 @@ func (st *genStats) String() string {
 		sort.Strings(ks)
 		return strconv.Itoa(n) + " (" + strings.Join(ks, " ") + ")"
 	}
-	return fmt.Sprintf("%d checks %s, steps %s, faults %s, failed lock calls %s, %d oracle samples, latest return past a context %v (%s), %d past the slack in a process stall",
-		st.checks, count(st.deployments), count(st.actions), count(st.faults), count(st.failures), st.samples, st.worst.Round(time.Millisecond), st.worstOf, st.stalled)
+	return fmt.Sprintf("%d checks %s, steps %s, faults %s, failed lock calls %s, %d oracle samples, latest return past a context %v (%s), %d past the slack in a process stall; %d runs with breakers, %d openings",
+		st.checks, count(st.deployments), count(st.actions), count(st.faults), count(st.failures), st.samples, st.worst.Round(time.Millisecond), st.worstOf, st.stalled, st.breakers[0], st.breakers[1])
 }
 
 // genRule is one fault of a genFault hook: the next left commands running
@@ -335,6 +343,36 @@ type genProc struct {
 	fault *genFault
 	ev    *endEvents
 	owner string
+	br    *genBreaker // its client's Breaker, in runs that have them
+}
+
+// genBreakerCooldown is the Cooldown of the processes' Breakers (the
+// default); their other settings are the defaults too.
+const genBreakerCooldown = 250 * time.Millisecond
+
+// genBreaker records when a process's Breaker was open.
+type genBreaker struct {
+	mu    sync.Mutex
+	spans []genSpan // from each EventBreakerOpened to the EventBreakerClosed after it (zero while open)
+}
+
+func (gb *genBreaker) observe(e Event) {
+	gb.mu.Lock()
+	defer gb.mu.Unlock()
+	switch n := len(gb.spans); e.Kind {
+	case EventBreakerOpened:
+		gb.spans = append(gb.spans, genSpan{from: time.Now()})
+	case EventBreakerClosed:
+		if n > 0 && gb.spans[n-1].to.IsZero() {
+			gb.spans[n-1].to = time.Now()
+		}
+	}
+}
+
+func (gb *genBreaker) snapshot() []genSpan {
+	gb.mu.Lock()
+	defer gb.mu.Unlock()
+	return slices.Clone(gb.spans)
 }
 
 // genHold is an acquisition the run holds.
@@ -383,10 +421,10 @@ type genBase struct {
 	pauses     []genSpan            // every pause of a server (the last one's end zero while it lasts)
 }
 
-// stall pauses one of servers (SIGSTOP) for a drawn time, unless one is
-// paused already.
-func (w *genBase) stall(rt *rapid.T, servers []*redistest.Server) {
-	d := time.Duration(rapid.IntRange(50, 700).Draw(rt, "stall")) * time.Millisecond
+// stall pauses one of servers (SIGSTOP) for a drawn time, up to longest,
+// unless one is paused already.
+func (w *genBase) stall(rt *rapid.T, servers []*redistest.Server, longest time.Duration) {
+	d := time.Duration(rapid.IntRange(50, int(longest/time.Millisecond)).Draw(rt, "stall")) * time.Millisecond
 	w.mu.Lock()
 	busy := w.stalled
 	w.stalled = true
@@ -444,6 +482,8 @@ type genWorld struct {
 	names []string
 	procs []*genProc
 	old   []*genProc // closed, replaced
+	// breakers: each process's client has a Breaker (drawn per run).
+	breakers bool
 
 	// guarded by mu
 	fences  map[string]uint64 // the last fence Redis held, per name
@@ -476,6 +516,11 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	defer w.mon.Close()
 	for i := range 2 {
 		w.names = append(w.names, fmt.Sprintf("gen%d-%d", run, i))
+	}
+	if w.breakers = rapid.Bool().Draw(rt, "breakers"); w.breakers {
+		st.mu.Lock()
+		st.breakers[0]++
+		st.mu.Unlock()
 	}
 	for range 3 {
 		w.procs = append(w.procs, w.newProc())
@@ -546,7 +591,13 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 				w.wait(rt)
 				return
 			}
-			w.stall(rt, w.d.servers)
+			// Long enough, at times, for a Breaker to open (Silence, then
+			// a check's cooldown), in the runs that have them.
+			longest := 700 * time.Millisecond
+			if w.breakers {
+				longest = 1600 * time.Millisecond
+			}
+			w.stall(rt, w.d.servers, longest)
 		},
 		"h-del": func(rt *rapid.T) {
 			if rapid.IntRange(0, 3).Draw(rt, "del?") != 0 {
@@ -580,6 +631,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 		p.fault.clear()
 		p.fault.wg.Wait()
 	}
+	w.checkBreakers()
 	w.obtained()
 	w.orphans()
 	for _, p := range append(w.procs, w.old...) {
@@ -639,6 +691,8 @@ func (w *genBase) excuse(err error, timeout, cancelAfter time.Duration, faults [
 		return "cancelled"
 	case timeout < 400*time.Millisecond && errors.Is(err, context.DeadlineExceeded):
 		return "a context too short to judge on a loaded host"
+	case errors.Is(err, ErrCircuitOpen):
+		return "its process's breaker was open" // only when Redis did not answer: see checkBreakers
 	}
 	return w.unrest(faults, start.Add(-genCalmBefore), end)
 }
@@ -713,9 +767,18 @@ func (w *genBase) wait(rt *rapid.T) {
 func (w *genWorld) newProc() *genProc {
 	f := &genFault{}
 	rdb := w.d.client()
-	rdb.AddHook(f)
 	ev := &endEvents{}
 	pn := len(w.procs) + len(w.old)
+	var br *genBreaker
+	if w.breakers {
+		// Above the fault hook: it sees what the faults do to replies.
+		br = &genBreaker{}
+		rdb.AddHook(&Breaker{Cooldown: genBreakerCooldown, Logger: slog.New(slog.DiscardHandler), Observer: func(_ context.Context, e Event) {
+			br.observe(e)
+			w.note("p%d breaker %v err=%v", pn, e.Kind, e.Err)
+		}})
+	}
+	rdb.AddHook(f)
 	c := New(rdb, CommandTimeout(genCommandTimeout), Observer(func(ctx context.Context, e Event) {
 		ev.observe(ctx, e)
 		w.note("p%d event %v %s fence=%d err=%v", pn, e.Kind, e.Name, e.Fence, e.Err)
@@ -735,7 +798,7 @@ func (w *genWorld) newProc() *genProc {
 		}
 	}))
 	go func() { <-c.life.shut; _ = rdb.Close() }()
-	return &genProc{c: c, fault: f, ev: ev, owner: NewOwnerID()}
+	return &genProc{c: c, fault: f, ev: ev, owner: NewOwnerID(), br: br}
 }
 
 // call runs f on a goroutine under a context of timeout and checks that it
@@ -1163,4 +1226,72 @@ func (w *genBase) check(rt *rapid.T) {
 		w.mu.Unlock()
 		rt.Fatalf("%d violations, first: %s\nlog:\n%s", len(v), strings.Join(v[:min(len(v), 5)], "; "), log)
 	}
+}
+
+// checkBreakers checks the processes' Breakers, once every call has
+// returned (every server answers again): each opened only when Redis did not
+// answer — a server paused within the cooldown (and a moment) before it
+// opened, when its check's PING went unanswered, or the test process stood
+// still half that long — and each closed within two cooldowns and genSlack
+// of the last such pause's end (a probe every cooldown), or the test process
+// stood still meanwhile. The Breaker of a process closed while it was open
+// stays open: only its opening is checked.
+func (w *genWorld) checkBreakers() {
+	live := map[*genProc]bool{}
+	for _, p := range w.procs {
+		live[p] = true
+	}
+	for i, p := range append(w.procs, w.old...) {
+		if p.br == nil {
+			continue
+		}
+		for _, sp := range p.br.snapshot() {
+			w.st.mu.Lock()
+			w.st.breakers[1]++
+			w.st.mu.Unlock()
+			from := sp.from.Add(-genBreakerCooldown - 50*time.Millisecond)
+			answered := sp.from // when Redis answered again: the end of the pauses that explain the opening
+			w.mu.Lock()
+			paused := false
+			for _, ps := range w.pauses {
+				if ps.meets(from, sp.from) {
+					paused = true
+					answered = later(answered, ps.to)
+				}
+			}
+			w.mu.Unlock()
+			stood := w.st.stalls != nil && w.st.stalls.During(from, sp.from, genBreakerCooldown/2)
+			if !paused && !stood {
+				w.violate("p%d: its breaker opened at %v though no server paused in the %v before it and the test process did not stand still: Redis answered its check",
+					i, sp.from.Sub(w.start).Round(time.Millisecond), sp.from.Sub(from))
+				continue
+			}
+			if !live[p] && sp.to.IsZero() {
+				continue
+			}
+			limit := answered.Add(2*genBreakerCooldown + genSlack)
+			closed := sp.to
+			for closed.IsZero() && time.Now().Before(limit.Add(genSlack)) {
+				time.Sleep(10 * time.Millisecond) // bounded wait for the observable event
+				if spans := p.br.snapshot(); len(spans) > 0 {
+					closed = spans[len(spans)-1].to
+				}
+			}
+			if closed.IsZero() {
+				closed = time.Now()
+			}
+			if closed.After(limit) && (w.st.stalls == nil || !w.st.stalls.During(answered, closed, genSlack)) {
+				w.violate("p%d: its breaker, opened at %v, closed %v after Redis answered again (at %v), past two cooldowns and %v",
+					i, sp.from.Sub(w.start).Round(time.Millisecond), closed.Sub(answered).Round(time.Millisecond), answered.Sub(w.start).Round(time.Millisecond), genSlack)
+			}
+		}
+	}
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
