@@ -156,8 +156,8 @@ func (e *env) pgStampede(ctx context.Context) error {
 			"*completed* by PostgreSQL (pg_stat_statements counts a query that ran to its end, also when its client "+
 			"had given up: at the deadline pgx closes the connection and the server runs the query on; a query the "+
 			"server cut short on finding its client gone is not counted); *failed* are "+
-			"requests that returned an error, *pool* those of them that found no free connection before their "+
-			"deadline. Latency covers every request, a failed one at the time it failed. PG CPU is the user+system "+
+			"requests that returned an error, by cause: *pool* found no free connection before their "+
+			"deadline, *query* got the query's error (or its deadline), *timeout* reached the deadline waiting for another caller's load, *other* anything else (make bench's log prints the first error of a repetition that had one). Latency covers every request, a failed one at the time it failed. PG CPU is the user+system "+
 			"time of every PostgreSQL process from GO until the run's last query ended (the kernel counts it in "+
 			"10 ms ticks per process). Naive cache-aside, per-process singleflight and the go-redis/cache rows "+
 			"run at most %d repetitions.",
@@ -169,6 +169,9 @@ func (e *env) pgStampede(ctx context.Context) error {
 			{"pgcalls", "completed (PostgreSQL)", "%.0f"},
 			{"failed", "failed", "%.0f"},
 			{"pool", "pool", "%.0f"},
+			{"query", "query", "%.0f"},
+			{"timeout", "timeout", "%.0f"},
+			{"other", "other", "%.0f"},
 			{"p50", "p50 ms", "%.0f"},
 			{"p99", "p99 ms", "%.0f"},
 			{"max", "max ms", "%.0f"},
@@ -226,6 +229,12 @@ func (e *env) pgStampede(ctx context.Context) error {
 		r.add("pgcalls", float64(run.pg.Calls))
 		r.add("failed", float64(c.failed()))
 		r.add("pool", float64(c.out[outPool]))
+		r.add("query", float64(c.out[outQuery]))
+		r.add("timeout", float64(c.out[outTimeout]))
+		r.add("other", float64(c.out[outOther]))
+		if err := firstErr(run.reps); err != nil {
+			e.cfg.logf("  %s: %v (queries sent %d, answered %d)", r.System, err, c.sent, c.ok)
+		}
 		r.add("p50", stats.Ms(d.P50))
 		r.add("p99", stats.Ms(d.P99))
 		r.add("max", stats.Ms(d.Max))

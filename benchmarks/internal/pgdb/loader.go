@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -107,8 +108,19 @@ func (ps *Pools) Loader(ctx context.Context, dsn string, conns int) (*Loader, er
 		}
 		ps.m[k] = p
 	}
-	if err := p.warm(ctx, conns); err != nil {
-		return nil, err
+	// A connection found broken is closed, and the warm-up runs again
+	// to replace it.
+	for try := 0; ; try++ {
+		broken, err := p.warm(ctx, conns)
+		if err != nil {
+			return nil, err
+		}
+		if broken == 0 {
+			break
+		}
+		if try == 2 {
+			return nil, fmt.Errorf("pgdb: %d pool connections still broken after %d warm-ups", broken, try+1)
+		}
 	}
 	return &Loader{pool: p.pool}, nil
 }
@@ -116,9 +128,17 @@ func (ps *Pools) Loader(ctx context.Context, dsn string, conns int) (*Loader, er
 // warm holds all conns connections of the pool at once (dialling those that
 // are missing, all together: one after another, they cost a round trip and a
 // backend start each) and runs the loader's query on each one not warmed yet.
-func (p *kept) warm(ctx context.Context, conns int) error {
+//
+// A connection warmed in an earlier run is pinged first: a run's query cut
+// by its deadline can leave its connection broken (a read deadline in the
+// past: its next query fails at once with an i/o timeout), and the next run
+// would find it so — one process's load failing for the harness's sake, not
+// the system's. Such a connection is closed (the pool drops it) and counted
+// in broken; the caller warms again.
+func (p *kept) warm(ctx context.Context, conns int) (broken int, err error) {
 	held := make([]*pgxpool.Conn, conns)
 	errs := make([]error, conns)
+	bad := make([]bool, conns)
 	var wg sync.WaitGroup
 	for i := range held {
 		wg.Go(func() {
@@ -129,6 +149,10 @@ func (p *kept) warm(ctx context.Context, conns int) error {
 			}
 			held[i] = c
 			if p.warmed[c.Conn().PgConn().PID()] { // read only while the goroutines run
+				if err := c.Ping(ctx); err != nil {
+					bad[i] = true
+					_ = c.Conn().Close(ctx)
+				}
 				return
 			}
 			if _, err := c.Exec(ctx, Query, -1); err != nil { // no such repo: the whole scan, no row
@@ -139,13 +163,18 @@ func (p *kept) warm(ctx context.Context, conns int) error {
 	wg.Wait()
 	for i, h := range held {
 		if h != nil {
-			if errs[i] == nil {
+			if bad[i] {
+				broken++
+			} else if errs[i] == nil {
 				p.warmed[h.Conn().PgConn().PID()] = true
 			}
 			h.Release()
 		}
 	}
-	return errors.Join(errs...)
+	if broken > 0 {
+		fmt.Fprintf(os.Stderr, "pgdb: %d broken pool connection(s) replaced before the run\n", broken)
+	}
+	return broken, errors.Join(errs...)
 }
 
 // Close closes every pool.
