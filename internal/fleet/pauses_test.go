@@ -97,8 +97,40 @@ func testPauses(t *testing.T, db string) {
 		}
 	}
 
+	testPausedUnderLoad(t, f, db, pause)
 	testKill(t, f, db, "holder", Pause{})
 	testKill(t, f, db, "rename holder", Pause{Rename: true})
+}
+
+// testPausedUnderLoad SIGSTOPs a process while it serves a steady load, Redis
+// answering throughout: on resume its commands in flight are past their
+// deadlines with the answers unread in its sockets, and its Redis breaker
+// must not take that for a stall — none opens (it would answer 503 to the
+// requests after it, from a healthy Redis); no edit is lost, no read stale.
+// (On the breaker before its check this scenario found no opening in five
+// runs — one did in a CI run of another scenario; locks'
+// TestBreakerSurvivesProcessPause reproduces it: this guards the service.)
+func testPausedUnderLoad(t *testing.T, f *Fleet, db string, pause time.Duration) {
+	ctx := t.Context()
+	const pauses = 2
+	s := f.Scenario(t, rep, fmt.Sprintf("process SIGSTOPped %v %d times under load, Redis answering (%s)", pause, pauses, db))
+	// Busy enough that commands are in flight when the process stops.
+	l := f.StartLoad(ctx, LoadConfig{Seed: uint64(rep.Seed) + 7, Writers: 3, Readers: 6, Repos: []uint{1, 2, 3}, Think: 2 * time.Millisecond})
+	for range pauses {
+		hold(ctx, time.Second)
+		end := f.fault(fmt.Sprintf("process 0 SIGSTOPped %v under load", pause))
+		f.Proc(0).Stop()
+		hold(ctx, pause) // the fault's length
+		f.Proc(0).Cont()
+		end()
+	}
+	hold(ctx, time.Second)
+	l.Stop()
+	s.CheckEdits(ctx, nil)
+	s.CheckReads(readIssues, false)
+	s.CheckBreakers(ctx)
+	s.Figure("edits answered 200", fmt.Sprintf("%d of %d", l.acked.Load(), l.edits.Load()))
+	s.Done()
 }
 
 // testKill SIGKILLs a holder whose edit (kz's kind: see Pause) has read the
