@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -228,20 +229,34 @@ func (s *Scenario) CheckProcs(issues Issues) {
 func (s *Scenario) CheckBreakers(ctx context.Context) {
 	var opened []string
 	for i := range s.F.Procs() {
-		u := s.F.Proc(i).URL()
-		if u == "" {
-			continue
-		}
-		var st struct {
-			Opened int64 `json:"breaker_opened_ms"`
-		}
-		if err := s.F.getJSON(ctx, u+"/stats", &st); err != nil {
+		o, _, err := s.F.breaker(ctx, i)
+		switch {
+		case errors.Is(err, errNoProc):
+		case err != nil:
 			opened = append(opened, fmt.Sprintf("p%d: stats: %v", i, err))
-			continue
-		}
-		if st.Opened >= s.start.UnixMilli() {
-			opened = append(opened, fmt.Sprintf("p%d: breaker opened %v into the scenario", i, time.UnixMilli(st.Opened).Sub(s.start).Round(time.Millisecond)))
+		case !o.Before(s.start):
+			opened = append(opened, fmt.Sprintf("p%d: breaker opened %v into the scenario", i, o.Sub(s.start).Round(time.Millisecond)))
 		}
 	}
 	s.Count(InvBreaker, len(opened), nil, opened...)
+}
+
+// errNoProc: the process is not running.
+var errNoProc = errors.New("fleet: process not running")
+
+// breaker returns when process i's Redis breaker last opened and closed
+// (the Unix epoch when never), from its /stats.
+func (f *Fleet) breaker(ctx context.Context, i int) (opened, closed time.Time, err error) {
+	u := f.Proc(i).URL()
+	if u == "" {
+		return opened, closed, errNoProc
+	}
+	var st struct {
+		Opened int64 `json:"breaker_opened_ms"`
+		Closed int64 `json:"breaker_closed_ms"`
+	}
+	if err := f.getJSON(ctx, u+"/stats", &st); err != nil {
+		return opened, closed, err
+	}
+	return time.UnixMilli(st.Opened), time.UnixMilli(st.Closed), nil
 }

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -180,21 +181,16 @@ func stallFigures(s *Scenario, start, end time.Time) {
 func breakerFigures(ctx context.Context, s *Scenario, start, end time.Time) {
 	var opened, closed, late []string
 	for i := range s.F.Procs() {
-		u := s.F.Proc(i).URL()
-		if u == "" {
+		o, c, err := s.F.breaker(ctx, i)
+		if errors.Is(err, errNoProc) {
 			continue
 		}
-		var st struct {
-			Opened int64 `json:"breaker_opened_ms"`
-			Closed int64 `json:"breaker_closed_ms"`
-		}
-		if err := s.F.getJSON(ctx, u+"/stats", &st); err != nil {
+		if err != nil {
 			late = append(late, fmt.Sprintf("p%d: stats: %v", i, err))
 			continue
 		}
-		o, c := time.UnixMilli(st.Opened), time.UnixMilli(st.Closed)
 		switch {
-		case st.Opened == 0 || o.Before(start):
+		case o.UnixMilli() == 0 || o.Before(start):
 			late = append(late, fmt.Sprintf("p%d: breaker did not open during the stall", i))
 			continue
 		case o.Sub(start) > breakerOpens:
