@@ -161,7 +161,7 @@ func (b *Breaker) admit() bool { return b.state.Load() != breakerOpen }
 // closes within two cooldowns plus a fresh connection's round trip of Redis
 // answering again (up to maxProbes cooldowns).
 func (b *Breaker) probeLoop(next redis.ProcessHook) {
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), probeKey{}, b))
+	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // the probes still on the wire end with the loop
@@ -176,19 +176,12 @@ func (b *Breaker) probeLoop(next redis.ProcessHook) {
 				continue
 			}
 			inFlight++
-			wg.Go(func() {
-				pctx, cancel := context.WithTimeout(ctx, maxProbes*b.cooldown)
-				defer cancel()
-				answers <- next(pctx, redis.NewStatusCmd(pctx, "ping"))
-			})
+			wg.Go(func() { answers <- b.ping(ctx, next, maxProbes*b.cooldown) })
 		case err := <-answers:
 			inFlight--
 			switch {
 			case err == nil:
-				b.epoch.Add(1) // what was admitted while open, or before it opened, no longer counts
-				b.failures.Store(0)
-				b.quiet.Answered(b.quiet.Now()) // the silence is over
-				if b.state.CompareAndSwap(breakerOpen, breakerClosed) {
+				if b.heard(breakerOpen) {
 					b.emit(context.Background(), Event{Kind: EventBreakerClosed})
 				}
 				return
@@ -206,6 +199,24 @@ const maxProbes = 4
 // probeKey marks a probe's context: the commands go-redis sends for it (the
 // PING, and a new connection's handshake) pass the breaker.
 type probeKey struct{}
+
+// ping sends one PING past the breaker through next, under ctx and given d
+// to answer: a probe's, or a check's (see check).
+func (b *Breaker) ping(ctx context.Context, next redis.ProcessHook, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(context.WithValue(ctx, probeKey{}, b), d)
+	defer cancel()
+	return next(pctx, redis.NewStatusCmd(pctx, "ping"))
+}
+
+// heard records a probe's or a check's answer: what was admitted before no
+// longer counts, the silence is over, and the breaker moves from state from
+// to closed; it reports whether it did.
+func (b *Breaker) heard(from int32) bool {
+	b.epoch.Add(1)
+	b.failures.Store(0)
+	b.quiet.Answered(b.quiet.Now())
+	return b.state.CompareAndSwap(from, breakerClosed)
+}
 
 // probing reports whether ctx is one of b's probes.
 func (b *Breaker) probing(ctx context.Context) bool {
@@ -309,17 +320,11 @@ func (b *Breaker) trip(ctx context.Context, err error) {
 // opens it, with cause as the failure that opened it; the client being closed
 // leaves it closed.
 func (b *Breaker) check(ctx context.Context, next redis.ProcessHook, cause error) {
-	pctx, cancel := context.WithTimeout(context.WithValue(context.Background(), probeKey{}, b), b.cooldown)
-	err := next(pctx, redis.NewStatusCmd(pctx, "ping"))
-	cancel()
-	if err != nil && !errors.Is(err, redis.ErrClosed) {
+	if err := b.ping(context.Background(), next, b.cooldown); err != nil && !errors.Is(err, redis.ErrClosed) {
 		b.open(ctx, cause)
 		return
 	}
-	b.epoch.Add(1)
-	b.failures.Store(0)
-	b.quiet.Answered(b.quiet.Now())
-	b.state.CompareAndSwap(breakerChecking, breakerClosed)
+	b.heard(breakerChecking)
 }
 
 // open opens the checking breaker and starts its probe loop.
