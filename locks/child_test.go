@@ -157,14 +157,14 @@ func childHold(rdb *redis.Client) error {
 	return nil
 }
 
-// childBusy runs lock cycles on G goroutines, on a client with
-// ContextTimeoutEnabled and a Breaker, so that commands are always in flight;
+// childBusy runs lock cycles on G goroutines, on a client with a Breaker
+// (and ContextTimeoutEnabled unless CTE=0), on names NAME:<goroutine>, so that commands are always in flight;
 // it reports "ready" once cycles succeed, each breaker event as it comes
 // ("opened <cause>", "closed"), and on each line read from stdin "cycles N"
 // (cycles that succeeded so far); it stops when stdin closes.
 func childBusy() error {
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR"), ContextTimeoutEnabled: true})
+	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR"), ContextTimeoutEnabled: env("CTE") != "0"})
 	defer rdb.Close()
 	rdb.AddHook(&locks.Breaker{Observer: func(_ context.Context, e locks.Event) {
 		switch e.Kind {
@@ -181,7 +181,7 @@ func childBusy() error {
 	var wg sync.WaitGroup
 	for g := range envInt("G") {
 		wg.Go(func() {
-			name := fmt.Sprintf("busy:%d", g)
+			name := fmt.Sprintf("%s:%d", env("NAME"), g)
 			for {
 				select {
 				case <-stop:

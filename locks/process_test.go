@@ -3,6 +3,7 @@ package locks_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/cacheguard/cacheguard/internal/redistest"
+	"github.com/cacheguard/cacheguard/internal/testing/gen"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -145,58 +149,74 @@ func TestHolderPaused(t *testing.T) {
 	}
 }
 
-// TestBreakerSurvivesProcessPause: a process stopped (SIGSTOP, as a VM
-// freeze or a long stop-the-world would) while its commands wait for
-// answers finds, once resumed, those commands past their deadlines though
-// the answers sit in its sockets. Redis never stopped answering: the
-// process's own Breaker must not open (its callers would get
-// ErrCircuitOpen from a healthy Redis), and its lock cycles go on.
+// TestBreakerSurvivesProcessPause is a generator whose action is a whole
+// process's pause: a child process cycles locks on G goroutines (drawn) on a
+// client with a Breaker, with or without ContextTimeoutEnabled (drawn), and
+// is SIGSTOPped 1–3 times for 0.3, 0.8, 1.5 or 2 s each (drawn). A process resuming from a
+// stop finds its commands past their deadlines, Redis's answers unread in
+// its sockets. The oracle does not trust the library: the Redis server was
+// never stopped, so the child's breaker must never open, and its cycles
+// must go on after every pause.
 func TestBreakerSurvivesProcessPause(t *testing.T) {
 	s := redistest.Start(t)
-	ch := startChild(t, "busy", "REDIS_ADDR="+s.Addr(), "G=8")
-	ch.expect(t, "ready", 10*time.Second)
-	cycles := func() int {
-		t.Helper()
-		if _, err := io.WriteString(ch.Stdin, "report\n"); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			l, err := ch.Next(10 * time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rest, ok := strings.CutPrefix(l, "opened"); ok {
-				t.Fatalf("the paused process's breaker opened, Redis answering throughout:%s", rest)
-			}
-			if rest, ok := strings.CutPrefix(l, "cycles "); ok {
-				n, _ := strconv.Atoi(rest)
-				return n
+	var run int
+	gen.Check(t, 3, func(rt *rapid.T) {
+		// Drawn from sets (rapid favours small integers; the region that
+		// matters is many commands in flight and pauses past Silence).
+		g := rapid.SampledFrom([]int{8, 4, 1}).Draw(rt, "goroutines")
+		cte := rapid.Bool().Draw(rt, "ContextTimeoutEnabled")
+		run++ // names of its own: a killed child's locks outlive it
+		ch := startChild(t, "busy", "REDIS_ADDR="+s.Addr(), fmt.Sprintf("G=%d", g), fmt.Sprintf("NAME=pause%d", run),
+			"CTE="+map[bool]string{true: "1", false: "0"}[cte])
+		defer ch.Kill() // a failed check's child stops at once (shrinking runs many)
+		for l := ""; l != "ready"; {
+			var err error
+			if l, err = ch.Next(10 * time.Second); err != nil {
+				rt.Fatalf("child not ready: %v", err)
 			}
 		}
-	}
-	const pauses, pause = 3, 1500 * time.Millisecond
-	for range pauses {
-		before := cycles()
-		ch.Signal(syscall.SIGSTOP)
-		<-time.After(pause) // the fault's length, not a wait for an event
-		ch.Signal(syscall.SIGCONT)
-		// Progress after the pause: cycles succeed again (wait for them,
-		// bounded), and no "opened" came meanwhile.
-		deadline := time.Now().Add(10 * time.Second)
-		for n := cycles(); n < before+100; n = cycles() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d lock cycles in 10s after the pause, want 100", n-before)
+		cycles := func() int {
+			if _, err := io.WriteString(ch.Stdin, "report\n"); err != nil {
+				rt.Fatal(err)
+			}
+			for {
+				l, err := ch.Next(10 * time.Second)
+				if err != nil {
+					rt.Fatal(err)
+				}
+				if rest, ok := strings.CutPrefix(l, "opened"); ok {
+					rt.Fatalf("the paused process's breaker opened, Redis answering throughout:%s", rest)
+				}
+				if rest, ok := strings.CutPrefix(l, "cycles "); ok {
+					n, _ := strconv.Atoi(rest)
+					return n
+				}
 			}
 		}
-	}
-	ch.Stdin.Close()
-	if lines, err := ch.Wait(); err != nil {
-		t.Fatalf("child: %v %q", err, lines)
-	} else {
-		for _, l := range lines {
+		for range rapid.IntRange(1, 3).Draw(rt, "pauses") {
+			pause := time.Duration(rapid.SampledFrom([]int{1500, 2000, 800, 300}).Draw(rt, "pause ms")) * time.Millisecond
+			before := cycles()
+			ch.Signal(syscall.SIGSTOP)
+			<-time.After(pause) // the fault's length, not a wait for an event
+			ch.Signal(syscall.SIGCONT)
+			// Cycles succeed again (waited for, bounded), and no "opened"
+			// came meanwhile.
+			deadline := time.Now().Add(10 * time.Second)
+			for n := cycles(); n < before+50; n = cycles() {
+				if time.Now().After(deadline) {
+					rt.Fatalf("%d lock cycles in 10s after a %v pause, want 50", n-before, pause)
+				}
+			}
+		}
+		ch.Stdin.Close()
+		rest, err := ch.Wait()
+		if err != nil {
+			rt.Fatalf("child: %v %q", err, rest)
+		}
+		for _, l := range rest {
 			if strings.HasPrefix(l, "opened") {
-				t.Fatalf("the paused process's breaker opened, Redis answering throughout: %s", l)
+				rt.Fatalf("the paused process's breaker opened, Redis answering throughout: %s", l)
 			}
 		}
-	}
+	})
 }
