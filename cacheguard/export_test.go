@@ -97,3 +97,7 @@ func IsFillCall(a []any) bool {
 // OpenStores is how many flights of g have a store calls may wait for (see
 // call.awaitFill): 0 once every fill sent its store.
 func (g *Guard) OpenStores() int64 { return g.flights.open.Load() }
+
+// SetReadLimit sets how many reads of one entry g sends at once (see
+// Guard.readOne); the calls beyond them queue behind.
+func SetReadLimit(g *Guard, n int) { g.reads.limit = n }

@@ -125,21 +125,17 @@ func (fs *flights) taking(e entry, s *stored, typ reflect.Type) *task[entry, *ou
 }
 
 // filling returns the flight of e of type typ that holds the fill lease for
-// a miss and has not sent its store yet, if any, and a channel closed if it
-// turns unfit (see call.awaitFill). Its caller checks fs.open first: early
-// refreshes run often, and a hit takes no lock for them.
-func (fs *flights) filling(e entry, typ reflect.Type) (*task[entry, *outcome], <-chan struct{}) {
+// a miss and has not sent its store yet, if any. Its caller checks fs.open
+// first: early refreshes run often, and a hit takes no lock for them.
+func (fs *flights) filling(e entry, typ reflect.Type) *task[entry, *outcome] {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	for _, t := range fs.m[e].running {
 		if t.typ == typ && t.fill.Load() == storeOpen {
-			if t.unfit == nil {
-				t.unfit = make(chan struct{})
-			}
-			return t, t.unfit
+			return t
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // invalidated marks the flights of the values hash values unfit (see
@@ -167,28 +163,35 @@ func (fs *flights) unfit(t *task[entry, *outcome]) {
 	fs.unfitLocked(t)
 }
 
-// unfitLocked marks flight t, whose store would fail (its lease is void), as
-// unable to store, for good: the calls that begin from now on read rather
-// than wait for its store, and the calls waiting for it stop and read (see
-// call.awaitFill). Waiting for it would be correct (its outcome is not
-// current), but would cost a call the rest of a load that stores nothing —
-// up to its wait budget, when the load stalls — while the key may have been
-// filled elsewhere. The only rule for when a call stops waiting for its
-// process's fill; call with fs.mu held.
+// unfitLocked marks flight t, holding the fill lease for a miss and its
+// store not sent yet, as unable to store when that lease is void, for good:
+// it takes no new callers, the calls that begin from now on read rather than
+// wait for its store, and every call waiting for it — whether it arrived
+// during the fill (call.awaitFill), joined it after a read (call.wait) or
+// shares a read chained to it (see chain) — stops waiting and joins a flight
+// begun after. Waiting for it would be correct (its outcome is not current),
+// but would cost a call the rest of a load that stores nothing — up to its
+// wait budget, when the load stalls — while the key may have been filled
+// elsewhere. A flight that does not hold the lease yet will load under the
+// generation its lease is granted under, and one whose store was sent may
+// have stored: their callers go on waiting. The only rule for when a call
+// stops waiting for its process's fill; call with fs.mu held.
 func (fs *flights) unfitLocked(t *task[entry, *outcome]) {
-	if fs.setStore(t, storeStale) && t.unfit != nil {
+	if from, ok := fs.setStore(t, storeStale); ok && from == storeOpen {
+		t.shut.Store(true)
+		t.unfitAt = fs.serial.Load()
 		close(t.unfit)
 	}
 }
 
 // setStore moves t's store to state to (see task.fill), keeping fs.open:
 // storeOpen only from storeNone, storeNone only from storeOpen, storeStale
-// from either, for good. It reports whether the state changed.
-func (fs *flights) setStore(t *task[entry, *outcome], to int32) bool {
+// from either, for good. It reports the state it left and whether it moved.
+func (fs *flights) setStore(t *task[entry, *outcome], to int32) (from int32, moved bool) {
 	for {
 		cur := t.fill.Load()
 		if cur == to || cur == storeStale || to == storeOpen && cur != storeNone {
-			return false
+			return cur, false
 		}
 		if t.fill.CompareAndSwap(cur, to) {
 			switch {
@@ -197,7 +200,7 @@ func (fs *flights) setStore(t *task[entry, *outcome], to int32) bool {
 			case cur == storeOpen:
 				fs.open.Add(-1)
 			}
-			return true
+			return cur, true
 		}
 	}
 }
@@ -211,7 +214,7 @@ func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task
 	}
 	t, leader, pending = fs.group.join(e, admit, func(t *task[entry, *outcome]) {
 		fs.running.Add(1)
-		t.typ, t.serial, t.asked = typ, fs.serial.Add(1), make(chan struct{})
+		t.typ, t.serial, t.asked, t.unfit = typ, fs.serial.Add(1), make(chan struct{}), make(chan struct{})
 		t.floor.Store(floor)
 	})
 	if t != nil && !leader {
@@ -222,7 +225,9 @@ func (fs *flights) join(e entry, typ reflect.Type, floor int64, admit func(*task
 
 // chain makes the callers of r, a read that found the entry absent (see
 // Guard.endRead), wake when flight t ends, with t to serve them: they wait
-// for one wake-up, not one for the read and one for the flight.
+// for one wake-up, not one for the read and one for the flight. (Should t
+// turn unfit, the call that chained them joins a new flight and chains them
+// to that: see call.join.)
 func (fs *flights) chain(t *task[entry, *outcome], r *task[entry, stored]) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()

@@ -111,8 +111,8 @@ func TestGenCache(t *testing.T) {
 		m.checkFailures(rt)
 		m.checkGiveBacks(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key, %d of them during a stalled fill), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
-		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(), tot.stalledLates.Load(),
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
+		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
 		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
 }
 
@@ -127,6 +127,7 @@ type genTotals struct {
 	joins, queued                               atomic.Int64 // NestedJoin steps; those whose second fill queued
 	lates                                       atomic.Int64 // calls LateCalls sent during their process's fill
 	stalledLates                                atomic.Int64 // those sent during a stalled fill
+	stalledMany                                 atomic.Int64 // those by GetMany (they read first)
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
 	// Failed calls judged: Redis unavailable, and waits past the budget, each
 	// excused by a fault within its scope (see unreachable, heldUp).
@@ -513,6 +514,7 @@ type genCall struct {
 	loader  string
 	started chan struct{} // when set, gets a value as the call's load starts
 	hold    chan struct{} // a nested loader makes its Get once it closes; a held loader returns
+	stalled *atomic.Bool  // set, a held loader waits for hold in its first run only
 	nested  chan struct{} // when set, gets a value as a nested loader's Get returns
 }
 
@@ -573,6 +575,9 @@ func (m *genModel) load(ctx context.Context, c genCall, keys []string) (map[stri
 			err = ctx.Err()
 		}
 	case "held":
+		if c.stalled != nil && !c.stalled.CompareAndSwap(false, true) {
+			break // the stall was one load's: its call loads again, at once
+		}
 		select {
 		case <-c.hold:
 		case <-ctx.Done():
@@ -749,10 +754,10 @@ func (m *genModel) outliveIn(rt *rapid.T, calm bool) {
 
 // lateCalls makes calls of one entry arrive on one process while that
 // process fills it (a slow load, or a value slow to encode), before and
-// after another process may invalidate the key: such a call waits for its
-// process's fill without a read, and may share its outcome only when no
-// invalidation came after it arrived (read-your-writes, checked by the
-// model; see awaitFill).
+// after a process may invalidate the key: such a call waits for its
+// process's fill without a read (a GetMany joins it after a read), and may
+// share its outcome only when no invalidation came after it arrived
+// (read-your-writes, checked by the model; see awaitFill).
 func (m *genModel) lateCalls(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	q := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "invalidating proc")]
@@ -763,15 +768,21 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 	}
 	// The key missing, so that the call fills it.
 	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
-	// Stalled: the fill stalls until the step ends and another process
-	// invalidates the key; the calls waiting for it, and those arriving
-	// after, must then read rather than wait for a load that cannot store:
-	// a renewal of its lease finds it void (see awaitFill). On a process
-	// with one load slot, their own fill would wait for the stalled one's.
-	stalled := rapid.Bool().Draw(rt, "stalled") && q != p && p.slots == 0
+	// Stalled: the fill's load stalls until the step ends, and a process
+	// invalidates the key — this one, or another, whose invalidation a
+	// renewal of the fill's lease finds; every call waiting for the fill —
+	// its starter, the calls that arrived during it, those that joined it
+	// after a read — and those arriving after must then stop waiting for a
+	// load that cannot store (see flights.unfitLocked). On a process with
+	// one load slot, their own fill would wait for the stalled one's.
+	stalled := rapid.Bool().Draw(rt, "stalled") && p.slots == 0
 	if stalled {
-		c.loader, c.hold = "held", make(chan struct{})
+		c.loader, c.hold, c.stalled = "held", make(chan struct{}), new(atomic.Bool)
 		defer close(c.hold)
+		// A budget and no deadline of their own, the starter's and the late
+		// calls': they have time to wait for the stalled load.
+		c.budget, c.ctxTime = genStallBound+genSlack, 0
+		c.opts = append(slices.Clone(c.opts), cacheguard.WaitBudget(c.budget))
 	} else {
 		c.loader = rapid.SampledFrom([]string{"slow", "slowenc"}).Draw(rt, "filling")
 	}
@@ -788,21 +799,18 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 	late := c
 	late.loader, late.started, late.hold = "fast", nil, nil
 	var wg2 sync.WaitGroup // wg may be waited on still
+	many := 0
 	before := rapid.IntRange(0, 3).Draw(rt, "before")
 	for range before {
-		m.call(p, late, []string{key}, false, &wg2)
+		m.call(p, late, []string{key}, m.drawMany(rt, &many), &wg2)
 	}
 	if rapid.Bool().Draw(rt, "invalidate") || stalled {
 		m.invalidateWith([]string{key}, func(ctx context.Context) error { return q.g.Invalidate(ctx, key) })
 	}
 	invalidated := time.Now()
-	if stalled { // a budget and no deadline of their own: they have time to read
-		late.budget, late.ctxTime = genStallBound+genSlack, 0
-		late.opts = append(slices.Clone(late.opts), cacheguard.WaitBudget(late.budget))
-	}
 	after := rapid.IntRange(1, 3).Draw(rt, "after")
 	for range after {
-		m.call(p, late, []string{key}, false, &wg2)
+		m.call(p, late, []string{key}, m.drawMany(rt, &many), &wg2)
 	}
 	m.tot.lates.Add(int64(before + after))
 	if !stalled {
@@ -810,8 +818,9 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 		return
 	}
 	m.tot.stalledLates.Add(int64(before + after))
+	m.tot.stalledMany.Add(int64(many))
 	lateEnded := make(chan struct{})
-	go func() { wg2.Wait(); close(lateEnded) }()
+	go func() { wg2.Wait(); wg.Wait(); close(lateEnded) }() // the starter's too
 	select {
 	case <-lateEnded:
 	case <-time.After(genStallBound):
@@ -821,6 +830,15 @@ func (m *genModel) lateCalls(rt *rapid.T) {
 				key, slices.Index(m.procs, p), genStallBound, slices.Index(m.procs, q), m.history(key, invalidated))})
 		m.mu.Unlock()
 	}
+}
+
+// drawMany draws whether a late call is a GetMany, counting those in n.
+func (m *genModel) drawMany(rt *rapid.T, n *int) bool {
+	many := rapid.Bool().Draw(rt, "GetMany")
+	if many {
+		*n++
+	}
+	return many
 }
 
 // nestedJoin makes a loader's Get meet a flight of its entry that waits for

@@ -189,7 +189,7 @@ type part[T any] struct {
 // process, or a renewal, a third of the lease after an invalidation
 // elsewhere at most, found its lease void), not when its load ends. A call
 // whose ctx or wait budget ends first ends as any waiting call does.
-func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], unfit <-chan struct{}, deadline time.Time) bool {
+func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *outcome], deadline time.Time) bool {
 	// Counted as it waits, as a call that joins a flight after a read is
 	// (see wait): a miss in Stats is a call already waiting.
 	sl.missed = true
@@ -198,7 +198,7 @@ func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *ou
 	defer putTimer(timer)
 	select {
 	case <-t.done:
-	case <-unfit:
+	case <-t.unfit:
 		return false
 	case <-ctx.Done():
 		sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
@@ -229,7 +229,7 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
 	if g.flights.open.Load() != 0 && c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
-		if t, unfit := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, unfit, start.Add(c.cfg.wait)) {
+		if t := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, start.Add(c.cfg.wait)) {
 			return sl.v, sl.res, sl.err
 		}
 	}
@@ -623,8 +623,9 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 		// A flight that has not heard from Redis yet (pending) may turn out
 		// to be one this call can join: see what its script answers.
 		asked, done, softC, reloadC := t.asked, (<-chan struct{})(nil), (<-chan time.Time)(nil), (<-chan struct{})(nil)
+		var unfit <-chan struct{} // a load without the lease has none
 		if !sl.pending {
-			asked, done, softC = nil, t.done, soft
+			asked, done, softC, unfit = nil, t.done, soft, t.unfit
 			if sl.fallback != nil && sl.u == nil && !late {
 				reloadC = t.asked // then the flight loads, or follows another's fill
 				select {
@@ -678,6 +679,13 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 			}
 			c.deliver(ctx, sl, o)
 			return
+		case <-unfit:
+			// Its store would fail (see flights.unfitLocked): the call
+			// joins a flight created since, whose scripts were sent after
+			// the invalidation or the lease's loss, as a call arriving now
+			// would, rather than wait for a load that serves it no better.
+			sl.s = stored{mark: t.unfitAt, gen: counter.Unknown}
+			c.join(ctx, []*part[T]{sl}, deadline)
 		case <-ctx.Done():
 			leave()
 			sl.res, sl.err = Miss, ctxErr(sl.key, ctx)

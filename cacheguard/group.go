@@ -60,11 +60,11 @@ type task[K comparable, T any] struct {
 	// call.awaitFill): storeOpen from its lease's grant for a miss until its
 	// store is sent, storeNone before and after, storeStale for good once an
 	// Invalidate of its key in this process returned or a renewal found its
-	// lease lost (see flights.unfitLocked); unfit is closed then, if a call
-	// waits for its store (made by flights.filling; both under the
-	// flights' mu).
-	fill  atomic.Int32
-	unfit chan struct{}
+	// lease lost (see flights.unfitLocked); unfit is closed then, when the
+	// move was from storeOpen (under the flights' mu).
+	fill    atomic.Int32
+	unfit   chan struct{}
+	unfitAt uint64 // the flights' serial when unfit closed
 	// then runs as the task ends, under the group's mu: the reads chained
 	// to a flight (see flights.chain).
 	then []func()

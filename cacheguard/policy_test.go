@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,26 @@ func (l *gated) load(ctx context.Context) (item, error) {
 	case <-ctx.Done():
 		return item{}, ctx.Err()
 	}
+}
+
+// stallsOnce is a loader whose first call is gated (a load that stalls until
+// released) and whose later calls load at once, named "reload": a call that
+// stops waiting for the stalled load (its flight turned unfit) loads again.
+type stallsOnce struct {
+	*gated
+	reload counter
+	calls  atomic.Int64
+}
+
+func newStallsOnce(name string) *stallsOnce {
+	return &stallsOnce{gated: newGated(name), reload: counter{name: "reload"}}
+}
+
+func (l *stallsOnce) load(ctx context.Context) (item, error) {
+	if l.calls.Add(1) == 1 {
+		return l.gated.load(ctx)
+	}
+	return l.reload.load(ctx)
 }
 
 func TestServeStaleWithoutWaitingOneRefresh(t *testing.T) {

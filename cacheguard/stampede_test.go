@@ -463,3 +463,105 @@ func TestLateCallAfterInvalidateDuringFill(t *testing.T) {
 		})
 	}
 }
+
+// Calls that joined their process's fill after a read — a GetMany, which
+// reads first; a Get whose read queued behind the starter's and was handed
+// to its flight (chained); and the fill's own starter — stop waiting for it
+// once it turns unfit (an Invalidate in this process returned: its store
+// would fail) and share a flight begun after, as calls that arrive later do.
+// Before, they waited for the stalled load to end (up to their wait budget).
+func TestJoinedCallsLeaveAnUnfitFill(t *testing.T) {
+	type got struct {
+		v   item
+		err error
+	}
+	for _, joiner := range []string{"GetMany", "chained Get"} {
+		t.Run(joiner, func(t *testing.T) {
+			ctx := context.Background()
+			g, rdb := newGuard(t)
+			cacheguard.SetReadLimit(g, 1) // a second call's read queues behind the first
+			hold := &holdHGET{release: make(chan struct{})}
+			rdb.AddHook(hold)
+			var once sync.Once
+			unhold := func() { once.Do(func() { hold.armed.Store(false); close(hold.release) }) }
+			t.Cleanup(unhold) // before the Guard closes
+			key := testKey(t)
+			var loads atomic.Int64
+			started, release := make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(release) })
+			load := func(context.Context) (item, error) {
+				n := loads.Add(1)
+				if n == 1 {
+					close(started)
+					<-release
+				}
+				return item{int(n), "x"}, nil
+			}
+			first, joined := make(chan got, 1), make(chan got, 1)
+			hold.armed.Store(joiner == "chained Get")
+			go func() {
+				v, err := cacheguard.Get(ctx, g, key, load)
+				first <- got{v, err}
+			}()
+			if joiner == "chained Get" {
+				eventually(t, 10*time.Second, "the starter's read held", func() bool { return hold.held.Load() == 1 })
+				go func() {
+					v, err := cacheguard.Get(ctx, g, key, load)
+					joined <- got{v, err}
+				}()
+				eventually(t, 10*time.Second, "a read queued behind it", func() bool { return cacheguard.ReadsQueued(g) == 1 })
+				unhold()
+				<-started
+			} else {
+				<-started
+				go func() {
+					m, err := cacheguard.GetMany(ctx, g, []string{key}, func(ctx context.Context, keys []string) (map[string]item, error) {
+						v, err := load(ctx)
+						return map[string]item{keys[0]: v}, err
+					})
+					joined <- got{m[key], err}
+				}()
+			}
+			eventually(t, 10*time.Second, "both calls waiting for the fill", func() bool { return g.Stats().Misses == 2 })
+			if err := g.Invalidate(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			within := time.Now().Add(5 * time.Second)
+			for name, c := range map[string]chan got{"the fill's starter": first, "the " + joiner: joined} {
+				select {
+				case r := <-c:
+					if r.err != nil || r.v.ID < 2 {
+						t.Errorf("%s got %v, %v; want a value loaded after the Invalidate", name, r.v, r.err)
+					}
+				case <-time.After(time.Until(within)):
+					t.Errorf("%s still waits for the stalled fill 5s after the Invalidate returned", name)
+				}
+			}
+			if n := loads.Load(); n != 2 {
+				t.Errorf("loads = %d, want 2 (the stalled one and one after the Invalidate)", n)
+			}
+		})
+	}
+}
+
+// holdHGET holds HGET commands sent alone while armed, until release is
+// closed, counting them.
+type holdHGET struct {
+	armed   atomic.Bool
+	held    atomic.Int64
+	release chan struct{}
+}
+
+func (h *holdHGET) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdHGET) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *holdHGET) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "hget" && h.armed.Load() {
+			h.held.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
