@@ -85,3 +85,52 @@ func TestCacheReadYourWritesAcrossProcesses(t *testing.T) {
 		t.Fatalf("A's GET after both invalidations returned: %d %q (X-Cache %s); want version 3 or later (A had served 2)", w.Code, w.Body, w.Header().Get("X-Cache"))
 	}
 }
+
+// A request to a route cached with CacheTags reads before it waits (its tags'
+// versions), so it joins a fill of its entry already running in its process.
+// When a write invalidates the entry while that fill's handler stalls, the
+// request answers from a load begun after the write — as a request arriving
+// then would — instead of waiting for the stalled handler (before: until its
+// wait budget, 10 s).
+func TestCacheTaggedRequestLeavesAStalledFill(t *testing.T) {
+	g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
+	t.Cleanup(func() { g.Close() })
+	var version atomic.Int64
+	version.Store(1)
+	var stalled atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	repo := ginmw.Resource("repos", ginmw.Param("id"))
+	r := newEngine()
+	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo), ginmw.CacheTags("detail")), func(c *gin.Context) {
+		v := strconv.FormatInt(version.Load(), 10)
+		if stalled.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+		c.String(http.StatusOK, v)
+	})
+	r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) {
+		version.Add(1)
+		c.Status(http.StatusNoContent)
+	})
+	target := "/repos/" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- serve(r, http.MethodGet, target) }()
+	<-entered // the fill's handler read version 1 and stalls
+	defer func() { close(release); <-first }()
+	misses := g.Stats().Misses
+	second := make(chan *httptest.ResponseRecorder, 1)
+	go func() { second <- serve(r, http.MethodGet, target) }()
+	eventually(t, 10*time.Second, "the second GET waiting for the fill", func() bool { return g.Stats().Misses > misses })
+	if w := serve(r, http.MethodPut, target); w.Code != http.StatusNoContent {
+		t.Fatalf("PUT: %d", w.Code)
+	}
+	select {
+	case w := <-second:
+		if w.Code != http.StatusOK || w.Body.String() != "2" {
+			t.Fatalf("the second GET answered %d %q (X-Cache %s); want version 2", w.Code, w.Body, w.Header().Get("X-Cache"))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second GET still waits for the stalled handler 5s after the write's invalidation returned")
+	}
+}
