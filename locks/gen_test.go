@@ -1259,6 +1259,17 @@ func (w *genWorld) checkBreakers() {
 					answered = later(answered, ps.to)
 				}
 			}
+			// Redis answers again for good only once no pause begins
+			// before the breaker had to close: a server paused again
+			// within two cooldowns of resuming leaves no probe an answer.
+			for again := true; again; {
+				again = false
+				for _, ps := range w.pauses {
+					if ps.to.After(answered) && ps.meets(answered, answered.Add(2*genBreakerCooldown+genSlack)) {
+						answered, again = ps.to, true
+					}
+				}
+			}
 			w.mu.Unlock()
 			stood := w.st.stalls != nil && w.st.stalls.During(from, sp.from, genBreakerCooldown/2)
 			if !paused && !stood {
