@@ -14,6 +14,7 @@ import (
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/childproc"
 )
 
 // TestCacheReadYourWritesAcrossProcesses is issue 14 item 1 through
@@ -88,49 +89,64 @@ func TestCacheReadYourWritesAcrossProcesses(t *testing.T) {
 
 // A request to a route cached with CacheTags reads before it waits (its tags'
 // versions), so it joins a fill of its entry already running in its process.
-// When a write invalidates the entry while that fill's handler stalls, the
-// request answers from a load begun after the write — as a request arriving
-// then would — instead of waiting for the stalled handler (before: until its
-// wait budget, 10 s).
+// When a write invalidates the entry while that fill's handler stalls — in
+// this process, or in another (a real child process: a renewal of the fill's
+// lease finds it void) — the request answers from a load begun after the
+// write, as a request arriving then would, instead of waiting for the
+// stalled handler (before: until its wait budget, 10 s).
 func TestCacheTaggedRequestLeavesAStalledFill(t *testing.T) {
-	g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
-	t.Cleanup(func() { g.Close() })
-	var version atomic.Int64
-	version.Store(1)
-	var stalled atomic.Bool
-	entered, release := make(chan struct{}), make(chan struct{})
-	repo := ginmw.Resource("repos", ginmw.Param("id"))
-	r := newEngine()
-	r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo), ginmw.CacheTags("detail")), func(c *gin.Context) {
-		v := strconv.FormatInt(version.Load(), 10)
-		if stalled.CompareAndSwap(false, true) {
-			close(entered)
-			<-release
-		}
-		c.String(http.StatusOK, v)
-	})
-	r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) {
-		version.Add(1)
-		c.Status(http.StatusNoContent)
-	})
-	target := "/repos/" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	first := make(chan *httptest.ResponseRecorder, 1)
-	go func() { first <- serve(r, http.MethodGet, target) }()
-	<-entered // the fill's handler read version 1 and stalls
-	defer func() { close(release); <-first }()
-	misses := g.Stats().Misses
-	second := make(chan *httptest.ResponseRecorder, 1)
-	go func() { second <- serve(r, http.MethodGet, target) }()
-	eventually(t, 10*time.Second, "the second GET waiting for the fill", func() bool { return g.Stats().Misses > misses })
-	if w := serve(r, http.MethodPut, target); w.Code != http.StatusNoContent {
-		t.Fatalf("PUT: %d", w.Code)
-	}
-	select {
-	case w := <-second:
-		if w.Code != http.StatusOK || w.Body.String() != "2" {
-			t.Fatalf("the second GET answered %d %q (X-Cache %s); want version 2", w.Code, w.Body, w.Header().Get("X-Cache"))
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second GET still waits for the stalled handler 5s after the write's invalidation returned")
+	for _, writer := range []string{"this process", "another process"} {
+		t.Run(writer, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+			t.Cleanup(func() { rdb.Close() })
+			key := strconv.FormatInt(time.Now().UnixNano(), 36) // the row's id, unique to the run
+			if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
+			t.Cleanup(func() { g.Close() })
+			read := versionHandler(rdb, key)
+			var stalled atomic.Bool
+			entered, release := make(chan struct{}), make(chan struct{})
+			repo := ginmw.Resource("repos", ginmw.Param("id"))
+			r := newEngine()
+			r.GET("/repos/:id", ginmw.Cache(g, time.Minute, ginmw.CacheKey(repo), ginmw.CacheTags("detail")), func(c *gin.Context) {
+				if stalled.CompareAndSwap(false, true) {
+					close(entered)
+					<-release
+				}
+				read(c)
+			})
+			r.PUT("/repos/:id", ginmw.InvalidateAfter(g, repo), func(c *gin.Context) {
+				rdb.Incr(c.Request.Context(), dbKey(key))
+				c.Status(http.StatusNoContent)
+			})
+			var b *childproc.Proc
+			if writer == "another process" {
+				b = startChild(t, "service", key)
+			}
+			first := make(chan *httptest.ResponseRecorder, 1)
+			go func() { first <- serve(r, http.MethodGet, "/repos/"+key) }()
+			<-entered // the fill's handler stalls
+			defer func() { close(release); <-first }()
+			misses := g.Stats().Misses
+			second := make(chan *httptest.ResponseRecorder, 1)
+			go func() { second <- serve(r, http.MethodGet, "/repos/"+key) }()
+			eventually(t, 10*time.Second, "the second GET waiting for the fill", func() bool { return g.Stats().Misses > misses })
+			if b != nil {
+				ask(t, b, "write") // version 2, invalidated
+			} else if w := serve(r, http.MethodPut, "/repos/"+key); w.Code != http.StatusNoContent {
+				t.Fatalf("PUT: %d", w.Code)
+			}
+			select {
+			case w := <-second:
+				if w.Code != http.StatusOK || w.Body.String() != "2" {
+					t.Fatalf("the second GET answered %d %q (X-Cache %s); want version 2", w.Code, w.Body, w.Header().Get("X-Cache"))
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the second GET still waits for the stalled handler 5s after the write's invalidation returned")
+			}
+		})
 	}
 }
