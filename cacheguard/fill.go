@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,8 +54,15 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	var vals map[string]T
 	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout), fs)
 	loaded := time.Now() // the load's own time (the grace, XFetch) leaves out a wait for a slot
+	// A flight that turned unfit before its load began — while it waited
+	// for a slot, typically — has no callers left (see unfitLocked), and its
+	// store would fail: it loads nothing, and another process's waiters take
+	// the fill over at once, as from a fill handed over.
+	abandoned := err == nil && kind == fillMiss && !slices.ContainsFunc(fs, func(f *flight) bool { return f.t.fill.Load() != storeStale })
 	if err == nil {
-		vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
+		if !abandoned {
+			vals, err = c.runLoader(ctx, names, start.Add(c.cfg.loadTimeout))
+		}
 		free()
 	}
 	// Closing ended the load (slot and runLoader say so: ErrClosed), or its
@@ -77,6 +85,8 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		var msg string // released with this message when nothing is stored
 		v, found := vals[f.key]
 		switch {
+		case abandoned:
+			o.err, msg = errFlightExpired, "h"
 		case handOver:
 			o.err, msg = errors.Join(ErrClosed, err), "h"
 		case err == nil && found:

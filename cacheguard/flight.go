@@ -17,7 +17,9 @@ import (
 )
 
 // errFlightExpired ends a flight whose starter's wait budget ran out while it
-// was waiting for another process's fill (a flight that loads runs on).
+// was waiting for another process's fill (a flight that loads runs on), or
+// one that turned unfit before its load began (see fill): a call that finds
+// it joins another flight.
 var errFlightExpired = errors.New("cacheguard: flight expired")
 
 // subscribeTimeout bounds waiting for the wake-up subscription; without it a

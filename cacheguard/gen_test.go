@@ -62,7 +62,10 @@ import (
 //     checkLates);
 //   - the near cache holds at most its entries;
 //   - a fill lease's request sent after a give-back of that lease was
-//     answered is never granted (see faultHook.watch): nobody would fill it.
+//     answered is never granted (see faultHook.watch): nobody would fill it;
+//   - each key of a call is counted once at most, a hit or a miss: in the
+//     observer's events, and in Stats (Hits + Misses never more than the
+//     keys the calls on a Guard asked for: see checkStats).
 func TestGenCache(t *testing.T) {
 	single := redistest.Start(t)
 	cl := redistest.StartCluster(t)
@@ -110,10 +113,12 @@ func TestGenCache(t *testing.T) {
 		m.checkWaits(rt)
 		m.checkFailures(rt)
 		m.checkGiveBacks(rt)
+		m.checkStats(rt)
 	})
 	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
 		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
+	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
 
 func flagSet(name string) (set bool) {
@@ -134,9 +139,10 @@ type genTotals struct {
 	unavailable, waitedOut atomic.Int64
 	// The test process, the server and the cluster's masters: when they
 	// stood still (a starved host), which lets a lease lapse as a fault does.
-	stalls []*gen.Stalls
-	mu     sync.Mutex
-	byKind map[string]int
+	stalls   []*gen.Stalls
+	mu       sync.Mutex
+	byKind   map[string]int
+	statsGap map[int64]int
 }
 
 func (t *genTotals) fault(kind string) {
@@ -214,6 +220,9 @@ type genProc struct {
 	hook  *faultHook
 	near  bool
 	slots int // MaxConcurrentLoads (0: none; see checkSlots)
+	// keyCalls counts the keys the calls on this Guard asked for (a Get's
+	// one, a GetMany's each, a loader's Get's), for checkStats.
+	keyCalls atomic.Int64
 }
 
 type genInv struct {
@@ -642,6 +651,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
 	m.tot.calls.Add(1)
 	m.tot.nested.Add(1)
+	rec.proc.keyCalls.Add(1)
 	n := &genCallRec{began: time.Now(), proc: rec.proc, of: seq}
 	var res cacheguard.Result
 	v, err := cacheguard.Get(context.WithValue(ctx, genCallKey{}, n), rec.proc.g, key, func(ctx context.Context) (genVal, error) {
@@ -655,6 +665,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 		m.nestedIn = map[int64][]genNested{}
 	}
 	m.nestedIn[seq] = append(m.nestedIn[seq], done)
+	m.countedOnce(n, fmt.Sprintf("a Get of %s made by load %d's loader (%v, %v)", key, seq, res, err))
 	if errors.Is(err, cacheguard.ErrWaitTimeout) {
 		done.what = fmt.Sprintf("a Get of %s made by load %d's loader (process %d) waited out its budget of %v: %v; %s",
 			key, seq, slices.Index(m.procs, rec.proc), c.budget, err, m.history(key, n.began))
@@ -925,6 +936,8 @@ func (m *genModel) getMany(rt *rapid.T) {
 // returned against the model.
 func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *sync.WaitGroup) {
 	m.tot.calls.Add(1)
+	p.keyCalls.Add(int64(len(keys)))
+	pi := slices.Index(m.procs, p) // m.procs changes under the step's goroutine only
 	m.wg.Add(1)
 	step.Add(1)
 	go func() {
@@ -970,6 +983,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 		if took > bound+genSlack && !errors.Is(err, cacheguard.ErrClosed) {
 			m.violation("%s of %v took %v, bound %v (%v, %v)", c, keys, took, bound, res, err)
 		}
+		m.countedOnce(rec, fmt.Sprintf("%s of %v on process %d (%v, %v)", c, keys, pi, res, err))
 		for k, v := range got {
 			if rec.near(k) {
 				res = cacheguard.NearHit // a GetMany's result is its worst key's
@@ -1051,7 +1065,20 @@ type genCallRec struct {
 	// The loads it started whose store or release was not answered yet:
 	// indexes in the model's loads (guarded by the model's mu; see settled).
 	unsettled []int
-	served    []int64 // the loads whose values it was served (their serials; guarded by mu)
+	served    []int64                           // the loads whose values it was served (their serials; guarded by mu)
+	counted   map[string][]cacheguard.EventKind // hits and misses told to the observer, by key (guarded by mu)
+}
+
+// countedOnce checks that the observer heard of each key of a call (what)
+// once at most, as a hit or a miss.
+func (m *genModel) countedOnce(r *genCallRec, what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, evs := range r.counted {
+		if len(evs) > 1 {
+			m.violation("%s: %s counted as %v", what, k, evs)
+		}
+	}
 }
 
 // saw reports whether the call was served the value of load seq.
@@ -1069,11 +1096,20 @@ func (r *genCallRec) near(key string) bool {
 	return slices.Contains(r.keys, key)
 }
 
-// nearHits is every process's observer: it records a call's near hits.
+// nearHits is every process's observer: it records a call's near hits, and
+// its hits and misses.
 func nearHits(ctx context.Context, e cacheguard.Event) {
 	if r, ok := ctx.Value(genCallKey{}).(*genCallRec); ok && e.Kind == cacheguard.EventNearHit {
 		r.mu.Lock()
 		r.keys = append(r.keys, e.Key)
+		r.mu.Unlock()
+	}
+	if r, ok := ctx.Value(genCallKey{}).(*genCallRec); ok && (e.Kind == cacheguard.EventHit || e.Kind == cacheguard.EventMiss) {
+		r.mu.Lock()
+		if r.counted == nil {
+			r.counted = map[string][]cacheguard.EventKind{}
+		}
+		r.counted[e.Key] = append(r.counted[e.Key], e.Kind)
 		r.mu.Unlock()
 	}
 }
@@ -1202,6 +1238,23 @@ func (m *genModel) checkWaits(rt *rapid.T) {
 	for _, n := range m.waits {
 		if !m.heldUp(n.proc, []string{n.key}, n.began, n.done) {
 			rt.Fatalf("%s", n.what)
+		}
+	}
+}
+
+// checkStats checks each Guard's Stats against the calls made on it: each
+// key a call asks for counts once at most, a hit or a miss.
+func (m *genModel) checkStats(rt *rapid.T) {
+	for i, p := range append(slices.Clone(m.procs), m.old...) {
+		st, n := p.g.Stats(), uint64(p.keyCalls.Load())
+		m.tot.mu.Lock()
+		if m.tot.statsGap == nil {
+			m.tot.statsGap = map[int64]int{}
+		}
+		m.tot.statsGap[int64(st.Hits+st.Misses)-int64(n)]++
+		m.tot.mu.Unlock()
+		if st.Hits+st.Misses > n {
+			rt.Fatalf("process %d: Stats counts %d hits and %d misses for %d calls of a key: %+v", i, st.Hits, st.Misses, n, st)
 		}
 	}
 }

@@ -183,8 +183,8 @@ type part[T any] struct {
 // arrived could have been given (read-your-writes after Invalidate rests on
 // this). The call's tags, were it to have any, are not checked by the store:
 // such a call reads. Otherwise (an invalidation or a lost lease came
-// between) it reports false: the call then reads (Stats may count it as a
-// miss twice then, when its read is one another call leads and misses) — at
+// between) it reports false: the call then reads, counted as a miss already
+// (its read neither counts it again nor as a hit: see readOne, hit) — at
 // once when the flight turns unfit (unfit closes: an Invalidate in this
 // process, or a renewal, a third of the lease after an invalidation
 // elsewhere at most, found its lease void), not when its load ends. A call
@@ -234,8 +234,8 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 		}
 	}
 	var err error
-	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.typ, c.cfg.policy == policyFailFast)
-	if sl.s.counted {
+	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.typ, c.cfg.policy == policyFailFast, sl.missed)
+	if sl.s.counted && !sl.missed {
 		g.observe(ctx, EventMiss, key)
 		sl.missed = true
 	}
@@ -421,7 +421,7 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 		return false
 	}
 	if env.negative {
-		g.note(ctx, EventHit, sl.key, 0, nil)
+		c.hit(ctx, sl)
 		g.note(ctx, EventNegativeHit, sl.key, 0, nil)
 		sl.res, sl.err = Hit, notFound(sl.key)
 		return true
@@ -443,10 +443,20 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 		if g.near != nil {
 			g.near.put(sl.near, sl.key, c.nearID(), c.cfg.tags.list(), sl.v, &env, false)
 		}
-		g.note(ctx, EventHit, sl.key, 0, nil)
+		c.hit(ctx, sl)
 		sl.res = Hit
 	}
 	return true
+}
+
+// hit counts sl as a hit, unless it was counted as a miss when it began
+// waiting for a fill that then could not serve it (see awaitFill): each key
+// of a call is counted once in Stats (and told to the observer once), a hit
+// or a miss, when it first finds which.
+func (c *call[T]) hit(ctx context.Context, sl *part[T]) {
+	if !sl.missed {
+		c.g.note(ctx, EventHit, sl.key, 0, nil)
+	}
 }
 
 // decode reads b, an envelope stored for key, judges it under v, and decodes
@@ -618,7 +628,7 @@ func (c *call[T]) wait(ctx context.Context, sl *part[T], deadline, softAt time.T
 		}
 		t, leave := sl.t, func() {}
 		if sl.u != nil {
-			t, leave = sl.u, func() { g.unleased.leave(sl.u) }
+			t, leave = sl.u, func() { g.unleased.leave(sl.u, false) }
 		}
 		// A flight that has not heard from Redis yet (pending) may turn out
 		// to be one this call can join: see what its script answers.

@@ -42,6 +42,9 @@ type task[K comparable, T any] struct {
 	res     T
 	waiting int  // callers waiting for it while it is queued
 	started bool // set under the group's mu
+	// Of waiting, the callers of a read already counted as a miss (see
+	// Guard.answerMiss); set under the group's mu.
+	precounted int
 
 	// For flights (see flights.admit): its serial, the lowest generation of
 	// anything it may return, and whether its first get-or-lease script
@@ -162,9 +165,9 @@ func (q *group[K, T]) end(key K, t *task[K, T], res T) (next *task[K, T]) {
 
 // answer is end for a task whose callers wait on (see settle): t's result
 // is res, its asked channel closed, its done channel not yet. It returns
-// how many callers wait for t too.
+// how many callers wait for t too, leaving out those counted already.
 func (q *group[K, T]) answer(key K, t *task[K, T], res T) (next *task[K, T], waiting int) {
-	return q.endWith(key, t, res, false), t.waiting
+	return q.endWith(key, t, res, false), t.waiting - t.precounted
 }
 
 func (q *group[K, T]) endWith(key K, t *task[K, T], res T, finish bool) (next *task[K, T]) {
@@ -222,15 +225,19 @@ func (t *task[K, T]) settle(flight any) {
 	}
 }
 
-// leave is called by a caller that stops waiting for t before it ended: a
-// queued task that nobody waits for any more is dropped.
-func (q *group[K, T]) leave(t *task[K, T]) {
+// leave is called by a caller that stops waiting for t before it ended
+// (counted: one of t.precounted): a queued task that nobody waits for any
+// more is dropped.
+func (q *group[K, T]) leave(t *task[K, T], counted bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if t.started {
 		return
 	}
 	t.waiting--
+	if counted {
+		t.precounted--
+	}
 	if l, ok := q.m[t.key]; ok && l.next == t && t.waiting <= 0 {
 		l.next = nil
 		if l.out == 0 {

@@ -194,8 +194,10 @@ type entry struct{ values, field string }
 // that shared such a read (or a queued read handed to a running flight: see
 // endRead) returns once that flight ended (the stored value's flight), or
 // once the read answered when early (FailFast: it does not wait for loads);
-// typ is the caller's type, which the flight must have.
-func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, typ reflect.Type, early bool) (s stored, chained *task[entry, stored], err error) {
+// typ is the caller's type, which the flight must have; counted, that the
+// caller was counted as a miss already (see call.awaitFill), so that a
+// shared read that misses does not count it again (see answerMiss).
+func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline time.Time, line *hget, typ reflect.Type, early, counted bool) (s stored, chained *task[entry, stored], err error) {
 	if g.slots != nil && g.nested(ctx) {
 		// A loader's Get shares no read: the callers of a read that finds
 		// the entry absent wait for the flight it is handed to, which this
@@ -205,7 +207,20 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		err := g.fetch(ctx, []string{e.values}, e.field, tags, deadline, s[:], line)
 		return s[0], nil, err
 	}
-	t, leader, _ := g.reads.join(e, notStarted, func(t *task[entry, stored]) {
+	admit := notStarted[entry, stored]
+	if counted {
+		admit = func(t *task[entry, stored]) admission {
+			a := notStarted(t)
+			if a == take {
+				t.precounted++
+			}
+			return a
+		}
+	}
+	t, leader, _ := g.reads.join(e, admit, func(t *task[entry, stored]) {
+		if counted {
+			t.precounted++
+		}
 		// A queued read runs detached from its callers, bounded by the
 		// command timeout alone: one who gives up does not fail the others.
 		rctx := context.WithoutCancel(ctx)
@@ -255,14 +270,14 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		s, _ := answered()
 		return s, nil, nil
 	case <-ctx.Done():
-		g.reads.leave(t)
+		g.reads.leave(t, counted)
 		s, _ := answered()
 		return stored{counted: s.counted}, nil, deadlineErr(ctx)
 	case <-timer.C:
 		if s, ok := answered(); ok { // a miss, whose flight outlasted the budget: the miss path says so
 			return s, nil, nil
 		}
-		g.reads.leave(t)
+		g.reads.leave(t, counted)
 		return stored{}, nil, errBudget
 	}
 }

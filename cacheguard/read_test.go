@@ -108,7 +108,7 @@ func (g *Guard) queued(key string) int {
 
 // read is a read of field k of the hash "h" through g.
 func read(ctx context.Context, g *Guard, k string) (string, error) {
-	s, chained, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil, nil, false)
+	s, chained, err := g.readOne(ctx, entry{"h", k}, nil, time.Now().Add(time.Hour), nil, nil, false, false)
 	chained.settle(nil) // no flight here: its callers go on as misses
 	if err == nil {
 		err = s.err
@@ -153,13 +153,13 @@ func TestBurstSharesAMiss(t *testing.T) {
 	got := make([]stored, n+1)
 	wg.Go(func() {
 		var chained *task[entry, stored]
-		got[n], chained, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false)
+		got[n], chained, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false, false)
 		chained.settle(nil)
 	})
 	waitFor(t, "first GET out", func() bool { return hook.n.Load() == 1 })
 	for i := range n {
 		wg.Go(func() {
-			got[i], _, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false)
+			got[i], _, _ = g.readOne(ctx, entry{"h", "absent"}, nil, time.Now().Add(time.Hour), nil, nil, false, false)
 		})
 	}
 	waitFor(t, "burst queued", func() bool { return g.queued("absent") == n })

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,5 +309,55 @@ func (h *holdRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.wait(ctx, cmds)
 		return next(ctx, cmds)
+	}
+}
+
+// TestUnfitFlightWaitingForSlotDoesNotLoad: a fill that turned unfit (its key
+// invalidated) while it waited for a load slot has no callers left and a
+// store bound to fail: it does not run its loader when it gets the slot; the
+// call loads once, in the flight it joined after the Invalidate.
+func TestUnfitFlightWaitingForSlotDoesNotLoad(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.MaxConcurrentLoads(1))
+	busy, key := testKey(t, "busy"), testKey(t, "k")
+	hold := newGated("busy")
+	t.Cleanup(func() {
+		select {
+		case <-hold.release:
+		default:
+			close(hold.release)
+		}
+	})
+	busyDone := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, busy, hold.load)
+		busyDone <- err
+	}()
+	<-hold.entered // it holds the only slot
+	var loads atomic.Int64
+	got := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) {
+			return item{ID: int(loads.Add(1))}, nil
+		})
+		if err == nil && v.ID != 1 {
+			err = fmt.Errorf("got load %d", v.ID)
+		}
+		got <- err
+	}()
+	eventually(t, 10*time.Second, "the fill waiting for the slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
+	if err := g.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the call's new fill waiting too", func() bool { return cacheguard.LoadsWaiting(g) == 2 })
+	close(hold.release)
+	if err := <-busyDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n := loads.Load(); n != 1 {
+		t.Errorf("the key was loaded %d times, want once: the fill invalidated before its load began loaded too", n)
 	}
 }

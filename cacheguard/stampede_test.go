@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -544,17 +545,24 @@ func TestJoinedCallsLeaveAnUnfitFill(t *testing.T) {
 	}
 }
 
-// holdHGET holds HGET commands sent alone while armed, until release is
-// closed, counting them.
+// holdHGET holds HGET commands sent alone (with pipelines, in a pipeline
+// too) while armed, until release is closed, counting them.
 type holdHGET struct {
-	armed   atomic.Bool
-	held    atomic.Int64
-	release chan struct{}
+	armed     atomic.Bool
+	held      atomic.Int64
+	release   chan struct{}
+	pipelines bool
 }
 
 func (h *holdHGET) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *holdHGET) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.pipelines && h.armed.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "hget" }) {
+			h.held.Add(1)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
 }
 func (h *holdHGET) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -563,5 +571,55 @@ func (h *holdHGET) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			<-h.release
 		}
 		return next(ctx, cmd)
+	}
+}
+
+// TestCallCountedOnce: a call that began waiting for its process's fill
+// counts as a miss then (Stats: a miss is a call already waiting); when that
+// fill cannot store (an Invalidate came) the call reads, and may find a
+// value stored meanwhile. It is served that value, and still counted once:
+// Hits + Misses is the number of calls.
+func TestCallCountedOnce(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	hold := &holdHGET{release: make(chan struct{}), pipelines: true}
+	rdb.AddHook(hold)
+	var once sync.Once
+	unhold := func() { once.Do(func() { hold.armed.Store(false); close(hold.release) }) }
+	t.Cleanup(unhold) // before the Guard closes
+	key := testKey(t)
+	l := newStallsOnce("stalled")
+	t.Cleanup(func() { close(l.release) })
+	first, late := make(chan error, 1), make(chan cacheguard.Result, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, key, l.load)
+		first <- err
+	}()
+	<-l.entered
+	go func() {
+		var res cacheguard.Result
+		_, err := cacheguard.Get(ctx, g, key, l.load, cacheguard.ReportTo(&res))
+		if err != nil {
+			t.Error(err)
+		}
+		late <- res
+	}()
+	eventually(t, 10*time.Second, "the late call waiting for the fill", func() bool { return g.Stats().Misses == 2 })
+	hold.armed.Store(true) // the late call's read, once the fill turns unfit
+	if err := g.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the late call's read held", func() bool { return hold.held.Load() == 1 })
+	// The starter loads again meanwhile (its flight turned unfit too) and
+	// stores: the late call's read finds that value.
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	unhold()
+	if res := <-late; res != cacheguard.Hit {
+		t.Fatalf("the late call's result %v, want a hit on the value the starter stored again", res)
+	}
+	if st := g.Stats(); st.Hits+st.Misses != 2 {
+		t.Errorf("Stats counts %d hits and %d misses for 2 calls: %+v", st.Hits, st.Misses, st)
 	}
 }
