@@ -99,6 +99,7 @@ func TestGenCache(t *testing.T) {
 			"Outlive2":       m.outlive, // its window is often a fault's, which excuses an overlap
 			"OutliveCalm":    m.outliveCalm,
 			"NestedJoin":     m.nestedJoin,
+			"QueuedInv":      m.queuedInvalidate,
 			"LateCalls":      m.lateCalls,
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
@@ -115,8 +116,8 @@ func TestGenCache(t *testing.T) {
 		m.checkGiveBacks(rt)
 		m.checkStats(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
-		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
+		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.queuedInvs.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
 		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
 	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
@@ -134,6 +135,7 @@ type genTotals struct {
 	stalledLates                                atomic.Int64 // those sent during a stalled fill
 	stalledMany                                 atomic.Int64 // those by GetMany (they read first)
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
+	queuedInvs                                  atomic.Int64 // invalidations of a key whose fill waited for a slot (see queuedInvalidate)
 	// Failed calls judged: Redis unavailable, and waits past the budget, each
 	// excused by a fault within its scope (see unreachable, heldUp).
 	unavailable, waitedOut atomic.Int64
@@ -876,12 +878,7 @@ func (m *genModel) nestedJoin(rt *rapid.T) {
 		}
 	}()
 	var wg sync.WaitGroup
-	m.call(p, c, []string{keyA}, false, &wg)
-	ended := make(chan struct{})
-	go func() { wg.Wait(); close(ended) }()
-	select {
-	case <-c.started: // the load of keyA holds the slot
-	case <-ended: // a hit, or a call that failed: no load holds it
+	if !m.holdSlot(p, c, keyA, &wg) {
 		return
 	}
 	m.tot.joins.Add(1)
@@ -912,6 +909,67 @@ func (m *genModel) nestedJoin(rt *rapid.T) {
 	case <-c.nested:
 	case <-time.After(genNestedBudget + genSlack):
 		m.violation("a Get made by a loader (%s) had not returned %v after it began", keyB, genNestedBudget+genSlack)
+	}
+}
+
+// holdSlot runs c (a call whose loader reports its start and waits for
+// c.hold) of key on p, and reports whether its load holds p's slot: false
+// when the call ended first (a hit, or a failure: no load holds it).
+func (m *genModel) holdSlot(p *genProc, c genCall, key string, wg *sync.WaitGroup) bool {
+	m.call(p, c, []string{key}, false, wg)
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-c.started:
+		return true
+	case <-ended:
+		return false
+	}
+}
+
+// queuedInvalidate invalidates a key whose fill waits for a load slot: on a
+// process with one slot, a held load of one key holds it, a call of another
+// key queues its fill (holding that key's lease), and that key is
+// invalidated — in this process (its flight turns unfit at once) or another
+// (a renewal finds the lease void) — before the slot is freed. The call
+// joins a flight begun after; the one invalidated must not load too
+// (checkOverlaps: its store would fail, and nobody waits for it).
+func (m *genModel) queuedInvalidate(rt *rapid.T) {
+	i := slices.IndexFunc(m.procs, func(p *genProc) bool { return p.slots == 1 })
+	if i < 0 {
+		return
+	}
+	p := m.procs[i]
+	keyA := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	keyB := genKeys[(slices.Index(genKeys, keyA)+1)%len(genKeys)]
+	// Both keys missing, so that both calls load.
+	m.invalidateWith([]string{keyA, keyB}, func(ctx context.Context) error { return p.g.Invalidate(ctx, keyA, keyB) })
+	a := genCall{ttl: 2 * time.Second, budget: 3 * time.Second, policy: "wait", loader: "held", started: make(chan struct{}, 1), hold: make(chan struct{})}
+	a.opts = []cacheguard.CallOption{cacheguard.TTL(a.ttl), cacheguard.WaitBudget(a.budget)}
+	defer close(a.hold)
+	var wg sync.WaitGroup
+	if !m.holdSlot(p, a, keyA, &wg) {
+		return
+	}
+	b := m.drawCall(rt)
+	b.loader, b.ctxTime, b.budget = rapid.SampledFrom([]string{"fast", "slow", "slowenc"}).Draw(rt, "loader B"), 0, 3*time.Second
+	b.opts = append(slices.Clone(b.opts), cacheguard.WaitBudget(b.budget))
+	m.call(p, b, []string{keyB}, false, &wg)
+	deadline := time.Now().Add(2 * time.Second)
+	for cacheguard.LoadsWaiting(p.g) == 0 && time.Now().Before(deadline) {
+		time.Sleep(2 * time.Millisecond) // polls a count the Guard keeps: no event to wait on
+	}
+	if cacheguard.LoadsWaiting(p.g) == 0 {
+		return // served without a load here (a variant's value, a fault): nothing queued
+	}
+	m.tot.queuedInvs.Add(1)
+	q := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "invalidating proc")]
+	m.invalidateWith([]string{keyB}, func(ctx context.Context) error { return q.g.Invalidate(ctx, keyB) })
+	// The slot is freed once the call has queued a fill of the flight it
+	// joined (from another process's Invalidate, once a renewal of the
+	// queued fill's lease found it void: a third of the lease at most).
+	for deadline = time.Now().Add(genLease); cacheguard.LoadsWaiting(p.g) < 2 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
