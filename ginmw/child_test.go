@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,20 @@ func startChild(t *testing.T, role, key string) *childproc.Proc {
 // dbKey is the "database" of a read-your-writes test: the version of row
 // the row, a counter in Redis every process reads and writes.
 func dbKey(key string) string { return "test:db:" + key }
+
+// newRow commits version 1 of a row whose id is unique to the run, and
+// returns the id with a client on redisAddr, closed when the test ends, that
+// the test's handlers read it with.
+func newRow(t *testing.T) (rdb *redis.Client, key string) {
+	t.Helper()
+	rdb = redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	key = strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := rdb.Set(context.Background(), dbKey(key), 1, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rdb, key
+}
 
 // versionHandler answers GET /repos/:id with the row's version.
 func versionHandler(rdb redis.UniversalClient, key string) gin.HandlerFunc {

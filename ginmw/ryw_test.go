@@ -1,7 +1,6 @@
 package ginmw_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -23,13 +22,7 @@ import (
 // stores 2; A reads 2; B commits 3 and invalidates. A GET on A that starts
 // after both invalidations returned must answer 3 or later.
 func TestCacheReadYourWritesAcrossProcesses(t *testing.T) {
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-	t.Cleanup(func() { rdb.Close() })
-	key := strconv.FormatInt(time.Now().UnixNano(), 36) // the row's id, unique to the run
-	if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
-		t.Fatal(err)
-	}
+	rdb, key := newRow(t)
 	b := startChild(t, "service", key)
 	g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
 	t.Cleanup(func() { g.Close() })
@@ -97,13 +90,7 @@ func TestCacheReadYourWritesAcrossProcesses(t *testing.T) {
 func TestCacheTaggedRequestLeavesAStalledFill(t *testing.T) {
 	for _, writer := range []string{"this process", "another process"} {
 		t.Run(writer, func(t *testing.T) {
-			ctx := context.Background()
-			rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
-			t.Cleanup(func() { rdb.Close() })
-			key := strconv.FormatInt(time.Now().UnixNano(), 36) // the row's id, unique to the run
-			if err := rdb.Set(ctx, dbKey(key), 1, time.Hour).Err(); err != nil {
-				t.Fatal(err)
-			}
+			rdb, key := newRow(t)
 			g := cacheguard.New(redis.NewClient(&redis.Options{Addr: redisAddr}))
 			t.Cleanup(func() { g.Close() })
 			read := versionHandler(rdb, key)
