@@ -204,7 +204,11 @@ func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *ou
 		sl.res, sl.err = Miss, ctxErr(sl.key, ctx)
 		return true
 	case <-timer.C:
-		c.timedOut(ctx, sl, deadline)
+		// On the heap, as on the miss path (see detach): sl and c stay on
+		// their caller's stack.
+		p := *sl
+		c.detach().timedOut(ctx, &p, deadline)
+		*sl = p
 		return true
 	}
 	if o := t.res; o.current {
