@@ -236,3 +236,44 @@ func reportCtxsw(b *testing.B) func() {
 		b.ReportMetric(float64(end.Nvcsw+end.Nivcsw-start.Nvcsw-start.Nivcsw)/float64(b.N), "ctxsw/op")
 	}
 }
+
+// An uncontended Lock (or TryLock) and Unlock allocate no more than the raw
+// loop's SET NX PX and EVALSHA release (BenchmarkCycleRawLone): a count,
+// not a timing, so it holds on any host, and it fails when a change moves
+// the cycle's state to the heap (cacheguard's hit did, in de8cfb0: see
+// TestWarmHitAllocatesNoMoreThanPlainGet). 16 objects against 17 today.
+func TestLockCycleAllocatesNoMoreThanRawLoop(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	name, rawKey := "allocs:"+t.Name(), "allocs:raw:"+t.Name()
+	var failed atomic.Bool
+	raw := testing.AllocsPerRun(200, func() {
+		ok, err := rdb.SetNX(ctx, rawKey, "tok", 10*time.Second).Result()
+		if err != nil || !ok || rawRelease.Run(ctx, rdb, []string{rawKey}, "tok").Err() != nil {
+			failed.Store(true)
+		}
+	})
+	for _, try := range []bool{true, false} {
+		n := testing.AllocsPerRun(200, func() {
+			var lk *locks.Lock
+			var err error
+			if try {
+				lk, err = c.TryLock(ctx, name)
+			} else {
+				lk, err = c.Lock(ctx, name)
+			}
+			if err != nil || lk.Unlock(ctx) != nil {
+				failed.Store(true)
+			}
+		})
+		if failed.Load() {
+			t.Fatal("a cycle failed")
+		}
+		if n > raw {
+			t.Errorf("TryLock %v: a cycle allocates %.0f objects, the raw loop's %.0f", try, n, raw)
+		}
+	}
+}
