@@ -220,7 +220,10 @@ func (c *call[T]) awaitFill(ctx context.Context, sl *part[T], t *task[entry, *ou
 }
 
 // detach returns a copy of c on the heap, for the miss path, so that the hit
-// path keeps c and its configuration on the stack.
+// path keeps c and its configuration on the stack. Any path that may hand c
+// or a part to a flight or a wait takes such copies: one that takes their
+// address moves them to the heap for every Get, hits included
+// (TestWarmHitAllocatesNoMoreThanPlainGet).
 func (c *call[T]) detach() *call[T] {
 	d := *c
 	return &d
