@@ -34,7 +34,9 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // (this request's handler ran for it alone). What may be stored, and shared
 // with the requests that waited for a load, is decided from the request and
 // the response's own headers (see the package documentation, Cache): never a
-// response marked no-store, private or no-cache, setting a cookie, varying on
+// response marked no-store, private or no-cache (a Cache-Control that does
+// not parse, such as "private; max-age=60", counts as no-store), setting a
+// cookie, varying on
 // a header Cache does not key by, or answering a request with Authorization
 // without public, s-maxage or must-revalidate; never longer than what is left
 // of its own s-maxage, max-age or Expires (CDN-Cache-Control's when present)
@@ -46,7 +48,8 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // Conditional requests are answered from the stored response (304 on a
 // matching ETag or Last-Modified); the handler never sees the client's
 // validators, only those of a stored response it revalidates once its
-// lifetime is over (a 304 then refreshes the stored response).
+// lifetime is over (a 304 then refreshes the stored response). Every request
+// served from a stored response gets its own copy of its header.
 //
 // The handler runs on its request's goroutine, under a context that keeps the
 // request's values but is detached from its cancellation (other requests may

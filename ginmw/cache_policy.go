@@ -26,6 +26,9 @@ func (m *cacheMW) bypass(req *http.Request) string {
 	cc, ok := req.Header["Cache-Control"]
 	if ok {
 		d := parseCacheControl(cc)
+		if d.malformed {
+			return "malformed Cache-Control"
+		}
 		if d.noStore {
 			return "no-store" // RFC 9111 §5.2.1.5: nothing of a response to it may be stored
 		}
@@ -59,7 +62,7 @@ type verdict struct {
 // CDN-Cache-Control when it is valid, else Cache-Control and Expires:
 //
 //   - never shared nor stored: a response that may not answer another user —
-//     no-store, private, no-cache (RFC 9111 §5.2.2.2-5.2.2.7: qualified forms
+//     no-store, a malformed Cache-Control (read as no-store), private, no-cache (RFC 9111 §5.2.2.2-5.2.2.7: qualified forms
 //     included), Set-Cookie, Vary: * or a Vary on a header Cache does not key
 //     by (VaryByHeader), an answer to a request with Authorization without
 //     public, s-maxage or must-revalidate (§3.5) unless Authorization is a
@@ -81,6 +84,8 @@ func (m *cacheMW) decide(req *http.Request, r *response) verdict {
 	switch {
 	case r.status == http.StatusPartialContent || r.status == http.StatusNotModified:
 		return verdict{why: "status " + strconv.Itoa(r.status)}
+	case d.malformed:
+		return verdict{why: "malformed Cache-Control"}
 	case d.noStore:
 		return verdict{why: "no-store"}
 	case d.private:
@@ -138,9 +143,14 @@ func (m *cacheMW) unkeyedVary(h http.Header) string {
 
 // cacheControl holds the Cache-Control directives Cache acts on. maxAge and
 // sMaxAge are -1 when absent; an invalid value counts as 0 (stale at once,
-// RFC 9111 §4.2.1), and of several the smallest.
+// RFC 9111 §4.2.1), and of several the smallest. malformed: a directive is
+// not a token, =, token or quoted string (e.g. "no-store;" or "private;
+// max-age=60"): what its sender meant cannot be told, so it is read as
+// no-store (nginx and Varnish find no-store and private anywhere in the
+// field; Cache refuses the field as a whole).
 type cacheControl struct {
 	noStore, noCache, private, public, mustRevalidate, proxyRevalidate bool
+	malformed                                                          bool
 	maxAge, sMaxAge                                                    int64
 }
 
@@ -152,7 +162,12 @@ func parseCacheControl(lines []string) cacheControl {
 	for _, line := range lines {
 		for len(line) > 0 {
 			var name, arg string
-			name, arg, line = nextDirective(line)
+			var ok bool
+			name, arg, line, ok = nextDirective(line)
+			if !ok {
+				d.malformed, d.noStore = true, true
+				continue
+			}
 			switch name = strings.ToLower(name); name {
 			case "max-age":
 				d.maxAge = seconds(d.maxAge, arg)
@@ -185,16 +200,19 @@ func (d *cacheControl) flag(name string, on bool) {
 	}
 }
 
-// nextDirective cuts the first directive off s.
-func nextDirective(s string) (name, arg, rest string) {
+// nextDirective cuts the first directive off s; ok is false when it is not
+// a token, optionally followed by = and a token or a quoted string (RFC 9111
+// §5.2, RFC 9110 §5.6.2), with only spaces before the next comma.
+func nextDirective(s string) (name, arg, rest string, ok bool) {
 	s = strings.TrimLeft(s, " \t,")
 	i := strings.IndexAny(s, "=,")
 	if i < 0 {
-		return strings.TrimSpace(s), "", ""
+		name = strings.TrimSpace(s)
+		return name, "", "", isToken(name)
 	}
 	name = strings.TrimSpace(s[:i])
 	if s[i] == ',' {
-		return name, "", s[i+1:]
+		return name, "", s[i+1:], isToken(name)
 	}
 	s = strings.TrimLeft(s[i+1:], " \t")
 	if strings.HasPrefix(s, `"`) {
@@ -206,16 +224,28 @@ func nextDirective(s string) (name, arg, rest string) {
 			end++
 		}
 		arg = s[1:min(end, len(s))]
+		closed := end < len(s)
 		s = s[min(end+1, len(s)):]
-		if j := strings.IndexByte(s, ','); j >= 0 {
-			return name, arg, s[j+1:]
+		after, rest, _ := strings.Cut(s, ",")
+		return name, arg, rest, isToken(name) && closed && strings.Trim(after, " \t") == ""
+	}
+	arg, rest, _ = strings.Cut(s, ",")
+	arg = strings.TrimSpace(arg)
+	return name, arg, rest, isToken(name) && isToken(arg)
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110 §5.6.2).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
 		}
-		return name, arg, ""
 	}
-	if j := strings.IndexByte(s, ','); j >= 0 {
-		return name, strings.TrimSpace(s[:j]), s[j+1:]
-	}
-	return name, strings.TrimSpace(s), ""
+	return true
 }
 
 // seconds combines a delta-seconds argument with the value seen so far.

@@ -103,10 +103,24 @@ var (
 // instead when the request's validators match.
 func writeResponse(c *gin.Context, r *response, xcache string) {
 	h := c.Writer.Header()
-	for k, vs := range r.header {
-		h[k] = vs[:len(vs):len(vs)] // an append by later middleware copies instead of writing into the shared array
+	// The request gets copies of the stored response's values, in one array:
+	// middleware after Cache may edit its header in place (fill a nonce
+	// into a CSP, say), and r is shared with every request it answers.
+	n := 2
+	for _, vs := range r.header {
+		n += len(vs)
 	}
-	h["X-Cache"] = xcacheValue(xcache)
+	vals := make([]string, 0, n)
+	for k, vs := range r.header {
+		start := len(vals)
+		vals = append(vals, vs...)
+		h[k] = vals[start:len(vals):len(vals)] // an append copies instead of writing into the next key's values
+	}
+	if xcache == "NEAR_HIT" { // a near-cache hit is a hit to the client
+		xcache = "HIT"
+	}
+	vals = append(vals, xcache)
+	h["X-Cache"] = vals[len(vals)-1:]
 	if r.born != 0 { // RFC 9111 §5.1: a response from a cache carries its age
 		h["Age"] = []string{strconv.FormatInt(max(time.Now().UnixMilli()-r.born, 0)/1000, 10)}
 	}
@@ -132,29 +146,6 @@ func writeResponse(c *gin.Context, r *response, xcache string) {
 		c.Writer.WriteHeaderNow()
 	}
 	c.Abort()
-}
-
-// The X-Cache header values, allocated once. Their length equals their
-// capacity, so an append by later middleware copies instead of sharing.
-var (
-	xcacheHit       = []string{"HIT"}
-	xcacheMiss      = []string{"MISS"}
-	xcacheStale     = []string{"STALE"}
-	xcacheCoalesced = []string{"COALESCED"}
-)
-
-func xcacheValue(v string) []string {
-	switch v {
-	case "HIT", "NEAR_HIT": // a near-cache hit is a hit to the client
-		return xcacheHit
-	case "MISS":
-		return xcacheMiss
-	case "STALE":
-		return xcacheStale
-	case "COALESCED":
-		return xcacheCoalesced
-	}
-	return []string{v}
 }
 
 func bodyAllowed(status int) bool {

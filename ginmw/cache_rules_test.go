@@ -45,6 +45,12 @@ var headerCases = []headerCase{
 	{name: "no-cache", resp: []string{"Cache-Control", "no-cache"}},
 	{name: "no-cache qualified", resp: []string{"Cache-Control", `no-cache="Set-Cookie", max-age=60`}},
 	{name: "upper case", resp: []string{"Cache-Control", "Public, NO-STORE"}},
+	// Malformed: read as no-store, whatever the sender meant.
+	{name: "no-store; (malformed)", resp: []string{"Cache-Control", "no-store;"}},
+	{name: "private; max-age (malformed)", resp: []string{"Cache-Control", "private; max-age=60"}},
+	{name: "no-cache; no-store (malformed)", resp: []string{"Cache-Control", "no-cache; no-store"}},
+	{name: "max-age then a space (malformed)", resp: []string{"Cache-Control", "public, max-age=60 private"}},
+	{name: "quoted then junk (malformed)", resp: []string{"Cache-Control", `max-age="60";private`}},
 	{name: "two lines", resp: []string{"Cache-Control", "public", "Cache-Control", "private"}},
 	{name: "private no-store Vary Cookie", resp: []string{"Cache-Control", "private, no-store", "Vary", "Cookie"}},
 	{name: "Set-Cookie", resp: []string{"Set-Cookie", "session=x"}},
@@ -338,5 +344,37 @@ func TestCacheConditionalFollowsSharing(t *testing.T) {
 		case !tc.want304 && (b.Code != http.StatusOK || b.Header().Get("ETag") != `"`+tc.wantOwner+`"`):
 			t.Errorf("%s: b got %d ETag %s, want its own 200", tc.path, b.Code, b.Header().Get("ETag"))
 		}
+	}
+}
+
+// A hit hands the request copies of the stored response's header values:
+// middleware after Cache that edits its response's header in place (here a
+// per-request nonce filled into a CSP) edits that request's copy, never the
+// response stored in the near cache and served to every later request.
+func TestCacheHitHeaderIsTheRequestsOwn(t *testing.T) {
+	g, _ := newGuard(t, redistest.Start(t), cacheguard.NearCache(100, time.Minute))
+	r := newEngine()
+	r.Use(func(c *gin.Context) {
+		c.Next()
+		h := c.Writer.Header()
+		for _, k := range []string{"Content-Security-Policy", "X-Cache"} {
+			vs := h[k]
+			for i := range vs {
+				vs[i] = strings.ReplaceAll(vs[i], "{nonce}", "nonce-of-"+c.GetHeader("X-User"))
+				vs[i] = strings.ToLower(vs[i]) // X-Cache too: its values are no one else's
+			}
+		}
+	})
+	r.GET("/page", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		c.Header("Content-Security-Policy", "script-src 'nonce-{nonce}'")
+		c.String(http.StatusOK, "page")
+	})
+	serve(r, http.MethodGet, "/page", "X-User", "a")
+	eventually(t, 10*time.Second, "the page cached", func() bool {
+		return serve(r, http.MethodGet, "/page", "X-User", "a").Header().Get("X-Cache") == "hit"
+	})
+	w := serve(r, http.MethodGet, "/page", "X-User", "b")
+	if got := w.Header().Get("Content-Security-Policy"); got != "script-src 'nonce-nonce-of-b'" {
+		t.Fatalf("user b got CSP %q (X-Cache %s), want its own nonce", got, w.Header().Get("X-Cache"))
 	}
 }
