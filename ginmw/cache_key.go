@@ -16,8 +16,25 @@ import (
 // url.URL.EscapedPath returns it, never cleaned: "/a/../b" is not "/b") +
 // "?" + the query with its parameters sorted by name (no "?" without a
 // query). An escaped path holds no raw "?", so no path and query share a
-// key. Pass it to Invalidate.
+// key. A key longer than cacheguard.MaxKeyLen is stored under its hash,
+// "http:#" + base64url(SHA-256), which PathKey returns too. Pass it to
+// Invalidate.
 func PathKey(p string, query url.Values) string {
+	return storedName(pathKey(p, query))
+}
+
+// storedName is the name Cache stores an entry named k under: k, or its
+// hash when k is longer than cacheguard.MaxKeyLen. PathKey and every
+// request's entry pass through it.
+func storedName(k string) string {
+	if len(k) <= cacheguard.MaxKeyLen {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "http:#" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+func pathKey(p string, query url.Values) string {
 	if !strings.HasPrefix(p, "/") {
 		p = "/" + p
 	}
@@ -27,7 +44,7 @@ func PathKey(p string, query url.Values) string {
 	return "http:" + p + "?" + query.Encode()
 }
 
-// requestKey is PathKey of the request's target: its escaped path — the
+// requestKey is PathKey of the request's target, before storedName: its escaped path — the
 // path Gin routed, whichever of URL.Path and URL.RawPath the engine matched,
 // since the one names the other — and its query. A query that does not parse
 // cleanly (a ";", a bad escape) is kept verbatim after "?!", which no
@@ -35,13 +52,13 @@ func PathKey(p string, query url.Values) string {
 // says.
 func requestKey(u *url.URL) string {
 	if u.RawQuery == "" {
-		return PathKey(u.EscapedPath(), nil)
+		return pathKey(u.EscapedPath(), nil)
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil || len(q) == 0 {
-		return PathKey(u.EscapedPath(), nil) + "?!" + u.RawQuery
+		return pathKey(u.EscapedPath(), nil) + "?!" + u.RawQuery
 	}
-	return PathKey(u.EscapedPath(), q)
+	return pathKey(u.EscapedPath(), q)
 }
 
 // cacheKey returns the name of the request's entry (the resource name given
@@ -82,11 +99,7 @@ func (m *cacheMW) cacheKey(c *gin.Context) (name, variant string, err error) {
 		}
 		variant += " vary:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
 	}
-	if len(k) > cacheguard.MaxKeyLen {
-		sum := sha256.Sum256([]byte(k))
-		k = "http:#" + base64.RawURLEncoding.EncodeToString(sum[:])
-	}
-	return k, variant, nil
+	return storedName(k), variant, nil
 }
 
 // hostname is the name of a Host header, lower-cased and without its port,

@@ -378,3 +378,27 @@ func TestCacheHitHeaderIsTheRequestsOwn(t *testing.T) {
 		t.Fatalf("user b got CSP %q (X-Cache %s), want its own nonce", got, w.Header().Get("X-Cache"))
 	}
 }
+
+// PathKey of a path longer than cacheguard.MaxKeyLen is the hashed name the
+// entry is stored under: Invalidate of it reaches the entry (it failed with
+// "key exceeds 1024" and the entry stayed, before; outside probe).
+func TestPathKeyOfLongPathInvalidates(t *testing.T) {
+	g, rdb := startGuard(t)
+	var calls atomic.Int64
+	r := newEngine()
+	r.GET("/files/*p", ginmw.Cache(g, time.Minute), func(c *gin.Context) {
+		n := calls.Add(1)
+		c.String(http.StatusOK, "v%d", n)
+	})
+	path := "/files/" + strings.Repeat("a", 1100)
+	if w := serve(r, http.MethodGet, path); w.Header().Get("X-Cache") != "MISS" {
+		t.Fatalf("first: X-Cache %q", w.Header().Get("X-Cache"))
+	}
+	waitEntries(t, rdb, 1)
+	if err := g.Invalidate(context.Background(), ginmw.PathKey(path, nil)); err != nil {
+		t.Errorf("Invalidate(PathKey(%d-byte path)): %v", len(path), err)
+	}
+	if w := serve(r, http.MethodGet, path); w.Body.String() != "v2" {
+		t.Fatalf("after Invalidate(PathKey): X-Cache %q body %q, want a reload (v2)", w.Header().Get("X-Cache"), w.Body.String())
+	}
+}
