@@ -89,6 +89,10 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		t := tableOf(stmt)
 		table := t.table
 		if table == "" {
+			if kind != writeInsert && !unguarded(stmt.Context) && p.cfg.unkeyed != PassThrough {
+				// Default deny: a write whose table cannot be named cannot name its rows.
+				db.AddError(fmt.Errorf("%w: this %s names no table the plugin can read (use Model or Table(\"name\"))", ErrUnnamedRows, processor))
+			}
 			return
 		}
 		if kind == writeInsert {

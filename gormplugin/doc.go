@@ -41,7 +41,8 @@
 //
 // Anything else is refused before the database with ErrUnnamedRows, whose
 // message says what to write instead: an Or joined with a model's key, SQL
-// text with an OR GORM does not parenthesize, Update(s) of a struct whose
+// text with an OR GORM does not parenthesize (in a Where, a Not, named
+// arguments or an expression bound into another), Update(s) of a struct whose
 // composite key has a zero part (GORM leaves it out of its WHERE), a slice
 // with an element without a key, a table expression other than "t [AS] a",
 // an upsert with DoUpdates and no conflict target, a key set to an

@@ -2,6 +2,7 @@ package gormplugin_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -295,10 +296,32 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 		default:
 			col, v = "id", rapid.SampledFrom([]any{1, 2, "3"}).Draw(rt, "note id v")
 		}
-		switch op := rapid.IntRange(0, 5).Draw(rt, fmt.Sprintf("op%d", i)); op {
-		case 5: // an OR GORM does not put in parentheses
-			text = fmt.Sprintf("Where(%q, %#v, %#v)", col+" = ? OR\t"+col+" = ?", v, v)
-			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = ? OR\t"+col+" = ?", v, v) }
+		// Ops 5-10 hold an OR in SQL text, in every place GORM's builders
+		// treat apart: a Where, a Not, named arguments, a bound clause.Expr;
+		// spelled " OR " (which GORM parenthesizes in some of them) or with
+		// another space (which it never does).
+		or := rapid.SampledFrom([]string{" OR ", " OR\t", "\nOR "}).Draw(rt, fmt.Sprintf("or%d", i))
+		switch op := rapid.IntRange(0, 10).Draw(rt, fmt.Sprintf("op%d", i)); op {
+		case 5:
+			text = fmt.Sprintf("Where(%q, %#v, %#v)", col+" = ?"+or+col+" = ?", v, v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = ?"+or+col+" = ?", v, v) }
+		case 6:
+			text = fmt.Sprintf("Not(%q, %#v, %#v)", col+" = ?"+or+col+" = ?", v, v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Not(col+" = ?"+or+col+" = ?", v, v) }
+		case 7:
+			text = fmt.Sprintf("Where(%q, sql.Named(\"x\", %#v))", col+" = @x"+or+col+" = @x", v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = @x"+or+col+" = @x", sql.Named("x", v)) }
+		case 8:
+			text = fmt.Sprintf("Not(%q, sql.Named(\"x\", %#v))", col+" = @x"+or+col+" = @x", v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Not(col+" = @x"+or+col+" = @x", sql.Named("x", v)) }
+		case 9:
+			text = fmt.Sprintf("Where(\"? AND 1 = 1\", gorm.Expr(%q, %#v, %#v))", col+" = ?"+or+col+" = ?", v, v)
+			f = func(db *gorm.DB) *gorm.DB {
+				return db.Where("? AND 1 = 1", gorm.Expr(col+" = ?"+or+col+" = ?", v, v))
+			}
+		case 10:
+			text = fmt.Sprintf("Or(%q, %#v, %#v)", col+" = ?"+or+col+" = ?", v, v)
+			f = func(db *gorm.DB) *gorm.DB { return db.Or(col+" = ?"+or+col+" = ?", v, v) }
 		case 0, 1:
 			text = fmt.Sprintf("Where(%q, %#v)", col+" = ?", v)
 			f = func(db *gorm.DB) *gorm.DB { return db.Where(col+" = ?", v) }

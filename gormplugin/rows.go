@@ -92,9 +92,20 @@ func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, name
 		}
 		var sets [][]any
 		for _, e := range elements(stmt) {
-			if vals, ok := e.key(stmt, s); ok {
-				sets = append(sets, vals)
+			vals, ok := e.key(stmt, s)
+			if !ok {
+				continue
 			}
+			for i, v := range vals { // "01" for an integer key is matched as 1: no name says which row
+				vt := reflect.TypeOf(v)
+				for vt != nil && vt.Kind() == reflect.Pointer {
+					vt = vt.Elem()
+				}
+				if vt == nil || !sameKind(vt, s.PrimaryFields[i].FieldType) {
+					return refuse("inserts a primary key of another kind than the key's", "give the key a value of its own type")
+				}
+			}
+			sets = append(sets, vals)
 		}
 		return namesFor(t.table, sets), true, nil
 	}
@@ -248,16 +259,68 @@ func orClause(stmt *gorm.Statement) (clauseOr bool, why string) {
 	}
 	where, _ := c.Expression.(clause.Where)
 	for _, e := range flattenAnd(where.Exprs) {
-		switch e := e.(type) {
-		case clause.OrConditions:
+		if _, ok := e.(clause.OrConditions); ok {
 			clauseOr, why = true, "has an Or condition, which GORM joins with the conditions it adds in an order the plugin cannot prove"
-		case clause.Expr:
-			if orWord.MatchString(e.SQL) && !strings.Contains(strings.ToUpper(e.SQL), " OR ") {
-				return false, fmt.Sprintf("has a condition %q with an OR GORM does not put in parentheses", e.SQL)
-			}
+		}
+		if sql := bareOr(e, true, true); sql != "" {
+			return false, fmt.Sprintf("has a condition %q with an OR GORM does not put in parentheses", sql)
 		}
 	}
 	return clauseOr, why
+}
+
+// bareOr returns the SQL text of a condition in e that holds the word OR and
+// that GORM writes without parentheses around it (so that the OR escapes the
+// conditions ANDed with it), or "". It follows GORM's clause builders:
+// wrapped says whether e's place puts SQL text holding " OR " in
+// parentheses (the top level of a WHERE does, for Expr and NamedExpr; a Not
+// does for Expr only; an And or Or group of several conditions does; a
+// single one at the top level, for Expr), and top whether e is at the top
+// level. Whatever it does not know — an OR spelled with another space than
+// " ", SQL text inside another's bound values, an unknown kind holding
+// SQL — counts as bare: refused, never guessed.
+func bareOr(e clause.Expression, wrapped, top bool) string {
+	text := func(sql string, vars []any) string {
+		if orWord.MatchString(sql) && !(wrapped && strings.Contains(strings.ToUpper(sql), " OR ")) {
+			return sql
+		}
+		for _, v := range vars { // built in place, without parentheses (a *gorm.DB subquery gets them)
+			if ex, ok := v.(clause.Expression); ok {
+				if s := bareOr(ex, false, false); s != "" {
+					return s
+				}
+			}
+		}
+		return ""
+	}
+	switch e := e.(type) {
+	case clause.Expr:
+		return text(e.SQL, e.Vars)
+	case clause.NamedExpr:
+		return text(e.SQL, e.Vars)
+	case clause.NotConditions:
+		for _, c := range e.Exprs {
+			_, isExpr := c.(clause.Expr)
+			if s := bareOr(c, isExpr, false); s != "" {
+				return s
+			}
+		}
+	case clause.AndConditions:
+		return bareOrGroup(e.Exprs, top)
+	case clause.OrConditions:
+		return bareOrGroup(e.Exprs, top)
+	}
+	return ""
+}
+
+func bareOrGroup(exprs []clause.Expression, top bool) string {
+	for _, c := range exprs {
+		_, isExpr := c.(clause.Expr)
+		if s := bareOr(c, len(exprs) > 1 || top && isExpr, false); s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 var orWord = regexp.MustCompile(`(?i)\bOR\b`)
@@ -304,8 +367,20 @@ func tableOf(stmt *gorm.Statement) tableName {
 		t.err = fmt.Sprintf("is written to the table expression %q", stmt.TableExpr.SQL)
 	case len(f) == 2:
 		t.table, t.from = bareName(f[0]), stmt.TableExpr.SQL
+	default: // one name, maybe qualified or quoted: "other.repos", "`repos`", " repos"
+		t.table, t.from = bareName(f[0]), unquoted(f[0])
 	}
 	return t
+}
+
+// unquoted is a qualified identifier without its quotes, which GORM's Table
+// quotes again: `other`.`repos` is other.repos.
+func unquoted(s string) string {
+	parts := strings.Split(s, ".")
+	for i, p := range parts {
+		parts[i] = strings.Trim(p, "`\"[] ")
+	}
+	return strings.Join(parts, ".")
 }
 
 // bareName is an identifier as written in SQL without its qualifier and
