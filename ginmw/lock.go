@@ -3,6 +3,7 @@ package ginmw
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -46,6 +47,9 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 			return
 		}
 		name, err := key.name(c)
+		if err == nil && len(name) > locks.MaxNameLen { // a route too long to leave MaxKeyLen for the value
+			err = &keyError{msg: fmt.Sprintf("lock name of %d bytes exceeds %d", len(name), locks.MaxNameLen)}
+		}
 		if err != nil {
 			cfg.onError(c, badKey(err))
 			return

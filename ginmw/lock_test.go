@@ -659,3 +659,17 @@ func serveLosingLock(t *testing.T, r http.Handler, rdb *redis.Client, entered <-
 		return nil
 	}
 }
+
+// A key that fits MaxKeyLen but not the room a long route leaves in a lock
+// name is a bad key (400), not a Redis refusal answered 500 (outside probe).
+func TestLockKeyPastItsScopesRoomIsBad(t *testing.T) {
+	l, _, _ := newLocker(t)
+	var ran atomic.Int64
+	r := newEngine()
+	route := "/" + strings.Repeat("x", 800) + "/:id"
+	r.PUT(route, ginmw.Lock(l, ginmw.Param("id")), func(c *gin.Context) { ran.Add(1); c.Status(http.StatusNoContent) })
+	w := serve(r, http.MethodPut, "/"+strings.Repeat("x", 800)+"/"+strings.Repeat("7", ginmw.MaxKeyLen))
+	if w.Code != http.StatusBadRequest || ran.Load() != 0 {
+		t.Fatalf("status %d body %s, handler ran %d times: want a bad key (400)", w.Code, w.Body, ran.Load())
+	}
+}
