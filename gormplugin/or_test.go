@@ -1,16 +1,13 @@
 package gormplugin_test
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"testing"
-	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
-	"github.com/cacheguard/cacheguard/locks"
 )
 
 // An OR in SQL text that GORM writes without parentheses escapes the
@@ -41,20 +38,8 @@ func TestBareOrRefused(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newEnv(t, onSQLite, byClient)
-			db := e.guarded(t, gormplugin.LockOptions(locks.WaitBudget(50*time.Millisecond)))
-			plain := e.plain(t)
-			if err := plain.Create(&[]Repo{{ID: 1, Name: "a"}, {ID: 2, Name: "a"}, {ID: 3, Name: "b"}, {ID: 10, Name: "b"}}).Error; err != nil {
-				t.Fatal(err)
-			}
-			other := locks.WithOwner(context.Background(), locks.NewOwnerID())
-			for _, n := range []string{"repos:3", "repos:10"} {
-				lk, err := e.c.TryLock(other, n)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = lk.Unlock(context.Background()) })
-			}
+			e, db, plain := seededRepos(t)
+			holdOther(t, e, "repos:3", "repos:10")
 			err := tc.write(db)
 			if !errors.Is(err, gormplugin.ErrUnnamedRows) {
 				t.Errorf("err %v, want ErrUnnamedRows", err)

@@ -13,9 +13,9 @@ import (
 	"github.com/cacheguard/cacheguard/locks"
 )
 
-// probeEnv is a SQLite database with the plugin (short wait budget) and
+// seededRepos is a SQLite database with the plugin (short wait budget) and
 // plain access, seeded with repos 1 "a", 2 "a", 3 "b", 10 "b".
-func probeEnv(t *testing.T, opts ...gormplugin.Option) (*env, *gorm.DB, *gorm.DB) {
+func seededRepos(t *testing.T, opts ...gormplugin.Option) (*env, *gorm.DB, *gorm.DB) {
 	t.Helper()
 	e := newEnv(t, onSQLite, byClient)
 	opts = append([]gormplugin.Option{gormplugin.LockOptions(locks.WaitBudget(50 * time.Millisecond))}, opts...)
@@ -81,7 +81,7 @@ func TestQuotedTableGuarded(t *testing.T) {
 // one of the same name in the default schema: the write was silently
 // narrowed to nothing before (found by an outside probe).
 func TestSchemaQualifiedTableWritten(t *testing.T) {
-	e, _, _ := probeEnv(t)
+	e, _, _ := seededRepos(t)
 	db := e.guarded(t, gormplugin.LockOptions(locks.WaitBudget(50*time.Millisecond)))
 	sqlDB, _ := db.DB()
 	sqlDB.SetMaxOpenConns(1) // ATTACH is per connection
@@ -120,7 +120,7 @@ func TestSchemaQualifiedTableWritten(t *testing.T) {
 // refused: its lock name ("repos:01") would not be the row's ("repos:1").
 // It updated repos:1 while another owner held it before (outside probe).
 func TestUpsertKeyOfAnotherKindRefused(t *testing.T) {
-	e, db, plain := probeEnv(t)
+	e, db, plain := seededRepos(t)
 	holdOther(t, e, "repos:1")
 	err := db.Model(&Repo{}).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "id"}}, DoUpdates: clause.AssignmentColumns([]string{"stars"})}).
 		Create(map[string]any{"id": "01", "name": "q", "stars": 7}).Error
