@@ -41,13 +41,12 @@
 //
 // Anything else is refused before the database with ErrUnnamedRows, whose
 // message says what to write instead: an Or joined with a model's key, SQL
-// text with an OR GORM does not parenthesize (in a Where, a Not, named
-// arguments or an expression bound into another), Update(s) of a struct whose
-// composite key has a zero part (GORM leaves it out of its WHERE), a slice
-// with an element without a key, a table expression other than "t [AS] a",
-// an upsert with DoUpdates and no conflict target, a key set to an
-// expression (id + 1, excluded.id unless id is the conflict target) or to a
-// value of another kind. Never run unguarded, never silently narrowed.
+// text anywhere with an OR GORM does not parenthesize, Update(s) of a struct
+// whose composite key has a zero part (GORM leaves it out of its WHERE), a
+// slice with an element without a key, a table expression other than "t [AS]
+// a", an upsert with DoUpdates and no conflict target, a key set or upserted
+// to an expression (id + 1, excluded.id unless id is the conflict target) or
+// a value of another kind. Never run unguarded, never silently narrowed.
 //
 // A row's lock name is "<table>:<primary key>" (RowName; a composite key's
 // parts joined by ":"), the name ginmw.Resource gives, so a request holding
