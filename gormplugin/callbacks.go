@@ -47,6 +47,7 @@ type guard struct {
 	rows        []row         // the existing rows written, sorted by name (empty when unknown)
 	fromModel   bool          // rows are named by the statement's model or values (rowsOf)
 	from        string        // what a read of the table's rows selects FROM (the table, or "table AS alias")
+	ref         string        // the name the statement's SQL knows the table by (see column)
 	resolved    bool          // rows were read from the database (LockMatched)
 	restricted  bool          // the statement is restricted to the rows locked
 	tableLock   bool          // LockMatched on a table without a primary key: "<table>:*" is locked
@@ -100,7 +101,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				return // new rows only, and nothing to invalidate
 			}
 		}
-		g := &guard{table: table, from: t.from, kind: kind}
+		g := &guard{table: table, from: t.from, ref: t.ref, kind: kind}
 		if s := stmt.Schema; s != nil && len(s.PrimaryFields) > 0 {
 			g.pkCols = s.PrimaryFieldDBNames
 			g.fence = p.fenceOf(s)
@@ -199,7 +200,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		// lock: its WHERE (an upsert's DO UPDATE) is restricted to them.
 		g.restricted = !g.tableLock && (g.resolved || len(g.rows) > 0) && (kind != writeUpsert || upsertWhere)
 		if g.restricted && kind != writeUpsert {
-			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction(false)}})
+			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction()}})
 		}
 	}
 }
@@ -269,7 +270,7 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 				g.rows[0].versioned = v != 0 || g.kind == writeUpdate && samePointer(stmt.Dest, stmt.Model)
 			}
 		}
-		stmt.AddClause(clause.Where{Exprs: g.fenceConds(false)})
+		stmt.AddClause(clause.Where{Exprs: g.fenceConds()})
 	}
 	if g.tx != nil {
 		if err := g.tx.checkVersions(g.rows); err != nil {

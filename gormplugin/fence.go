@@ -98,21 +98,19 @@ func fenceField(s *schema.Schema) *schema.Field {
 // token returns the expression of the rows' fence tokens: the token itself
 // for one row, and for several a CASE on the primary key, so that each row
 // is compared with (and stamped by) the token of its own lock. A row outside
-// the CASE compares with NULL and is not touched. qualify names the columns
-// with the table's name (an upsert's DO UPDATE sees two rows: the table's
-// and the one proposed).
-func (g *guard) token(qualify bool) any {
+// the CASE compares with NULL and is not touched.
+func (g *guard) token() any {
 	if len(g.rows) == 1 {
 		return int64(g.rows[0].fence)
 	}
-	return g.caseOnKey(qualify, func(r row) (string, bool) { return strconv.FormatInt(int64(r.fence), 10), true }, "")
+	return g.caseOnKey(func(r row) (string, bool) { return strconv.FormatInt(int64(r.fence), 10), true }, "")
 }
 
 // caseOnKey builds CASE WHEN <pk> = ? THEN <then(row)> ... [ELSE <els>] END
 // over g's rows, leaving out the rows then declines. The THEN values are
 // written into the SQL: a bound parameter in a CASE has no type PostgreSQL
 // can infer (it would compare bigint with text).
-func (g *guard) caseOnKey(qualify bool, then func(row) (string, bool), els string) clause.Expr {
+func (g *guard) caseOnKey(then func(row) (string, bool), els string) clause.Expr {
 	expr := "CASE"
 	var vars []any
 	for _, r := range g.rows {
@@ -126,7 +124,7 @@ func (g *guard) caseOnKey(qualify bool, then func(row) (string, bool), els strin
 				expr += " AND"
 			}
 			expr += " ? = ?"
-			vars = append(vars, g.column(g.pkCols[i], qualify), r.vals[i])
+			vars = append(vars, g.column(g.pkCols[i]), r.vals[i])
 		}
 		expr += " THEN " + v
 	}
@@ -136,12 +134,15 @@ func (g *guard) caseOnKey(qualify bool, then func(row) (string, bool), els strin
 	return clause.Expr{SQL: expr + " END", Vars: vars}
 }
 
-// column names a column of g's table, qualified with the table's name or not.
-func (g *guard) column(name string, qualify bool) clause.Column {
-	if qualify {
-		return clause.Column{Table: g.table, Name: name}
-	}
-	return clause.Column{Name: name}
+// column names a column of g's table in a condition or value the plugin
+// adds to the statement, qualified with the name the statement's SQL knows
+// the table by (its alias, or its name without a schema): an UPDATE ...
+// FROM u whose u has a column of that name too, or an upsert's DO UPDATE,
+// which sees the table's row and the one proposed (excluded), would
+// otherwise find it ambiguous. Every column the plugin adds passes through
+// it.
+func (g *guard) column(name string) clause.Column {
+	return clause.Column{Table: g.ref, Name: name}
 }
 
 // fenceConds are the conditions of a fenced write: the row's fence is not
@@ -159,9 +160,9 @@ func (g *guard) column(name string, qualify bool) clause.Column {
 // acquisition. It is as safe against a stale holder, because every new
 // acquisition's token is strictly larger than every earlier one: a newer
 // holder's write leaves a fence the stale holder's token is below.
-func (g *guard) fenceConds(qualify bool) []clause.Expression {
-	col := g.column(g.fence.DBName, qualify)
-	conds := []clause.Expression{clause.Expr{SQL: "COALESCE(?, 0) <= ?", Vars: []any{col, g.token(qualify)}}}
+func (g *guard) fenceConds() []clause.Expression {
+	col := g.column(g.fence.DBName)
+	conds := []clause.Expression{clause.Expr{SQL: "COALESCE(?, 0) <= ?", Vars: []any{col, g.token()}}}
 	versioned := 0
 	for _, r := range g.rows {
 		if r.versioned {
@@ -174,11 +175,11 @@ func (g *guard) fenceConds(qualify bool) []clause.Expression {
 		conds = append(conds, clause.Expr{SQL: "COALESCE(?, 0) IN (?, ?)", Vars: []any{col, int64(g.rows[0].version), int64(g.rows[0].fence)}})
 	default:
 		// A row without a version compares its fence with itself.
-		version := g.caseOnKey(qualify, func(r row) (string, bool) {
+		version := g.caseOnKey(func(r row) (string, bool) {
 			return strconv.FormatInt(int64(r.version), 10), r.versioned
 		}, "COALESCE(?, 0)")
 		version.Vars = append(version.Vars, col)
-		conds = append(conds, clause.Expr{SQL: "COALESCE(?, 0) IN (?, ?)", Vars: []any{col, version, g.token(qualify)}})
+		conds = append(conds, clause.Expr{SQL: "COALESCE(?, 0) IN (?, ?)", Vars: []any{col, version, g.token()}})
 	}
 	return conds
 }
@@ -205,7 +206,7 @@ func (p *Plugin) setBuilder(prev clause.ClauseBuilder) clause.ClauseBuilder {
 							out = append(out, a)
 						}
 					}
-					c.Expression = append(out, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token(false)})
+					c.Expression = append(out, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token()})
 				}
 			}
 		}

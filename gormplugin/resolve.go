@@ -104,13 +104,8 @@ func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, fro
 }
 
 // restriction limits a write to the rows resolve named: pk IN (...) (no
-// rows: a condition that matches none). qualify names the columns with the
-// table's name, as an upsert's DO UPDATE needs.
-func (g *guard) restriction(qualify bool) clause.Expression {
-	tbl := clause.CurrentTable
-	if qualify {
-		tbl = g.table
-	}
+// rows: a condition that matches none).
+func (g *guard) restriction() clause.Expression {
 	if len(g.rows) == 0 {
 		return clause.Expr{SQL: "1 = 0"}
 	}
@@ -119,11 +114,11 @@ func (g *guard) restriction(qualify bool) clause.Expression {
 		for i, r := range g.rows {
 			vals[i] = r.vals[0]
 		}
-		return clause.IN{Column: clause.Column{Table: tbl, Name: g.pkCols[0]}, Values: vals}
+		return clause.IN{Column: g.column(g.pkCols[0]), Values: vals}
 	}
 	cols := make([]clause.Column, len(g.pkCols))
 	for i, c := range g.pkCols {
-		cols[i] = clause.Column{Table: tbl, Name: c}
+		cols[i] = g.column(c)
 	}
 	vals := make([]any, len(g.rows))
 	for i, r := range g.rows {

@@ -342,6 +342,7 @@ func samePK(cols []clause.Column, s *schema.Schema) bool {
 type tableName struct {
 	table string // the real table: lock names, cache keys, catalogue reads
 	from  string // what a read of its rows selects FROM (with the alias)
+	ref   string // the name the statement's SQL knows it by: its alias, or its name without schema and quotes
 	err   string // why the table expression is not a table
 }
 
@@ -354,7 +355,7 @@ func tableOf(stmt *gorm.Statement) tableName {
 	if t.table == "" && stmt.Schema != nil {
 		t.table = stmt.Schema.Table
 	}
-	t.from = t.table
+	t.from, t.ref = t.table, t.table
 	if stmt.TableExpr == nil {
 		return t
 	}
@@ -366,9 +367,10 @@ func tableOf(stmt *gorm.Statement) tableName {
 	case len(stmt.TableExpr.Vars) > 0 || len(f) > 2 || len(f) == 0 || strings.ContainsAny(stmt.TableExpr.SQL, "(),"):
 		t.err = fmt.Sprintf("is written to the table expression %q", stmt.TableExpr.SQL)
 	case len(f) == 2:
-		t.table, t.from = bareName(f[0]), stmt.TableExpr.SQL
+		t.table, t.from, t.ref = bareName(f[0]), stmt.TableExpr.SQL, bareName(f[1])
 	default: // one name, maybe qualified or quoted: "other.repos", "`repos`", " repos"
 		t.table, t.from = bareName(f[0]), unquoted(f[0])
+		t.ref = t.table
 	}
 	return t
 }

@@ -257,11 +257,11 @@ func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 				set = append(set, a)
 			}
 		}
-		oc.DoUpdates = append(set, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token(true)})
-		oc.Where.Exprs = append(oc.Where.Exprs, g.fenceConds(true)...)
+		oc.DoUpdates = append(set, clause.Assignment{Column: clause.Column{Name: g.fence.DBName}, Value: g.token()})
+		oc.Where.Exprs = append(oc.Where.Exprs, g.fenceConds()...)
 	}
 	if g.restricted {
-		oc.Where.Exprs = append(oc.Where.Exprs, g.restriction(true))
+		oc.Where.Exprs = append(oc.Where.Exprs, g.restriction())
 	}
 	return oc
 }
