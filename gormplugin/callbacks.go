@@ -44,23 +44,25 @@ type guard struct {
 	table       string
 	kind        writeKind
 	pkCols      []string
-	rows        []row         // the existing rows written, sorted by name (empty when unknown)
-	fromModel   bool          // rows are named by the statement's model or values (rowsOf)
-	from        string        // what a read of the table's rows selects FROM (the table, or "table AS alias")
-	ref         string        // the name the statement's SQL knows the table by (see column)
-	resolved    bool          // rows were read from the database (LockMatched)
-	restricted  bool          // the statement is restricted to the rows locked
-	tableLock   bool          // LockMatched on a table without a primary key: "<table>:*" is locked
-	locked      []row         // the locks taken (the rows, or none)
-	fence       *schema.Field // the fence column, or nil
-	fencing     bool          // the statement carries the fence condition
-	unstamp     func()        // puts back the structs' fences stamped by a write that then rolled back
-	tx          *txLocks      // non-nil: the locks belong to the surrounding transaction
-	own         *txLocks      // the transaction GORM opened for this statement, if any
-	keys        []string      // cache keys to invalidate after COMMIT
-	locking     bool          // the statement's rows are locked (not PassThrough, Unguarded or FailOpen)
-	moved       []row         // the rows an assignment of the primary key moves, at their new names
-	moveUnnamed bool          // a row moves to a key moveRows cannot name
+	rows        []row           // the existing rows written, sorted by name (empty when unknown)
+	fromModel   bool            // rows are named by the statement's model or values (rowsOf)
+	from        string          // what a read of the table's rows selects FROM (the table, or "table AS alias")
+	ref         string          // the name the statement's SQL knows the table by (see column)
+	resolved    bool            // rows were read from the database (LockMatched)
+	restricted  bool            // the statement is restricted to the rows locked
+	tableLock   bool            // LockMatched on a table without a primary key: "<table>:*" is locked
+	locked      []row           // the locks taken (the rows, or none)
+	fence       *schema.Field   // the fence column, or nil
+	fencing     bool            // the statement carries the fence condition
+	unstamp     func()          // puts back the structs' fences stamped by a write that then rolled back
+	tx          *txLocks        // non-nil: the locks belong to the surrounding transaction
+	own         *txLocks        // the transaction GORM opened for this statement, if any
+	keys        []string        // cache keys to invalidate after COMMIT
+	locking     bool            // the statement's rows are locked (not PassThrough, Unguarded or FailOpen)
+	moved       []row           // the rows an assignment of the primary key moves, at their new names
+	moveUnnamed bool            // a row moves to a key moveRows cannot name
+	sig         string          // what the rows were named from before GORM's before-hooks ran (see renameAfterHooks)
+	conflict    []*schema.Field // an upsert on another key: its conflict target's fields (resolveConflict)
 }
 
 func guardOf(db *gorm.DB) *guard {
@@ -114,6 +116,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				return
 			}
 			g.rows, g.fromModel = sortRows(g.rows), named
+			g.sig = namesOf(g.rows)
 		}
 		tx := txOf(stmt.ConnPool)
 		if tx != nil {
@@ -197,11 +200,9 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 			}
 		}
 		// The database itself never changes a row the statement did not
-		// lock: its WHERE (an upsert's DO UPDATE) is restricted to them.
+		// lock: its WHERE (an upsert's DO UPDATE) is restricted to them
+		// (fenceStep adds it, once the hooks have run).
 		g.restricted = !g.tableLock && (g.resolved || len(g.rows) > 0) && (kind != writeUpsert || upsertWhere)
-		if g.restricted && kind != writeUpsert {
-			stmt.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction()}})
-		}
 	}
 }
 
@@ -221,8 +222,10 @@ func (p *Plugin) keysOf(g *guard) []string {
 	return keys
 }
 
-// fenceStep runs just before the statement is built and sent: a lock known
-// lost by now refuses the write; otherwise a fenced write gets the fence
+// fenceStep runs just before the statement is built and sent, after GORM's
+// before-hooks: the rows are named again if a hook changed what named them
+// (renameAfterHooks), the statement is restricted to the rows locked, a lock
+// known lost by now refuses the write; otherwise a fenced write gets the fence
 // condition (through the SET builder for an UPDATE, the ON CONFLICT builder
 // for an upsert, also the new fence) and the version of the struct it
 // writes.
@@ -236,7 +239,17 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 			g.own = tx.locks // GORM's own transaction, begun after lockStep
 		}
 	}
-	if db.Error != nil || len(g.locked) == 0 {
+	if db.Error != nil {
+		return
+	}
+	if err := p.renameAfterHooks(db, g); err != nil {
+		db.AddError(err)
+		return
+	}
+	if g.restricted && g.kind != writeUpsert {
+		db.Statement.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction()}})
+	}
+	if len(g.locked) == 0 {
 		return
 	}
 	for _, r := range g.locked {
@@ -444,30 +457,7 @@ func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set, targ
 	if !named {
 		return fmt.Errorf("%w: this %s on table %q sets its primary key to a value the plugin cannot name (an expression, a column, or a value of another kind than the key's): set it to a plain value, or send it with a gormplugin.Unguarded context", ErrUnnamedRows, g.kind, g.table)
 	}
-	var fresh []row
-	for _, r := range moved {
-		if !slices.ContainsFunc(g.locked, func(l row) bool { return l.name == r.name }) {
-			fresh = append(fresh, r)
-		}
-	}
-	if len(fresh) == 0 {
-		return nil
-	}
-	var err error
-	if g.tx != nil {
-		err = g.tx.lock(stmt.Context, fresh)
-	} else {
-		last := ""
-		for _, l := range g.locked {
-			last = max(last, l.name)
-		}
-		err = p.lockAfter(stmt.Context, fresh, last)
-	}
-	if err != nil {
-		return err
-	}
-	g.locked = append(g.locked, fresh...)
-	return nil
+	return p.lockMore(stmt, g, moved)
 }
 
 // moveRows names, at their new keys, the rows set moves by assigning
@@ -526,4 +516,115 @@ func (g *guard) keyType(stmt *gorm.Statement, i int) reflect.Type {
 // quoted, in any case (unquoted identifiers are matched without case).
 func sameColumn(c clause.Column, name string) bool {
 	return strings.EqualFold(bareName(c.Name), name)
+}
+
+// renameAfterHooks names the statement's rows again once GORM's
+// before-hooks (BeforeSave, BeforeCreate, BeforeUpdate, BeforeDelete) have
+// run, when what named them has changed: a hook may set or change the key
+// GORM then writes into the WHERE, or an upsert's values (a key derived from
+// a title, a key normalized to lower case). lockStep names them before the
+// hooks, so that the locks are taken before GORM's transaction begins; this
+// is the one place a change by a hook passes through. The rows named now
+// are locked after those the statement holds (lockMore), and the statement
+// is restricted to them. A hook that leaves a model's key unnamed is
+// refused with ErrUnnamedRows.
+func (p *Plugin) renameAfterHooks(db *gorm.DB, g *guard) error {
+	stmt := db.Statement
+	var rows []row
+	switch {
+	case g.fromModel:
+		named, ok, err := rowsOf(stmt, g.kind, tableName{table: g.table, from: g.from, ref: g.ref})
+		if err == nil && !ok {
+			err = fmt.Errorf("%w: a hook of this %s on table %q cleared the key by which the plugin named its rows before the hooks ran: keep the key in the hook, or send it with a gormplugin.Unguarded context", ErrUnnamedRows, g.kind, g.table)
+		}
+		if err != nil {
+			if !g.locking {
+				g.rows, g.fromModel = nil, false
+				g.keys = p.keysOf(g)
+				return nil
+			}
+			return err
+		}
+		if named = sortRows(named); namesOf(named) == g.sig {
+			return nil
+		}
+		rows = named
+	case g.conflict != nil && g.locking:
+		if conflictSig(stmt, g.conflict) == g.sig {
+			return nil
+		}
+		var err error
+		if rows, err = p.resolveConflict(db, g); err != nil {
+			return err
+		}
+	default:
+		return nil
+	}
+	upsertWhere := slices.Contains(upsertDialects, db.Dialector.Name())
+	if g.kind == writeUpsert && g.locking && g.fence != nil && len(rows) > 0 && !upsertWhere {
+		return invalid("an upsert on %q needs ON CONFLICT DO UPDATE ... WHERE to be fenced or restricted to the rows locked, which the %s dialect does not have", g.table, db.Dialector.Name())
+	}
+	if g.locking {
+		if err := p.lockMore(stmt, g, rows); err != nil {
+			return err
+		}
+		g.restricted = !g.tableLock && (g.resolved || len(rows) > 0) && (g.kind != writeUpsert || upsertWhere)
+	}
+	g.rows = rows
+	if g.kind != writeInsert && g.kind != writeUpsert {
+		g.keys = p.keysOf(g)
+	}
+	return nil
+}
+
+// lockMore gives each of rows its lock and token, taking those the
+// statement does not hold yet: after those it holds, in name order, so a
+// busy name that sorts before them fails with ErrLockOrder rather than wait
+// (the rule of takeAfter). It serves the names known only once the
+// statement is under way: a key set by a hook, the new key of a row moved.
+func (p *Plugin) lockMore(stmt *gorm.Statement, g *guard, rows []row) error {
+	var fresh []row
+	for i := range rows {
+		if j := slices.IndexFunc(g.locked, func(l row) bool { return l.name == rows[i].name }); j >= 0 {
+			rows[i].lock, rows[i].fence = g.locked[j].lock, g.locked[j].fence
+		} else {
+			fresh = append(fresh, rows[i])
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	var err error
+	if g.tx != nil {
+		err = g.tx.lock(stmt.Context, fresh)
+	} else {
+		if _, ok := locks.OwnerFrom(stmt.Context); !ok {
+			stmt.Context = locks.WithOwner(stmt.Context, locks.NewOwnerID())
+		}
+		last := ""
+		for _, l := range g.locked {
+			last = max(last, l.name)
+		}
+		err = p.lockAfter(stmt.Context, fresh, last)
+	}
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		if j := slices.IndexFunc(fresh, func(f row) bool { return f.name == rows[i].name }); j >= 0 {
+			rows[i].lock, rows[i].fence = fresh[j].lock, fresh[j].fence
+		}
+	}
+	g.locked = append(g.locked, fresh...)
+	return nil
+}
+
+// namesOf is the lock names of rows, in their order.
+func namesOf(rows []row) string {
+	var b strings.Builder
+	for _, r := range rows {
+		b.WriteString(r.name)
+		b.WriteByte(0)
+	}
+	return b.String()
 }

@@ -169,27 +169,9 @@ func (p *Plugin) resolveConflict(db *gorm.DB, g *guard) ([]row, error) {
 			return nil, unknown(fmt.Sprintf("column %q is not a field of the model", c.Name))
 		}
 	}
-	var sets []any
-	for _, e := range elements(stmt) {
-		if e.m == nil && stmt.Schema == nil {
-			continue
-		}
-		vals := make([]any, len(fields))
-		ok := true
-		for i, f := range fields {
-			if vals[i], ok = e.value(stmt, f); !ok {
-				break
-			}
-		}
-		if !ok {
-			continue // NULL in the target never conflicts
-		}
-		if len(vals) == 1 {
-			sets = append(sets, vals[0])
-		} else {
-			sets = append(sets, vals)
-		}
-	}
+	g.conflict = fields
+	sets := conflictSets(stmt, fields)
+	g.sig = fmt.Sprint(sets)
 	if len(sets) == 0 {
 		return nil, nil
 	}
@@ -203,6 +185,41 @@ func (p *Plugin) resolveConflict(db *gorm.DB, g *guard) ([]row, error) {
 	}
 	exprs := append([]clause.Expression{in}, oc.TargetWhere.Exprs...)
 	return p.matchRows(db, g, exprs, nil, true)
+}
+
+// conflictSets lists the values of an upsert's conflict target (fields)
+// that its values insert: one value per element for a target of one
+// column, else a tuple; elements with a NULL part are left out (NULL never
+// conflicts).
+func conflictSets(stmt *gorm.Statement, fields []*schema.Field) []any {
+	var sets []any
+	for _, e := range elements(stmt) {
+		if e.m == nil && stmt.Schema == nil {
+			continue
+		}
+		vals := make([]any, len(fields))
+		ok := true
+		for i, f := range fields {
+			if vals[i], ok = e.value(stmt, f); !ok {
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		if len(vals) == 1 {
+			sets = append(sets, vals[0])
+		} else {
+			sets = append(sets, vals)
+		}
+	}
+	return sets
+}
+
+// conflictSig is what an upsert on another key names its rows from: the
+// values of its conflict target.
+func conflictSig(stmt *gorm.Statement, fields []*schema.Field) string {
+	return fmt.Sprint(conflictSets(stmt, fields))
 }
 
 // constraintColumns returns the columns of constraint name of table, read
