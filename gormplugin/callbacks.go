@@ -48,6 +48,7 @@ type guard struct {
 	fromModel   bool            // rows are named by the statement's model or values (rowsOf)
 	from        string          // what a read of the table's rows selects FROM (the table, or "table AS alias")
 	ref         string          // the name the statement's SQL knows the table by (see column)
+	real        string          // the table as the catalogue knows it (see exactKeys)
 	resolved    bool            // rows were read from the database (LockMatched)
 	restricted  bool            // the statement is restricted to the rows locked
 	tableLock   bool            // LockMatched on a table without a primary key: "<table>:*" is locked
@@ -103,7 +104,7 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 				return // new rows only, and nothing to invalidate
 			}
 		}
-		g := &guard{table: table, from: t.from, ref: t.ref, kind: kind}
+		g := &guard{table: table, from: t.from, ref: t.ref, real: t.real, kind: kind}
 		if s := stmt.Schema; s != nil && len(s.PrimaryFields) > 0 {
 			g.pkCols = s.PrimaryFieldDBNames
 			g.fence = p.fenceOf(s)
@@ -138,6 +139,13 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 		if tx == nil && isTx(stmt.ConnPool) && (lock || p.cfg.keys != nil) {
 			db.AddError(fmt.Errorf("%w: %s on %q: use db.Transaction or gormplugin.Transaction on the database the plugin is registered on", ErrForeignTx, kind, table))
 			return
+		}
+		if named && (lock || p.cfg.keys != nil) {
+			var err error
+			if g.rows, err = p.spelled(db, stmt.Schema, table, t.real, g.rows); err != nil {
+				db.AddError(err)
+				return
+			}
 		}
 		if lock && !named {
 			var rows []row
@@ -218,6 +226,9 @@ func (p *Plugin) keysOf(g *guard) []string {
 	var keys []string
 	for _, r := range g.rows {
 		keys = append(keys, p.cfg.keys(g.table, r.pk())...)
+		if r.given != nil { // a cache may hold the row under the key as callers spell it
+			keys = append(keys, p.cfg.keys(g.table, row{vals: r.given}.pk())...)
+		}
 	}
 	return keys
 }
@@ -304,6 +315,9 @@ func (g *guard) versionElements(stmt *gorm.Statement) {
 	byName := map[string]int{}
 	for i, r := range g.rows {
 		byName[r.name] = i
+		if r.given != nil {
+			byName[RowName(g.table, r.given...)] = i
+		}
 	}
 	for _, e := range elements(stmt) {
 		if !e.rv.IsValid() {
@@ -533,7 +547,7 @@ func (p *Plugin) renameAfterHooks(db *gorm.DB, g *guard) error {
 	var rows []row
 	switch {
 	case g.fromModel:
-		named, ok, err := rowsOf(stmt, g.kind, tableName{table: g.table, from: g.from, ref: g.ref})
+		named, ok, err := rowsOf(stmt, g.kind, tableName{table: g.table, from: g.from, ref: g.ref, real: g.real})
 		if err == nil && !ok {
 			err = fmt.Errorf("%w: a hook of this %s on table %q cleared the key by which the plugin named its rows before the hooks ran: keep the key in the hook, or send it with a gormplugin.Unguarded context", ErrUnnamedRows, g.kind, g.table)
 		}
@@ -548,7 +562,9 @@ func (p *Plugin) renameAfterHooks(db *gorm.DB, g *guard) error {
 		if named = sortRows(named); namesOf(named) == g.sig {
 			return nil
 		}
-		rows = named
+		if rows, err = p.spelled(db, stmt.Schema, g.table, g.real, named); err != nil {
+			return err
+		}
 	case g.conflict != nil && g.locking:
 		if conflictSig(stmt, g.conflict) == g.sig {
 			return nil

@@ -16,28 +16,28 @@
 //
 // # Which writes are guarded
 //
-// Every statement through which GORM can change an existing row locks each
-// row it writes before GORM opens its transaction, until that transaction's
-// COMMIT or ROLLBACK, so two writes to one row through GORM never interleave:
-// Update, Updates, UpdateColumn(s), Save (its UPDATE, and its insert when the
-// row is missing), Save of a slice, Create with ON CONFLICT DO UPDATE (an
-// upsert), Delete, and GORM's association writes. It denies by default: a
-// statement runs only when every row it can change is named the way the
-// database will match it, and is restricted to the rows locked. Rows are
-// named by the key GORM itself puts in the WHERE: the model's, a Delete's
-// value, a slice's elements (zero parts of a composite key included), an
-// upsert's values when the primary key is its conflict target. A write whose
+// Every statement through which GORM can change an existing row locks each row
+// it writes before GORM opens its transaction, until that transaction's COMMIT
+// or ROLLBACK, so two writes to one row through GORM never interleave: Update,
+// Updates, UpdateColumn(s), Save (its UPDATE, and its insert when the row is
+// missing), Save of a slice, Create with ON CONFLICT DO UPDATE (an upsert),
+// Delete, and GORM's association writes. It denies by default: a statement runs
+// only when every row it can change is named the way the database will match
+// it, and is restricted to the rows locked. Rows are named by the key GORM puts
+// in the WHERE after the hooks: the model's, a Delete's value, a slice's
+// elements (zero parts of a composite key included), an upsert's values when
+// the primary key is its conflict target; a string key as stored, read where
+// its column may match another spelling (COLLATE, citext, MySQL). A write whose
 // model carries no key (Model(&Repo{}).Where(...), db.Delete(&Repo{}, 42),
-// db.Table("t"), AllowGlobalUpdate, association writes by foreign key) and
-// an upsert on another unique key (or OnConstraint) have their rows read
-// from the database, as stored (Unkeyed, default LockMatched): locked, and
-// the write restricted to them; a row that starts to match after that read
-// is left out, as if the write ran first; beyond MaxMatchedRows (1000),
-// ErrUnkeyed. A table without a primary key has one lock, "<table>:*". A
-// Create of new rows (or ON CONFLICT DO NOTHING) takes no lock; its rows'
-// cache keys (generated keys too) are invalidated after its COMMIT. A write
-// that sets the primary key moves a row: both names are locked (the new one
-// as the statement is built).
+// db.Table("t"), AllowGlobalUpdate, association writes by foreign key) and an
+// upsert on another unique key (or OnConstraint) have their rows read from the
+// database, as stored (Unkeyed, default LockMatched): locked, and the write
+// restricted to them; a row that starts to match after that read is left out,
+// as if the write ran first; beyond MaxMatchedRows (1000), ErrUnkeyed. A table
+// without a primary key has one lock, "<table>:*". A Create of new rows (or ON
+// CONFLICT DO NOTHING) takes no lock; its rows' cache keys (generated keys too)
+// are invalidated after its COMMIT. A write that sets the primary key moves a
+// row: both names are locked.
 //
 // Anything else is refused before the database with ErrUnnamedRows, whose
 // message says what to write instead: an Or joined with a model's key, SQL

@@ -105,24 +105,31 @@ func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, fro
 
 // restriction limits a write to the rows resolve named: pk IN (...) (no
 // rows: a condition that matches none).
+//
+// A row whose key no row matched when spelled is left out: the database
+// may store that key under another spelling by the time the write runs, and
+// the restriction, compared as the database compares keys, would let the
+// write reach that row under this spelling's lock.
 func (g *guard) restriction() clause.Expression {
-	if len(g.rows) == 0 {
+	var vals []any
+	for _, r := range g.rows {
+		switch {
+		case r.missing:
+		case len(g.pkCols) == 1:
+			vals = append(vals, r.vals[0])
+		default:
+			vals = append(vals, r.vals)
+		}
+	}
+	if len(vals) == 0 {
 		return clause.Expr{SQL: "1 = 0"}
 	}
 	if len(g.pkCols) == 1 {
-		vals := make([]any, len(g.rows))
-		for i, r := range g.rows {
-			vals[i] = r.vals[0]
-		}
 		return clause.IN{Column: g.column(g.pkCols[0]), Values: vals}
 	}
 	cols := make([]clause.Column, len(g.pkCols))
 	for i, c := range g.pkCols {
 		cols[i] = g.column(c)
-	}
-	vals := make([]any, len(g.rows))
-	for i, r := range g.rows {
-		vals[i] = r.vals
 	}
 	return clause.IN{Column: cols, Values: vals}
 }

@@ -49,6 +49,10 @@ type row struct {
 	vals  []any       // primary key values, in schema order
 	fence uint64      // the lock's fence token
 	decl  *declared   // for a row declared to Transaction: how to claim it
+	// given is the key as the caller spelled it, when the database stores
+	// it otherwise (see spelled); missing: no row had the key when spelled.
+	given   []any
+	missing bool
 	// version is the fence the written struct carries (see fenceStep),
 	// checked when versioned.
 	version   uint64
@@ -343,6 +347,7 @@ type tableName struct {
 	table string // the real table: lock names, cache keys, catalogue reads
 	from  string // what a read of its rows selects FROM (with the alias)
 	ref   string // the name the statement's SQL knows it by: its alias, or its name without schema and quotes
+	real  string // the table, schema-qualified as written, without quotes or alias: catalogue reads
 	err   string // why the table expression is not a table
 }
 
@@ -355,7 +360,7 @@ func tableOf(stmt *gorm.Statement) tableName {
 	if t.table == "" && stmt.Schema != nil {
 		t.table = stmt.Schema.Table
 	}
-	t.from, t.ref = t.table, t.table
+	t.from, t.ref, t.real = t.table, t.table, t.table
 	if stmt.TableExpr == nil {
 		return t
 	}
@@ -367,10 +372,10 @@ func tableOf(stmt *gorm.Statement) tableName {
 	case len(stmt.TableExpr.Vars) > 0 || len(f) > 2 || len(f) == 0 || strings.ContainsAny(stmt.TableExpr.SQL, "(),"):
 		t.err = fmt.Sprintf("is written to the table expression %q", stmt.TableExpr.SQL)
 	case len(f) == 2:
-		t.table, t.from, t.ref = bareName(f[0]), stmt.TableExpr.SQL, bareName(f[1])
+		t.table, t.from, t.ref, t.real = bareName(f[0]), stmt.TableExpr.SQL, bareName(f[1]), unquoted(f[0])
 	default: // one name, maybe qualified or quoted: "other.repos", "`repos`", " repos"
 		t.table, t.from = bareName(f[0]), unquoted(f[0])
-		t.ref = t.table
+		t.ref, t.real = t.table, t.from
 	}
 	return t
 }

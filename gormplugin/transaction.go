@@ -176,7 +176,10 @@ func (p *Plugin) modelRows(db *gorm.DB, models []any) ([]row, error) {
 		if pin != pinRows {
 			return nil, invalid("row %T: no primary key value set (on some element)", m)
 		}
-		rows := namesFor(stmt.Table, sets)
+		rows, err := p.spelled(tx, stmt.Schema, stmt.Table, stmt.Table, namesFor(stmt.Table, sets))
+		if err != nil {
+			return nil, err
+		}
 		d := &declared{table: stmt.Table, pkCols: stmt.Schema.PrimaryFieldDBNames}
 		if f := p.fenceOf(stmt.Schema); f != nil {
 			d.fence = f.DBName
