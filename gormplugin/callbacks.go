@@ -479,10 +479,12 @@ func (p *Plugin) guardMoves(stmt *gorm.Statement, g *guard, set clause.Set, targ
 // false when a new part is not a plain value of the key's kind ("07" for an
 // integer key would be matched as 7) or the rows are not known. In an
 // upsert's DO UPDATE (target: its conflict columns), c = excluded.c for a
-// key column c of the target moves nothing: the row conflicted on that value
-// (GORM's association and join-table upserts write these).
+// key column c of the target moves nothing (the row conflicted on that
+// value; GORM's association and join-table upserts write these), unless the
+// row stores the key in another spelling, which it then takes.
 func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set, target []clause.Column) (moved []row, named bool) {
 	parts := map[int]any{}
+	respell := map[int]bool{} // c = excluded.c: the row takes the value's spelling of its key
 	for _, a := range set {
 		i := slices.IndexFunc(g.pkCols, func(c string) bool { return sameColumn(a.Column, c) })
 		if i < 0 {
@@ -490,6 +492,7 @@ func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set, target []clause.C
 		}
 		if v, ok := a.Value.(clause.Column); ok && strings.EqualFold(v.Table, "excluded") && sameColumn(v, g.pkCols[i]) &&
 			slices.ContainsFunc(target, func(c clause.Column) bool { return sameColumn(c, g.pkCols[i]) }) {
+			respell[i] = true
 			continue
 		}
 		kind := g.keyType(stmt, i)
@@ -498,7 +501,10 @@ func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set, target []clause.C
 		}
 		parts[i] = a.Value
 	}
-	if len(parts) == 0 {
+	// A key stored in another spelling than the value's (see spelled) is
+	// rewritten to the value's by c = excluded.c: the row moves to it.
+	respelled := len(respell) > 0 && slices.ContainsFunc(g.rows, func(r row) bool { return r.given != nil })
+	if len(parts) == 0 && !respelled {
 		return nil, true
 	}
 	if len(g.rows) == 0 && !g.resolved {
@@ -506,6 +512,11 @@ func (g *guard) moveRows(stmt *gorm.Statement, set clause.Set, target []clause.C
 	}
 	for _, r := range g.rows {
 		vals := slices.Clone(r.vals)
+		for i := range respell {
+			if r.given != nil {
+				vals[i] = r.given[i]
+			}
+		}
 		for i, v := range parts {
 			vals[i] = v
 		}

@@ -148,6 +148,27 @@ func testCaseInsensitiveKey(t *testing.T, e *env, plain *gorm.DB, ddl string) {
 		})
 	}
 
+	// name = excluded.name rewrites the stored "abc" to the value's "ABC":
+	// the row moves, and that name is locked too (found by TestGenWrites).
+	t.Run("respelled by excluded", func(t *testing.T) {
+		for _, s := range []string{"DELETE FROM ci_slugs", "INSERT INTO ci_slugs (name, v) VALUES ('abc', 1)"} {
+			if err := plain.Exec(s).Error; err != nil {
+				t.Fatal(err)
+			}
+		}
+		release := holdOtherUntil(t, e, "ci_slugs:ABC")
+		defer release()
+		err := db.Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "name"}}, DoUpdates: clause.AssignmentColumns([]string{"v", "name"})}).
+			Create(&CiSlug{Name: "ABC", V: 7}).Error
+		if !errors.Is(err, gormplugin.ErrLock) && !errors.Is(err, gormplugin.ErrLockOrder) {
+			t.Errorf("while another owner holds ci_slugs:ABC: %v, want ErrLock or ErrLockOrder", err)
+		}
+		var s CiSlug
+		if err := plain.First(&s, "name = ?", "abc").Error; err != nil || s.Name != "abc" || s.V != 1 {
+			t.Fatalf("row %+v (%v): rewritten while another owner held ci_slugs:ABC", s, err)
+		}
+	})
+
 	// A key no row has is inserted as spelled, under that name (its DO
 	// UPDATE is restricted to the rows found: none).
 	t.Run("new key", func(t *testing.T) {

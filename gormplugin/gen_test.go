@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -52,6 +53,7 @@ var audited = []struct {
 	{"pairs", "CAST(%[1]s.a AS TEXT) || ':' || %[1]s.b", "CAST(%[1]s.a AS TEXT) || ':' || %[1]s.b || '|' || CAST(%[1]s.v AS TEXT)"},
 	{"badges", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || %[1]s.code || '|' || %[1]s.label"},
 	{"memos", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || %[1]s.text || '|' || COALESCE(CAST(%[1]s.deleted_at AS TEXT), '')"},
+	{"ci_slugs", "%[1]s.name", "%[1]s.name || '|' || CAST(%[1]s.v AS TEXT)"},
 	{"items", "CAST(%[1]s.id AS TEXT)", "CAST(%[1]s.id AS TEXT) || '|' || COALESCE(CAST(%[1]s.shelf_id AS TEXT), '') || '|' || %[1]s.name"},
 }
 
@@ -113,7 +115,7 @@ func eqp[T comparable](a, b *T) bool { return a == nil && b == nil || a != nil &
 // seed puts every audited table back to the same rows, and empties the audit.
 func seed(db *gorm.DB) error {
 	return db.Transaction(func(tx *gorm.DB) error {
-		for _, table := range []string{"repos", "slugs", "pairs", "badges", "memos", "items", "shelves"} {
+		for _, table := range []string{"repos", "slugs", "pairs", "badges", "memos", "items", "shelves", "ci_slugs"} {
 			if err := tx.Exec("DELETE FROM " + table).Error; err != nil {
 				return err
 			}
@@ -121,6 +123,7 @@ func seed(db *gorm.DB) error {
 		for _, v := range []any{
 			&[]Repo{{ID: 1, Name: "a"}, {ID: 2, Name: "a"}, {ID: 3, Name: "b"}, {ID: 10, Name: "b"}},
 			&[]Slug{{Name: "1", V: 1}, {Name: "01", V: 1}, {Name: "b", V: 2}},
+			&[]CiSlug{{Name: "abc", V: 1}, {Name: "Zz", V: 2}},
 			&[]Pair{{A: 0, B: "x", V: 1}, {A: 1, B: "x", V: 1}, {A: 0, B: "y", V: 2}, {A: 2, B: "y", V: 2}},
 			&[]Badge{{ID: 1, Code: "a", Label: "l"}, {ID: 2, Code: "b", Label: "l"}, {ID: 3, Code: "c", Label: "m"}},
 			&[]Memo{{ID: 1, Text: "a"}, {ID: 2, Text: "a"}, {ID: 3, Text: "b"}},
@@ -150,7 +153,7 @@ func seed(db *gorm.DB) error {
 // to hold.
 var auditKeys = []string{"repos:1", "repos:2", "repos:3", "repos:10", "repos:7", "slugs:1", "slugs:01", "slugs:b",
 	"pairs:0:x", "pairs:1:x", "pairs:0:y", "pairs:2:y", "badges:1", "badges:2", "badges:3", "badges:7", "memos:1", "memos:2", "memos:3",
-	"items:1", "items:2", "items:3", "shelves:1", "repos:20"}
+	"items:1", "items:2", "items:3", "shelves:1", "repos:20", "ci_slugs:abc", "ci_slugs:Zz"}
 
 // invalidation is one call of the generator's Invalidator: its keys, and
 // the last audit row committed when it was made.
@@ -231,11 +234,18 @@ func drawRepoID(rt *rapid.T) any {
 
 // drawModel draws the Model form of an update or delete on table, and the
 // rows a Transaction may declare for it.
-func drawModel(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB, []any) {
+func drawModel(rt *rapid.T, table, dialect string) (string, func(*gorm.DB) *gorm.DB, []any) {
 	switch table {
 	case "repos":
 		id := rapid.SampledFrom([]uint{0, 1, 2, 3, 7}).Draw(rt, "model id")
-		switch rapid.IntRange(0, 5).Draw(rt, "repo model") {
+		switch rapid.IntRange(0, 6).Draw(rt, "repo model") {
+		case 6: // the table's name as callers spell it: quoted, spaced, schema-qualified
+			spellings := []string{"`repos`", " repos", "main.repos"}
+			if dialect == onPostgres {
+				spellings = []string{`"repos"`, " repos", "public.repos"}
+			}
+			name := rapid.SampledFrom(spellings).Draw(rt, "table spelling")
+			return fmt.Sprintf("Table(%q)", name), func(db *gorm.DB) *gorm.DB { return db.Table(name) }, nil
 		case 5:
 			return `Table("(SELECT * FROM repos) AS r")`, func(db *gorm.DB) *gorm.DB { return db.Table("(SELECT * FROM repos) AS r") }, nil
 		case 0:
@@ -249,6 +259,9 @@ func drawModel(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB, []an
 			return `Model(&Repo{}).Table("repos AS r")`, func(db *gorm.DB) *gorm.DB { return db.Model(&Repo{}).Table("repos AS r") }, nil
 		}
 		return "Model(&Repo{})", func(db *gorm.DB) *gorm.DB { return db.Model(&Repo{}) }, nil
+	case "ci_slugs": // compared without case: COLLATE NOCASE, citext
+		name := rapid.SampledFrom([]string{"", "abc", "ABC", "zz", "ZZ"}).Draw(rt, "ci name")
+		return fmt.Sprintf("Model(&CiSlug{Name: %q})", name), func(db *gorm.DB) *gorm.DB { return db.Model(&CiSlug{Name: name}) }, declare(name != "", &CiSlug{Name: name})
 	case "slugs":
 		name := rapid.SampledFrom([]string{"", "1", "01", "b"}).Draw(rt, "tag")
 		return fmt.Sprintf("Model(&Slug{Name: %q})", name), func(db *gorm.DB) *gorm.DB { return db.Model(&Slug{Name: name}) }, declare(name != "", &Slug{Name: name})
@@ -288,6 +301,8 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 			}
 		case "slugs":
 			col, v = "name", rapid.SampledFrom([]any{"1", "01", "b", 1}).Draw(rt, "tag name")
+		case "ci_slugs":
+			col, v = "name", rapid.SampledFrom([]any{"abc", "ABC", "zZ"}).Draw(rt, "ci name v")
 		case "pairs":
 			col = rapid.SampledFrom([]string{"a", "b", "v"}).Draw(rt, "col")
 			v = map[string]any{"a": 0, "b": "x", "v": 1}[col]
@@ -346,11 +361,11 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 }
 
 // valueCol is a column each table's writes set.
-var valueCol = map[string]string{"repos": "stars", "slugs": "v", "pairs": "v", "badges": "label", "memos": "text"}
+var valueCol = map[string]string{"repos": "stars", "slugs": "v", "ci_slugs": "v", "pairs": "v", "badges": "label", "memos": "text"}
 
 // drawStmt draws one write statement.
-func drawStmt(rt *rapid.T) (genStmt, []any) {
-	table := rapid.SampledFrom([]string{"repos", "repos", "slugs", "pairs", "badges", "memos", "items"}).Draw(rt, "table")
+func drawStmt(rt *rapid.T, dialect string) (genStmt, []any) {
+	table := rapid.SampledFrom([]string{"repos", "repos", "slugs", "ci_slugs", "pairs", "badges", "memos", "items"}).Draw(rt, "table")
 	if table == "items" {
 		return drawAssociation(rt), nil
 	}
@@ -359,7 +374,7 @@ func drawStmt(rt *rapid.T) (genStmt, []any) {
 	if table == "badges" || table == "memos" {
 		val = "new"
 	}
-	mtext, model, declared := drawModel(rt, table)
+	mtext, model, declared := drawModel(rt, table, dialect)
 	ctext, conds := drawConds(rt, table)
 	sel := rapid.SampledFrom([]string{"", "Select", "Omit"}).Draw(rt, "select")
 	selF := func(db *gorm.DB) *gorm.DB {
@@ -431,6 +446,15 @@ func drawStmt(rt *rapid.T) (genStmt, []any) {
 			return prefix(db).Delete(v()).Error
 		}}, declared
 	case 8, 9: // Create, with an OnConflict form
+		if table == "repos" && rapid.IntRange(0, 3).Draw(rt, "map upsert") == 0 {
+			// A map's key may be of another kind than the key's ("01" is 1).
+			m := map[string]any{"id": rapid.SampledFrom([]any{"01", "1", "7", uint(1), 7}).Draw(rt, "map id"), "name": "q", "stars": 42}
+			text := fmt.Sprintf("Model(&Repo{}).Clauses(OnConflict{Columns: pk, DoUpdates: stars}).Create(%#v)", m)
+			return genStmt{text, func(ctx context.Context, db *gorm.DB) error {
+				return db.WithContext(ctx).Model(&Repo{}).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "id"}}, DoUpdates: clause.AssignmentColumns([]string{"stars"})}).
+					Create(maps.Clone(m)).Error
+			}}, nil
+		}
 		v, text := drawValue(rt, table)
 		oc, octext := drawOnConflict(rt, table, col)
 		return genStmt{octext + ".Create(" + text + ")", func(ctx context.Context, db *gorm.DB) error {
@@ -469,6 +493,8 @@ func zeroOf(table string) (func() any, string) {
 		return func() any { return &Repo{} }, "&Repo{}"
 	case "slugs":
 		return func() any { return &Slug{} }, "&Slug{}"
+	case "ci_slugs":
+		return func() any { return &CiSlug{} }, "&CiSlug{}"
 	case "pairs":
 		return func() any { return &Pair{} }, "&Pair{}"
 	case "badges":
@@ -486,6 +512,9 @@ func drawValue(rt *rapid.T, table string) (func() any, string) {
 	case "slugs":
 		name := rapid.SampledFrom([]string{"", "1", "01", "c"}).Draw(rt, "value name")
 		return func() any { return &Slug{Name: name, V: 5} }, fmt.Sprintf("&Slug{Name: %q, V: 5}", name)
+	case "ci_slugs":
+		name := rapid.SampledFrom([]string{"", "ABC", "abc", "zz", "New"}).Draw(rt, "ci value name")
+		return func() any { return &CiSlug{Name: name, V: 5} }, fmt.Sprintf("&CiSlug{Name: %q, V: 5}", name)
 	case "pairs":
 		a, b := rapid.IntRange(0, 2).Draw(rt, "value a"), rapid.SampledFrom([]string{"", "x", "y"}).Draw(rt, "value b")
 		return func() any { return &Pair{A: a, B: b, V: 5} }, fmt.Sprintf("&Pair{A: %d, B: %q, V: 5}", a, b)
@@ -505,6 +534,8 @@ func sliceOf(a, b any) any {
 		return &[]Repo{*a, *b.(*Repo)}
 	case *Slug:
 		return &[]Slug{*a, *b.(*Slug)}
+	case *CiSlug:
+		return &[]CiSlug{*a, *b.(*CiSlug)}
 	case *Pair:
 		return &[]Pair{*a, *b.(*Pair)}
 	case *Badge:
@@ -517,7 +548,7 @@ func sliceOf(a, b any) any {
 func drawOnConflict(rt *rapid.T, table, col string) (*clause.OnConflict, string) {
 	pk := []clause.Column{{Name: "id"}}
 	switch table {
-	case "slugs":
+	case "slugs", "ci_slugs":
 		pk = []clause.Column{{Name: "name"}}
 	case "pairs":
 		pk = []clause.Column{{Name: "a"}, {Name: "b"}}
@@ -551,9 +582,10 @@ func drawOnConflict(rt *rapid.T, table, col string) (*clause.OnConflict, string)
 	}
 }
 
-// TestGenWrites builds GORM write statements from a grammar (model forms ×
-// key shapes × Where/Or/Not × Select/Omit × every write verb, association
-// writes included × inside or outside a transaction) and runs each on a database with the plugin, while
+// TestGenWrites builds GORM write statements from a grammar (model forms and
+// table spellings × key shapes, keys compared without case and map keys of
+// another kind included × Where/Or/Not × Select/Omit × every write verb,
+// association writes included × inside or outside a transaction) and runs each on a database with the plugin, while
 // another owner holds random rows' locks, and on a twin database without it.
 // The oracle is the databases' audit triggers: a statement either was
 // refused and changed nothing, or every row it changed was unlocked by the
@@ -603,6 +635,17 @@ func newWriteRig(t *testing.T, dialect string) *writeRig {
 		if err := db.AutoMigrate(&Repo{}, &Slug{}, &Pair{}, &Badge{}, &Memo{}, &Shelf{}, &Item{}); err != nil {
 			t.Fatal(err)
 		}
+		// Keys compared without case: the model does not say so.
+		ci := "CREATE TABLE ci_slugs (name TEXT COLLATE NOCASE PRIMARY KEY, v INTEGER NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0)"
+		if dialect == onPostgres {
+			if err := db.Exec("CREATE EXTENSION IF NOT EXISTS citext").Error; err != nil {
+				t.Fatal(err)
+			}
+			ci = "CREATE TABLE ci_slugs (name citext PRIMARY KEY, v INTEGER NOT NULL DEFAULT 0, fence BIGINT NOT NULL DEFAULT 0)"
+		}
+		if err := db.Exec(ci).Error; err != nil {
+			t.Fatal(err)
+		}
 		installAudit(t, db, dialect)
 	}
 	r.inv = &auditInvalidator{db: r.plainDB}
@@ -620,13 +663,22 @@ func newWriteRig(t *testing.T, dialect string) *writeRig {
 	}
 	observeWrites(t, r.db, held) // before each write: the locks its rows took
 	observeBuilt(r.db, held)     // an UPDATE as built: the new key of a row it moves too
+	// An upsert as built: the new key of a row its DO UPDATE moves (a key
+	// stored in another spelling, rewritten by name = excluded.name).
+	prev := r.db.ClauseBuilders["ON CONFLICT"]
+	r.db.ClauseBuilders["ON CONFLICT"] = func(c clause.Clause, b clause.Builder) {
+		prev(c, b)
+		if stmt, ok := b.(*gorm.Statement); ok && !stmt.DB.DryRun {
+			held(stmt.DB)
+		}
+	}
 	return r
 }
 
 // step draws a statement and the rows another owner holds, runs it with the
 // plugin and on the twin, and checks the audit rows.
 func (r *writeRig) step(rt *rapid.T) {
-	s, declared := drawStmt(rt)
+	s, declared := drawStmt(rt, r.dialect)
 	way := rapid.SampledFrom([]string{"", "db.Transaction", "gormplugin.Transaction"}).Draw(rt, "transaction")
 	if way != "" {
 		s.text = way + "(" + s.text + ")"
