@@ -368,6 +368,17 @@ func Variant(name string) CallOption { return callOption(func(c *config) { c.var
 // cache (bad input, closed guard).
 func ReportTo(r *Result) CallOption { return callOption(func(c *config) { c.report = r }) }
 
+// CheckCallOptions reports the error a Get of g with opts would fail with
+// because of them, before reading the cache: one matching ErrInvalid (an
+// invalid value, more than 16 tags or an invalid one, a nil option), checked
+// against g's defaults by the very check Get runs; ErrClosed once g is
+// closed; else nil. Code that is given options once for many calls checks
+// them when it is given them: ginmw.Cache panics on options it refuses.
+func (g *Guard) CheckCallOptions(opts ...CallOption) error {
+	_, err := g.callConfig(opts, true)
+	return err
+}
+
 func (c *config) validate() error {
 	switch {
 	case c.ttl <= 0:

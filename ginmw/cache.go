@@ -67,20 +67,20 @@ func Cache(g *cacheguard.Guard, ttl time.Duration, opts ...CacheOption) gin.Hand
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if cfg.maxBody <= 0 || cfg.maxSharedBody <= 0 {
-		panic("ginmw: MaxBody and MaxSharedBody must be positive")
-	}
-	cfg.maxSharedBody = max(cfg.maxSharedBody, cfg.maxBody)
-	m := &cacheMW{g: g, cfg: cfg, ttl: ttl}
 	// StaleGrace(0) first: a response is served past its freshness only when
 	// the route's CacheOptions say so (ServeStale, FailSafe, StaleGrace).
-	m.guardOpts = append(append([]cacheguard.CallOption{cacheguard.StaleGrace(0)}, cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
+	guardOpts := append(append([]cacheguard.CallOption{cacheguard.StaleGrace(0)}, cfg.guardOpts...), cacheguard.TTL(ttl), cacheguard.Encoding(respCodec{}))
 	if cfg.engine == nil {
-		m.guardOpts = append(m.guardOpts, cacheguard.EarlyRefresh(0))
+		guardOpts = append(guardOpts, cacheguard.EarlyRefresh(0))
 	}
 	if len(cfg.tags) > 0 {
-		m.guardOpts = append(m.guardOpts, cacheguard.Tags(cfg.tags...))
+		guardOpts = append(guardOpts, cacheguard.Tags(cfg.tags...))
 	}
+	if err := cfg.validate(g, guardOpts); err != nil {
+		panic(err)
+	}
+	cfg.maxSharedBody = max(cfg.maxSharedBody, cfg.maxBody)
+	m := &cacheMW{g: g, cfg: cfg, ttl: ttl, guardOpts: guardOpts}
 	return m.serve
 }
 

@@ -1,10 +1,13 @@
 package ginmw
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/isnil"
 )
 
 // The defaults of MaxBody and MaxSharedBody.
@@ -77,6 +80,9 @@ func CacheOptions(opts ...cacheguard.CallOption) CacheOption {
 // refreshes fail, so a stale entry is reloaded in the foreground once its
 // stale window ends, and under FailFast nothing is ever stored.
 func BackgroundRefresh(h http.Handler) CacheOption {
+	if h == nil || isnil.Pointer(h) {
+		panic("ginmw: BackgroundRefresh called with a nil http.Handler")
+	}
 	return func(c *cacheConfig) { c.engine = h }
 }
 
@@ -114,4 +120,22 @@ func HonorRequestNoCache() CacheOption { return func(c *cacheConfig) { c.request
 // Resource of that kind ("repos"). The default is none.
 func CacheTags(tags ...string) CacheOption {
 	return func(c *cacheConfig) { c.tags = append(c.tags, tags...) }
+}
+
+// validate checks the options of a Cache on g that passes guardOpts to every
+// cacheguard.Get, as the Get checks them (Guard.CheckCallOptions: CacheTags
+// and CacheOptions included).
+func (c *cacheConfig) validate(g *cacheguard.Guard, guardOpts []cacheguard.CallOption) error {
+	if c.maxBody <= 0 || c.maxSharedBody <= 0 {
+		return errors.New("ginmw: MaxBody and MaxSharedBody must be positive")
+	}
+	for _, n := range c.vary {
+		if !isToken(n) {
+			return fmt.Errorf("ginmw: VaryByHeader called with %q, which is not a header name", n)
+		}
+	}
+	if err := g.CheckCallOptions(guardOpts...); err != nil && !errors.Is(err, cacheguard.ErrClosed) {
+		return fmt.Errorf("ginmw: Cache: %w", err)
+	}
+	return nil
 }

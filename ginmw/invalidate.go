@@ -27,8 +27,11 @@ import (
 // A handler that writes its answer before its write is done calls
 // g.Invalidate itself. A failure is recorded with c.Error.
 func InvalidateAfter(g *cacheguard.Guard, keys ...Key) gin.HandlerFunc {
-	if g == nil {
+	switch {
+	case g == nil:
 		panic("ginmw: InvalidateAfter called with a nil *cacheguard.Guard")
+	case len(keys) == 0:
+		panic("ginmw: InvalidateAfter called with no Key: it would invalidate nothing")
 	}
 	for _, k := range keys {
 		if k.fn == nil {

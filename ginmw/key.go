@@ -33,8 +33,12 @@ type Key struct {
 	fn    func(c *gin.Context) (string, error)
 }
 
-// Param extracts the path parameter name (as in "/repos/:id").
+// Param extracts the path parameter name (as in "/repos/:id"). It panics
+// with a "ginmw:" message when name is empty.
 func Param(name string) Key {
+	if name == "" {
+		panic("ginmw: Param called with an empty name")
+	}
 	return Key{param: name, fn: func(c *gin.Context) (string, error) {
 		if v := c.Param(name); v != "" {
 			return v, nil
@@ -43,8 +47,12 @@ func Param(name string) Key {
 	}}
 }
 
-// Header extracts the value of the request header name.
+// Header extracts the value of the request header name. It panics with a
+// "ginmw:" message when name is not a header name (an HTTP token).
 func Header(name string) Key {
+	if !isToken(name) {
+		panic(fmt.Sprintf("ginmw: Header called with %q, which is not a header name", name))
+	}
 	return Key{fn: func(c *gin.Context) (string, error) {
 		if v := c.GetHeader(name); v != "" {
 			return v, nil
@@ -53,8 +61,12 @@ func Header(name string) Key {
 	}}
 }
 
-// Query extracts the value of the URL query parameter name.
+// Query extracts the value of the URL query parameter name. It panics with
+// a "ginmw:" message when name is empty.
 func Query(name string) Key {
+	if name == "" {
+		panic("ginmw: Query called with an empty name")
+	}
 	return Key{fn: func(c *gin.Context) (string, error) {
 		if v := c.Query(name); v != "" {
 			return v, nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/cacheguard/cacheguard/internal/isnil"
 	"github.com/cacheguard/cacheguard/locks"
 )
 
@@ -21,7 +22,7 @@ import (
 // cannot lock. Lock panics with a "ginmw:" message when l is nil, key is the
 // zero Key or an option is invalid.
 func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
-	if l == nil {
+	if l == nil || isnil.Pointer(l) {
 		panic("ginmw: Lock called with a nil locks.Locker")
 	}
 	if key.fn == nil {
@@ -31,11 +32,11 @@ func Lock(l locks.Locker, key Key, opts ...LockOption) gin.HandlerFunc {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
-		panic(err.Error())
-	}
 	// The default wait first: a locks.WaitBudget among the user's options wins.
 	lockOpts := append([]locks.CallOption{locks.WaitBudget(defaultWait)}, cfg.lockOpts...)
+	if err := cfg.validate(l, lockOpts); err != nil {
+		panic(err)
+	}
 	// Each request is an owner of its own: a random 128-bit prefix per
 	// middleware and a counter, unique without a call to the OS per request.
 	ownerPrefix := locks.NewOwnerID() + "."

@@ -83,12 +83,24 @@ func ErrorHandler(h func(c *gin.Context, err *Error)) LockOption {
 	}
 }
 
-func (c *lockConfig) validate() error {
+// validate checks the options of a Lock on l that passes lockOpts to every
+// acquisition, as l's own call would check them (locks.CheckCallOptions).
+func (c *lockConfig) validate(l locks.Locker, lockOpts []locks.CallOption) error {
 	switch {
 	case c.conflictStatus < 100 || c.conflictStatus > 999:
 		return fmt.Errorf("ginmw: conflict status %d", c.conflictStatus)
 	case c.onError == nil:
 		return errors.New("ginmw: nil ErrorHandler")
+	case c.methods != nil && len(c.methods) == 0:
+		return errors.New("ginmw: Methods called with no method: Lock would lock nothing")
+	}
+	for m := range c.methods {
+		if !isToken(m) {
+			return fmt.Errorf("ginmw: Methods called with %q, which is not a method name", m)
+		}
+	}
+	if err := locks.CheckCallOptions(l, lockOpts...); err != nil {
+		return fmt.Errorf("ginmw: Lock: %w", err)
 	}
 	return nil
 }

@@ -244,6 +244,37 @@ func NodeTimeout(d time.Duration) Setting {
 	return opt(func(c *config) { c.nodeTimeout = d })
 }
 
+// CheckCallOptions reports whether opts are valid call options of l: the
+// error matching ErrInvalid that a Lock or TryLock call of l with them would
+// fail with before any Redis call, or nil. It runs that call's own check
+// against l's defaults, so that a Redlock refuses Fair and a Client Drift;
+// for a Locker of another type (a wrapper of one of these) it checks the
+// rules every Locker of this package applies, against the package's
+// defaults. Code that is given options once for many calls checks them when
+// it is given them: ginmw.Lock panics on options it refuses.
+func CheckCallOptions(l Locker, opts ...CallOption) error {
+	for i, o := range opts {
+		if o == nil {
+			return invalid("call option %d is nil", i)
+		}
+	}
+	const name = "check" // a valid name: the check is about the options
+	var err error
+	switch l := l.(type) {
+	case *Client:
+		_, err = l.callConfig(name, opts)
+	case *Redlock:
+		_, err = l.callConfig(name, opts)
+	default:
+		cfg := defaults()
+		for _, o := range opts {
+			o.apply(&cfg)
+		}
+		err = cfg.validate()
+	}
+	return err
+}
+
 func (c *config) validate() error {
 	switch {
 	case c.lease < MinLease:
