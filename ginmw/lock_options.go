@@ -38,7 +38,10 @@ func lockDefaults() lockConfig {
 }
 
 // ConflictStatus sets the status of a request refused because the resource
-// stayed locked, e.g. http.StatusLocked (423). The default is 409 Conflict.
+// stayed locked, e.g. http.StatusLocked (423) or 503. The default is 409
+// Conflict. It must be a client or server error status (400-599): a refused
+// request must never read as a success, a redirect or an interim answer to a
+// client, a retrying HTTP library or a proxy.
 func ConflictStatus(code int) LockOption { return func(c *lockConfig) { c.conflictStatus = code } }
 
 // FailOpen runs the handler without the lock when the lock service is
@@ -87,8 +90,8 @@ func ErrorHandler(h func(c *gin.Context, err *Error)) LockOption {
 // acquisition, as l's own call would check them (locks.CheckCallOptions).
 func (c *lockConfig) validate(l locks.Locker, lockOpts []locks.CallOption) error {
 	switch {
-	case c.conflictStatus < 100 || c.conflictStatus > 999:
-		return fmt.Errorf("ginmw: conflict status %d", c.conflictStatus)
+	case c.conflictStatus < 400 || c.conflictStatus > 599:
+		return fmt.Errorf("ginmw: ConflictStatus %d is not a client or server error status (400-599)", c.conflictStatus)
 	case c.onError == nil:
 		return errors.New("ginmw: nil ErrorHandler")
 	case c.methods != nil && len(c.methods) == 0:

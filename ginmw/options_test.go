@@ -58,6 +58,11 @@ func TestConstructorsRefuseInvalidValues(t *testing.T) {
 		{"Lock nil *locks.Client", func() { ginmw.Lock(nilClient, repoKey) }, nil},
 		{"Lock zero key", func() { ginmw.Lock(l, ginmw.Key{}) }, nil},
 		{"ConflictStatus 42", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(42)) }, nil},
+		{"ConflictStatus 100", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusContinue)) }, nil},
+		{"ConflictStatus 200", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusOK)) }, nil},
+		{"ConflictStatus 204", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusNoContent)) }, nil},
+		{"ConflictStatus 303", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusSeeOther)) }, nil},
+		{"ConflictStatus 600", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(600)) }, nil},
 		{"ErrorHandler nil", func() { ginmw.Lock(l, repoKey, ginmw.ErrorHandler(nil)) }, nil},
 		{"Methods none", func() { ginmw.Lock(l, repoKey, ginmw.Methods()) }, nil},
 		{"Methods empty", func() { ginmw.Lock(l, repoKey, ginmw.Methods("PUT", "")) }, nil},
@@ -92,6 +97,7 @@ func TestConstructorsRefuseInvalidValues(t *testing.T) {
 		{"Int zero key", func() { ginmw.Int(ginmw.Key{}) }, nil},
 		// Valid values construct.
 		{"ConflictStatus 423", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusLocked)) }, errNoPanic},
+		{"ConflictStatus 503", func() { ginmw.Lock(l, repoKey, ginmw.ConflictStatus(http.StatusServiceUnavailable)) }, errNoPanic},
 		{"Lock valid options", func() {
 			ginmw.Lock(l, repoKey, ginmw.Methods("put"), ginmw.LockOptions(locks.WaitBudget(0), locks.Lease(time.Minute), locks.Fair()))
 		}, errNoPanic},
