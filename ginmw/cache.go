@@ -312,15 +312,23 @@ func (p *pending) answer(c *gin.Context, a *loadAsk) *response {
 		}
 	}()
 	resp := p.m.run(c, a.ctx, p.e.prior)
-	a.reply <- p.m.loaded(p.req, resp, p.e.ttl)
+	a.reply <- p.m.loaded(a.ctx, p.req, resp, p.e.ttl)
 	replied = true
 	return resp
 }
 
 // loaded is what the loader returns for a response the handler produced for
-// req, for an entry stored for ttl: the response to store, marked with what
-// decide found, or an *uncacheableError.
-func (m *cacheMW) loaded(req *http.Request, r *response, ttl time.Duration) loadReply {
+// req under the load's context lctx, for an entry stored for ttl: the
+// response to store, marked with what decide found, or an
+// *uncacheableError. Once lctx has ended (Guard.Shutdown or Close, the load
+// timeout) the response may be what the handler made of that end (Abort's
+// 499 for a context.Canceled): it answers its own request only, and the load
+// fails with the context's error, as it does when it ends before the handler
+// answers — on the request's goroutine and on a background refresh's alike.
+func (m *cacheMW) loaded(lctx context.Context, req *http.Request, r *response, ttl time.Duration) loadReply {
+	if err := lctx.Err(); err != nil {
+		return loadReply{err: err}
+	}
 	v := m.decide(req, r)
 	if !v.store {
 		return loadReply{err: &uncacheableError{resp: r, v: v}}

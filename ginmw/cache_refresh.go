@@ -32,7 +32,7 @@ func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, e entry) (*re
 	if !slot.served {
 		return nil, errNotServed
 	}
-	r := m.loaded(orig, slot.resp, e.ttl)
+	r := m.loaded(ctx, orig, slot.resp, e.ttl)
 	return r.resp, r.err
 }
 

@@ -6,10 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/ginmw"
@@ -191,4 +195,113 @@ func recvAny[T any](ch <-chan T) <-chan struct{} {
 	done := make(chan struct{})
 	go func() { <-ch; close(done) }()
 	return done
+}
+
+// scriptGate holds the first script round trip (a pipeline with EVAL or
+// EVALSHA: a Get's get-or-lease on a miss) a client sends until open is
+// closed; held is closed when it holds it.
+type scriptGate struct {
+	once     sync.Once
+	held     chan struct{}
+	open     chan struct{}
+	openOnce sync.Once
+}
+
+func newScriptGate(t *testing.T) *scriptGate {
+	g := &scriptGate{held: make(chan struct{}), open: make(chan struct{})}
+	t.Cleanup(g.release)
+	return g
+}
+
+func (g *scriptGate) release() { g.openOnce.Do(func() { close(g.open) }) }
+
+func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := cmds[0].Name(); n == "evalsha" || n == "eval" {
+			g.once.Do(func() {
+				close(g.held)
+				<-g.open
+			})
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Guard.Shutdown cancels a load whose handler is still running; the handler
+// answers its context's end through Abort, which is a 499. That response
+// answers no other request: a request that waited for the load runs its
+// own handler, whether the load ran on the request that started it or —
+// that request gone — as a BackgroundRefresh copy. (On the code before, the
+// copy's 499 was handed to the waiting request as COALESCED: a client that
+// never went away got "client closed request" and no body.)
+func TestShutdownCancelledLoadIsNotShared(t *testing.T) {
+	for _, path := range []string{"request", "background refresh"} {
+		t.Run(path, func(t *testing.T) {
+			s := redistest.Start(t)
+			rdb := s.Client()
+			gate := newScriptGate(t)
+			if path == "background refresh" {
+				rdb.AddHook(gate)
+			}
+			g := cacheguard.New(rdb)
+			t.Cleanup(func() { g.Close() })
+			r := newEngine()
+			var calls atomic.Int64
+			entered := make(chan struct{}, 1)
+			r.GET("/slow", ginmw.Cache(g, time.Minute, ginmw.BackgroundRefresh(r)), func(c *gin.Context) {
+				if n := calls.Add(1); n > 1 {
+					c.String(http.StatusOK, "fresh")
+					return
+				}
+				entered <- struct{}{}
+				<-c.Request.Context().Done() // until Shutdown cancels the load
+				ginmw.Abort(c, c.Request.Context().Err())
+			})
+			type reply struct {
+				code        int
+				cache, body string
+			}
+			get := func(ctx context.Context) <-chan reply {
+				out := make(chan reply, 1)
+				go func() {
+					w := httptest.NewRecorder()
+					r.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/slow", nil).WithContext(ctx))
+					out <- reply{w.Code, w.Header().Get("X-Cache"), w.Body.String()}
+				}()
+				return out
+			}
+
+			actx, leave := context.WithCancel(context.Background())
+			defer leave()
+			a := get(actx)
+			if path == "background refresh" {
+				// The first request leaves before the load asks for its
+				// handler: the load runs a copy through the engine.
+				within(t, 10*time.Second, gate.held, "the first request's lease")
+				leave()
+				if got := <-a; got.code != ginmw.StatusClientClosedRequest {
+					t.Fatalf("the request that left: %+v, want 499", got)
+				}
+				gate.release()
+			}
+			within(t, 10*time.Second, entered, "the load's handler")
+			b := get(context.Background())
+			eventually(t, 10*time.Second, "the second request to wait for the load", func() bool { return g.Stats().Misses == 2 })
+
+			done, cancel := context.WithCancel(context.Background())
+			cancel() // no grace: the load is cancelled at once
+			if err := g.Shutdown(done); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Shutdown: %v", err)
+			}
+			got := <-b
+			if got.code == ginmw.StatusClientClosedRequest || got.cache == "COALESCED" {
+				t.Fatalf("the waiting request got %+v: the cancelled load's answer", got)
+			}
+			if got.code != http.StatusOK || got.cache != "BYPASS" || got.body != "fresh" {
+				t.Fatalf("the waiting request got %+v, want its own handler's 200 (BYPASS)", got)
+			}
+		})
+	}
 }
