@@ -76,7 +76,9 @@ func CacheOptions(opts ...cacheguard.CallOption) CacheOption {
 // copy of the request that triggered it through h — the Gin engine the route
 // is on — in the background; the copy runs the whole chain again (so
 // middleware before Cache sees it too), and its response is stored, not sent
-// anywhere. Without it (the default) early refresh is turned off and such
+// anywhere. The copy is a request of its own: it keeps the values of the
+// request's context but not its lock owner nor its held lock, so a Lock
+// before Cache takes the lock for it anew, waiting for any holder. Without it (the default) early refresh is turned off and such
 // refreshes fail, so a stale entry is reloaded in the foreground once its
 // stale window ends, and under FailFast nothing is ever stored.
 func BackgroundRefresh(h http.Handler) CacheOption {

@@ -5,6 +5,8 @@ import (
 	"net/http"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 type refreshKey struct{}
@@ -25,6 +27,12 @@ func (m *cacheMW) refresh(ctx context.Context, orig *http.Request, e entry) (*re
 		return nil, errNoRequest
 	}
 	slot := &refreshSlot{m: m}
+	// The copy is a request of its own, not part of the one that started the
+	// load, which may still hold its locks (in middleware after Cache): ctx
+	// keeps that request's values, but none of its lock state goes on — no
+	// owner, so a Lock in the chain takes its lock afresh and waits for that
+	// request's; no held lock for Fence and LockFromContext.
+	ctx = locks.WithOwner(context.WithValue(ctx, heldKey{}, (*held)(nil)), "")
 	req := orig.Clone(context.WithValue(ctx, refreshKey{}, slot))
 	req.Body = http.NoBody
 	req.ContentLength = 0

@@ -199,8 +199,9 @@ func recvAny[T any](ch <-chan T) <-chan struct{} {
 
 // scriptGate holds the first script round trip (a pipeline with EVAL or
 // EVALSHA: a Get's get-or-lease on a miss) a client sends until open is
-// closed; held is closed when it holds it.
+// closed, once armed (newScriptGate arms it); held is closed when it holds it.
 type scriptGate struct {
+	armed    atomic.Bool // holds nothing before
 	once     sync.Once
 	held     chan struct{}
 	open     chan struct{}
@@ -209,6 +210,7 @@ type scriptGate struct {
 
 func newScriptGate(t *testing.T) *scriptGate {
 	g := &scriptGate{held: make(chan struct{}), open: make(chan struct{})}
+	g.armed.Store(true)
 	t.Cleanup(g.release)
 	return g
 }
@@ -219,7 +221,7 @@ func (g *scriptGate) DialHook(next redis.DialHook) redis.DialHook          { ret
 func (g *scriptGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if n := cmds[0].Name(); n == "evalsha" || n == "eval" {
+		if n := cmds[0].Name(); g.armed.Load() && (n == "evalsha" || n == "eval") {
 			g.once.Do(func() {
 				close(g.held)
 				<-g.open
