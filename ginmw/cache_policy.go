@@ -1,7 +1,6 @@
 package ginmw
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -154,19 +153,20 @@ type cacheControl struct {
 	maxAge, sMaxAge                                                    int64
 }
 
-// parseCacheControl parses Cache-Control field lines (RFC 9111 §5.2):
-// comma-separated directives, names case-insensitive, arguments a token or a
-// quoted string (which may hold commas).
+// parseCacheControl parses Cache-Control field lines (RFC 9111 §5.2), each
+// on its own: comma-separated directives, names case-insensitive, arguments
+// a token or a quoted string (which may hold commas).
 func parseCacheControl(lines []string) cacheControl {
 	d := cacheControl{maxAge: -1, sMaxAge: -1}
 	for _, line := range lines {
-		for len(line) > 0 {
-			var name, arg string
-			var ok bool
-			name, arg, line, ok = nextDirective(line)
+		for {
+			name, arg, rest, ok := nextDirective(line)
 			if !ok {
 				d.malformed, d.noStore = true, true
-				continue
+				return d
+			}
+			if name == "" {
+				break
 			}
 			switch name = strings.ToLower(name); name {
 			case "max-age":
@@ -176,6 +176,7 @@ func parseCacheControl(lines []string) cacheControl {
 			default:
 				d.flag(name, true)
 			}
+			line = rest
 		}
 	}
 	return d
@@ -200,38 +201,78 @@ func (d *cacheControl) flag(name string, on bool) {
 	}
 }
 
-// nextDirective cuts the first directive off s; ok is false when it is not
-// a token, optionally followed by = and a token or a quoted string (RFC 9111
-// §5.2, RFC 9110 §5.6.2), with only spaces before the next comma.
+// nextDirective cuts the first directive off s, the rest of a field line: a
+// list whose elements are separated by commas with optional spaces and
+// tabs, empty ones allowed (RFC 9110 §5.6.1), each a token, optionally
+// followed by "=" and a token or a quoted string, with no whitespace around
+// "=" (RFC 9111 §5.2). name is "" when s holds no more directives; ok is
+// false when the next one does not parse. A quoted argument is returned
+// without its quotes and escapes.
 func nextDirective(s string) (name, arg, rest string, ok bool) {
 	s = strings.TrimLeft(s, " \t,")
-	i := strings.IndexAny(s, "=,")
-	if i < 0 {
-		name = strings.TrimSpace(s)
-		return name, "", "", isToken(name)
+	if s == "" {
+		return "", "", "", true
 	}
-	name = strings.TrimSpace(s[:i])
-	if s[i] == ',' {
-		return name, "", s[i+1:], isToken(name)
+	n := tokenLen(s)
+	if n == 0 {
+		return "", "", "", false
 	}
-	s = strings.TrimLeft(s[i+1:], " \t")
-	if strings.HasPrefix(s, `"`) {
-		end := 1
-		for end < len(s) && s[end] != '"' {
-			if s[end] == '\\' {
-				end++
+	name, s = s[:n], s[n:]
+	if strings.HasPrefix(s, "=") {
+		s = s[1:]
+		if strings.HasPrefix(s, `"`) {
+			if arg, s, ok = quotedString(s); !ok {
+				return "", "", "", false
 			}
-			end++
+		} else {
+			if n = tokenLen(s); n == 0 {
+				return "", "", "", false
+			}
+			arg, s = s[:n], s[n:]
 		}
-		arg = s[1:min(end, len(s))]
-		closed := end < len(s)
-		s = s[min(end+1, len(s)):]
-		after, rest, _ := strings.Cut(s, ",")
-		return name, arg, rest, isToken(name) && closed && strings.Trim(after, " \t") == ""
 	}
-	arg, rest, _ = strings.Cut(s, ",")
-	arg = strings.TrimSpace(arg)
-	return name, arg, rest, isToken(name) && isToken(arg)
+	s = strings.TrimLeft(s, " \t")
+	if s != "" && s[0] != ',' {
+		return "", "", "", false
+	}
+	return name, arg, s, true
+}
+
+// quotedString cuts the quoted string (RFC 9110 §5.6.4) at the start of s
+// off it, and returns its content with the quoted pairs resolved; ok is
+// false when it is not one (unterminated, or holding a control character).
+func quotedString(s string) (content, rest string, ok bool) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"':
+			return b.String(), s[i+1:], true
+		case c == '\\' && i+1 < len(s) && textByte(s[i+1]):
+			i++
+			b.WriteByte(s[i])
+		case c != '\\' && textByte(c):
+			b.WriteByte(c)
+		default:
+			return "", "", false
+		}
+	}
+	return "", "", false
+}
+
+// textByte reports whether c may appear in a quoted string: HTAB, SP, a
+// visible character or obs-text (a '"' or '\' only escaped).
+func textByte(c byte) bool {
+	return c == '\t' || c >= ' ' && c != 0x7f
+}
+
+// tokenLen returns the length of the token s starts with (0 if none).
+func tokenLen(s string) int {
+	i := 0
+	for i < len(s) && isTchar(s[i]) {
+		i++
+	}
+	return i
 }
 
 // isToken reports whether s is an HTTP token (RFC 9110 §5.6.2).
@@ -248,17 +289,16 @@ func isToken(s string) bool {
 	return true
 }
 
-// seconds combines a delta-seconds argument with the value seen so far.
+// seconds combines a delta-seconds argument with the value seen so far: an
+// invalid one counts as 0 (RFC 9111 §4.2.1), one past 2^31 as 2^31
+// (deltaSeconds, Age's parser too).
 func seconds(prev int64, arg string) int64 {
-	n, err := strconv.ParseUint(strings.Trim(arg, `"`), 10, 31)
-	switch {
-	case errors.Is(err, strconv.ErrRange):
-		n = 1 << 31 // RFC 9111 §1.2.2: as good as infinity
-	case err != nil:
+	n, ok := deltaSeconds(arg)
+	if !ok {
 		n = 0
 	}
 	if prev >= 0 {
-		return min(prev, int64(n))
+		return min(prev, n)
 	}
-	return int64(n)
+	return n
 }
