@@ -78,9 +78,10 @@ func CacheOptions(opts ...cacheguard.CallOption) CacheOption {
 // middleware before Cache sees it too), and its response is stored, not sent
 // anywhere. The copy is a request of its own: it keeps the values of the
 // request's context but not its lock owner nor its held lock, so a Lock
-// before Cache takes the lock for it anew, waiting for any holder. Without it (the default) early refresh is turned off and such
-// refreshes fail, so a stale entry is reloaded in the foreground once its
-// stale window ends, and under FailFast nothing is ever stored.
+// before Cache takes the lock for it anew, waiting for any holder. Without
+// it (the default) early refresh is turned off and such refreshes fail, so
+// a stale entry is reloaded in the foreground once its stale window ends,
+// and under FailFast nothing is ever stored.
 func BackgroundRefresh(h http.Handler) CacheOption {
 	if h == nil || isnil.Pointer(h) {
 		panic("ginmw: BackgroundRefresh called with a nil http.Handler")
