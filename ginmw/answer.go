@@ -33,7 +33,8 @@ type HTTPError interface {
 // handler turns what locks, cacheguard, gormplugin and ginmw return into HTTP.
 // A request whose client went away is aborted with 499 and nothing written;
 // a context.Canceled that a Lock's loss caused (the request context's cause,
-// locks.ErrLost) is answered as that loss.
+// locks.ErrLost) is answered as that loss, and one that ended a Cache load
+// (Guard.Shutdown: cacheguard.ErrClosed; the load timeout) as that end.
 func Abort(c *gin.Context, err error) {
 	c.Error(err) //nolint:errcheck // recorded for loggers
 	if errors.Is(err, context.Canceled) {
@@ -41,7 +42,7 @@ func Abort(c *gin.Context, err error) {
 		case by == context.Canceled:
 			c.AbortWithStatus(StatusClientClosedRequest)
 			return
-		case errors.Is(by, locks.ErrNotHeld):
+		case by != nil: // a lock lost, a Guard closed, a deadline: answered as that
 			err = fmt.Errorf("%w: %w", by, err)
 		}
 	}
@@ -51,14 +52,17 @@ func Abort(c *gin.Context, err error) {
 // endedBy tells what ended ctx, a request's context: nil while it has not
 // ended; the cause, matching locks.ErrNotHeld, when a Lock further up the
 // chain lost its lock (which cancels the context with cause locks.ErrLost);
-// context.DeadlineExceeded at a deadline; context.Canceled when the client
+// the cause, matching cacheguard.ErrClosed, when the handler runs for a
+// Cache load that Guard.Shutdown or Close cancelled; context.DeadlineExceeded
+// at a deadline (the load timeout's too); context.Canceled when the client
 // went away (or the server cancelled the request). Lock, Abort and Cache
 // decide by it alone whether anyone is left to answer.
 func endedBy(ctx context.Context) error {
 	if ctx.Err() == nil {
 		return nil
 	}
-	if cause := context.Cause(ctx); errors.Is(cause, locks.ErrNotHeld) {
+	if cause := context.Cause(ctx); errors.Is(cause, locks.ErrNotHeld) || errors.Is(cause, cacheguard.ErrClosed) ||
+		cause == context.DeadlineExceeded {
 		return cause
 	}
 	return ctx.Err()

@@ -351,15 +351,17 @@ func (m *cacheMW) loaded(lctx context.Context, req *http.Request, r *response, t
 // MaxSharedBody).
 func (m *cacheMW) run(c *gin.Context, lctx context.Context, prior *response) *response {
 	origReq, origW := c.Request, c.Writer
-	base := context.WithoutCancel(origReq.Context())
-	var hctx context.Context
-	var cancel context.CancelFunc
+	// The handler's context ends when the load's does, with its cause (the
+	// Guard's ErrClosed, the load timeout), which endedBy reads: the
+	// client is not gone.
+	hctx, cancelCause := context.WithCancelCause(context.WithoutCancel(origReq.Context()))
+	cancel := func() { cancelCause(nil) }
 	if dl, ok := lctx.Deadline(); ok {
-		hctx, cancel = context.WithDeadline(base, dl)
-	} else {
-		hctx, cancel = context.WithCancel(base)
+		var cancelDeadline context.CancelFunc
+		hctx, cancelDeadline = context.WithDeadline(hctx, dl)
+		cancel = func() { cancelDeadline(); cancelCause(nil) }
 	}
-	stop := context.AfterFunc(lctx, cancel)
+	stop := context.AfterFunc(lctx, func() { cancelCause(context.Cause(lctx)) })
 	req := origReq.WithContext(hctx)
 	req.Header = unconditional(origReq.Header)
 	if etag, lm := prior.validators(); etag != "" || lm != "" {
@@ -392,8 +394,8 @@ func (m *cacheMW) run(c *gin.Context, lctx context.Context, prior *response) *re
 func (m *cacheMW) finish(c *gin.Context, key string, err error) {
 	var unc *uncacheableError
 	switch by := endedBy(c.Request.Context()); {
-	case errors.Is(by, locks.ErrNotHeld):
-		Abort(c, by) // a Lock further up the chain lost its lock
+	case errors.Is(by, locks.ErrNotHeld), errors.Is(by, cacheguard.ErrClosed):
+		Abort(c, by) // a Lock further up the chain lost its lock, the Guard of a load this request runs for closed
 	case by != nil:
 		c.AbortWithStatus(StatusClientClosedRequest)
 	case errors.As(err, &unc) && unc.v.share:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/cacheguard/cacheguard/cacheguard"
 	"github.com/cacheguard/cacheguard/internal/isnil"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -113,6 +114,9 @@ func (cfg *lockConfig) refuse(ctx context.Context, c *gin.Context, name string, 
 	case ctxEnded && by == context.Canceled:
 		// The client went away: nobody is left to answer.
 		c.AbortWithStatus(StatusClientClosedRequest)
+	case ctxEnded && errors.Is(by, cacheguard.ErrClosed):
+		// The handler runs for a Cache load its Guard's shutdown cancelled.
+		cfg.onError(c, &Error{Status: http.StatusServiceUnavailable, Kind: locks.ErrUnavailable, Resource: name, RetryAfter: time.Second, Cause: by})
 	case errors.Is(err, locks.ErrNotHeld), ctxEnded && errors.Is(by, locks.ErrNotHeld):
 		// A hold of this request's owner further up the chain was lost.
 		cfg.onError(c, &Error{Status: http.StatusConflict, Kind: locks.ErrLost, Resource: name, RetryAfter: time.Second, Cause: err})

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -232,12 +233,13 @@ func (g *scriptGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // Guard.Shutdown cancels a load whose handler is still running; the handler
-// answers its context's end through Abort, which is a 499. That response
-// answers no other request: a request that waited for the load runs its
-// own handler, whether the load ran on the request that started it or —
-// that request gone — as a BackgroundRefresh copy. (On the code before, the
-// copy's 499 was handed to the waiting request as COALESCED: a client that
-// never went away got "client closed request" and no body.)
+// answers its context's end through Abort. That response answers no other
+// request: a request that waited for the load runs its own handler, whether
+// the load ran on the request that started it or — that request gone — as
+// a BackgroundRefresh copy. (On the code before, the copy's 499 was handed
+// to the waiting request as COALESCED: a client that never went away got
+// "client closed request" and no body.) And Abort answers the request that
+// ran the handler 503, not 499: its client did not go away.
 func TestShutdownCancelledLoadIsNotShared(t *testing.T) {
 	for _, path := range []string{"request", "background refresh"} {
 		t.Run(path, func(t *testing.T) {
@@ -297,6 +299,13 @@ func TestShutdownCancelledLoadIsNotShared(t *testing.T) {
 			if err := g.Shutdown(done); !errors.Is(err, context.Canceled) {
 				t.Fatalf("Shutdown: %v", err)
 			}
+			if path == "request" {
+				// The request whose handler ran is still there: the load's
+				// end is no client gone (499) but the service shutting down.
+				if got := <-a; got.code != http.StatusServiceUnavailable || !strings.Contains(got.body, "service unavailable") {
+					t.Fatalf("the request that ran the handler got %+v, want 503", got)
+				}
+			}
 			got := <-b
 			if got.code == ginmw.StatusClientClosedRequest || got.cache == "COALESCED" {
 				t.Fatalf("the waiting request got %+v: the cancelled load's answer", got)
@@ -305,5 +314,33 @@ func TestShutdownCancelledLoadIsNotShared(t *testing.T) {
 				t.Fatalf("the waiting request got %+v, want its own handler's 200 (BYPASS)", got)
 			}
 		})
+	}
+}
+
+// A Lock after Cache waits inside a load; when Guard.Shutdown cancels the
+// load, Lock answers 503 (the service is shutting down), not 499: the
+// client did not go away.
+func TestShutdownWhileLoadWaitsForLock(t *testing.T) {
+	l, lrdb, _ := newLocker(t)
+	hold(t, l, "repos:7")
+	g, _ := startGuard(t)
+	r := newEngine()
+	r.GET("/repos/:id", ginmw.Cache(g, time.Minute), ginmw.Lock(l, repoKey, ginmw.LockOptions(locks.WaitBudget(time.Minute))), func(c *gin.Context) {
+		c.String(http.StatusOK, "repo")
+	})
+	a := make(chan *httptest.ResponseRecorder, 1)
+	go func() { a <- serve(r, http.MethodGet, "/repos/7") }()
+	eventually(t, 10*time.Second, "the load's Lock to wait", func() bool {
+		n, _ := lrdb.ZCard(context.Background(), "cg:q:{repos:7}").Result()
+		return n > 0
+	})
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Shutdown(done); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	w := <-a
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("status %d, Retry-After %q, body %s: want 503, Retry-After 1", w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }
