@@ -3,6 +3,7 @@ package locks_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +41,7 @@ func TestCheckCallOptionsIsTheCallsCheck(t *testing.T) {
 		{"node timeout", []locks.CallOption{locks.NodeTimeout(10 * time.Millisecond)}},
 		{"negative node timeout", []locks.CallOption{locks.NodeTimeout(-1)}},
 		{"no fencing", []locks.CallOption{locks.NoFencing(), locks.NoRenewal()}},
+		{"a nil option", []locks.CallOption{locks.NoRenewal(), nil}},
 	}
 	for _, l := range []struct {
 		name  string
@@ -72,5 +74,32 @@ func TestCheckCallOptionsIsTheCallsCheck(t *testing.T) {
 	var nilClient *locks.Client
 	if err := locks.CheckCallOptions(nilClient); !errors.Is(err, locks.ErrInvalid) {
 		t.Errorf("a nil *Client: %v, want ErrInvalid", err)
+	}
+}
+
+// A nil option is bad input everywhere options are taken: a call fails with
+// ErrInvalid (it panicked on a nil interface before), New and NewRedlock
+// panic with a "locks:" message.
+func TestNilOptionIsInvalid(t *testing.T) {
+	ctx := context.Background()
+	c, _, s := newClient(t)
+	if _, err := c.Lock(ctx, "nil-option", nil); !errors.Is(err, locks.ErrInvalid) {
+		t.Errorf("Lock with a nil option: %v, want ErrInvalid", err)
+	}
+	if err := locks.Optimistic(ctx, s.Client(), func(*redis.Tx) error { return nil }, []string{"k"}, nil); !errors.Is(err, locks.ErrInvalid) {
+		t.Errorf("Optimistic with a nil option: %v, want ErrInvalid", err)
+	}
+	for what, build := range map[string]func(){
+		"New":        func() { locks.New(s.Client(), nil).Close() },
+		"NewRedlock": func() { locks.NewRedlock([]redis.UniversalClient{s.Client()}, nil).Close() },
+	} {
+		func() {
+			defer func() {
+				if p, ok := recover().(string); !ok || !strings.HasPrefix(p, "locks: ") {
+					t.Errorf("%s with a nil option: panic %v, want a \"locks: \" message", what, p)
+				}
+			}()
+			build()
+		}()
 	}
 }

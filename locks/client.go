@@ -129,8 +129,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 		panic("locks: New called with a nil redis client")
 	}
 	cfg := defaults()
-	for _, o := range opts {
-		o.apply(&cfg)
+	if err := applyAll(&cfg, opts); err != nil {
+		panic(err.Error())
 	}
 	if err := clientValidate(&cfg); err != nil {
 		panic(err.Error())
@@ -234,8 +234,8 @@ func (c *Client) callConfig(name string, opts []CallOption) (*config, error) {
 	}
 	p := new(config)
 	*p = c.cfg
-	for _, o := range opts {
-		o.apply(p)
+	if err := applyAll(p, opts); err != nil {
+		return nil, err
 	}
 	if err := clientValidate(p); err != nil {
 		return nil, err

@@ -28,10 +28,10 @@ func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redi
 	base := defaults()
 	base.wait = defaultOptimisticBudget
 	cfg := base
-	for _, o := range opts {
-		o.apply(&cfg)
-	}
+	err := applyAll(&cfg, opts)
 	switch {
+	case err != nil:
+		return err
 	case rdb == nil:
 		return invalid("nil redis client")
 	case fn == nil:
@@ -49,7 +49,6 @@ func Optimistic(ctx context.Context, rdb redis.UniversalClient, fn func(tx *redi
 		}
 	}
 	deadline := time.Now().Add(cfg.wait)
-	var err error
 	for i := 0; ; i++ {
 		err = rdb.Watch(ctx, fn, keys...)
 		if !errors.Is(err, redis.TxFailedErr) {

@@ -253,11 +253,6 @@ func NodeTimeout(d time.Duration) Setting {
 // defaults. Code that is given options once for many calls checks them when
 // it is given them: ginmw.Lock panics on options it refuses.
 func CheckCallOptions(l Locker, opts ...CallOption) error {
-	for i, o := range opts {
-		if o == nil {
-			return invalid("call option %d is nil", i)
-		}
-	}
 	const name = "check" // a valid name: the check is about the options
 	var err error
 	switch l := l.(type) {
@@ -267,12 +262,23 @@ func CheckCallOptions(l Locker, opts ...CallOption) error {
 		_, err = l.callConfig(name, opts)
 	default:
 		cfg := defaults()
-		for _, o := range opts {
-			o.apply(&cfg)
+		if err = applyAll(&cfg, opts); err == nil {
+			err = cfg.validate()
 		}
-		err = cfg.validate()
 	}
 	return err
+}
+
+// applyAll applies opts (a Locker's or a call's) to cfg; a nil one is bad
+// input: New and NewRedlock panic with the error, a call returns it.
+func applyAll[O interface{ apply(*config) }](cfg *config, opts []O) error {
+	for i, o := range opts {
+		if any(o) == nil {
+			return invalid("option %d is nil", i)
+		}
+		o.apply(cfg)
+	}
+	return nil
 }
 
 func (c *config) validate() error {

@@ -113,8 +113,8 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) *Redlock {
 		panic("locks: NewRedlock needs at least one client")
 	}
 	cfg := defaults()
-	for _, o := range opts {
-		o.apply(&cfg)
+	if err := applyAll(&cfg, opts); err != nil {
+		panic(err.Error())
 	}
 	if err := redlockValidate(&cfg); err != nil {
 		panic(err.Error())
@@ -226,8 +226,8 @@ func (r *Redlock) callConfig(name string, opts []CallOption) (*config, error) {
 		return &r.cfg, nil
 	}
 	cfg := r.cfg
-	for _, o := range opts {
-		o.apply(&cfg)
+	if err := applyAll(&cfg, opts); err != nil {
+		return nil, err
 	}
 	if err := redlockValidate(&cfg); err != nil {
 		return nil, err
