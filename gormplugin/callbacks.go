@@ -44,6 +44,7 @@ type guard struct {
 	table       string
 	kind        writeKind
 	pkCols      []string
+	strict      []string        // how pkCols compare byte for byte where the database does not (strictKeys), or nil
 	rows        []row           // the existing rows written, sorted by name (empty when unknown)
 	fromModel   bool            // rows are named by the statement's model or values (rowsOf)
 	from        string          // what a read of the table's rows selects FROM (the table, or "table AS alias")
@@ -161,6 +162,11 @@ func (p *Plugin) lockStep(processor writeKind) func(*gorm.DB) {
 			}
 			g.rows, g.resolved = rows, true
 		}
+		if lock {
+			// Read before GORM's transaction begins (the catalogue is read
+			// once per table), for the restriction and the fence reads.
+			g.strict = p.strictKeys(db, t.real, g.pkCols, g.rows)
+		}
 		upsertWhere := slices.Contains(upsertDialects, db.Dialector.Name())
 		if kind == writeUpsert && lock && (g.resolved || g.fence != nil && len(g.rows) > 0) && !upsertWhere {
 			db.AddError(invalid("an upsert on %q needs ON CONFLICT DO UPDATE ... WHERE to be fenced or restricted to the rows locked, which the %s dialect does not have", table, db.Dialector.Name()))
@@ -258,7 +264,7 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 		return
 	}
 	if g.restricted && g.kind != writeUpsert {
-		db.Statement.AddClause(clause.Where{Exprs: []clause.Expression{g.restriction()}})
+		db.Statement.AddClause(clause.Where{Exprs: g.restriction()})
 	}
 	if len(g.locked) == 0 {
 		return
@@ -596,6 +602,7 @@ func (p *Plugin) renameAfterHooks(db *gorm.DB, g *guard) error {
 			return err
 		}
 		g.restricted = !g.tableLock && (g.resolved || len(rows) > 0) && (g.kind != writeUpsert || upsertWhere)
+		g.strict = p.strictKeys(db, g.real, g.pkCols, rows)
 	}
 	g.rows = rows
 	if g.kind != writeInsert && g.kind != writeUpsert {

@@ -237,7 +237,7 @@ func (g *guard) checkFence(db *gorm.DB, want int) {
 	}
 	q := db.Session(&gorm.Session{NewDB: true})
 	for _, r := range g.rows {
-		stored, found, err := readFence(q, g.table, g.fence.DBName, g.pkCols, r.vals)
+		stored, found, err := readFence(q, g.table, g.fence.DBName, g.pkCols, g.strict, r.vals)
 		switch {
 		case err != nil:
 			db.AddError(fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err))
@@ -260,19 +260,13 @@ func (g *guard) checkFence(db *gorm.DB, want int) {
 	}
 }
 
-// readFence reads the fence of one row (NULL reads as 0); found is false
-// when the row does not exist.
-func readFence(q *gorm.DB, table, fenceCol string, pkCols []string, vals []any) (stored uint64, found bool, err error) {
-	query := "SELECT ? FROM ? WHERE"
-	vars := []any{clause.Column{Name: fenceCol}, clause.Table{Name: table}}
-	for i, col := range pkCols {
-		if i > 0 {
-			query += " AND"
-		}
-		query += " ? = ?"
-		vars = append(vars, clause.Column{Name: col}, vals[i])
-	}
-	row := q.Raw(query, vars...).Row()
+// readFence reads the fence of one row, the one stored in the spelling of
+// vals where strict says so (see keyEquals); NULL reads as 0; found is
+// false when the row does not exist.
+func readFence(q *gorm.DB, table, fenceCol string, pkCols, strict []string, vals []any) (stored uint64, found bool, err error) {
+	where, key := keyEquals(pkCols, strict, vals)
+	vars := append([]any{clause.Column{Name: fenceCol}, clause.Table{Name: table}}, key...)
+	row := q.Raw("SELECT ? FROM ? WHERE"+where, vars...).Row()
 	if row == nil {
 		return 0, false, errors.New("no result")
 	}

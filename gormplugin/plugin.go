@@ -34,7 +34,7 @@ type Plugin struct {
 
 	fences      sync.Map // *schema.Schema → *schema.Field (nil when none)
 	pks         sync.Map // table name → []string, primary key columns read from the catalogue
-	exact       sync.Map // dialect + "\x00" + table → map[string]bool: string columns that compare byte for byte (exactKeys)
+	exact       sync.Map // dialect + "\x00" + table → map[string]keyColumn: how its columns compare (exactKeys)
 	constraints sync.Map // table name + "\x00" + constraint name → []clause.Column, read from the catalogue
 
 	mu          sync.Mutex               // guards the fields below

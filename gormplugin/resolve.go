@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
@@ -103,14 +104,18 @@ func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, fro
 	return sortRows(namesFor(g.table, sets)), nil
 }
 
-// restriction limits a write to the rows resolve named: pk IN (...) (no
-// rows: a condition that matches none).
+// restriction limits a write to the rows locked: pk IN (...) (no rows: a
+// condition that matches none).
 //
-// A row whose key no row matched when spelled is left out: the database
-// may store that key under another spelling by the time the write runs, and
-// the restriction, compared as the database compares keys, would let the
-// write reach that row under this spelling's lock.
-func (g *guard) restriction() clause.Expression {
+// The IN compares as the database compares keys (and its index serves it),
+// which on a column that compares without case (or trailing spaces) also
+// matches a row stored in another spelling than the name locked: a row
+// "abc" locked by name, deleted and inserted again as "ABC" under the lock
+// ci_slugs:ABC before the write runs. So where g.strict gives a column's
+// byte-for-byte form the same IN is ANDed in that form too, and the write
+// reaches only rows stored in a spelling it locked. A row whose key no row
+// matched when spelled is left out: it names no stored row.
+func (g *guard) restriction() []clause.Expression {
 	var vals []any
 	for _, r := range g.rows {
 		switch {
@@ -122,16 +127,28 @@ func (g *guard) restriction() clause.Expression {
 		}
 	}
 	if len(vals) == 0 {
-		return clause.Expr{SQL: "1 = 0"}
+		return []clause.Expression{clause.Expr{SQL: "1 = 0"}}
 	}
-	if len(g.pkCols) == 1 {
-		return clause.IN{Column: g.column(g.pkCols[0]), Values: vals}
+	var in clause.Expression = clause.IN{Column: g.column(g.pkCols[0]), Values: vals}
+	if len(g.pkCols) > 1 {
+		cols := make([]clause.Column, len(g.pkCols))
+		for i, c := range g.pkCols {
+			cols[i] = g.column(c)
+		}
+		in = clause.IN{Column: cols, Values: vals}
 	}
-	cols := make([]clause.Column, len(g.pkCols))
+	if g.strict == nil {
+		return []clause.Expression{in}
+	}
+	strict := clause.Expr{SQL: "? IN ?"}
+	if len(g.pkCols) > 1 {
+		strict.SQL = "(" + strings.Repeat(", ?", len(g.pkCols))[2:] + ") IN ?"
+	}
 	for i, c := range g.pkCols {
-		cols[i] = g.column(c)
+		strict.Vars = append(strict.Vars, strictColumn(g.column(c), g.strict[i]))
 	}
-	return clause.IN{Column: cols, Values: vals}
+	strict.Vars = append(strict.Vars, vals)
+	return []clause.Expression{in, strict}
 }
 
 // primaryKey returns the primary key columns of the statement's table: from

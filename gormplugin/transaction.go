@@ -90,7 +90,8 @@ func Transaction(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error, r
 type declared struct {
 	table  string
 	pkCols []string
-	fence  string // the fence column, or ""
+	strict []string // how pkCols compare byte for byte (strictKeys), or nil
+	fence  string   // the fence column, or ""
 }
 
 // claim is a transaction's first statements, for each declared row in name
@@ -119,15 +120,7 @@ func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
 			// INSERT of one that did not exist too.
 			reg.locks.addKeys(p.cfg.keys(d.table, r.pk()))
 		}
-		where := ""
-		var key []any
-		for i, col := range d.pkCols {
-			if i > 0 {
-				where += " AND"
-			}
-			where += " ? = ?"
-			key = append(key, clause.Column{Name: col}, r.vals[i])
-		}
+		where, key := keyEquals(d.pkCols, d.strict, r.vals)
 		col := d.pkCols[0]
 		if d.fence != "" {
 			col = d.fence
@@ -142,7 +135,7 @@ func (p *Plugin) claim(tx *gorm.DB, rows []row) error {
 		if d.fence == "" || res.RowsAffected == 0 {
 			continue
 		}
-		stored, _, err := readFence(q, d.table, d.fence, d.pkCols, r.vals)
+		stored, _, err := readFence(q, d.table, d.fence, d.pkCols, d.strict, r.vals)
 		switch {
 		case err != nil:
 			return fmt.Errorf("gormplugin: reading the fence of %q: %w", r.name, err)
@@ -181,6 +174,7 @@ func (p *Plugin) modelRows(db *gorm.DB, models []any) ([]row, error) {
 			return nil, err
 		}
 		d := &declared{table: stmt.Table, pkCols: stmt.Schema.PrimaryFieldDBNames}
+		d.strict = p.strictKeys(tx, stmt.Table, d.pkCols, rows)
 		if f := p.fenceOf(stmt.Schema); f != nil {
 			d.fence = f.DBName
 		}

@@ -278,7 +278,7 @@ func (g *guard) guardConflict(oc clause.OnConflict) clause.OnConflict {
 		oc.Where.Exprs = append(oc.Where.Exprs, g.fenceConds()...)
 	}
 	if g.restricted {
-		oc.Where.Exprs = append(oc.Where.Exprs, g.restriction())
+		oc.Where.Exprs = append(oc.Where.Exprs, g.restriction()...)
 	}
 	return oc
 }
