@@ -69,11 +69,7 @@ if cur[1] == false then
   -- Drop waiters whose place expired (they died or gave up without saying so)
   -- before the head is read. While the lock is held only a hand-off reads the
   -- head, and release.lua drops them first too.
-  local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
-  if #dead > 0 then
-    redis.call('ZREM', q, unpack(dead))
-    redis.call('ZREMRANGEBYSCORE', qt, '-inf', nowms)
-  end
+  dropDead(q, qt, nowms)
   local head = nil
   if fair then head = redis.call('ZRANGE', q, 0, 0)[1] end
   if head == nil or head == member then

@@ -420,6 +420,73 @@ func TestDeadWaiterLosesPlace(t *testing.T) {
 	}
 }
 
+// TestManyDeadWaitersDoNotWedgeTheName: a fleet killed while thousands of
+// callers queued for one name leaves more expired places than Lua can unpack
+// into one command (about 8,000). Before, acquire.lua and release.lua dropped
+// them with one ZREM of them all, which failed ("too many results to
+// unpack") on every TryLock, Lock and Unlock of the name.
+func TestManyDeadWaitersDoNotWedgeTheName(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t, locks.Logger(nil))
+	const n = 10000
+	// Places that expired a minute ago, in the layout acquire.lua documents.
+	queueDead := func(name string) {
+		t.Helper()
+		nowMs := time.Now().UnixMilli()
+		q, qt := make([]redis.Z, n), make([]redis.Z, n)
+		for i := range n {
+			m := fmt.Sprintf("owner%d|10000|client%d|acq%d", i, i, i)
+			q[i] = redis.Z{Score: float64(nowMs*1000 - n + int64(i)), Member: m}
+			qt[i] = redis.Z{Score: float64(nowMs - 60_000), Member: m}
+		}
+		if err := rdb.ZAdd(ctx, "cg:q:{"+name+"}", q...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.ZAdd(ctx, "cg:qt:{"+name+"}", qt...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fair := range []bool{false, true} {
+		name := fmt.Sprint("dead-free-", fair)
+		queueDead(name)
+		var opts []locks.CallOption
+		if fair {
+			opts = append(opts, locks.Fair())
+		}
+		lk, err := c.TryLock(ctx, name, opts...)
+		if err != nil {
+			t.Fatalf("TryLock of a free name with %d dead waiters (fair %v): %v", n, fair, err)
+		}
+		if q := rdb.ZCard(ctx, "cg:q:{"+name+"}").Val(); q != 0 {
+			t.Errorf("fair %v: %d dead places left in the queue", fair, q)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Held: the holder's Unlock drops them (w set, as acquire.lua keeps it).
+	name := "dead-held"
+	lk, err := c.TryLock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queueDead(name)
+	rdb.HSet(ctx, "cg:lock:{"+name+"}", "w", "1")
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock with %d dead waiters queued: %v", n, err)
+	}
+	if q := rdb.ZCard(ctx, "cg:q:{"+name+"}").Val(); q != 0 {
+		t.Errorf("%d dead places left after the Unlock", q)
+	}
+	lk, err = c.TryLock(ctx, name)
+	if err != nil {
+		t.Fatalf("TryLock after that Unlock: %v", err)
+	}
+	if err := lk.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestManyLocksBoundedCost(t *testing.T) {
 	ctx := context.Background()
 	n := 10000

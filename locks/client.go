@@ -23,6 +23,8 @@ import (
 var (
 	//go:embed fence.lua
 	fenceLua string
+	//go:embed queue.lua
+	queueLua string
 	//go:embed acquire.lua
 	acquireBody string
 	//go:embed release.lua
@@ -30,9 +32,10 @@ var (
 	//go:embed extend.lua
 	extendLua string
 
-	// acquire and release issue fence tokens: one definition, prepended.
-	acquireLua = fenceLua + acquireBody
-	releaseLua = fenceLua + releaseBody
+	// acquire and release issue fence tokens and drop dead waiters: one
+	// definition of each, prepended.
+	acquireLua = fenceLua + queueLua + acquireBody
+	releaseLua = fenceLua + queueLua + releaseBody
 )
 
 // placeTTL is how long a waiter's place in a lock's queue lasts without being

@@ -79,11 +79,7 @@ end
 redis.call('DEL', lk)
 if not cur[4] then return 0 end
 
-local dead = redis.call('ZRANGEBYSCORE', qt, '-inf', nowms)
-if #dead > 0 then
-  redis.call('ZREM', q, unpack(dead))
-  redis.call('ZREMRANGEBYSCORE', qt, '-inf', nowms)
-end
+dropDead(q, qt, nowms)
 local head = redis.call('ZPOPMIN', q)[1]
 if head then
   -- owner|lease|client|acquisition id (the owner may itself contain '|'); the
