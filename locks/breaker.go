@@ -91,6 +91,7 @@ type Breaker struct {
 	Silence time.Duration
 	// Observer, if set, is called with EventBreakerOpened (Err: the
 	// failure that opened it) and EventBreakerClosed events, synchronously: it must not block.
+	// A panic in it is recovered and logged (Logger).
 	Observer func(ctx context.Context, e Event)
 	// Logger gets a warning when the breaker opens (at most one a second,
 	// with the count of those suppressed). Nil means slog.Default(); silence
@@ -342,11 +343,7 @@ func (b *Breaker) open(ctx context.Context, err error) {
 	}
 }
 
-func (b *Breaker) emit(ctx context.Context, e Event) {
-	if b.Observer != nil {
-		b.Observer(ctx, e)
-	}
-}
+func (b *Breaker) emit(ctx context.Context, e Event) { notify(ctx, b.Observer, b.log, e) }
 
 // failure reports whether err says that Redis could not be reached or did
 // not answer in time: a connection error, go-redis's own read or write

@@ -2,7 +2,10 @@ package locks
 
 import (
 	"context"
+	"log/slog"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/ratelog"
 )
 
 // EventKind names a lock outcome reported to an observer.
@@ -54,8 +57,22 @@ type Event struct {
 	Err   error         // the cause (EventNotObtained, EventLost, EventRenewalFailed; EventReleased: see above)
 }
 
-func (c *config) emit(ctx context.Context, e Event) {
-	if c.observer != nil {
-		c.observer(ctx, e)
+func (c *config) emit(ctx context.Context, e Event) { notify(ctx, c.observer, c.log, e) }
+
+// notify calls the user's observer obs (nil: none) with e; every Event of the
+// package (a Client's, a Redlock's, a Breaker's) passes through it. A panic in
+// obs is recovered and logged through log, once a second per event kind, and
+// the operation that reported e goes on as if obs had returned: a panic never
+// leaves a lock held behind its caller or ends a goroutine of the package.
+func notify(ctx context.Context, obs func(context.Context, Event), log *ratelog.Logger, e Event) {
+	if obs == nil {
+		return
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			log.Warn(ctx, "observer:"+e.Kind.String(), "locks: Observer panicked; the panic is ignored",
+				slog.String("event", e.Kind.String()), slog.String("lock", e.Name), slog.Any("panic", p))
+		}
+	}()
+	obs(ctx, e)
 }

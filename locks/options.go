@@ -199,8 +199,10 @@ func (c *config) retention() time.Duration {
 // EventRenewalFailed), e.g. to feed metrics and traces; every acquisition or
 // re-entry ends in one EventReleased or EventLost. ctx is the context of the
 // call that produced the event (Lock, TryLock, Unlock), or a background
-// context for the renewal loop's events (EventLost, EventRenewalFailed). It is called synchronously and must not block. The
-// default is none.
+// context for the renewal loop's events (EventLost, EventRenewalFailed). It
+// is called synchronously and must not block. A panic in f is recovered and
+// logged (Logger), and the call that reported the event goes on as if f had
+// returned. The default is none.
 func Observer(f func(ctx context.Context, e Event)) Option {
 	return opt(func(c *config) { c.observer = f })
 }
