@@ -162,7 +162,10 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // release failed: the lock expires with its lease); later calls (an Unlock
 // after Close) go to Redis on their own, under their contexts. A shared
 // round trip already on the wire is waited for: when Redis stalls, until its
-// bound (two CommandTimeouts at most). Close does not close rdb, and always
+// bound (two CommandTimeouts at most). So is an acquisition with Replicas
+// whose caller returned while its WAIT was on the wire: up to the WAIT
+// timeout plus that bound, until its grant is given back (a grant nobody was
+// given is never left to its lease). Close does not close rdb, and always
 // returns nil; see Shutdown for the graceful close.
 func (c *Client) Close() error {
 	c.life.hurryUp()

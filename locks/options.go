@@ -146,6 +146,8 @@ func Fair() Setting { return opt(func(c *config) { c.fair = true }) }
 // wrote the lock, on the master that owns its slot) until n replicas have the
 // lock, for at most timeout. With fewer acknowledgements the lock is released
 // and the call fails with a *ReplicaError. The default is 0: no WAIT is sent.
+// A WAIT on the wire is answered and its grant kept or given back even when
+// the caller's context ended first, so Close may wait up to timeout for it.
 // A Redlock's servers have no replicas: it refuses this option.
 func Replicas(n int, timeout time.Duration) Setting {
 	return opt(func(c *config) { c.replicas, c.replicaTimeout = n, timeout })
