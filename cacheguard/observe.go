@@ -128,8 +128,22 @@ func (c *counters) snapshot() (s Stats) {
 // observe tells the observer of an outcome counted already.
 func (g *Guard) observe(ctx context.Context, kind EventKind, key string) {
 	if g.cfg.observer != nil {
-		g.cfg.observer(ctx, Event{Kind: kind, Key: key})
+		g.tell(ctx, Event{Kind: kind, Key: key})
 	}
+}
+
+// tell calls the observer with e: every call to it goes through here. A panic
+// in it is the user's code failing, not the Guard's: it is logged and
+// recovered, so that the fill, the read or the subscription that reported e
+// goes on (releases its lease, wakes its waiters, survives).
+func (g *Guard) tell(ctx context.Context, e Event) {
+	defer func() {
+		if p := recover(); p != nil {
+			g.log.Warn(ctx, "observer_panic", "cacheguard: the Observer panicked (recovered)",
+				slog.String("event", e.Kind.String()), slog.String("key", e.Key), slog.Any("panic", p))
+		}
+	}()
+	g.cfg.observer(ctx, e)
 }
 
 // note counts an outcome, tells the observer (a near-cache hit as EventHit,
@@ -138,9 +152,9 @@ func (g *Guard) note(ctx context.Context, kind EventKind, key string, d time.Dur
 	g.stats.add(kind)
 	if g.cfg.observer != nil {
 		if kind == EventNearHit {
-			g.cfg.observer(ctx, Event{Kind: EventHit, Key: key})
+			g.tell(ctx, Event{Kind: EventHit, Key: key})
 		}
-		g.cfg.observer(ctx, Event{Kind: kind, Key: key, Duration: d, Err: err})
+		g.tell(ctx, Event{Kind: kind, Key: key, Duration: d, Err: err})
 	}
 	switch kind {
 	case EventFailOpen:

@@ -328,8 +328,9 @@ func MaxConcurrentLoads(n int) Option {
 // to feed a metrics library or a trace: ctx is the context of the call that
 // produced the event (for a load or refresh in the background, a context
 // detached from that call that keeps its values). It is called synchronously,
-// from the calling goroutine or a background one, and must not block. The
-// default is none.
+// from the calling goroutine or a background one, and must not block. A panic
+// in it is recovered and logged (Logger), and the call goes on. The default
+// is none.
 func Observer(f func(ctx context.Context, e Event)) Option {
 	return guardOption(func(c *config) { c.observer = f })
 }
