@@ -31,6 +31,7 @@ func TestCheckCallOptionsIsTheGetsCheck(t *testing.T) {
 		{"zero TTL", []cacheguard.CallOption{cacheguard.TTL(0)}, true},
 		{"jitter 1", []cacheguard.CallOption{cacheguard.Jitter(1)}, true},
 		{"lease below MinLease", []cacheguard.CallOption{cacheguard.Lease(time.Millisecond)}, true},
+		{"TTL past MaxDuration", []cacheguard.CallOption{cacheguard.TTL(cacheguard.MaxDuration + 1)}, true},
 		{"an empty tag", []cacheguard.CallOption{cacheguard.Tags("repos", "")}, true},
 		{"17 tags", []cacheguard.CallOption{cacheguard.Tags(tooMany...)}, true},
 		{"a nil option", []cacheguard.CallOption{cacheguard.TTL(time.Minute), nil}, true},

@@ -25,6 +25,12 @@ const (
 	MinLease = 30 * time.Millisecond
 	// MaxKeyLen bounds keys; longer keys are refused with ErrInvalid.
 	MaxKeyLen = 1024
+	// MaxDuration bounds every duration an option sets (TTL, ServeStale's
+	// window, StaleGrace, WaitBudget, NegativeTTL, LoadTimeout, Lease,
+	// FailSafe's max age and back-off, SoftTimeout, CommandTimeout,
+	// NearCache's ttl): a longer one is refused with ErrInvalid, in New and
+	// in a call, so that no time the Guard adds up from them overflows.
+	MaxDuration = 10 * 365 * 24 * time.Hour
 )
 
 // Option configures a Guard, in New: the Guard-wide options (Prefix,
@@ -381,6 +387,17 @@ func (g *Guard) CheckCallOptions(opts ...CallOption) error {
 }
 
 func (c *config) validate() error {
+	for _, d := range [...]struct {
+		name string
+		d    time.Duration
+	}{{"TTL", c.ttl}, {"ServeStale", c.staleWindow}, {"StaleGrace", c.graceD}, {"WaitBudget", c.wait},
+		{"NegativeTTL", c.negTTL}, {"LoadTimeout", c.loadTimeout}, {"Lease", c.lease},
+		{"FailSafe max age", c.failSafeAge}, {"FailSafe back-off", c.failSafeOff}, {"SoftTimeout", c.softTimeout},
+		{"CommandTimeout", c.cmdTime}, {"NearCache ttl", c.nearTTL}} {
+		if d.d > MaxDuration {
+			return invalid("%s %v exceeds MaxDuration (%v)", d.name, d.d, MaxDuration)
+		}
+	}
 	switch {
 	case c.ttl <= 0:
 		return invalid("TTL %v must be positive", c.ttl)

@@ -6,9 +6,13 @@ package cacheguard_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,4 +96,75 @@ func TestObserverPanicOnSubscriptionGoroutine(t *testing.T) {
 		// The second round needs the subscription alive after the first panic.
 		eventually(t, 5*time.Second, "a's near cache to drop the key", func() bool { return cacheguard.NearHeard(a, key) > heard })
 	}
+}
+
+// Every duration an option sets is bounded by MaxDuration: a longer one is
+// refused with ErrInvalid naming the option, in a call and in New (a panic),
+// and one of MaxDuration works — a value stored and served, its times adding
+// up without overflow. TTL(math.MaxInt64) used to be accepted and to overflow
+// the value's times: every call loaded again.
+func TestDurationsBoundedByMaxDuration(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t, cacheguard.Logger(slog.New(slog.DiscardHandler)))
+	long := cacheguard.MaxDuration
+	for _, tc := range []struct {
+		name string
+		opt  func(time.Duration) cacheguard.Setting
+	}{
+		{"TTL", cacheguard.TTL},
+		{"ServeStale", cacheguard.ServeStale},
+		{"StaleGrace", cacheguard.StaleGrace},
+		{"WaitBudget", cacheguard.WaitBudget},
+		{"NegativeTTL", cacheguard.NegativeTTL},
+		{"LoadTimeout", cacheguard.LoadTimeout},
+		{"Lease", cacheguard.Lease},
+		{"FailSafe max age", func(d time.Duration) cacheguard.Setting { return cacheguard.FailSafe(d, time.Second) }},
+		{"FailSafe back-off", func(d time.Duration) cacheguard.Setting { return cacheguard.FailSafe(time.Minute, d) }},
+		{"SoftTimeout", cacheguard.SoftTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, d := range []time.Duration{long + 1, math.MaxInt64} {
+				_, err := cacheguard.Get(ctx, g, testKey(t), (&counter{}).load, tc.opt(d))
+				if !errors.Is(err, cacheguard.ErrInvalid) || !strings.Contains(err.Error(), tc.name) {
+					t.Errorf("Get with %s(%v) = %v; want an ErrInvalid naming %s", tc.name, d, err, tc.name)
+				}
+				if p := panicOf(func() { cacheguard.New(shared(t), tc.opt(d)) }); !strings.Contains(fmt.Sprint(p), tc.name) {
+					t.Errorf("New with %s(%v) panicked with %v; want a message naming it", tc.name, d, p)
+				}
+			}
+			key := testKey(t)
+			c := &counter{name: "v"}
+			for i := range 2 {
+				var r cacheguard.Result
+				v, err := cacheguard.Get(ctx, g, key, c.load, tc.opt(long), cacheguard.ReportTo(&r))
+				if err != nil || v.ID != 1 || i == 1 && r != cacheguard.Hit {
+					t.Fatalf("Get %d with %s(MaxDuration) = %v, %v, %v; want the first load, then a Hit", i, tc.name, v, err, r)
+				}
+			}
+		})
+	}
+	t.Run("NegativeTTL absence", func(t *testing.T) {
+		key := testKey(t)
+		var n atomic.Int64
+		load := func(context.Context) (item, error) { n.Add(1); return item{}, cacheguard.ErrNotFound }
+		for i := range 2 {
+			var r cacheguard.Result
+			_, err := cacheguard.Get(ctx, g, key, load, cacheguard.NegativeTTL(long), cacheguard.ReportTo(&r))
+			if !errors.Is(err, cacheguard.ErrNotFound) || n.Load() != 1 || i == 1 && r != cacheguard.Hit {
+				t.Fatalf("Get %d = %v, loads %d, result %v: want a cached absence", i, err, n.Load(), r)
+			}
+		}
+	})
+	for _, opt := range []cacheguard.Option{cacheguard.CommandTimeout(long + 1), cacheguard.NearCache(10, long+1)} {
+		if p := panicOf(func() { cacheguard.New(shared(t), opt) }); !strings.Contains(fmt.Sprint(p), "MaxDuration") {
+			t.Errorf("New with a Guard option past MaxDuration panicked with %v", p)
+		}
+	}
+}
+
+// panicOf returns what f panicked with, or nil.
+func panicOf(f func()) (p any) {
+	defer func() { p = recover() }()
+	f()
+	return nil
 }
