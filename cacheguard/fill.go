@@ -150,7 +150,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	stop()
 	for _, c := range cmds {
 		if err := c.Err(); err != nil {
-			g.note(ctx, EventRedisError, names[0], 0, err)
+			g.redisFailed(ctx, names[0], err) // ctx does not end: counted
 			break
 		}
 	}

@@ -350,7 +350,7 @@ func (c *call[T]) leaseFailed(ctx, wctx context.Context, fs []*flight, tok strin
 	case passed(wctx): // its budget ended, whether or not Redis failed too
 		err = errFlightExpired
 	default:
-		c.g.note(ctx, EventRedisError, fs[0].key, 0, err)
+		c.g.redisFailed(ctx, fs[0].key, err) // ctx has not ended: counted
 		for i, o := range c.loadUnleased(ctx, keysOf(fs), fs[0].id, time.Now().Add(c.cfg.wait), err) {
 			o.leader = fs[i].id
 			c.g.flights.finish(fs[i], o)

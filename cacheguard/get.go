@@ -389,8 +389,7 @@ func nearHit[T any](ctx context.Context, g *Guard, cfg *config, key string, one 
 // (see timedOut), the Guard closed, or ctx ended.
 func (c *call[T]) readFailed(ctx context.Context, sl *part[T], err error, deadline time.Time) {
 	switch {
-	case errors.Is(err, errBudget):
-		c.g.note(ctx, EventRedisError, sl.key, 0, err)
+	case errors.Is(err, errBudget): // a wait timeout, not a Redis failure
 		c.timedOut(ctx, sl, deadline)
 	case errors.Is(err, ErrClosed):
 		sl.res, sl.err = Miss, ErrClosed
@@ -409,7 +408,7 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 	g := c.g
 	s := &sl.s
 	if s.err != nil {
-		g.note(ctx, EventRedisError, sl.key, 0, s.err)
+		g.redisFailed(ctx, sl.key, s.err)
 		return false
 	}
 	if s.b == nil {

@@ -247,8 +247,7 @@ func (g *Guard) invalidate(ctx context.Context, what string, names []string, che
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		g.note(ctx, EventRedisError, names[0], 0, err)
-		return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+		return g.commandFailed(ctx, names[0], what, err)
 	}
 	return nil
 }

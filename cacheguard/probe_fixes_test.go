@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
@@ -167,4 +169,81 @@ func panicOf(f func()) (p any) {
 	defer func() { p = recover() }()
 	f()
 	return nil
+}
+
+// A caller whose context ended is not a Redis failure: Invalidate and
+// InvalidateTags return ctx's error (not ErrUnavailable) and count no Redis
+// error, as reads do (TestPassedDeadlineIsNotARedisFailure).
+func TestInvalidateCancelledIsNotUnavailable(t *testing.T) {
+	var events atomic.Int64
+	g, _ := newGuard(t, cacheguard.Logger(slog.New(slog.DiscardHandler)), cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
+		if e.Kind == cacheguard.EventRedisError {
+			events.Add(1)
+		}
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	key := testKey(t)
+	for name, f := range map[string]func() error{
+		"Invalidate":     func() error { return g.Invalidate(ctx, key) },
+		"InvalidateTags": func() error { return g.InvalidateTags(ctx, key+"t") },
+	} {
+		if err := f(); err != nil && (!errors.Is(err, context.Canceled) || errors.Is(err, cacheguard.ErrUnavailable)) {
+			t.Errorf("%s under a cancelled context = %v; want ctx's error, not ErrUnavailable", name, err)
+		}
+	}
+	if n, st := events.Load(), g.Stats().RedisErrors; n != 0 || st != 0 {
+		t.Errorf("the caller's cancellation counted as %d Redis errors (%d events)", st, n)
+	}
+}
+
+// A wait budget that ends during a read while Redis is healthy but slow is a
+// wait timeout, not a failed Redis call.
+func TestBudgetEndDuringReadIsNoRedisError(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{}).load); err != nil {
+		t.Fatal(err)
+	}
+	hold, release := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	rdb.AddHook(holdHook{hold: hold, release: release})
+	close(hold) // from now on each command waits for its context or release
+	_, err := cacheguard.Get(ctx, g, key, (&counter{}).load, cacheguard.WaitBudget(50*time.Millisecond))
+	if !errors.Is(err, cacheguard.ErrWaitTimeout) {
+		t.Errorf("budget ending during a held read: %v, want ErrWaitTimeout", err)
+	}
+	if st := g.Stats(); st.RedisErrors != 0 || st.WaitTimeouts != 1 {
+		t.Errorf("Stats %+v: want 1 wait timeout and no Redis error", st)
+	}
+}
+
+// holdHook holds every command sent once hold is closed until its context
+// ends or release is closed: a Redis slower than the caller's budget.
+type holdHook struct{ hold, release chan struct{} }
+
+func (h holdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.wait(ctx)
+		return next(ctx, cmds)
+	}
+}
+func (h holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.wait(ctx)
+		return next(ctx, cmd)
+	}
+}
+func (h holdHook) wait(ctx context.Context) {
+	select {
+	case <-h.hold:
+	default:
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-h.release:
+	}
 }

@@ -365,6 +365,27 @@ func deadlineErr(ctx context.Context) error {
 	return context.DeadlineExceeded
 }
 
+// redisFailed is the one classification of err, the failure of Redis
+// commands sent under ctx for key: when ctx has ended or its deadline passed
+// (see passed), the failure is the caller's, not Redis's, and nothing is
+// counted; else it counts a Redis error (EventRedisError) and reports true.
+func (g *Guard) redisFailed(ctx context.Context, key string, err error) bool {
+	if passed(ctx) {
+		return false
+	}
+	g.note(ctx, EventRedisError, key, 0, err)
+	return true
+}
+
+// commandFailed classifies err (see redisFailed) for a call's caller: ctx's
+// error, or err as matching ErrUnavailable (what names the commands).
+func (g *Guard) commandFailed(ctx context.Context, key, what string, err error) error {
+	if !g.redisFailed(ctx, key, err) {
+		return fmt.Errorf("cacheguard: %s: %w", what, deadlineErr(ctx))
+	}
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
+}
+
 // notStarted admits only a task not started yet: a read sent after the
 // caller arrived.
 func notStarted[K comparable, T any](t *task[K, T]) admission {
