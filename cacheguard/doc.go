@@ -84,11 +84,11 @@
 //
 // # Redis unavailable
 //
-// Every Get returns within its wait budget (then OnWaitTimeout decides) and its
-// context's deadline (a cancellation during a read is seen when it returns),
-// each command within twice CommandTimeout of its send (once when Redis is
-// quiet; a locks.Breaker counts the timeouts). Set ContextTimeoutEnabled, or
-// ReadTimeout+WriteTimeout within CommandTimeout, or reads are handed off. When
+// Every Get returns within its wait budget (then OnWaitTimeout decides; 0: its
+// read) and its context's deadline (a cancellation during a read is seen when
+// it returns), each command within twice CommandTimeout of its send (once when
+// Redis is quiet; a locks.Breaker counts the timeouts). Set ContextTimeoutEnabled,
+// or ReadTimeout+WriteTimeout within CommandTimeout, or reads are handed off. When
 // Redis fails, Get fails open (the loader runs uncached, shared by the
 // process's callers: two loads per key at most) or, FailClosed, ErrUnavailable.
 //

@@ -235,13 +235,13 @@ func (c *call[T]) get(ctx context.Context, key string) (T, Result, error) {
 	start := time.Now() // starts the wait budget, and judges freshness (one clock read on a hit)
 	line := g.readLine(key, c.rep)
 	sl := part[T]{key: key, values: line.name, near: g.near.ticket(key)}
-	if g.flights.open.Load() != 0 && c.cfg.policy != policyFailFast && c.cfg.tags.list() == nil && !g.nested(ctx) {
+	if g.flights.open.Load() != 0 && c.cfg.policy != policyFailFast && c.cfg.wait > 0 && c.cfg.tags.list() == nil && !g.nested(ctx) {
 		if t := g.flights.filling(entry{sl.values, c.rep}, c.typ); t != nil && c.awaitFill(ctx, &sl, t, start.Add(c.cfg.wait)) {
 			return sl.v, sl.res, sl.err
 		}
 	}
 	var err error
-	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), start.Add(c.cfg.wait), line, c.typ, c.cfg.policy == policyFailFast, sl.missed)
+	sl.s, sl.chain, err = g.readOne(ctx, entry{sl.values, c.rep}, c.cfg.tags.list(), c.cfg.readBound(start), line, c.typ, c.cfg.policy == policyFailFast, sl.missed)
 	if sl.s.counted && !sl.missed {
 		g.observe(ctx, EventMiss, key)
 		sl.missed = true
@@ -324,7 +324,7 @@ func (c *call[T]) many(ctx context.Context, keys []string) (map[string]T, Result
 	if len(ks) > 0 {
 		found := make([]stored, len(ks))
 		values := g.valuesKeys(ks)
-		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), deadline, found, nil)
+		err := g.fetch(ctx, values, c.rep, c.cfg.tags.list(), c.cfg.readBound(start), found, nil)
 		for i, k := range ks {
 			sl := part[T]{key: k, values: values[i], s: found[i]}
 			if tickets != nil {

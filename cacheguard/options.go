@@ -153,7 +153,10 @@ func Wait() Setting { return func(c *config) { c.policy = policyWait } }
 // WaitBudget sets how long a call may wait for a value, whatever the policy:
 // no call waits longer than its context and this budget, counted from the
 // start of the call (a call's own load included). What happens when it ends
-// is set by OnWaitTimeout. The default is 10s.
+// is set by OnWaitTimeout. 0 waits for no load, as TryLock does for a lock:
+// the call reads the cache (within the command timeout), is served what it
+// finds servable (a hit, or a stale value as its policy allows), and on a
+// miss its budget has ended. The default is 10s.
 func WaitBudget(d time.Duration) Setting { return func(c *config) { c.wait = d } }
 
 // FailFast selects the fail-fast policy: a call never waits for a load. It
@@ -239,6 +242,17 @@ func LoadTimeout(d time.Duration) Setting { return func(c *config) { c.loadTimeo
 // third of the lease bounds how long they wait for a load that cannot store.
 // The default is 3s; at least 30ms (MinLease).
 func Lease(d time.Duration) Setting { return func(c *config) { c.lease = d } }
+
+// readBound is the wait budget's bound on the reads of a call that began at
+// start: start plus the budget, or none (the zero Time) for a budget of 0,
+// which waits for no load but reads the cache all the same (see WaitBudget),
+// bounded by the command timeout and the caller's context.
+func (c *config) readBound(start time.Time) time.Time {
+	if c.wait == 0 {
+		return time.Time{}
+	}
+	return start.Add(c.wait)
+}
 
 // spent reports whether a fill lease granted to a request sent at sent has
 // run out on the local clock — the one rule for a lease's local deadline

@@ -197,6 +197,48 @@ func TestInvalidateCancelledIsNotUnavailable(t *testing.T) {
 	}
 }
 
+// WaitBudget(0) waits for no load, as TryLock does for a lock: a hit is
+// served (it used to fail with ErrWaitTimeout and count a Redis error), and a
+// miss ends the budget at once — the call does not wait for the load it
+// starts.
+func TestWaitBudgetZeroReadsOnce(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	warm := testKey(t, "warm")
+	c := &counter{name: "v"}
+	if _, err := cacheguard.Get(ctx, g, warm, c.load); err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]cacheguard.CallOption{nil, {cacheguard.Tags("t")}} {
+		if len(opts) > 0 { // a tagged entry of its own, loaded first
+			if _, err := cacheguard.Get(ctx, g, warm, c.load, opts...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var r cacheguard.Result
+		v, err := cacheguard.Get(ctx, g, warm, c.load, append(opts, cacheguard.WaitBudget(0), cacheguard.ReportTo(&r))...)
+		if err != nil || r != cacheguard.Hit || v.Name != "v" {
+			t.Errorf("warm key, WaitBudget(0), %d tags: %v, %v, %v; want a Hit", len(opts), v, err, r)
+		}
+		vs, err := cacheguard.GetMany(ctx, g, []string{warm}, func(context.Context, []string) (map[string]item, error) {
+			return nil, errors.New("loaded")
+		}, append(opts, cacheguard.WaitBudget(0))...)
+		if err != nil || len(vs) != 1 {
+			t.Errorf("warm key, GetMany, WaitBudget(0), %d tags: %v, %v; want its value", len(opts), vs, err)
+		}
+	}
+	cold := testKey(t, "cold")
+	gt := newGated("gated")
+	_, err := cacheguard.Get(ctx, g, cold, gt.load, cacheguard.WaitBudget(0))
+	close(gt.release) // the call returned before its load could end
+	if !errors.Is(err, cacheguard.ErrWaitTimeout) {
+		t.Errorf("cold key, WaitBudget(0): %v, want ErrWaitTimeout", err)
+	}
+	if st := g.Stats(); st.RedisErrors != 0 || st.Hits != 4 {
+		t.Errorf("Stats %+v: want 4 hits and no Redis error", st)
+	}
+}
+
 // A wait budget that ends during a read while Redis is healthy but slow is a
 // wait timeout, not a failed Redis call.
 func TestBudgetEndDuringReadIsNoRedisError(t *testing.T) {

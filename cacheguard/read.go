@@ -186,8 +186,8 @@ type entry struct{ values, field string }
 // call began, shared with the callers of the entry that overlap it, so that a
 // burst of reads of a hot entry costs limit+1 HGETs, not one per caller (of
 // a cold one, limit: the burst shares a miss, see endRead). It
-// returns when the read answers, ctx ends or the budget ends (at deadline:
-// errBudget), whichever is first; the read itself ends at the command
+// returns when the read answers, ctx ends or the budget ends (at deadline,
+// none when zero: errBudget), whichever is first; the read itself ends at the command
 // timeout (see fetch). A call that found the entry absent and no flight of
 // it running is given the callers that shared its read (chained): it must
 // hand them to the flight it joins (flights.chain) or settle them. A caller
@@ -249,8 +249,12 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 	if early {
 		asked = t.asked
 	}
-	timer := getTimer(time.Until(deadline))
-	defer putTimer(timer)
+	var budget <-chan time.Time // none when deadline is zero (see config.readBound)
+	if !deadline.IsZero() {
+		timer := getTimer(time.Until(deadline))
+		defer putTimer(timer)
+		budget = timer.C
+	}
 	answered := func() (stored, bool) { // asked closes before done, with the result
 		select {
 		case <-t.asked:
@@ -273,7 +277,7 @@ func (g *Guard) readOne(ctx context.Context, e entry, tags []string, deadline ti
 		g.reads.leave(t, counted)
 		s, _ := answered()
 		return stored{counted: s.counted}, nil, deadlineErr(ctx)
-	case <-timer.C:
+	case <-budget:
 		if s, ok := answered(); ok { // a miss, whose flight outlasted the budget: the miss path says so
 			return s, nil, nil
 		}
