@@ -60,6 +60,16 @@ func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debu
 
 func (e *PanicError) Error() string { return fmt.Sprintf("cacheguard: loader panicked: %v", e.Value) }
 
+// declined reports whether a load's err declines it — an error matching
+// ErrClosed: its process is closing, or the loader was only waiting for
+// another fill — which is no load (its fill is handed over). A panic never
+// declines, whatever its value (panic(ErrClosed) included): it is a load
+// that failed.
+func declined(err error) bool {
+	var pe *PanicError
+	return errors.Is(err, ErrClosed) && !errors.As(err, &pe)
+}
+
 // Unwrap returns the panic value when it is an error.
 func (e *PanicError) Unwrap() error {
 	err, _ := e.Value.(error)

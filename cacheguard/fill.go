@@ -67,7 +67,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	}
 	// Closing ended the load (slot and runLoader say so: ErrClosed), or its
 	// loader declined it with ErrClosed: the fill is handed over.
-	handOver := errors.Is(err, ErrClosed)
+	handOver := declined(err)
 	// Store or release even when Close cancelled the load: a lease left
 	// behind would keep other processes waiting for its expiry.
 	ctx = context.WithoutCancel(ctx)
@@ -234,7 +234,7 @@ func (c *call[T]) runLoader(ctx context.Context, keys []string, deadline time.Ti
 		if p := recover(); p != nil {
 			err = newPanicError(p)
 		}
-		if errors.Is(err, ErrClosed) {
+		if declined(err) {
 			return
 		}
 		c.g.note(ctx, EventLoad, strings.Join(keys, ","), time.Since(start), err)

@@ -289,3 +289,39 @@ func (h holdHook) wait(ctx context.Context) {
 	case <-h.release:
 	}
 }
+
+// A panic is a failed load whatever its value: panic(ErrClosed) used to be
+// taken for a loader declining its load (no EventLoad, the fill handed over),
+// since *PanicError unwraps to the panic's error; nor is panic(ErrNotFound)
+// an absence, nor panic(ErrUncached) an uncached result.
+func TestPanicWithSentinelValueIsAFailedLoad(t *testing.T) {
+	ctx := context.Background()
+	for _, pv := range []error{cacheguard.ErrClosed, cacheguard.ErrNotFound, cacheguard.ErrUncached} {
+		t.Run(pv.Error(), func(t *testing.T) {
+			var loads atomic.Int64
+			g, rdb := newGuard(t, cacheguard.Logger(slog.New(slog.DiscardHandler)), cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
+				if e.Kind == cacheguard.EventLoad {
+					loads.Add(1)
+				}
+			}))
+			key := testKey(t)
+			_, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) { panic(pv) })
+			var pe *cacheguard.PanicError
+			if !errors.As(err, &pe) {
+				t.Errorf("loader panicking with %v: %v (%T), want a *PanicError", pv, err, err)
+			}
+			if n, st := loads.Load(), g.Stats().Loads; n != 1 || st != 1 {
+				t.Errorf("panicked load counted %d times (%d events), want once", st, n)
+			}
+			if n := rdb.Exists(ctx, leaseKey(key)).Val(); n != 0 {
+				t.Errorf("fill lease left after the panic")
+			}
+			var r cacheguard.Result
+			v, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) { return item{Name: "ok"}, nil },
+				cacheguard.ReportTo(&r))
+			if err != nil || v.Name != "ok" || r != cacheguard.Miss {
+				t.Errorf("next Get after a panic(%v): %v, %v, %v; want a fresh load", pv, v, err, r)
+			}
+		})
+	}
+}
