@@ -455,12 +455,16 @@ func (c *config) validate() error {
 	return nil
 }
 
-func validKey(key string) error {
+func validKey(key string) error { return validName("key", key) }
+
+// validName checks a key or a tag (what says which): the one rule for both,
+// reported as ErrInvalid.
+func validName(what, name string) error {
 	switch {
-	case key == "":
-		return invalid("empty key")
-	case len(key) > MaxKeyLen:
-		return invalid("key of %d bytes exceeds %d", len(key), MaxKeyLen)
+	case name == "":
+		return invalid("empty %s", what)
+	case len(name) > MaxKeyLen:
+		return invalid("%s of %d bytes exceeds %d", what, len(name), MaxKeyLen)
 	}
 	return nil
 }

@@ -325,3 +325,28 @@ func TestPanicWithSentinelValueIsAFailedLoad(t *testing.T) {
 		})
 	}
 }
+
+// A bad tag is an ErrInvalid prefixed "cacheguard: " like every error of the
+// package (it was "tag: cacheguard: invalid argument: empty key").
+func TestTagErrorsArePackagePrefixed(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	long := strings.Repeat("x", cacheguard.MaxKeyLen+1)
+	for name, f := range map[string]func() error{
+		"Get, empty tag": func() error {
+			_, err := cacheguard.Get(ctx, g, "k", (&counter{}).load, cacheguard.Tags(""))
+			return err
+		},
+		"Get, long tag": func() error {
+			_, err := cacheguard.Get(ctx, g, "k", (&counter{}).load, cacheguard.Tags(long))
+			return err
+		},
+		"InvalidateTags, empty":   func() error { return g.InvalidateTags(ctx, "") },
+		"InvalidateTags, long":    func() error { return g.InvalidateTags(ctx, long) },
+		"CheckCallOptions, empty": func() error { return g.CheckCallOptions(cacheguard.Tags("a", "")) },
+	} {
+		if err := f(); !errors.Is(err, cacheguard.ErrInvalid) || !strings.HasPrefix(err.Error(), "cacheguard: ") || !strings.Contains(err.Error(), "tag") {
+			t.Errorf("%s: %q, want an ErrInvalid starting \"cacheguard: \" naming the tag", name, err)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package cacheguard
 
 import (
 	"context"
-	"fmt"
 	"hash/fnv"
 	"slices"
 	"strconv"
@@ -63,12 +62,7 @@ func (ts *tagSet) validate() error {
 	return nil
 }
 
-func validTag(t string) error {
-	if err := validKey(t); err != nil {
-		return fmt.Errorf("tag: %w", err)
-	}
-	return nil
-}
+func validTag(t string) error { return validName("tag", t) }
 
 func (ts *tagSet) list() []string {
 	if ts == nil {
