@@ -326,6 +326,34 @@ func TestPanicWithSentinelValueIsAFailedLoad(t *testing.T) {
 	}
 }
 
+// Tags() with no tag is no Tags at all: the entry of a call without Tags, a
+// Hit once loaded. It used to make a tagged entry of no tags that no read
+// took for current: every call loaded again.
+func TestEmptyTagsIsNoTags(t *testing.T) {
+	ctx := context.Background()
+	g, _ := newGuard(t)
+	key := testKey(t)
+	c := &counter{name: "v"}
+	for i, opts := range [][]cacheguard.CallOption{{cacheguard.Tags()}, {cacheguard.Tags()}, nil, {cacheguard.Tags("t"), cacheguard.Tags()}} {
+		var r cacheguard.Result
+		if _, err := cacheguard.Get(ctx, g, key, c.load, append(opts, cacheguard.ReportTo(&r))...); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && r != cacheguard.Hit {
+			t.Errorf("Get %d (%d options) was %v: want a Hit of the first load", i, len(opts), r)
+		}
+	}
+	vs, err := cacheguard.GetMany(ctx, g, []string{key}, func(context.Context, []string) (map[string]item, error) {
+		return nil, errors.New("loaded")
+	}, cacheguard.Tags())
+	if err != nil || len(vs) != 1 {
+		t.Errorf("GetMany with Tags(): %v, %v; want the cached value", vs, err)
+	}
+	if n := c.n.Load(); n != 1 {
+		t.Errorf("%d loads, want 1", n)
+	}
+}
+
 // A bad tag is an ErrInvalid prefixed "cacheguard: " like every error of the
 // package (it was "tag: cacheguard: invalid argument: empty key").
 func TestTagErrorsArePackagePrefixed(t *testing.T) {

@@ -32,8 +32,12 @@ type tagSet struct {
 // never gets a value whose load began before it. The tags are part of the
 // entry: a call with other tags (or none) reads and fills an entry of its
 // own under the same key, and Invalidate(key) voids them all. At most 16
-// tags, each a valid key. The default is none.
+// tags, each a valid key. The default is none; Tags() with no tag is the same:
+// the entry of a call without Tags.
 func Tags(tags ...string) CallOption {
+	if len(tags) == 0 {
+		return callOption(func(c *config) { c.tags = nil })
+	}
 	names := slices.Clone(tags)
 	slices.Sort(names)
 	names = slices.Compact(names)
