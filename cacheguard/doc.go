@@ -34,10 +34,10 @@
 // detached from every caller; the others get the stored value pushed to them.
 // If the holder dies, its lease runs out and one waiter takes the fill over. A
 // failed load is not retried by each waiter: callers in the holder's process
-// get the loader's error, waiters elsewhere an error matching ErrRemoteLoad; a
-// panic is a *PanicError for all. A loader's ErrNotFound is cached as an
-// absence (NegativeTTL); ErrUncached is not cached. GetMany runs the same engine.
-// MaxConcurrentLoads(n) queues a process's loads past n, misses before refreshes.
+// get the loader's error, waiters elsewhere one matching ErrRemoteLoad (and a
+// *PanicError for a panic). ErrNotFound is cached as an absence (NegativeTTL);
+// ErrUncached is not cached. GetMany runs the same
+// engine. MaxConcurrentLoads(n) queues a process's loads past n, misses first.
 //
 // A hot key does not expire under its readers: a hit refreshes it before
 // expiry, timed by its last load; past expiry it is served Stale for a grace

@@ -50,10 +50,13 @@ func invalid(format string, args ...any) error {
 }
 
 // PanicError is the error every caller sharing a load receives when the loader
-// panicked. The process survives and the fill lease is released.
+// panicked. The process survives and the fill lease is released. A waiter in
+// another process gets an error matching both ErrRemoteLoad and a *PanicError
+// whose Value is the panic value's text (a string) and whose Stack is nil: a
+// stack does not cross processes.
 type PanicError struct {
 	Value any    // the value passed to panic
-	Stack []byte // the loader's stack at the panic
+	Stack []byte // the loader's stack at the panic; nil in another process
 }
 
 func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }

@@ -120,7 +120,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 				env = &envelope{freshUntil: now + ttl.Milliseconds(), staleUntil: now + ttl.Milliseconds(), delta: took, negative: true}
 			}
 		default:
-			o.err, msg = err, "e"+err.Error()
+			o.err, msg = err, failMessage(err)
 			env, ttl = c.failSafe(o, f, tagVers, now)
 		}
 		if env == nil {
@@ -303,6 +303,18 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 		outs[i] = o
 	}
 	return outs
+}
+
+// failMessage is the release message of a load that failed with err, which
+// tells the waiters in other processes its kind (see fromWake): 'p' and the
+// panic's value for a panic, else 'e' and the text.
+func failMessage(err error) string {
+	var pe *PanicError
+	switch {
+	case errors.As(err, &pe):
+		return "p" + fmt.Sprint(pe.Value)
+	}
+	return "e" + err.Error()
 }
 
 // absent reports whether err says the thing loaded does not exist: it wraps

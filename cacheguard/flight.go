@@ -450,9 +450,12 @@ func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uin
 
 // fromWake handles a push on the key's channel (shared by every
 // representation of the key): 'v'+token+' '+envelope (a fill stored it),
-// 'e'+token+' '+message (the fill's load failed), 'n'+token+' ' (the load
-// found nothing and negative caching is off), 'h'+token+' ' (a closing Guard
-// handed its fill over: take the lease now), 'x' (invalidated). Only a push
+// 'e'+token+' '+message (the fill's load failed: ErrRemoteLoad),
+// 'p'+token+' '+value (it panicked: ErrRemoteLoad and a *PanicError),
+// 'n'+token+' ' (the load found nothing and negative caching is off),
+// 'h'+token+' ' (a closing Guard handed its fill over: take the lease now),
+// 'x' (invalidated). A kind it does not know (a newer process's) makes
+// the flight ask again, as 'h' does: the lease is free. Only a push
 // from holder, the fill whose lease this flight saw, is trusted: one from an
 // earlier fill can arrive after an invalidation that came later (the
 // subscription may predate this flight). It reports whether it ended f;
@@ -470,6 +473,9 @@ func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tag
 		return len(body) >= envHeaderLen && c.remote(ctx, f, []byte(body), tagVers)
 	case 'e':
 		c.g.flights.finish(f, &outcome{leader: f.id, err: fmt.Errorf("%w: %q: %s", ErrRemoteLoad, f.key, body)})
+		return true
+	case 'p':
+		c.g.flights.finish(f, &outcome{leader: f.id, err: fmt.Errorf("%w: %q: %w", ErrRemoteLoad, f.key, &PanicError{Value: body})})
 		return true
 	case 'n':
 		c.g.flights.finish(f, &outcome{leader: f.id, err: notFound(f.key)})
