@@ -36,7 +36,7 @@
 // failed load is not retried by each waiter: callers in the holder's process
 // get the loader's error, waiters elsewhere one matching ErrRemoteLoad (and a
 // *PanicError for a panic). ErrNotFound is cached as an absence (NegativeTTL);
-// ErrUncached is not cached. GetMany runs the same
+// ErrUncached is not, and every waiter's error matches it. GetMany runs the same
 // engine. MaxConcurrentLoads(n) queues a process's loads past n, misses first.
 //
 // A hot key does not expire under its readers: a hit refreshes it before

@@ -38,7 +38,9 @@ var (
 	// ErrUncached is what a loader returns (or wraps) for a result that is not
 	// a failure but must not be cached — e.g. ginmw's answer that sets a
 	// cookie: the callers get the error as it is, and FailSafe never replaces
-	// it with an older value.
+	// it with an older value. Waiters in other processes get an error
+	// matching ErrUncached (not ErrRemoteLoad: nothing failed) with its text;
+	// ginmw.Cache runs their handlers then, as for its own callers.
 	ErrUncached = errors.New("cacheguard: result not to be cached")
 	// ErrDecode marks bytes that are not a valid envelope, or a payload the codec
 	// cannot decode. Get never returns it: such a value is treated as a miss.

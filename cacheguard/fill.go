@@ -307,12 +307,15 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 
 // failMessage is the release message of a load that failed with err, which
 // tells the waiters in other processes its kind (see fromWake): 'p' and the
-// panic's value for a panic, else 'e' and the text.
+// panic's value for a panic, 'u' and the text for an answer not to be cached
+// (ErrUncached), else 'e' and the text.
 func failMessage(err error) string {
 	var pe *PanicError
 	switch {
 	case errors.As(err, &pe):
 		return "p" + fmt.Sprint(pe.Value)
+	case errors.Is(err, ErrUncached):
+		return "u" + err.Error()
 	}
 	return "e" + err.Error()
 }

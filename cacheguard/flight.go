@@ -452,9 +452,10 @@ func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uin
 // representation of the key): 'v'+token+' '+envelope (a fill stored it),
 // 'e'+token+' '+message (the fill's load failed: ErrRemoteLoad),
 // 'p'+token+' '+value (it panicked: ErrRemoteLoad and a *PanicError),
-// 'n'+token+' ' (the load found nothing and negative caching is off),
-// 'h'+token+' ' (a closing Guard handed its fill over: take the lease now),
-// 'x' (invalidated). A kind it does not know (a newer process's) makes
+// 'u'+token+' '+message (its answer is not to be cached: ErrUncached, not a
+// failure), 'n'+token+' ' (the load found nothing and negative caching is
+// off), 'h'+token+' ' (a closing Guard handed its fill over: take the lease
+// now), 'x' (invalidated). A kind it does not know (a newer process's) makes
 // the flight ask again, as 'h' does: the lease is free. Only a push
 // from holder, the fill whose lease this flight saw, is trusted: one from an
 // earlier fill can arrive after an invalidation that came later (the
@@ -476,6 +477,9 @@ func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tag
 		return true
 	case 'p':
 		c.g.flights.finish(f, &outcome{leader: f.id, err: fmt.Errorf("%w: %q: %w", ErrRemoteLoad, f.key, &PanicError{Value: body})})
+		return true
+	case 'u':
+		c.g.flights.finish(f, &outcome{leader: f.id, err: fmt.Errorf("%w: %q, in another process: %s", ErrUncached, f.key, body)})
 		return true
 	case 'n':
 		c.g.flights.finish(f, &outcome{leader: f.id, err: notFound(f.key)})

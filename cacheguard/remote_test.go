@@ -3,6 +3,7 @@ package cacheguard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
@@ -59,5 +60,26 @@ func TestRemoteWaiterGetsPanicError(t *testing.T) {
 	_, bErr, _ = remoteOutcome(t, func(context.Context) (item, error) { panic(errors.New("db gone")) })
 	if !errors.As(bErr, &pe) || pe.Value != "db gone" {
 		t.Errorf("remote waiter of panic(error): %v, want a *PanicError of \"db gone\"", bErr)
+	}
+}
+
+// An answer not to be cached (ErrUncached) is not a failure: the waiters of
+// other processes get an error matching ErrUncached, not ErrRemoteLoad (they
+// were told the load failed, and ginmw answered them 503).
+func TestRemoteWaiterOfUncachedAnswer(t *testing.T) {
+	aErr, bErr, bLoads := remoteOutcome(t, func(context.Context) (item, error) {
+		return item{Name: "with-cookie"}, fmt.Errorf("set-cookie: %w", cacheguard.ErrUncached)
+	})
+	if !errors.Is(aErr, cacheguard.ErrUncached) {
+		t.Fatalf("holder's caller: %v, want its loader's ErrUncached", aErr)
+	}
+	if !errors.Is(bErr, cacheguard.ErrUncached) || errors.Is(bErr, cacheguard.ErrRemoteLoad) || bLoads != 0 {
+		t.Errorf("remote waiter: %v, own loads %d; want ErrUncached and not ErrRemoteLoad, no load", bErr, bLoads)
+	}
+	// A failure is still a failure elsewhere ('e', as every release sends it).
+	_, bErr, _ = remoteOutcome(t, func(context.Context) (item, error) { return item{}, errors.New("db down") })
+	var pe *cacheguard.PanicError
+	if !errors.Is(bErr, cacheguard.ErrRemoteLoad) || errors.Is(bErr, cacheguard.ErrUncached) || errors.As(bErr, &pe) {
+		t.Errorf("remote waiter of a failed load: %v, want ErrRemoteLoad alone", bErr)
 	}
 }

@@ -412,9 +412,10 @@ func (m *cacheMW) finish(c *gin.Context, key string, err error) {
 	default:
 		// The load this request waited for produced nothing it may replay (a
 		// response another user may not see, a streamed one, a panic, a
-		// failure in another process), or the cache failed: run the handler
-		// here, for this request alone.
-		if unc == nil {
+		// failure in another process, a response another process did not
+		// store: cacheguard.ErrUncached, no failure), or the cache failed:
+		// run the handler here, for this request alone.
+		if unc == nil && !errors.Is(err, cacheguard.ErrUncached) {
 			c.Error(err) //nolint:errcheck // recorded for loggers
 		}
 		c.Header("X-Cache", "BYPASS")

@@ -166,3 +166,51 @@ func TestCacheKeyIncludesHost(t *testing.T) {
 		t.Fatalf("[::1]: %q, X-Cache %q", w.Body, w.Header().Get("X-Cache"))
 	}
 }
+
+// A response one process does not store (it sets a cookie) is no failure for
+// the requests of another process that waited for its load: they run their
+// own handler (BYPASS), as that process's own waiting requests do, and record
+// no error (they were told the load failed: cacheguard.ErrRemoteLoad, which
+// ginmw.ErrorFor answers 503).
+func TestCacheUncachedAnswerInAnotherProcess(t *testing.T) {
+	s := redistest.Start(t)
+	ga, _ := newGuard(t, s)
+	rdbB := s.Client()
+	waiting := watchWaiting(rdbB)
+	gb := cacheguard.New(rdbB)
+	t.Cleanup(func() { gb.Close() })
+	var errs []error
+	var calls atomic.Int64
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	page := func(c *gin.Context) {
+		if calls.Add(1) == 1 {
+			close(started)
+			<-gate
+		}
+		c.SetCookie("session", "abc", 60, "/", "", false, true)
+		c.String(http.StatusOK, "hi")
+	}
+	a, b := newEngine(), newEngine()
+	recordErrors(b, &errs)
+	a.GET("/p", ginmw.Cache(ga, time.Minute), page)
+	b.GET("/p", ginmw.Cache(gb, time.Minute), page)
+	aDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { aDone <- serve(a, http.MethodGet, "/p") }()
+	<-started
+	bDone := make(chan *httptest.ResponseRecorder, 1)
+	go func() { bDone <- serve(b, http.MethodGet, "/p") }()
+	<-waiting
+	close(gate)
+	if w := <-aDone; w.Code != http.StatusOK || w.Header().Get("X-Cache") != "MISS" {
+		t.Fatalf("A: %d, X-Cache %q", w.Code, w.Header().Get("X-Cache"))
+	}
+	w := <-bDone
+	if w.Code != http.StatusOK || w.Body.String() != "hi" || w.Header().Get("X-Cache") != "BYPASS" || calls.Load() != 2 {
+		t.Errorf("B, waiting for A's uncached answer: %d %q, X-Cache %q, handler ran %d times; want its own 200, BYPASS, 2",
+			w.Code, w.Body, w.Header().Get("X-Cache"), calls.Load())
+	}
+	if len(errs) != 0 {
+		t.Errorf("B recorded %v: an answer not stored is no error", errs)
+	}
+}

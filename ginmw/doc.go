@@ -131,7 +131,7 @@
 //     answers once the response is stored, so the next one is a HIT.
 //   - The handler runs on its request's goroutine, under a context with the
 //     request's values but not its cancellation (cacheguard's load timeout).
-//     A response not stored is not shared with other processes.
+//     A response not stored is not shared with other processes (BYPASS there).
 //   - Policy refusals (FailFast, the wait budget, FailClosed) answer 503 with
 //     Retry-After: 1; Redis down otherwise: the handler runs uncached.
 //   - Refreshes with no request waiting (ServeStale, FailFast, early refresh)
