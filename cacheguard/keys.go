@@ -24,15 +24,16 @@ const maxTypeName = 64
 
 // typeName names a value type inside Redis names: its Go name with the
 // package path of every named type in it (e.g. "example.com/app/model.Repo",
-// "[]example.com/app/model.Repo"), or a hash of it when long. (Two types of
-// one name declared in different functions of one package still share it.)
+// "[]example.com/app/model.Repo"), or a hash of it when long or when it holds
+// a '|' (a struct tag's; see representation). (Two types of one name declared
+// in different functions of one package still share it.)
 // Built once per type and Guard (building it allocates; the hit path must not).
 func (g *Guard) typeName(t reflect.Type) string {
 	if s, ok := g.typeNames.Load(t); ok {
 		return s.(string)
 	}
 	s := typeString(t)
-	if len(s) > maxTypeName {
+	if len(s) > maxTypeName || strings.IndexByte(s, '|') >= 0 {
 		sum := sha256.Sum256([]byte(s))
 		s = "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
 	}
@@ -59,9 +60,16 @@ func typeString(t reflect.Type) string {
 // representation names the form a value is stored in under a key: its type,
 // the call's Variant and its tag set (see Tags), so that values of different
 // types, variants or tags never share an entry, a fill or a near-cache slot.
+// Its parts are joined by '|' and a tag set's starts with '#' (then base 36):
+// a Variant that contains '|' or starts with '#' is written as "#=" and its
+// base64 (which has neither), so that no name is two representations'.
 func (g *Guard) representation(t reflect.Type, variant string, tags *tagSet) string {
 	rep := g.typeName(t)
-	if variant != "" {
+	switch {
+	case variant == "":
+	case variant[0] == '#' || strings.IndexByte(variant, '|') >= 0:
+		rep += "|#=" + base64.RawURLEncoding.EncodeToString([]byte(variant))
+	default:
 		rep += "|" + variant
 	}
 	if tags != nil {

@@ -2,6 +2,8 @@ package cacheguard_test
 
 import (
 	"context"
+	"hash/fnv"
+	"strconv"
 	"testing"
 	"time"
 
@@ -91,5 +93,78 @@ func TestClusterKeysWithBraces(t *testing.T) {
 	}
 	if st := g.Stats(); st.FailOpenLoads != 0 || st.RedisErrors != 0 {
 		t.Fatalf("stats %+v: keys failed open", st)
+	}
+}
+
+// tagSetID is the id a tag set has in the representation (cacheguard/tags.go:
+// FNV-64a of each sorted name and a 0 byte, in base 36).
+func tagSetID(tags ...string) string {
+	h := fnv.New64a()
+	for _, t := range tags { // sorted and unique here
+		h.Write([]byte(t))
+		h.Write([]byte{0})
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// A Variant whose name looks like a tag set's part of the representation
+// ("#<id>", "a|#<id>") never shares an entry or a flight with the call that
+// has those Tags: the Redis field, the lease and the flight were one, so each
+// call reloaded the other's value (or got it). An ordinary Variant's field is
+// named as before, so that existing entries are read.
+func TestVariantNeverNamesATagSet(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t)
+	tag := testKey(t, "tag")
+	id := tagSetID(tag)
+	for _, tc := range []struct {
+		name            string
+		variant, tagged []cacheguard.CallOption
+	}{
+		{"#id", []cacheguard.CallOption{cacheguard.Variant("#" + id)}, []cacheguard.CallOption{cacheguard.Tags(tag)}},
+		{"a|#id", []cacheguard.CallOption{cacheguard.Variant("a|#" + id)}, []cacheguard.CallOption{cacheguard.Variant("a"), cacheguard.Tags(tag)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := testKey(t)
+			l := newGated("variant")
+			errc := make(chan error, 1)
+			go func() {
+				_, err := cacheguard.Get(ctx, g, key, l.load, tc.variant...)
+				errc <- err
+			}()
+			<-l.entered
+			// While the variant's load is held, the tagged call loads on its
+			// own (joining the variant's flight, it would wait for the
+			// release: bounded here by a short budget).
+			tagged := &counter{name: "tagged"}
+			opts := append([]cacheguard.CallOption{cacheguard.WaitBudget(2 * time.Second)}, tc.tagged...)
+			if v, err := cacheguard.Get(ctx, g, key, tagged.load, opts...); err != nil || v.Name != "tagged" {
+				t.Errorf("tagged call while the variant loads: %v, %v; want its own load", v, err)
+			}
+			close(l.release)
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			// Each is a hit of its own entry, alternately.
+			for i := range 4 {
+				opts, want := tc.variant, "variant"
+				if i%2 == 1 {
+					opts, want = tc.tagged, "tagged"
+				}
+				var res cacheguard.Result
+				again := &counter{name: "again"}
+				v, err := cacheguard.Get(ctx, g, key, again.load, append(opts, cacheguard.ReportTo(&res))...)
+				if err != nil || v.Name != want || res != cacheguard.Hit {
+					t.Errorf("call %d: %v, %v, %v; want a hit of %q", i, v, err, res, want)
+				}
+			}
+		})
+	}
+	key := testKey(t)
+	if _, err := cacheguard.Get(ctx, g, key, (&counter{name: "v"}).load, cacheguard.Variant("GET example.com"), cacheguard.Tags(tag)); err != nil {
+		t.Fatal(err)
+	}
+	if field := itemField + "|GET example.com|#" + id; !rdb.HExists(ctx, valueKey(key), field).Val() {
+		t.Errorf("no field %q: an ordinary Variant's name changed", field)
 	}
 }
