@@ -101,3 +101,14 @@ func (g *Guard) OpenStores() int64 { return g.flights.open.Load() }
 // SetReadLimit sets how many reads of one entry g sends at once (see
 // Guard.readOne); the calls beyond them queue behind.
 func SetReadLimit(g *Guard, n int) { g.reads.limit = n }
+
+// TrustNear makes g's near cache trusted for d from now, as a proof of its
+// subscription would: a test that holds the subscription's replies (a late
+// message) keeps it trusted meanwhile, until the hub gives the connection up.
+func TrustNear(g *Guard, d time.Duration) {
+	n := g.near
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	epoch, _ := unpackState(n.state.Load())
+	n.state.Store(packState(epoch, n.mono(time.Now().Add(d))))
+}

@@ -289,6 +289,7 @@ func (c *call[T]) fly(ctx context.Context, fs []*flight, deadline time.Time, kin
 		for i, f := range fs {
 			if err == nil {
 				f.t.saw(rs[i].gen)
+				g.near.seen(f.key, rs[i].gen)
 				f.t.elsewhere.Store(!rs[i].granted && !rs[i].fresh)
 			}
 			f.t.answered()
@@ -390,6 +391,7 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 		}
 		r := rs[0]
 		f.t.saw(r.gen)
+		g.near.seen(f.key, r.gen)
 		switch {
 		case r.granted:
 			f.lease = lease{gen: r.gen, token: tok}

@@ -415,6 +415,9 @@ func (c *call[T]) serve(ctx context.Context, sl *part[T], now int64) bool {
 		return false
 	}
 	env, v, verdict := c.decode(ctx, sl.key, s.b, &view{now: now, gen: s.gen, tags: s.tagVers})
+	if verdict != fresh || env.negative {
+		g.near.seen(sl.key, env.gen) // a fresh value tells it put
+	}
 	switch verdict {
 	case refused:
 		sl.force = true

@@ -87,9 +87,15 @@ func nearIDOf(typ reflect.Type, cfg *config) nearID {
 }
 
 // nearNode holds a key's entries, one per representation; the slice is
-// replaced, never changed in place.
+// replaced, never changed in place. gen is the key's newest generation this
+// process saw while the node lived — in a value read or stored, or a fill
+// lease's answer — and every entry is of it (see seen): a read that finds a
+// later generation than another representation's drops that one, so that no
+// Get serves a value from before an invalidation that an earlier Get of the
+// process followed, whatever its Variant, type or tags.
 type nearNode struct {
-	mu   sync.Mutex // serialises writers
+	mu   sync.Mutex   // serialises writers
+	gen  atomic.Int64 // written under mu
 	reps atomic.Pointer[[]*nearEntry]
 }
 
@@ -137,8 +143,9 @@ func (n *nearCache) get(key string, id nearID, now time.Time) (*nearEntry, uint6
 	}
 	if x, found := n.m.Load(key); found {
 		if reps := x.(*nearNode).reps.Load(); reps != nil {
+			gen := x.(*nearNode).gen.Load()
 			for _, e := range *reps {
-				if e.id == id && mono < e.until {
+				if e.id == id && mono < e.until && e.env.gen >= gen {
 					return e, epoch
 				}
 			}
@@ -169,12 +176,14 @@ func (n *nearCache) valid(t nearTicket, tagged bool) bool {
 
 // put keeps val, a fresh value of key that a command sent after t found in
 // Redis (or that the call stored), unless something was heard about its key
-// or tags since, or the subscription was not trusted throughout. With
-// replace, the key's other representations are dropped (this process stored
-// it: see call.fill).
+// or tags since, or the subscription was not trusted throughout, or it is of
+// an older generation than the key's newest seen; it drops the key's entries
+// of older generations (see seen). With replace, the key's other
+// representations are dropped (this process stored it: see call.fill).
 func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val any, env *envelope, replace bool) {
 	now := time.Now()
 	if env.negative || env.failSafe || now.UnixMilli() >= env.freshUntil || !n.valid(t, len(tags) > 0) {
+		n.seen(key, env.gen)
 		return
 	}
 	e := &nearEntry{key: key, id: id, val: val, env: *env, until: n.mono(now.Add(n.ttl)), tags: tags}
@@ -182,14 +191,16 @@ func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val 
 	x, _ := n.m.LoadOrStore(key, &nearNode{})
 	node := x.(*nearNode)
 	node.mu.Lock()
-	if !n.valid(t, len(tags) > 0) {
+	if !n.valid(t, len(tags) > 0) || env.gen < node.gen.Load() {
 		node.mu.Unlock()
+		n.seen(key, env.gen)
 		return
 	}
+	node.gen.Store(env.gen)
 	var reps, gone []*nearEntry
 	if old := node.reps.Load(); old != nil {
 		for _, o := range *old {
-			if o.id == id || replace {
+			if o.id == id || replace || o.env.gen < env.gen {
 				gone = append(gone, o)
 			} else {
 				reps = append(reps, o)
@@ -202,6 +213,55 @@ func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val 
 	n.admit(e, gone)
 	if len(tags) > 0 && n.tagChanges.Load() != t.tags {
 		n.remove(e) // a tag message came while it was indexed: it may have missed it
+	}
+}
+
+// seen records that gen is, or was, key's generation (a value of it was read,
+// pushed or stored, or a fill lease's answer named it): the key's entries of
+// older generations are dropped, and none enters again (see put). The one
+// rule by which an invalidation that a call followed reaches the
+// representations it did not read, before the invalidation's message does.
+// When no entry is left, the node goes, and the reads of key in flight keep
+// what they find out (as after drop): the generation goes with the node.
+func (n *nearCache) seen(key string, gen int64) {
+	if n == nil || gen == 0 {
+		return
+	}
+	x, ok := n.m.Load(key)
+	if !ok {
+		return // nothing near-cached: nothing older to drop
+	}
+	node := x.(*nearNode)
+	node.mu.Lock()
+	if gen <= node.gen.Load() {
+		node.mu.Unlock()
+		return
+	}
+	c := &n.changes[n.slot(key)]
+	c.Add(1)
+	defer c.Add(1)
+	node.gen.Store(gen) // first: a get that loaded the entries already refuses them
+	var reps, gone []*nearEntry
+	if old := node.reps.Load(); old != nil {
+		for _, o := range *old {
+			if o.env.gen < gen {
+				gone = append(gone, o)
+			} else {
+				reps = append(reps, o)
+			}
+		}
+	}
+	if len(reps) == 0 {
+		n.m.CompareAndDelete(key, node)
+		node.reps.Store(nil)
+	} else {
+		node.reps.Store(&reps)
+	}
+	node.mu.Unlock()
+	if len(gone) > 0 {
+		n.mu.Lock()
+		n.unindex(gone...)
+		n.mu.Unlock()
 	}
 }
 

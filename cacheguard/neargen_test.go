@@ -1,0 +1,130 @@
+package cacheguard_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+)
+
+// holdSub is a go-redis hook that, once held, keeps what Redis sends on the
+// client's subscription connection from its reader until released: the
+// near cache's messages arrive late, as on a slow subscriber.
+type holdSub struct {
+	held    atomic.Bool
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHoldSub() *holdSub { return &holdSub{release: make(chan struct{})} }
+
+func (h *holdSub) hold() { h.held.Store(true) }
+func (h *holdSub) free() { h.once.Do(func() { close(h.release) }) }
+
+func (h *holdSub) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &subConn{Conn: c, h: h}, nil
+	}
+}
+func (h *holdSub) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdSub) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// subConn is a connection that knows whether it subscribed.
+type subConn struct {
+	net.Conn
+	h   *holdSub
+	sub atomic.Bool
+}
+
+func (c *subConn) Write(b []byte) (int, error) {
+	if bytes.Contains(bytes.ToLower(b), []byte("subscribe")) {
+		c.sub.Store(true)
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *subConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.sub.Load() && c.h.held.Load() {
+		<-c.h.release
+	}
+	return n, err
+}
+
+// Reads do not go backwards across invalidations within a process, whatever
+// representation each reads. Process A near-caches key's Variant("v") at
+// version 1; B writes version 2 (or deletes the row), invalidates the key and
+// loads it, while A's subscription is slow (their messages not yet read). A's
+// plain Get reads version 2 (or the cached absence) from Redis; A's next Get
+// of the key with Variant("v") returned version 1 from the near cache: a read
+// that found the key's newer generation did not drop its other
+// representations (only a store did).
+func TestNearCacheReadsDoNotGoBackwardsAcrossRepresentations(t *testing.T) {
+	for _, deleted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "value", true: "absence"}[deleted], func(t *testing.T) {
+			testNearNotBackwards(t, deleted)
+		})
+	}
+}
+
+func testNearNotBackwards(t *testing.T, deleted bool) {
+	ctx := context.Background()
+	hold := newHoldSub()
+	rdbA := shared(t)
+	rdbA.AddHook(hold)
+	a := cacheguard.New(rdbA, cacheguard.NearCache(100, time.Hour))
+	t.Cleanup(func() { a.Close() })
+	t.Cleanup(hold.free) // first: Close waits for the subscription's reader
+	b, _ := newGuard(t, cacheguard.NearCache(100, time.Hour))
+	eventually(t, 10*time.Second, "A's near cache to be trusted", func() bool { return cacheguard.NearTrusted(a) })
+	key := testKey(t)
+	var db atomic.Int64
+	db.Store(1)
+	load := func(context.Context) (item, error) {
+		if v := db.Load(); v < 2 || !deleted {
+			return item{ID: int(v), Name: "db"}, nil
+		}
+		return item{}, cacheguard.ErrNotFound
+	}
+	variant := cacheguard.Variant("v")
+	var r cacheguard.Result
+	for _, want := range []cacheguard.Result{cacheguard.Miss, cacheguard.NearHit} {
+		if v, err := cacheguard.Get(ctx, a, key, load, variant, cacheguard.ReportTo(&r)); err != nil || v.ID != 1 || r != want {
+			t.Fatalf("setup: %v, %v, %v; want version 1, %v", v, err, r, want)
+		}
+	}
+
+	hold.hold() // A's subscriber reads nothing more; its near cache stays trusted
+	cacheguard.TrustNear(a, time.Hour)
+	db.Store(2)
+	if err := b.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cacheguard.Get(ctx, b, key, load); err != nil && !deleted {
+		t.Fatalf("B: %v", err)
+	}
+	if v, err := cacheguard.Get(ctx, a, key, load, cacheguard.ReportTo(&r)); r != cacheguard.Hit || deleted != errors.Is(err, cacheguard.ErrNotFound) || !deleted && v.ID != 2 {
+		t.Fatalf("A's plain Get: %v, %v, %v; want version 2 (or its absence) from Redis", v, err, r)
+	}
+	v, err := cacheguard.Get(ctx, a, key, load, variant, cacheguard.ReportTo(&r))
+	if !cacheguard.NearTrusted(a) {
+		t.Skip("A's subscription was given up while held (a host stalled for seconds): not the case under test")
+	}
+	if r == cacheguard.NearHit || v.ID == 1 {
+		t.Fatalf("A's Variant Get after its plain Get returned version 2: version %d (%v), %v", v.ID, r, err)
+	}
+}
