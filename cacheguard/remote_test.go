@@ -10,9 +10,9 @@ import (
 )
 
 // remoteOutcome runs load as process A's fill of a fresh key while a Get of
-// process B waits for it, and returns the errors A's caller and B's got and
-// how many times B's own loader ran.
-func remoteOutcome(t *testing.T, load func(context.Context) (item, error)) (aErr, bErr error, bLoads int64) {
+// process B waits for it, and returns how many times B's own loader ran and
+// the errors A's caller and B's got.
+func remoteOutcome(t *testing.T, load func(context.Context) (item, error)) (bLoads int64, aErr, bErr error) {
 	t.Helper()
 	ctx := context.Background()
 	a, _ := newGuard(t, cacheguard.Logger(nil))
@@ -38,14 +38,15 @@ func remoteOutcome(t *testing.T, load func(context.Context) (item, error)) (aErr
 	}()
 	<-waiting
 	close(release)
-	return <-aDone, <-bDone, own.n.Load()
+	aErr, bErr = <-aDone, <-bDone
+	return own.n.Load(), aErr, bErr
 }
 
 // A panic reaches the waiters of other processes as a *PanicError that
 // matches ErrRemoteLoad too, its value the panic's text (the release message
 // used to carry the text alone: an ErrRemoteLoad and no *PanicError).
 func TestRemoteWaiterGetsPanicError(t *testing.T) {
-	aErr, bErr, bLoads := remoteOutcome(t, func(context.Context) (item, error) { panic("loader boom") })
+	bLoads, aErr, bErr := remoteOutcome(t, func(context.Context) (item, error) { panic("loader boom") })
 	var pe *cacheguard.PanicError
 	if !errors.As(aErr, &pe) || pe.Stack == nil {
 		t.Fatalf("holder's caller: %v, want a *PanicError with a stack", aErr)
@@ -57,7 +58,7 @@ func TestRemoteWaiterGetsPanicError(t *testing.T) {
 		t.Errorf("remote PanicError: value %#v, stack %d bytes, own loads %d; want the text, no stack, none", pe.Value, len(pe.Stack), bLoads)
 	}
 	// An error passed to panic arrives as its text.
-	_, bErr, _ = remoteOutcome(t, func(context.Context) (item, error) { panic(errors.New("db gone")) })
+	_, _, bErr = remoteOutcome(t, func(context.Context) (item, error) { panic(errors.New("db gone")) })
 	if !errors.As(bErr, &pe) || pe.Value != "db gone" {
 		t.Errorf("remote waiter of panic(error): %v, want a *PanicError of \"db gone\"", bErr)
 	}
@@ -67,7 +68,7 @@ func TestRemoteWaiterGetsPanicError(t *testing.T) {
 // other processes get an error matching ErrUncached, not ErrRemoteLoad (they
 // were told the load failed, and ginmw answered them 503).
 func TestRemoteWaiterOfUncachedAnswer(t *testing.T) {
-	aErr, bErr, bLoads := remoteOutcome(t, func(context.Context) (item, error) {
+	bLoads, aErr, bErr := remoteOutcome(t, func(context.Context) (item, error) {
 		return item{Name: "with-cookie"}, fmt.Errorf("set-cookie: %w", cacheguard.ErrUncached)
 	})
 	if !errors.Is(aErr, cacheguard.ErrUncached) {
@@ -77,7 +78,7 @@ func TestRemoteWaiterOfUncachedAnswer(t *testing.T) {
 		t.Errorf("remote waiter: %v, own loads %d; want ErrUncached and not ErrRemoteLoad, no load", bErr, bLoads)
 	}
 	// A failure is still a failure elsewhere ('e', as every release sends it).
-	_, bErr, _ = remoteOutcome(t, func(context.Context) (item, error) { return item{}, errors.New("db down") })
+	_, _, bErr = remoteOutcome(t, func(context.Context) (item, error) { return item{}, errors.New("db down") })
 	var pe *cacheguard.PanicError
 	if !errors.Is(bErr, cacheguard.ErrRemoteLoad) || errors.Is(bErr, cacheguard.ErrUncached) || errors.As(bErr, &pe) {
 		t.Errorf("remote waiter of a failed load: %v, want ErrRemoteLoad alone", bErr)
