@@ -4,7 +4,6 @@ package cacheguard_test
 // rule it checks.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,32 +20,15 @@ import (
 	"github.com/cacheguard/cacheguard/cacheguard"
 )
 
-// logBuffer collects what a Guard's Logger writes.
-type logBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+// logger is a Logger that writes to b.
+func (b *syncBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // An Observer is user code: its panic is recovered and logged wherever the
 // Guard calls it, and what reported the event goes on. A panic on EventLoad
 // used to escape the fill, leaving its lease renewed until the load timeout.
 func TestObserverPanicOnLoadReleasesLease(t *testing.T) {
 	ctx := context.Background()
-	var logs logBuffer
+	var logs syncBuffer
 	var once sync.Once
 	g, rdb := newGuard(t, cacheguard.Logger(logs.logger()), cacheguard.Observer(func(_ context.Context, e cacheguard.Event) {
 		if e.Kind == cacheguard.EventLoad {
