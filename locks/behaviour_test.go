@@ -103,6 +103,34 @@ func TestExtendByHand(t *testing.T) {
 	within(t, lk.Lost(), time.Second, "Lost after failed Extend")
 }
 
+// An Extend whose context has already ended is refused with the context's
+// error before any call to Redis, as one past its deadline already was: it
+// used to extend the lease under a cancelled context and return nil.
+func TestExtendUnderEndedContextExtendsNothing(t *testing.T) {
+	ctx := context.Background()
+	c, rdb, _ := newClient(t)
+	lk, err := c.TryLock(ctx, "ext-ended", locks.Lease(time.Second), locks.NoRenewal())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	past, cancelPast := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancelPast()
+	for _, tc := range []struct {
+		ctx  context.Context
+		want error
+	}{{cancelled, context.Canceled}, {past, context.DeadlineExceeded}} {
+		if err := lk.Extend(tc.ctx, time.Minute); !errors.Is(err, tc.want) {
+			t.Errorf("Extend under an ended context = %v, want %v", err, tc.want)
+		}
+		if pttl := rdb.PTTL(ctx, "cg:lock:{ext-ended}").Val(); pttl > 2*time.Second {
+			t.Errorf("PTTL after a refused Extend = %v, want the 1s lease", pttl)
+		}
+	}
+}
+
 // TestLostWhenDeleted: deleting the key out of band closes Lost() within one
 // renewal interval (a third of the lease).
 func TestLostWhenDeleted(t *testing.T) {

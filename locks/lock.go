@@ -108,7 +108,8 @@ func (l *Lock) Unlock(ctx context.Context) error {
 }
 
 // Extend sets the lease to d from now, if the lock is still held by this owner;
-// ErrNotHeld otherwise (and the lock counts as lost).
+// ErrNotHeld otherwise (and the lock counts as lost). Under a ctx that has
+// already ended it returns ctx's error and extends nothing.
 func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	if d < MinLease {
 		return invalid("lease %v is shorter than %v", d, MinLease)
@@ -116,6 +117,9 @@ func (l *Lock) Extend(ctx context.Context, d time.Duration) error {
 	h := l.h
 	if err := h.lostErr(); err != nil {
 		return ErrNotHeld
+	}
+	if err := ctx.Err(); err != nil {
+		return err // its command would be sent detached from ctx, and run
 	}
 	sent, err := h.takeWire(ctx, d) // a renewal on the wire answers first
 	if err != nil {
