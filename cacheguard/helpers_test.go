@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,13 +64,8 @@ func (c *counter) load(ctx context.Context) (item, error) {
 var eventually = redistest.Eventually
 
 // watchWaiting returns a channel closed once the Guard on rdb waits for
-// another process's fill: its flight was told the lease is held, subscribed,
-// and was told so again.
-func watchWaiting(rdb redis.UniversalClient) <-chan struct{} {
-	h := &waitingHook{seen: make(chan struct{})}
-	rdb.AddHook(replyHook(h.seeReply))
-	return h.seen
-}
+// another process's fill (redistest.FillWaiting).
+var watchWaiting = redistest.FillWaiting
 
 // replyHook is a go-redis hook that shows every reply, of a command sent
 // alone or in a pipeline, to the function once it came.
@@ -92,28 +86,6 @@ func (h replyHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		h(cmd)
 		return err
-	}
-}
-
-type waitingHook struct {
-	once sync.Once
-	n    atomic.Int64
-	seen chan struct{}
-}
-
-// seeReply counts the get-or-lease script's answers {2, pttl, holder,
-// generation}: another fill holds the lease. A flight asks again once
-// subscribed, so the second such answer means it waits for the holder's push.
-func (h *waitingHook) seeReply(cmd redis.Cmder) {
-	c, ok := cmd.(*redis.Cmd)
-	if name := cmd.Name(); !ok || c.Err() != nil || name != "evalsha" && name != "eval" {
-		return
-	}
-	replies, _ := c.Slice()
-	for _, r := range replies {
-		if v, _ := r.([]any); len(v) == 4 && v[0] == int64(2) && h.n.Add(1) == 2 {
-			h.once.Do(func() { close(h.seen) })
-		}
 	}
 }
 

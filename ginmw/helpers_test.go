@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -145,48 +144,5 @@ func within(t *testing.T, d time.Duration, ch <-chan struct{}, what string) {
 var eventually = redistest.Eventually
 
 // watchWaiting returns a channel closed once the Guard on rdb waits for
-// another process's fill: its get-or-lease script answered twice {2, pttl,
-// holder, generation} (the lease is held elsewhere; a flight asks again once
-// subscribed, so the second answer means it waits for the holder's push).
-func watchWaiting(rdb *redis.Client) <-chan struct{} {
-	h := &waitingHook{seen: make(chan struct{})}
-	rdb.AddHook(h)
-	return h.seen
-}
-
-type waitingHook struct {
-	once sync.Once
-	n    atomic.Int64
-	seen chan struct{}
-}
-
-func (h *waitingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *waitingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		h.see(cmd)
-		return err
-	}
-}
-func (h *waitingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			h.see(cmd)
-		}
-		return err
-	}
-}
-
-func (h *waitingHook) see(cmd redis.Cmder) {
-	c, ok := cmd.(*redis.Cmd)
-	if name := cmd.Name(); !ok || c.Err() != nil || name != "evalsha" && name != "eval" {
-		return
-	}
-	replies, _ := c.Slice()
-	for _, r := range replies {
-		if v, _ := r.([]any); len(v) == 4 && v[0] == int64(2) && h.n.Add(1) == 2 {
-			h.once.Do(func() { close(h.seen) })
-		}
-	}
-}
+// another process's fill (redistest.FillWaiting).
+var watchWaiting = redistest.FillWaiting
