@@ -84,11 +84,7 @@ func fenceField(s *schema.Schema) *schema.Field {
 		if f.DBName == "" {
 			continue
 		}
-		t := f.FieldType
-		for t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if t == fenceType || f.Tag.Get("gormplugin") == "fence" {
+		if indirect(f.FieldType) == fenceType || f.Tag.Get("gormplugin") == "fence" {
 			return f
 		}
 	}

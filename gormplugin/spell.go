@@ -70,13 +70,9 @@ func (p *Plugin) spelled(db *gorm.DB, s *schema.Schema, table, real string, rows
 			}
 			sqlText.WriteString(" FROM ? WHERE")
 			vars = append(vars, clause.Table{Name: real})
-			for j, f := range s.PrimaryFields {
-				if j > 0 {
-					sqlText.WriteString(" AND")
-				}
-				sqlText.WriteString(" ? = ?")
-				vars = append(vars, clause.Column{Name: f.DBName}, r.vals[j])
-			}
+			cond, cvars := keyEquals(s.PrimaryFieldDBNames, nil, r.vals) // as the database compares it
+			sqlText.WriteString(cond)
+			vars = append(vars, cvars...)
 		}
 		rs, err := q.Raw(sqlText.String(), vars...).Rows()
 		if err != nil {
