@@ -535,10 +535,12 @@ func (m *genModel) drawCall(rt *rapid.T) genCall {
 		budget:  rapid.SampledFrom([]time.Duration{300 * time.Millisecond, time.Second}).Draw(rt, "budget"),
 		ctxTime: rapid.SampledFrom([]time.Duration{0, 0, 100 * time.Millisecond}).Draw(rt, "ctx"),
 		policy:  rapid.SampledFrom([]string{"wait", "stale", "failsafe", "soft"}).Draw(rt, "policy"),
-		variant: rapid.SampledFrom([]string{"", "", "", "HEAD"}).Draw(rt, "variant"),
+		// Variants whose names look like a tag set's part of an entry's
+		// field ("#<id of t0>", "a|b") are entries of their own.
+		variant: rapid.SampledFrom([]string{"", "", "", "HEAD", "#" + tagSetID("t0"), "a|b"}).Draw(rt, "variant"),
 		loader:  rapid.SampledFrom([]string{"fast", "fast", "slow", "slowenc", "fail", "nested"}).Draw(rt, "loader"),
 	}
-	c.tags = rapid.SampledFrom([][]string{nil, {"t0"}}).Draw(rt, "tags")
+	c.tags = rapid.SampledFrom([][]string{nil, {"t0"}, {}}).Draw(rt, "tags") // Tags() is no tags (the model's entry: fmt.Sprint)
 	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget)}
 	switch c.policy {
 	case "stale":
