@@ -84,10 +84,11 @@ type pending struct {
 	cmd     *redis.Cmd
 	done    chan struct{} // one send when answered (buffered: the sender never blocks)
 	state   atomic.Int32
-	cleanup []any      // sent by the sender when the caller gave up first and the call ran; may be nil
-	until   time.Time  // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
-	short   bool       // its caller's deadline ends before the command timeout: it never leads
-	batch   []*pending // what a leader sends (its own call among it)
+	cleanup []any       // sent by the sender when the caller gave up first and the call ran; may be nil
+	keep    func() bool // when not nil, asked once the call ran: true keeps its effect (cleanup is not sent)
+	until   time.Time   // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
+	short   bool        // its caller's deadline ends before the command timeout: it never leads
+	batch   []*pending  // what a leader sends (its own call among it)
 }
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
@@ -100,7 +101,7 @@ func getPending(args []any, state int32) *pending {
 }
 
 func putPending(p *pending) {
-	p.args, p.cmd, p.cleanup, p.until, p.short, p.batch = nil, nil, nil, time.Time{}, false, nil
+	p.args, p.cmd, p.cleanup, p.keep, p.until, p.short, p.batch = nil, nil, nil, nil, time.Time{}, false, nil
 	pendings.Put(p)
 }
 
@@ -114,9 +115,12 @@ func newBatcher(run *rcmd.Runner) *batcher {
 // do sends args (a script call) and returns its reply, or a command failed
 // with ctx's error when ctx ends first. cleanup (may be nil) is called only
 // when ctx ends while the call is queued: it returns the call that undoes
-// this one, sent if this one runs after all. (It is called, never kept, so a
-// closure passed here costs no allocation.)
-func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *redis.Cmd {
+// this one, sent if this one runs after all, and keep (may be nil), asked
+// then, once the reply shows that it ran: whether its effect is wanted after
+// all (a Redlock node's grant to an attempt that succeeded without it), so
+// that nothing is undone. (cleanup is called, never kept, so a closure
+// passed here costs no allocation.)
+func (b *batcher) do(ctx context.Context, args []any, cleanup func() (call []any, keep func() bool)) *redis.Cmd {
 	short := b.run.Cuts(ctx, 0)
 	b.mu.Lock()
 	if b.closed || b.busy < maxDirect && !short && len(b.queue) == 0 {
@@ -150,7 +154,7 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() []any) *red
 	case <-p.done:
 	case <-ctx.Done():
 		if cleanup != nil {
-			p.cleanup = cleanup() // read by the sender only once the swap below is done
+			p.cleanup, p.keep = cleanup() // read by the sender only once the swap below is done
 		}
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			cmd := redis.NewCmd(ctx, args...)
@@ -303,7 +307,7 @@ func (s *sender) exec(b *batcher, q []*pending, leader *pending) {
 			p.done <- struct{}{}
 			continue
 		}
-		if p.cleanup != nil && p.cmd.Err() == nil {
+		if p.cleanup != nil && p.cmd.Err() == nil && (p.keep == nil || !p.keep()) {
 			b.later(p.cleanup)
 		}
 		if !p.until.IsZero() && undelivered(p.cmd.Err()) && time.Now().Before(p.until) {

@@ -322,7 +322,7 @@ func (c *Client) attempt(ctx context.Context, ks []string, kv []any, owner, acq 
 	}
 	// An attempt whose caller gave up before the reply came may still have
 	// taken the lock or a place in its queue: give both back.
-	cleanup := func() []any { return c.giveBackCall(kv, owner, acq, cfg, member) }
+	cleanup := func() ([]any, func() bool) { return c.giveBackCall(kv, owner, acq, cfg, member), nil }
 	v, err := acquireS.runVia(ctx, c.b, cleanup, kv, owner, acq, cfg.leaseV, cfg.retentionV, packed, c.idV).Result()
 	if err != nil {
 		return attemptResult{}, err

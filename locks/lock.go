@@ -184,6 +184,7 @@ type held struct {
 	releasing bool          // its Unlock's release is on the wire: the release's reply, not renewals or the deadline, decides how it ends
 	lastErr   error         // the last renewal's error, while none succeeded since
 	ended     bool          // released or lost
+	giving    bool          // a release of it was sent or is about to be (Redlock: see Redlock.releasing)
 	err       error         // why it was lost
 }
 
@@ -281,6 +282,13 @@ func (h *held) takeTurn() *turnKeeper {
 // release's DEL (or hand-off) finds the key gone, and the lease may run out
 // while the reply travels, yet the lock was held until the release; the
 // release's reply says how it ended.
+// givenBack reports whether h is being given back or has ended.
+func (h *held) givenBack() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.giving || h.ended
+}
+
 func (h *held) beginRelease() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

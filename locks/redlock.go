@@ -448,12 +448,29 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		}
 		released <- i
 	}
+	// A node's call that ran after its caller gave up on it (queued past the
+	// node's time: see batcher.do) is undone there once its reply comes,
+	// unless the attempt succeeded without it and the holding is not being
+	// given back: its grant is then the holding's own, which renewals extend
+	// (and count) and every release removes. Undoing it then would take a
+	// node from under a validity a renewal counted it in. Undecided, the
+	// grant is kept too: a failed attempt's release (release, above) is sent
+	// after the verdict, so after this grant.
+	var hold *held // the holding when the attempt succeeded; written before decided is closed
+	keep := func() bool {
+		select {
+		case <-decided:
+			return hold != nil && !hold.givenBack()
+		default:
+			return true
+		}
+	}
+	cleanup := func() ([]any, func() bool) { return redlockReleaseS.call(keyv, argv), keep }
 	start := time.Now()
 	res = fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]int64, error) {
 		// A call that was still queued when its node's time ran out returns
 		// at once, before the node has seen it; if it then grants, it is
 		// released there (release, below, may have been sent too early).
-		cleanup := func() []any { return redlockReleaseS.call(keyv, argv) }
 		return redlockAcquireS.runVia(ctx, n.b, cleanup, keyv, argv...).Int64Slice()
 	}, func(res []nodeResult[[]int64]) bool { return granted(res) >= r.quorum }, release)
 
@@ -463,10 +480,11 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 			r.mu.Lock()
 			r.flights[acq] = fl
 			r.mu.Unlock()
-			close(decided)
 			hcfg := *cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
-			return newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, g), count(res, 2) >= r.quorum, nil
+			hold = newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, g)
+			close(decided)
+			return hold, count(res, 2) >= r.quorum, nil
 		}
 		noValidity = ErrNoValidity
 	} else if nested {
@@ -585,12 +603,16 @@ func (f *rlFlight) landed(r *Redlock, acq string) (undo bool) {
 	return undo
 }
 
-// releasing marks the holding with acquisition acq as being released, before
-// its release is sent: a node call of its attempt that returns from now on
-// undoes its own grant. It must be called before the release is sent.
-func (r *Redlock) releasing(acq string) {
+// releasing marks h as being given back, before its release is sent: a
+// node call of its attempt that returns from now on, or whose reply comes
+// after its caller gave up on it, undoes its own grant (see attempt). It must
+// be called before the release is sent.
+func (r *Redlock) releasing(h *held) {
+	h.mu.Lock()
+	h.giving = true
+	h.mu.Unlock()
 	r.mu.Lock()
-	f := r.flights[acq]
+	f := r.flights[h.keys[1]]
 	r.mu.Unlock()
 	if f != nil {
 		f.mu.Lock()

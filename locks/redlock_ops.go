@@ -24,7 +24,7 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	key, acq := h.keys[0], h.keys[1]
 	px := rlPXFor(h.cfg, lease)
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
-	r.releasing(acq)
+	r.releasing(h)
 	res := fanout(r, ctx, rlNodeTimeout(h.cfg, px),
 		func(ctx context.Context, n *rlNode) (int64, error) {
 			return releaseNode(ctx, n, keys, args)
@@ -210,7 +210,7 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 	lease := h.lease
 	h.mu.Unlock()
 	key, acq := h.keys[0], h.keys[1]
-	r.releasing(acq)
+	r.releasing(h)
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()

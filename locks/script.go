@@ -36,8 +36,9 @@ func (s script) cmd(ctx context.Context, keys []any, args ...any) *redis.Cmd {
 
 // runVia sends the script through a batcher (see batcher.do): the call may
 // share its round trip with others. cleanup (may be nil) names the call that
-// undoes this one, should it run after ctx ended.
-func (s script) runVia(ctx context.Context, b *batcher, cleanup func() []any, keys []any, args ...any) *redis.Cmd {
+// undoes this one, should it run after ctx ended, and whether to keep it then
+// (see batcher.do).
+func (s script) runVia(ctx context.Context, b *batcher, cleanup func() ([]any, func() bool), keys []any, args ...any) *redis.Cmd {
 	return b.do(ctx, s.call(keys, args), cleanup)
 }
 
