@@ -90,6 +90,7 @@ func (w *rlWorld) newProc() *rlProc {
 		Observer(func(ctx context.Context, e Event) {
 			p.ev.observe(ctx, e)
 			w.note("p%d event %v %s err=%v", pn, e.Kind, e.Name, e.Err)
+			w.observed(e)
 		}))
 	return p
 }
@@ -117,6 +118,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 		w.names = append(w.names, fmt.Sprintf("rlgen%d-%d", run, i))
 	}
 	w.drift = rapid.SampledFrom([]time.Duration{defaultDrift, 40 * time.Millisecond}).Draw(rt, "drift")
+	w.panicky = rapid.IntRange(0, 3).Draw(rt, "panicky observers") == 0
 	for range 3 {
 		w.procs = append(w.procs, w.newProc())
 	}
@@ -217,7 +219,24 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			return old.r.Shutdown, old.r.Close
 		}),
 		"d-wait": w.wait,
-		"":       func(rt *rapid.T) { w.check(rt) },
+		"i-bad": func(rt *rapid.T) {
+			ls := make([]Locker, len(w.procs))
+			for i, p := range w.procs {
+				ls[i] = p.r
+			}
+			w.badCall(rt, ls, func(name string) bool {
+				for _, c := range w.mon {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					n := c.Exists(ctx, "cg:rlock:{"+name+"}").Val() // a stalled node reads as none
+					cancel()
+					if n != 0 {
+						return true
+					}
+				}
+				return false
+			})
+		},
+		"": func(rt *rapid.T) { w.check(rt) },
 	}
 	rt.Repeat(actions)
 

@@ -419,6 +419,67 @@ type genBase struct {
 	deletedAt  map[string]time.Time // the last DEL of each name's key
 	stalled    bool                 // a server is paused
 	pauses     []genSpan            // every pause of a server (the last one's end zero while it lasts)
+
+	panicky bool // the processes' Observers panic after recording an event (drawn per run)
+}
+
+// observed is what every process's Observer does last: in a run drawn
+// panicky it panics, which the lock must recover (see notify) whatever the
+// event, its state and its invariants unharmed.
+func (w *genBase) observed(e Event) {
+	if w.panicky {
+		panic(fmt.Sprintf("gen: an Observer panics on %v", e.Kind))
+	}
+}
+
+// badCall is the action of a call with bad input — a nil option, a lease
+// below MinLease, a negative wait budget or replica count, an empty or
+// too long name — on l (drawn among locks): it must fail with ErrInvalid
+// within the slack, before any Redis call, so that Redis has no key for the
+// name afterwards (exists reads every node).
+func (w *genBase) badCall(rt *rapid.T, locks []Locker, exists func(name string) bool) {
+	l := locks[rapid.IntRange(0, len(locks)-1).Draw(rt, "proc")]
+	kind := rapid.SampledFrom([]string{"nil option", "short lease", "negative budget", "negative replicas", "empty name", "long name"}).Draw(rt, "bad")
+	try := rapid.Bool().Draw(rt, "try")
+	w.step("bad")
+	name := fmt.Sprintf("bad-%d", genRunID.Add(1))
+	var opts []CallOption
+	switch kind {
+	case "nil option":
+		opts = []CallOption{Lease(time.Second), nil}
+	case "short lease":
+		opts = []CallOption{Lease(MinLease - time.Millisecond)}
+	case "negative budget":
+		opts = []CallOption{WaitBudget(-time.Millisecond)}
+	case "negative replicas":
+		opts = []CallOption{Replicas(-1, time.Second)}
+	case "empty name":
+		name = ""
+	case "long name":
+		name = strings.Repeat("x", MaxNameLen+1)
+	}
+	start := time.Now()
+	call := l.Lock
+	if try {
+		call = l.TryLock
+	}
+	lk, err := call(context.Background(), name, opts...)
+	took := time.Since(start)
+	w.note("bad call (%s, try %v): %v in %v", kind, try, err, took)
+	if lk != nil {
+		_ = lk.Unlock(context.Background())
+		w.violate("a call with bad input (%s) was granted", kind)
+		return
+	}
+	if !errors.Is(err, ErrInvalid) {
+		w.violate("a call with bad input (%s) failed with %v, not ErrInvalid", kind, err)
+	}
+	if took > genSlack {
+		w.violate("a call with bad input (%s) took %v", kind, took)
+	}
+	if name != "" && len(name) <= MaxNameLen && exists(name) {
+		w.violate("a call with bad input (%s) reached Redis: its key exists", kind)
+	}
 }
 
 // stall pauses one of servers (SIGSTOP) for a drawn time, up to longest,
@@ -517,6 +578,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	for i := range 2 {
 		w.names = append(w.names, fmt.Sprintf("gen%d-%d", run, i))
 	}
+	w.panicky = rapid.IntRange(0, 3).Draw(rt, "panicky observers") == 0
 	if w.breakers = rapid.Bool().Draw(rt, "breakers"); w.breakers {
 		st.mu.Lock()
 		st.breakers[0]++
@@ -615,7 +677,16 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			return old.c.Shutdown, old.c.Close
 		}),
 		"d-wait": w.wait,
-		"":       func(rt *rapid.T) { w.check(rt) },
+		"i-bad": func(rt *rapid.T) {
+			ls := make([]Locker, len(w.procs))
+			for i, p := range w.procs {
+				ls[i] = p.c
+			}
+			w.badCall(rt, ls, func(name string) bool {
+				return w.mon.Exists(context.Background(), "cg:lock:{"+name+"}").Val() != 0
+			})
+		},
+		"": func(rt *rapid.T) { w.check(rt) },
 	}
 	// Stalls, DELs and closing a process act on a third or a quarter of
 	// their draws (a wait otherwise): they end what the calls build.
@@ -796,6 +867,7 @@ func (w *genWorld) newProc() *genProc {
 				w.violate("%s: fence %d granted twice", e.Name, e.Fence)
 			}
 		}
+		w.observed(e)
 	}))
 	go func() { <-c.life.shut; _ = rdb.Close() }()
 	return &genProc{c: c, fault: f, ev: ev, owner: NewOwnerID(), br: br}
