@@ -41,6 +41,7 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 	// timeout): a loader that ignores its context then loses them within a
 	// lease, so that another process can load.
 	stop := g.renew(ctx, fs, c.cfg.lease, sent, start.Add(c.cfg.loadTimeout))
+	defer stop() // also when a codec or an observer panics: Close would wait for the renewals
 	names := keysOf(fs)
 	if kind == fillMiss {
 		for _, f := range fs {
@@ -339,9 +340,14 @@ func keysOf(fs []*flight) []string {
 
 // renew renews the fill leases of fs, granted to a request sent at sent,
 // every third of the lease from then, in one round trip (see every), until
-// stop is called, the deadline passes or the Guard closes. stop does not wait for a renewal on its way: the store's
-// compare-and-set needs none, and on a starved host that wait cost every
-// waiter in the fleet hundreds of ms. A lease found gone shuts its flight
+// stop is called or the deadline passes — not when the Guard closes: Close
+// and Shutdown wait for the fill, which stores what its loader returned
+// before (a value still encoding, a loader that ignored its context) or
+// hands its leases over, and a lease left to run out meanwhile let a waiter
+// elsewhere take it over and load the key a second time for one expiry
+// (TestLeaseKeptWhileEncodingPastClose). stop does not wait for a renewal on
+// its way: the store's compare-and-set needs none, and on a starved host
+// that wait cost every waiter in the fleet hundreds of ms. A lease found gone shuts its flight
 // (it takes no new callers) and is renewed no more.
 func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, sent, deadline time.Time) (stop func()) {
 	renewal := func(ctx context.Context, f *flight) redis.Cmder {
@@ -355,7 +361,7 @@ func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration,
 		}
 		return true
 	}
-	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(leases.Grant{Sent: sent, Lease: leaseFor}.RenewAt()), deadline, renewal, kept)
+	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(leases.Grant{Sent: sent, Lease: leaseFor}.RenewAt()), deadline, true, renewal, kept)
 	if !ok {
 		return func() {} // closing: the fill hands its leases over
 	}

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -263,21 +264,21 @@ func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until ti
 		return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", lifems)
 	}
 	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
-	g.every(ctx, fs, giveBackEvery, 0, until, release, unanswered)
+	g.every(ctx, fs, giveBackEvery, 0, until, false, release, unanswered)
 }
 
 // every sends, on a goroutine of the Guard's (Close waits for it), one
 // pipeline of cmd(f) for the flights of fs every period — the first after
 // first (at once when not positive) — keeping for the next the flights for
 // which keep(f, its command) holds, until none is left, the deadline passes,
-// stop is called, or the Guard closes. A tick that comes as stop is called
-// sends nothing. Nothing runs before first has passed: no goroutine, ticker
-// or deadline exists until then, so a fill whose load ends sooner (most: the
-// renewals come every third of the lease) costs a timer and no goroutine of
-// its own. It reports ok false, starting
-// nothing, when the Guard is closed and ctx is no task's (see track). It is
-// the one loop of the fill leases' renewals and give-backs.
-func (g *Guard) every(ctx context.Context, fs []*flight, period, first time.Duration, deadline time.Time,
+// stop is called (once or more), or — unless pastClose — the Guard closes.
+// A tick that comes as stop is called sends nothing. Nothing runs before
+// first has passed: no goroutine, ticker or deadline exists until then, so a
+// fill whose load ends sooner (most: the renewals come every third of the
+// lease) costs a timer and no goroutine of its own. It reports ok false,
+// starting nothing, when the Guard is closed and ctx is no task's (see
+// track). It is the one loop of the fill leases' renewals and give-backs.
+func (g *Guard) every(ctx context.Context, fs []*flight, period, first time.Duration, deadline time.Time, pastClose bool,
 	cmd func(context.Context, *flight) redis.Cmder, keep func(*flight, redis.Cmder) bool) (stop func(), ok bool) {
 	tctx, done, ok := g.track(context.WithoutCancel(ctx))
 	if !ok {
@@ -292,7 +293,11 @@ func (g *Guard) every(ctx context.Context, fs []*flight, period, first time.Dura
 			return
 		default:
 		}
-		rctx, cancel := context.WithDeadline(tctx, deadline)
+		parent := tctx
+		if pastClose {
+			parent = context.WithoutCancel(tctx) // still a task Shutdown waits for
+		}
+		rctx, cancel := context.WithDeadline(parent, deadline)
 		defer cancel()
 		if rctx.Err() != nil { // the deadline came first, or Close
 			return
@@ -330,14 +335,14 @@ func (g *Guard) every(ctx context.Context, fs []*flight, period, first time.Dura
 	}
 	if first <= 0 {
 		go loop()
-		return func() { close(quit) }, true
+		return sync.OnceFunc(func() { close(quit) }), true
 	}
 	timer := time.AfterFunc(first, loop)
-	return func() {
+	return sync.OnceFunc(func() {
 		if timer.Stop() {
 			done() // the loop never ran, and never will
 			return
 		}
 		close(quit) // the loop runs, or is about to: it ends and calls done
-	}, true
+	}), true
 }

@@ -239,3 +239,58 @@ func leaseKeptWhileEncoding(t *testing.T, ttl time.Duration) {
 		t.Fatalf("the waiter got %q after %d loads of its own; want a's value, no second load", v, bLoads.Load())
 	}
 }
+
+// TestLeaseKeptWhileEncodingPastClose: a fill whose loader returned before
+// its Guard closed goes on to store its value (Close waits for it), and its
+// lease is renewed until that store answered, Close or not. Before, Close
+// ended the renewals with the Guard's other tasks while the value was still
+// encoding: the lease ran out, a waiter in another process took it over and
+// loaded the key a second time for one expiry, and the first store failed
+// (found by TestGenCache: a Shutdown step during a value 600 ms to encode).
+func TestLeaseKeptWhileEncodingPastClose(t *testing.T) {
+	ctx := context.Background()
+	const lease = time.Second // long enough for a -race run's GC pauses, short enough for the test
+	s := redistest.Start(t)
+	ra, rb := s.Client(), s.Client()
+	var renewals atomic.Int64
+	ra.AddHook(renewalHook(func() { renewals.Add(1) }))
+	codec := slowCodec{marshalling: make(chan struct{}), proceed: make(chan struct{})}
+	a := New(ra, Lease(lease), Jitter(0), Encoding(codec))
+	b := New(rb, Lease(lease), Jitter(0))
+	t.Cleanup(func() { a.Close(); b.Close() })
+	key := "lease-kept-closing:" + time.Now().Format("150405.000000000")
+
+	filled := make(chan error, 1)
+	go func() {
+		_, err := Get(ctx, a, key, func(context.Context) (string, error) { return "from a", nil })
+		filled <- err
+	}()
+	<-codec.marshalling
+	closed := make(chan struct{})
+	go func() { a.Close(); close(closed) }() // it waits for the fill
+	redistest.Eventually(t, 10*time.Second, "a's Guard to close", func() bool { return a.root.Err() != nil })
+	var bLoads atomic.Int64
+	got := make(chan string, 1)
+	go func() {
+		v, err := Get(ctx, b, key, func(context.Context) (string, error) { bLoads.Add(1); return "from b", nil })
+		if err != nil {
+			v = err.Error()
+		}
+		got <- v
+	}()
+	// Encoding goes on past Close for longer than a lease: renewals go on
+	// (≥ 4 of them, one a third of a lease) or, without them, b takes the
+	// lease over.
+	from := renewals.Load()
+	redistest.Eventually(t, 10*time.Second, "4 renewals while encoding past Close, or a second load", func() bool {
+		return renewals.Load()-from >= 4 || bLoads.Load() > 0
+	})
+	close(codec.proceed)
+	if err := <-filled; err != nil {
+		t.Fatal(err)
+	}
+	<-closed
+	if v := <-got; v != "from a" || bLoads.Load() != 0 {
+		t.Fatalf("the waiter got %q after %d loads of its own; want a's value, no second load", v, bLoads.Load())
+	}
+}
