@@ -95,10 +95,9 @@ type Redlock struct {
 	scopes scopes // owners' holdings in this process (WithOwner)
 	life   life   // Close and Shutdown
 
-	mu       sync.Mutex           // guards closed and flights; orders inflight.Add before Close's Wait
-	closed   bool                 // closing finished: no more node calls
-	flights  map[string]*rlFlight // granted attempts with node calls still running, by acquisition id
-	inflight sync.WaitGroup       // node calls still running, some abandoned by their caller
+	mu       sync.Mutex     // guards closed; orders inflight.Add before Close's Wait
+	closed   bool           // closing finished: no more node calls
+	inflight sync.WaitGroup // node calls still running, some abandoned by their caller
 }
 
 // NewRedlock returns a Redlock over clients, one per independent server, with
@@ -119,7 +118,7 @@ func NewRedlock(clients []redis.UniversalClient, opts ...Option) *Redlock {
 	if err := redlockValidate(&cfg); err != nil {
 		panic(err.Error())
 	}
-	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg, flights: map[string]*rlFlight{}}
+	r := &Redlock{quorum: len(clients)/2 + 1, cfg: cfg}
 	seen := map[string]int{}
 	for i, c := range clients {
 		if c == nil || isnil.Pointer(c) {
@@ -429,8 +428,8 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	// be overtaken by it.
 	decided := make(chan struct{})
 	var failed bool               // written before decided is closed
+	var hold *held                // the holding when the attempt succeeded; written before decided is closed
 	var res []nodeResult[[]int64] // the answers the verdict used; written before decided is closed
-	fl := &rlFlight{pending: len(r.nodes)}
 	released := make(chan int, len(r.nodes))
 	keyv, argv := rlRelease(key, owner, acq, px.Milliseconds()) // the acquire script's too, boxed once for every node
 	release := func(i int, x nodeResult[[]int64]) {
@@ -438,7 +437,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 		refused := x.err == nil && len(x.v) == 2 && x.v[0] == 0 // nothing of this attempt is on the node
 		if !failed {
 			late := !res[i].done
-			if fl.landed(r, acq) && late && !refused {
+			if late && !refused && hold.givenBack() {
 				r.releaseOn(ctx, i, keyv, argv, timeout)
 			}
 			return
@@ -456,7 +455,6 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	// node from under a validity a renewal counted it in. Undecided, the
 	// grant is kept too: a failed attempt's release (release, above) is sent
 	// after the verdict, so after this grant.
-	var hold *held // the holding when the attempt succeeded; written before decided is closed
 	keep := func() bool {
 		select {
 		case <-decided:
@@ -477,9 +475,6 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	var noValidity error
 	if n := granted(res); n >= r.quorum {
 		if g := (grant{Sent: start, Lease: span}); !g.Spent() {
-			r.mu.Lock()
-			r.flights[acq] = fl
-			r.mu.Unlock()
 			hcfg := *cfg
 			hcfg.lease = span // the held's lease is its validity: deadline = start + lease − drift
 			hold = newHeld(r, name, []string{key, acq}, owner, 0, &hcfg, g)
@@ -580,29 +575,6 @@ var tombLifeV any = rcmd.CleanupHorizon.Milliseconds()
 // rlTomb is the key of acquisition acq's tombstone (see redlock_release.lua).
 func rlTomb(key, acq string) string { return key + ":g:" + acq }
 
-// rlFlight follows the node calls of a granted attempt that were still
-// running when the attempt returned (it returns as soon as a quorum granted).
-type rlFlight struct {
-	mu        sync.Mutex // guards the fields below
-	pending   int        // node calls not yet returned
-	releasing bool       // the holding is being released: late grants must be undone
-}
-
-// landed records that one node call of the granted attempt acq returned, and
-// reports whether its grant, if any, must be undone.
-func (f *rlFlight) landed(r *Redlock, acq string) (undo bool) {
-	f.mu.Lock()
-	f.pending--
-	undo, last := f.releasing, f.pending == 0
-	f.mu.Unlock()
-	if last {
-		r.mu.Lock()
-		delete(r.flights, acq)
-		r.mu.Unlock()
-	}
-	return undo
-}
-
 // releasing marks h as being given back, before its release is sent: a
 // node call of its attempt that returns from now on, or whose reply comes
 // after its caller gave up on it, undoes its own grant (see attempt). It must
@@ -611,14 +583,6 @@ func (r *Redlock) releasing(h *held) {
 	h.mu.Lock()
 	h.giving = true
 	h.mu.Unlock()
-	r.mu.Lock()
-	f := r.flights[h.keys[1]]
-	r.mu.Unlock()
-	if f != nil {
-		f.mu.Lock()
-		f.releasing = true
-		f.mu.Unlock()
-	}
 }
 
 // errPending is the cause recorded for a node whose answer was still
