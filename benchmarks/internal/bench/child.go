@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +27,10 @@ import (
 // it must call ChildMain instead of its normal main (cgbench and the tests'
 // TestMain do).
 const ChildEnv = "CGBENCH_CHILD"
+
+// ProfileEnv, when set to a directory in cgbench's environment, makes every
+// worker process write a CPU profile of each job there.
+const ProfileEnv = "CGBENCH_CPUPROFILE"
 
 // IsChild reports whether this process was started as a worker.
 func IsChild() bool { return os.Getenv(ChildEnv) == "1" }
@@ -162,6 +167,24 @@ type worker interface {
 // prints RESULT <json>; then it waits for NEXT (the coordinator sends it once
 // every worker of the run has reported), closes the job's system and prints
 // IDLE, ready for the next job. It returns the exit code.
+// profile starts a CPU profile of job j when ProfileEnv names a directory,
+// and returns what stops it.
+func profile(j Job) (stop func()) {
+	dir := os.Getenv(ProfileEnv)
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.CreateTemp(dir, strings.NewReplacer(" ", "-", "/", "-").Replace(j.Kind+"-"+j.System)+"-*.cpu")
+	if err != nil {
+		return func() {}
+	}
+	if pprof.StartCPUProfile(f) != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }
+}
+
 func ChildMain() int {
 	in := bufio.NewReader(os.Stdin)
 	var pools pgdb.Pools
@@ -189,7 +212,9 @@ func ChildMain() int {
 			}
 		}
 		before := runtime.NumGoroutine() // the pools' own are running by now
+		stop := profile(j)
 		code, next := runJob(ctx, in, j, db)
+		stop()
 		if !next || !settled(before) {
 			return code
 		}

@@ -252,7 +252,9 @@ func (e *env) uncontended(ctx context.Context) error {
 	t := &Table{ID: "uncontended", Title: "1. Uncontended lock cycle",
 		Intro: fmt.Sprintf("One process, %d goroutines, each locking and unlocking its own name for %v per run "+
 			"(Lock + Unlock, the blocking API of each library). Allocations are the process's heap allocations "+
-			"per cycle (runtime.MemStats), background work included; requests are the commands the process sent.",
+			"per cycle (runtime.MemStats), background work included; requests are the commands the process sent. "+
+			"*Own scripts, sent raw* is a control: the two command lines of cacheguard's Lock and Unlock, each sent on "+
+			"its caller's goroutine, without the lock's batching or any of its machinery.",
 			s.cycleG, s.cycleDur),
 		Metrics: cycleMetrics}
 	lone := &Table{ID: "lone-cycle", Title: "1c. Uncontended lock cycle, one goroutine: what a call asks of the kernel",
@@ -269,7 +271,7 @@ func (e *env) uncontended(ctx context.Context) error {
 			"is this run's cycles/s over table 1c's of the same repetition.",
 		Metrics: append(slices.Clone(cycleMetrics), Metric{"ratio", "vs Background", "%.3f"})}
 	e.res.Tables = append(e.res.Tables, t, lone, req)
-	err := e.series(ctx, t, append([]string{systems.Locks}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
+	err := e.series(ctx, t, append([]string{systems.Locks, systems.LocksScripts}, lockPeers...), func(ctx context.Context, r *Row, _ int) error {
 		_, err := e.cycleRun(ctx, r, []string{e.addr}, s.cycleG, s.cycleDur, false)
 		return err
 	})
