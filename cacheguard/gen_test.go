@@ -244,6 +244,17 @@ type genLoad struct {
 	by         *genCallRec // the call that started it
 }
 
+// describe says how l began, for a failure's message.
+func (l genLoad) describe() string {
+	s := fmt.Sprintf("load #%d (%s loader, policy %s, budget %v)", l.seq, l.loader, l.call.policy, l.call.budget)
+	if r := l.by; r != nil {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		s += fmt.Sprintf(" by a call that began %v and was served loads %v", r.began.Format("05.000"), r.served)
+	}
+	return s
+}
+
 // stamped is when v, the value l returned, was stamped with its freshness
 // at the latest: a TTL counts from the store (cacheguard.TTL), which is sent
 // once the value is encoded — before its process heard the store's answer
@@ -1770,9 +1781,9 @@ func (m *genModel) checkOverlaps(rt *rapid.T) {
 					}
 					continue
 				}
-				rt.Fatalf("two loads of %s overlapped: %v–%v (loader until %v) and %v–%v", a.entry,
+				rt.Fatalf("two loads of %s overlapped: %v–%v (loader until %v) and %v–%v; %s and %s", a.entry,
 					first.start.Format("05.000"), first.until().Format("05.000"), first.end.Format("05.000"),
-					second.start.Format("05.000"), second.until().Format("05.000"))
+					second.start.Format("05.000"), second.until().Format("05.000"), first.describe(), second.describe())
 			}
 		}
 	}
