@@ -8,12 +8,18 @@ import (
 	"strings"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/locks"
 )
 
 // MaxKeyLen bounds the value a Key extracts, in bytes; a longer value is a
 // bad key (400). It keeps lock names and cache keys far below Redis limits and
 // below locks.MaxNameLen once scoped.
 const MaxKeyLen = 256
+
+// maxScopedLen bounds a name a Key makes: a lock name and a cache key.
+const maxScopedLen = min(locks.MaxNameLen, cacheguard.MaxKeyLen)
 
 // Key says which resource a request names: a path parameter (Param), a
 // header (Header), a query value (Query) or anything a function computes
@@ -89,12 +95,19 @@ func Func(f func(c *gin.Context) (string, error)) Key {
 // Resource scopes key to a resource kind: Resource("repos", Param("id")) names
 // "repos:<id>", the name gormplugin uses for the row of table repos with that
 // primary key, so every route and every GORM write on the row shares one lock.
+// It panics with a "ginmw:" message when kind is empty, or so long that a
+// value of MaxKeyLen bytes after it would not make a lock name or a cache key.
 func Resource(kind string, key Key) Key {
 	switch {
 	case kind == "":
 		panic("ginmw: Resource called with an empty kind")
 	case key.fn == nil:
 		panic("ginmw: Resource called with a zero Key")
+	case len(kind)+1+MaxKeyLen > maxScopedLen:
+		// Some of the names it makes would be refused (kind, ':' and a
+		// value of up to MaxKeyLen), each such request with a 400.
+		panic(fmt.Sprintf("ginmw: Resource called with a kind of %d bytes: names of up to %d bytes after it would exceed %d",
+			len(kind), MaxKeyLen, maxScopedLen))
 	}
 	return Key{kind: kind, param: key.param, fn: key.fn}
 }

@@ -92,6 +92,8 @@ func TestConstructorsRefuseInvalidValues(t *testing.T) {
 		{"Header not a token", func() { ginmw.Header("X Tenant") }, nil},
 		{"Resource empty kind", func() { ginmw.Resource("", ginmw.Param("id")) }, nil},
 		{"Resource zero key", func() { ginmw.Resource("repos", ginmw.Key{}) }, nil},
+		{"Resource kind too long for the longest values", func() { ginmw.Resource(strings.Repeat("k", locks.MaxNameLen-ginmw.MaxKeyLen), ginmw.Param("id")) }, nil},
+		{"Resource kind of the longest names", func() { ginmw.Resource(strings.Repeat("k", locks.MaxNameLen-ginmw.MaxKeyLen-1), ginmw.Param("id")) }, errNoPanic},
 		{"Func nil", func() { ginmw.Func(nil) }, nil},
 		{"Check nil", func() { ginmw.Check(repoKey, nil) }, nil},
 		{"Int zero key", func() { ginmw.Int(ginmw.Key{}) }, nil},
