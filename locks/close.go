@@ -21,8 +21,9 @@ import (
 // scope still held re-enters, see WithOwner), and releases and other
 // clean-ups still queued are sent. Close does not wait. What is still held
 // at the end is dropped: renewal stops, Lost closes with ErrClosed (the
-// observer sees a Lost event for each), and the keys expire with their lease
-// — Shutdown returns those locks' names in an error matching ErrStillHeld.
+// observer sees a Lost event for each), and the keys expire with their lease,
+// or when their Unlock is called, whichever comes first — Shutdown returns
+// those locks' names in an error matching ErrStillHeld.
 // Finally the background work stops and every goroutine started has ended.
 type life struct {
 	closed atomic.Bool  // Close or Shutdown began: no new acquisitions

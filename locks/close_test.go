@@ -236,8 +236,16 @@ func TestShutdown(t *testing.T) {
 			t.Fatalf("Shutdown: %v, want ErrStillHeld and the context's error", err)
 		}
 		within(t, kept.Lost(), time.Second, "the lock still held is dropped (Lost)")
+		if rdb.Exists(ctx, "cg:lock:{sd:kept}").Val() != 1 {
+			t.Fatal("the dropped lock's key is gone before its Unlock: the application may still be using it")
+		}
+		// The application is done with it: its key goes now, not a lease
+		// later.
 		if err := kept.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
 			t.Fatalf("Unlock of the dropped lock: %v", err)
+		}
+		if rdb.Exists(ctx, "cg:lock:{sd:kept}").Val() != 0 {
+			t.Fatal("the dropped lock's key outlived its Unlock")
 		}
 	})
 }

@@ -72,8 +72,11 @@ func (l *Lock) TTL() time.Duration {
 // is never given back twice. A lock whose lease ran out unnoticed while nobody
 // else took it (its fence is still the latest) counts as released: nobody
 // else held it meanwhile. A release that go-redis retried after a lost reply
-// answers as the release it was. Use a context that the caller's cancellation does
-// not end (context.WithoutCancel) when the release must happen regardless.
+// answers as the release it was. A lock that Close dropped while held (see
+// Client.Close) returns ErrNotHeld too, but its key, which Close left to its
+// lease, is released then, if this owner still holds it. Use a context that
+// the caller's cancellation does not end (context.WithoutCancel) when the
+// release must happen regardless.
 func (l *Lock) Unlock(ctx context.Context) error {
 	l.mu.Lock()
 	if l.done {
@@ -88,6 +91,13 @@ func (l *Lock) Unlock(ctx context.Context) error {
 		h.sc.leave(h)
 	}
 	if err := h.beginRelease(); err != nil {
+		if errors.Is(err, ErrClosed) {
+			// Close dropped the holding but kept its key until its lease
+			// ends, for the application was still using it (see lose): it
+			// is done now, and the key goes, token-checked, so that the
+			// name is free for others at once, not a lease later.
+			_, _ = h.ops.release(ctx, h)
+		}
 		return ErrNotHeld
 	}
 	n, err := h.ops.release(ctx, h)
