@@ -114,15 +114,38 @@ func childStampede(ctx context.Context, rdb *redis.Client, key string) error {
 
 // childHolder takes the fill lease and loads forever (until killed).
 func childHolder(ctx context.Context, rdb *redis.Client, key string) error {
-	g := cacheguard.New(rdb, cacheguard.Lease(150*time.Millisecond), cacheguard.EarlyRefresh(0))
+	loading := func() error { return rdb.Set(ctx, loadingKey(key), "1", time.Minute).Err() }
+	opts := []cacheguard.Option{cacheguard.Lease(150 * time.Millisecond), cacheguard.EarlyRefresh(0)}
+	encoding := os.Getenv(childN) == "encode"
+	if encoding {
+		opts = append(opts, cacheguard.Encoding(hangingCodec{marshalling: loading}))
+	}
+	g := cacheguard.New(rdb, opts...)
 	defer g.Close()
 	_, err := cacheguard.Get(ctx, g, key, func(ctx context.Context) (item, error) {
-		if err := rdb.Set(ctx, loadingKey(key), "1", time.Minute).Err(); err != nil {
+		if encoding {
+			return item{1, "killed while encoding"}, nil
+		}
+		if err := loading(); err != nil {
 			return item{}, err
 		}
 		select {} // the process is killed mid-load
 	}, cacheguard.WaitBudget(time.Minute), cacheguard.LoadTimeout(time.Minute))
 	return err
+}
+
+// hangingCodec says it is encoding a value and never returns: the process is
+// killed mid-encode.
+type hangingCodec struct {
+	cacheguard.JSON
+	marshalling func() error
+}
+
+func (c hangingCodec) Marshal(any) ([]byte, error) {
+	if err := c.marshalling(); err != nil {
+		return nil, err
+	}
+	select {}
 }
 
 // childReloader waits on the barrier, then Gets key with a TTL of childN ms:

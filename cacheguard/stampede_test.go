@@ -217,12 +217,22 @@ func TestOneLoadAcrossProcesses(t *testing.T) {
 	}
 }
 
+// TestHolderKilledWaiterTakesOver: a process that holds a key's fill lease is
+// killed while it loads, or while it encodes the value it loaded (its lease
+// renewed until the store, see TestLeaseKeptWhileEncoding); the waiters of
+// another process take the fill over once the lease ran out, with one load.
 func TestHolderKilledWaiterTakesOver(t *testing.T) {
+	for _, stage := range []string{"load", "encode"} {
+		t.Run(stage, func(t *testing.T) { holderKilled(t, stage) })
+	}
+}
+
+func holderKilled(t *testing.T, stage string) {
 	ctx := context.Background()
 	rdb := shared(t)
 	key := testKey(t)
-	holder := startChild(t, "holder", childKey+"="+key)
-	eventually(t, 30*time.Second, "the child holds the lease and loads", func() bool {
+	holder := startChild(t, "holder", childKey+"="+key, childN+"="+stage)
+	eventually(t, 30*time.Second, "the child holds the lease and "+stage+"s", func() bool {
 		return rdb.Exists(ctx, loadingKey(key)).Val() == 1
 	})
 	g, rg := newGuard(t, cacheguard.Lease(150*time.Millisecond))
