@@ -73,6 +73,9 @@ func TestAbortMapsErrors(t *testing.T) {
 		{"cache down (FailClosed)", errors.Join(cacheguard.ErrUnavailable, redisDown), http.StatusServiceUnavailable, "service unavailable", "1"},
 		{"wait budget", fmt.Errorf("%w: %q", cacheguard.ErrWaitTimeout, "repos:1"), http.StatusServiceUnavailable, "cached response unavailable", "1"},
 		{"remote load", fmt.Errorf("%w: db down", cacheguard.ErrRemoteLoad), http.StatusServiceUnavailable, "cached response unavailable", "1"},
+		// Another process's answer was not to be cached: this request has
+		// none, and nothing failed; a retry gets its own.
+		{"uncached elsewhere", fmt.Errorf("%w: %q, in another process: sets a cookie", cacheguard.ErrUncached, "repos:1"), http.StatusServiceUnavailable, "cached response unavailable", "1"},
 		{"not found", fmt.Errorf("repo 7: %w", cacheguard.ErrNotFound), http.StatusNotFound, "no such resource", ""},
 		{"closed guard", cacheguard.ErrClosed, http.StatusServiceUnavailable, "service unavailable", "1"},
 		{"deadline", context.DeadlineExceeded, http.StatusServiceUnavailable, "request timed out", "1"},

@@ -83,8 +83,9 @@ func endedBy(ctx context.Context) error {
 //     404 "no such resource".
 //   - The cache's policy refused to load — cacheguard.ErrWaitTimeout,
 //     cacheguard.ErrMiss, ErrCacheUnavailable — or a load failed in another
-//     process (cacheguard.ErrRemoteLoad): 503 "cached response unavailable",
-//     Retry-After 1.
+//     process (cacheguard.ErrRemoteLoad), or its answer was not to be cached
+//     (cacheguard.ErrUncached: this request got none, and nothing failed):
+//     503 "cached response unavailable", Retry-After 1.
 //   - Redis unavailable — locks.ErrUnavailable (the same value as
 //     cacheguard.ErrUnavailable, which a failed Guard.Invalidate matches too),
 //     a closed Locker or Guard: 503 "service unavailable", Retry-After 1. A write that committed but whose
@@ -113,7 +114,7 @@ func ErrorFor(err error) *Error {
 	case errors.Is(err, ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Kind: ErrNotFound, Cause: err}
 	case errors.Is(err, cacheguard.ErrWaitTimeout), errors.Is(err, cacheguard.ErrMiss),
-		errors.Is(err, ErrCacheUnavailable), errors.Is(err, cacheguard.ErrRemoteLoad):
+		errors.Is(err, ErrCacheUnavailable), errors.Is(err, cacheguard.ErrRemoteLoad), errors.Is(err, cacheguard.ErrUncached):
 		return &Error{Status: http.StatusServiceUnavailable, Kind: ErrCacheUnavailable, RetryAfter: time.Second, Cause: err}
 	case errors.Is(err, locks.ErrUnavailable),
 		errors.Is(err, locks.ErrClosed), errors.Is(err, cacheguard.ErrClosed):
