@@ -292,6 +292,35 @@ func TestRedlockCloseEndsWaiters(t *testing.T) {
 	}
 }
 
+// Redlock: a lock Close dropped while held keeps its key on the nodes until
+// its Unlock (the application may still be using it), which then removes it
+// from every node, not a lease later.
+func TestRedlockUnlockAfterCloseReleases(t *testing.T) {
+	ctx := context.Background()
+	set := newRedlockSet(t, 3, nil, locks.Lease(time.Minute))
+	lk, err := set.r.TryLock(ctx, "rl:dropped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set.r.Close()
+	within(t, lk.Lost(), time.Second, "the lock held at Close is dropped (Lost)")
+	onNodes := func() (n int) {
+		for _, a := range set.admin {
+			n += int(a.Exists(ctx, rlKey("rl:dropped")).Val())
+		}
+		return n
+	}
+	if n := onNodes(); n < 2 { // TryLock returns on a quorum: the third node's grant may come later
+		t.Fatalf("%d of 3 nodes keep the dropped lock before its Unlock, want a quorum", n)
+	}
+	if err := lk.Unlock(ctx); !errors.Is(err, locks.ErrNotHeld) {
+		t.Fatalf("Unlock of the dropped lock: %v, want ErrNotHeld", err)
+	}
+	if n := onNodes(); n != 0 {
+		t.Fatalf("%d of 3 nodes keep the dropped lock after its Unlock", n)
+	}
+}
+
 // A call made while Close waits for an acquisition in flight fails at once
 // with ErrClosed; it used to queue behind Close's barrier (a writer waiting
 // on the RWMutex that every acquisition holds for reading) and wait as long

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cacheguard/cacheguard/internal/rcmd"
@@ -45,6 +46,25 @@ type nodeResult[T any] struct {
 	v    T
 	err  error
 	done bool // the node answered (v or err); false: no answer in time, err says why
+}
+
+// afterClose is fanout for a call made after Close (which refuses it): the
+// Unlock of a lock Close dropped, which gives its key back (see
+// Lock.Unlock). Close no longer waits for node calls, so this one waits for
+// every node's, each bounded by timeout: none outlives it.
+func afterClose[T any](r *Redlock, ctx context.Context, timeout time.Duration, call func(ctx context.Context, n *rlNode) (T, error)) []nodeResult[T] {
+	out := make([]nodeResult[T], len(r.nodes))
+	var wg sync.WaitGroup
+	for i := range r.nodes {
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			v, err := call(cctx, &r.nodes[i])
+			out[i] = nodeResult[T]{v: v, err: err, done: true}
+		})
+	}
+	wg.Wait()
+	return out
 }
 
 // fanout sends call to every node at once, each under its own timeout, and

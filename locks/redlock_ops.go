@@ -25,10 +25,16 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	px := rlPXFor(h.cfg, lease)
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	r.releasing(h)
-	res := fanout(r, ctx, rlNodeTimeout(h.cfg, px),
-		func(ctx context.Context, n *rlNode) (int64, error) {
-			return releaseNode(ctx, n, keys, args)
-		}, nil, nil)
+	call := func(ctx context.Context, n *rlNode) (int64, error) { return releaseNode(ctx, n, keys, args) }
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	var res []nodeResult[int64]
+	if closed {
+		res = afterClose(r, ctx, rlNodeTimeout(h.cfg, px), call)
+	} else {
+		res = fanout(r, ctx, rlNodeTimeout(h.cfg, px), call, nil, nil)
+	}
 	confirmed, failed, notOwner, remaining := 0, 0, 0, int64(0)
 	for _, x := range res {
 		switch {
