@@ -1214,7 +1214,12 @@ func (w *genBase) orphans(holds func(ctx context.Context) (map[string]map[string
 		w.mu.Unlock()
 		now := time.Now()
 		seen := map[string]time.Time{}
+		// A cluster that a step restarted or stalled answers CLUSTERDOWN
+		// until its slots are served again: the oracle waits for that.
 		in, err := holds(ctx)
+		for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); in, err = holds(ctx) {
+			time.Sleep(50 * time.Millisecond) // the polling period of a read that cannot be woken
+		}
 		if err != nil {
 			w.violate("liveness: reading Redis: %v", err)
 			return
