@@ -54,6 +54,17 @@ type nearCache struct {
 	// session is the subscription's session trusted last, down the last
 	// one that ended (see Live).
 	session, down uint64
+
+	// gens keeps the newest generation seen of the keys that have, or had
+	// lately, no node (none was near-cached, or their node went: evicted,
+	// emptied): a node carries its key's generation only while it lives,
+	// and a read of another representation answered late would put a
+	// value older than one the process served already (see seen, put).
+	// Bounded as the ring is, oldest first.
+	gensMu   sync.Mutex
+	gens     map[string]int64
+	gensRing []string
+	gensHead int
 }
 
 // The state word: the epoch (bits 40 up), which every loss of trust moves so
@@ -124,6 +135,7 @@ func newNearCache(g *Guard, max int, ttl time.Duration) *nearCache {
 	n := &nearCache{
 		g: g, ttl: ttl, base: time.Now(), seed: maphash.MakeSeed(),
 		ring: make([]*nearEntry, max), tags: map[string]map[*nearEntry]struct{}{},
+		gens: map[string]int64{}, gensRing: make([]string, max),
 	}
 	_, _ = g.hub.Watch(g.ncChannel, n, nearProbe) // a new hub is not closed; it keeps the watch
 	return n
@@ -191,7 +203,7 @@ func (n *nearCache) put(t nearTicket, key string, id nearID, tags []string, val 
 	x, _ := n.m.LoadOrStore(key, &nearNode{})
 	node := x.(*nearNode)
 	node.mu.Lock()
-	if !n.valid(t, len(tags) > 0) || env.gen < node.gen.Load() {
+	if !n.valid(t, len(tags) > 0) || env.gen < node.gen.Load() || env.gen < n.kept(key) {
 		node.mu.Unlock()
 		n.seen(key, env.gen)
 		return
@@ -229,7 +241,12 @@ func (n *nearCache) seen(key string, gen int64) {
 	}
 	x, ok := n.m.Load(key)
 	if !ok {
-		return // nothing near-cached: nothing older to drop
+		// Nothing near-cached: nothing older to drop, but a put that
+		// creates the node from now on refuses what is older (see gens).
+		n.keep(key, gen)
+		if x, ok = n.m.Load(key); !ok {
+			return
+		}
 	}
 	node := x.(*nearNode)
 	node.mu.Lock()
@@ -252,6 +269,7 @@ func (n *nearCache) seen(key string, gen int64) {
 		}
 	}
 	if len(reps) == 0 {
+		n.keep(key, gen) // the generation outlives the node
 		n.m.CompareAndDelete(key, node)
 		node.reps.Store(nil)
 	} else {
@@ -263,6 +281,30 @@ func (n *nearCache) seen(key string, gen int64) {
 		n.unindex(gone...)
 		n.mu.Unlock()
 	}
+}
+
+// keep records gen as key's newest generation seen, for when key has no
+// node (see gens).
+func (n *nearCache) keep(key string, gen int64) {
+	n.gensMu.Lock()
+	defer n.gensMu.Unlock()
+	if old, ok := n.gens[key]; ok {
+		n.gens[key] = max(old, gen)
+		return
+	}
+	if k := n.gensRing[n.gensHead]; k != "" {
+		delete(n.gens, k)
+	}
+	n.gensRing[n.gensHead] = key
+	n.gensHead = (n.gensHead + 1) % len(n.gensRing)
+	n.gens[key] = gen
+}
+
+// kept returns the generation keep recorded for key (0: none).
+func (n *nearCache) kept(key string) int64 {
+	n.gensMu.Lock()
+	defer n.gensMu.Unlock()
+	return n.gens[key]
 }
 
 // admit records e in insertion order — the ring holds every entry taken in,
@@ -306,6 +348,7 @@ func (n *nearCache) remove(e *nearEntry) {
 		if old := node.reps.Load(); old != nil {
 			reps := slices.DeleteFunc(slices.Clone(*old), func(o *nearEntry) bool { return o == e })
 			if len(reps) == 0 {
+				n.keep(e.key, node.gen.Load()) // the generation outlives the node
 				n.m.CompareAndDelete(e.key, node)
 				node.reps.Store(nil)
 			} else {
