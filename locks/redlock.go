@@ -465,7 +465,7 @@ func (r *Redlock) attempt(ctx context.Context, name, key, owner string, px time.
 	}
 	cleanup := func() ([]any, func() bool) { return redlockReleaseS.call(keyv, argv), keep }
 	start := time.Now()
-	res = fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]int64, error) {
+	res = fanout(r, ctx, timeout, refuseAfterClose, func(ctx context.Context, n *rlNode) ([]int64, error) {
 		// A call that was still queued when its node's time ran out returns
 		// at once, before the node has seen it; if it then grants, it is
 		// released there (release, below, may have been sent too early).

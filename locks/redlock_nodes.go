@@ -48,11 +48,21 @@ type nodeResult[T any] struct {
 	done bool // the node answered (v or err); false: no answer in time, err says why
 }
 
-// afterClose is fanout for a call made after Close (which refuses it): the
-// Unlock of a lock Close dropped, which gives its key back (see
-// Lock.Unlock). Close no longer waits for node calls, so this one waits for
-// every node's, each bounded by timeout: none outlives it.
-func afterClose[T any](r *Redlock, ctx context.Context, timeout time.Duration, call func(ctx context.Context, n *rlNode) (T, error)) []nodeResult[T] {
+// afterClose says what fanout does with a call made after Close.
+type afterClose bool
+
+const (
+	refuseAfterClose afterClose = false // every node reports ErrClosed
+	// sendAfterClose: the call is sent all the same, and fanout waits for every
+	// node's answer (each bounded by the timeout), since Close no longer waits
+	// for node calls. Only the Unlock of a lock Close dropped, which gives its
+	// key back (see Lock.Unlock).
+	sendAfterClose afterClose = true
+)
+
+// waitAll is fanout after Close, for a call sent all the same: it waits for
+// every node's answer, each bounded by timeout, so none outlives it.
+func waitAll[T any](r *Redlock, ctx context.Context, timeout time.Duration, call func(ctx context.Context, n *rlNode) (T, error)) []nodeResult[T] {
 	out := make([]nodeResult[T], len(r.nodes))
 	var wg sync.WaitGroup
 	for i := range r.nodes {
@@ -76,7 +86,8 @@ func afterClose[T any](r *Redlock, ctx context.Context, timeout time.Duration, c
 // client's own read timeout otherwise; Close waits for it. When then is not
 // nil, each node's goroutine runs it after delivering its answer, so that a
 // follow-up call to a node is always sent after that node's first call ended.
-func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
+// After Close, closed says what becomes of the call.
+func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration, closed afterClose,
 	call func(ctx context.Context, n *rlNode) (T, error),
 	enough func([]nodeResult[T]) bool,
 	then func(i int, res nodeResult[T]),
@@ -85,6 +96,9 @@ func fanout[T any](r *Redlock, ctx context.Context, timeout time.Duration,
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		if closed == sendAfterClose {
+			return waitAll(r, ctx, timeout, call)
+		}
 		for i := range out {
 			out[i].err = ErrClosed
 		}

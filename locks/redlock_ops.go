@@ -26,15 +26,7 @@ func (r *Redlock) release(ctx context.Context, h *held) (int64, error) {
 	keys, args := rlRelease(key, h.owner, acq, px.Milliseconds())
 	r.releasing(h)
 	call := func(ctx context.Context, n *rlNode) (int64, error) { return releaseNode(ctx, n, keys, args) }
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	var res []nodeResult[int64]
-	if closed {
-		res = afterClose(r, ctx, rlNodeTimeout(h.cfg, px), call)
-	} else {
-		res = fanout(r, ctx, rlNodeTimeout(h.cfg, px), call, nil, nil)
-	}
+	res := fanout(r, ctx, rlNodeTimeout(h.cfg, px), sendAfterClose, call, nil, nil)
 	confirmed, failed, notOwner, remaining := 0, 0, 0, int64(0)
 	for _, x := range res {
 		switch {
@@ -136,7 +128,7 @@ func (r *Redlock) extendAll(ctx context.Context, hs []*held, leases []time.Durat
 		return n
 	}
 	sent := time.Now()
-	res := fanout(r, ctx, timeout, func(ctx context.Context, n *rlNode) ([]error, error) {
+	res := fanout(r, ctx, timeout, refuseAfterClose, func(ctx context.Context, n *rlNode) ([]error, error) {
 		return extendPipeline(ctx, n.b.run, send, pxs)
 	}, func(res []nodeResult[[]error]) bool {
 		for j := range send {
@@ -237,7 +229,7 @@ func (r *Redlock) releaseInBackground(h *held, after time.Time) {
 				return
 			}
 		}
-		fanout(r, context.Background(), rlNodeTimeout(h.cfg, px),
+		fanout(r, context.Background(), rlNodeTimeout(h.cfg, px), refuseAfterClose,
 			func(ctx context.Context, n *rlNode) (int64, error) {
 				return releaseNode(ctx, n, keys, args)
 			}, nil, nil)
