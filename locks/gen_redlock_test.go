@@ -217,7 +217,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			w.old = append(w.old, old)
 			w.procs[p] = w.newProc()
 			return old.r.Shutdown, old.r.Close
-		}),
+		}, rlAcq),
 		"d-wait": w.wait,
 		"i-bad": func(rt *rapid.T) {
 			ls := make([]Locker, len(w.procs))

@@ -340,6 +340,7 @@ func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, eff
 // genProc is one process: a Client with its own connection pool and fault hook.
 type genProc struct {
 	c     *Client
+	rdb   redis.UniversalClient
 	fault *genFault
 	ev    *endEvents
 	owner string
@@ -387,6 +388,10 @@ type genHold struct {
 	got       time.Time     // when its Lock call returned
 	lease     time.Duration // its lease, when the run checks its bound (see leaseBound); else 0
 	released  time.Time     // when an Unlock of it returned nil (zero: never)
+	faults    []*genFault   // its process's (nil: the run does not track them)
+	// freed: Close dropped it, and an Unlock begun after that returned in
+	// calm (see unlock): its release reached Redis, so its key must be gone.
+	freed atomic.Bool
 }
 
 // genCall is a Lock or TryLock call of the run, for the obtain oracle (see
@@ -418,7 +423,10 @@ type genBase struct {
 	violations []string
 	deletedAt  map[string]time.Time // the last DEL of each name's key
 	stalled    bool                 // a server is paused
-	pauses     []genSpan            // every pause of a server (the last one's end zero while it lasts)
+	// breakerReach is how long before a call a pause can still keep its
+	// process's Breaker open (0: the processes have none).
+	breakerReach time.Duration
+	pauses       []genSpan // every pause of a server (the last one's end zero while it lasts)
 
 	panicky bool // the processes' Observers panic after recording an event (drawn per run)
 }
@@ -580,6 +588,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 	}
 	w.panicky = rapid.IntRange(0, 3).Draw(rt, "panicky observers") == 0
 	if w.breakers = rapid.Bool().Draw(rt, "breakers"); w.breakers {
+		w.breakerReach = 2*genBreakerCooldown + genSlack // it closes within two cooldowns (checkBreakers)
 		st.mu.Lock()
 		st.breakers[0]++
 		st.mu.Unlock()
@@ -604,6 +613,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 		w.calls.Wait()
 		for _, p := range append(w.procs, w.old...) {
 			_ = p.c.Close() // again after the wind-down: Close is idempotent
+			_ = p.rdb.Close()
 			p.fault.wg.Wait()
 		}
 		close(stop)
@@ -675,7 +685,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 			w.old = append(w.old, old)
 			w.procs[p] = w.newProc()
 			return old.c.Shutdown, old.c.Close
-		}),
+		}, genFence),
 		"d-wait": w.wait,
 		"i-bad": func(rt *rapid.T) {
 			ls := make([]Locker, len(w.procs))
@@ -869,8 +879,9 @@ func (w *genWorld) newProc() *genProc {
 		}
 		w.observed(e)
 	}))
-	go func() { <-c.life.shut; _ = rdb.Close() }()
-	return &genProc{c: c, fault: f, ev: ev, owner: NewOwnerID(), br: br}
+	// rdb outlives c's Close: the Unlock of a lock Close dropped still sends
+	// its release (closed with the run).
+	return &genProc{c: c, rdb: rdb, fault: f, ev: ev, owner: NewOwnerID(), br: br}
 }
 
 // call runs f on a goroutine under a context of timeout and checks that it
@@ -919,26 +930,58 @@ func genFence(lk *Lock) string { return fmt.Sprintf("fence %d", lk.h.fence) }
 
 // closeAction is the action that closes one of n processes, gracefully
 // (Shutdown) or not (Close); replace puts a new process in its place and
-// returns the old one's.
-func (w *genBase) closeAction(n int, replace func(p int) (shutdown func(context.Context) error, close func() error)) func(*rapid.T) {
+// returns the old one's. Half the time, the acquisitions the old process
+// held are then Unlocked (describe names them in the log): Close dropped
+// them, and their Unlock gives their keys back (see genHold.freed).
+func (w *genBase) closeAction(n int, replace func(p int) (shutdown func(context.Context) error, close func() error), describe func(*Lock) string) func(*rapid.T) {
 	return func(rt *rapid.T) {
 		if rapid.IntRange(0, 2).Draw(rt, "close?") != 0 {
 			w.wait(rt)
 			return
 		}
-		p := rapid.IntRange(0, n-1).Draw(rt, "proc")
+		// A process that holds something, when one does: what Close does
+		// to acquisitions held is the subject.
+		w.mu.Lock()
+		holding := map[int]bool{}
+		for _, h := range w.holds {
+			holding[h.proc] = true
+		}
+		w.mu.Unlock()
+		procs := slices.Sorted(maps.Keys(holding))
+		if len(procs) == 0 {
+			procs = []int{rapid.IntRange(0, n-1).Draw(rt, "proc")}
+		}
+		p := rapid.SampledFrom(procs).Draw(rt, "holder")
 		graceful := rapid.Bool().Draw(rt, "shutdown")
+		unlock := rapid.Bool().Draw(rt, "unlock after")
 		w.step("close")
-		w.note("p%d closed (shutdown %v); a new process replaces it", p, graceful)
+		w.note("p%d closed (shutdown %v, unlock after %v); a new process replaces it", p, graceful, unlock)
+		var held []*genHold
+		w.mu.Lock()
+		for _, h := range w.holds {
+			if h.proc == p && !h.unlocking.Load() {
+				held = append(held, h)
+			}
+		}
+		w.mu.Unlock()
 		shutdown, closeProc := replace(p)
+		after := func() {
+			if unlock {
+				for _, h := range held {
+					if !h.unlocking.Load() {
+						w.unlock(h, time.Second, describe)
+					}
+				}
+			}
+		}
 		if graceful {
 			// Shutdown's documented bound (Client.Shutdown): one command
 			// bound (twice the command timeout) after ctx ends, or three
 			// after it began, whichever is later.
 			const timeout, bound = 300 * time.Millisecond, 2 * genCommandTimeout
-			w.callBound("Shutdown", timeout, max(bound, 3*bound-timeout), func(ctx context.Context) { _ = shutdown(ctx) })
+			w.callBound("Shutdown", timeout, max(bound, 3*bound-timeout), func(ctx context.Context) { _ = shutdown(ctx); after() })
 		} else {
-			w.calls.Go(func() { _ = closeProc() })
+			w.calls.Go(func() { _ = closeProc(); after() })
 		}
 	}
 }
@@ -975,8 +1018,19 @@ func (w *genBase) unlock(h *genHold, timeout time.Duration, describe func(*Lock)
 	h.unlocking.Store(true)
 	w.note("p%d Unlock(%s) %s begins", h.proc, h.name, describe(h.lk))
 	w.call("Unlock", timeout, func(ctx context.Context) {
+		dropped := errors.Is(h.lk.h.lostErr(), ErrClosed) // by its process's Close
+		start := time.Now()
 		err := h.lk.Unlock(ctx)
 		w.note("p%d Unlock(%s) %s: %v", h.proc, h.name, describe(h.lk), err)
+		// An Unlock of a lock Close dropped gives its key back (Lock.Unlock):
+		// when it returned in time, and nothing held its process's replies
+		// meanwhile (nor a pause, nor a Breaker a pause opened), the key must go.
+		if dropped && errors.Is(err, ErrNotHeld) && ctx.Err() == nil && h.faults != nil &&
+			w.calm(h.faults, start.Add(-w.breakerReach), time.Now()) {
+			h.freed.Store(true)
+			w.step("freed after close") // counted: how often the oracle checks it
+			w.note("p%d Unlock(%s) %s: freed after Close", h.proc, h.name, describe(h.lk))
+		}
 		if err == nil {
 			w.mu.Lock()
 			h.released = time.Now()
@@ -1048,7 +1102,7 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 		}
 		w.note("p%d %s(%s) owned=%v ctx=%v opts=%d: %s ttl %v", p, what, name, owned, timeout, len(opts), describe(lk), lk.TTL())
 		w.mu.Lock()
-		h := &genHold{lk: lk, name: name, proc: p, start: start, got: time.Now(), lease: lease}
+		h := &genHold{lk: lk, name: name, proc: p, start: start, got: time.Now(), lease: lease, faults: faults}
 		if start.Before(w.deletedAt[name]) {
 			h.deleted.Store(true)
 		}
@@ -1192,7 +1246,8 @@ func (w *genWorld) monitor(stop <-chan struct{}) {
 // every late request has reached Redis: Redis keeps no hold that no Lock is
 // held for — a grant nobody will use blocks its name for a lease — except
 // those a Close dropped (held, or an attempt's whose clean-up had not reached
-// Redis yet): they expire with their lease, as documented. holds reads what
+// Redis yet): they expire with their lease, as documented, unless an Unlock
+// gave them back (genHold.freed). holds reads what
 // Redis keeps: per name, the acquisition ids holding it (on each node, for
 // Redlock), each with a description for the report; acqOf is a Lock's
 // acquisition id, closed the attempts sent by closed processes. A hold may
@@ -1202,13 +1257,18 @@ func (w *genBase) orphans(holds func(ctx context.Context) (map[string]map[string
 	ctx := context.Background()
 	first := map[string]time.Time{}
 	for {
-		live := map[string]bool{}
+		live, freed := map[string]bool{}, map[string]bool{}
 		w.mu.Lock()
 		for _, h := range w.all {
 			// Held, or dropped by its process's Close: what is held then expires
-			// with its lease, as documented (the application may still use it).
-			if !h.unlocking.Load() && h.lk.TTL() > 0 || errors.Is(h.lk.h.lostErr(), ErrClosed) {
-				live[h.name+" "+acqOf(h.lk)] = true
+			// with its lease, as documented (the application may still use it),
+			// unless an Unlock gave it back (see unlock).
+			k := h.name + " " + acqOf(h.lk)
+			switch {
+			case h.freed.Load():
+				freed[k] = true
+			case !h.unlocking.Load() && h.lk.TTL() > 0 || errors.Is(h.lk.h.lostErr(), ErrClosed):
+				live[k] = true
 			}
 		}
 		w.mu.Unlock()
@@ -1226,16 +1286,20 @@ func (w *genBase) orphans(holds func(ctx context.Context) (map[string]map[string
 		}
 		for n, acqs := range in {
 			for acq, what := range acqs {
-				if live[n+" "+acq] || closed[acq] {
+				k := n + " " + acq
+				if live[k] || closed[acq] && !freed[k] {
 					continue
 				}
-				k := n + " " + acq
 				seen[k] = now
 				if t, ok := first[k]; ok {
 					seen[k] = t
 					if now.Sub(t) >= orphanGrace {
-						w.violate("liveness: %s: Redis keeps hold %s (%s) %v after its calls returned, and no Lock is held for it",
-							n, acq, what, now.Sub(t).Round(time.Millisecond))
+						why := "no Lock is held for it"
+						if freed[k] {
+							why = "an Unlock begun after its process's Close returned in calm"
+						}
+						w.violate("liveness: %s: Redis keeps hold %s (%s) %v after its calls returned, and %s",
+							n, acq, what, now.Sub(t).Round(time.Millisecond), why)
 						return
 					}
 				}
