@@ -60,6 +60,11 @@ import (
 //     reload of the entry ran that another call started, or a fault may
 //     have left another process's fill lease granted unseen (see
 //     checkLates);
+//   - reads do not go backwards within a process: once a call of a process
+//     returned a value of a key (of any variant or tags) loaded after an
+//     Invalidate of the key returned, read from Redis or its near cache, a
+//     call of that process that begins later gets no value loaded before
+//     that Invalidate, a near-cache hit included (see readPast);
 //   - the near cache holds at most its entries;
 //   - a fill lease's request sent after a give-back of that lease was
 //     answered is never granted (see faultHook.watch): nobody would fill it;
@@ -116,9 +121,9 @@ func TestGenCache(t *testing.T) {
 		m.checkGiveBacks(rt)
 		m.checkStats(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget",
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.queuedInvs.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
-		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load())
+		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load())
 	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
 
@@ -139,6 +144,7 @@ type genTotals struct {
 	// Failed calls judged: Redis unavailable, and waits past the budget, each
 	// excused by a fault within its scope (see unreachable, heldUp).
 	unavailable, waitedOut atomic.Int64
+	monotonic              atomic.Int64 // near hits judged with no allowance for the message (see readPast)
 	// The test process, the server and the cluster's masters: when they
 	// stood still (a starved host), which lets a lease lapse as a fault does.
 	stalls   []*gen.Stalls
@@ -347,6 +353,17 @@ type genModel struct {
 	waits   []genNested
 	failed  []genFailure // the calls that failed (see checkFailures)
 	touches []genTouch   // every call's keys and span (see heldUp)
+	// reads are the values served from Redis, or from the near cache, by
+	// process and key, each with when it was checked (after its call
+	// returned) and when its load began: reads do not go backwards (see
+	// checkValue).
+	reads map[*genProc]map[string][]genRead
+}
+
+// genRead is a value a process served (see genModel.reads).
+type genRead struct {
+	checked, loaded time.Time
+	seq             int64
 }
 
 // genTouch is a call's keys in a process, from its start to its end: while it
@@ -1208,12 +1225,25 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		}
 		after := inv.done
 		if res == cacheguard.NearHit {
-			after = after.Add(time.Second) // the message's latency, on a starved host
+			if inv.name == key && m.readPast(p, key, inv, began) {
+				m.tot.monotonic.Add(1)
+			} else {
+				after = after.Add(time.Second) // the message's latency, on a starved host
+			}
 		}
 		if began.After(after) && v.Seq <= inv.seq {
 			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then); process %d, %s",
 				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, slices.Index(m.procs, p), m.history(key, began)))
 		}
+	}
+	if w := m.loadOf(key, v); w != nil && (res == cacheguard.Hit || res == cacheguard.NearHit) {
+		if m.reads == nil {
+			m.reads = map[*genProc]map[string][]genRead{}
+		}
+		if m.reads[p] == nil {
+			m.reads[p] = map[string][]genRead{}
+		}
+		m.reads[p][key] = append(m.reads[p][key], genRead{checked: time.Now(), loaded: w.start, seq: v.Seq})
 	}
 	if res == cacheguard.Stale {
 		if limit, why := m.staleLimit(key, v, c); began.After(limit) {
@@ -1225,6 +1255,17 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 			}
 		}
 	}
+}
+
+// readPast reports whether process p had served a value of key (any
+// variant or tags) loaded after inv returned, from Redis or its near cache,
+// in a call that returned before began (m.mu held). Reads do not go
+// backwards within a process (the package doc): a call that begins then
+// gets no value from before inv, whether or not inv's message has arrived.
+func (m *genModel) readPast(p *genProc, key string, inv genInv, began time.Time) bool {
+	return slices.ContainsFunc(m.reads[p][key], func(r genRead) bool {
+		return r.checked.Before(began) && r.loaded.After(inv.done)
+	})
 }
 
 // loadOf is the load that returned v of key, if recorded (m.mu held).
