@@ -361,10 +361,7 @@ type genModel struct {
 }
 
 // genRead is a value a process served (see genModel.reads).
-type genRead struct {
-	checked, loaded time.Time
-	seq             int64
-}
+type genRead struct{ checked, loaded time.Time }
 
 // genTouch is a call's keys in a process, from its start to its end: while it
 // runs, the process may hold or ask for the fill lease of each.
@@ -1243,7 +1240,7 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		if m.reads[p] == nil {
 			m.reads[p] = map[string][]genRead{}
 		}
-		m.reads[p][key] = append(m.reads[p][key], genRead{checked: time.Now(), loaded: w.start, seq: v.Seq})
+		m.reads[p][key] = append(m.reads[p][key], genRead{checked: time.Now(), loaded: w.start})
 	}
 	if res == cacheguard.Stale {
 		if limit, why := m.staleLimit(key, v, c); began.After(limit) {
