@@ -1967,11 +1967,14 @@ func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(
 		_ = send(sctx, copies)
 		h.watch(sent, copies)
 	}()
-	<-ctx.Done() // every command of a Guard has a bound
+	givenUp, why, stop := gen.ReplyGivenUp(ctx) // every command of a Guard has a bound
+	defer stop()
+	<-givenUp
+	err := why()
 	for _, c := range cmds {
-		c.SetErr(ctx.Err())
+		c.SetErr(err)
 	}
-	return ctx.Err()
+	return err
 }
 
 // isFillLeaseCall reports whether cmd is a round trip of a fill lease: a

@@ -276,14 +276,16 @@ func (f *genFault) around(ctx context.Context, cmds []redis.Cmder, send func(con
 	case "drop":
 		wait = time.After(5 * time.Second) // until the command's context ends: every command of ours has a bound
 	}
+	givenUp, why, stop := gen.ReplyGivenUp(ctx)
+	defer stop()
 	select {
 	case <-wait:
 		if r.mode == "delay" {
 			return err
 		}
 		err = errors.New("gen: reply dropped")
-	case <-ctx.Done():
-		err = ctx.Err()
+	case <-givenUp:
+		err = why()
 	}
 	for _, c := range cmds {
 		c.SetErr(err)
@@ -316,6 +318,8 @@ func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, eff
 		f.ended(effect)
 		done <- err
 	}()
+	givenUp, why, stop := gen.ReplyGivenUp(ctx)
+	defer stop()
 	select {
 	case err := <-done:
 		for i, c := range cmds {
@@ -329,11 +333,12 @@ func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, eff
 			}
 		}
 		return err
-	case <-ctx.Done():
+	case <-givenUp:
+		err := why()
 		for _, c := range cmds {
-			c.SetErr(ctx.Err())
+			c.SetErr(err)
 		}
-		return ctx.Err()
+		return err
 	}
 }
 
