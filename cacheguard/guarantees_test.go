@@ -176,7 +176,7 @@ func loaderOf(rdb redis.UniversalClient, key string, delay time.Duration) func(c
 //	burst <n>  n reads at once: "burst ok" or "err <error>"
 //	spin <ms>  4 goroutines reading without pause for ms: "spin ok"
 //	heard      the near cache's messages about the key and about tags: "heard <n> <m>"
-//	hold       a read whose loader holds the fill lease until the process is killed
+//	hold       a read whose first load holds the fill lease until the process is killed
 func childOnPath(ctx context.Context, key string) error {
 	var p path
 	if err := json.Unmarshal([]byte(os.Getenv(childPath)), &p); err != nil {
@@ -237,9 +237,15 @@ func childOnPath(ctx context.Context, key string) error {
 		case "heard":
 			fmt.Println("heard", cacheguard.NearHeard(g, key), cacheguard.NearHeardTags(g))
 		case "hold":
+			var held atomic.Bool
 			go p.read(ctx, g, key, func(ctx context.Context) (item, error) {
-				rdb.Set(ctx, loadingKey(key), "1", time.Minute)
-				select {} // until the process is killed
+				if held.CompareAndSwap(false, true) {
+					rdb.Set(ctx, loadingKey(key), "1", time.Minute)
+					select {} // until the process is killed
+				}
+				// The read loads again once an invalidation voided the
+				// first load's lease: that load runs.
+				return load(ctx)
 			})
 		default:
 			return fmt.Errorf("unknown command %q", sc.Text())
