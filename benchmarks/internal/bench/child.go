@@ -162,11 +162,6 @@ type worker interface {
 	Close()
 }
 
-// ChildMain runs jobs one after another until stdin ends. For each, it reads
-// the Job from stdin, prepares it, prints READY, waits for GO, runs it and
-// prints RESULT <json>; then it waits for NEXT (the coordinator sends it once
-// every worker of the run has reported), closes the job's system and prints
-// IDLE, ready for the next job. It returns the exit code.
 // profile starts a CPU profile of job j when ProfileEnv names a directory,
 // and returns what stops it.
 func profile(j Job) (stop func()) {
@@ -185,6 +180,13 @@ func profile(j Job) (stop func()) {
 	return func() { pprof.StopCPUProfile(); f.Close() }
 }
 
+// ChildMain runs jobs one after another until stdin ends. For each, it reads
+// the Job from stdin, prepares it, prints READY, waits for GO, runs it and
+// prints RESULT <json>; then it waits for NEXT (the coordinator sends it once
+// every worker of the run has reported), closes the job's system and prints
+// IDLE, ready for the next job. It returns the exit code. With
+// CGBENCH_CPUPROFILE set to a directory, each job's CPU profile is written
+// there (see profile).
 func ChildMain() int {
 	in := bufio.NewReader(os.Stdin)
 	var pools pgdb.Pools
