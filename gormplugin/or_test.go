@@ -59,3 +59,57 @@ func TestBareOrRefused(t *testing.T) {
 		})
 	}
 }
+
+// A write without a model (Table("repos")) whose WHERE is one Or condition
+// was restricted with "id IN (locked) OR name = ?": GORM moves a leading Or
+// behind the conditions added after it, so the plugin's restriction became
+// an alternative, and a row inserted by another session between the
+// plugin's read of the rows and the write was written without its lock
+// (TestGenWrites' interloper, CI 12-05 20:12). The Or now goes in one group
+// first, as for a model's write; an OR in text GORM leaves bare is refused.
+func TestTableOrRestricted(t *testing.T) {
+	e := newEnv(t, onPostgres, byClient)
+	plain := e.plain(t)
+	if err := plain.AutoMigrate(&Repo{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Create(&[]Repo{{ID: 1, Name: "a"}, {ID: 2, Name: "a"}, {ID: 3, Name: "b"}}).Error; err != nil {
+		t.Fatal(err)
+	}
+	db := e.guarded(t)
+	interloper := false
+	err := db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("test:interloper", func(tx *gorm.DB) {
+		if interloper {
+			interloper = false
+			if err := plain.Exec("INSERT INTO repos (id, name, stars) VALUES (55, 'a', 0)").Error; err != nil {
+				tx.AddError(err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	interloper = true
+	if err := db.Transaction(func(tx *gorm.DB) error {
+		return tx.Table("repos").Or("name = ?", "a").Update("stars", 42).Error
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var rows []Repo
+	if err := plain.Order("id").Find(&rows).Error; err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint]int{1: 42, 2: 42, 3: 0, 55: 0} // 55 came after the rows were read and locked
+	for _, r := range rows {
+		if r.Stars != want[r.ID] {
+			t.Errorf("repos:%d has stars %d, want %d", r.ID, r.Stars, want[r.ID])
+		}
+	}
+	if len(rows) != len(want) {
+		t.Errorf("%d rows, want %d: %+v", len(rows), len(want), rows)
+	}
+	err = db.Table("repos").Where("name = ? OR\tname = ?", "a", "b").Update("stars", 7).Error
+	if !errors.Is(err, gormplugin.ErrUnnamedRows) {
+		t.Errorf("a bare OR in a write without a model: err %v, want ErrUnnamedRows", err)
+	}
+}

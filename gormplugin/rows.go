@@ -81,7 +81,17 @@ func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, name
 	if t.err != "" {
 		return refuse(t.err, `name the table with Table("name") or Table("name AS alias")`)
 	}
+	or := orOf(stmt)
+	orInstead := `write the alternatives as one Where("a = ? OR b = ?", ...), which GORM keeps in parentheses, or as Where("id IN ?", ids)`
 	if s == nil || len(s.PrimaryFields) == 0 {
+		// A write without a model (Table("t")) is restricted to the rows it
+		// reads too, by the key the database's catalogue gives (see
+		// matchRows): an Or at the top level goes in one group first, or
+		// GORM puts it after the restriction — "id IN (...) OR name = ?" —
+		// and the write reaches rows nobody locked.
+		if kind != writeUpsert && or != "" && !groupOr(stmt) {
+			return refuse(or, orInstead)
+		}
 		return nil, false, nil
 	}
 	if kind == writeUpsert {
@@ -113,8 +123,6 @@ func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, name
 		}
 		return namesFor(t.table, sets), true, nil
 	}
-	or := orOf(stmt)
-	orInstead := `write the alternatives as one Where("a = ? OR b = ?", ...), which GORM keeps in parentheses, or as Where("id IN ?", ids)`
 	// The structs GORM turns into key conditions: an update's model; a
 	// delete's value, and its model when that is another struct.
 	srcs := []any{stmt.Model}
