@@ -264,6 +264,7 @@ func (p *Plugin) fenceStep(db *gorm.DB) {
 		return
 	}
 	if g.restricted && g.kind != writeUpsert {
+		groupWhere(db.Statement)
 		db.Statement.AddClause(clause.Where{Exprs: g.restriction()})
 	}
 	if len(g.locked) == 0 {

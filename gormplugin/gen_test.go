@@ -702,14 +702,7 @@ func newWriteRig(t *testing.T, dialect string) *writeRig {
 		r.mu.Unlock()
 	}
 	if dialect == onPostgres {
-		for _, err := range []error{
-			r.db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("gen:interloper", r.interlope),
-			r.db.Callback().Delete().After("gormplugin:fence").Before("gorm:delete").Register("gen:interloper", r.interlope),
-		} {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
+		interlope(t, r.db, r.interlope)
 	}
 	observeWrites(t, r.db, held) // before each write: the locks its rows took
 	observeBuilt(r.db, held)     // an UPDATE as built: the new key of a row it moves too

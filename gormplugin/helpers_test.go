@@ -278,3 +278,18 @@ func exists(t testing.TB, rdb redis.UniversalClient, key string) bool {
 
 // eventually waits for an observable event, bounded by d.
 var eventually = redistest.Eventually
+
+// interlope registers fn to run on db's UPDATEs and DELETEs after the
+// plugin has read and locked their rows and restricted them, just before
+// GORM builds and sends them: where a test inserts a row another session
+// would (an interloper), which the write must leave alone.
+func interlope(t testing.TB, db *gorm.DB, fn func(tx *gorm.DB)) {
+	for _, err := range []error{
+		db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("test:interloper", fn),
+		db.Callback().Delete().After("gormplugin:fence").Before("gorm:delete").Register("test:interloper", fn),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}

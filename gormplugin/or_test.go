@@ -1,8 +1,10 @@
 package gormplugin_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"gorm.io/gorm"
@@ -60,56 +62,83 @@ func TestBareOrRefused(t *testing.T) {
 	}
 }
 
-// A write without a model (Table("repos")) whose WHERE is one Or condition
-// was restricted with "id IN (locked) OR name = ?": GORM moves a leading Or
-// behind the conditions added after it, so the plugin's restriction became
-// an alternative, and a row inserted by another session between the
-// plugin's read of the rows and the write was written without its lock
-// (TestGenWrites' interloper, CI 12-05 20:12). The Or now goes in one group
-// first, as for a model's write; an OR in text GORM leaves bare is refused.
-func TestTableOrRestricted(t *testing.T) {
-	e := newEnv(t, onPostgres, byClient)
-	plain := e.plain(t)
-	if err := plain.AutoMigrate(&Repo{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := plain.Create(&[]Repo{{ID: 1, Name: "a"}, {ID: 2, Name: "a"}, {ID: 3, Name: "b"}}).Error; err != nil {
-		t.Fatal(err)
-	}
-	db := e.guarded(t)
-	interloper := false
-	err := db.Callback().Update().After("gormplugin:fence").Before("gorm:update").Register("test:interloper", func(tx *gorm.DB) {
-		if interloper {
-			interloper = false
-			if err := plain.Exec("INSERT INTO repos (id, name, stars) VALUES (55, 'a', 0)").Error; err != nil {
-				tx.AddError(err)
+// A restricted write whose WHERE holds an Or escaped its restriction: GORM
+// moves a leading Or behind the conditions added after it ("id IN (locked)
+// OR name = ?", Table("repos").Or, CI 12-05 20:12), and writes an Or's text
+// bare inside the And group the plugin put it in ("name = ? OR name = ? AND
+// id IN (locked)", Model(&Repo{}).Or, scale-5 TestGenWrites). A row another
+// session inserted between the plugin's read of the rows and the write
+// (TestGenWrites' interloper) was written without its lock, or the write
+// failed on the fence column's NOT NULL. The user's WHERE now goes in
+// parentheses whole before the restriction; an OR in text GORM leaves bare
+// is refused.
+func TestOrRestricted(t *testing.T) {
+	ctx := context.Background()
+	updated := map[uint]int{1: 42, 2: 42, 3: 0, 55: 0} // 55 came after the rows were read and locked
+	for _, tc := range []struct {
+		name  string
+		write func(db *gorm.DB) error
+		want  map[uint]int // stars by id; a deleted row is absent
+	}{
+		{"Table Or", func(db *gorm.DB) error {
+			return db.Transaction(func(tx *gorm.DB) error {
+				return tx.Table("repos").Or("name = ?", "a").Update("stars", 42).Error
+			})
+		}, updated},
+		{"Model Or with OR text", func(db *gorm.DB) error {
+			return db.Model(&Repo{}).Or("name = ? OR name = ?", "a", "a").UpdateColumns(map[string]any{"stars": 42}).Error
+		}, updated},
+		{"Model Or with OR text in Transaction", func(db *gorm.DB) error {
+			return gormplugin.Transaction(ctx, db, func(tx *gorm.DB) error {
+				return tx.Model(&Repo{}).Or("name = ? OR name = ?", "a", "a").UpdateColumns(map[string]any{"stars": 42}).Error
+			})
+		}, updated},
+		{"Delete Or with OR text", func(db *gorm.DB) error {
+			return db.Or("name = ? OR name = ?", "a", "a").Delete(&Repo{}).Error
+		}, map[uint]int{3: 0, 55: 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, onPostgres, byClient)
+			plain := e.plain(t)
+			if err := plain.AutoMigrate(&Repo{}); err != nil {
+				t.Fatal(err)
 			}
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	interloper = true
-	if err := db.Transaction(func(tx *gorm.DB) error {
-		return tx.Table("repos").Or("name = ?", "a").Update("stars", 42).Error
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var rows []Repo
-	if err := plain.Order("id").Find(&rows).Error; err != nil {
-		t.Fatal(err)
-	}
-	want := map[uint]int{1: 42, 2: 42, 3: 0, 55: 0} // 55 came after the rows were read and locked
-	for _, r := range rows {
-		if r.Stars != want[r.ID] {
-			t.Errorf("repos:%d has stars %d, want %d", r.ID, r.Stars, want[r.ID])
-		}
-	}
-	if len(rows) != len(want) {
-		t.Errorf("%d rows, want %d: %+v", len(rows), len(want), rows)
-	}
-	err = db.Table("repos").Where("name = ? OR\tname = ?", "a", "b").Update("stars", 7).Error
-	if !errors.Is(err, gormplugin.ErrUnnamedRows) {
-		t.Errorf("a bare OR in a write without a model: err %v, want ErrUnnamedRows", err)
+			if err := plain.Create(&[]Repo{{ID: 1, Name: "a"}, {ID: 2, Name: "a"}, {ID: 3, Name: "b"}}).Error; err != nil {
+				t.Fatal(err)
+			}
+			db := e.guarded(t)
+			var armed atomic.Bool
+			interlope(t, db, func(tx *gorm.DB) {
+				if armed.CompareAndSwap(true, false) {
+					if err := plain.Exec("INSERT INTO repos (id, name, stars) VALUES (55, 'a', 0)").Error; err != nil {
+						tx.AddError(err)
+					}
+				}
+			})
+			armed.Store(true)
+			err := tc.write(db)
+			if left := e.lockKeys(t); len(left) > 0 {
+				t.Errorf("row locks left after the write returned: %v", left)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rows []Repo
+			if err := plain.Order("id").Find(&rows).Error; err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rows {
+				if stars, ok := tc.want[r.ID]; !ok || r.Stars != stars {
+					t.Errorf("repos:%d has stars %d, want %d (present: %v)", r.ID, r.Stars, stars, ok)
+				}
+			}
+			if len(rows) != len(tc.want) {
+				t.Errorf("%d rows, want %d: %+v", len(rows), len(tc.want), rows)
+			}
+			err = db.Table("repos").Where("name = ? OR\tname = ?", "a", "b").Update("stars", 7).Error
+			if !errors.Is(err, gormplugin.ErrUnnamedRows) {
+				t.Errorf("a bare OR in a write without a model: err %v, want ErrUnnamedRows", err)
+			}
+		})
 	}
 }

@@ -61,7 +61,7 @@ func (p *Plugin) matchRows(db *gorm.DB, g *guard, exprs []clause.Expression, fro
 		q = q.Unscoped()
 	}
 	if len(exprs) > 0 {
-		q.Statement.AddClause(clause.Where{Exprs: exprs})
+		q.Statement.AddClause(clause.Where{Exprs: []clause.Expression{whereGroup{exprs}}})
 	}
 	if from != nil {
 		tables := append([]clause.Table{{Name: clause.CurrentTable}}, from.Tables...)

@@ -81,15 +81,10 @@ func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, name
 	if t.err != "" {
 		return refuse(t.err, `name the table with Table("name") or Table("name AS alias")`)
 	}
-	or := orOf(stmt)
+	or, bare := orOf(stmt)
 	orInstead := `write the alternatives as one Where("a = ? OR b = ?", ...), which GORM keeps in parentheses, or as Where("id IN ?", ids)`
 	if s == nil || len(s.PrimaryFields) == 0 {
-		// A write without a model (Table("t")) is restricted to the rows it
-		// reads too, by the key the database's catalogue gives (see
-		// matchRows): an Or at the top level goes in one group first, or
-		// GORM puts it after the restriction — "id IN (...) OR name = ?" —
-		// and the write reaches rows nobody locked.
-		if kind != writeUpsert && or != "" && !groupOr(stmt) {
+		if kind != writeUpsert && bare {
 			return refuse(or, orInstead)
 		}
 		return nil, false, nil
@@ -151,9 +146,9 @@ func rowsOf(stmt *gorm.Statement, kind writeKind, t tableName) (rows []row, name
 			`name the rows in the WHERE of a model without a key: Model(&Pair{}).Where("a = ? AND b = ?", 0, "x"), or Where("id IN ?", ids)`)
 	}
 	// Nothing but the fence, soft delete and the plugin's restriction is
-	// added to the WHERE of a model without a key: in one group, an Or keeps
-	// its meaning, and the rows it matches are read.
-	if or != "" && !groupOr(stmt) {
+	// added to the WHERE of a model without a key, after the user's
+	// conditions in one group (whereGroup): an Or clause keeps its meaning.
+	if bare {
 		return refuse(or, orInstead)
 	}
 	return nil, false, nil
@@ -241,44 +236,54 @@ func structKeys(stmt *gorm.Statement, s *schema.Schema, value any, wholeParts bo
 
 // orOf says why the statement's WHERE has an OR whose meaning depends on
 // the conditions added to it after this point (GORM's key conditions, soft
-// delete, the plugin's fence and restriction), or "" when it has none: an Or
-// clause at the top level, or SQL text with an OR GORM will not put in
-// parentheses (it does when the text holds " OR ").
-func orOf(stmt *gorm.Statement) string {
-	_, why := orClause(stmt)
-	return why
-}
-
-// groupOr puts the conditions of a WHERE with an Or clause in one group,
-// which later conditions are ANDed with; false when its OR is in text.
-func groupOr(stmt *gorm.Statement) bool {
-	clauseOr, _ := orClause(stmt)
-	if !clauseOr {
-		return false
-	}
-	c := stmt.Clauses["WHERE"]
-	where := c.Expression.(clause.Where)
-	where.Exprs = []clause.Expression{clause.And(where.Exprs...)}
-	c.Expression = where
-	stmt.Clauses["WHERE"] = c
-	return true
-}
-
-func orClause(stmt *gorm.Statement) (clauseOr bool, why string) {
+// delete), or "" when it has none: an Or clause at the top level, or, bare,
+// SQL text with an OR GORM will not put in parentheses (it does when the
+// text holds " OR "). The plugin's own conditions cannot change its
+// meaning: they are ANDed with the user's WHERE in one group (whereGroup).
+func orOf(stmt *gorm.Statement) (why string, bare bool) {
 	c, ok := stmt.Clauses["WHERE"]
 	if !ok {
-		return false, ""
+		return "", false
 	}
 	where, _ := c.Expression.(clause.Where)
 	for _, e := range flattenAnd(where.Exprs) {
 		if _, ok := e.(clause.OrConditions); ok {
-			clauseOr, why = true, "has an Or condition, which GORM joins with the conditions it adds in an order the plugin cannot prove"
+			why = "has an Or condition, which GORM joins with the conditions it adds in an order the plugin cannot prove"
 		}
 		if sql := bareOr(e, true, true); sql != "" {
-			return false, fmt.Sprintf("has a condition %q with an OR GORM does not put in parentheses", sql)
+			return fmt.Sprintf("has a condition %q with an OR GORM does not put in parentheses", sql), true
 		}
 	}
-	return clauseOr, why
+	return why, false
+}
+
+// whereGroup is a WHERE's conditions built as GORM builds them alone, in
+// parentheses, so that no condition ANDed after it (the plugin's restriction
+// and fence, GORM's key and soft delete) can become an alternative to it:
+// GORM moves a leading Or behind the conditions added after it, and writes
+// an Or's text bare inside an And group ("a OR b AND id IN (...)").
+type whereGroup struct{ exprs []clause.Expression }
+
+func (w whereGroup) Build(b clause.Builder) {
+	_ = b.WriteByte('(')
+	clause.Where{Exprs: slices.Clone(w.exprs)}.Build(b) // Build reorders in place
+	_ = b.WriteByte(')')
+}
+
+// groupWhere puts the statement's WHERE in one whereGroup, once every
+// condition the user and the hooks give is in it.
+func groupWhere(stmt *gorm.Statement) {
+	c, ok := stmt.Clauses["WHERE"]
+	if !ok {
+		return
+	}
+	where, ok := c.Expression.(clause.Where)
+	if !ok || len(where.Exprs) == 0 {
+		return
+	}
+	where.Exprs = []clause.Expression{whereGroup{where.Exprs}}
+	c.Expression = where
+	stmt.Clauses["WHERE"] = c
 }
 
 // bareOr returns the SQL text of a condition in e that holds the word OR and
