@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 const (
@@ -21,8 +23,13 @@ const (
 	// its lock, the plugin's re-entry, the release; a read: its read, then
 	// its fill) until its process's breaker opens and they fail at once —
 	// well below the edit's 5s lock budget and a read's 10s wait budget, and
-	// below the stall.
-	stallBound = 2500 * time.Millisecond
+	// below the stall. The slowest edit sums to 2.5s (its lock sent while
+	// Redis answered, 1s, then three commands of 500ms), with nothing left
+	// for the host: on a loaded 2-core host one took 2.54s (CI 12-05), so
+	// the bound adds schedSlack, a scheduling allowance, to the count.
+	stallBound = 2*stallCmd + 3*stallCmd + schedSlack
+	stallCmd   = rcmd.DefaultTimeout // locks and cacheguard bound a command by it (500ms)
+	schedSlack = 500 * time.Millisecond
 	// fastAnswer is how quickly a request is answered once its process's
 	// breaker is open (503 for an edit, the loader's value for a read).
 	fastAnswer = 100 * time.Millisecond
