@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"github.com/cacheguard/cacheguard/gormplugin"
 )
@@ -96,6 +97,9 @@ func TestOrRestricted(t *testing.T) {
 		{"Delete Or with OR text", func(db *gorm.DB) error {
 			return db.Or("name = ? OR name = ?", "a", "a").Delete(&Repo{}).Error
 		}, map[uint]int{3: 0, 55: 0}},
+		{"Or added by a before-hook", func(db *gorm.DB) error { // after the plugin read the rows
+			return db.Model(&OrHookedRepo{}).Where("name = ?", "a").Update("stars", 42).Error
+		}, updated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, onPostgres, byClient)
@@ -141,4 +145,21 @@ func TestOrRestricted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// OrHookedRepo is a row of repos whose BeforeUpdate hook adds an Or
+// condition to the statement, after the plugin read the rows its WHERE
+// matched and locked them.
+type OrHookedRepo struct {
+	ID    uint
+	Name  string
+	Stars int
+	Fence gormplugin.Fence `gorm:"not null;default:0"`
+}
+
+func (OrHookedRepo) TableName() string { return "repos" }
+
+func (*OrHookedRepo) BeforeUpdate(tx *gorm.DB) error {
+	tx.Statement.AddClause(clause.Where{Exprs: []clause.Expression{clause.Or(clause.Expr{SQL: "name = ?", Vars: []any{"zz"}})}})
+	return nil
 }
