@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -106,6 +107,7 @@ func TestGenCache(t *testing.T) {
 			"NestedJoin":     m.nestedJoin,
 			"QueuedInv":      m.queuedInvalidate,
 			"LateCalls":      m.lateCalls,
+			"LateAcross":     m.lateAcross,
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
 			"Fault":          m.fault,
@@ -121,9 +123,9 @@ func TestGenCache(t *testing.T) {
 		m.checkGiveBacks(rt)
 		m.checkStats(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards",
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards; %d LateAcross steps came to their last read",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.queuedInvs.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
-		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load())
+		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load(), tot.across.Load())
 	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
 
@@ -138,6 +140,7 @@ type genTotals struct {
 	joins, queued                               atomic.Int64 // NestedJoin steps; those whose second fill queued
 	lates                                       atomic.Int64 // calls LateCalls sent during their process's fill
 	stalledLates                                atomic.Int64 // those sent during a stalled fill
+	across                                      atomic.Int64 // LateAcross steps that came to their last read
 	stalledMany                                 atomic.Int64 // those by GetMany (they read first)
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
 	queuedInvs                                  atomic.Int64 // invalidations of a key whose fill waited for a slot (see queuedInvalidate)
@@ -228,6 +231,9 @@ type genProc struct {
 	hook  *faultHook
 	near  bool
 	slots int // MaxConcurrentLoads (0: none; see checkSlots)
+	// batched: its hit reads go on the wire one at a time, the others
+	// queued behind it (cacheguard.SetHitsDirect)
+	batched bool
 	// keyCalls counts the keys the calls on this Guard asked for (a Get's
 	// one, a GetMany's each, a loader's Get's), for checkStats.
 	keyCalls atomic.Int64
@@ -357,6 +363,7 @@ type genModel struct {
 	loads   []genLoad
 	faultsW []genWindow       // fault windows: loads they reach may overlap each other
 	calm    int               // the OutliveCalm steps that ran
+	across  int               // the LateAcross steps that ran
 	excused map[[2]int64]bool // overlapping loads (their serials) a stall excused, counted once
 	faults  [][2]time.Time    // the faults themselves, from injection to its step's end
 	lates   []genLateServe
@@ -416,7 +423,7 @@ func newGenModel(t *testing.T, rt *rapid.T, single *redistest.Server, cl *redist
 		prefix: "gen" + strconv.FormatInt(genRun.Add(1), 10) + rand8() + ":"}
 	tot.runs.Add(1)
 	for i := range 3 {
-		m.procs = append(m.procs, m.newProc(i == 0))
+		m.procs = append(m.procs, m.newProc(i == 0, rapid.Bool().Draw(rt, "hits share round trips")))
 	}
 	return m
 }
@@ -435,12 +442,16 @@ func (m *genModel) client(cte bool) redis.UniversalClient {
 
 // newProc starts a process; every second one's client has
 // ContextTimeoutEnabled, and every third one runs one load at a time
-// (MaxConcurrentLoads).
-func (m *genModel) newProc(near bool) *genProc {
+// (MaxConcurrentLoads). With batched, one hit read at a time goes on the
+// wire on its own, so that the few calls a process runs at once share round
+// trips; without it, they go as the default has them (a read of one entry
+// does not wait for another's late reply: see lateAcross).
+func (m *genModel) newProc(near, batched bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
 	var p *genProc
-	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled, struck: func(sent time.Time) { m.struck(p, sent) }}
+	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled, struck: func(sent time.Time) { m.struck(p, sent) },
+		delayBegins: make(chan struct{}, 1)}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
 		cacheguard.Logger(slog.New(slog.NewTextHandler(io.Discard, nil))), cacheguard.Observer(nearHits), cacheguard.Encoding(genCodec{})}
@@ -453,8 +464,10 @@ func (m *genModel) newProc(near bool) *genProc {
 		opts = append(opts, cacheguard.MaxConcurrentLoads(slots))
 	}
 	g := cacheguard.New(rdb, opts...)
-	cacheguard.SetHitsDirect(g, 1)
-	p = &genProc{g: g, rdb: rdb, hook: h, near: near, slots: slots}
+	if batched {
+		cacheguard.SetHitsDirect(g, 1)
+	}
+	p = &genProc{g: g, rdb: rdb, hook: h, near: near, slots: slots, batched: batched}
 	return p
 }
 
@@ -807,6 +820,95 @@ func (m *genModel) outliveIn(rt *rapid.T, calm bool) {
 	var wg2 sync.WaitGroup // wg may be waited on still
 	m.call(m.procs[q], c, []string{key}, false, &wg2)
 	m.await(rt, &wg2)
+}
+
+// lateAcross is the late read of another representation (f74cc6f), on a
+// process P with a near cache whose subscription is slow: its messages
+// arrive late (held, while it stays trusted), as does the reply to P's read
+// of an entry (Variant a) that Redis answered before another process's
+// Invalidate of the key. Meanwhile P reads another representation (Variant
+// b) filled after the invalidation, and the entries it reads next evict that
+// one from its near cache: the key has no node left when the late reply
+// comes, and the value from before the invalidation must not enter, since
+// P's next read of a would go backwards (readPast: no message allowance). A
+// key's generation outlives its node for it (nearCache.keep); with that
+// replaced by nothing, TestGenCache fails in its first run.
+func (m *genModel) lateAcross(rt *rapid.T) {
+	var near []*genProc // whose read of b does not queue behind the late one
+	for _, p := range m.procs {
+		if p.near && !p.batched {
+			near = append(near, p)
+		}
+	}
+	if len(near) == 0 || len(m.procs) < 2 {
+		return
+	}
+	p := rapid.SampledFrom(near).Draw(rt, "proc")
+	others := slices.DeleteFunc(slices.Clone(m.procs), func(o *genProc) bool { return o == p })
+	q := rapid.SampledFrom(others).Draw(rt, "filling proc")
+	inv := rapid.SampledFrom(others).Draw(rt, "invalidating proc")
+	if p.hook.armed() {
+		return // a fault armed earlier would strike instead
+	}
+	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	base := m.drawCall(rt)
+	m.mu.Lock()
+	m.across++
+	n := m.across
+	m.mu.Unlock()
+	call := func(variant string) genCall { // an entry no near cache holds yet
+		c := base
+		c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("across%d%s", n, variant), nil, "fast", 0, time.Second, 2*time.Second
+		c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
+		return c
+	}
+	a, b := call("a"), call("b")
+	run := func(p *genProc, c genCall, key string) {
+		var wg sync.WaitGroup
+		m.call(p, c, []string{key}, false, &wg)
+		wg.Wait()
+	}
+	// P's node of the key goes (its own Invalidate drops it at once): one
+	// left would take b's generation as news and void P's late read.
+	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
+	run(q, a, key)
+	select {
+	case <-p.hook.delayBegins: // a delay of an earlier step's
+	default:
+	}
+	const held, delay = 800 * time.Millisecond, 400 * time.Millisecond
+	m.window("latemsgs", genWindow{proc: p}, func() {
+		p.hook.subHeldUntil.Store(time.Now().Add(held).UnixNano())
+		cacheguard.TrustNear(p.g, held) // as a proof heard just before would
+		aim := "|" + a.variant          // the reply to P's read of a, not to a dial's HELLO
+		p.hook.delayField.Store(&aim)
+		p.hook.delay.Store(int64(delay))
+		p.hook.delays.Add(1)
+	})
+	defer func() { p.hook.delays.Store(0); p.hook.delayField.Store(nil) }()
+	var late sync.WaitGroup
+	m.call(p, a, []string{key}, false, &late)
+	ended := make(chan struct{})
+	go func() { late.Wait(); close(ended) }()
+	select {
+	case <-p.hook.delayBegins: // Redis answered; P has yet to hear it
+	case <-ended:
+		return
+	case <-time.After(genSlack):
+		return // the delay struck another call, or none
+	}
+	m.invalidateWith([]string{key}, func(ctx context.Context) error { return inv.g.Invalidate(ctx, key) })
+	run(q, b, key)
+	run(p, b, key)           // a hit of b, loaded after the invalidation
+	var evict sync.WaitGroup // b's entry, out of P's near cache: the key's node goes
+	other := genKeys[(slices.Index(genKeys, key)+1)%len(genKeys)]
+	for i := range genNear {
+		m.call(p, call(fmt.Sprintf("e%d", i)), []string{other}, false, &evict)
+	}
+	evict.Wait()
+	<-ended
+	m.tot.across.Add(1)
+	run(p, a, key)
 }
 
 // lateCalls makes calls of one entry arrive on one process while that
@@ -1404,9 +1506,18 @@ func (m *genModel) checkFailures(rt *rapid.T) {
 			})
 		}
 		// On a process with load slots (MaxConcurrentLoads), a fill waits
-		// for a slot that a load of any entry holds.
-		slotted := f.proc.slots > 0 && slices.ContainsFunc(m.loads, func(l genLoad) bool {
-			return l.loader != "fast" && l.by != nil && l.by.proc == f.proc && l.start.Before(f.end) && l.end.After(f.began)
+		// for a slot that a load of any entry holds, and holds its fill
+		// lease meanwhile: the calls of its entry wait with it, on that
+		// process and on every other one (whose fill is that lease's,
+		// loaded once the slot is free: after the call began).
+		busy := func(p *genProc) bool { // a slow load held one of p's slots during f
+			return p.slots > 0 && slices.ContainsFunc(m.loads, func(l genLoad) bool {
+				return l.loader != "fast" && l.by != nil && l.by.proc == p && l.start.Before(f.end) && l.end.After(f.began)
+			})
+		}
+		slotted := busy(f.proc) || slices.ContainsFunc(m.loads, func(l genLoad) bool {
+			return l.by != nil && l.by.proc != f.proc && !l.start.Before(f.began) &&
+				slices.ContainsFunc(f.keys, func(k string) bool { return l.entry == f.c.entry(k) }) && busy(l.by.proc)
 		})
 		var why string
 		switch {
@@ -1613,7 +1724,7 @@ func (m *genModel) shutdown(rt *rapid.T) {
 		m.violation("Shutdown with a grace of %v took %v", grace, took)
 	}
 	m.old = append(m.old, p)
-	m.procs[i] = m.newProc(p.near)
+	m.procs[i] = m.newProc(p.near, rapid.Bool().Draw(rt, "hits share round trips"))
 }
 
 // fault injects one fault, a deleted internal key twice as often as each of
@@ -1848,17 +1959,20 @@ func (m *genModel) checkOverlaps(rt *rapid.T) {
 // faultHook holds, delays or drops replies of one client, holds back its
 // fill leases' requests (late), and watches its give-backs (see watch).
 type faultHook struct {
-	drop        atomic.Int64 // replies to drop (the command ran)
-	dropLease   atomic.Int64 // replies to fill-lease round trips to drop (the command ran)
-	delays      atomic.Int64 // replies to delay by delay
-	delay       atomic.Int64
-	pausedUntil atomic.Int64  // unix ns: every command waits until then
-	lateUntil   atomic.Int64  // unix ns: fill lease requests sent before then arrive late (see holdBack)
-	slowUntil   atomic.Int64  // unix ns: replies to fill lease requests sent before then come genSlowGrant late
-	lateKey     string        // when set, only those of this values hash
-	deliver     chan struct{} // when set, they arrive once it is closed, not genLate after
-	late        pending       // requests held back, not sent yet
-	bad         func(format string, args ...any)
+	drop         atomic.Int64 // replies to drop (the command ran)
+	dropLease    atomic.Int64 // replies to fill-lease round trips to drop (the command ran)
+	delays       atomic.Int64 // replies to delay by delay
+	delay        atomic.Int64
+	delayBegins  chan struct{}          // told (when it can take it) as a delayed reply begins its delay
+	delayField   atomic.Pointer[string] // when set, only a reply to a command naming this values field is delayed
+	subHeldUntil atomic.Int64           // unix ns: what the subscription reads reaches the near cache then (see DialHook)
+	pausedUntil  atomic.Int64           // unix ns: every command waits until then
+	lateUntil    atomic.Int64           // unix ns: fill lease requests sent before then arrive late (see holdBack)
+	slowUntil    atomic.Int64           // unix ns: replies to fill lease requests sent before then come genSlowGrant late
+	lateKey      string                 // when set, only those of this values hash
+	deliver      chan struct{}          // when set, they arrive once it is closed, not genLate after
+	late         pending                // requests held back, not sent yet
+	bad          func(format string, args ...any)
 	// settled is told of the fill stores and lease releases answered.
 	settled func(ctx context.Context, keys []string)
 	wiped   *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
@@ -1895,7 +2009,26 @@ const genSlowGrant = genLease + 100*time.Millisecond
 // its caller gave up on it and gave it back.
 const genLate = 2*genCmd + 400*time.Millisecond
 
-func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+// DialHook marks the client's subscription connection (subConn): what it
+// reads while a late-messages fault lasts (subHeldUntil) reaches the near
+// cache once it ends.
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &subConn{Conn: c, wait: h.subWait}, nil
+	}
+}
+
+// subWait holds a message read on the subscription until the late-messages
+// fault ends: the fault, not a synchronisation.
+func (h *faultHook) subWait() {
+	if d := time.Until(time.Unix(0, h.subHeldUntil.Load())); d > 0 {
+		time.Sleep(d)
+	}
+}
 
 func (h *faultHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -1920,7 +2053,7 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	if sent.UnixNano() < h.slowUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
 		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
 	}
-	dropped := h.after(sent)
+	dropped := h.after(sent, cmds)
 	if !dropped && slices.ContainsFunc(cmds, isFillLeaseCall) && h.dropLease.Load() > 0 && h.dropLease.Add(-1) >= 0 {
 		dropped = true
 		if h.struck != nil {
@@ -2161,12 +2294,26 @@ func (h *faultHook) before() {
 	}
 }
 
+// aimed reports whether a delay may strike the reply to cmds: when
+// delayField is set, only one to a command with an argument ending so (a
+// values field, "|<variant>", or a fill lease's name).
+func (h *faultHook) aimed(cmds []redis.Cmder) bool {
+	f := h.delayField.Load()
+	return f == nil || slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+		return slices.ContainsFunc(c.Args(), func(a any) bool { return strings.HasSuffix(argString(a), *f) })
+	})
+}
+
 // after delays the reply to commands sent at sent when a delay is due, and
 // reports whether to drop it. A delay or drop strikes here, when the process
 // next hears a reply, which may be long after it was armed: struck is told.
-func (h *faultHook) after(sent time.Time) bool {
-	delayed := h.delays.Load() > 0 && h.delays.Add(-1) >= 0
+func (h *faultHook) after(sent time.Time, cmds []redis.Cmder) bool {
+	delayed := h.delays.Load() > 0 && h.aimed(cmds) && h.delays.Add(-1) >= 0
 	if delayed {
+		select {
+		case h.delayBegins <- struct{}{}:
+		default:
+		}
 		time.Sleep(time.Duration(h.delay.Load()))
 	}
 	dropped := h.drop.Load() > 0 && h.drop.Add(-1) >= 0

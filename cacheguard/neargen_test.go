@@ -37,7 +37,14 @@ func (h *holdSub) DialHook(next redis.DialHook) redis.DialHook {
 		if err != nil {
 			return nil, err
 		}
-		return &subConn{Conn: c, h: h}, nil
+		return &subConn{Conn: c, wait: h.wait}, nil
+	}
+}
+
+// wait keeps a reply read on the subscription from its reader while held.
+func (h *holdSub) wait() {
+	if h.held.Load() {
+		<-h.release
 	}
 }
 func (h *holdSub) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
@@ -45,11 +52,12 @@ func (h *holdSub) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	return next
 }
 
-// subConn is a connection that knows whether it subscribed.
+// subConn is a connection that knows whether it subscribed: what it reads
+// once it did reaches its reader when wait returns (a late message).
 type subConn struct {
 	net.Conn
-	h   *holdSub
-	sub atomic.Bool
+	wait func()
+	sub  atomic.Bool
 }
 
 func (c *subConn) Write(b []byte) (int, error) {
@@ -61,8 +69,8 @@ func (c *subConn) Write(b []byte) (int, error) {
 
 func (c *subConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	if c.sub.Load() && c.h.held.Load() {
-		<-c.h.release
+	if c.sub.Load() {
+		c.wait()
 	}
 	return n, err
 }
