@@ -293,6 +293,9 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 		var f func(*gorm.DB) *gorm.DB
 		var col string
 		var v any
+		// Every table has a column besides its keys that its conditions
+		// name, with a value several rows hold and its interloper's row
+		// too: such a WHERE names no row, and the plugin must read them.
 		switch table {
 		case "repos":
 			col, v = rapid.SampledFrom([]string{"id", "name"}).Draw(rt, "col"), drawRepoID(rt)
@@ -301,15 +304,27 @@ func drawConds(rt *rapid.T, table string) (string, func(*gorm.DB) *gorm.DB) {
 			}
 		case "slugs":
 			col, v = "name", rapid.SampledFrom([]any{"1", "01", "b", 1}).Draw(rt, "tag name")
+			if rapid.IntRange(0, 2).Draw(rt, "by v") == 0 {
+				col, v = "v", rapid.SampledFrom([]any{1, 2}).Draw(rt, "v")
+			}
 		case "ci_slugs":
 			col, v = "name", rapid.SampledFrom([]any{"abc", "ABC", "zZ"}).Draw(rt, "ci name v")
+			if rapid.IntRange(0, 2).Draw(rt, "by v") == 0 {
+				col, v = "v", rapid.SampledFrom([]any{1, 2}).Draw(rt, "v")
+			}
 		case "pairs":
 			col = rapid.SampledFrom([]string{"a", "b", "v"}).Draw(rt, "col")
 			v = map[string]any{"a": 0, "b": "x", "v": 1}[col]
 		case "badges":
 			col, v = rapid.SampledFrom([]string{"id", "code"}).Draw(rt, "col"), rapid.SampledFrom([]any{1, "2", "a"}).Draw(rt, "badge v")
+			if rapid.IntRange(0, 2).Draw(rt, "by label") == 0 {
+				col, v = "label", rapid.SampledFrom([]any{"l", "m"}).Draw(rt, "label")
+			}
 		default:
 			col, v = "id", rapid.SampledFrom([]any{1, 2, "3"}).Draw(rt, "note id v")
+			if rapid.IntRange(0, 2).Draw(rt, "by text") == 0 {
+				col, v = "text", rapid.SampledFrom([]any{"a", "b"}).Draw(rt, "text")
+			}
 		}
 		// Ops 5-10 hold an OR in SQL text, in every place GORM's builders
 		// treat apart: a Where, a Not, named arguments, a bound clause.Expr;
@@ -629,7 +644,8 @@ type writeRig struct {
 
 // interlopers are rows another session inserts between the plugin's reading
 // of the rows a write matches and the write (see interlope), by table: keys
-// nothing else in the generator uses, values its conditions match.
+// nothing else in the generator uses, and in a column besides the keys a
+// value its conditions match (see drawConds).
 var interlopers = map[string]struct{ sql, key string }{
 	"repos":    {"INSERT INTO repos (id, name, stars) VALUES (55, 'a', 0)", "55"},
 	"slugs":    {"INSERT INTO slugs (name, v) VALUES ('55', 1)", "55"},
