@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -2012,15 +2011,7 @@ const genLate = 2*genCmd + 400*time.Millisecond
 // DialHook marks the client's subscription connection (subConn): what it
 // reads while a late-messages fault lasts (subHeldUntil) reaches the near
 // cache once it ends.
-func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := next(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &subConn{Conn: c, wait: h.subWait}, nil
-	}
-}
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return subDial(next, h.subWait) }
 
 // subWait holds a message read on the subscription until the late-messages
 // fault ends: the fault, not a synchronisation.

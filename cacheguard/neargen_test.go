@@ -31,15 +31,7 @@ func newHoldSub() *holdSub { return &holdSub{release: make(chan struct{})} }
 func (h *holdSub) hold() { h.held.Store(true) }
 func (h *holdSub) free() { h.once.Do(func() { close(h.release) }) }
 
-func (h *holdSub) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := next(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &subConn{Conn: c, wait: h.wait}, nil
-	}
-}
+func (h *holdSub) DialHook(next redis.DialHook) redis.DialHook { return subDial(next, h.wait) }
 
 // wait keeps a reply read on the subscription from its reader while held.
 func (h *holdSub) wait() {
@@ -50,6 +42,17 @@ func (h *holdSub) wait() {
 func (h *holdSub) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *holdSub) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// subDial makes every connection next dials a subConn that waits with wait.
+func subDial(next redis.DialHook, wait func()) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &subConn{Conn: c, wait: wait}, nil
+	}
 }
 
 // subConn is a connection that knows whether it subscribed: what it reads
