@@ -88,8 +88,8 @@ func TestFleetRedisStall(t *testing.T) {
 		}
 		s.FigureDuration("recovery: stall's end to an edit answered 200 by every process", time.Since(end))
 		load.Stop()
-		stallFigures(ctx, s, start, end)
-		breakerFigures(ctx, s, start, end)
+		opened := breakerFigures(ctx, s, start, end)
+		stallFigures(s, start, end, opened)
 		s.CheckEdits(ctx, nil)
 		s.CheckReads(stallReadIssues, true)
 		s.CheckProcs(nil)
@@ -110,19 +110,13 @@ var stallReadIssues = Issues{
 }
 
 // stallFigures counts and measures the requests that overlapped the stall
-// [start, end].
-func stallFigures(ctx context.Context, s *Scenario, start, end time.Time) {
+// [start, end], given when each process's breaker opened in it.
+func stallFigures(s *Scenario, start, end time.Time, opened map[int]time.Time) {
 	// A request made before its process's breaker opened waits for it, and
 	// for the command in flight then (breakerOpens bounds the opening): its
 	// answer may come that much later than stallBound (CI 12-06: p3's
 	// breaker opened 3.17s into the stall, and an edit made 8ms before the
 	// stall was answered 503 after 3.43s).
-	opened := map[int]time.Time{}
-	for i := range s.F.Procs() {
-		if o, _, err := s.F.breaker(ctx, i); err == nil && o.After(start) {
-			opened[i] = o
-		}
-	}
 	bound := func(proc int, began time.Time) time.Duration {
 		if o, ok := opened[proc]; ok {
 			return max(stallBound, o.Sub(began)+2*stallCmd+schedSlack)
@@ -211,8 +205,9 @@ func stallFigures(ctx context.Context, s *Scenario, start, end time.Time) {
 // process had no request in hand at the stall's start is bounded from the
 // first request it was sent (12-06: a process sent nothing for 1.5s of a
 // stall, and its breaker opened 3.34s into it, 1.49s after its first
-// command).
-func breakerFigures(ctx context.Context, s *Scenario, start, end time.Time) {
+// command). It returns when each process's breaker opened in the stall.
+func breakerFigures(ctx context.Context, s *Scenario, start, end time.Time) (openedAt map[int]time.Time) {
+	openedAt = map[int]time.Time{}
 	from := map[int]time.Time{} // by process: its first request in hand in the stall
 	inHand := func(proc int, began, ended time.Time) {
 		if !ended.After(start) {
@@ -250,6 +245,7 @@ func breakerFigures(ctx context.Context, s *Scenario, start, end time.Time) {
 			late = append(late, fmt.Sprintf("p%d: breaker opened %v after the stall's start, %v after its first request in the stall",
 				i, round(o.Sub(start)), round(o.Sub(from[i]))))
 		}
+		openedAt[i] = o
 		opened = append(opened, fmt.Sprintf("p%d %v", i, round(o.Sub(start))))
 		switch {
 		case c.Before(o):
@@ -268,4 +264,5 @@ func breakerFigures(ctx context.Context, s *Scenario, start, end time.Time) {
 	s.Figure("first request in hand in the stall, after its start", strings.Join(firsts, ", "))
 	s.Figure("breaker closed, after the stall's end (Redis answering)", strings.Join(closed, ", "))
 	s.Count(fmt.Sprintf("a breaker not opened within %v of the stall's start (or of its process's first request in it), or not closed within %v of its end", breakerOpens, breakerCloses), len(late), nil, late...)
+	return openedAt
 }
