@@ -11,15 +11,19 @@
 //   - -rapid.checks=N or RAPID_CHECKS=N, when given, wins over both;
 //   - a failure prints rapid's seed and the shrunk sequence of actions, and
 //     -rapid.seed=S replays it (rapid also writes a fail file under
-//     testdata/rapid/, which `-rapid.failfile` replays exactly).
+//     testdata/rapid/, which `-rapid.failfile` replays exactly);
+//   - shrinking a failure takes at most -rapid.shrinktime (rapid's own flag,
+//     30 s by default) and the candidate then running: see Check.
 package gen
 
 import (
 	"flag"
+	"io"
 	"os"
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 )
@@ -35,6 +39,22 @@ var (
 
 // Check runs prop for n checks (scaled by CACHEGUARD_GEN_SCALE) unless the
 // command line or RAPID_CHECKS chose a number, and logs what it ran.
+//
+// A failure is reported within -rapid.shrinktime of the start of its first
+// failing run, plus the run then in progress, however slow the runs are.
+// rapid checks its shrink deadline only between candidates, and some of its
+// rounds (a candidate for each pair of a state machine's actions) check it
+// only between rounds: a generator whose failing runs each wait seconds
+// (gormplugin's, for row locks left behind) would shrink past the test's
+// timeout, which then reports nothing, not even the seed. Check therefore
+// skips, as invalid data (rapid rejects the candidate), every shrink
+// candidate that begins once shrinktime has passed since the first failing
+// run began (a failure: rapid.T's Failed, after a Fatal, Error or Fail). It
+// tells a candidate by its output, which rapid discards (rapid.T.Output is
+// io.Discard, unless -rapid.v or -rapid.log); rapid's replays of the shrunk
+// case, which it prints, run in full. A panic that is no failure of the T
+// (a bug in the code tested) does not start the clock: that failure shrinks
+// as under rapid alone.
 func Check(t *testing.T, n int, prop func(*rapid.T)) {
 	t.Helper()
 	mu.Lock()
@@ -49,7 +69,30 @@ func Check(t *testing.T, n int, prop func(*rapid.T)) {
 	}
 	t.Logf("gen: %s: %s checks (replay a failure with -rapid.seed or -rapid.failfile as printed)",
 		t.Name(), flag.Lookup("rapid.checks").Value.String())
-	rapid.Check(t, prop)
+	rapid.Check(t, shrinkBounded(t, prop))
+}
+
+// shrinkBounded returns prop, skipping the shrink candidates that begin more
+// than -rapid.shrinktime after the first failing run began (see Check).
+func shrinkBounded(t *testing.T, prop func(*rapid.T)) func(*rapid.T) {
+	budget, _ := time.ParseDuration(flag.Lookup("rapid.shrinktime").Value.String())
+	var failed time.Time // when the first run that failed began; rapid runs prop on one goroutine at a time
+	skipped := 0
+	return func(rt *rapid.T) {
+		began := time.Now()
+		if !failed.IsZero() && began.Sub(failed) > budget && rt.Output() == io.Discard {
+			if skipped++; skipped == 1 {
+				t.Logf("gen: %s: shrinking stopped %v after the first failure: the remaining candidates are skipped", t.Name(), budget)
+			}
+			rt.Skip("gen: shrink budget spent")
+		}
+		defer func() {
+			if failed.IsZero() && rt.Failed() {
+				failed = began
+			}
+		}()
+		prop(rt)
+	}
 }
 
 // Scale is CACHEGUARD_GEN_SCALE, or 1.
