@@ -44,7 +44,9 @@ var ErrCacheUnavailable = errors.New("ginmw: cached response unavailable")
 // are not 2xx (or are 206, or a 2xx but 200, 203 and 204 without explicit
 // freshness), or whose body exceeds MaxBody, are shared with the
 // requests of the process that waited for them, and not stored. Range
-// requests and requests with Cache-Control: no-store bypass Cache.
+// requests, requests with Cache-Control: no-store and requests whose path is
+// not validly escaped (a raw "#": no key names what Gin routes under
+// UseRawPath) bypass Cache.
 // Conditional requests are answered from the stored response (304 on a
 // matching ETag or Last-Modified); the handler never sees the client's
 // validators, only those of a stored response it revalidates once its

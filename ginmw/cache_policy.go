@@ -19,6 +19,13 @@ import (
 // bypass returns why req must not be answered from the cache, or "": its
 // handler then runs for it alone and nothing is stored.
 func (m *cacheMW) bypass(req *http.Request) string {
+	if u := req.URL; u.RawPath != "" && u.EscapedPath() != u.RawPath {
+		// The target spells its path in a way no escaped path does (a raw
+		// "#", say): its key, the escaped path, names another spelling than
+		// the one Gin routes on under UseRawPath, so that targets Gin routes
+		// apart would share an entry. No key names it: its handler runs.
+		return "path not validly escaped"
+	}
 	if req.Header.Get("Range") != "" {
 		return "range" // partial content is not cached
 	}
