@@ -42,7 +42,11 @@ var ErrCircuitOpen = fmt.Errorf("locks: redis circuit breaker open: %w", ErrUnav
 // command of the client since the first one sent after its last answer,
 // that long ago (a process whose callers wait in line for one lock or one
 // fill sends few commands into a stall, and would otherwise wait for
-// Threshold of them to time out one after another). Before it opens, it
+// Threshold of them to time out one after another). Then a command whose
+// caller gave up on it unanswered (its context ended) opens it too: a
+// process whose first command in a stall is a read under a short request
+// deadline would otherwise learn nothing from it, however long Redis had
+// been silent. Before it opens, it
 // checks: one PING, sent past it at once, must get no answer within Cooldown
 // either, while callers' commands still go through. A process that was
 // stopped while its commands waited (SIGSTOP, a VM frozen, a long
@@ -238,8 +242,15 @@ func (b *Breaker) done(ctx context.Context, err error, epoch uint64) {
 		if b.failures.Add(1) >= b.threshold || b.silent() {
 			b.trip(ctx, err)
 		}
-	case redisAnswered(err) && b.failures.Load() != 0:
-		b.failures.Store(0)
+	case redisAnswered(err):
+		if b.failures.Load() != 0 {
+			b.failures.Store(0)
+		}
+	case ctxEnded(err) && b.silent():
+		// Its caller gave up on it, which alone says nothing of Redis (it
+		// is not counted), but Redis has now been silent for Silence: the
+		// evidence a failure would add. The check's PING decides.
+		b.trip(ctx, err)
 	}
 }
 
@@ -360,7 +371,7 @@ func (b *Breaker) failure(ctx context.Context, err error) bool {
 	case err == nil, errors.Is(err, redis.Nil), errors.Is(err, redis.ErrClosed), errors.Is(err, ErrCircuitOpen),
 		errors.Is(err, redis.ErrPoolTimeout): // the client's own connections all busy: its load, not Redis failing
 		return false
-	case ctx.Err() != nil && !rcmd.TimedOut(ctx) && ctxEnded(err):
+	case ctxEnded(err) && settled(ctx) && !rcmd.TimedOut(ctx):
 		return false
 	}
 	var re redis.Error
@@ -371,6 +382,37 @@ func (b *Breaker) failure(ctx context.Context, err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, net.ErrClosed)
+}
+
+// settleWait bounds how long settled waits for a context past its deadline
+// to count as ended: its timer is due (a shared deadline's, rcmd.Slack of a
+// command timeout later at most).
+const settleWait = 50 * time.Millisecond
+
+// settled reports whether ctx has ended, waiting for it when its deadline has
+// passed and it does not count as ended yet (up to settleWait): a socket
+// deadline taken from ctx's fires a moment before ctx's own timer, and until
+// that runs neither ctx.Err nor its cause says whose deadline ended the
+// command — the caller's, or the command timeout's (rcmd.TimedOut). Without
+// the wait a caller's deadline often counted as a failure of Redis
+// (TestBreakerIgnoresCallerDeadlines).
+func settled(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	done := ctx.Done()
+	if !ok || done == nil || time.Now().Before(dl) {
+		return false
+	}
+	t := time.NewTimer(settleWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // ctxEnded reports an error that a context ending produces: cancelled, or a

@@ -479,6 +479,85 @@ func TestBreakerOpensOnSilence(t *testing.T) {
 	})
 }
 
+// blackHoled returns a client behind a proxy set to black-hole (after one
+// PING through it) whose own timeouts (10 s) outlast every context of these
+// tests: only the callers' contexts end its commands.
+func blackHoled(t *testing.T, b *locks.Breaker) *redis.Client {
+	t.Helper()
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = px.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, PoolSize: 4})
+	t.Cleanup(func() { _ = rdb.Close() })
+	rdb.AddHook(b)
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	px.Set(faultproxy.BlackHole)
+	return rdb
+}
+
+// getGivenUp sends a GET into the black hole under a context that ends
+// after d: its deadline, or, with cancelFirst, its cancellation 50 ms
+// before (a caller that went away; go-redis reads on to the deadline).
+func getGivenUp(t *testing.T, rdb *redis.Client, d time.Duration, cancelFirst bool) {
+	t.Helper()
+	pctx, pcancel := context.WithCancel(context.Background())
+	defer pcancel()
+	ctx, cancel := context.WithTimeout(pctx, d)
+	defer cancel()
+	if cancelFirst {
+		defer time.AfterFunc(d-50*time.Millisecond, pcancel).Stop()
+	}
+	if err := rdb.Get(ctx, "k").Err(); err == nil || errors.Is(err, redis.Nil) {
+		t.Fatalf("GET into a black hole: %v, want its context's end", err)
+	}
+}
+
+// TestBreakerIgnoresCallerDeadlines: a command that its caller's deadline
+// ends is not a failure of Redis, also when the socket's deadline (the
+// context's) fires a moment before the context counts as ended.
+func TestBreakerIgnoresCallerDeadlines(t *testing.T) {
+	b := &locks.Breaker{Threshold: 1000, Silence: -1}
+	rdb := blackHoled(t, b)
+	for range 6 {
+		getGivenUp(t, rdb, 50*time.Millisecond, false)
+		if n := b.Failures(); n != 0 {
+			t.Fatalf("%d failures counted for GETs that their callers' deadlines ended", n)
+		}
+	}
+}
+
+// TestBreakerOpensOnSilenceWhenCallersGiveUp: a command whose caller gave up
+// on it is not counted, but once Redis has been silent for Silence such a
+// command opens the breaker (after the check's PING goes unanswered too), as
+// a failure would. Before, a process whose commands all ran under request
+// contexts that ended first never opened it.
+func TestBreakerOpensOnSilenceWhenCallersGiveUp(t *testing.T) {
+	opened := make(chan struct{})
+	var once sync.Once
+	b := &locks.Breaker{Threshold: 1000, Silence: 300 * time.Millisecond, Observer: func(_ context.Context, e locks.Event) {
+		if e.Kind == locks.EventBreakerOpened {
+			once.Do(func() { close(opened) })
+		}
+	}}
+	rdb := blackHoled(t, b)
+	getGivenUp(t, rdb, 100*time.Millisecond, false) // given up before Silence: not silence enough
+	if b.Open() || b.Failures() != 0 {
+		t.Fatalf("a caller giving up after 100 ms of silence counted: open %v, %d failures", b.Open(), b.Failures())
+	}
+	getGivenUp(t, rdb, 400*time.Millisecond, true) // given up 450 ms into the silence
+	select {
+	case <-opened:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the breaker did not open: a caller gave up after Redis was silent for Silence")
+	}
+}
+
 // TestBreakerBlockingIsNoSilence: a blocking command (BLPOP) waiting on a
 // healthy Redis starts no silence: a later command that fails alone, on its
 // own short wait, does not open the breaker.

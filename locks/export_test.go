@@ -37,3 +37,6 @@ func IsRedlockAcquire(cmd interface{ Args() []any }) (key string, ok bool) {
 	sc, key := scriptCall(cmd.(redis.Cmder))
 	return key, sc == &redlockAcquireS
 }
+
+// Failures is the count of consecutive failures b holds now (tests only).
+func (b *Breaker) Failures() int { return int(b.failures.Load()) }
