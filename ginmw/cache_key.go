@@ -46,7 +46,8 @@ func pathKey(p string, query url.Values) string {
 
 // requestKey is PathKey of the request's target, before storedName: its escaped path — the
 // path Gin routed, whichever of URL.Path and URL.RawPath the engine matched,
-// since the one names the other — and its query. A query that does not parse
+// since the one names the other (a RawPath that EscapedPath does not return,
+// which names no escaped path, bypasses Cache: see bypass) — and its query. A query that does not parse
 // cleanly (a ";", a bad escape) is kept verbatim after "?!", which no
 // encoded query starts with: a handler reading RawQuery sees what the key
 // says.
