@@ -120,11 +120,11 @@
 //
 // Besides:
 //
-//   - The key is the path as the request target spells it (escaped, never
-//     cleaned: "/a/../b" is not "/b"'s entry) with its query sorted (PathKey),
-//     or a resource name (CacheKey); Guard.Invalidate of that name (gormplugin
-//     after a commit, or InvalidateAfter) drops every stored response of it in
-//     every process, with cacheguard's read-your-writes guarantee.
+//   - The key is the path as the target spells it (escaped, never cleaned:
+//     "/a/../b" is not "/b"'s entry; a raw "#" in it bypasses Cache), query
+//     sorted (PathKey), or a resource name (CacheKey); Guard.Invalidate of it
+//     (gormplugin after a commit, or InvalidateAfter) drops every stored
+//     response of it in every process, with cacheguard's read-your-writes.
 //   - X-Cache says what happened: HIT, STALE, MISS (this request's handler ran
 //     for the load), COALESCED (it got a response another request loaded), or
 //     BYPASS (its handler ran for it alone). The request that ran the handler
