@@ -312,23 +312,27 @@ func (l genLoad) until() time.Time {
 // sending records that a store or release of keys is sent with ctx now: the
 // loads of those keys that ctx's call started end in Redis from now on.
 func (m *genModel) sending(ctx context.Context, keys []string) {
-	rec, ok := ctx.Value(genCallKey{}).(*genCallRec)
-	if !ok {
-		return
-	}
-	now := time.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, i := range rec.unsettled {
-		if l := &m.loads[i]; l.sent.IsZero() && slices.Contains(keys, l.key) {
+	m.unsettled(ctx, keys, func(l *genLoad, now time.Time) bool {
+		if l.sent.IsZero() {
 			l.sent = now
 		}
-	}
+		return false
+	})
 }
 
 // settled records that a store or release of keys, sent with ctx, was
 // answered: the loads of those keys that ctx's call started end now.
 func (m *genModel) settled(ctx context.Context, keys []string) {
+	m.unsettled(ctx, keys, func(l *genLoad, now time.Time) bool {
+		l.settled = now
+		return true
+	})
+}
+
+// unsettled runs f, under m.mu, on each load of keys that ctx's call started
+// and whose store or release was not answered yet; f reports whether it is
+// answered now.
+func (m *genModel) unsettled(ctx context.Context, keys []string, f func(l *genLoad, now time.Time) bool) {
 	rec, ok := ctx.Value(genCallKey{}).(*genCallRec)
 	if !ok {
 		return
@@ -338,11 +342,7 @@ func (m *genModel) settled(ctx context.Context, keys []string) {
 	defer m.mu.Unlock()
 	rec.unsettled = slices.DeleteFunc(rec.unsettled, func(i int) bool {
 		l := &m.loads[i]
-		if !slices.Contains(keys, l.key) {
-			return false
-		}
-		l.settled = now
-		return true
+		return slices.Contains(keys, l.key) && f(l, now)
 	})
 }
 

@@ -167,13 +167,20 @@ func TestBreakerBlackHole(t *testing.T) {
 // retries) that has b installed.
 func behindProxy(t *testing.T, b *locks.Breaker) (*redistest.Server, *faultproxy.Proxy, *redis.Client) {
 	t.Helper()
+	return proxied(t, b, redis.Options{MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+}
+
+// proxied is behindProxy with the client's options o (its Addr the proxy's).
+func proxied(t *testing.T, b *locks.Breaker, o redis.Options) (*redistest.Server, *faultproxy.Proxy, *redis.Client) {
+	t.Helper()
 	s := redistest.Start(t)
 	px, err := faultproxy.New(s.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = px.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, PoolSize: 4})
+	o.Addr = px.Addr()
+	rdb := redis.NewClient(&o)
 	t.Cleanup(func() { _ = rdb.Close() })
 	rdb.AddHook(b)
 	return s, px, rdb
@@ -484,16 +491,8 @@ func TestBreakerOpensOnSilence(t *testing.T) {
 // tests: only the callers' contexts end its commands.
 func blackHoled(t *testing.T, b *locks.Breaker) *redis.Client {
 	t.Helper()
-	s := redistest.Start(t)
-	px, err := faultproxy.New(s.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = px.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true,
+	_, px, rdb := proxied(t, b, redis.Options{MaxRetries: -1, ContextTimeoutEnabled: true,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, PoolSize: 4})
-	t.Cleanup(func() { _ = rdb.Close() })
-	rdb.AddHook(b)
 	if err := rdb.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
