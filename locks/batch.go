@@ -40,11 +40,13 @@ const maxDirect = 2
 // A call whose caller gave up may still run: the caller then names a
 // clean-up call (cleanup), which is sent once the reply shows that the call
 // ran (an acquisition granted too late is released that way).
-// A call whose caller's deadline ends before the command timeout is queued
-// even when a slot is free, and never leads: go-redis closes the connection
-// of a command its context cuts, and on a starved host the late callers would
-// cost a connection each, and their redials feed the overload. What no caller
-// can lead (such calls, clean-ups) a sender goroutine sends.
+// A call whose caller's deadline ends before the command's bound is queued
+// even when a slot is free: go-redis closes the connection of a command its
+// context cuts, and on a starved host the late callers would cost a
+// connection each, and their redials feed the overload. Nor does a caller
+// lead whose deadline has come that close while it queued (mayLead): it would
+// wait for its pipeline past its deadline. What no caller can lead (such
+// calls, clean-ups) a sender goroutine sends.
 type batcher struct {
 	rdb  redis.UniversalClient
 	run  *rcmd.Runner
@@ -80,15 +82,15 @@ const (
 // pending is one queued call. It is pooled: whoever is last to use it — the
 // caller that read the reply, or the sender when nobody waits — puts it back.
 type pending struct {
-	args    []any
-	cmd     *redis.Cmd
-	done    chan struct{} // one send when answered (buffered: the sender never blocks)
-	state   atomic.Int32
-	cleanup []any       // sent by the sender when the caller gave up first and the call ran; may be nil
-	keep    func() bool // when not nil, asked once the call ran: true keeps its effect (cleanup is not sent)
-	until   time.Time   // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
-	short   bool        // its caller's deadline ends before the command timeout: it never leads
-	batch   []*pending  // what a leader sends (its own call among it)
+	args     []any
+	cmd      *redis.Cmd
+	done     chan struct{} // one send when answered (buffered: the sender never blocks)
+	state    atomic.Int32
+	cleanup  []any       // sent by the sender when the caller gave up first and the call ran; may be nil
+	keep     func() bool // when not nil, asked once the call ran: true keeps its effect (cleanup is not sent)
+	until    time.Time   // a clean-up (later) that did not reach Redis is sent again until then (zero: once)
+	deadline time.Time   // its caller's deadline (zero: none): see mayLead
+	batch    []*pending  // what a leader sends (its own call among it)
 }
 
 var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
@@ -101,7 +103,7 @@ func getPending(args []any, state int32) *pending {
 }
 
 func putPending(p *pending) {
-	p.args, p.cmd, p.cleanup, p.keep, p.until, p.short, p.batch = nil, nil, nil, nil, time.Time{}, false, nil
+	p.args, p.cmd, p.cleanup, p.keep, p.until, p.deadline, p.batch = nil, nil, nil, nil, time.Time{}, time.Time{}, nil
 	pendings.Put(p)
 }
 
@@ -133,7 +135,7 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() (call []any
 		return cmd
 	}
 	p := getPending(args, waiting)
-	p.short = short
+	p.deadline, _ = ctx.Deadline()
 	if b.busy < maxDirect && !short {
 		// A slot is free and calls are queued (clean-ups, short callers):
 		// take them along, now.
@@ -213,7 +215,7 @@ func (b *batcher) handOff() {
 	}
 	if !b.closed {
 		for _, p := range b.queue {
-			if !p.short && p.state.CompareAndSwap(waiting, leading) {
+			if b.mayLead(p) && p.state.CompareAndSwap(waiting, leading) {
 				p.batch = b.queue
 				b.queue = nil
 				b.busy++
@@ -223,6 +225,15 @@ func (b *batcher) handOff() {
 		}
 	}
 	b.startSender()
+}
+
+// mayLead reports whether p's caller may send a pipeline now: its deadline,
+// if any, is no closer than the bound of a command sent now (see
+// rcmd.Runner.Cuts), since a leader waits for its pipeline, its context
+// notwithstanding. Asked when the slot frees, not when the call queued: the
+// caller's deadline came closer meanwhile.
+func (b *batcher) mayLead(p *pending) bool {
+	return p.deadline.IsZero() || time.Until(p.deadline) >= b.run.Timeout()
 }
 
 // idle tells drain when nothing is on the wire or queued (b.mu held).

@@ -302,3 +302,79 @@ func TestAbandonedAttemptGivesTheLockBack(t *testing.T) {
 	}
 	lk.Unlock(context.Background())
 }
+
+// pipeGate holds every pipeline of script calls until open is closed.
+type pipeGate struct{ open chan struct{} }
+
+func (h *pipeGate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipeGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipeGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := cmds[0].Name(); n == "evalsha" || n == "eval" {
+			<-h.open
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestQueuedCallerLeadsOnlyWithinItsDeadline: a caller that queued with time
+// to spare, but whose deadline came closer than a command's bound while it
+// waited, does not send the queue itself when a slot frees (a leader waits
+// for its pipeline, its context notwithstanding): a sender does, and the
+// caller returns at its deadline.
+func TestQueuedCallerLeadsOnlyWithinItsDeadline(t *testing.T) {
+	s := redistest.Start(t)
+	rdb := s.Client()
+	h := newGateHook()
+	rdb.AddHook(h)
+	pipes := &pipeGate{open: make(chan struct{})}
+	rdb.AddHook(pipes)
+	const timeout = 200 * time.Millisecond // a command's bound: at most Patience (2) times it
+	c := locks.New(rdb, locks.CommandTimeout(timeout))
+	var openOnce, pipesOnce sync.Once
+	release := func() { openOnce.Do(func() { close(h.open) }) }
+	releasePipes := func() { pipesOnce.Do(func() { close(pipes.open) }) }
+	t.Cleanup(func() { release(); releasePipes(); c.Close() })
+	var busy sync.WaitGroup
+	for _, name := range []string{"slot-1", "slot-2"} {
+		busy.Go(func() {
+			// Held past their bound, they may fail: only their slots matter.
+			if lk, err := c.TryLock(context.Background(), name); err == nil {
+				lk.Unlock(context.Background())
+			}
+		})
+		select {
+		case <-h.entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("direct calls not sent")
+		}
+	}
+
+	deadline := time.Now().Add(2*timeout + 300*time.Millisecond) // room for a bound as it queues
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.TryLock(ctx, "late-leader")
+		done <- err
+	}()
+	eventually(t, 5*time.Second, "attempt queued", func() bool { return c.Queued() == 1 })
+	// Less than any bound left (it is at least the command timeout): a
+	// pipeline it sent could outlast its deadline.
+	time.Sleep(time.Until(deadline.Add(-timeout / 2)))
+	release()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("TryLock = %v, want context.DeadlineExceeded", err)
+		}
+		if late := time.Since(deadline); late > 150*time.Millisecond {
+			t.Fatalf("TryLock returned %v past its deadline", late)
+		}
+	case <-time.After(time.Until(deadline) + 2*time.Second):
+		releasePipes()
+		t.Fatal("a caller whose deadline was near led the queue and waited for its pipeline past its deadline")
+	}
+	releasePipes()
+	busy.Wait()
+}
