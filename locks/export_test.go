@@ -1,6 +1,10 @@
 package locks
 
-import "github.com/redis/go-redis/v9"
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // Queued is how many of the client's calls wait for a pipeline (tests only).
 func (c *Client) Queued() int {
@@ -36,6 +40,15 @@ func (c *Client) Closing() bool { return c.life.closed.Load() }
 func IsRedlockAcquire(cmd interface{ Args() []any }) (key string, ok bool) {
 	sc, key := scriptCall(cmd.(redis.Cmder))
 	return key, sc == &redlockAcquireS
+}
+
+// Ended reports, for a test's evidence, how l's hold stands: whether it has
+// ended, why (nil once released), its local deadline and the hand-over margin
+// of its lease (tests only).
+func (l *Lock) Ended() (ended bool, err error, deadline time.Time, margin time.Duration) {
+	l.h.mu.Lock()
+	defer l.h.mu.Unlock()
+	return l.h.ended, l.h.err, l.h.deadline, grant{Lease: l.h.lease}.Margin()
 }
 
 // Failures is the count of consecutive failures b holds now (tests only).

@@ -1081,7 +1081,20 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 			lk, err = l.Lock(ctx, name, opts...)
 		}
 		if err == nil && lk.TTL() <= 0 { // looked at the instant it returned
-			w.violate("p%d: %s returned a Lock whose TTL is 0: its caller would act without the lock", p, name)
+			// A grant is handed over only with its margin left (see
+			// internal/lease): a TTL of 0 here is a loss that came since
+			// (a Close, a lost scope: its Context tells the caller), or a
+			// stall that outlasted the margin, or a violation.
+			ended, cause, deadline, margin := lk.Ended()
+			switch {
+			case ended && cause != nil:
+				w.note("p%d: %s lost as it returned: %v", p, name, cause)
+			case w.st.stalls != nil && w.st.stalls.Since(start, margin/2):
+				w.note("p%d: %s returned with TTL 0 after a host stall", p, name)
+			default:
+				w.violate("p%d: %s returned a Lock whose TTL is 0: its caller would act without the lock (ended %v by %v; deadline %v before, call took %v, margin %v)",
+					p, name, ended, cause, time.Since(deadline), time.Since(start), margin)
+			}
 		}
 		end := time.Now()
 		w.late("Lock", start, end.Sub(start)-timeout)

@@ -21,4 +21,14 @@ func TestGrant(t *testing.T) {
 	if !(Grant{Sent: now.Add(-3 * time.Second), Lease: 3 * time.Second}).Spent() {
 		t.Fatal("at its deadline: spent")
 	}
+	// 3 s leaves a margin of 32 ms: 20 ms left is too little to hand over.
+	if m := g.Margin(); m != 32*time.Millisecond {
+		t.Fatalf("margin %v, want 32ms", m)
+	}
+	if !(Grant{Sent: time.Now().Add(-3*time.Second + 20*time.Millisecond), Lease: 3 * time.Second}).Spent() {
+		t.Fatal("less than its margin left: spent")
+	}
+	if (Grant{Sent: time.Now().Add(-3*time.Second + time.Second), Lease: 3 * time.Second}).Spent() {
+		t.Fatal("a second left: not spent")
+	}
 }
