@@ -42,13 +42,13 @@ func IsRedlockAcquire(cmd interface{ Args() []any }) (key string, ok bool) {
 	return key, sc == &redlockAcquireS
 }
 
-// Ended reports, for a test's evidence, how l's hold stands: whether it has
-// ended, why (nil once released), its local deadline and the hand-over margin
-// of its lease (tests only).
-func (l *Lock) Ended() (ended bool, err error, deadline time.Time, margin time.Duration) {
+// Ended reports, for a test's evidence, how l's hold stands:
+// its local deadline, the hand-over margin of its lease, whether it has
+// ended, and why (nil once released) (tests only).
+func (l *Lock) Ended() (deadline time.Time, margin time.Duration, ended bool, err error) {
 	l.h.mu.Lock()
 	defer l.h.mu.Unlock()
-	return l.h.ended, l.h.err, l.h.deadline, grant{Lease: l.h.lease}.Margin()
+	return l.h.deadline, grant{Lease: l.h.lease}.Margin(), l.h.ended, l.h.err
 }
 
 // Failures is the count of consecutive failures b holds now (tests only).

@@ -1085,7 +1085,7 @@ func (w *genBase) lock(p int, l Locker, owner, name string, try, owned bool, tim
 			// internal/lease): a TTL of 0 here is a loss that came since
 			// (a Close, a lost scope: its Context tells the caller), or a
 			// stall that outlasted the margin, or a violation.
-			ended, cause, deadline, margin := lk.Ended()
+			deadline, margin, ended, cause := lk.Ended()
 			switch {
 			case ended && cause != nil:
 				w.note("p%d: %s lost as it returned: %v", p, name, cause)
