@@ -84,7 +84,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Guard {
 		cmd: rcmd.New(rdb, cfg.cmdTime), cfg: cfg, hub: wake.New(rdb), pub: "PUBLISH", log: ratelog.New(cfg.logger, time.Second),
 		work: &workers{jobs: make(chan job), quit: make(chan struct{})},
 	}
-	g.hits.cmd, g.hits.direct = g.cmd, 2*runtime.GOMAXPROCS(0)
+	g.hits.cmd, g.hits.work, g.hits.direct = g.cmd, g.work, 2*runtime.GOMAXPROCS(0)
 	g.root, g.stop = context.WithCancelCause(context.Background())
 	if g.hub.Sharded() {
 		g.pub = "SPUBLISH"

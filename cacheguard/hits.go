@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -26,12 +27,16 @@ import (
 // A queued caller waits for its reply or its context, whichever comes
 // first; the pipeline runs bounded by the command timeout alone, whatever its
 // leader's context (with ContextTimeoutEnabled an earlier deadline would cut
-// it and close its connection, and fail the others' reads). Delaying a read's
+// it and close its connection, and fail the others' reads). So a caller leads
+// only while its deadline leaves room for that bound (mayLead, asked when the
+// slot frees: its deadline came closer while it queued), as locks' batcher
+// rules; when none can, a worker of the Guard's sends the queue. Delaying a read's
 // send is safe for what a read carries (its flight mark, its near-cache
 // ticket): each is taken before the read is sent, and a later send only sees
 // later writes.
 type hits struct {
-	cmd *rcmd.Runner
+	cmd  *rcmd.Runner
+	work *workers // sends a queue no queued caller may lead
 	// direct is how many sends may be on the wire at once: two per P. With
 	// fewer, the callers' threads sleep while the sends are out (table 5,
 	// 16 goroutines on 2 Ps: 0.46 context switches per read with 2, 0.20 with
@@ -60,12 +65,15 @@ type hitRead struct {
 	done  chan struct{} // one send per wake-up (buffered: the waker never blocks)
 	state atomic.Int32
 	batch []*hitRead // what a leader sends (its own read among it)
+	// deadline is its caller's (zero: none), of the context under which the
+	// caller waits for the read — not of a read's own bound (see mayLead).
+	deadline time.Time
 }
 
 var hitReads = sync.Pool{New: func() any { return &hitRead{done: make(chan struct{}, 1)} }}
 
 func putHitRead(r *hitRead) {
-	r.args, r.cmd, r.batch = nil, nil, nil
+	r.args, r.cmd, r.batch, r.deadline = nil, nil, nil, time.Time{}
 	hitReads.Put(r)
 }
 
@@ -81,7 +89,7 @@ func (h *hits) do(ctx context.Context, args []any) *redis.Cmd {
 		return cmd
 	}
 	r := hitReads.Get().(*hitRead)
-	r.args = args
+	r.args, r.deadline = args, callerDeadline(ctx)
 	r.state.Store(hitWaiting)
 	if h.queue == nil {
 		h.queue, h.spare = h.spare, nil
@@ -106,49 +114,77 @@ func (h *hits) do(ctx context.Context, args []any) *redis.Cmd {
 	return cmd
 }
 
-// lead sends r.batch as one pipeline under ctx, hands the others their
-// replies and frees its slot (or hands it to the next leader).
-func (h *hits) lead(ctx context.Context, r *hitRead) {
-	cmds := make([]redis.Cmder, len(r.batch))
-	for i, q := range r.batch {
+// lead sends r.batch, r's own read among it (see send).
+func (h *hits) lead(ctx context.Context, r *hitRead) { h.send(ctx, r.batch, r) }
+
+// send sends batch as one pipeline under ctx (its values), hands each read
+// but leader's (nil when a worker sends) its reply and frees the slot (or
+// hands it to the next leader).
+func (h *hits) send(ctx context.Context, batch []*hitRead, leader *hitRead) {
+	cmds := make([]redis.Cmder, len(batch))
+	for i, q := range batch {
 		q.cmd = redis.NewCmd(ctx, q.args...)
 		cmds[i] = q.cmd
 	}
 	h.cmd.Exec(context.WithoutCancel(ctx), nil, cmds, 0, false)
-	for _, q := range r.batch {
+	for _, q := range batch {
 		switch {
-		case q == r:
+		case q == leader:
 		case q.state.CompareAndSwap(hitWaiting, hitAnswered):
 			q.done <- struct{}{}
 		default: // abandoned: nobody else holds it
 			putHitRead(q)
 		}
 	}
-	clear(r.batch)
-	h.next(r.batch[:0])
+	clear(batch)
+	h.next(batch[:0])
 }
 
-// next frees the caller's slot, or hands it to the first queued read that
-// can lead, with the queue; spare (may be nil) is an array a leader has done
-// with.
+// mayLead reports whether q's caller may send a pipeline now: it has no
+// deadline, or one no closer than the bound of a command sent now, since a
+// leader waits for its pipeline, its context notwithstanding.
+func (h *hits) mayLead(q *hitRead) bool {
+	return q.deadline.IsZero() || time.Until(q.deadline) >= h.cmd.Timeout()
+}
+
+// callerDeadline is the deadline of the context a read's caller waits under:
+// for a read under a shared bound (see Guard.shared), its caller's own.
+func callerDeadline(ctx context.Context) time.Time {
+	if b, ok := ctx.(*boundCtx); ok {
+		ctx = b.Context
+	}
+	d, _ := ctx.Deadline()
+	return d
+}
+
+// next frees the caller's slot, or hands it, with the queue, to the first
+// queued read that may lead, or to a worker when none may; spare (may be
+// nil) is an array a leader has done with.
 func (h *hits) next(spare []*hitRead) {
 	h.mu.Lock()
 	if h.spare == nil {
 		h.spare = spare
 	}
-	for len(h.queue) > 0 {
-		q := h.queue[0]
-		if !q.state.CompareAndSwap(hitWaiting, hitLeading) {
-			h.queue = h.queue[1:] // abandoned: its caller is gone
-			putHitRead(q)
-			continue
-		}
-		q.batch, h.queue = h.queue, nil
+	for len(h.queue) > 0 && h.queue[0].state.Load() == hitAbandoned {
+		putHitRead(h.queue[0]) // its caller is gone, and it leads nothing
+		h.queue = h.queue[1:]
+	}
+	if len(h.queue) == 0 {
+		h.queue = nil
+		h.busy--
 		h.mu.Unlock()
-		q.done <- struct{}{}
 		return
 	}
+	batch := h.queue
 	h.queue = nil
-	h.busy--
+	for _, q := range batch {
+		if h.mayLead(q) && q.state.CompareAndSwap(hitWaiting, hitLeading) {
+			q.batch = batch
+			h.mu.Unlock()
+			q.done <- struct{}{}
+			return
+		}
+	}
 	h.mu.Unlock()
+	h.work.run(funcJob(func() { h.send(context.Background(), batch, nil) }))
 }

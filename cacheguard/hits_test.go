@@ -201,3 +201,81 @@ func TestGetHitsShareRoundTrips(t *testing.T) {
 		t.Fatalf("%d commands and pipelines of %v; want 2 commands and one pipeline of %d", s, p, n-2)
 	}
 }
+
+// pipeHold holds every pipeline of reads until release is closed.
+type pipeHold struct{ release chan struct{} }
+
+func (h *pipeHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipeHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *pipeHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && !setupCmd(cmds[0]) {
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestHitsQueuedReadLeadsOnlyWithinItsDeadline: a read that queued with time
+// to spare, but whose caller's deadline came closer than a command's bound
+// while it waited, does not send the queue when a slot frees (a leader waits
+// for its pipeline, its context notwithstanding): a worker does, and the
+// caller stops waiting at its deadline.
+func TestHitsQueuedReadLeadsOnlyWithinItsDeadline(t *testing.T) {
+	rdb := redistest.Start(t).Client(func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	if err := rdb.HSet(context.Background(), "h", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hook := &gateHook{release: make(chan struct{})}
+	rdb.AddHook(hook)
+	pipes := &pipeHold{release: make(chan struct{})}
+	rdb.AddHook(pipes)
+	const timeout = 200 * time.Millisecond // a command's bound: at most rcmd.Patience (2) times it
+	w := &workers{jobs: make(chan job), quit: make(chan struct{})}
+	h := &hits{cmd: rcmd.New(rdb, timeout), work: w, direct: 2}
+	var released, pipesReleased sync.Once
+	release := func() { released.Do(func() { close(hook.release) }) }
+	releasePipes := func() { pipesReleased.Do(func() { close(pipes.release) }) }
+	var busy sync.WaitGroup
+	t.Cleanup(func() { release(); releasePipes(); busy.Wait(); w.close() })
+	read := func(ctx context.Context) error { return h.do(ctx, []any{"hget", "h", "f"}).Err() }
+
+	hook.armed.Store(true)
+	for i := range 2 {
+		busy.Go(func() { _ = read(context.Background()) }) // held: only their slots matter
+		waitFor(t, "direct reads on the wire", func() bool { return hook.held.Load() == int64(i+1) })
+	}
+	deadline := time.Now().Add(2*timeout + 300*time.Millisecond) // room for a bound as it queues
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- read(ctx) }()
+	waitFor(t, "the read queued", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.queue) == 1
+	})
+	// Less than any bound left (it is at least the command timeout): a
+	// pipeline it sent could outlast its deadline.
+	time.Sleep(time.Until(deadline.Add(-timeout / 2)))
+	hook.armed.Store(false)
+	release()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("read = %v, want context.DeadlineExceeded", err)
+		}
+		if late := time.Since(deadline); late > 150*time.Millisecond {
+			t.Fatalf("the read returned %v past its caller's deadline", late)
+		}
+	case <-time.After(time.Until(deadline) + 2*time.Second):
+		releasePipes()
+		t.Fatal("a read whose caller's deadline was near led the queue and waited for its pipeline past the deadline")
+	}
+	releasePipes()
+	waitFor(t, "no send on the wire, none queued", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.busy == 0 && len(h.queue) == 0
+	})
+}
