@@ -53,9 +53,12 @@ var (
 	// It is the same value as cacheguard.ErrUnavailable.
 	ErrUnavailable = rcmd.ErrUnavailable
 	// ErrNoValidity means an acquisition was granted only after its lease had
-	// run out on the local clock (counted from before the command was sent;
-	// for a Redlock, the lease less the clock-drift allowance, until a quorum
-	// granted it): the lock could already have expired in Redis, so it is given
+	// run out on the local clock, or so close to that end that less than a
+	// hand-over margin was left (a hundredth of the lease plus 2 ms), counted
+	// from before the command was sent (for a Redlock, the lease less the
+	// clock-drift allowance, until a quorum granted it): the lock could
+	// already have expired in Redis, or would before its caller could act
+	// under it, so it is given
 	// back and the attempt counts as failed (it matches ErrUnavailable): a
 	// TryLock returns it, a Lock asks again within its wait budget. A lease
 	// this short against Redis's latency cannot be granted safely.

@@ -20,7 +20,8 @@ import (
 // held.lose): the next holder never starts before that.
 //
 // A grant read Spent grants nothing (the lock may already have expired in
-// Redis, or be about to): the acquisition is given back and fails with
+// Redis, or be about to: less than its hand-over margin, lease/100 + 2 ms,
+// is left): the acquisition is given back and fails with
 // ErrNoValidity (Client.granted, Redlock's attempt; a Lock asks again within
 // its budget), so no caller is handed a Lock it does not hold. A hand-off,
 // whose start this process cannot know, is confirmed before that can happen:
