@@ -65,8 +65,7 @@ type hitRead struct {
 	done  chan struct{} // one send per wake-up (buffered: the waker never blocks)
 	state atomic.Int32
 	batch []*hitRead // what a leader sends (its own read among it)
-	// deadline is its caller's (zero: none), of the context under which the
-	// caller waits for the read — not of a read's own bound (see mayLead).
+	// deadline is its caller's (zero: none): see callerDeadline, mayLead.
 	deadline time.Time
 }
 
@@ -140,21 +139,22 @@ func (h *hits) send(ctx context.Context, batch []*hitRead, leader *hitRead) {
 	h.next(batch[:0])
 }
 
-// mayLead reports whether q's caller may send a pipeline now: it has no
-// deadline, or one no closer than the bound of a command sent now, since a
-// leader waits for its pipeline, its context notwithstanding.
-func (h *hits) mayLead(q *hitRead) bool {
-	return q.deadline.IsZero() || time.Until(q.deadline) >= h.cmd.Timeout()
-}
+// mayLead reports whether q's caller may send a pipeline now, which it
+// waits for whatever its context: its deadline does not cut a command sent
+// now (rcmd.Runner.CutsAt, asked when the slot frees).
+func (h *hits) mayLead(q *hitRead) bool { return !h.cmd.CutsAt(q.deadline, 0) }
 
-// callerDeadline is the deadline of the context a read's caller waits under:
-// for a read under a shared bound (see Guard.shared), its caller's own.
+// callerDeadline is the deadline of the caller that waits for a read sent
+// under ctx: a read under a shared bound on its caller's goroutine (see
+// Guard.shared) has its caller's; a worker's read, or one whose caller has
+// no deadline (its context is the shared bound itself), has none — the
+// bound is the read's, not a caller's.
 func callerDeadline(ctx context.Context) time.Time {
 	if b, ok := ctx.(*boundCtx); ok {
-		ctx = b.Context
+		d, _ := b.Context.Deadline()
+		return d
 	}
-	d, _ := ctx.Deadline()
-	return d
+	return time.Time{}
 }
 
 // next frees the caller's slot, or hands it, with the queue, to the first

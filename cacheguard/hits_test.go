@@ -249,7 +249,9 @@ func TestHitsQueuedReadLeadsOnlyWithinItsDeadline(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- read(ctx) }()
+	// Sent on its caller's goroutine, as Get's hits are: under the
+	// caller's context bounded by a shared deadline (see Guard.shared).
+	go func() { done <- read(&boundCtx{Context: ctx, end: ctx, d: deadline}) }()
 	waitFor(t, "the read queued", func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()

@@ -227,14 +227,10 @@ func (b *batcher) handOff() {
 	b.startSender()
 }
 
-// mayLead reports whether p's caller may send a pipeline now: its deadline,
-// if any, is no closer than the bound of a command sent now (see
-// rcmd.Runner.Cuts), since a leader waits for its pipeline, its context
-// notwithstanding. Asked when the slot frees, not when the call queued: the
-// caller's deadline came closer meanwhile.
-func (b *batcher) mayLead(p *pending) bool {
-	return p.deadline.IsZero() || time.Until(p.deadline) >= b.run.Timeout()
-}
+// mayLead reports whether p's caller may send a pipeline now, which it
+// waits for whatever its context: its deadline does not cut a command sent
+// now (rcmd.Runner.CutsAt, asked when the slot frees).
+func (b *batcher) mayLead(p *pending) bool { return !b.run.CutsAt(p.deadline, 0) }
 
 // idle tells drain when nothing is on the wire or queued (b.mu held).
 func (b *batcher) idle() {

@@ -247,8 +247,17 @@ func (r *Runner) Bound(ctx context.Context, extra time.Duration) (context.Contex
 // cacheguard worker, a locks batcher's pipeline, a locks grant that WAITs
 // for replicas) and stop waiting at ctx's deadline.
 func (r *Runner) Cuts(ctx context.Context, extra time.Duration) bool {
-	d, ok := ctx.Deadline()
-	return ok && time.Until(d) < r.Timeout()+extra
+	d, _ := ctx.Deadline()
+	return r.CutsAt(d, extra)
+}
+
+// CutsAt is Cuts for a deadline d kept apart from its context (zero: none):
+// a caller that queued its command asks it again when the command is about
+// to be sent on its goroutine (a locks batcher's leader, a cacheguard hit's),
+// since its deadline came closer meanwhile and it waits for that command's
+// reply, its context notwithstanding.
+func (r *Runner) CutsAt(d time.Time, extra time.Duration) bool {
+	return !d.IsZero() && time.Until(d) < r.Timeout()+extra
 }
 
 // Slack is how much later than its own a command's deadline may be when it
