@@ -46,6 +46,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +91,7 @@ var ErrUnavailable = errors.New("cacheguard: redis unavailable")
 // concurrent use and holds no goroutines.
 type Runner struct {
 	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // rdb, when it is one: its single commands go as pipelines (see Do)
 	timeout time.Duration
 	retries bool    // rdb sends a failed command again on its own (see MayHaveRun)
 	quiet   Silence // how long Redis has left r's commands unanswered
@@ -108,6 +110,7 @@ func New(rdb redis.UniversalClient, timeout time.Duration) *Runner {
 		timeout = DefaultTimeout
 	}
 	r := &Runner{rdb: rdb, timeout: timeout, retries: retries(rdb)}
+	r.cluster, _ = rdb.(*redis.ClusterClient)
 	r.quiet.Start()
 	return r
 }
@@ -360,12 +363,45 @@ func TimedOut(ctx context.Context) bool {
 // Do runs one command (args is its command line; a Script's Args for a
 // script), bounded by the command timeout. A script the server does not have
 // is sent again as EVAL (args is rewritten in place).
+//
+// On a cluster (New's rdb a *redis.ClusterClient, whether NewClusterClient
+// or NewUniversalClient made it) Do sends the command as a pipeline of one.
+// go-redis's single command path on a cluster looks the command up in its
+// command-info cache, under an exclusive lock; while that cache is cold, or
+// its last fill failed, the lookup fetches COMMAND from a node under a
+// context of its own (5s with ContextTimeoutEnabled, the read timeout
+// otherwise), so with that node stalled every single command of the client
+// waits on the lock, whatever its own context and node. Its pipelines route
+// without it (a lock-free peek at the cache), and follow MOVED and ASK
+// themselves. (Not with ReadOnly set: a pipeline then asks the cache too.)
+//
+// A pipeline does not send a command again on every error reply that the
+// single path does (go-redis's shouldRetry): after an ASK it looks at the
+// ASKING's reply, not the command's, and it does not reload the slot map on
+// READONLY. So Do sends the command again on those replies — TRYAGAIN,
+// CLUSTERDOWN, LOADING, READONLY (after asking for the slot map again),
+// MASTERDOWN, NOREPLICAS, max number of clients — Redis refused it, it did
+// not run: up to MaxRedirects times (none when it is -1, as in go-redis),
+// each after the client's MinRetryBackoff/MaxRetryBackoff backoff (go-redis's:
+// random, doubling, capped), and only while the command's bound (see Bound)
+// and ctx both outlast the wait: a command never waits past either for a
+// retry; it returns the refusal instead. Connection errors (a dial, EOF, a
+// network timeout, a pool timeout) the pipeline sends again on its own, as
+// the single path does; they are not sent again here.
 func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	bctx, cancel := r.Bound(ctx, 0)
 	sent, mark := r.send()
-	cmd := r.rdb.Do(bctx, args...)
-	if NoScript(cmd.Err()) && ToEval(args) {
+	var cmd *redis.Cmd
+	if r.cluster == nil {
 		cmd = r.rdb.Do(bctx, args...)
+		if NoScript(cmd.Err()) && ToEval(args) {
+			cmd = r.rdb.Do(bctx, args...)
+		}
+	} else {
+		cmd = r.clusterDo(ctx, bctx, args)
+		if NoScript(cmd.Err()) && ToEval(args) {
+			cmd = r.clusterDo(ctx, bctx, args)
+		}
 	}
 	heard := r.note(sent, true, cmd)
 	switch timedOut := settle(ctx, bctx, cmd); {
@@ -376,6 +412,78 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	}
 	cancel()
 	return cmd
+}
+
+// clusterDo sends one command on r's ClusterClient as a pipeline of one,
+// and sends it again, as Do says, while a node refuses it for now.
+func (r *Runner) clusterDo(ctx, bctx context.Context, args []any) *redis.Cmd {
+	o := r.cluster.Options() // resolved: MaxRedirects 0 when set to -1, the backoffs set
+	for retry := 1; ; retry++ {
+		pipe := r.cluster.Pipeline()
+		cmd := pipe.Do(bctx, args...)
+		_, _ = pipe.Exec(bctx) // cmd carries its error
+		err := cmd.Err()
+		if retry > o.MaxRedirects || !refused(err) {
+			return cmd
+		}
+		if redis.IsReadOnlyError(err) {
+			r.cluster.ReloadState(bctx) // a failover made the slot's master a replica: learn the new one
+		}
+		if !pause(ctx, bctx, backoff(retry, o.MinRetryBackoff, o.MaxRetryBackoff)) {
+			return cmd
+		}
+	}
+}
+
+// refused reports whether err is an error reply that go-redis's single
+// command path sends again (its shouldRetry) and its pipelines may not: a
+// node that cannot serve the command for now (a slot being migrated, a
+// cluster or a master down, a dataset loading, a replica where a master was,
+// too few replicas, too many clients). Redis refused the command: it did not
+// run.
+func refused(err error) bool {
+	return err != nil && (redis.IsTryAgainError(err) || redis.IsClusterDownError(err) ||
+		redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsMasterDownError(err) ||
+		redis.IsNoReplicasError(err) || redis.IsMaxClientsError(err))
+}
+
+// backoff is how long go-redis waits before its retry-th retry (its
+// internal.RetryBackoff): a random time from lo to lo<<retry, capped at hi; 0
+// when lo is.
+func backoff(retry int, lo, hi time.Duration) time.Duration {
+	if lo <= 0 {
+		return 0
+	}
+	d := lo << uint(retry)
+	if d < lo { // overflowed
+		return hi
+	}
+	if d = lo + rand.N(d); d > hi || d < lo {
+		d = hi
+	}
+	return d
+}
+
+// pause waits d and reports whether it did: it does not, and reports false at
+// once, when d would end at or past ctx's deadline or bctx's, and it stops,
+// reporting false, when either ends meanwhile.
+func pause(ctx, bctx context.Context, d time.Duration) bool {
+	end := time.Now().Add(d)
+	if dl, ok := ctx.Deadline(); ok && !end.Before(dl) || ctx.Err() != nil {
+		return false
+	}
+	if dl, ok := bctx.Deadline(); ok && !end.Before(dl) || bctx.Err() != nil {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+	case <-bctx.Done():
+	}
+	return false
 }
 
 // Run runs script s with keys and args, bounded by the command timeout.
