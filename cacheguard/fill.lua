@@ -2,13 +2,14 @@
 -- the key's generation is still the one the lease was granted under (a
 -- compare-and-set: an invalidation or an expired lease means nothing is
 -- written), release the lease and wake the waiters with the value itself,
--- naming the token (a waiter trusts only the fill whose lease it saw: a
--- message from an earlier fill may still be on its way when an invalidation
--- has come between).
+-- naming the lease, generation and token (a waiter trusts only the fill of
+-- the lease it saw: a message from an earlier fill may still be on its way
+-- when an invalidation has come between, and one token can hold the lease
+-- under two generations: see call.fromWake).
 -- KEYS[1] values (a hash: one envelope per representation)
 -- KEYS[2] fill lease   KEYS[3] generation
 -- ARGV: lease ("<generation> <token>"), envelope, value ttl ms, wake channel,
---       publish command (PUBLISH or SPUBLISH), token, generation, the
+--       publish command (PUBLISH or SPUBLISH), generation, the
 --       representation's field, now (unix ms), the near-cache channel and its
 --       message (a classic channel, so PUBLISH, even on a cluster)
 -- Returns 1 when stored, 0 when the lease was no longer this token's or an
@@ -17,7 +18,7 @@ if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[2])
-if redis.call('GET', KEYS[3]) ~= ARGV[7] then
+if redis.call('GET', KEYS[3]) ~= ARGV[6] then
   return 0
 end
 -- The hash lives as long as its longest-lived value. Other representations
@@ -26,11 +27,11 @@ end
 -- fill wrote) are dropped here, so a representation no longer asked for does
 -- not live on with the others; bytes of another version are no value.
 local n = redis.call('HLEN', KEYS[1])
-if n > 1 or (n == 1 and redis.call('HEXISTS', KEYS[1], ARGV[8]) == 0) then
+if n > 1 or (n == 1 and redis.call('HEXISTS', KEYS[1], ARGV[7]) == 0) then
   local all = redis.call('HGETALL', KEYS[1])
-  local now = tonumber(ARGV[9])
+  local now = tonumber(ARGV[8])
   for i = 1, #all, 2 do
-    if all[i] ~= ARGV[8] then
+    if all[i] ~= ARGV[7] then
       local e, keep = all[i + 1], 0
       if string.len(e) >= 40 and string.byte(e, 3) == 3 then
         for j = 33, 40 do keep = keep * 256 + string.byte(e, j) end
@@ -41,7 +42,7 @@ if n > 1 or (n == 1 and redis.call('HEXISTS', KEYS[1], ARGV[8]) == 0) then
     end
   end
 end
-redis.call('HSET', KEYS[1], ARGV[8], ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[7], ARGV[2])
 local ttl = tonumber(ARGV[3])
 local ht = redis.call('PTTL', KEYS[1])
 if ht < ttl then
@@ -59,6 +60,6 @@ end
 -- every waiting process's shared subscription.
 local push = ARGV[2]
 if #push > 1048576 then push = '' end
-redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[6] .. ' ' .. push)
-redis.call('PUBLISH', ARGV[10], ARGV[11])
+redis.call(ARGV[5], ARGV[4], 'v' .. ARGV[1] .. ' ' .. push)
+redis.call('PUBLISH', ARGV[9], ARGV[10])
 return 1

@@ -406,7 +406,7 @@ func (c *call[T]) follow(ctx, wctx context.Context, f *flight, tok string, kind 
 		timer.Reset(min(d+rand.N(d/10+1), followCheck))
 		select {
 		case m := <-wakeC:
-			if c.fromWake(ctx, f, m, r.holder, tagVers) {
+			if c.fromWake(ctx, f, m, lease{gen: r.gen, token: r.holder}.String(), tagVers) {
 				return
 			}
 		case <-timer.C:
@@ -451,24 +451,29 @@ func (c *call[T]) remote(ctx context.Context, f *flight, b []byte, tagVers []uin
 }
 
 // fromWake handles a push on the key's channel (shared by every
-// representation of the key): 'v'+token+' '+envelope (a fill stored it),
-// 'e'+token+' '+message (the fill's load failed: ErrRemoteLoad),
-// 'p'+token+' '+value (it panicked: ErrRemoteLoad and a *PanicError),
-// 'u'+token+' '+message (its answer is not to be cached: ErrUncached, not a
-// failure), 'n'+token+' ' (the load found nothing and negative caching is
-// off), 'h'+token+' ' (a closing Guard handed its fill over: take the lease
-// now), 'x' (invalidated). A kind it does not know (a newer process's) makes
-// the flight ask again, as 'h' does: the lease is free. Only a push
-// from holder, the fill whose lease this flight saw, is trusted: one from an
-// earlier fill can arrive after an invalidation that came later (the
-// subscription may predate this flight). It reports whether it ended f;
-// else the flight asks again.
-func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tagVers []uint64) bool {
+// representation of the key), each naming a lease ("<generation> <token>",
+// as the lease holds it): 'v'+lease+' '+envelope (its fill stored it),
+// 'e'+lease+' '+message (the fill's load failed: ErrRemoteLoad),
+// 'p'+lease+' '+value (it panicked: ErrRemoteLoad and a *PanicError),
+// 'u'+lease+' '+message (its answer is not to be cached: ErrUncached, not a
+// failure), 'n'+lease+' ' (the load found nothing and negative caching is
+// off), 'h'+token+' ' (a closing Guard handed its fill over, or a request's
+// lease was given back: take the lease now), 'x' (invalidated). A kind it
+// does not know (a newer process's) makes the flight ask again, as 'h' does:
+// the lease may be free. Only a push naming holding, the lease this flight
+// saw, is trusted — its generation with its token: a push from an earlier
+// fill can arrive after an invalidation that came later (the subscription may
+// predate this flight), and one token can hold the lease again under the
+// later generation (a request Redis ran twice: resent after a stall, retried
+// by the client, stuck on the wire) with nobody to fill it; that fill's push
+// names the same token (TestLatePushOfAnEarlierLeaseIsNotTrusted). It
+// reports whether it ended f; else the flight asks again.
+func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holding string, tagVers []uint64) bool {
 	if m == "" || m[0] == 'x' {
 		return false
 	}
-	tok, body, ok := strings.Cut(m[1:], " ")
-	if !ok || tok != holder {
+	named, body, ok := cutLease(m[1:])
+	if !ok || named != holding {
 		return false
 	}
 	switch m[0] {
@@ -488,4 +493,15 @@ func (c *call[T]) fromWake(ctx context.Context, f *flight, m, holder string, tag
 		return true
 	}
 	return false
+}
+
+// cutLease cuts s, a push after its kind, after the lease it names
+// ("<generation> <token>") and the space that follows.
+func cutLease(s string) (lease, rest string, ok bool) {
+	gen, after, ok := strings.Cut(s, " ")
+	if !ok {
+		return "", "", false
+	}
+	tok, rest, ok := strings.Cut(after, " ")
+	return s[:len(gen)+1+len(tok)], rest, ok
 }

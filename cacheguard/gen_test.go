@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -91,7 +92,7 @@ func TestGenCache(t *testing.T) {
 	gen.Check(t, 6, func(rt *rapid.T) {
 		m := newGenModel(t, rt, single, cl, &tot)
 		defer m.close()
-		rt.Repeat(map[string]func(*rapid.T){
+		acts := map[string]func(*rapid.T){
 			"":               m.check,
 			"Get":            m.get,
 			"Get2":           m.get, // calls weigh more than faults
@@ -113,7 +114,17 @@ func TestGenCache(t *testing.T) {
 			"Shutdown":       m.shutdown,
 			"Fault":          m.fault,
 			"Fault2":         m.fault,
-		})
+		}
+		// CG_ONLY=Get,LateAcross,... keeps only those steps: a failure of
+		// one kind of step, hunted under load (the checks still run).
+		if only := os.Getenv("CG_ONLY"); only != "" {
+			for k := range acts {
+				if k != "" && !slices.Contains(strings.Split(only, ","), k) {
+					delete(acts, k)
+				}
+			}
+		}
+		rt.Repeat(acts)
 		m.settle()
 		m.check(rt)
 		m.checkOverlaps(rt)
@@ -1243,7 +1254,17 @@ func (m *genModel) history(key string, began time.Time) string {
 	}
 	for _, l := range m.loads {
 		if l.key == key {
-			evs = append(evs, ev{l.start, fmt.Sprintf("load %d (%s, %q) %s–%s", l.seq, l.loader, l.entry, l.start.Format("05.000000"), l.end.Format("05.000000"))})
+			what := fmt.Sprintf("load %d (%s, %q) %s–%s", l.seq, l.loader, l.entry, l.start.Format("05.000000"), l.end.Format("05.000000"))
+			if l.by != nil {
+				what += fmt.Sprintf(" in process %d", slices.Index(m.procs, l.by.proc))
+			}
+			if !l.settled.IsZero() {
+				what += " settled " + l.settled.Format("05.000000")
+			}
+			if l.unleased != nil {
+				what += fmt.Sprintf(" unleased (%v)", l.unleased)
+			}
+			evs = append(evs, ev{l.start, what})
 		}
 	}
 	slices.SortFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
@@ -1301,6 +1322,7 @@ type genCallRec struct {
 	unsettled []int
 	served    []int64                           // the loads whose values it was served (their serials; guarded by mu)
 	counted   map[string][]cacheguard.EventKind // hits and misses told to the observer, by key (guarded by mu)
+	trail     []string                          // every event told to the observer under its context, for a violation's message (guarded by mu)
 	// failedOpen is the cause of its fail-open (EventFailOpen), if it failed
 	// open: the loads it started then ran without the fill lease (guarded by mu).
 	failedOpen error
@@ -1316,6 +1338,16 @@ func (m *genModel) countedOnce(r *genCallRec, what string) {
 			m.violation("%s: %s counted as %v", what, k, evs)
 		}
 	}
+}
+
+// events is what the observer heard under the call's context (nil: none).
+func (r *genCallRec) events() string {
+	if r == nil {
+		return "none recorded"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.trail, "; ")
 }
 
 // saw reports whether the call was served the value of load seq.
@@ -1336,6 +1368,15 @@ func (r *genCallRec) near(key string) bool {
 // nearHits is every process's observer: it records a call's near hits, its
 // hits and misses, and its fail-open.
 func nearHits(ctx context.Context, e cacheguard.Event) {
+	if r, ok := ctx.Value(genCallKey{}).(*genCallRec); ok {
+		at := fmt.Sprintf("%s %s +%.1fms", e.Kind, e.Key, float64(time.Since(r.began).Microseconds())/1000)
+		if e.Err != nil {
+			at += " (" + e.Err.Error() + ")"
+		}
+		r.mu.Lock()
+		r.trail = append(r.trail, at)
+		r.mu.Unlock()
+	}
 	if r, ok := ctx.Value(genCallKey{}).(*genCallRec); ok && e.Kind == cacheguard.EventFailOpen {
 		r.mu.Lock()
 		r.failedOpen = e.Err
@@ -1386,8 +1427,8 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 			}
 		}
 		if began.After(after) && v.Seq <= inv.seq {
-			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then); process %d, %s",
-				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, slices.Index(m.procs, p), m.history(key, began)))
+			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then); process %d, %s; its events: %s",
+				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, slices.Index(m.procs, p), m.history(key, began), rec.events()))
 		}
 	}
 	if w := m.loadOf(key, v); w != nil && (res == cacheguard.Hit || res == cacheguard.NearHit) {

@@ -157,3 +157,87 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 		t.Fatalf("A's Get after both invalidations returned: %v, %v; want version 3 or later (A had served 2)", v3, err)
 	}
 }
+
+// TestLatePushOfAnEarlierLeaseIsNotTrusted: one token can hold a key's fill
+// lease under two generations. A lease request that Redis runs twice — a
+// resend after a stall (rcmd.Busy), go-redis retrying it on another
+// connection, a copy stuck on the wire — is granted again by its second run
+// when the key was invalidated after its fill stored; nobody fills that
+// second lease. A flight of another process that finds it follows it, and
+// the push of the first lease's fill, still on its way to that process (a
+// slow subscription), names the same token. Served, it would hand a call
+// that began after the invalidation a value loaded before it. A push serves
+// only the flight that saw the lease it names: generation and token.
+func TestLatePushOfAnEarlierLeaseIsNotTrusted(t *testing.T) {
+	ctx := context.Background()
+	key := testKey(t)
+	var lease atomic.Pointer[[]any] // A's get-or-lease request, as sent
+	a := shared(t)
+	a.AddHook(replyHook(func(cmd redis.Cmder) {
+		if args := cmd.Args(); len(args) > 2 && args[0] == "evalsha" && args[1] == cacheguard.LeaseScriptSHA() {
+			cp := append([]any(nil), args...)
+			lease.Store(&cp)
+		}
+	}))
+	ga := cacheguard.New(a)
+	defer ga.Close()
+	wake := "cg:fw:{" + key + "}"
+	sub := shared(t).Subscribe(ctx, wake)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	before := counter{name: "before"}
+	if v, err := cacheguard.Get(ctx, ga, key, before.load, cacheguard.Lease(time.Second)); err != nil || v.Name != "before" {
+		t.Fatalf("A's fill: %v, %v", v, err)
+	}
+	var push string // the fill's push, as Redis sent it
+	select {
+	case m := <-sub.Channel():
+		push = m.Payload
+	case <-time.After(10 * time.Second):
+		t.Fatal("no push of A's fill")
+	}
+	if err := ga.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	// A's request runs again: it takes the lease under the new generation,
+	// with the token whose fill stored before the invalidation.
+	again, err := a.Do(ctx, *lease.Load()...).Slice()
+	if err != nil || len(again) != 1 {
+		t.Fatalf("A's lease request again: %v, %v", again, err)
+	}
+	if r, _ := again[0].([]any); len(r) != 2 || r[0] != int64(1) {
+		t.Fatalf("A's lease request again answered %v; want the lease granted", again[0])
+	}
+
+	b := shared(t)
+	waiting := watchWaiting(b)
+	gb := cacheguard.New(b)
+	defer gb.Close()
+	after := counter{name: "after"}
+	type got struct {
+		v   item
+		err error
+	}
+	done := make(chan got, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, gb, key, after.load, cacheguard.WaitBudget(5*time.Second))
+		done <- got{v, err}
+	}()
+	select {
+	case <-waiting: // B follows the second lease
+	case r := <-done:
+		t.Fatalf("B's Get did not wait for the lease nobody fills: %v, %v", r.v, r.err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's Get never waited for the lease")
+	}
+	// The first fill's push reaches B late.
+	if err := a.Publish(ctx, wake, push).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.v.Name != "after" {
+		t.Fatalf("B's Get, begun after the invalidation, returned %v, %v; want a value loaded after it", r.v, r.err)
+	}
+}

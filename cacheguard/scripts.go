@@ -235,15 +235,15 @@ func parseLeaseReply(v []any) (r leaseReply, err error) {
 // reply is 1 when it wrote.
 func (g *Guard) store(ctx context.Context, f *flight, env []byte, ttl time.Duration) *redis.Cmd {
 	return fillScript.Cmd(ctx, keys(f.n.values, f.n.lease, f.n.gen),
-		f.lease.String(), env, max(ttl.Milliseconds(), 1), f.n.wake, g.pub, f.lease.token, f.lease.genText(), f.n.field,
+		f.lease.String(), env, max(ttl.Milliseconds(), 1), f.n.wake, g.pub, f.lease.genText(), f.n.field,
 		time.Now().UnixMilli(), g.ncChannel, g.origin+" f"+f.key)
 }
 
 // release returns the release of f's lease, telling its waiters why with
 // msg: its kind ('e' failed, 'n' not found, 'h' handed over) followed by
-// what it says.
+// what it says, naming the lease (see call.fromWake).
 func (g *Guard) release(ctx context.Context, f *flight, msg string) *redis.Cmd {
-	return releaseScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.token+" "+msg[1:])
+	return releaseScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), f.n.wake, g.pub, msg[:1]+f.lease.String()+" "+msg[1:])
 }
 
 // giveBackEvery is how often giveBack asks a silent Redis again.
