@@ -1,6 +1,9 @@
 package cacheguard
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // NearLen is the number of entries in g's near cache.
 func NearLen(g *Guard) int {
@@ -111,4 +114,17 @@ func TrustNear(g *Guard, d time.Duration) {
 	defer n.mu.Unlock()
 	epoch, _ := unpackState(n.state.Load())
 	n.state.Store(packState(epoch, n.mono(time.Now().Add(d))))
+}
+
+// HoldWake subscribes g to key's wake-up channel, as a flight of g waiting
+// for another fill of key (of any representation) would, until release: a
+// push on it then reaches g whatever g's own flights do.
+func HoldWake(g *Guard, key string) (release func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), subscribeTimeout)
+	defer cancel()
+	sub, err := g.hub.Subscribe(ctx, g.names(key, "").wake)
+	if err != nil {
+		return nil, err
+	}
+	return func() { sub.Close() }, nil
 }

@@ -34,8 +34,10 @@ import (
 // faults strike: FLUSHDB, one internal key deleted (a generation, a values
 // hash, a tag's version, a fill lease), a node restarted without
 // persistence, a reply dropped or delayed (a go-redis hook), a fill lease's
-// request that reaches Redis after its caller gave up on it, a process
-// paused (every command of a client held).
+// request that reaches Redis after its caller gave up on it, or that runs
+// there twice (the second run after its fill stored: a lease nobody fills),
+// a process's subscription read late, a process paused (every command of a
+// client held).
 //
 // The oracle is a model of the documented guarantees, kept from what the
 // loaders and the calls saw, never from the Guard:
@@ -110,6 +112,7 @@ func TestGenCache(t *testing.T) {
 			"QueuedInv":      m.queuedInvalidate,
 			"LateCalls":      m.lateCalls,
 			"LateAcross":     m.lateAcross,
+			"LatePush":       m.latePush,
 			"Settle":         func(rt *rapid.T) { m.settle() },
 			"Shutdown":       m.shutdown,
 			"Fault":          m.fault,
@@ -135,9 +138,9 @@ func TestGenCache(t *testing.T) {
 		m.checkGiveBacks(rt)
 		m.checkStats(rt)
 	})
-	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards; %d LateAcross steps came to their last read",
+	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards; %d LateAcross and %d LatePush steps came to their last read",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.queuedInvs.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
-		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load(), tot.across.Load())
+		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load(), tot.across.Load(), tot.pushes.Load())
 	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
 
@@ -153,6 +156,7 @@ type genTotals struct {
 	lates                                       atomic.Int64 // calls LateCalls sent during their process's fill
 	stalledLates                                atomic.Int64 // those sent during a stalled fill
 	across                                      atomic.Int64 // LateAcross steps that came to their last read
+	pushes                                      atomic.Int64 // LatePush steps that came to their last read
 	stalledMany                                 atomic.Int64 // those by GetMany (they read first)
 	stalledOverlaps                             atomic.Int64 // overlapping loads excused by a stall (see stoodStill)
 	queuedInvs                                  atomic.Int64 // invalidations of a key whose fill waited for a slot (see queuedInvalidate)
@@ -950,6 +954,63 @@ func (m *genModel) lateAcross(rt *rapid.T) {
 	<-ended
 	m.tot.across.Add(1)
 	run(p, a, key)
+}
+
+// latePush: process P fills an entry while Q, subscribed to the key's
+// wake-up channel (a wait for another representation's fill would do it),
+// reads nothing for a moment; P's get-or-lease request runs twice in Redis
+// (dupLease), its second run after an invalidation that followed P's fill:
+// a lease under the new generation, with the token whose push Q has yet to
+// read, that nobody fills. Q's call of the entry, begun after the
+// invalidation returned, follows that lease — and must not take the held
+// push, of a value loaded before the invalidation, as its answer (see
+// call.fromWake). With pushes matched on the token alone, TestGenCache
+// finds it here.
+func (m *genModel) latePush(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	others := slices.DeleteFunc(slices.Clone(m.procs), func(o *genProc) bool { return o == p })
+	if len(others) == 0 {
+		return
+	}
+	q := rapid.SampledFrom(others).Draw(rt, "reading proc")
+	inv := rapid.SampledFrom(m.procs).Draw(rt, "invalidating proc")
+	if p.hook.armed() || q.hook.armed() {
+		return // a fault armed earlier would strike instead
+	}
+	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
+	c := m.drawCall(rt)
+	m.mu.Lock()
+	m.across++
+	n := m.across
+	m.mu.Unlock()
+	c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("push%d", n), nil, "fast", 0, time.Second, 2*time.Second
+	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
+	run := func(p *genProc) {
+		var wg sync.WaitGroup
+		m.call(p, c, []string{key}, false, &wg)
+		wg.Wait()
+	}
+	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
+	release, err := cacheguard.HoldWake(q.g, key)
+	if err != nil {
+		return // not subscribed (a fault's aftermath): nothing to hold
+	}
+	defer release()
+	// Q's reads are held until after the second run, before that lease ends.
+	m.window("latesub", genWindow{proc: q}, func() { q.hook.subHeldUntil.Store(time.Now().Add(genDup + genLease/2).UnixNano()) })
+	m.window("dup", genWindow{proc: p}, func() { p.hook.dupUntil.Store(time.Now().Add(100 * time.Millisecond).UnixNano()) })
+	run(p)
+	p.hook.dupUntil.Store(0)
+	m.invalidateWith([]string{key}, func(ctx context.Context) error { return inv.g.Invalidate(ctx, key) })
+	done := make(chan struct{})
+	go func() { p.hook.late.wait(); close(done) }()
+	select {
+	case <-done: // the request's second run answered
+	case <-time.After(genDup + genSlack):
+		return // still on its way: settle waits for it
+	}
+	m.tot.pushes.Add(1)
+	run(q)
 }
 
 // lateCalls makes calls of one entry arrive on one process while that
@@ -1809,10 +1870,35 @@ func (m *genModel) shutdown(rt *rapid.T) {
 // fault injects one fault, a deleted internal key twice as often as each of
 // the others.
 func (m *genModel) fault(rt *rapid.T) {
+	kinds := []string{"flushdb", "del", "del2", "restart", "drop", "droplease", "delay", "pause", "late", "slowgrant", "dup", "latesub"}
+	if only := os.Getenv("CG_FAULTS"); only != "" { // a hunt (see CG_ONLY)
+		kinds = slices.DeleteFunc(kinds, func(k string) bool { return !slices.Contains(strings.Split(only, ","), k) })
+	}
 	map[string]func(*rapid.T){
 		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
 		"drop": m.dropReply, "droplease": m.dropLeaseReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease, "slowgrant": m.slowGrant,
-	}[rapid.SampledFrom([]string{"flushdb", "del", "del2", "restart", "drop", "droplease", "delay", "pause", "late", "slowgrant"}).Draw(rt, "fault")](rt)
+		"dup": m.dupLease, "latesub": m.lateSub,
+	}[rapid.SampledFrom(kinds).Draw(rt, "fault")](rt)
+}
+
+// dupLease makes the fill lease requests a process sends in the next moment
+// run twice in Redis: each again genDup after, on a copy, as a request stuck
+// on the wire that the client sent again on another connection (or that the
+// process resent, the first one late) — after its flight stored, perhaps after
+// an invalidation: a lease nobody fills, whose token an earlier fill's push
+// names (see call.fromWake). Its window covers that lease's life.
+func (m *genModel) dupLease(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.window("dup", genWindow{proc: p}, func() { p.hook.dupUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
+}
+
+// lateSub holds what a process's subscription reads for a moment: its
+// waiters hear pushes (and its near cache the messages) late, some after
+// their flights followed another lease; the near cache is not trusted
+// meanwhile (no proof comes).
+func (m *genModel) lateSub(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.window("latesub", genWindow{proc: p}, func() { p.hook.subHeldUntil.Store(time.Now().Add(800 * time.Millisecond).UnixNano()) })
 }
 
 // window marks a fault window from now until do returns, plus what a fault
@@ -2075,6 +2161,7 @@ type faultHook struct {
 	subHeldUntil atomic.Int64           // unix ns: what the subscription reads reaches the near cache then (see DialHook)
 	pausedUntil  atomic.Int64           // unix ns: every command waits until then
 	lateUntil    atomic.Int64           // unix ns: fill lease requests sent before then arrive late (see holdBack)
+	dupUntil     atomic.Int64           // unix ns: fill lease requests sent before then run again genDup after (see again)
 	slowUntil    atomic.Int64           // unix ns: replies to fill lease requests sent before then come genSlowGrant late
 	lateKey      string                 // when set, only those of this values hash
 	deliver      chan struct{}          // when set, they arrive once it is closed, not genLate after
@@ -2105,6 +2192,7 @@ func (h *faultHook) armed() bool {
 	held := h.late.n > 0
 	h.late.mu.Unlock()
 	return h.drop.Load() > 0 || h.dropLease.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now ||
+		h.dupUntil.Load() > now || h.subHeldUntil.Load() > now ||
 		h.slowUntil.Load() > now || held
 }
 
@@ -2155,6 +2243,9 @@ func (h *faultHook) around(ctx context.Context, cmds []redis.Cmder, send func(co
 	sent := time.Now()
 	err := send(ctx, cmds)
 	h.watch(sent, cmds)
+	if sent.UnixNano() < h.dupUntil.Load() {
+		h.again(cmds, send)
+	}
 	if sent.UnixNano() < h.slowUntil.Load() && slices.ContainsFunc(cmds, isLeaseCall) {
 		time.Sleep(genSlowGrant) // the fault: the reply comes after the lease ran out
 	}
@@ -2231,6 +2322,34 @@ func (h *faultHook) holdBack(ctx context.Context, cmds []redis.Cmder, send func(
 		c.SetErr(err)
 	}
 	return err
+}
+
+// genDup is how late a fill lease request runs again (dupLease): after its
+// flight's fill stored, typically, within the fault's window.
+const genDup = 500 * time.Millisecond
+
+// again sends the fill lease requests of cmds once more genDup from now, on
+// copies, whose replies nobody hears: the request ran twice in Redis.
+func (h *faultHook) again(cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) {
+	var copies []redis.Cmder
+	for _, c := range cmds {
+		if isLeaseCall(c) {
+			copies = append(copies, redis.NewCmd(context.Background(), c.Args()...))
+		}
+	}
+	if copies == nil {
+		return
+	}
+	h.late.add()
+	go func() {
+		defer h.late.done()
+		time.Sleep(genDup) // the fault: the request's second run comes late
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		sent := time.Now()
+		_ = send(sctx, copies)
+		h.watch(sent, copies)
+	}()
 }
 
 // isFillLeaseCall reports whether cmd is a round trip of a fill lease: a
