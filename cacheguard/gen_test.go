@@ -402,7 +402,7 @@ type genModel struct {
 	loads   []genLoad
 	faultsW []genWindow       // fault windows: loads they reach may overlap each other
 	calm    int               // the OutliveCalm steps that ran
-	across  int               // the LateAcross steps that ran
+	across  int               // the LateAcross and LatePush steps that ran (see nextEntry)
 	excused map[[2]int64]bool // overlapping loads (their serials) a stall excused, counted once
 	faults  [][2]time.Time    // the faults themselves, from injection to its step's end
 	lates   []genLateServe
@@ -897,10 +897,7 @@ func (m *genModel) lateAcross(rt *rapid.T) {
 	}
 	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
 	base := m.drawCall(rt)
-	m.mu.Lock()
-	m.across++
-	n := m.across
-	m.mu.Unlock()
+	n := m.nextEntry()
 	call := func(variant string) genCall { // an entry no near cache holds yet
 		c := base
 		c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("across%d%s", n, variant), nil, "fast", 0, time.Second, 2*time.Second
@@ -979,10 +976,7 @@ func (m *genModel) latePush(rt *rapid.T) {
 	}
 	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
 	c := m.drawCall(rt)
-	m.mu.Lock()
-	m.across++
-	n := m.across
-	m.mu.Unlock()
+	n := m.nextEntry()
 	c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("push%d", n), nil, "fast", 0, time.Second, 2*time.Second
 	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
 	run := func(p *genProc) {
@@ -1011,6 +1005,15 @@ func (m *genModel) latePush(rt *rapid.T) {
 	}
 	m.tot.pushes.Add(1)
 	run(q)
+}
+
+// nextEntry numbers the entries of a LateAcross or LatePush step: a variant
+// no near cache holds yet.
+func (m *genModel) nextEntry() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.across++
+	return m.across
 }
 
 // lateCalls makes calls of one entry arrive on one process while that

@@ -101,13 +101,7 @@ func TestClusterSlotMigration(t *testing.T) {
 	}
 	slot := cl.Slot("cg:lock:{moving}")
 	from := cl.MasterForSlot(slot)
-	var to *redistest.Server
-	for _, m := range cl.Masters() {
-		if m != from {
-			to = m
-			break
-		}
-	}
+	to := cl.OtherMaster(from)
 	got := make(chan error, 1)
 	go func() {
 		wl, err := w.Lock(ctx, "moving", locks.WaitBudget(30*time.Second))

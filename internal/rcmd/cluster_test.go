@@ -147,13 +147,7 @@ func TestClusterDoRetriesRefusal(t *testing.T) {
 	const moved, absent = "{rcmd:mig}moved", "{rcmd:mig}absent"
 	slot := cl.Slot(moved)
 	from := cl.MasterForSlot(slot)
-	var to *redistest.Server
-	for _, m := range cl.Masters() {
-		if m != from {
-			to = m
-			break
-		}
-	}
+	to := cl.OtherMaster(from)
 	refusals := make(chan struct{}, 64) // a TRYAGAIN came back from a pipeline
 	pipelines := 0                      // the client's pipelines
 	rdb := cl.Client(func(o *redis.ClusterOptions) {

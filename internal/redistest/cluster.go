@@ -201,6 +201,17 @@ func (c *Cluster) Masters() []*Server {
 	return slices.Clone(c.masters)
 }
 
+// OtherMaster returns a current master other than m (nil when there is none):
+// where a test moves m's slot.
+func (c *Cluster) OtherMaster(m *Server) *Server {
+	for _, o := range c.Masters() {
+		if o != m {
+			return o
+		}
+	}
+	return nil
+}
+
 // Replicas returns the current replicas in the order of their masters in
 // Masters. A replica promoted by KillMaster is no longer among them.
 func (c *Cluster) Replicas() []*Server {

@@ -188,13 +188,7 @@ func TestCluster(t *testing.T) {
 	moved := names[0]
 	slot := cl.Slot(moved)
 	from := cl.MasterForSlot(slot)
-	var to *redistest.Server
-	for _, m := range cl.Masters() {
-		if m != from {
-			to = m
-			break
-		}
-	}
+	to := cl.OtherMaster(from)
 	if err := cl.MigrateSlot(ctx, slot, to); err != nil {
 		t.Fatal(err)
 	}
