@@ -756,7 +756,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	m.tot.calls.Add(1)
 	m.tot.nested.Add(1)
 	rec.proc.keyCalls.Add(1)
-	n := &genCallRec{began: time.Now(), proc: rec.proc, of: seq}
+	n := &genCallRec{began: time.Now(), proc: rec.proc, pi: rec.pi, of: seq}
 	var res cacheguard.Result
 	v, err := cacheguard.Get(context.WithValue(ctx, genCallKey{}, n), rec.proc.g, key, func(ctx context.Context) (genVal, error) {
 		vals, err := m.load(ctx, c, []string{key})
@@ -772,7 +772,7 @@ func (m *genModel) nested(ctx context.Context, seq int64, keys []string) {
 	m.countedOnce(n, fmt.Sprintf("a Get of %s made by load %d's loader (%v, %v)", key, seq, res, err))
 	if errors.Is(err, cacheguard.ErrWaitTimeout) {
 		done.what = fmt.Sprintf("a Get of %s made by load %d's loader (process %d) waited out its budget of %v: %v; %s",
-			key, seq, slices.Index(m.procs, rec.proc), c.budget, err, m.history(key, n.began))
+			key, seq, rec.pi, c.budget, err, m.history(key, n.began))
 		m.waits = append(m.waits, done)
 	}
 	m.mu.Unlock()
@@ -1252,7 +1252,7 @@ func (m *genModel) call(p *genProc, c genCall, keys []string, many bool, step *s
 	go func() {
 		defer m.wg.Done()
 		defer step.Done()
-		rec := &genCallRec{began: time.Now(), proc: p}
+		rec := &genCallRec{began: time.Now(), proc: p, pi: pi}
 		ctx := context.WithValue(context.Background(), genCallKey{}, rec)
 		if c.ctxTime > 0 {
 			var cancel context.CancelFunc
@@ -1320,7 +1320,7 @@ func (m *genModel) history(key string, began time.Time) string {
 		if l.key == key {
 			what := fmt.Sprintf("load %d (%s, %q) %s–%s", l.seq, l.loader, l.entry, l.start.Format("05.000000"), l.end.Format("05.000000"))
 			if l.by != nil {
-				what += fmt.Sprintf(" in process %d", slices.Index(m.procs, l.by.proc))
+				what += fmt.Sprintf(" in process %d", l.by.pi)
 			}
 			if !l.settled.IsZero() {
 				what += " settled " + l.settled.Format("05.000000")
@@ -1378,6 +1378,7 @@ func (m *genModel) around(key string, from, to time.Time) string {
 type genCallRec struct {
 	began time.Time // when the call began (a reload it starts may queue for a slot: see checkLates)
 	proc  *genProc  // the process it ran in, where the loads it starts run (see checkSlots)
+	pi    int       // proc's index in the model's procs when the call began (read by the call's goroutine: procs changes)
 	of    int64     // for a Get a loader made, its load's serial (see nested)
 	mu    sync.Mutex
 	keys  []string
@@ -1402,6 +1403,14 @@ func (m *genModel) countedOnce(r *genCallRec, what string) {
 			m.violation("%s: %s counted as %v", what, k, evs)
 		}
 	}
+}
+
+// index is the index of the call's process (-1: unknown).
+func (r *genCallRec) index() int {
+	if r == nil {
+		return -1
+	}
+	return r.pi
 }
 
 // events is what the observer heard under the call's context (nil: none).
@@ -1492,7 +1501,7 @@ func (m *genModel) checkValue(c genCall, key string, v genVal, res cacheguard.Re
 		}
 		if began.After(after) && v.Seq <= inv.seq {
 			m.bad = append(m.bad, fmt.Sprintf("%s (%v, %v) began %v after the invalidation of %s returned and got load %d, begun before it (serial %d then); process %d, %s; its events: %s",
-				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, slices.Index(m.procs, p), m.history(key, began), rec.events()))
+				key, res, c.policy, began.Sub(inv.done), inv.name, v.Seq, inv.seq, rec.index(), m.history(key, began), rec.events()))
 		}
 	}
 	if w := m.loadOf(key, v); w != nil && (res == cacheguard.Hit || res == cacheguard.NearHit) {
