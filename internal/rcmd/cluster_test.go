@@ -24,13 +24,7 @@ func TestClusterDoSkipsCommandInfoStall(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	const key = "rcmd:healthy"
 	healthy := cl.MasterForSlot(cl.Slot(key))
-	var stalled *redistest.Server
-	for _, m := range cl.Masters() {
-		if m != healthy {
-			stalled = m
-			break
-		}
-	}
+	stalled := cl.OtherMaster(healthy)
 	if healthy == nil || stalled == nil {
 		t.Fatal("no healthy and stalled master")
 	}
