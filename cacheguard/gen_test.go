@@ -898,18 +898,9 @@ func (m *genModel) lateAcross(rt *rapid.T) {
 	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
 	base := m.drawCall(rt)
 	n := m.nextEntry()
-	call := func(variant string) genCall { // an entry no near cache holds yet
-		c := base
-		c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("across%d%s", n, variant), nil, "fast", 0, time.Second, 2*time.Second
-		c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
-		return c
-	}
+	call := func(variant string) genCall { return entryCall(base, fmt.Sprintf("across%d%s", n, variant)) }
 	a, b := call("a"), call("b")
-	run := func(p *genProc, c genCall, key string) {
-		var wg sync.WaitGroup
-		m.call(p, c, []string{key}, false, &wg)
-		wg.Wait()
-	}
+	run := m.callAndWait
 	// P's node of the key goes (its own Invalidate drops it at once): one
 	// left would take b's generation as news and void P's late read.
 	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
@@ -975,15 +966,8 @@ func (m *genModel) latePush(rt *rapid.T) {
 		return // a fault armed earlier would strike instead
 	}
 	key := rapid.SampledFrom(genKeys).Draw(rt, "key")
-	c := m.drawCall(rt)
-	n := m.nextEntry()
-	c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = fmt.Sprintf("push%d", n), nil, "fast", 0, time.Second, 2*time.Second
-	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
-	run := func(p *genProc) {
-		var wg sync.WaitGroup
-		m.call(p, c, []string{key}, false, &wg)
-		wg.Wait()
-	}
+	c := entryCall(m.drawCall(rt), fmt.Sprintf("push%d", m.nextEntry()))
+	run := func(p *genProc) { m.callAndWait(p, c, key) }
 	m.invalidateWith([]string{key}, func(ctx context.Context) error { return p.g.Invalidate(ctx, key) })
 	release, err := cacheguard.HoldWake(q.g, key)
 	if err != nil {
@@ -1005,6 +989,23 @@ func (m *genModel) latePush(rt *rapid.T) {
 	}
 	m.tot.pushes.Add(1)
 	run(q)
+}
+
+// entryCall is base as a call of the entry variant (one no near cache holds
+// yet: see nextEntry) with a fast loader, no tags and no deadline, a budget
+// of a second and a TTL of two: what LateAcross and LatePush time.
+func entryCall(base genCall, variant string) genCall {
+	c := base
+	c.variant, c.tags, c.loader, c.ctxTime, c.budget, c.ttl = variant, nil, "fast", 0, time.Second, 2*time.Second
+	c.opts = []cacheguard.CallOption{cacheguard.TTL(c.ttl), cacheguard.WaitBudget(c.budget), cacheguard.Variant(c.variant)}
+	return c
+}
+
+// callAndWait makes call c of key on process p, and waits for it.
+func (m *genModel) callAndWait(p *genProc, c genCall, key string) {
+	var wg sync.WaitGroup
+	m.call(p, c, []string{key}, false, &wg)
+	wg.Wait()
 }
 
 // nextEntry numbers the entries of a LateAcross or LatePush step: a variant
