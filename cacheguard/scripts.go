@@ -92,24 +92,19 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // trip — one script call per hash slot (one in all on a single server) — and
 // reads, in the same round trip, the versions of the call's tags as a fill
 // records them (creating the absent ones): read before any load the replies
-// grant begins. Every request whose answer the flights will not use is given
-// back (see giveBack: whatever lease its token holds is released, and the
-// token is refused from then on), and the round trip is asked again with a
-// new token:
-//   - a round trip the command timeout ended while this process, not Redis,
-//     was slow (rcmd.Busy), until it is answered, times out with Redis
-//     silent, or ctx ends (failing open would cost a load). Its request may
-//     reach Redis after the one sent again — after the flight stored and an
-//     invalidation came, it would take the lease under the new generation,
-//     for nobody (TestResentLeaseRequestTakesNothingLate). The error keeps an
-//     earlier attempt's doubt (rcmd.Again);
-//   - a grant read late: a lease runs out on the local clock at the send of
-//     the round trip that was granted it plus the lease (config.spent), and
-//     one read past that is never loaded under (Redis may already have let
-//     another process take the fill over).
-//
-// lease returns the token the replies are for, and the send (sent) that the
-// leases they grant run from.
+// grant begins. A round trip the command timeout ended while this process,
+// not Redis, was slow (rcmd.Busy) is sent again with the same token (the
+// script grants a lease this token holds again) until it is answered, times
+// out with Redis silent, or ctx ends: failing open would cost a load. Its
+// error keeps an earlier attempt's doubt (rcmd.Again): a resend that Redis
+// refused says nothing of the attempt that timed out, which may have been
+// granted a lease (TestGenCache at scale 3: it was left to expire).
+// A lease granted runs out on the local clock at the send of the round trip
+// that was granted it plus the lease (config.spent): one read past that is
+// given back, never loaded under (Redis may already have let another process
+// take the fill over), and the round trip is asked again with a new token (a
+// given-back one is refused). lease returns the token the replies are for,
+// and the send (sent) that the leases they grant run from.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, used string, err error) {
 	var prev error // an earlier attempt's failure, with the same token
 	for {
@@ -135,8 +130,6 @@ func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config
 		if !rcmd.Busy(err) || passed(ctx) {
 			return rs, vers, sent, tok, err
 		}
-		g.giveBack(ctx, fs, tok, time.Now().Add(rcmd.CleanupHorizon))
-		tok = rid.New()
 	}
 }
 
