@@ -787,3 +787,87 @@ func TestLateLeaseGrantLoadsOnce(t *testing.T) {
 		t.Fatalf("%d loads of one cold key across two processes; want 1 (a lease read after it ran out was loaded under)", n)
 	}
 }
+
+// TestResentLeaseRequestTakesNothingLate: a get-or-lease round trip whose
+// command timeout the process noticed late (rcmd.Busy: the process, not
+// Redis, was slow) is asked again; the request it sent first may still reach
+// Redis after the flight stored — after an invalidation, too, when it would
+// take the lease under the new generation for nobody, and every process's
+// callers of the entry would wait for that lease's expiry. The round trip is
+// asked again under a new token, after the first token's give-back in the
+// same pipeline, so the first request takes nothing.
+func TestResentLeaseRequestTakesNothingLate(t *testing.T) {
+	ctx := context.Background()
+	s := redistest.Start(t)
+	key := testKey(t)
+	rdb := s.Client()
+	stuck := &stuckRequest{release: make(chan struct{}), ran: make(chan error, 1)}
+	defer stuck.wg.Wait()
+	defer stuck.free() // first: a failure leaves no copy waiting
+	rdb.AddHook(stuck)
+	g := cacheguard.New(rdb, cacheguard.CommandTimeout(200*time.Millisecond))
+	defer g.Close()
+	if _, err := cacheguard.Get(ctx, g, key+"-warm", (&counter{name: "warm"}).load); err != nil {
+		t.Fatal(err) // loads the scripts
+	}
+	stuck.armed.Store(true)
+	v, err := cacheguard.Get(ctx, g, key, (&counter{name: "v"}).load, cacheguard.WaitBudget(5*time.Second))
+	if err != nil || v.Name != "v" {
+		t.Fatalf("Get: %v, %v", v, err)
+	}
+	if !stuck.struck.Load() {
+		t.Fatal("no get-or-lease request was held")
+	}
+	if err := g.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	gone := "cg:fg:{" + key + "}|" + itemField
+	eventually(t, 5*time.Second, "the first request given back", func() bool { return rdb.Exists(ctx, gone).Val() == 1 })
+	stuck.free() // the first request reaches Redis
+	if err := <-stuck.ran; err != nil {
+		t.Fatal(err)
+	}
+	if holder, err := rdb.Get(ctx, leaseKey(key)).Result(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("the first request, run after the fill stored and the key was invalidated, took the lease (%q, %v): nobody fills it", holder, err)
+	}
+}
+
+// stuckRequest holds the first get-or-lease round trip a client sends once
+// armed: the process stands still past the command's deadline (it notices
+// the timeout late), while a copy of the request waits on the wire until
+// release, then reaches Redis (its reply, to ran, nobody else hears).
+type stuckRequest struct {
+	armed, struck atomic.Bool
+	release       chan struct{}
+	freed         sync.Once
+	ran           chan error
+	wg            sync.WaitGroup
+}
+
+// free lets the held request's copy go on to Redis.
+func (h *stuckRequest) free() { h.freed.Do(func() { close(h.release) }) }
+
+func (h *stuckRequest) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *stuckRequest) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *stuckRequest) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !slices.ContainsFunc(cmds, isLeaseCall) || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmds)
+		}
+		h.struck.Store(true)
+		copies := make([]redis.Cmder, len(cmds))
+		for i, c := range cmds {
+			copies[i] = redis.NewCmd(context.Background(), c.Args()...)
+		}
+		h.wg.Go(func() {
+			<-h.release
+			h.ran <- next(context.Background(), copies)
+		})
+		<-ctx.Done()
+		time.Sleep(150 * time.Millisecond) // the fault: the process notices its deadline late (over half a timeout)
+		for _, c := range cmds {
+			c.SetErr(ctx.Err())
+		}
+		return ctx.Err()
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"pgregory.net/rapid"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
@@ -2433,7 +2435,8 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 		if !isLeaseCall(cmd) {
 			continue
 		}
-		replies, _ := cmd.(*redis.Cmd).Slice()
+		c, _ := rcmd.AsCmd(cmd)
+		replies, _ := c.Slice()
 		if len(replies) == 0 || int(nk)%len(replies) != 0 {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -33,7 +34,7 @@ func script(name string, counters bool) *rcmd.Script {
 }
 
 var (
-	leaseScript      = script("lease.lua", true)
+	leaseScript      = script("lease.lua", true).Grant() // go-redis never sends a lease request again on its own (see rcmd.Script.Grant)
 	fillScript       = script("fill.lua", false)
 	releaseScript    = script("release.lua", false)
 	renewScript      = script("renew.lua", false)
@@ -92,49 +93,50 @@ func (l lease) genText() string { return strconv.FormatInt(l.gen, 10) }
 // trip — one script call per hash slot (one in all on a single server) — and
 // reads, in the same round trip, the versions of the call's tags as a fill
 // records them (creating the absent ones): read before any load the replies
-// grant begins. A round trip the command timeout ended while this process,
-// not Redis, was slow (rcmd.Busy) is sent again with the same token (the
-// script grants a lease this token holds again) until it is answered, times
-// out with Redis silent, or ctx ends: failing open would cost a load. Its
-// error keeps an earlier attempt's doubt (rcmd.Again): a resend that Redis
-// refused says nothing of the attempt that timed out, which may have been
-// granted a lease (TestGenCache at scale 3: it was left to expire).
-// A lease granted runs out on the local clock at the send of the round trip
-// that was granted it plus the lease (config.spent): one read past that is
-// given back, never loaded under (Redis may already have let another process
-// take the fill over), and the round trip is asked again with a new token (a
-// given-back one is refused). lease returns the token the replies are for,
-// and the send (sent) that the leases they grant run from.
+// grant begins. A request is sent once (leaseScript is a grant: go-redis
+// never sends it again) and asked again, when at all, under a new token,
+// after the give-back of the token asked under before, in the same round
+// trip (see leaseOnce): Redis then ends whatever the earlier request took —
+// now, or, with its tombstone, when that request arrives later — before it
+// answers the new one, so a lease is never held by a token nobody fills,
+// and the new request never finds the lease held by its own earlier token.
+// It asks again when the command timeout ended a round trip while this
+// process, not Redis, was slow (rcmd.Busy) — failing open would cost a load
+// — until it is answered, times out with Redis silent, or ctx ends; and when
+// a lease granted ran out on the local clock at the send of the round trip
+// that was granted it plus the lease (config.spent): never loaded under
+// (Redis may already have let another process take the fill over). lease
+// returns the token the replies are for, and the send (sent) that the
+// leases they grant run from.
 func (g *Guard) lease(ctx context.Context, fs []*flight, tok string, cfg *config) (rs []leaseReply, vers []uint64, sent time.Time, used string, err error) {
-	var prev error // an earlier attempt's failure, with the same token
+	back := "" // the token asked under before, given back ahead of the next ask
 	for {
 		sent = time.Now()
-		rs, vers, err = g.leaseOnce(ctx, fs, tok, cfg)
-		err = rcmd.Again(prev, err)
-		prev = err
-		if err == nil && cfg.spent(sent) {
-			var late []*flight
-			for i, f := range fs {
-				if rs[i].granted {
-					late = append(late, f)
-				}
-			}
-			if len(late) > 0 {
-				g.giveBack(ctx, late, tok, time.Now().Add(rcmd.CleanupHorizon))
-				if tok = rid.New(); passed(ctx) {
-					return nil, nil, sent, tok, deadlineErr(ctx)
-				}
-				continue
-			}
-		}
-		if !rcmd.Busy(err) || passed(ctx) {
+		rs, vers, err = g.leaseOnce(ctx, fs, tok, back, cfg)
+		switch {
+		case err == nil && cfg.spent(sent) && slices.ContainsFunc(rs, func(r leaseReply) bool { return r.granted }):
+		case rcmd.Busy(err):
+		default:
 			return rs, vers, sent, tok, err
+		}
+		back, tok = tok, rid.New()
+		if passed(ctx) {
+			g.giveBack(ctx, fs, back, time.Now().Add(rcmd.CleanupHorizon))
+			return nil, nil, sent, tok, deadlineErr(ctx)
 		}
 	}
 }
 
-// leaseOnce is one round trip of lease.
-func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *config) ([]leaseReply, []uint64, error) {
+// giveBackCmd is the give-back of what tok may hold of f's entry, or may
+// take later (see giveBack).
+func (g *Guard) giveBackCmd(ctx context.Context, f *flight, tok string) *redis.Cmd {
+	return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", rcmd.CleanupHorizon.Milliseconds())
+}
+
+// leaseOnce is one round trip of lease; back, when not "", is a token to give
+// back for every entry of fs first, in the same pipeline (given back on a
+// task of its own, see giveBack, when Redis did not answer those).
+func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok, back string, cfg *config) ([]leaseReply, []uint64, error) {
 	groups := map[int][]int{}
 	for i, f := range fs {
 		s := 0
@@ -145,6 +147,11 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 	}
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 	var cmds []redis.Cmder
+	if back != "" {
+		for _, f := range fs {
+			cmds = append(cmds, g.giveBackCmd(ctx, f, back))
+		}
+	}
 	type call struct {
 		cmd *redis.Cmd
 		idx []int
@@ -177,6 +184,9 @@ func (g *Guard) leaseOnce(ctx context.Context, fs []*flight, tok string, cfg *co
 		cmds = append(cmds, tv[i])
 	}
 	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	if back != "" && slices.ContainsFunc(cmds[:len(fs)], func(c redis.Cmder) bool { return c.Err() != nil }) {
+		g.giveBack(ctx, fs, back, time.Now().Add(rcmd.CleanupHorizon))
+	}
 	rs := make([]leaseReply, len(fs))
 	for _, c := range calls {
 		replies, err := c.cmd.Slice()
@@ -259,10 +269,7 @@ const giveBackEvery = 100 * time.Millisecond
 // rcmd.CleanupHorizon from then (see release.lua): not only for the lease
 // its request asked for, since that request may reach Redis later than that.
 func (g *Guard) giveBack(ctx context.Context, fs []*flight, tok string, until time.Time) {
-	lifems := rcmd.CleanupHorizon.Milliseconds()
-	release := func(ctx context.Context, f *flight) redis.Cmder {
-		return releaseScript.Cmd(ctx, keys(f.n.lease, g.goneKey(f.n)), "*"+tok, f.n.wake, g.pub, "h"+tok+" ", lifems)
-	}
+	release := func(ctx context.Context, f *flight) redis.Cmder { return g.giveBackCmd(ctx, f, tok) }
 	unanswered := func(_ *flight, c redis.Cmder) bool { return c.Err() != nil }
 	g.every(ctx, fs, giveBackEvery, 0, until, false, release, unanswered)
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"pgregory.net/rapid"
 
 	"github.com/cacheguard/cacheguard/internal/redistest"
@@ -323,7 +325,7 @@ func (f *genFault) late(ctx context.Context, cmds []redis.Cmder, r *genRule, eff
 	select {
 	case err := <-done:
 		for i, c := range cmds {
-			if x, ok := c.(*redis.Cmd); ok {
+			if x, ok := rcmd.AsCmd(c); ok {
 				v, e := copies[i].(*redis.Cmd).Result()
 				if len(cmds) == 1 {
 					e = err // go-redis sets it only once the hooks returned

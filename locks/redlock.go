@@ -25,7 +25,7 @@ var (
 	//go:embed redlock_extend.lua
 	redlockExtendLua string
 
-	redlockAcquireS = newScript(redlockAcquireLua)
+	redlockAcquireS = newGrant(redlockAcquireLua)
 	redlockReleaseS = newScript(redlockReleaseLua)
 	redlockExtendS  = newScript(redlockExtendLua)
 )

@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
+
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/locks"
 )
@@ -30,7 +32,7 @@ func (s *grantSpy) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		for _, c := range cmds {
 			// evalsha|eval, sha|source, 2, key, tombstone, owner, acquisition, lease ms, tombstone life ms
 			a := c.Args()
-			cmd, ok := c.(*redis.Cmd)
+			cmd, ok := rcmd.AsCmd(c)
 			if !ok || len(a) != 9 || a[3] != s.key {
 				continue
 			}

@@ -26,6 +26,14 @@ func newScript(src string) script {
 	return script{Script: s, sha: s.SHA()}
 }
 
+// newGrant is newScript for a script that grants a lock: go-redis never
+// sends its calls again on its own (see rcmd.Script.Grant).
+func newGrant(src string) script {
+	s := newScript(src)
+	s.Grant()
+	return s
+}
+
 // call is the EVALSHA command line.
 func (s script) call(keys, args []any) []any { return s.Args(keys, args...) }
 
@@ -54,7 +62,7 @@ func exec(ctx context.Context, run *rcmd.Runner, p rcmd.Pipeliner, cmds []*redis
 }
 
 var (
-	acquireS = newScript(acquireLua)
+	acquireS = newGrant(acquireLua)
 	releaseS = newScript(releaseLua)
 	extendS  = newScript(extendLua)
 )

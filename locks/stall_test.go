@@ -155,7 +155,7 @@ func (f *holdFresh) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 func (f *holdFresh) maybeHold(cmd redis.Cmder) {
 	args := cmd.Args()
-	c, ok := cmd.(*redis.Cmd)
+	c, ok := rcmd.AsCmd(cmd)
 	if !ok || len(args) < 4 || (args[1] != acquireS.sha && args[1] != acquireLua) || args[3] != "cg:lock:{"+f.name+"}" {
 		return
 	}

@@ -393,9 +393,9 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	sent, mark := r.send()
 	var cmd *redis.Cmd
 	if r.cluster == nil {
-		cmd = r.rdb.Do(bctx, args...)
+		cmd = r.do(bctx, args)
 		if NoScript(cmd.Err()) && ToEval(args) {
-			cmd = r.rdb.Do(bctx, args...)
+			cmd = r.do(bctx, args)
 		}
 	} else {
 		cmd = r.clusterDo(ctx, bctx, args)
@@ -414,13 +414,22 @@ func (r *Runner) Do(ctx context.Context, args ...any) *redis.Cmd {
 	return cmd
 }
 
+// do sends one command on r's client, as go-redis's Do does, marked when it
+// is a grant's (see Grant).
+func (r *Runner) do(ctx context.Context, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	_ = r.rdb.Process(ctx, sendable(cmd))
+	return cmd
+}
+
 // clusterDo sends one command on r's ClusterClient as a pipeline of one,
 // and sends it again, as Do says, while a node refuses it for now.
 func (r *Runner) clusterDo(ctx, bctx context.Context, args []any) *redis.Cmd {
 	o := r.cluster.Options() // resolved: MaxRedirects 0 when set to -1, the backoffs set
 	for retry := 1; ; retry++ {
 		pipe := r.cluster.Pipeline()
-		cmd := pipe.Do(bctx, args...)
+		cmd := redis.NewCmd(bctx, args...)
+		_ = pipe.Process(bctx, sendable(cmd))
 		_, _ = pipe.Exec(bctx) // cmd carries its error
 		err := cmd.Err()
 		if retry > o.MaxRedirects || !refused(err) {
@@ -520,14 +529,14 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 	send := func(cs []redis.Cmder) {
 		pipe := p.Pipeline()
 		for _, c := range cs {
-			_ = pipe.Process(bctx, c)
+			_ = pipe.Process(bctx, sendable(c))
 		}
 		_, _ = pipe.Exec(bctx) // each command carries its own error
 	}
 	send(cmds)
 	var again, orig []redis.Cmder
 	for _, c := range cmds {
-		if sc, ok := c.(*redis.Cmd); ok && NoScript(c.Err()) {
+		if sc, ok := AsCmd(c); ok && NoScript(c.Err()) {
 			args := append([]any(nil), c.Args()...)
 			if ToEval(args) {
 				again = append(again, redis.NewCmd(bctx, args...))
@@ -565,7 +574,7 @@ func (r *Runner) Exec(ctx context.Context, p Pipeliner, cmds []redis.Cmder, extr
 
 // copyCmd sets dst's outcome to src's.
 func copyCmd(dst redis.Cmder, src *redis.Cmd) {
-	d, ok := dst.(*redis.Cmd)
+	d, ok := AsCmd(dst)
 	if !ok {
 		dst.SetErr(fmt.Errorf("rcmd: cannot re-send a %T in a whole pipeline", dst))
 		return
@@ -659,35 +668,17 @@ func IsTimeout(err error) bool {
 // again (MaxRetries; MaxRedirects on a cluster) and an attempt that timed
 // out may have run though the next was refused (LOADING, READONLY,
 // CLUSTERDOWN after a failover), so on a client that retries every failure
-// may have run. A caller that sends a command again itself keeps an earlier
-// attempt's doubt in the error it reports (see Again).
+// may have run. (A grant's request is never sent again once written: see
+// Script.Grant. A caller that asks again does so under a new identity, after
+// the give-back of the one it asked under.)
 func (r *Runner) MayHaveRun(err error) bool {
 	return err != nil && !errors.Is(err, redis.Nil) && (r.retries || mayHaveRun(err))
 }
 
-// mayHaveRun is MayHaveRun for one attempt, or for attempts whose doubt
-// Again kept.
+// mayHaveRun is MayHaveRun for one attempt.
 func mayHaveRun(err error) bool {
-	var d *doubtful
-	return err != nil && (errors.As(err, &d) || !answered(err) && !errors.Is(err, redis.ErrPoolTimeout))
+	return err != nil && !answered(err) && !errors.Is(err, redis.ErrPoolTimeout)
 }
-
-// Again returns the error to report for a command sent again by its caller
-// after an attempt that failed with prev, whose own attempt failed with err:
-// err, marked (for MayHaveRun) as of a command that may have run when prev's
-// attempt may have and err's says it did not.
-func Again(prev, err error) error {
-	if err == nil || !mayHaveRun(prev) || mayHaveRun(err) {
-		return err
-	}
-	return &doubtful{err}
-}
-
-// doubtful is the error of a command one of whose earlier attempts may have
-// run (see Again). It unwraps to its last attempt's error.
-type doubtful struct{ error }
-
-func (e *doubtful) Unwrap() error { return e.error }
 
 // retries reports whether rdb sends a failed command again on its own.
 func retries(rdb redis.UniversalClient) bool {
@@ -708,6 +699,66 @@ func retries(rdb redis.UniversalClient) bool {
 type Script struct {
 	sha any // its SHA1 in hex, boxed once
 	src string
+}
+
+// grants holds the SHA1s and sources of the scripts marked with Grant.
+var grants sync.Map // string -> struct{}
+
+// Grant marks s as a grant — a script that takes something in Redis for its
+// caller's call (a lock, a fill lease) — and returns s. Every command of a
+// grant that a Runner sends, alone or in a pipeline, goes to go-redis as a
+// OnceCmd: go-redis does not send it again on its own (MaxRetries, a
+// pipeline's retry) once it may have been written. A request written and
+// sent again may run twice, the first copy late (stuck on the wire, in a
+// proxy, behind a connection go-redis gave up on) and after the grant the
+// second copy took was used and released; that copy would take the grant
+// again for a call that has ended. Sent once, a request's outcome is known
+// to its caller or given back by it (the one clean-up of a call whose
+// outcome is unknown, with its tombstone: see MayHaveRun); its caller sends
+// again, if at all, under a new identity, after that give-back. A command
+// never written (a dial error, a desynchronised connection) go-redis still
+// sends again: that is its first send. Call Grant at package initialisation.
+func (s *Script) Grant() *Script {
+	grants.Store(s.sha.(string), struct{}{})
+	grants.Store(s.src, struct{}{})
+	return s
+}
+
+// OnceCmd is a command of a grant (see Script.Grant) as go-redis is given
+// it: its *redis.Cmd, which go-redis fills, with NoRetry. A hook of
+// go-redis's sees it in place of the *redis.Cmd: see AsCmd.
+type OnceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to send the command again once it may have
+// been written.
+func (OnceCmd) NoRetry() bool { return true }
+
+// AsCmd returns c's *redis.Cmd: c itself, or the command a OnceCmd carries.
+func AsCmd(c redis.Cmder) (*redis.Cmd, bool) {
+	switch c := c.(type) {
+	case *redis.Cmd:
+		return c, true
+	case OnceCmd:
+		return c.Cmd, true
+	}
+	return nil, false
+}
+
+// sendable is c as go-redis is given it: a OnceCmd when c is a grant's
+// command (EVALSHA, or the EVAL that follows a NOSCRIPT), else c.
+func sendable(c redis.Cmder) redis.Cmder {
+	cmd, ok := c.(*redis.Cmd)
+	if !ok {
+		return c
+	}
+	if args := cmd.Args(); len(args) > 1 && (args[0] == "evalsha" || args[0] == "eval") {
+		if code, _ := args[1].(string); code != "" {
+			if _, grant := grants.Load(code); grant {
+				return OnceCmd{cmd}
+			}
+		}
+	}
+	return c
 }
 
 // sources maps every Script's SHA1 to its source, for the EVAL that follows a

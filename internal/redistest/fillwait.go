@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 )
 
 // FillWaiting returns a channel closed once a cacheguard Guard on rdb waits
@@ -20,7 +22,7 @@ func FillWaiting(rdb redis.UniversalClient) <-chan struct{} {
 	rdb.AddHook(Intercept(func(_ context.Context, cmds []redis.Cmder, send func() error) error {
 		err := send()
 		for _, cmd := range cmds {
-			c, ok := cmd.(*redis.Cmd)
+			c, ok := rcmd.AsCmd(cmd)
 			if name := cmd.Name(); !ok || c.Err() != nil || name != "evalsha" && name != "eval" {
 				continue
 			}

@@ -19,6 +19,8 @@ import (
 	redsyncredis "github.com/go-redsync/redsync/v4/redis"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/redis/rueidis"
 	"github.com/redis/rueidis/rueidislock"
 
@@ -205,7 +207,8 @@ func (h captureHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if cmd.Name() == "evalsha" {
-			*h.lines = append(*h.lines, append([]any(nil), cmd.Args()...), []any{cmd.(*redis.Cmd).Val()})
+			c, _ := rcmd.AsCmd(cmd) // a lock request is a rcmd.OnceCmd
+			*h.lines = append(*h.lines, append([]any(nil), cmd.Args()...), []any{c.Val()})
 		}
 		return err
 	}
