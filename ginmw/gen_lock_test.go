@@ -18,6 +18,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/cacheguard/cacheguard/ginmw"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/internal/testing/gen"
 	"github.com/cacheguard/cacheguard/locks"
@@ -77,6 +78,26 @@ func TestGenLock(t *testing.T) {
 type genLockStats struct {
 	mu     sync.Mutex
 	counts map[string]int
+	// The longest a request waited past its bound (see waited), and for
+	// which; apart, the waits a stall of the process excused.
+	worst           time.Duration
+	worstOf         string
+	excused, judged int
+}
+
+// waited records how far past its bound a request waited (over), and
+// whether a stall of the process excused it.
+func (s *genLockStats) waited(over time.Duration, stalled bool, of string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.judged++
+	if stalled {
+		s.excused++
+		return
+	}
+	if over > s.worst {
+		s.worst, s.worstOf = over, of
+	}
 }
 
 func (s *genLockStats) add(what string) {
@@ -91,7 +112,8 @@ func (s *genLockStats) add(what string) {
 func (s *genLockStats) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return fmt.Sprint(s.counts)
+	return fmt.Sprintf("%v; %d waits judged, %d excused by a stall of the process, the longest past its bound by %v: %s",
+		s.counts, s.judged, s.excused, s.worst.Round(time.Millisecond), s.worstOf)
 }
 
 // lockFault is a go-redis hook that acts on the script commands (the
@@ -298,13 +320,13 @@ type handlerPlan struct {
 
 // outcome is what a request's handler did.
 type outcome struct {
-	sent                             time.Time // the request's
+	sent, started                    time.Time // the request's; its handler's start
 	ran, finished, panicked, sawLost bool
 }
 
 func (w *lockWorld) handler(req int, plan handlerPlan, out *outcome, clientCtx context.Context) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		out.ran = true
+		out.ran, out.started = true, time.Now()
 		id, err := strconv.ParseInt(c.Param("id"), 10, 64)
 		if err != nil {
 			w.violate("request %d: the handler ran for id %q, which is not an integer", req, c.Param("id"))
@@ -477,6 +499,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 				defer cancel()
 				rec := httptest.NewRecorder()
 				w.procs[proc].eng.ServeHTTP(rec, hr)
+				w.checkWait(req, target, out, budget, gone, st)
 				w.checkAnswer(req, id, target, rec, out, ctx, w.procs[proc].fault)
 				st.add(fmt.Sprint(rec.Code))
 			}()
@@ -627,6 +650,37 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 		bad("its handler did not run")
 	}
 }
+
+// checkWait checks that a request waited for its lock — until its handler
+// ran, or until it was answered without it — no longer than its bound (the
+// wait budget, or its client's timeout gone when sooner) and the command's
+// own bound (a Lock's attempt is bounded by the command timeout, Patience
+// times, not by the budget; a nested route's second Lock makes one more),
+// past genWaitSlack only by as long as the process stood still meanwhile.
+func (w *lockWorld) checkWait(req int, target string, out *outcome, budget, gone time.Duration, st *genLockStats) {
+	end := out.started
+	if !out.ran {
+		end = time.Now()
+	}
+	bound := budget
+	if gone > 0 {
+		bound = min(bound, gone)
+	}
+	bound += rcmd.Patience * w.commandTimeout
+	if strings.HasSuffix(target, "/nested") {
+		bound += rcmd.Patience * w.commandTimeout // its second Lock, a re-entry: one attempt
+	}
+	over := end.Sub(out.sent) - bound
+	stalled := over > genWaitSlack && w.stalls[0].Since(out.sent, over-genWaitSlack)
+	st.waited(over, stalled, fmt.Sprintf("request %d (%s), bound %v", req, target, bound))
+	if over > genWaitSlack && !stalled {
+		w.violate("request %d (%s): waited %v for its lock, %v past its bound %v", req, target, end.Sub(out.sent), over, bound)
+	}
+}
+
+// genWaitSlack is how long past its bound a request may wait for its lock
+// beyond how long the process stood still (the locks generator's slack).
+const genWaitSlack = 400 * time.Millisecond
 
 // stoodStill reports whether the process or a server in use stood still for
 // as long as a command's timeout since from (see gen.Stalls).
