@@ -183,7 +183,7 @@ func genRedlockRun(rt *rapid.T, servers []*redistest.Server, st *genStats) {
 			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
 			node := rapid.IntRange(0, len(w.servers)-1).Draw(rt, "node")
 			sc := rapid.SampledFrom([]*script{&redlockAcquireS, &redlockReleaseS, &redlockExtendS}).Draw(rt, "script")
-			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup"}).Draw(rt, "mode")
+			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup", "stuck"}).Draw(rt, "mode")
 			d := time.Duration(rapid.IntRange(20, 600).Draw(rt, "delay")) * time.Millisecond
 			n := rapid.IntRange(1, 3).Draw(rt, "count")
 			w.step("fault")

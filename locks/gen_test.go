@@ -1,11 +1,14 @@
 package locks
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -16,10 +19,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"pgregory.net/rapid"
 
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/internal/testing/gen"
 )
@@ -150,7 +152,7 @@ func (st *genStats) String() string {
 // script get mode.
 type genRule struct {
 	script *script
-	mode   string // "delay", "drop", "dup", "late"
+	mode   string // "delay", "drop", "dup", "late", "stuck"
 	d      time.Duration
 	until  <-chan struct{} // late: hold the request until it closes instead of for d
 	left   int
@@ -160,7 +162,11 @@ type genRule struct {
 // (alone or in a pipeline): late holds the request (see late), delay holds the reply (as a slow link: the
 // command's context still cuts it), drop loses it (the command ran; its
 // caller hears nothing until its context ends), dup sends the command twice
-// (as go-redis retrying a command whose reply was lost).
+// (as go-redis retrying a command whose reply was lost). stuck acts below
+// go-redis, on its connection (see genConn): the request's bytes stay on
+// the wire for d while the connection breaks (go-redis sends a command again
+// on another one unless it is a grant's: rcmd.Script.Grant), and then reach
+// Redis.
 type genFault struct {
 	mu      sync.Mutex
 	rules   []*genRule
@@ -222,7 +228,7 @@ func (f *genFault) match(cmds []redis.Cmder) (*genRule, int) {
 	for _, cmd := range cmds {
 		sc, _ := scriptCall(cmd)
 		for _, r := range f.rules {
-			if r.left > 0 && r.script == sc {
+			if r.left > 0 && r.script == sc && r.mode != "stuck" {
 				r.left--
 				f.effects = append(f.effects, genSpan{from: time.Now()}) // open until ended
 				if r.mode == "late" {
@@ -245,7 +251,81 @@ func (f *genFault) ended(i int) {
 	f.mu.Unlock()
 }
 
-func (f *genFault) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f *genFault) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &genConn{Conn: c, f: f}, nil
+	}
+}
+
+// stuck returns the stuck rule that strikes a write of b (a request naming
+// its script's SHA1), if any, with the index of its effect's span.
+func (f *genFault) stuck(b []byte) (*genRule, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.rules {
+		if r.left > 0 && r.mode == "stuck" && bytes.Contains(b, []byte(r.script.sha)) {
+			r.left--
+			f.effects = append(f.effects, genSpan{from: time.Now()}) // open until the request reached Redis
+			f.wg.Add(1)                                              // under mu: a Wait after clear waits for it
+			return r, len(f.effects) - 1
+		}
+	}
+	return nil, 0
+}
+
+// genConn is a connection of a client with a genFault: a write that a stuck
+// rule strikes is kept, and the connection is broken from then on (reads
+// end with io.EOF, as when the peer closed), so go-redis gives up on it;
+// after the rule's d the kept request reaches Redis on it all the same (a
+// request stuck in a retransmit queue, a proxy), whose reply nobody reads
+// but the fault, and the connection closes.
+type genConn struct {
+	net.Conn
+	f      *genFault
+	broken atomic.Bool
+}
+
+func (c *genConn) Write(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, io.ErrClosedPipe
+	}
+	r, effect := c.f.stuck(b)
+	if r == nil {
+		return c.Conn.Write(b)
+	}
+	c.broken.Store(true)
+	kept := bytes.Clone(b)
+	go func() {
+		defer c.f.wg.Done() // added by stuck
+		defer c.Conn.Close()
+		time.Sleep(r.d) // the fault: the request is stuck on the wire
+		_ = c.Conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Conn.Write(kept); err == nil {
+			_, _ = c.Conn.Read(make([]byte, 512)) // Redis ran it: the reply comes
+		}
+		c.f.ended(effect)
+	}()
+	return len(b), nil
+}
+
+func (c *genConn) Read(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, io.EOF
+	}
+	return c.Conn.Read(b)
+}
+
+// Close leaves a broken connection to its kept request's goroutine.
+func (c *genConn) Close() error {
+	if c.broken.Load() {
+		return nil
+	}
+	return c.Conn.Close()
+}
 func (f *genFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		return f.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
@@ -657,7 +737,7 @@ func genLocksRun(rt *rapid.T, d genDeployment, st *genStats) {
 		"e-fault": func(rt *rapid.T) {
 			p := rapid.IntRange(0, len(w.procs)-1).Draw(rt, "proc")
 			sc := rapid.SampledFrom([]*script{&acquireS, &releaseS, &extendS}).Draw(rt, "script")
-			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup"}).Draw(rt, "mode")
+			mode := rapid.SampledFrom([]string{"late", "delay", "drop", "dup", "stuck"}).Draw(rt, "mode")
 			d := time.Duration(rapid.IntRange(20, 600).Draw(rt, "delay")) * time.Millisecond
 			n := rapid.IntRange(1, 3).Draw(rt, "count")
 			w.step("fault")
