@@ -1,6 +1,7 @@
 package cacheguard_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -19,11 +20,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"pgregory.net/rapid"
 
 	"github.com/cacheguard/cacheguard/cacheguard"
+	"github.com/cacheguard/cacheguard/internal/rcmd"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/internal/testing/gen"
 )
@@ -143,8 +143,8 @@ func TestGenCache(t *testing.T) {
 	t.Logf("gen: %d runs, %d steps, %d calls (%d by loaders, %d of them joined a flight waiting for a slot; %d of %d NestedJoin steps queued one; %d keys invalidated while their fill queued for a slot; %d sent during their process's fill of the key, %d of them during a stalled fill, %d of those by GetMany), %d invalidations, %d faults %v, %d shutdowns, %d overlapping loads excused by a stall; failed calls excused by a fault in their scope: %d Redis unavailable, %d past their budget; %d near hits held to reads not going backwards; %d LateAcross and %d LatePush steps came to their last read",
 		tot.runs.Load(), tot.steps.Load(), tot.calls.Load(), tot.nested.Load(), tot.promoted.Load(), tot.queued.Load(), tot.joins.Load(), tot.queuedInvs.Load(), tot.lates.Load(), tot.stalledLates.Load(), tot.stalledMany.Load(),
 		tot.invs.Load(), tot.faults.Load(), tot.kinds(), tot.shutdowns.Load(), tot.stalledOverlaps.Load(), tot.unavailable.Load(), tot.waitedOut.Load(), tot.monotonic.Load(), tot.across.Load(), tot.pushes.Load())
-	t.Logf("lateness past the bound, ≤ %v and beyond: %v; excused by a stall of the process: %v; latest not excused %v: %s",
-		lateBins, tot.late, tot.lateStalled, tot.worstLate.Round(time.Millisecond), tot.worstLateOf)
+	t.Logf("lateness past the bound, ≤ %v and beyond: %v; excused by a stall of the process: %v; latest not excused %v: %s; %d lease requests stuck on the wire",
+		lateBins, tot.late, tot.lateStalled, tot.worstLate.Round(time.Millisecond), tot.worstLateOf, genStuck.Load())
 	t.Logf("Stats: Hits + Misses − the keys asked for, by Guard (below 0: calls that ended before they knew, for a deadline, a Redis failure or Close): %v", tot.statsGap)
 }
 
@@ -1928,14 +1928,14 @@ func (m *genModel) shutdown(rt *rapid.T) {
 // fault injects one fault, a deleted internal key twice as often as each of
 // the others.
 func (m *genModel) fault(rt *rapid.T) {
-	kinds := []string{"flushdb", "del", "del2", "restart", "drop", "droplease", "delay", "pause", "late", "slowgrant", "dup", "latesub"}
+	kinds := []string{"flushdb", "del", "del2", "restart", "drop", "droplease", "delay", "pause", "late", "slowgrant", "dup", "latesub", "stuck"}
 	if only := os.Getenv("CG_FAULTS"); only != "" { // a hunt (see CG_ONLY)
 		kinds = slices.DeleteFunc(kinds, func(k string) bool { return !slices.Contains(strings.Split(only, ","), k) })
 	}
 	map[string]func(*rapid.T){
 		"flushdb": m.flush, "del": m.delKey, "del2": m.delKey, "restart": m.restart,
 		"drop": m.dropReply, "droplease": m.dropLeaseReply, "delay": m.delayReply, "pause": m.pause, "late": m.lateLease, "slowgrant": m.slowGrant,
-		"dup": m.dupLease, "latesub": m.lateSub,
+		"dup": m.dupLease, "latesub": m.lateSub, "stuck": m.stuckLease,
 	}[rapid.SampledFrom(kinds).Draw(rt, "fault")](rt)
 }
 
@@ -1948,6 +1948,19 @@ func (m *genModel) fault(rt *rapid.T) {
 func (m *genModel) dupLease(rt *rapid.T) {
 	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
 	m.window("dup", genWindow{proc: p}, func() { p.hook.dupUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
+}
+
+// stuckLease makes the fill lease requests a process writes in the next
+// moment stay on the wire genLate while their connections break (see
+// stuckConn): the round trip fails, its flight gives the token back and fails
+// open, and the request reaches Redis after all that. Its window covers
+// the request's arrival and what it may take.
+func (m *genModel) stuckLease(rt *rapid.T) {
+	p := m.procs[rapid.IntRange(0, len(m.procs)-1).Draw(rt, "proc")]
+	m.window("stuck", genWindow{proc: p}, func() { p.hook.stuckUntil.Store(time.Now().Add(300 * time.Millisecond).UnixNano()) })
+	m.mu.Lock()
+	m.faultsW[len(m.faultsW)-1].to = m.faultsW[len(m.faultsW)-1].to.Add(300*time.Millisecond + genLate)
+	m.mu.Unlock()
 }
 
 // lateSub holds what a process's subscription reads for a moment: its
@@ -2220,6 +2233,7 @@ type faultHook struct {
 	pausedUntil  atomic.Int64           // unix ns: every command waits until then
 	lateUntil    atomic.Int64           // unix ns: fill lease requests sent before then arrive late (see holdBack)
 	dupUntil     atomic.Int64           // unix ns: fill lease requests sent before then run again genDup after (see again)
+	stuckUntil   atomic.Int64           // unix ns: fill lease requests written before then stay on the wire genLate (see stuckConn)
 	slowUntil    atomic.Int64           // unix ns: replies to fill lease requests sent before then come genSlowGrant late
 	lateKey      string                 // when set, only those of this values hash
 	deliver      chan struct{}          // when set, they arrive once it is closed, not genLate after
@@ -2250,7 +2264,7 @@ func (h *faultHook) armed() bool {
 	held := h.late.n > 0
 	h.late.mu.Unlock()
 	return h.drop.Load() > 0 || h.dropLease.Load() > 0 || h.delays.Load() > 0 || h.pausedUntil.Load() > now || h.lateUntil.Load() > now ||
-		h.dupUntil.Load() > now || h.subHeldUntil.Load() > now ||
+		h.dupUntil.Load() > now || h.subHeldUntil.Load() > now || h.stuckUntil.Load() > now ||
 		h.slowUntil.Load() > now || held
 }
 
@@ -2266,7 +2280,71 @@ const genLate = 2*genCmd + 400*time.Millisecond
 // DialHook marks the client's subscription connection (subConn): what it
 // reads while a late-messages fault lasts (subHeldUntil) reaches the near
 // cache once it ends.
-func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook { return subDial(next, h.subWait) }
+func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook {
+	dial := subDial(next, h.subWait)
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &stuckConn{Conn: c, h: h}, nil
+	}
+}
+
+// genStuck counts the requests stuckConns kept.
+var genStuck atomic.Int64
+
+// stuckConn is a connection of a faulty client: while a stuck fault lasts
+// (stuckUntil), a write of a fill lease request is kept and the connection
+// breaks (reads end with io.EOF, as when the peer closed), so go-redis gives
+// up on it — and would send the request again on another connection, were it
+// not a grant's (rcmd.Script.Grant); genLate after, the kept request reaches
+// Redis on it all the same (stuck in a retransmit queue, a proxy), its reply
+// read by nobody but the fault, and the connection closes. This acts below
+// go-redis, where the hook's faults (late, dup) cannot: on its resends.
+type stuckConn struct {
+	net.Conn
+	h      *faultHook
+	broken atomic.Bool
+}
+
+func (c *stuckConn) Write(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, io.ErrClosedPipe
+	}
+	if time.Now().UnixNano() >= c.h.stuckUntil.Load() || !bytes.Contains(b, []byte(cacheguard.LeaseScriptSHA())) {
+		return c.Conn.Write(b)
+	}
+	c.broken.Store(true)
+	genStuck.Add(1)
+	kept := bytes.Clone(b)
+	c.h.late.add()
+	go func() {
+		defer c.h.late.done()
+		defer c.Conn.Close()
+		time.Sleep(genLate) // the fault: the request is stuck on the wire
+		_ = c.Conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Conn.Write(kept); err == nil {
+			_, _ = c.Conn.Read(make([]byte, 512)) // Redis ran it: the reply comes
+		}
+	}()
+	return len(b), nil
+}
+
+func (c *stuckConn) Read(b []byte) (int, error) {
+	if c.broken.Load() {
+		return 0, io.EOF
+	}
+	return c.Conn.Read(b)
+}
+
+// Close leaves a broken connection to its kept request's goroutine.
+func (c *stuckConn) Close() error {
+	if c.broken.Load() {
+		return nil
+	}
+	return c.Conn.Close()
+}
 
 // subWait holds a message read on the subscription until the late-messages
 // fault ends: the fault, not a synchronisation.
