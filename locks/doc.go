@@ -25,11 +25,8 @@
 // # Guarantees
 //
 //   - Acquisition is one atomic step that sets the lease, so a crash never
-//     leaves a lock without one. Its request is sent once: go-redis never
-//     sends it again on its own (a first copy stuck on the wire would take
-//     the lock again after the acquisition ended); a call whose reply was
-//     lost fails with ErrUnavailable and gives back what its request may
-//     take, and a copy that arrives after that takes nothing.
+//     leaves a lock without one. Its request is sent once: a lost reply
+//     fails the call (ErrUnavailable), which gives back what it may take.
 //   - Only the holder releases or extends: the owner token (128 random bits
 //     per acquisition, or WithOwner's id) is compared inside Redis, so a
 //     holder whose lease ran out never deletes or extends the next holder's
