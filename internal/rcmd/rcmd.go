@@ -715,9 +715,11 @@ var grants sync.Map // string -> struct{}
 // again for a call that has ended. Sent once, a request's outcome is known
 // to its caller or given back by it (the one clean-up of a call whose
 // outcome is unknown, with its tombstone: see MayHaveRun); its caller sends
-// again, if at all, under a new identity, after that give-back. A command
-// never written (a dial error, a desynchronised connection) go-redis still
-// sends again: that is its first send. Call Grant at package initialisation.
+// again, if at all, under a new identity, after that give-back. go-redis
+// then does not send the command again after a dial error either (only
+// after a connection it found desynchronised before the write), and it
+// retries no pipeline that carries such a command: those calls fail, and
+// give back what they never took. Call Grant at package initialisation.
 func (s *Script) Grant() *Script {
 	grants.Store(s.sha.(string), struct{}{})
 	grants.Store(s.src, struct{}{})
