@@ -433,6 +433,8 @@ type genModel struct {
 	loading  pending        // the loads running: a call's may outlive it (see settle)
 	wiped    atomic.Int64   // see faultHook
 	restarts []time.Time    // when each restart of Redis ended (guarded by mu)
+	ends     genEnds        // the fill leases their holders are done with (see watchOrphans)
+	stopScan func()         // stops watchOrphans
 
 	mu      sync.Mutex // guards what follows
 	invs    []genInv
@@ -501,6 +503,7 @@ func newGenModel(t *testing.T, rt *rapid.T, single *redistest.Server, cl *redist
 	for i := range 3 {
 		m.procs = append(m.procs, m.newProc(i == 0, rapid.Bool().Draw(rt, "hits share round trips")))
 	}
+	m.stopScan = m.watchOrphans()
 	return m
 }
 
@@ -526,7 +529,7 @@ func (m *genModel) newProc(near, batched bool) *genProc {
 	rdb := m.client(m.made%2 == 1)
 	m.made++
 	var p *genProc
-	h := &faultHook{bad: m.violation, wiped: &m.wiped, settled: m.settled, sending: m.sending, struck: func(sent time.Time) { m.struck(p, sent) },
+	h := &faultHook{bad: m.violation, wiped: &m.wiped, ends: &m.ends, settled: m.settled, sending: m.sending, struck: func(sent time.Time) { m.struck(p, sent) },
 		delayBegins: make(chan struct{}, 1)}
 	rdb.AddHook(h)
 	opts := []cacheguard.Option{cacheguard.Prefix(m.prefix), cacheguard.Lease(genLease), cacheguard.CommandTimeout(genCmd),
@@ -549,6 +552,7 @@ func (m *genModel) newProc(near, batched bool) *genProc {
 
 func (m *genModel) close() {
 	m.settle()
+	m.stopScan()
 	for _, p := range append(m.procs, m.old...) {
 		m.tot.promoted.Add(cacheguard.Promoted(p.g))
 		p.g.Close()
@@ -1952,7 +1956,7 @@ func (m *genModel) dupLease(rt *rapid.T) {
 
 // stuckLease makes the fill lease requests a process writes in the next
 // moment stay on the wire genLate while their connections break (see
-// stuckConn): the round trip fails, its flight gives the token back and fails
+// keep): the round trip fails, its flight gives the token back and fails
 // open, and the request reaches Redis after all that. Its window covers
 // the request's arrival and what it may take.
 func (m *genModel) stuckLease(rt *rapid.T) {
@@ -2233,7 +2237,7 @@ type faultHook struct {
 	pausedUntil  atomic.Int64           // unix ns: every command waits until then
 	lateUntil    atomic.Int64           // unix ns: fill lease requests sent before then arrive late (see holdBack)
 	dupUntil     atomic.Int64           // unix ns: fill lease requests sent before then run again genDup after (see again)
-	stuckUntil   atomic.Int64           // unix ns: fill lease requests written before then stay on the wire genLate (see stuckConn)
+	stuckUntil   atomic.Int64           // unix ns: fill lease requests written before then stay on the wire genLate (see keep)
 	slowUntil    atomic.Int64           // unix ns: replies to fill lease requests sent before then come genSlowGrant late
 	lateKey      string                 // when set, only those of this values hash
 	deliver      chan struct{}          // when set, they arrive once it is closed, not genLate after
@@ -2243,6 +2247,7 @@ type faultHook struct {
 	// sending of those about to be sent.
 	settled, sending func(ctx context.Context, keys []string)
 	wiped            *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
+	ends             *genEnds      // the model's record of the fill leases their holders are done with
 	// struck is told when a reply to commands sent at the time it is given
 	// was delayed or dropped (see after).
 	struck func(sent time.Time)
@@ -2251,6 +2256,7 @@ type faultHook struct {
 	gaveBack map[string]time.Time // "<lease key> <token>": when a give-back of it was answered
 	gaveTok  map[string]bool      // tokens a give-back was answered for
 	owed     map[string]string    // token → the failed round trip that owes its give-back (see owe)
+	stuck    map[string]bool      // the requests kept on the wire (see stuckOnce)
 }
 
 var errDropped = errors.New("gen: reply dropped")
@@ -2287,63 +2293,43 @@ func (h *faultHook) DialHook(next redis.DialHook) redis.DialHook {
 		if err != nil {
 			return nil, err
 		}
-		return &stuckConn{Conn: c, h: h}, nil
+		return &gen.StuckConn{Conn: c, Keep: h.keep}, nil
 	}
 }
 
-// genStuck counts the requests stuckConns kept.
+// genStuck counts the requests kept on the wire (see keep).
 var genStuck atomic.Int64
 
-// stuckConn is a connection of a faulty client: while a stuck fault lasts
-// (stuckUntil), a write of a fill lease request is kept and the connection
-// breaks (reads end with io.EOF, as when the peer closed), so go-redis gives
-// up on it — and would send the request again on another connection, were it
-// not a grant's (rcmd.Script.Grant); genLate after, the kept request reaches
-// Redis on it all the same (stuck in a retransmit queue, a proxy), its reply
-// read by nobody but the fault, and the connection closes. This acts below
-// go-redis, where the hook's faults (late, dup) cannot: on its resends.
-type stuckConn struct {
-	net.Conn
-	h      *faultHook
-	broken atomic.Bool
-}
-
-func (c *stuckConn) Write(b []byte) (int, error) {
-	if c.broken.Load() {
-		return 0, io.ErrClosedPipe
+// keep is a connection's gen.StuckConn.Keep: while a stuck fault lasts
+// (stuckUntil), the first write of a fill lease request (see stuckOnce) stays
+// on the wire genLate while its connection breaks, so go-redis gives up on
+// it — and would send the request again on another connection, were it not a
+// grant's (rcmd.Script.Grant); the kept request then reaches Redis all the
+// same, its reply read by nobody but the fault. This acts below go-redis,
+// where the hook's faults (late, dup) cannot: on its resends.
+func (h *faultHook) keep(b []byte) (time.Duration, func(), bool) {
+	if time.Now().UnixNano() >= h.stuckUntil.Load() || !bytes.Contains(b, []byte(cacheguard.LeaseScriptSHA())) || !h.stuckOnce(b) {
+		return 0, nil, false
 	}
-	if time.Now().UnixNano() >= c.h.stuckUntil.Load() || !bytes.Contains(b, []byte(cacheguard.LeaseScriptSHA())) {
-		return c.Conn.Write(b)
-	}
-	c.broken.Store(true)
 	genStuck.Add(1)
-	kept := bytes.Clone(b)
-	c.h.late.add()
-	go func() {
-		defer c.h.late.done()
-		defer c.Conn.Close()
-		time.Sleep(genLate) // the fault: the request is stuck on the wire
-		_ = c.Conn.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Conn.Write(kept); err == nil {
-			_, _ = c.Conn.Read(make([]byte, 512)) // Redis ran it: the reply comes
-		}
-	}()
-	return len(b), nil
+	h.late.add()
+	return genLate, h.late.done, true
 }
 
-func (c *stuckConn) Read(b []byte) (int, error) {
-	if c.broken.Load() {
-		return 0, io.EOF
+// stuckOnce reports whether the request b is to be kept: the first time it
+// is written. Its copy written again (a client's resend, on another
+// connection: the same bytes) goes through, as it would on the wire.
+func (h *faultHook) stuckOnce(b []byte) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stuck == nil {
+		h.stuck = map[string]bool{}
 	}
-	return c.Conn.Read(b)
-}
-
-// Close leaves a broken connection to its kept request's goroutine.
-func (c *stuckConn) Close() error {
-	if c.broken.Load() {
-		return nil
+	if h.stuck[string(b)] {
+		return false
 	}
-	return c.Conn.Close()
+	h.stuck[string(b)] = true
+	return true
 }
 
 // subWait holds a message read on the subscription until the late-messages
@@ -2471,6 +2457,7 @@ func (h *faultHook) again(cmds []redis.Cmder, send func(context.Context, []redis
 	for _, c := range cmds {
 		if isLeaseCall(c) {
 			copies = append(copies, redis.NewCmd(context.Background(), c.Args()...))
+			h.ends.ranTwice(c.Args())
 		}
 	}
 	if copies == nil {
@@ -2540,7 +2527,14 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 			h.gaveTok[tok[1:]] = true
 			delete(h.owed, tok[1:])
 			h.mu.Unlock()
+			h.ends.end(k, tok[1:])
 			continue
+		}
+		switch {
+		case cacheguard.IsFillCall(a): // values, lease, generation; "<generation> <token>", ...
+			h.ends.end(fmt.Sprint(keys[1]), tok[strings.LastIndexByte(tok, ' ')+1:])
+		case cacheguard.IsReleaseCall(a): // lease, generation; "<generation> <token>", ...
+			h.ends.end(fmt.Sprint(keys[0]), tok[strings.LastIndexByte(tok, ' ')+1:])
 		}
 		// An answered round trip of a token (a retry of one that failed
 		// unanswered: rcmd resends a command the process, not Redis, was
@@ -2646,6 +2640,137 @@ func (m *genModel) checkGiveBacks(rt *rapid.T) {
 			rt.Fatalf("%d fill-lease round trips that failed unanswered were never given back, first: %s", len(unpaid), unpaid[0])
 		}
 		time.Sleep(20 * time.Millisecond) // polls the hooks' record of the give-backs answered, within the deadline
+	}
+}
+
+// genEnds records the fill leases whose holders are done with them: a
+// store, a release or a give-back of the lease by its token was answered.
+// The lease held by that token in Redis after then is one nobody fills
+// (see watchOrphans).
+type genEnds struct {
+	mu       sync.Mutex
+	ended    map[string]time.Time // "<lease key> <token>": when its holder's end was answered
+	twice    map[string]bool      // tokens whose lease requests the dup fault ran twice
+	reported map[string]bool      // the orphans reported, by lease key and token
+}
+
+func (e *genEnds) end(lease, tok string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ended == nil {
+		e.ended = map[string]time.Time{}
+	}
+	if _, ok := e.ended[lease+" "+tok]; !ok {
+		e.ended[lease+" "+tok] = time.Now()
+	}
+}
+
+// ranTwice records the token of a lease request (its command line a) that
+// the dup fault runs twice: a copy of it may take a lease after its flight
+// ended — the fault's own doing, which no client could prevent.
+func (e *genEnds) ranTwice(a []any) {
+	nk, _ := a[2].(int64)
+	if nk == 0 {
+		n, _ := a[2].(int)
+		nk = int64(n)
+	}
+	if int(nk)+3 >= len(a) {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.twice == nil {
+		e.twice = map[string]bool{}
+	}
+	e.twice[fmt.Sprint(a[3+nk])] = true
+}
+
+// endedBefore reports when lease's holder tok was done with it, if before t
+// and not reported already (then it reports it).
+func (e *genEnds) endedBefore(lease, tok string, t time.Time) (time.Time, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	at, ok := e.ended[lease+" "+tok]
+	if !ok || !at.Before(t) || e.twice[tok] || e.reported[lease+" "+tok] {
+		return time.Time{}, false
+	}
+	if e.reported == nil {
+		e.reported = map[string]bool{}
+	}
+	e.reported[lease+" "+tok] = true // once is enough
+	return at, true
+}
+
+// watchOrphans is the fill leases' liveness oracle from Redis's own state:
+// every genOrphanScan, it reads every fill lease of the run on every master,
+// and a lease held by a token whose store, release or give-back of it was
+// answered before the read is a violation — its flight has ended, so nobody
+// fills it, and every caller of the key waits for its expiry (an orphan:
+// a request of that token that ran late, on the wire or sent again by a
+// client). Excused: a fault that lost every key since (the give-back's
+// record with them), and the dup fault's copies. It returns the function that
+// stops it.
+func (m *genModel) watchOrphans() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	clients := map[string]*redis.Client{}
+	go func() {
+		defer close(done)
+		defer func() {
+			for _, c := range clients {
+				_ = c.Close()
+			}
+		}()
+		tick := time.NewTicker(genOrphanScan)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			for _, s := range m.masters() {
+				c := clients[s.Addr()]
+				if c == nil {
+					c = redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+					clients[s.Addr()] = c
+				}
+				m.scanOrphans(ctx, c)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// genOrphanScan is how often watchOrphans reads the leases: well within a
+// lease (genLease), which an orphan outlives by nothing.
+const genOrphanScan = 50 * time.Millisecond
+
+func (m *genModel) scanOrphans(ctx context.Context, c *redis.Client) {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, m.prefix+"fl:*", 1000).Result()
+		if err != nil {
+			return // a restart, or the run's end
+		}
+		for _, k := range keys {
+			read := time.Now()
+			v, err := c.Get(ctx, k).Result()
+			if err != nil {
+				continue
+			}
+			tok := v[strings.LastIndexByte(v, ' ')+1:]
+			at, ended := m.ends.endedBefore(k, tok, read)
+			if !ended || m.wiped.Load() > at.UnixNano() {
+				continue
+			}
+			left, _ := c.PTTL(ctx, k).Result()
+			m.violation("orphan fill lease %s: Redis holds %q (%v of its lease left) %v after that token's store, release or give-back of it was answered: nobody fills it, and the key's callers wait for its expiry",
+				k, v, left, read.Sub(at).Round(time.Millisecond))
+		}
+		if cursor = next; cursor == 0 {
+			return
+		}
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -163,7 +162,7 @@ type genRule struct {
 // command's context still cuts it), drop loses it (the command ran; its
 // caller hears nothing until its context ends), dup sends the command twice
 // (as go-redis retrying a command whose reply was lost). stuck acts below
-// go-redis, on its connection (see genConn): the request's bytes stay on
+// go-redis, on its connection (see keep): the request's bytes stay on
 // the wire for d while the connection breaks (go-redis sends a command again
 // on another one unless it is a grant's: rcmd.Script.Grant), and then reach
 // Redis.
@@ -257,8 +256,22 @@ func (f *genFault) DialHook(next redis.DialHook) redis.DialHook {
 		if err != nil {
 			return nil, err
 		}
-		return &genConn{Conn: c, f: f}, nil
+		return &gen.StuckConn{Conn: c, Keep: f.keep}, nil
 	}
+}
+
+// keep is a connection's gen.StuckConn.Keep: a write that a stuck rule
+// strikes stays on the wire for the rule's d, and its effect's span ends
+// once it reached Redis.
+func (f *genFault) keep(b []byte) (time.Duration, func(), bool) {
+	r, effect := f.stuck(b)
+	if r == nil {
+		return 0, nil, false
+	}
+	return r.d, func() {
+		f.ended(effect)
+		f.wg.Done() // added by stuck
+	}, true
 }
 
 // stuck returns the stuck rule that strikes a write of b (a request naming
@@ -277,55 +290,6 @@ func (f *genFault) stuck(b []byte) (*genRule, int) {
 	return nil, 0
 }
 
-// genConn is a connection of a client with a genFault: a write that a stuck
-// rule strikes is kept, and the connection is broken from then on (reads
-// end with io.EOF, as when the peer closed), so go-redis gives up on it;
-// after the rule's d the kept request reaches Redis on it all the same (a
-// request stuck in a retransmit queue, a proxy), whose reply nobody reads
-// but the fault, and the connection closes.
-type genConn struct {
-	net.Conn
-	f      *genFault
-	broken atomic.Bool
-}
-
-func (c *genConn) Write(b []byte) (int, error) {
-	if c.broken.Load() {
-		return 0, io.ErrClosedPipe
-	}
-	r, effect := c.f.stuck(b)
-	if r == nil {
-		return c.Conn.Write(b)
-	}
-	c.broken.Store(true)
-	kept := bytes.Clone(b)
-	go func() {
-		defer c.f.wg.Done() // added by stuck
-		defer c.Conn.Close()
-		time.Sleep(r.d) // the fault: the request is stuck on the wire
-		_ = c.Conn.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Conn.Write(kept); err == nil {
-			_, _ = c.Conn.Read(make([]byte, 512)) // Redis ran it: the reply comes
-		}
-		c.f.ended(effect)
-	}()
-	return len(b), nil
-}
-
-func (c *genConn) Read(b []byte) (int, error) {
-	if c.broken.Load() {
-		return 0, io.EOF
-	}
-	return c.Conn.Read(b)
-}
-
-// Close leaves a broken connection to its kept request's goroutine.
-func (c *genConn) Close() error {
-	if c.broken.Load() {
-		return nil
-	}
-	return c.Conn.Close()
-}
 func (f *genFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		return f.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
