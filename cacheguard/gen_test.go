@@ -2506,15 +2506,10 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 		if len(a) < 4 || a[0] != "evalsha" && a[0] != "eval" || cmd.Err() != nil {
 			continue
 		}
-		nk, _ := a[2].(int64)
-		if nk == 0 {
-			n, _ := a[2].(int)
-			nk = int64(n)
-		}
-		if int(nk)+3 >= len(a) {
+		keys, tok, ok := scriptArgs(a)
+		if !ok {
 			continue
 		}
-		keys, tok := a[3:3+nk], fmt.Sprint(a[3+nk])
 		if k := giveBackOf(cmd); k != "" {
 			h.mu.Lock()
 			if h.gaveBack == nil {
@@ -2552,10 +2547,10 @@ func (h *faultHook) watch(sent time.Time, cmds []redis.Cmder) {
 		}
 		c, _ := rcmd.AsCmd(cmd)
 		replies, _ := c.Slice()
-		if len(replies) == 0 || int(nk)%len(replies) != 0 {
+		if len(replies) == 0 || len(keys)%len(replies) != 0 {
 			continue
 		}
-		stride := int(nk) / len(replies) // values, lease, generation[, ...] per key
+		stride := len(keys) / len(replies) // values, lease, generation[, ...] per key
 		for i, r := range replies {
 			v, _ := r.([]any)
 			if len(v) != 2 || v[0] != int64(1) {
@@ -2586,16 +2581,12 @@ func (h *faultHook) owe(cmds []redis.Cmder) {
 		if err := cmd.Err(); err == nil || len(a) < 4 || giveBackOf(cmd) != "" {
 			continue
 		}
-		nk, ok := a[2].(int64)
+		_, arg, ok := scriptArgs(a)
 		if !ok {
-			n, _ := a[2].(int)
-			nk = int64(n)
-		}
-		if int(nk)+3 >= len(a) {
 			continue
 		}
 		var tok string
-		switch arg := fmt.Sprint(a[3+nk]); {
+		switch {
 		case isLeaseCall(cmd):
 			tok = arg
 		case cacheguard.IsFillCall(a) || cacheguard.IsReleaseCall(a): // "<generation> <token>"
@@ -2669,12 +2660,8 @@ func (e *genEnds) end(lease, tok string) {
 // the dup fault runs twice: a copy of it may take a lease after its flight
 // ended — the fault's own doing, which no client could prevent.
 func (e *genEnds) ranTwice(a []any) {
-	nk, _ := a[2].(int64)
-	if nk == 0 {
-		n, _ := a[2].(int)
-		nk = int64(n)
-	}
-	if int(nk)+3 >= len(a) {
+	_, tok, ok := scriptArgs(a)
+	if !ok {
 		return
 	}
 	e.mu.Lock()
@@ -2682,7 +2669,24 @@ func (e *genEnds) ranTwice(a []any) {
 	if e.twice == nil {
 		e.twice = map[string]bool{}
 	}
-	e.twice[fmt.Sprint(a[3+nk])] = true
+	e.twice[tok] = true
+}
+
+// scriptArgs returns the keys and the first argument of a script's command
+// line a (evalsha|eval, sha|source, numkeys, keys..., args...), if it has one.
+func scriptArgs(a []any) (keys []any, first string, ok bool) {
+	if len(a) < 3 {
+		return nil, "", false
+	}
+	nk, isInt64 := a[2].(int64)
+	if !isInt64 {
+		n, _ := a[2].(int)
+		nk = int64(n)
+	}
+	if nk < 0 || int(nk)+3 >= len(a) {
+		return nil, "", false
+	}
+	return a[3 : 3+nk], fmt.Sprint(a[3+nk]), true
 }
 
 // endedBefore reports when lease's holder tok was done with it, if before t
