@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,8 +33,11 @@ import (
 // zeros, '+', escapes, dot segments, extra slashes), under Gin settings
 // drawn per check, some from clients that give up; faults act at reply
 // granularity on one process's Redis client (a script command delayed
-// before it is sent, its reply held after it ran, its reply dropped, the
-// command failed unsent), a lock key is lost in Redis (on one node), Redis
+// before it is sent, its reply held after it ran — each until the client
+// gives up on the reply as its socket would, the delayed command reaching
+// Redis all the same —, its reply dropped, the command failed unsent), each
+// process's clients with ContextTimeoutEnabled or go-redis's socket
+// timeouts alone (drawn), a lock key is lost in Redis (on one node), Redis
 // (its first node) is paused (SIGSTOP) or restarted without persistence. The handlers
 // are the oracle's probes; the oracle trusts no code of ours:
 //
@@ -54,6 +58,10 @@ import (
 //     it was sent, or the process or a server stood still (a starved host)
 //     for as long as a command's timeout since then (gen.Stalls) —,
 //     nothing written for a client that went away;
+//   - a request waits for its lock (until its handler runs, or it is
+//     answered without it) no longer than its wait budget (or its client's
+//     timeout) and the Lock attempts the budget does not cut (see
+//     lockProc.attempt), past 400 ms only by a stall of the process;
 //   - once every request returned and the processes closed, Redis keeps no
 //     lock of the check's resources beyond the longest lease.
 func TestGenLock(t *testing.T) {
@@ -78,10 +86,12 @@ func TestGenLock(t *testing.T) {
 type genLockStats struct {
 	mu     sync.Mutex
 	counts map[string]int
-	// The longest a request waited past its bound (see waited), and for
-	// which; apart, the waits a stall of the process excused.
+	// The longest a request waited past its bound (see waited; below 0 when
+	// none did), and for which; apart, the waits a stall of the process
+	// excused.
 	worst           time.Duration
 	worstOf         string
+	seen            bool // worst is set
 	excused, judged int
 }
 
@@ -95,8 +105,8 @@ func (s *genLockStats) waited(over time.Duration, stalled bool, of string) {
 		s.excused++
 		return
 	}
-	if over > s.worst {
-		s.worst, s.worstOf = over, of
+	if !s.seen || over > s.worst { // below 0: every wait within its bound, the closest by -worst
+		s.worst, s.worstOf, s.seen = over, of, true
 	}
 }
 
@@ -119,6 +129,11 @@ func (s *genLockStats) String() string {
 // lockFault is a go-redis hook that acts on the script commands (the
 // locks' acquire, renew, release) of one client, at reply granularity.
 type lockFault struct {
+	// socket is how long its client's socket waits for a reply (ReadTimeout)
+	// when the client does not bound it by the command's context deadline
+	// (ContextTimeoutEnabled off); 0 when it does.
+	socket time.Duration
+
 	mu    sync.Mutex
 	mode  string // "delay", "late", "drop", "fail"; "" none
 	d     time.Duration
@@ -152,22 +167,45 @@ func (f *lockFault) take(cmds []redis.Cmder) (string, time.Duration) {
 
 var errInjected = errors.New("gen: injected failure")
 
-func (f *lockFault) around(cmds []redis.Cmder, send func() error) error {
+func (f *lockFault) around(ctx context.Context, cmds []redis.Cmder, send func(context.Context, []redis.Cmder) error) error {
 	mode, d := f.take(cmds)
 	if mode == "" {
-		return send()
+		return send(ctx, cmds)
 	}
 	defer f.slept.Done()
 	switch mode {
 	case "delay": // the command reaches Redis late
-		time.Sleep(d)
-		return send()
+		sent := time.Now()
+		if err := f.wait(ctx, d); err != nil {
+			// Its client gave up on the reply first (its socket's deadline):
+			// the command reaches Redis all the same, d after it was sent.
+			copies := make([]redis.Cmder, len(cmds))
+			for i, c := range cmds {
+				copies[i] = redis.NewCmd(context.Background(), c.Args()...)
+				c.SetErr(err)
+			}
+			f.slept.Add(1)
+			go func() {
+				defer f.slept.Done()
+				time.Sleep(time.Until(sent.Add(d))) // the fault: the request is slow to arrive
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_ = send(sctx, copies)
+			}()
+			return err
+		}
+		return send(ctx, cmds)
 	case "late": // it ran; its reply comes late
-		err := send()
-		time.Sleep(d)
+		err := send(ctx, cmds)
+		if werr := f.wait(ctx, d); werr != nil {
+			for _, c := range cmds {
+				c.SetErr(werr)
+			}
+			return werr
+		}
 		return err
 	case "drop": // it ran; its reply is lost
-		_ = send()
+		_ = send(ctx, cmds)
 		for _, c := range cmds {
 			c.SetErr(errInjected)
 		}
@@ -178,6 +216,34 @@ func (f *lockFault) around(cmds []redis.Cmder, send func() error) error {
 		}
 		return errInjected
 	}
+}
+
+// wait waits d for a reply that comes late, or until the client gives up on
+// it as its socket would: at the command's context deadline (or end) on a
+// client with ContextTimeoutEnabled (gen.ReplyGivenUp), else after its read
+// timeout. It returns the error the command then fails with, or nil.
+func (f *lockFault) wait(ctx context.Context, d time.Duration) error {
+	late := time.NewTimer(d)
+	defer late.Stop()
+	var givenUp <-chan struct{}
+	why := func() error { return os.ErrDeadlineExceeded }
+	var socket <-chan time.Time
+	if f.socket == 0 {
+		done, err, stop := gen.ReplyGivenUp(ctx)
+		defer stop()
+		givenUp, why = done, err
+	} else {
+		t := time.NewTimer(f.socket)
+		defer t.Stop()
+		socket = t.C
+	}
+	select {
+	case <-late.C:
+		return nil
+	case <-givenUp:
+	case <-socket:
+	}
+	return fmt.Errorf("gen: reply given up: %w", why())
 }
 
 // struckSince reports whether a fault struck since from, or struck before
@@ -191,12 +257,12 @@ func (f *lockFault) struckSince(from time.Time) bool {
 func (f *lockFault) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (f *lockFault) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return f.around([]redis.Cmder{cmd}, func() error { return next(ctx, cmd) })
+		return f.around(ctx, []redis.Cmder{cmd}, func(ctx context.Context, cmds []redis.Cmder) error { return next(ctx, cmds[0]) })
 	}
 }
 func (f *lockFault) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		return f.around(cmds, func() error { return next(ctx, cmds) })
+		return f.around(ctx, cmds, next)
 	}
 }
 
@@ -221,9 +287,13 @@ type lockWorld struct {
 }
 
 type lockProc struct {
-	rdbs  []*redis.Client // one per server it locks on
-	fault *lockFault      // on each of them
-	l     interface {
+	// attempt bounds one Lock attempt on its clients: the command timeout,
+	// Patience times, with ContextTimeoutEnabled; without it go-redis's own
+	// socket timeouts, for the command and a new connection's handshake.
+	attempt time.Duration
+	rdbs    []*redis.Client // one per server it locks on
+	fault   *lockFault      // on each of them
+	l       interface {
 		locks.Locker
 		Close() error
 	}
@@ -405,10 +475,21 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 	ctxs := map[int]context.Context{} // each request's own, as its client sent it
 	var plansMu sync.Mutex
 	for range 2 {
-		p := &lockProc{fault: &lockFault{}}
+		// A client with ContextTimeoutEnabled (as the README's) or one with
+		// go-redis's socket timeouts alone (short ones: see CommandTimeout).
+		cte := rapid.Bool().Draw(rt, "ContextTimeoutEnabled")
+		p := &lockProc{fault: &lockFault{}, attempt: rcmd.Patience * w.commandTimeout}
+		if !cte {
+			p.fault.socket = genSocketTimeout
+			p.attempt = 2 * (genSocketTimeout + genSocketTimeout)
+		}
 		var clients []redis.UniversalClient
 		for _, s := range servers {
-			c := s.Client()
+			c := s.Client(func(o *redis.Options) {
+				if o.ContextTimeoutEnabled = cte; !cte {
+					o.ReadTimeout, o.WriteTimeout = genSocketTimeout, genSocketTimeout
+				}
+			})
 			c.AddHook(p.fault)
 			p.rdbs, clients = append(p.rdbs, c), append(clients, c)
 		}
@@ -499,7 +580,7 @@ func genLockRun(rt *rapid.T, servers []*redistest.Server, mon []*redis.Client, k
 				defer cancel()
 				rec := httptest.NewRecorder()
 				w.procs[proc].eng.ServeHTTP(rec, hr)
-				w.checkWait(req, target, out, budget, gone, st)
+				w.checkWait(req, target, out, budget, gone, w.procs[proc].attempt, st)
 				w.checkAnswer(req, id, target, rec, out, ctx, w.procs[proc].fault)
 				st.add(fmt.Sprint(rec.Code))
 			}()
@@ -655,9 +736,10 @@ func (w *lockWorld) checkAnswer(req int, id, target string, rec *httptest.Respon
 // ran, or until it was answered without it — no longer than its bound (the
 // wait budget, or its client's timeout gone when sooner) and the command's
 // own bound (a Lock's attempt is bounded by the command timeout, Patience
-// times, not by the budget; a nested route's second Lock makes one more),
+// times, or its client's socket timeouts: see lockProc.attempt; not by the
+// budget; a nested route's second Lock makes one more),
 // past genWaitSlack only by as long as the process stood still meanwhile.
-func (w *lockWorld) checkWait(req int, target string, out *outcome, budget, gone time.Duration, st *genLockStats) {
+func (w *lockWorld) checkWait(req int, target string, out *outcome, budget, gone, attempt time.Duration, st *genLockStats) {
 	end := out.started
 	if !out.ran {
 		end = time.Now()
@@ -666,9 +748,9 @@ func (w *lockWorld) checkWait(req int, target string, out *outcome, budget, gone
 	if gone > 0 {
 		bound = min(bound, gone)
 	}
-	bound += rcmd.Patience * w.commandTimeout
+	bound += attempt
 	if strings.HasSuffix(target, "/nested") {
-		bound += rcmd.Patience * w.commandTimeout // its second Lock, a re-entry: one attempt
+		bound += attempt // its second Lock, a re-entry: one attempt
 	}
 	over := end.Sub(out.sent) - bound
 	stalled := over > genWaitSlack && w.stalls[0].Since(out.sent, over-genWaitSlack)
@@ -677,6 +759,10 @@ func (w *lockWorld) checkWait(req int, target string, out *outcome, budget, gone
 		w.violate("request %d (%s): waited %v for its lock, %v past its bound %v", req, target, end.Sub(out.sent), over, bound)
 	}
 }
+
+// genSocketTimeout is the read and write timeout of a client without
+// ContextTimeoutEnabled: go-redis's bound of each of its commands.
+const genSocketTimeout = 200 * time.Millisecond
 
 // genWaitSlack is how long past its bound a request may wait for its lock
 // beyond how long the process stood still (the locks generator's slack).
