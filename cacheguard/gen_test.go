@@ -2247,7 +2247,7 @@ type faultHook struct {
 	// sending of those about to be sent.
 	settled, sending func(ctx context.Context, keys []string)
 	wiped            *atomic.Int64 // unix ns: when the last fault that loses every key (FLUSHALL, a restart) ended
-	ends             *genEnds      // the model's record of the fill leases their holders are done with
+	ends             *genEnds      // the model's record of the fill leases their holders are done with (nil: none)
 	// struck is told when a reply to commands sent at the time it is given
 	// was delayed or dropped (see after).
 	struck func(sent time.Time)
@@ -2645,7 +2645,12 @@ type genEnds struct {
 	reported map[string]bool      // the orphans reported, by lease key and token
 }
 
+// end records that lease's holder tok was done with it. A hook made without
+// a record (a test of its own, not a generator's) keeps none.
 func (e *genEnds) end(lease, tok string) {
+	if e == nil {
+		return
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.ended == nil {
@@ -2660,6 +2665,9 @@ func (e *genEnds) end(lease, tok string) {
 // the dup fault runs twice: a copy of it may take a lease after its flight
 // ended — the fault's own doing, which no client could prevent.
 func (e *genEnds) ranTwice(a []any) {
+	if e == nil {
+		return
+	}
 	_, tok, ok := scriptArgs(a)
 	if !ok {
 		return
