@@ -10,7 +10,8 @@ require (
 	github.com/jackc/pgx/v5 v5.10.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
-	golang.org/x/sync v0.24.0
+	golang.org/x/exp v0.0.0-20261121134650-e1094eeca1b5
+	golang.org/x/sync v0.25.0
 	gonum.org/v1/plot v0.17.0
 )
 

@@ -149,6 +149,8 @@ func (e *env) warm(ctx context.Context) error {
 		{"csw", "context switches/read", "%.2f"},
 		{"vcsw", "voluntary/read", "%.2f"},
 		{"sys", "read+write syscalls/read", "%.2f"},
+		{"wake", "goroutine wake-ups/read", "%.2f"},
+		{"hand", "hand-offs/read", "%.3f"},
 		{"loads", "loads", "%.0f"},
 	}
 	names := []string{systems.Guard, systems.GuardHandOff, systems.GuardTimeouts, systems.GuardMsgPack, systems.GuardNear, systems.RawGetDecode, systems.GoRedisGet, systems.GoRedisLocal}
@@ -166,9 +168,12 @@ func (e *env) warm(ctx context.Context) error {
 		if keys == 1 {
 			t.Intro += " With one hot key, in-process coalescing (cacheguard's singleflight) shares reads."
 		}
+		if keys > 1 {
+			t.Intro += wakesIntro
+		}
 		e.res.Tables = append(e.res.Tables, t)
 		err := e.series(ctx, t, names, func(ctx context.Context, r *Row, _ int) error {
-			return e.warmRun(ctx, r, s.warmG, keys, s.warmDur)
+			return e.warmRun(ctx, r, s.warmG, keys, s.warmDur, keys > 1)
 		})
 		if err != nil {
 			return err
@@ -176,17 +181,20 @@ func (e *env) warm(ctx context.Context) error {
 	}
 	lone := &Table{ID: "lone-hit", Title: fmt.Sprintf("5c. Warm hit path, %d keys, one goroutine: what a read asks of the kernel", s.warmKeys),
 		Intro: fmt.Sprintf("Scenario 5 with one goroutine, for %v per run: every read is a round trip of its own. "+
-			"Context switches and read/write system calls per read are the worker process's own, as in table 1c.", s.loneDur),
+			"Context switches and read/write system calls per read are the worker process's own, as in table 1c."+wakesIntro, s.loneDur),
 		Metrics: metrics}
 	e.res.Tables = append(e.res.Tables, lone)
 	return e.series(ctx, lone, []string{systems.Guard, systems.GuardHandOff, systems.GuardTimeouts, systems.GuardMsgPack, systems.RawGetDecode, systems.GoRedisGet},
-		func(ctx context.Context, r *Row, _ int) error { return e.warmRun(ctx, r, 1, s.warmKeys, s.loneDur) })
+		func(ctx context.Context, r *Row, _ int) error {
+			return e.warmRun(ctx, r, 1, s.warmKeys, s.loneDur, true)
+		})
 }
 
-// warmRun records one run of g goroutines reading keys warm keys for d.
-func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration) error {
+// warmRun records one run of g goroutines reading keys warm keys for d;
+// with wakes, who woke its goroutines too (see wakes).
+func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration, wakes bool) error {
 	reps, _, _, err := e.measured(ctx, []Job{{Kind: "warm", System: r.System, Addrs: []string{e.addr},
-		Goroutines: g, Duration: d, Key: e.key("warm"), Keys: keys, Load: e.s.load}})
+		Goroutines: g, Duration: d, Key: e.key("warm"), Keys: keys, Load: e.s.load, Wakes: wakes}})
 	if err != nil {
 		return err
 	}
@@ -205,6 +213,10 @@ func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration)
 	r.add("vcsw", float64(rep.VCSw)/ops)
 	if rep.Syscalls >= 0 {
 		r.add("sys", float64(rep.Syscalls)/ops)
+	}
+	if wake, hand := wakesPer(rep.Wakes); !math.IsNaN(wake) {
+		r.add("wake", wake)
+		r.add("hand", hand)
 	}
 	r.add("loads", float64(rep.Loads))
 	return firstErr(reps)

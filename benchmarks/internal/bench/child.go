@@ -67,6 +67,10 @@ type Job struct {
 	// of its own that can be cancelled (context.WithCancel, as a server's
 	// request has), instead of context.Background.
 	Request bool `json:"request,omitempty"`
+	// Wakes makes a cycle or warm worker run again for wakeTraceFor under
+	// the execution tracer after its timed run, and report who woke its
+	// goroutines (Report.Wakes).
+	Wakes bool `json:"wakes,omitempty"`
 
 	// The real database (pgstampede, pgmix).
 	DSN      string        `json:"dsn,omitempty"`
@@ -123,7 +127,18 @@ type Report struct {
 
 	PG    *PGReport            `json:"pg,omitempty"`    // pgstampede, pgmix
 	Fill  *Fill                `json:"fill,omitempty"`  // stampede, pgstampede with Timeline
+	Wakes *WakeCounts          `json:"wakes,omitempty"` // cycle, warm with Job.Wakes
 	Trace []systems.TraceEvent `json:"trace,omitempty"` // pgmix with Trace
+}
+
+// WakeCounts is who woke a worker's goroutines during its traced run (see
+// wakes): Ops operations, ByRuntime wake-ups by the runtime (a reply, a
+// timer), HandOffs by another goroutine of the process, the run's own
+// (starting its goroutines, waiting for them) taken out.
+type WakeCounts struct {
+	Ops       int64 `json:"ops"`
+	ByRuntime int64 `json:"byRuntime"`
+	HandOffs  int64 `json:"handOffs"`
 }
 
 // PGReport is what a worker on the real database measured beyond Report.

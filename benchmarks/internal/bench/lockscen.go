@@ -22,6 +22,8 @@ var cycleMetrics = []Metric{
 	{"csw", "context switches/cycle", "%.2f"},
 	{"vcsw", "voluntary/cycle", "%.2f"},
 	{"sys", "read+write syscalls/cycle", "%.2f"},
+	{"wake", "goroutine wake-ups/cycle", "%.2f"},
+	{"hand", "hand-offs/cycle", "%.3f"},
 	{"cpu", "client CPU µs/cycle", "%.1f"},
 	{"rcpu", "Redis CPU µs/cycle", "%.1f"},
 	{"rcmds", "Redis commands/cycle (scripts' own included)", "%.1f"},
@@ -31,6 +33,7 @@ var cycleMetrics = []Metric{
 type cycles struct {
 	ops, p50, p99, allocs, reqs float64 // cycles/s, µs, µs, per cycle, per cycle
 	csw, vcsw, sys              float64 // per cycle (see osCounts); sys NaN when not counted
+	wake, hand                  float64 // per cycle, from a traced run (see wakes); NaN when not traced
 	cpu, rcpu, rcmds            float64 // the process's and Redis's CPU µs, Redis's commands, per cycle; rcpu, rcmds NaN on other servers than e.addr
 }
 
@@ -38,8 +41,11 @@ type cycles struct {
 // goroutine on its own name, or over names names in all, each goroutine
 // cycling over its share).
 func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration, request bool) (cycles, error) {
+	// Who wakes a call's goroutine is counted where context switches
+	// are judged: scenario 1 and table 1c (not 1d, 1b or Redlock's).
+	wakes := !request && names == g && len(addrs) == 1
 	reps, rcpu, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
-		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle"), Request: request}})
+		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle"), Request: request, Wakes: wakes}})
 	if err != nil {
 		return cycles{}, err
 	}
@@ -58,9 +64,10 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 		rc = float64(rcpu.Microseconds()) / max(ops, 1)
 		rcmds = float64(e.serverCmds) / max(ops, 1)
 	}
+	wake, hand := wakesPer(rep.Wakes)
 	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
 		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1),
-		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys,
+		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys, wake: wake, hand: hand,
 		cpu: float64(rep.CPU) / 1e3 / max(ops, 1), rcpu: rc, rcmds: rcmds}, firstErr(reps)
 }
 
@@ -79,6 +86,10 @@ func (e *env) cycleRun(ctx context.Context, r *Row, addrs []string, g int, d tim
 		r.add("vcsw", c.vcsw)
 		if !math.IsNaN(c.sys) {
 			r.add("sys", c.sys)
+		}
+		if !math.IsNaN(c.wake) {
+			r.add("wake", c.wake)
+			r.add("hand", c.hand)
 		}
 		r.add("cpu", c.cpu)
 		if !math.IsNaN(c.rcpu) {
@@ -254,7 +265,8 @@ func (e *env) uncontended(ctx context.Context) error {
 			"(Lock + Unlock, the blocking API of each library). Allocations are the process's heap allocations "+
 			"per cycle (runtime.MemStats), background work included; requests are the commands the process sent. "+
 			"*Own scripts, sent raw* is a control: the two command lines of cacheguard's Lock and Unlock, each sent on "+
-			"its caller's goroutine, without the lock's batching or any of its machinery.",
+			"its caller's goroutine, without the lock's batching or any of its machinery."+wakesIntro+
+			" A call that finds a send on the wire queues, and is handed its reply by the caller that sends the next batch: one hand-off per queued call, by design.",
 			s.cycleG, s.cycleDur),
 		Metrics: cycleMetrics}
 	lone := &Table{ID: "lone-cycle", Title: "1c. Uncontended lock cycle, one goroutine: what a call asks of the kernel",
@@ -262,7 +274,9 @@ func (e *env) uncontended(ctx context.Context) error {
 			"Context switches (getrusage) and read/write system calls (/proc/self/io syscr+syscw) are the worker "+
 			"process's own per cycle: they count what a call asks of the kernel — a command handed to another "+
 			"goroutine costs a thread's sleep and wake-up where no thread is awake to take it — whatever the host "+
-			"charges for each; the involuntary switches also count preemption by other work on the host.", s.loneDur),
+			"charges for each; the involuntary switches also count preemption by other work on the host, and every switch "+
+			"count includes the runtime's monitor thread (sysmon), which wakes every 20 µs to 10 ms while the process "+
+			"runs, so a longer cycle costs more of them."+wakesIntro, s.loneDur),
 		Metrics: cycleMetrics}
 	req := &Table{ID: "lone-cycle-request", Title: "1d. Uncontended lock cycle, one goroutine, under a request's context",
 		Intro: "Table 1c with each Lock and Unlock called under a context of its own that can be cancelled " +

@@ -15,8 +15,14 @@ import (
 // involuntary ones also count preemption by other work on the host) and read/write system
 // calls (/proc/self/io: syscr counts read(2)-like calls, syscw write(2)-like
 // ones, which is how go-redis talks to Redis; futex and epoll_wait are not
-// counted). Neither depends on how fast the host is: they count what the
-// code asks of the kernel per call. sys is -1 where /proc/self/io cannot be
+// counted). The system calls are what the code asks of the kernel per call,
+// on any host. The context switches are not only that: they also count the
+// runtime's monitor thread (sysmon), which sleeps 20 µs to 10 ms between
+// looks while the process runs, so a call that takes longer (its server
+// slower to answer) costs more of them, and the threads that go idle
+// between replies. A slower cycle or a faster client thus counts more switches
+// per call with no hand-off added; who woke whom is counted exactly by
+// wakes, from the execution trace. sys is -1 where /proc/self/io cannot be
 // read. cpu is the process's CPU time (user+system, ns): unlike the counts
 // it scales with the host's speed, but two systems' in one run compare.
 type osCounts struct{ csw, vcsw, sys, cpu int64 }

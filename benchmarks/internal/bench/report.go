@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -133,6 +134,23 @@ func (r *Results) Targets() []Target {
 			rm, _ := med(id, systems.RawSetNX, "rcmds")
 			out[len(out)-1].Got += fmt.Sprintf("; Redis commands/cycle %.0f vs %.0f", lm, rm)
 		}
+	}
+	// Who wakes a call's goroutine (issue 49's "hands nothing to another
+	// goroutine"), counted from the execution trace: the same on any host,
+	// where context switches also count the runtime's own threads (see
+	// wakes). One goroutine: none, as the raw loop. Sixteen: each call
+	// queued behind a send is handed its reply by the caller that sent the
+	// batch (a wake-up it would have had from its own reply): information.
+	for _, id := range []string{"uncontended", "lone-cycle"} {
+		lh, sa := med(id, systems.Locks, "hand")
+		rh, sb := med(id, systems.RawSetNX, "hand")
+		if id == "uncontended" {
+			add(fmt.Sprintf("locks uncontended (%d goroutines): hand-offs per cycle (execution trace; batching's by design: information)", r.s.cycleG),
+				"–", lh, cmp.Or(worst(sa, sb), "info"), true, "%.3f")
+		} else {
+			add("locks uncontended (one goroutine): hand-offs per cycle (execution trace: a goroutine woken or started by another)", "≤ 0.01", lh, worst(sa, sb), lh <= 0.01, "%.3f")
+		}
+		out[len(out)-1].Got += fmt.Sprintf(" (raw loop %.3f)", rh)
 	}
 	// What the lock's machinery adds to its own two scripts: the same
 	// command lines sent raw, each on its caller's goroutine (the control
@@ -302,6 +320,25 @@ func (r *Results) Targets() []Target {
 			if id == "lone-hit" {
 				out[len(out)-1].Got += fmt.Sprintf(" (%.2f vs %.2f)", v, rw)
 			}
+		}
+	}
+
+	// Who wakes a hit's goroutine (see the locks' rows above).
+	for _, id := range []string{fmt.Sprintf("warm-%d", r.s.warmKeys), "lone-hit"} {
+		g := fmt.Sprintf("%d goroutines", r.s.warmG)
+		if id == "lone-hit" {
+			g = "one goroutine"
+		}
+		rh, sr := med(id, systems.RawGetDecode, "hand")
+		for _, sys := range []string{systems.Guard, systems.GuardTimeouts} {
+			v, st := med(id, sys, "hand")
+			what := "cacheguard.Get"
+			if sys == systems.GuardTimeouts {
+				what += ", client without ContextTimeoutEnabled, Read/WriteTimeout 400 ms"
+			}
+			add(fmt.Sprintf("warm hit (%d keys, %s), %s: hand-offs per read (execution trace)", r.s.warmKeys, g, what),
+				"≤ 0.02", v, worst(st, sr), v <= 0.02, "%.3f")
+			out[len(out)-1].Got += fmt.Sprintf(" (raw GET + decode %.3f)", rh)
 		}
 	}
 

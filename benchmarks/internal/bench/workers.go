@@ -168,14 +168,30 @@ func (w *cycleWorker) names(g int) []string {
 
 func (w *cycleWorker) Run(ctx context.Context) Report {
 	var e errs
-	lats := make([][]int64, w.j.Goroutines)
 	var ms0, ms1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
 	req0 := w.cnt.Load()
 	os0 := readOS()
 	start := time.Now()
-	end := start.Add(w.j.Duration)
+	lats := w.cycles(ctx, w.j.Duration, &e)
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	os0.since(&r)
+	r.Ops, r.Dist = distOf(lats)
+	if w.j.Wakes {
+		r.Wakes = traced(w.j.Goroutines, &e, func() [][]int64 { return w.cycles(ctx, wakeTraceFor, &e) })
+		r.Errors, r.FirstErr = e.n.Load(), e.first
+	}
+	return r
+}
+
+// cycles runs lock cycles for d on every goroutine of the job and returns
+// each goroutine's latencies.
+func (w *cycleWorker) cycles(ctx context.Context, d time.Duration, e *errs) [][]int64 {
+	lats := make([][]int64, w.j.Goroutines)
+	end := time.Now().Add(d)
 	var wg sync.WaitGroup
 	for g := range w.j.Goroutines {
 		names := w.names(g)
@@ -205,12 +221,23 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&ms1)
-	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
-	os0.since(&r)
-	r.Ops, r.Dist = distOf(lats)
-	return r
+	return lats
+}
+
+// traced runs run (a worker's loop on g goroutines) under the execution
+// tracer and returns who woke its goroutines, the loop's own hand-offs
+// (starting its g goroutines, and the last one's end waking the waiter)
+// taken out; nil, with the error in e, when the trace failed.
+func traced(g int, e *errs, run func() [][]int64) *WakeCounts {
+	wk, err := traceWakes(func() int64 {
+		n, _ := distOf(run())
+		return n
+	})
+	if err != nil {
+		e.add(fmt.Errorf("wake-up trace: %w", err))
+		return nil
+	}
+	return &WakeCounts{Ops: wk.ops, ByRuntime: wk.byRuntime, HandOffs: max(wk.handOffs-int64(g)-1, 0)}
 }
 
 // distOf returns how many latencies lats holds and their distribution.
@@ -394,14 +421,31 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 	for i := range keys {
 		keys[i] = w.j.Key + ":" + strconv.Itoa(i)
 	}
-	lats := make([][]int64, w.j.Goroutines)
 	var ms0, ms1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
 	req0 := w.cnt.Load()
 	os0 := readOS()
 	start := time.Now()
-	end := start.Add(w.j.Duration)
+	lats := w.hits(ctx, keys, d, w.j.Duration, &e)
+	elapsed := time.Since(start)
+	runtime.ReadMemStats(&ms1)
+	r := Report{Loads: d.loads.Load(), Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs,
+		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
+	os0.since(&r)
+	r.Ops, r.Dist = distOf(lats)
+	if w.j.Wakes {
+		r.Wakes = traced(w.j.Goroutines, &e, func() [][]int64 { return w.hits(ctx, keys, d, wakeTraceFor, &e) })
+		r.Loads, r.Errors, r.FirstErr = d.loads.Load(), e.n.Load(), e.first
+	}
+	return r
+}
+
+// hits reads keys round-robin for d on every goroutine of the job and
+// returns each goroutine's latencies.
+func (w *cacheWorker) hits(ctx context.Context, keys []string, d *db, dur time.Duration, e *errs) [][]int64 {
+	lats := make([][]int64, w.j.Goroutines)
+	end := time.Now().Add(dur)
 	var wg sync.WaitGroup
 	load := d.load // one method value: a closure per call would be the harness's allocation, not the system's
 	for g := range w.j.Goroutines {
@@ -418,13 +462,7 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&ms1)
-	r := Report{Loads: d.loads.Load(), Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs,
-		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
-	os0.since(&r)
-	r.Ops, r.Dist = distOf(lats)
-	return r
+	return lats
 }
 
 // mix: paced requests over a Zipf-distributed key space whose entries expire.
