@@ -193,8 +193,8 @@ func (e *env) warm(ctx context.Context) error {
 // warmRun records one run of g goroutines reading keys warm keys for d;
 // with wakes, who woke its goroutines too (see wakes).
 func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration, wakes bool) error {
-	reps, _, _, err := e.measured(ctx, []Job{{Kind: "warm", System: r.System, Addrs: []string{e.addr},
-		Goroutines: g, Duration: d, Key: e.key("warm"), Keys: keys, Load: e.s.load, Wakes: wakes}})
+	job := Job{Kind: "warm", System: r.System, Addrs: []string{e.addr}, Goroutines: g, Duration: d, Key: e.key("warm"), Keys: keys, Load: e.s.load}
+	reps, _, _, err := e.measured(ctx, []Job{job})
 	if err != nil {
 		return err
 	}
@@ -214,12 +214,16 @@ func (e *env) warmRun(ctx context.Context, r *Row, g, keys int, d time.Duration,
 	if rep.Syscalls >= 0 {
 		r.add("sys", float64(rep.Syscalls)/ops)
 	}
-	if wake, hand := wakesPer(rep.Wakes); !math.IsNaN(wake) {
+	r.add("loads", float64(rep.Loads))
+	if err := firstErr(reps); err != nil || !wakes {
+		return err
+	}
+	wake, hand, err := e.wakes(ctx, job)
+	if err == nil {
 		r.add("wake", wake)
 		r.add("hand", hand)
 	}
-	r.add("loads", float64(rep.Loads))
-	return firstErr(reps)
+	return err
 }
 
 var scaleSystems = []string{systems.Naive, systems.Singleflight, systems.GoRedisCache, systems.Guard}

@@ -67,9 +67,11 @@ type Job struct {
 	// of its own that can be cancelled (context.WithCancel, as a server's
 	// request has), instead of context.Background.
 	Request bool `json:"request,omitempty"`
-	// Wakes makes a cycle or warm worker run again for wakeTraceFor under
-	// the execution tracer after its timed run, and report who woke its
-	// goroutines (Report.Wakes).
+	// Wakes makes a cycle or warm worker run under the execution tracer
+	// for Duration and report only who woke its goroutines (Report.Wakes).
+	// It is a run of its own, after the timed one (see env.wakes): the
+	// tracer slows calls down, and Redis's CPU and commands are read around
+	// a whole run.
 	Wakes bool `json:"wakes,omitempty"`
 
 	// The real database (pgstampede, pgmix).
@@ -127,11 +129,11 @@ type Report struct {
 
 	PG    *PGReport            `json:"pg,omitempty"`    // pgstampede, pgmix
 	Fill  *Fill                `json:"fill,omitempty"`  // stampede, pgstampede with Timeline
-	Wakes *WakeCounts          `json:"wakes,omitempty"` // cycle, warm with Job.Wakes
+	Wakes *WakeCounts          `json:"wakes,omitempty"` // cycle, warm: a Job.Wakes run
 	Trace []systems.TraceEvent `json:"trace,omitempty"` // pgmix with Trace
 }
 
-// WakeCounts is who woke a worker's goroutines during its traced run (see
+// WakeCounts is who woke a worker's goroutines during a Job.Wakes run (see
 // wakes): Ops operations, ByRuntime wake-ups by the runtime (a reply, a
 // timer), HandOffs by another goroutine of the process, the run's own
 // (starting its goroutines, waiting for them) taken out.

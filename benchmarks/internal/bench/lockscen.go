@@ -43,9 +43,8 @@ type cycles struct {
 func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g, names int, d time.Duration, request bool) (cycles, error) {
 	// Who wakes a call's goroutine is counted where context switches
 	// are judged: scenario 1 and table 1c (not 1d, 1b or Redlock's).
-	wakes := !request && names == g && len(addrs) == 1
-	reps, rcpu, _, err := e.measured(ctx, []Job{{Kind: "cycle", System: system, Addrs: addrs,
-		Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle"), Request: request, Wakes: wakes}})
+	job := Job{Kind: "cycle", System: system, Addrs: addrs, Goroutines: g, Keys: names, Duration: d, Key: e.key("cycle"), Request: request}
+	reps, rcpu, _, err := e.measured(ctx, []Job{job})
 	if err != nil {
 		return cycles{}, err
 	}
@@ -64,7 +63,12 @@ func (e *env) cycleMeasure(ctx context.Context, system string, addrs []string, g
 		rc = float64(rcpu.Microseconds()) / max(ops, 1)
 		rcmds = float64(e.serverCmds) / max(ops, 1)
 	}
-	wake, hand := wakesPer(rep.Wakes)
+	wake, hand := math.NaN(), math.NaN()
+	if err := firstErr(reps); err == nil && !request && names == g && len(addrs) == 1 {
+		if wake, hand, err = e.wakes(ctx, job); err != nil {
+			return cycles{}, err
+		}
+	}
 	return cycles{ops: ops / time.Duration(rep.Elapsed).Seconds(), p50: float64(dist.P50) / 1e3, p99: float64(dist.P99) / 1e3,
 		allocs: float64(rep.Mallocs) / max(ops, 1), reqs: float64(rep.Requests) / max(ops, 1),
 		csw: float64(rep.CSw) / max(ops, 1), vcsw: float64(rep.VCSw) / max(ops, 1), sys: sys, wake: wake, hand: hand,

@@ -323,11 +323,14 @@ func (r *Results) Targets() []Target {
 		}
 	}
 
-	// Who wakes a hit's goroutine (see the locks' rows above).
+	// Who wakes a hit's goroutine (see the locks' rows above): with 16
+	// goroutines, concurrent hits share round trips as lock calls do, and
+	// a hit queued behind them is handed its reply: information.
 	for _, id := range []string{fmt.Sprintf("warm-%d", r.s.warmKeys), "lone-hit"} {
 		g := fmt.Sprintf("%d goroutines", r.s.warmG)
+		goal, info := "–", "info"
 		if id == "lone-hit" {
-			g = "one goroutine"
+			g, goal, info = "one goroutine", "≤ 0.01", ""
 		}
 		rh, sr := med(id, systems.RawGetDecode, "hand")
 		for _, sys := range []string{systems.Guard, systems.GuardTimeouts} {
@@ -336,8 +339,11 @@ func (r *Results) Targets() []Target {
 			if sys == systems.GuardTimeouts {
 				what += ", client without ContextTimeoutEnabled, Read/WriteTimeout 400 ms"
 			}
+			if info != "" {
+				what += " (reads shared by design: information)"
+			}
 			add(fmt.Sprintf("warm hit (%d keys, %s), %s: hand-offs per read (execution trace)", r.s.warmKeys, g, what),
-				"≤ 0.02", v, worst(st, sr), v <= 0.02, "%.3f")
+				goal, v, cmp.Or(worst(st, sr), info), v <= 0.01, "%.3f")
 			out[len(out)-1].Got += fmt.Sprintf(" (raw GET + decode %.3f)", rh)
 		}
 	}

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"runtime/trace"
@@ -21,10 +23,24 @@ const wakesIntro = " *Goroutine wake-ups* and *hand-offs* per call come from a s
 	"socket by the network poller, a timer; a reply already there when the caller reads costs none, so their " +
 	"number depends on how soon the server answers, and differs between hosts."
 
-// wakeTraceFor is how long a worker asked for wake-up counts (Job.Wakes)
-// runs again under the runtime's execution tracer, after its timed run:
-// the tracer slows calls down, so it never runs during the timed one.
+// wakeTraceFor is how long a Job.Wakes run lasts.
 const wakeTraceFor = 150 * time.Millisecond
+
+// wakes runs job again under the execution tracer (a Job.Wakes run of
+// wakeTraceFor, after its timed run) and returns who woke its goroutines,
+// per operation (see wakesPer).
+func (e *env) wakes(ctx context.Context, job Job) (wake, hand float64, err error) {
+	job.Wakes, job.Duration = true, wakeTraceFor
+	reps, err := e.spares.run(ctx, []Job{job}, Hooks{})
+	if err == nil {
+		err = firstErr(reps)
+	}
+	if err != nil {
+		return math.NaN(), math.NaN(), fmt.Errorf("wake-up trace: %w", err)
+	}
+	wake, hand = wakesPer(reps[0].Wakes)
+	return wake, hand, nil
+}
 
 // wakes is who woke the process's goroutines during a traced run, counted
 // from the Go runtime's execution trace: each time a goroutine went from

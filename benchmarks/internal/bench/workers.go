@@ -168,6 +168,9 @@ func (w *cycleWorker) names(g int) []string {
 
 func (w *cycleWorker) Run(ctx context.Context) Report {
 	var e errs
+	if w.j.Wakes {
+		return traced(w.j.Goroutines, &e, func() [][]int64 { return w.cycles(ctx, w.j.Duration, &e) })
+	}
 	var ms0, ms1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
@@ -180,10 +183,6 @@ func (w *cycleWorker) Run(ctx context.Context) Report {
 	r := Report{Requests: w.cnt.Load() - req0, Mallocs: ms1.Mallocs - ms0.Mallocs, Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
 	os0.since(&r)
 	r.Ops, r.Dist = distOf(lats)
-	if w.j.Wakes {
-		r.Wakes = traced(w.j.Goroutines, &e, func() [][]int64 { return w.cycles(ctx, wakeTraceFor, &e) })
-		r.Errors, r.FirstErr = e.n.Load(), e.first
-	}
 	return r
 }
 
@@ -224,20 +223,23 @@ func (w *cycleWorker) cycles(ctx context.Context, d time.Duration, e *errs) [][]
 	return lats
 }
 
-// traced runs run (a worker's loop on g goroutines) under the execution
-// tracer and returns who woke its goroutines, the loop's own hand-offs
-// (starting its g goroutines, and the last one's end waking the waiter)
-// taken out; nil, with the error in e, when the trace failed.
-func traced(g int, e *errs, run func() [][]int64) *WakeCounts {
+// traced is a Job.Wakes run: run (a worker's loop on g goroutines) under
+// the execution tracer, reporting who woke its goroutines, the loop's own
+// hand-offs (starting its g goroutines, and the last one's end waking the
+// waiter) taken out.
+func traced(g int, e *errs, run func() [][]int64) Report {
 	wk, err := traceWakes(func() int64 {
 		n, _ := distOf(run())
 		return n
 	})
+	var r Report
 	if err != nil {
 		e.add(fmt.Errorf("wake-up trace: %w", err))
-		return nil
+	} else {
+		r.Ops, r.Wakes = wk.ops, &WakeCounts{Ops: wk.ops, ByRuntime: wk.byRuntime, HandOffs: max(wk.handOffs-int64(g)-1, 0)}
 	}
-	return &WakeCounts{Ops: wk.ops, ByRuntime: wk.byRuntime, HandOffs: max(wk.handOffs-int64(g)-1, 0)}
+	r.Errors, r.FirstErr = e.n.Load(), e.first
+	return r
 }
 
 // distOf returns how many latencies lats holds and their distribution.
@@ -421,6 +423,9 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 	for i := range keys {
 		keys[i] = w.j.Key + ":" + strconv.Itoa(i)
 	}
+	if w.j.Wakes {
+		return traced(w.j.Goroutines, &e, func() [][]int64 { return w.hits(ctx, keys, d, w.j.Duration, &e) })
+	}
 	var ms0, ms1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
@@ -434,10 +439,6 @@ func (w *cacheWorker) warm(ctx context.Context) Report {
 		Errors: e.n.Load(), FirstErr: e.first, Elapsed: int64(elapsed)}
 	os0.since(&r)
 	r.Ops, r.Dist = distOf(lats)
-	if w.j.Wakes {
-		r.Wakes = traced(w.j.Goroutines, &e, func() [][]int64 { return w.hits(ctx, keys, d, wakeTraceFor, &e) })
-		r.Loads, r.Errors, r.FirstErr = d.loads.Load(), e.n.Load(), e.first
-	}
 	return r
 }
 
