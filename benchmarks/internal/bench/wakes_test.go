@@ -31,9 +31,10 @@ func TestWakesTellHandOffsFromReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Each round trip wakes the other goroutine once each way; the
-	// goroutine's start and end add two.
-	if w.handOffs < 2*n || w.handOffs > 2*n+4 {
-		t.Errorf("ping-pong: %d hand-offs for %d round trips between two goroutines, want about %d (%+v)", w.handOffs, n, 2*n, w)
+	// goroutine's start and end add two, the runtime's own goroutines (a
+	// GC's workers, woken by the one that starts it) a few.
+	if w.handOffs < 2*n || w.handOffs > 2*n+n/20 {
+		t.Errorf("ping-pong: %d hand-offs for %d round trips between two goroutines, want %d to %d (%+v)", w.handOffs, n, 2*n, 2*n+n/20, w)
 	}
 
 	w, err = traceWakes(func() int64 {
@@ -45,7 +46,10 @@ func TestWakesTellHandOffsFromReplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w.handOffs > 2 || w.byRuntime < n {
-		t.Errorf("sleeps: %d hand-offs and %d wake-ups by the runtime for %d timers, want none and at least %d (%+v)", w.handOffs, w.byRuntime, n, n, w)
+	// The runtime's own goroutines (a GC's workers, woken by the one that
+	// starts it) may add a few hand-offs to any run.
+	if w.handOffs > n/20 || w.byRuntime < n {
+		t.Errorf("sleeps: %d hand-offs and %d wake-ups by the runtime for %d timers, want at most %d (the runtime's own) and at least %d (%+v)",
+			w.handOffs, w.byRuntime, n, n/20, n, w)
 	}
 }
