@@ -65,7 +65,7 @@ func envInt(name string) int {
 
 // childRoles are the roles for childproc.Main.
 func childRoles() map[string]func() error {
-	return map[string]func() error{"mutex": withClient(childMutex), "hold": withClient(childHold), "busy": childBusy}
+	return map[string]func() error{"mutex": withClient(childMutex), "hold": withClient(childHold), "busy": childBusy, "attempt": childAttempt}
 }
 
 // withClient gives role a client of the server at REDIS_ADDR.
@@ -216,3 +216,44 @@ func errName(err error) string {
 }
 
 var _ = testing.Short
+
+// childAttempt makes one TryLock of NAME (lease LEASE) on a client with
+// ContextTimeoutEnabled, at REDIS_ADDR (a proxy), when a line comes on
+// stdin, after one cycle on another name (so that the connection is open and
+// the scripts are loaded: the TryLock's script call is the next request on
+// the wire). It reports "ready", then "held <fence>" or "not-held <error>",
+// and stays up until stdin closes (a clean-up of a failed attempt is sent in
+// the background: Close would drop it, see Shutdown); then, when held, it
+// unlocks and reports "unlock <error>".
+func childAttempt() error {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: env("REDIS_ADDR"), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	lease, _ := time.ParseDuration(env("LEASE"))
+	c := locks.New(rdb, locks.Lease(lease))
+	defer c.Close()
+	warm, err := c.TryLock(ctx, env("NAME")+":warm")
+	if err != nil {
+		return err
+	}
+	if err := warm.Unlock(ctx); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() {
+		return errors.New("stdin closed before the attempt")
+	}
+	lk, err := c.TryLock(ctx, env("NAME"))
+	if err != nil {
+		fmt.Println("not-held", errName(err))
+	} else {
+		fmt.Println("held", lk.Fence())
+	}
+	for in.Scan() {
+	}
+	if lk != nil {
+		fmt.Println("unlock", errName(lk.Unlock(ctx)))
+	}
+	return nil
+}

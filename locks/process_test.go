@@ -3,6 +3,7 @@ package locks_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/cacheguard/cacheguard/internal/faultproxy"
 	"github.com/cacheguard/cacheguard/internal/redistest"
 	"github.com/cacheguard/cacheguard/internal/testing/gen"
 	"github.com/cacheguard/cacheguard/locks"
@@ -110,6 +112,88 @@ func TestHolderKilled(t *testing.T) {
 	// waiter is woken at the expiry, not by a slow poll.
 	if took > pttl+max(slack, 500*time.Millisecond) {
 		t.Fatalf("acquired %v after the kill, long after the %v lease ran out", took, pttl)
+	}
+}
+
+// TestGrantOfAPausedProcess: a process is paused (SIGSTOP) while its
+// TryLock's request is on the wire, and Redis grants it the lock (a 20 s
+// lease) while it is stopped. Resumed past its command's bound, the process
+// either reads the grant and holds the lock, or does not and gives it back
+// (its clean-up, sent while the process lives); in neither case is the name
+// left locked for nobody. The oracle is Redis's own state and expiry: with
+// the lease longer than the other process's wait budget, a grant that was
+// neither held nor given back fails that Lock. (Both outcomes occur: in 10
+// runs, 4 held and 6 given back.)
+func TestGrantOfAPausedProcess(t *testing.T) {
+	s := redistest.Start(t)
+	px, err := faultproxy.New(s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	rdb := s.Client()
+	ctx := context.Background()
+	c := locks.New(rdb)
+	t.Cleanup(func() { c.Close() })
+	const lease = 20 * time.Second
+	ch := startChild(t, "attempt", "REDIS_ADDR="+px.Addr(), "NAME=stopped", "LEASE="+lease.String())
+	ch.expect(t, "ready", 10*time.Second)
+
+	holding := px.HoldNextRequest()
+	if _, err := io.WriteString(ch.Stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-holding:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the child's TryLock sent nothing")
+	}
+	ch.Signal(syscall.SIGSTOP)
+	px.Release()
+	redistest.Eventually(t, 5*time.Second, "Redis granted the stopped process the lock", func() bool {
+		n, err := rdb.Exists(ctx, "cg:lock:{stopped}").Result()
+		return err == nil && n == 1
+	})
+	time.Sleep(1500 * time.Millisecond) // the pause itself: past the command's bound (500ms, at most twice that)
+	ch.Signal(syscall.SIGCONT)
+
+	line, err := ch.Next(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome, rest, _ := strings.Cut(line, " ")
+	t.Logf("the resumed process: %s", line)
+	switch outcome {
+	case "not-held":
+		// Given back: free long before the grant's lease runs out.
+		lk, err := c.Lock(ctx, "stopped", locks.WaitBudget(lease/2))
+		if err != nil {
+			t.Fatalf("the resumed process did not hold the lock (%s), yet it stayed taken: %v", rest, err)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case "held":
+		fence, _ := strconv.ParseUint(rest, 10, 64)
+		if _, err := c.TryLock(ctx, "stopped"); !errors.Is(err, locks.ErrNotObtained) {
+			t.Fatalf("TryLock while the resumed process holds the lock: %v, want ErrNotObtained", err)
+		}
+		ch.Stdin.Close()
+		if got := ch.expect(t, "unlock", 10*time.Second); got != "nil" {
+			t.Fatalf("the resumed process's Unlock = %s", got)
+		}
+		lk, err := c.Lock(ctx, "stopped", locks.WaitBudget(lease/2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lk.Fence() <= fence {
+			t.Errorf("fence %d after the resumed process's %d", lk.Fence(), fence)
+		}
+		if err := lk.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("the resumed process said %q", line)
 	}
 }
 

@@ -1,6 +1,6 @@
 // Package faultproxy is an in-process TCP proxy between a client and a server
 // (Redis, in this project's tests) that injects network faults on demand:
-// latency, a black hole, lost replies, held replies, resets.
+// latency, a black hole, lost replies, held replies and requests, resets.
 package faultproxy
 
 import (
@@ -38,6 +38,7 @@ type Proxy struct {
 	latency   atomic.Int64 // nanoseconds, for Latency
 	dropNext  atomic.Int64 // replies still to swallow in Pass mode (DropNext)
 	holdNext  atomic.Bool  // hold the next reply until Release (HoldNext)
+	holdUp    atomic.Bool  // hold the next request until Release (HoldNextRequest)
 	accepted  atomic.Int64
 	dropped   atomic.Int64 // reply chunks swallowed
 	forwarded atomic.Int64 // request chunks forwarded
@@ -46,7 +47,7 @@ type Proxy struct {
 	mu        sync.Mutex // guards conns, closed, holding, release
 	conns     map[net.Conn]struct{}
 	closed    bool
-	holding   chan struct{} // closed when a reply is being held (HoldNext)
+	holding   chan struct{} // closed when a reply or a request is being held (HoldNext, HoldNextRequest)
 	release   chan struct{} // closed by Release
 }
 
@@ -92,7 +93,20 @@ func (p *Proxy) HoldNext() <-chan struct{} {
 	return p.holding
 }
 
-// Release lets the held reply go on.
+// HoldNextRequest holds the next request (chunk from a client) until
+// Release: its client wrote it, the server has not read it — a request on
+// the wire. It goes on at Release even if its client has gone meanwhile (a
+// process killed after its write), as a packet already sent would. It
+// returns a channel closed once a request is being held.
+func (p *Proxy) HoldNextRequest() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holding, p.release = make(chan struct{}), make(chan struct{})
+	p.holdUp.Store(true)
+	return p.holding
+}
+
+// Release lets the held reply or request go on.
 func (p *Proxy) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -217,12 +231,12 @@ func (p *Proxy) pump(dst, src net.Conn, up bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !up && p.holdNext.CompareAndSwap(true, false) {
+		if n > 0 && (up && p.holdUp.CompareAndSwap(true, false) || !up && p.holdNext.CompareAndSwap(true, false)) {
 			p.mu.Lock()
 			holding, release := p.holding, p.release
 			p.mu.Unlock()
 			close(holding)
-			<-release // a fault: this connection's reply waits for Release (or Close)
+			<-release // a fault: this chunk waits for Release (or Close)
 		}
 		if n > 0 && p.forward(up) {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
