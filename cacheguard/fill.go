@@ -53,12 +53,16 @@ func (c *call[T]) fill(ctx context.Context, fs []*flight, tagVers []uint64, kind
 		g.note(ctx, EventEarlyRefresh, names[0], 0, nil)
 	}
 	var vals map[string]T
-	free, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout), fs)
+	free, waited, err := g.slot(ctx, kind != fillMiss, start.Add(c.cfg.loadTimeout), fs)
+	if err == nil && waited && kind == fillMiss {
+		g.confirm(ctx, fs, c.cfg.lease, start.Add(c.cfg.loadTimeout))
+	}
 	loaded := time.Now() // the load's own time (the grace, XFetch) leaves out a wait for a slot
 	// A flight that turned unfit before its load began — while it waited
-	// for a slot, typically — has no callers left (see unfitLocked), and its
-	// store would fail: it loads nothing, and another process's waiters take
-	// the fill over at once, as from a fill handed over.
+	// for a slot, typically, whose end confirms the leases — has no callers
+	// left (see unfitLocked), and its store would fail: it loads nothing, and
+	// another process's waiters take the fill over at once, as from a fill
+	// handed over.
 	abandoned := err == nil && kind == fillMiss && !slices.ContainsFunc(fs, func(f *flight) bool { return f.t.fill.Load() != storeStale })
 	if err == nil {
 		if !abandoned {
@@ -282,7 +286,7 @@ func (c *call[T]) loadUnleased(ctx context.Context, keys []string, id uint64, de
 	if cause == nil { // past the wait budget: a slot as a fill waits for one
 		deadline = time.Now().Add(c.cfg.loadTimeout)
 	}
-	free, err := g.slot(ctx, false, deadline, nil)
+	free, _, err := g.slot(ctx, false, deadline, nil)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fail(ErrClosed)
@@ -350,22 +354,49 @@ func keysOf(fs []*flight) []string {
 // that wait cost every waiter in the fleet hundreds of ms. A lease found gone shuts its flight
 // (it takes no new callers) and is renewed no more.
 func (g *Guard) renew(ctx context.Context, fs []*flight, leaseFor time.Duration, sent, deadline time.Time) (stop func()) {
-	renewal := func(ctx context.Context, f *flight) redis.Cmder {
-		return renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
-	}
-	kept := func(f *flight, c redis.Cmder) bool { // a lease not renewed for an error is found out by the store
-		if n, err := c.(*redis.Cmd).Int64(); err == nil && n == 0 {
-			f.t.shut.Store(true)
-			g.flights.unfit(f.t)
-			return false
-		}
-		return true
-	}
-	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(leases.Grant{Sent: sent, Lease: leaseFor}.RenewAt()), deadline, true, renewal, kept)
+	cmd := func(ctx context.Context, f *flight) redis.Cmder { return renewal(ctx, f, leaseFor) }
+	stop, ok := g.every(ctx, fs, leaseFor/3, time.Until(leases.Grant{Sent: sent, Lease: leaseFor}.RenewAt()), deadline, true, cmd, g.kept)
 	if !ok {
 		return func() {} // closing: the fill hands its leases over
 	}
 	return stop
+}
+
+// confirm renews the fill leases of fs once, now — a fill that waited for a
+// load slot, before its loader runs: an Invalidate in another process may
+// have voided a lease meanwhile, and the periodic renewal would find out
+// only up to a third of the lease later, once a load had begun whose store
+// must fail while the flight's callers load again. A flight whose lease is
+// void turns unfit here as there (see kept).
+func (g *Guard) confirm(ctx context.Context, fs []*flight, leaseFor time.Duration, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	cmds := make([]redis.Cmder, len(fs))
+	for i, f := range fs {
+		cmds[i] = renewal(ctx, f, leaseFor)
+	}
+	g.cmd.Exec(ctx, nil, cmds, 0, false)
+	for i, f := range fs {
+		g.kept(f, cmds[i])
+	}
+}
+
+// renewal is the command that renews f's fill lease for leaseFor.
+func renewal(ctx context.Context, f *flight, leaseFor time.Duration) redis.Cmder {
+	return renewScript.Cmd(ctx, keys(f.n.lease, f.n.gen), f.lease.String(), leaseFor.Milliseconds(), f.lease.genText())
+}
+
+// kept reports whether renewal c kept f's lease. A lease found void (taken
+// over, expired, or its key invalidated since it was granted) shuts f's
+// flight, which turns unfit (see flights.unfitLocked); one not renewed for
+// an error is found out by the store.
+func (g *Guard) kept(f *flight, c redis.Cmder) bool {
+	if n, err := c.(*redis.Cmd).Int64(); err == nil && n == 0 {
+		f.t.shut.Store(true)
+		g.flights.unfit(f.t)
+		return false
+	}
+	return true
 }
 
 // refresh fills key's entry in the background, under the fill lease — after

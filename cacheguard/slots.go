@@ -41,19 +41,19 @@ func newLoadSlots(n int) *loadSlots {
 }
 
 // take waits for a slot until ctx ends, for a load of flights (none for a
-// load without the lease), and reports whether it may run (ok) and whether
-// it then holds a slot (held) that give must free: a load that a loader's
-// Get joined holds none (see promote).
-func (s *loadSlots) take(ctx context.Context, background bool, flights []*flight) (held, ok bool) {
+// load without the lease), and reports whether it may run (ok), whether it
+// then holds a slot (held) that give must free — a load that a loader's Get
+// joined holds none (see promote) — and whether it queued for it (waited).
+func (s *loadSlots) take(ctx context.Context, background bool, flights []*flight) (held, ok, waited bool) {
 	s.mu.Lock()
 	switch {
 	case slices.ContainsFunc(flights, promoted):
 		s.mu.Unlock()
-		return false, true
+		return false, true, false
 	case s.free > 0:
 		s.free--
 		s.mu.Unlock()
-		return true, true
+		return true, true, false
 	}
 	q := 0
 	if background {
@@ -64,20 +64,20 @@ func (s *loadSlots) take(ctx context.Context, background bool, flights []*flight
 	s.mu.Unlock()
 	select {
 	case <-w.granted:
-		return !w.free, true
+		return !w.free, true, true
 	case <-ctx.Done():
 	}
 	s.mu.Lock()
 	if i := slices.Index(s.queue[q], w); i >= 0 {
 		s.queue[q] = slices.Delete(s.queue[q], i, i+1)
 		s.mu.Unlock()
-		return false, false
+		return false, false, true
 	}
 	s.mu.Unlock()
 	if !w.free {
 		s.give() // granted as ctx ended: pass it on
 	}
-	return false, false
+	return false, false, true
 }
 
 func promoted(f *flight) bool { return f.t.nested.Load() }
@@ -144,25 +144,27 @@ type loadingKey struct{}
 // that calls Get would otherwise wait for the slot it holds; and for the same
 // reason a flight such a Get joins takes none (see promote). It fails with
 // ctx's cause when ctx ends first, and with an error matching
-// context.DeadlineExceeded at deadline.
-func (g *Guard) slot(ctx context.Context, background bool, deadline time.Time, flights []*flight) (free func(), err error) {
+// context.DeadlineExceeded at deadline. It reports whether the load queued
+// for its slot (waited): its fill leases may have been voided meanwhile (see
+// call.fill).
+func (g *Guard) slot(ctx context.Context, background bool, deadline time.Time, flights []*flight) (free func(), waited bool, err error) {
 	if g.slots == nil || g.nested(ctx) {
-		return func() {}, nil
+		return func() {}, false, nil
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	held, ok := g.slots.take(wctx, background, flights)
+	held, ok, waited := g.slots.take(wctx, background, flights)
 	if !ok {
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return nil, waited, context.Cause(ctx)
 		}
-		return nil, fmt.Errorf("cacheguard: every load slot (MaxConcurrentLoads %d) stayed taken until the load's deadline: %w",
+		return nil, waited, fmt.Errorf("cacheguard: every load slot (MaxConcurrentLoads %d) stayed taken until the load's deadline: %w",
 			g.cfg.maxLoads, context.DeadlineExceeded)
 	}
 	if !held {
-		return func() {}, nil
+		return func() {}, waited, nil
 	}
-	return g.slots.give, nil
+	return g.slots.give, waited, nil
 }
 
 // nested reports whether ctx is a load's of g: a Get its loader makes.

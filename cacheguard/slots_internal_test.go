@@ -14,13 +14,13 @@ import (
 // takes no slot; a slot nobody waits for is free again.
 func TestLoadSlotsQueue(t *testing.T) {
 	s := newLoadSlots(1)
-	if held, ok := s.take(context.Background(), true, nil); !held || !ok {
+	if held, ok, _ := s.take(context.Background(), true, nil); !held || !ok {
 		t.Fatal("a free slot was not taken")
 	}
 	got := make(chan string, 3)
 	wait := func(name string, ctx context.Context, background bool) {
 		go func() {
-			if _, ok := s.take(ctx, background, nil); ok {
+			if _, ok, _ := s.take(ctx, background, nil); ok {
 				got <- name
 			} else {
 				got <- name + " gave up"
@@ -62,7 +62,7 @@ func TestLoadSlotsQueue(t *testing.T) {
 // does not queue. Neither takes or frees a slot.
 func TestLoadSlotsPromote(t *testing.T) {
 	s := newLoadSlots(1)
-	if held, ok := s.take(context.Background(), false, nil); !held || !ok {
+	if held, ok, _ := s.take(context.Background(), false, nil); !held || !ok {
 		t.Fatal("a free slot was not taken")
 	}
 	mk := func() *flight { return &flight{t: &task[entry, *outcome]{}} }
@@ -70,7 +70,7 @@ func TestLoadSlotsPromote(t *testing.T) {
 	type res struct{ held, ok bool }
 	got := make(chan res, 1)
 	go func() {
-		held, ok := s.take(context.Background(), true, []*flight{other, a})
+		held, ok, _ := s.take(context.Background(), true, []*flight{other, a})
 		got <- res{held, ok}
 	}()
 	redistest.Eventually(t, 5*time.Second, "the load waits", func() bool { return s.waiting() == 1 })
@@ -79,7 +79,7 @@ func TestLoadSlotsPromote(t *testing.T) {
 		t.Fatalf("promoted while waiting: held %v, ok %v; want false, true", r.held, r.ok)
 	}
 	s.promote(b.t)
-	if held, ok := s.take(context.Background(), false, []*flight{b}); held || !ok {
+	if held, ok, _ := s.take(context.Background(), false, []*flight{b}); held || !ok {
 		t.Fatalf("promoted before it asked: held %v, ok %v; want false, true", held, ok)
 	}
 	if s.waiting() != 0 || s.free != 0 {

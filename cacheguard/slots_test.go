@@ -361,3 +361,63 @@ func TestUnfitFlightWaitingForSlotDoesNotLoad(t *testing.T) {
 		t.Errorf("the key was loaded %d times, want once: the fill invalidated before its load began loaded too", n)
 	}
 }
+
+// TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad: as
+// TestUnfitFlightWaitingForSlotDoesNotLoad, with the key invalidated by
+// another process: nothing here marks the flight unfit, and its lease's
+// renewal (a third of the lease, 100 ms here) finds it void only after the
+// load began, and the call then loads again while that load (slow: 500 ms)
+// runs on. The fill confirms its lease once the slot is its own, and loads
+// nothing; the call loads once, in the flight it joins after.
+// (TestGenCache, 12-07: two loads of one key overlapped, the first on a
+// lease voided while its fill queued.)
+func TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad(t *testing.T) {
+	ctx := context.Background()
+	g, rdb := newGuard(t, cacheguard.MaxConcurrentLoads(1), cacheguard.Lease(300*time.Millisecond))
+	other := cacheguard.New(rdb)
+	t.Cleanup(func() { other.Close() })
+	busy, key := testKey(t, "busy"), testKey(t, "k")
+	hold := newGated("busy")
+	t.Cleanup(func() {
+		select {
+		case <-hold.release:
+		default:
+			close(hold.release)
+		}
+	})
+	busyDone := make(chan error, 1)
+	go func() {
+		_, err := cacheguard.Get(ctx, g, busy, hold.load)
+		busyDone <- err
+	}()
+	<-hold.entered // it holds the only slot
+	var loads atomic.Int64
+	got := make(chan error, 1)
+	go func() {
+		v, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) {
+			n := loads.Add(1)
+			if n == 1 {
+				time.Sleep(500 * time.Millisecond) // a slow load, past the renewal
+			}
+			return item{ID: int(n)}, nil
+		})
+		if err == nil && v.ID != 1 {
+			err = fmt.Errorf("got load %d", v.ID)
+		}
+		got <- err
+	}()
+	eventually(t, 10*time.Second, "the fill waiting for the slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
+	if err := other.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	close(hold.release)
+	if err := <-busyDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if n := loads.Load(); n != 1 {
+		t.Errorf("the key was loaded %d times, want once: the fill whose lease was voided while it queued loaded too", n)
+	}
+}
