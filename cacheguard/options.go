@@ -328,8 +328,11 @@ func CommandTimeout(d time.Duration) Option {
 // divided among the processes), so that a wave of misses queues here instead
 // of making every query slow. A load waits for a slot holding its fill lease
 // (renewed), the wait counting against LoadTimeout but not as the load's own
-// time (which times its early refresh and grace); a fail-open load (Redis
-// unreachable) waits within its call's wait budget. A freed slot goes to the
+// time (which times its early refresh and grace); a miss's fill that waited
+// renews its lease once more as it gets the slot, and loads nothing if the key
+// was invalidated meanwhile, by any process (its callers then wait for a fill
+// begun after the invalidation, as after a local Invalidate); a fail-open
+// load (Redis unreachable) waits within its call's wait budget. A freed slot goes to the
 // loads callers wait for (a miss, a load without the lease) before refreshes
 // in the background (after ServeStale served a stale value, EarlyRefresh),
 // first come first served within each. A Get that a loader makes under its
