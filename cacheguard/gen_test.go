@@ -1260,7 +1260,10 @@ func (m *genModel) queuedInvalidate(rt *rapid.T) {
 	m.invalidateWith([]string{keyB}, func(ctx context.Context) error { return q.g.Invalidate(ctx, keyB) })
 	// The slot is freed once the call has queued a fill of the flight it
 	// joined (from another process's Invalidate, once a renewal of the
-	// queued fill's lease found it void: a third of the lease at most).
+	// queued fill's lease found it void: a third of the lease at most), or
+	// sooner when another call's fill queued too: then the queued fill finds
+	// its lease void as it gets the slot (12-07: it loaded, and the call
+	// loaded again beside it).
 	for deadline = time.Now().Add(genLease); cacheguard.LoadsWaiting(p.g) < 2 && time.Now().Before(deadline); {
 		time.Sleep(2 * time.Millisecond)
 	}
