@@ -128,11 +128,7 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() (call []any
 	if b.closed || b.busy < maxDirect && !short && len(b.queue) == 0 {
 		b.busy++
 		b.mu.Unlock()
-		// The caller waits for the reply on its goroutine: its cancellation
-		// could end only the wait for a connection (see rcmd.Uncancelled).
-		cmd := b.run.Do(rcmd.Uncancelled(ctx), args...)
-		b.next(nil)
-		return cmd
+		return b.sendNow(ctx, args)
 	}
 	p := getPending(args, waiting)
 	p.deadline, _ = ctx.Deadline()
@@ -170,6 +166,26 @@ func (b *batcher) do(ctx context.Context, args []any, cleanup func() (call []any
 	}
 	cmd := p.cmd
 	putPending(p)
+	return cmd
+}
+
+// direct sends args on the caller's goroutine, queued behind nothing: a
+// call that must reach Redis whatever close does meanwhile (close cancels
+// the senders of what is queued).
+func (b *batcher) direct(ctx context.Context, args []any) *redis.Cmd {
+	b.mu.Lock()
+	b.busy++
+	b.mu.Unlock()
+	return b.sendNow(ctx, args)
+}
+
+// sendNow sends args on the caller's goroutine, in a slot taken (busy) for
+// it, and frees the slot.
+func (b *batcher) sendNow(ctx context.Context, args []any) *redis.Cmd {
+	// The caller waits for the reply on its goroutine: its cancellation
+	// could end only the wait for a connection (see rcmd.Uncancelled).
+	cmd := b.run.Do(rcmd.Uncancelled(ctx), args...)
+	b.next(nil)
 	return cmd
 }
 

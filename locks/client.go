@@ -916,7 +916,17 @@ func (c *Client) release(ctx context.Context, h *held) (int64, error) {
 		}
 	}
 	o := turnOutcome{sent: time.Now()}
-	reply, err := releaseS.runVia(ctx, c.b, nil, h.keyv, h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg(), nextV).Result()
+	call := releaseS.call(h.keyv, []any{h.ownerv, h.acqv, "", h.cfg.argsReleaseV, c.pubV, h.fenceArg(), nextV})
+	var reply any
+	var err error
+	if c.life.closed.Load() {
+		// Closing began: a queued call's sender may be cancelled by Close
+		// before it sends (batcher.close), and an Unlock of a holding Close
+		// dropped must still give its key back (see Lock.Unlock).
+		reply, err = c.b.direct(ctx, call).Result()
+	} else {
+		reply, err = c.b.do(ctx, call, nil).Result()
+	}
 	n := int64(0)
 	switch v := reply.(type) {
 	case int64:
