@@ -157,10 +157,11 @@ func New(rdb redis.UniversalClient, opts ...Option) *Client {
 // have returned, the renewal loop and the shared subscription stop. Locks
 // still held stop being renewed and count as lost (their Lost channels close
 // with ErrClosed, reported to the observer); they expire in Redis when their
-// lease ends. Clean-ups still queued for a shared round trip are dropped, and
-// so is one that a call makes past its context after Close (an Unlock whose
-// release failed: the lock expires with its lease); later calls (an Unlock
-// after Close) go to Redis on their own, under their contexts. A shared
+// lease ends, or when their Unlock is called — also while Close runs: a
+// release made once Close began goes to Redis on its caller's goroutine,
+// under its context. Clean-ups still queued for a shared round trip are
+// dropped, and so is one that a call makes past its context after Close (an
+// Unlock whose release failed: the lock expires with its lease). A shared
 // round trip already on the wire is waited for: when Redis stalls, until its
 // bound (two CommandTimeouts at most). So is an acquisition with Replicas
 // whose caller returned while its WAIT was on the wire: up to the WAIT
