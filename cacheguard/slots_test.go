@@ -317,49 +317,10 @@ func (h *holdRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // store bound to fail: it does not run its loader when it gets the slot; the
 // call loads once, in the flight it joined after the Invalidate.
 func TestUnfitFlightWaitingForSlotDoesNotLoad(t *testing.T) {
-	ctx := context.Background()
 	g, _ := newGuard(t, cacheguard.MaxConcurrentLoads(1))
-	busy, key := testKey(t, "busy"), testKey(t, "k")
-	hold := newGated("busy")
-	t.Cleanup(func() {
-		select {
-		case <-hold.release:
-		default:
-			close(hold.release)
-		}
+	queuedFillInvalidated(t, g, g, 0, func() {
+		eventually(t, 10*time.Second, "the call's new fill waiting too", func() bool { return cacheguard.LoadsWaiting(g) == 2 })
 	})
-	busyDone := make(chan error, 1)
-	go func() {
-		_, err := cacheguard.Get(ctx, g, busy, hold.load)
-		busyDone <- err
-	}()
-	<-hold.entered // it holds the only slot
-	var loads atomic.Int64
-	got := make(chan error, 1)
-	go func() {
-		v, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) {
-			return item{ID: int(loads.Add(1))}, nil
-		})
-		if err == nil && v.ID != 1 {
-			err = fmt.Errorf("got load %d", v.ID)
-		}
-		got <- err
-	}()
-	eventually(t, 10*time.Second, "the fill waiting for the slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
-	if err := g.Invalidate(ctx, key); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 10*time.Second, "the call's new fill waiting too", func() bool { return cacheguard.LoadsWaiting(g) == 2 })
-	close(hold.release)
-	if err := <-busyDone; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-got; err != nil {
-		t.Fatal(err)
-	}
-	if n := loads.Load(); n != 1 {
-		t.Errorf("the key was loaded %d times, want once: the fill invalidated before its load began loaded too", n)
-	}
 }
 
 // TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad: as
@@ -372,10 +333,20 @@ func TestUnfitFlightWaitingForSlotDoesNotLoad(t *testing.T) {
 // (TestGenCache, 12-07: two loads of one key overlapped, the first on a
 // lease voided while its fill queued.)
 func TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad(t *testing.T) {
-	ctx := context.Background()
 	g, rdb := newGuard(t, cacheguard.MaxConcurrentLoads(1), cacheguard.Lease(300*time.Millisecond))
 	other := cacheguard.New(rdb)
 	t.Cleanup(func() { other.Close() })
+	queuedFillInvalidated(t, g, other, 500*time.Millisecond, func() {})
+}
+
+// queuedFillInvalidated holds g's only load slot (MaxConcurrentLoads(1))
+// with a load of another key, queues a miss's fill of a key behind it, has
+// by invalidate that key, calls then, frees the slot, and checks that the
+// key was loaded once and its caller served that load. The first load of
+// the key, if any, takes first (a slow one, past a renewal).
+func queuedFillInvalidated(t *testing.T, g, by *cacheguard.Guard, first time.Duration, then func()) {
+	t.Helper()
+	ctx := context.Background()
 	busy, key := testKey(t, "busy"), testKey(t, "k")
 	hold := newGated("busy")
 	t.Cleanup(func() {
@@ -397,7 +368,7 @@ func TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad(t *testing.T) {
 		v, err := cacheguard.Get(ctx, g, key, func(context.Context) (item, error) {
 			n := loads.Add(1)
 			if n == 1 {
-				time.Sleep(500 * time.Millisecond) // a slow load, past the renewal
+				time.Sleep(first) // a slow load: what the test is about, not a synchronisation
 			}
 			return item{ID: int(n)}, nil
 		})
@@ -407,9 +378,10 @@ func TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad(t *testing.T) {
 		got <- err
 	}()
 	eventually(t, 10*time.Second, "the fill waiting for the slot", func() bool { return cacheguard.LoadsWaiting(g) == 1 })
-	if err := other.Invalidate(ctx, key); err != nil {
+	if err := by.Invalidate(ctx, key); err != nil {
 		t.Fatal(err)
 	}
+	then()
 	close(hold.release)
 	if err := <-busyDone; err != nil {
 		t.Fatal(err)
@@ -418,6 +390,6 @@ func TestFillWaitingForSlotInvalidatedElsewhereDoesNotLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := loads.Load(); n != 1 {
-		t.Errorf("the key was loaded %d times, want once: the fill whose lease was voided while it queued loaded too", n)
+		t.Errorf("the key was loaded %d times, want once: the fill invalidated while it queued loaded too", n)
 	}
 }
